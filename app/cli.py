@@ -1,0 +1,169 @@
+"""``receipt``: the operator's command line.
+
+Verbs: migrate, verify, replay, rebuild-projections, token create|revoke, config, up.
+Every verb reads configuration from the environment through ``Settings`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from app.config import Settings, settings_markdown_table
+from app.db import make_engine, transaction
+from app.errors import InvariantError
+from app.reducer import Receipt, fold
+
+
+def _engine(settings: Settings) -> Any:
+    return make_engine(settings.sqlalchemy_url)
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from app.migrate import current, upgrade
+
+    engine = _engine(settings)
+    upgrade(engine)
+    print(f"database at revision {current(engine)} ({engine.url.render_as_string(hide_password=True)})",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    from app import store
+
+    with _engine(settings).connect() as conn:
+        checked, broken = store.verify(conn, stream=args.stream)
+    if broken is not None:
+        r = broken.receipt
+        print(f"BROKEN at receipt id={r.id} stream={r.stream} seq={r.seq}: {broken.reason}", file=sys.stderr)
+        return 1
+    print(f"ok: {checked} receipts verified")
+    return 0
+
+
+def read_receipts(source: TextIO) -> list[Receipt]:
+    """Receipts as JSON lines: ``{"stream"?, "seq"?, "type", "body", "at"?}`` per line."""
+    out: list[Receipt] = []
+    for n, line in enumerate(source, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            out.append(Receipt(
+                stream=str(data.get("stream", "jobs/unknown")), seq=int(data.get("seq", n)),
+                type=str(data["type"]), body=data.get("body") or {}, at=data.get("at"),
+            ))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"line {n}: not a receipt ({exc})") from exc
+    return out
+
+
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        if args.file and args.file != "-":
+            with open(args.file, encoding="utf-8") as fh:
+                receipts = read_receipts(fh)
+        else:
+            receipts = read_receipts(sys.stdin)
+    except (ValueError, OSError) as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    try:
+        job = fold(receipts)
+    except InvariantError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(json.dumps(job.to_json() if job else None, indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    from app import projection, tokens
+
+    with transaction(_engine(settings)) as conn:
+        n_jobs = projection.rebuild(conn)
+        n_tokens = tokens.rebuild(conn)
+    print(f"rebuilt {n_jobs} jobs and {n_tokens} tokens from receipts")
+    return 0
+
+
+def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
+    from app import tokens
+
+    engine = _engine(settings)
+    if args.token_cmd == "create":
+        info, secret = tokens.create(engine, args.org, system=args.system)
+        print(f"created token {info.id} for organization {info.organization_id}"
+              f"{' (system)' if info.system else ''}", file=sys.stderr)
+        print(secret)  # alone on stdout, so scripts can capture it
+        return 0
+    if tokens.revoke(engine, args.token):
+        print("revoked", file=sys.stderr)
+        return 0
+    print("no such live token", file=sys.stderr)
+    return 1
+
+
+def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
+    if args.markdown:
+        print(settings_markdown_table())
+    else:
+        from dataclasses import asdict
+
+        print(json.dumps(asdict(settings), indent=2))
+    return 0
+
+
+def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
+    from app.supervisor import run_up
+
+    return run_up(settings, port=args.port, host=args.host)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="receipt", description="Receipt: durable background jobs.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("migrate", help="bring the database to the latest schema").set_defaults(fn=cmd_migrate)
+    v = sub.add_parser("verify", help="recompute every receipt hash chain")
+    v.add_argument("--stream", help="verify only this stream")
+    v.set_defaults(fn=cmd_verify)
+    r = sub.add_parser("replay", help="fold receipts (JSON lines) and print the job")
+    r.add_argument("file", nargs="?", help="file of JSON lines (default: stdin)")
+    r.set_defaults(fn=cmd_replay)
+    sub.add_parser("rebuild-projections", help="rebuild the jobs and token tables from receipts") \
+        .set_defaults(fn=cmd_rebuild)
+    t = sub.add_parser("token", help="create or revoke API tokens")
+    tsub = t.add_subparsers(dest="token_cmd", required=True)
+    tc = tsub.add_parser("create", help="create a token; prints it alone on stdout")
+    tc.add_argument("--org", required=True, help="organization id the token acts for")
+    tc.add_argument("--system", action="store_true", help="may act for any organization")
+    tr = tsub.add_parser("revoke", help="revoke a token (by id or by the token itself)")
+    tr.add_argument("token")
+    t.set_defaults(fn=cmd_token)
+    c = sub.add_parser("config", help="print the configuration")
+    c.add_argument("--markdown", action="store_true", help="the README's configuration table")
+    c.set_defaults(fn=cmd_config)
+    u = sub.add_parser("up", help="run the whole system on this machine")
+    u.add_argument("--port", type=int, default=8080)
+    u.add_argument("--host", default="127.0.0.1")
+    u.set_defaults(fn=cmd_up)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    code: int = args.fn(args, settings)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""The one configuration object: every environment variable Receipt reads, with its default.
+
+The README's configuration table is generated from ``SETTINGS`` (``receipt config --markdown``)
+and a test checks that the table in the README matches it, so the two cannot drift.
+Spec floors, clamps and caps are *not* applied here: they are rules, and they live with the
+rule that needs them (``app/timing.py``), each in one place.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment variable: its name, default (as text, ``None`` for unset) and purpose."""
+
+    env: str
+    attr: str
+    default: str | None
+    doc: str
+    parse: Callable[[str], Any] = str
+
+
+def _int(text: str) -> int:
+    return int(text.strip())
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # -- storage and broker
+    Setting("DATABASE_URL", "database_url", None,
+            "Database URL. Unset: the embedded SQLite file `$RECEIPT_HOME/receipt.db`. "
+            "`postgres://` and `postgresql://` are normalised to the psycopg2 driver."),
+    Setting("REDIS_URL", "redis_url", None,
+            "Celery broker URL (Redis in production). Unset: the embedded filesystem broker under `$RECEIPT_HOME/broker`."),
+    Setting("RECEIPT_HOME", "home", "./.receipt",
+            "Folder for the embedded default's database file, broker folders and logs."),
+    # -- API
+    Setting("RECEIPT_AUTH", "auth", "enabled",
+            "`enabled` (Bearer tokens on every endpoint but /healthz) or `disabled` (anonymous; warns on every response)."),
+    Setting("RECEIPT_MAX_BODY_BYTES", "max_body_bytes", "1048576",
+            "Largest request body the API accepts; larger gets 413.", _int),
+    Setting("RECEIPT_SSE_POLL_MS", "sse_poll_ms", "250",
+            "How often an open event stream polls for new receipts.", _int),
+    Setting("RECEIPT_SSE_MAX_SECONDS", "sse_max_seconds", "300",
+            "Longest an event stream stays open before the server ends it (the client resumes with Last-Event-ID).", _int),
+    # -- leases and timeouts (spec: "Leases, timeouts and heartbeats")
+    Setting("JOB_LEASE_MS", "job_lease_ms", "300000", "Default job lease.", _int),
+    Setting("FACTORY_CONTROL_JOB_LEASE_MS", "factory_control_job_lease_ms", "900000",
+            "Lease for `factory-control` running `factory.objective.control` (the larger of this and JOB_LEASE_MS).", _int),
+    Setting("FACTORY_CONTROL_JOB_EXECUTION_TIMEOUT_MS", "factory_control_job_execution_timeout_ms", None,
+            "May lower the execution timeout of objective control jobs only.", _int),
+    Setting("CODEX_JOB_LEASE_MS", "codex_job_lease_ms", "900000",
+            "Lease for `codex` jobs and computer-path `factory.task.monitor` jobs.", _int),
+    Setting("RECEIPT_RESONATE_ACTIVE_STALE_MS", "active_stale_ms", "600000",
+            "Heartbeat cadence is a third of the smaller of the lease and this.", _int),
+    Setting("RECEIPT_RESONATE_HEARTBEAT_INTERVAL_MS", "heartbeat_interval_ms", None,
+            "Can only lower the derived heartbeat cadence, never raise it.", _int),
+    # -- recovery loops
+    Setting("RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS", "queued_redrive_interval_ms", "15000",
+            "Interval of the queued-job redrive loop.", _int),
+    Setting("RECEIPT_RESONATE_QUEUED_REDRIVE_STARTUP_DELAY_MS", "queued_redrive_startup_delay_ms", "5000",
+            "Delay before the first redrive pass after start.", _int),
+    Setting("RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS", "queued_redrive_min_age_ms", "30000",
+            "A queued job younger than this is left to its own dispatch.", _int),
+    Setting("RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS", "queued_redrive_cooldown_ms", "15000",
+            "Least time between two redrives of the same job.", _int),
+    Setting("RECEIPT_LEASE_EXPIRY_INTERVAL_MS", "lease_expiry_interval_ms", "5000",
+            "Interval of the lease-expiry loop (appends `job.lease_expired` for leases past their deadline).", _int),
+    Setting("RESONATE_STARTUP_SETTLE_MS", "startup_settle_ms", "1000",
+            "Settle time before startup recovery runs.", _int),
+    Setting("RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS", "objective_control_outbox_redrive_interval_ms", "5000",
+            "Interval of the objective-control outbox redrive (Factory layer).", _int),
+    Setting("RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_TIMEOUT_MS", "objective_control_outbox_redrive_timeout_ms", "15000",
+            "Observational deadline of one outbox redrive pass (Factory layer).", _int),
+    Setting("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON", "objective_watchdog_cron", "* * * * *",
+            "Cron schedule of the objective watchdog (Factory layer)."),
+    Setting("RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED", "objective_watchdog_enabled", "1",
+            "`0` turns the objective watchdog off (Factory layer)."),
+    # -- processes
+    Setting("RECEIPT_PROCESS_ROLE", "process_role", "all",
+            "`api`, `driver`, `worker-chat`, `worker-codex`, `worker-control`; anything else is `all`."),
+    Setting("RECEIPT_RESONATE_EXECUTE_CONCURRENCY", "execute_concurrency", None,
+            "Overrides every role's default concurrency.", _int),
+    Setting("RECEIPT_WORKER_ID", "worker_id", None,
+            "Worker identity written on leases. Unset: `<hostname>:<pid>`."),
+    # -- callbacks
+    Setting("RECEIPT_RESONATE_CALLBACK_URL", "callback_url", None,
+            "Receives a JSON POST on dispatched/completed/failed/canceled."),
+    Setting("RECEIPT_EVENT_CALLBACK_URL", "event_callback_url", None,
+            "A second callback target, same payload."),
+    Setting("RECEIPT_CALLBACK_TOKEN", "callback_token", None,
+            "Sent as `Authorization: Bearer` on callbacks when set."),
+    # -- handlers
+    Setting("RECEIPT_CODEX_COMMANDS", "codex_commands", "disabled",
+            "`enabled` lets the codex handler run `factory.task.run` commands (argv, never a shell)."),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Parsed settings. Build with ``Settings.from_env``; pass it in, never read os.environ deeper down."""
+
+    database_url: str | None = None
+    redis_url: str | None = None
+    home: str = "./.receipt"
+    auth: str = "enabled"
+    max_body_bytes: int = 1048576
+    sse_poll_ms: int = 250
+    sse_max_seconds: int = 300
+    job_lease_ms: int = 300000
+    factory_control_job_lease_ms: int = 900000
+    factory_control_job_execution_timeout_ms: int | None = None
+    codex_job_lease_ms: int = 900000
+    active_stale_ms: int = 600000
+    heartbeat_interval_ms: int | None = None
+    queued_redrive_interval_ms: int = 15000
+    queued_redrive_startup_delay_ms: int = 5000
+    queued_redrive_min_age_ms: int = 30000
+    queued_redrive_cooldown_ms: int = 15000
+    lease_expiry_interval_ms: int = 5000
+    startup_settle_ms: int = 1000
+    objective_control_outbox_redrive_interval_ms: int = 5000
+    objective_control_outbox_redrive_timeout_ms: int = 15000
+    objective_watchdog_cron: str = "* * * * *"
+    objective_watchdog_enabled: str = "1"
+    process_role: str = "all"
+    execute_concurrency: int | None = None
+    worker_id: str | None = None
+    callback_url: str | None = None
+    event_callback_url: str | None = None
+    callback_token: str | None = None
+    codex_commands: str = "disabled"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read every ``SETTINGS`` variable; an unparsable value names the variable."""
+        source = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for s in SETTINGS:
+            raw = source.get(s.env)
+            if raw is None or raw.strip() == "":
+                raw = s.default
+            if raw is None:
+                values[s.attr] = None
+                continue
+            try:
+                values[s.attr] = s.parse(raw)
+            except ValueError as exc:
+                raise ValueError(f"{s.env}: cannot parse {raw!r} ({exc})") from exc
+        return cls(**values)
+
+    # -- derived values -------------------------------------------------------------
+    @property
+    def home_path(self) -> Path:
+        return Path(self.home).expanduser().resolve()
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The database URL SQLAlchemy should open (embedded SQLite when DATABASE_URL is unset)."""
+        if self.database_url:
+            return normalise_database_url(self.database_url)
+        return f"sqlite:///{self.home_path / 'receipt.db'}"
+
+    @property
+    def embedded(self) -> bool:
+        return not self.database_url
+
+    @property
+    def auth_disabled(self) -> bool:
+        return self.auth.strip().lower() == "disabled"
+
+    @property
+    def codex_commands_enabled(self) -> bool:
+        return self.codex_commands.strip().lower() == "enabled"
+
+
+def normalise_database_url(url: str) -> str:
+    """PaaS add-ons hand out ``postgres://``; SQLAlchemy 2.1 maps ``postgresql://`` to psycopg 3.
+
+    Receipt ships psycopg2, so both spellings are pinned to ``postgresql+psycopg2://``.
+    """
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg2://" + url[len(prefix):]
+    return url
+
+
+def settings_markdown_table() -> str:
+    """The README's configuration table, generated from ``SETTINGS``."""
+    rows = ["| variable | default | what it bounds |", "|---|---|---|"]
+    for s in SETTINGS:
+        default = "(unset)" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.env}` | {default} | {s.doc} |")
+    return "\n".join(rows)
+
+
+def _check_defaults_agree() -> None:
+    # The dataclass defaults and the registry defaults are one fact written twice for typing's
+    # sake; this import-time check makes a disagreement impossible to ship.
+    parsed = Settings.from_env({})
+    declared = Settings()
+    for f in fields(Settings):
+        if getattr(parsed, f.name) != getattr(declared, f.name):
+            raise AssertionError(f"config default mismatch for {f.name}")
+
+
+_check_defaults_agree()

@@ -1,0 +1,216 @@
+"""Tables, engines and transactions: the one place that knows which database it is talking to.
+
+Postgres is production; SQLite is the embedded default. Both run the same migrations and the
+same test bodies. Everything dialect-specific (the clock, write locking, advisory locks) is a
+named function here so that the rest of ``app/`` never branches on the dialect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+    create_engine,
+    event,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Connection, Engine
+
+metadata = MetaData()
+
+_Json = JSON().with_variant(JSONB(), "postgresql")
+_Id = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements INTEGER PRIMARY KEY only
+_Time = DateTime(timezone=True)
+
+# The append-only log. Nothing updates or deletes a row: a trigger enforces it (migration 0001).
+receipts = Table(
+    "receipts", metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("stream", String(512), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("type", String(64), nullable=False),
+    # Plain JSON, not JSONB: the stored text round-trips exactly, so the hash recomputes.
+    Column("body", JSON(), nullable=False),
+    Column("at", _Time, nullable=False),
+    Column("prev_hash", String(64), nullable=True),
+    Column("hash", String(64), nullable=False),
+    UniqueConstraint("stream", "seq", name="uq_receipts_stream_seq"),
+)
+
+# Projection: each job's folded state, written in the receipt's transaction. Rebuildable
+# from receipts by `receipt rebuild-projections`.
+jobs = Table(
+    "jobs", metadata,
+    Column("id", String(128), primary_key=True),
+    Column("organization_id", String(256), nullable=True),
+    Column("agent_id", String(256), nullable=False),
+    Column("lane", String(32), nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("session_key", String(512), nullable=True),
+    Column("attempt", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("lease_worker_id", String(256), nullable=True),
+    Column("lease_attempt", Integer, nullable=True),
+    Column("lease_expires_at", _Time, nullable=True),
+    Column("abort_requested", Boolean, nullable=False),
+    Column("created_at", _Time, nullable=False),
+    Column("updated_at", _Time, nullable=False),
+    Column("status_changed_at", _Time, nullable=False),
+    Column("last_seq", Integer, nullable=False),
+    Column("last_hash", String(64), nullable=False),
+    Column("state", _Json, nullable=False),
+    Index("ix_jobs_status_changed", "status", "status_changed_at"),
+    Index("ix_jobs_session_status", "session_key", "status"),
+    Index("ix_jobs_agent", "agent_id"),
+    Index("ix_jobs_org_created", "organization_id", "created_at", "id"),
+    Index("ix_jobs_lease_expiry", "status", "lease_expires_at"),
+)
+
+# Projection of `tokens/<id>` streams: API tokens, stored as SHA-256 hashes only.
+api_tokens = Table(
+    "api_tokens", metadata,
+    Column("id", String(64), primary_key=True),
+    Column("organization_id", String(256), nullable=False),
+    Column("token_hash", String(64), nullable=False, unique=True),
+    Column("system", Boolean, nullable=False),
+    Column("created_at", _Time, nullable=False),
+    Column("revoked_at", _Time, nullable=True),
+)
+
+# Best-effort delivery records (the spec's driver/execute "promises"). Losing them loses no
+# job: the queued redrive re-delivers from receipts.
+deliveries = Table(
+    "deliveries", metadata,
+    Column("dispatch_key", String(256), primary_key=True),
+    Column("generation", Integer, primary_key=True),
+    Column("job_id", String(128), nullable=False),
+    Column("task_id", String(300), nullable=False),
+    Column("state", String(16), nullable=False),  # pending | settled
+    Column("outcome", String(64), nullable=True),
+    Column("created_at", _Time, nullable=False),
+    Column("deadline_at", _Time, nullable=False),
+    Column("settled_at", _Time, nullable=True),
+    Index("ix_deliveries_job", "job_id", "created_at"),
+)
+
+# Best-effort loop bookkeeping so duplicate beats are harmless (single-flight + interval guard).
+loop_runs = Table(
+    "loop_runs", metadata,
+    Column("name", String(128), primary_key=True),
+    Column("started_at", _Time, nullable=True),
+    Column("finished_at", _Time, nullable=True),
+    Column("owner", String(256), nullable=True),
+)
+
+
+# -- engines ------------------------------------------------------------------------------
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """Open an engine; SQLite gets WAL, a busy timeout and explicit BEGIN for write locking."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Let SQLAlchemy, not pysqlite, issue BEGIN, so a write transaction can take the lock.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Connection) -> None:
+            # BEGIN IMMEDIATE serialises writers up front: no deadlocking read→write upgrades.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("max_overflow", 20)
+    return create_engine(url, **kwargs)
+
+
+def is_sqlite(conn: Connection | Engine) -> bool:
+    return conn.dialect.name == "sqlite"
+
+
+@contextmanager
+def transaction(engine: Engine) -> Iterator[Connection]:
+    """A write transaction; the caller owns it, so a receipt and its projection commit together."""
+    with engine.begin() as conn:
+        yield conn
+
+
+# -- the database clock ---------------------------------------------------------------------
+
+def db_now(conn: Connection) -> datetime:
+    """The database's clock (not the host's), so skewed hosts cannot steal or keep leases."""
+    if is_sqlite(conn):
+        raw = conn.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
+        return datetime.strptime(raw, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
+    value = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+    return as_utc(value)
+
+
+def as_utc(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored as UTC); Postgres hands back aware ones."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def iso(value: datetime | None) -> str | None:
+    """Canonical text for a time: UTC, microseconds, ``Z``. Used in hashes and JSON alike."""
+    if value is None:
+        return None
+    return as_utc(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_iso(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def lock_key(conn: Connection, name: str) -> None:
+    """Serialise transactions on one name (e.g. a session key) until commit.
+
+    Postgres: a transaction-scoped advisory lock. SQLite: BEGIN IMMEDIATE already holds the
+    database write lock for the whole transaction, so nothing more is needed.
+    """
+    if is_sqlite(conn):
+        return
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+
+
+def try_lock_key(conn: Connection, name: str) -> bool:
+    """Like ``lock_key`` but gives up at once when another transaction holds it."""
+    if is_sqlite(conn):
+        return True
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}).scalar_one())

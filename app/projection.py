@@ -1,0 +1,104 @@
+"""The ``jobs`` projection: each job's folded state, written in the receipt's own transaction.
+
+It must equal the fold of the job's stream at all times; ``rebuild`` recreates it from
+receipts alone (``receipt rebuild-projections``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.engine import Connection
+
+from app.db import as_utc, jobs, parse_iso
+from app.errors import AppendConflict
+from app.reducer import Job, fold, job_id_of
+from app.store import StoredReceipt, read_stream, streams
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A job as read from the projection, with the stream head needed to append after it."""
+
+    job: Job
+    last_hash: str
+    status_changed_at: datetime
+
+
+def load(conn: Connection, job_id: str, *, for_update: bool = False) -> Loaded | None:
+    q = select(jobs.c.state, jobs.c.last_hash, jobs.c.status_changed_at).where(jobs.c.id == job_id)
+    if for_update and conn.dialect.name != "sqlite":
+        q = q.with_for_update()
+    row = conn.execute(q).first()
+    if row is None:
+        return None
+    return Loaded(Job.from_json(row.state), row.last_hash, as_utc(row.status_changed_at))
+
+
+def _columns(job: Job, last_hash: str, status_changed_at: datetime) -> dict[str, Any]:
+    lease = job.lease
+    created = parse_iso(job.created_at)
+    updated = parse_iso(job.updated_at)
+    return {
+        "organization_id": job.organization_id,
+        "agent_id": job.agent_id,
+        "lane": job.lane,
+        "kind": job.kind[:64],
+        "status": job.status,
+        "session_key": job.session_key,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "lease_worker_id": lease.worker_id if lease else None,
+        "lease_attempt": lease.attempt if lease else None,
+        "lease_expires_at": parse_iso(lease.expires_at) if lease else None,
+        "abort_requested": job.abort_requested,
+        "created_at": created,
+        "updated_at": updated,
+        "status_changed_at": status_changed_at,
+        "last_seq": job.seq,
+        "last_hash": last_hash,
+        "state": job.to_json(),
+    }
+
+
+def save(conn: Connection, job: Job, *, previous: Loaded | None, last: StoredReceipt) -> Loaded:
+    """Write the projection row for ``job`` after ``last`` (the receipt just appended)."""
+    at = parse_iso(last.at)
+    assert at is not None
+    if previous is None:
+        changed_at = at
+        conn.execute(jobs.insert().values(id=job.id, **_columns(job, last.hash, changed_at)))
+    else:
+        changed_at = at if previous.job.status != job.status else previous.status_changed_at
+        result = conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job.id, jobs.c.last_seq == previous.job.seq)
+            .values(**_columns(job, last.hash, changed_at))
+        )
+        if result.rowcount != 1:
+            raise AppendConflict(f"jobs/{job.id}: projection moved past seq {previous.job.seq}")
+    return Loaded(job, last.hash, changed_at)
+
+
+def rebuild(conn: Connection) -> int:
+    """Drop every projection row and re-fold every ``jobs/`` stream. Returns the job count."""
+    conn.execute(delete(jobs))
+    count = 0
+    for stream in streams(conn, "jobs/"):
+        state: Job | None = None
+        changed_at: datetime | None = None
+        last: StoredReceipt | None = None
+        for r in read_stream(conn, stream):
+            before = state.status if state else None
+            state = fold([r.to_receipt()], state)
+            last = r
+            if state is not None and state.status != before:
+                changed_at = parse_iso(r.at)
+        if state is None or last is None or changed_at is None:
+            continue
+        conn.execute(jobs.insert().values(id=job_id_of(stream), **_columns(state, last.hash, changed_at)))
+        count += 1
+    return count

@@ -1,0 +1,462 @@
+"""Queue operations: each one a transaction over the receipt store and the ``jobs`` projection.
+
+Pattern of every operation: read the job (projection), *decide* which receipts to append from
+its current state and the database clock, append them optimistically, fold them, write the
+projection — all in one transaction. Losing an append race re-reads and re-decides.
+
+Callers that deliver work (the Celery layer) learn about jobs that became dispatchable through
+the ``on_dispatchable`` hook, called after commit, so this module never imports Celery.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from app import projection, store
+from app.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, transaction
+from app.errors import (
+    SINGLETON_CANCEL_REASON,
+    AppendConflict,
+    ConflictError,
+    JobNotFound,
+    TransientStorageError,
+    ValidationError,
+)
+from app.ids import new_id
+from app.reducer import Job, reduce
+from app.validation import EnqueueRequest
+from app.vocab import ACTIVE_STATUSES, COMMAND_TYPES, LEASED_STATUSES, STATUSES, job_stream
+
+log = logging.getLogger("receipt.queue")
+
+MAX_CONFLICT_RETRIES = 50
+Event = tuple[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an operation did: the job after it, and whether its receipts took effect."""
+
+    job: Job
+    applied: bool
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    job: Job
+    created: bool
+    steered: bool = False
+    canceled: tuple[str, ...] = ()
+    aborted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Page:
+    jobs: list[Job]
+    next_cursor: str | None
+
+
+@dataclass
+class _Tx:
+    """One transaction's view: the connection, its clock, and jobs touched in it."""
+
+    conn: Connection
+    now: datetime
+    touched: dict[str, Job] = field(default_factory=dict)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Storage errors worth retrying: lost connections, serialization failures, deadlocks."""
+    if isinstance(exc, TransientStorageError):
+        return True
+    if isinstance(exc, OperationalError):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    code = getattr(getattr(exc, "orig", None), "pgcode", None)
+    return code in {"40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006"}
+
+
+class Queue:
+    """Every job mutation Receipt performs. Construct with an engine; pass it around."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self._on_dispatchable = on_dispatchable
+
+    # -- the transaction machinery ----------------------------------------------------------
+    def _run(self, work: Callable[[_Tx], Any]) -> Any:
+        """Run ``work`` in a transaction, re-running it from scratch when it loses an append race."""
+        for _ in range(MAX_CONFLICT_RETRIES):
+            try:
+                with transaction(self.engine) as conn:
+                    tx = _Tx(conn, db_now(conn))
+                    result = work(tx)
+                self._after_commit(tx.touched.values())
+                return result
+            except AppendConflict:
+                continue
+        raise TransientStorageError(f"gave up after {MAX_CONFLICT_RETRIES} append conflicts")
+
+    def _after_commit(self, touched: Iterable[Job]) -> None:
+        ready = [j for j in touched if j.status == "queued"]
+        if ready and self._on_dispatchable is not None:
+            try:
+                self._on_dispatchable(ready)
+            except Exception:  # delivery is best-effort: the redrive loop re-delivers from receipts
+                log.exception("dispatch wake-up failed; the queued redrive will pick these jobs up")
+
+    def _apply(self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]) -> Job:
+        """Append ``events`` to ``jobs/<job_id>`` after ``loaded`` and write the projection."""
+        state = loaded.job if loaded else None
+        seq = state.seq if state else 0
+        prev_hash = loaded.last_hash if loaded else None
+        last = None
+        for type_, body in events:
+            last = store.append(tx.conn, job_stream(job_id), seq, type_, body, prev_hash=prev_hash, at=tx.now)
+            state = reduce(state, last.to_receipt())
+            seq, prev_hash = last.seq, last.hash
+        if state is None or last is None:
+            raise AppendConflict(f"jobs/{job_id}: nothing to apply")
+        projection.save(tx.conn, state, previous=loaded, last=last)
+        tx.touched[job_id] = state
+        return state
+
+    def _mutate(self, job_id: str, decide: Callable[[Job, datetime], Sequence[Event]]) -> Outcome:
+        """Load a job, let ``decide`` choose receipts from its state, append them."""
+        def work(tx: _Tx) -> Outcome:
+            loaded = projection.load(tx.conn, job_id)
+            if loaded is None:
+                raise JobNotFound(job_id)
+            events = decide(loaded.job, tx.now)
+            if not events:
+                return Outcome(loaded.job, False)
+            return Outcome(self._apply(tx, loaded, job_id, events), True)
+        result: Outcome = self._run(work)
+        return result
+
+    # -- reads --------------------------------------------------------------------------------
+    def get(self, job_id: str) -> Job | None:
+        with self.engine.connect() as conn:
+            loaded = projection.load(conn, job_id)
+        return loaded.job if loaded else None
+
+    def list_jobs(
+        self,
+        *,
+        organization_id: str | None = None,
+        all_organizations: bool = False,
+        status: str | None = None,
+        agent_id: str | None = None,
+        lane: str | None = None,
+        session_key: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """A page of jobs, newest first. ``cursor`` is the opaque value of a previous page."""
+        q = select(jobs.c.state, jobs.c.created_at, jobs.c.id)
+        if not all_organizations:
+            q = q.where(jobs.c.organization_id == organization_id)
+        if status is not None:
+            q = q.where(jobs.c.status == status)
+        if agent_id is not None:
+            q = q.where(jobs.c.agent_id == agent_id)
+        if lane is not None:
+            q = q.where(jobs.c.lane == lane)
+        if session_key is not None:
+            q = q.where(jobs.c.session_key == session_key)
+        if cursor:
+            created, last_id = decode_cursor(cursor)
+            q = q.where(or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < last_id)))
+        q = q.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit + 1)
+        with self.engine.connect() as conn:
+            rows = conn.execute(q).all()
+        page = [Job.from_json(r.state) for r in rows[:limit]]
+        next_cursor = None
+        if len(rows) > limit:
+            last = rows[limit - 1]
+            next_cursor = encode_cursor(as_utc(last.created_at), last.id)
+        return Page(page, next_cursor)
+
+    # -- enqueue ------------------------------------------------------------------------------
+    def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
+        """Append ``job.enqueued`` (after singleton handling). Idempotent on an explicit jobId."""
+        def work(tx: _Tx) -> EnqueueResult:
+            conn = tx.conn
+            singleton = req.singleton_mode != "allow" and req.session_key is not None
+            if singleton:
+                # Serialise singleton enqueues per (organisation, session key).
+                lock_key(conn, f"session:{req.organization_id}:{req.session_key}")
+            if req.job_id is not None:
+                existing = projection.load(conn, req.job_id)
+                if existing is not None:
+                    return EnqueueResult(existing.job, created=False)
+            job_id = req.job_id or new_id()
+            canceled: list[str] = []
+            aborted: list[str] = []
+            if singleton:
+                active = self._active_on_session(tx, req.organization_id, req.session_key or "")
+                if req.singleton_mode == "steer" and active:
+                    target = active[0]  # the most recent active job
+                    steered = self._apply(tx, target, target.job.id, [(
+                        "queue.command",
+                        _command_body("steer", req.payload, None, tx.now,
+                                      fromSessionKey=req.session_key, fromEnqueue=True),
+                    )])
+                    return EnqueueResult(steered, created=False, steered=True)
+                if req.singleton_mode == "cancel":
+                    for loaded in active:
+                        j = loaded.job
+                        if j.status == "queued":
+                            self._apply(tx, loaded, j.id, [("job.canceled", {"reason": SINGLETON_CANCEL_REASON})])
+                            canceled.append(j.id)
+                        else:
+                            # Only the worker can stop work in flight: it gets an abort command.
+                            self._apply(tx, loaded, j.id, [(
+                                "queue.command", _command_body("abort", None, SINGLETON_CANCEL_REASON, tx.now),
+                            )])
+                            aborted.append(j.id)
+            body = {
+                "jobId": job_id, "agentId": req.agent_id, "lane": req.lane, "payload": dict(req.payload),
+                "sessionKey": req.session_key, "singletonMode": req.singleton_mode,
+                "maxAttempts": req.max_attempts,
+            }
+            job = self._apply(tx, None, job_id, [("job.enqueued", body)])
+            return EnqueueResult(job, created=True, canceled=tuple(canceled), aborted=tuple(aborted))
+        result: EnqueueResult = self._run(work)
+        return result
+
+    def _active_on_session(self, tx: _Tx, org: str | None, session_key: str) -> list[projection.Loaded]:
+        """Active jobs on a session key, newest first — after expiring dead leases among them.
+
+        Spec: lease expiry is evaluated before the session scan, so a dead worker's running
+        job cannot swallow a steer.
+        """
+        ids = tx.conn.execute(
+            select(jobs.c.id)
+            .where(jobs.c.session_key == session_key, jobs.c.status.in_(sorted(ACTIVE_STATUSES)),
+                   jobs.c.organization_id == org if org is not None else jobs.c.organization_id.is_(None))
+            .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
+        ).scalars().all()
+        active: list[projection.Loaded] = []
+        for job_id in ids:
+            loaded = projection.load(tx.conn, job_id)
+            if loaded is None:
+                continue
+            expiry = _expiry_event(loaded.job, tx.now)
+            if expiry is not None:
+                job = self._apply(tx, loaded, job_id, [expiry])
+                loaded = projection.load(tx.conn, job_id)
+                if loaded is None or job.status not in ACTIVE_STATUSES:
+                    continue
+            active.append(loaded)
+        return active
+
+    # -- the worker's operations (fenced by worker id + attempt) --------------------------------
+    def lease(self, job_id: str, worker_id: str, lease_ms: int) -> Outcome:
+        """Take the lease of a queued job; ``applied`` is False if it was not queued."""
+        def decide(job: Job, now: datetime) -> list[Event]:
+            if job.status != "queued":
+                return []
+            return [("job.leased", {
+                "workerId": worker_id, "attempt": job.attempt + 1, "expiresAt": _deadline(now, lease_ms),
+            })]
+        return self._mutate(job_id, decide)
+
+    def heartbeat(self, job_id: str, worker_id: str, attempt: int, lease_ms: int) -> Outcome:
+        """Renew the lease (and promote leased → running); inert for a superseded attempt."""
+        def decide(job: Job, now: datetime) -> list[Event]:
+            if not job.holds_lease(worker_id, attempt):
+                return []
+            return [("job.heartbeat", {
+                "workerId": worker_id, "attempt": attempt, "expiresAt": _deadline(now, lease_ms),
+            })]
+        return self._mutate(job_id, decide)
+
+    def progress(self, job_id: str, worker_id: str, attempt: int, progress: Any) -> Outcome:
+        return self._fenced(job_id, worker_id, attempt, "job.progress", {"progress": progress})
+
+    def complete(self, job_id: str, worker_id: str, attempt: int, result: Any = None) -> Outcome:
+        return self._fenced(job_id, worker_id, attempt, "job.completed", {"result": result})
+
+    def fail(
+        self,
+        job_id: str,
+        worker_id: str | None,
+        attempt: int | None,
+        error: Any,
+        *,
+        retryable: bool,
+        status: str = "failed",
+        result: Any = None,
+    ) -> Outcome:
+        """Fail an attempt. ``worker_id=None`` fails a queued job at system level (not leased)."""
+        body: dict[str, Any] = {"error": error, "retryable": retryable, "status": status}
+        if result is not None:
+            body["result"] = result
+        if worker_id is None:
+            def decide(job: Job, now: datetime) -> list[Event]:
+                return [("job.failed", body)] if job.status == "queued" else []
+            return self._mutate(job_id, decide)
+        return self._fenced(job_id, worker_id, attempt, "job.failed", body)
+
+    def settle_canceled(self, job_id: str, worker_id: str, attempt: int, reason: str | None) -> Outcome:
+        """The lease holder stops work in flight after an abort."""
+        return self._fenced(job_id, worker_id, attempt, "job.canceled", {"reason": reason})
+
+    def _fenced(self, job_id: str, worker_id: str, attempt: int | None, type_: str, extra: dict[str, Any]) -> Outcome:
+        def decide(job: Job, now: datetime) -> list[Event]:
+            if not job.holds_lease(worker_id, attempt):
+                return []
+            return [(type_, {"workerId": worker_id, "attempt": attempt, **extra})]
+        return self._mutate(job_id, decide)
+
+    # -- commands and cancel -----------------------------------------------------------------------
+    def command(self, job_id: str, type_: str, payload: Any = None, reason: str | None = None) -> Outcome:
+        """Send a queue command. A terminal job refuses commands (ConflictError)."""
+        if type_ not in COMMAND_TYPES:
+            raise ValidationError("type", "is not a queue command type", allowed=COMMAND_TYPES)
+
+        def decide(job: Job, now: datetime) -> list[Event]:
+            if job.terminal:
+                raise ConflictError(f"job {job_id} is {job.status}; it takes no commands")
+            return [("queue.command", _command_body(type_, payload, reason, now))]
+        return self._mutate(job_id, decide)
+
+    def consume_command(self, job_id: str, command_id: str) -> Outcome:
+        def decide(job: Job, now: datetime) -> list[Event]:
+            if not any(c.id == command_id and not c.consumed for c in job.commands):
+                return []
+            return [("queue.command.consumed", {"commandId": command_id})]
+        return self._mutate(job_id, decide)
+
+    def cancel(self, job_id: str, reason: str | None = None) -> Outcome:
+        """Cancel: a queued job outright; a leased/running one gets an ``abort`` command."""
+        def decide(job: Job, now: datetime) -> list[Event]:
+            if job.terminal:
+                raise ConflictError(f"job {job_id} is already {job.status}")
+            if job.status == "queued":
+                return [("job.canceled", {"reason": reason})]
+            return [("queue.command", _command_body("abort", None, reason, now))]
+        return self._mutate(job_id, decide)
+
+    def cancel_queued(self, job_id: str, reason: str | None) -> Outcome:
+        """Cancel a job only if it is still queued (the driver honouring ``abortRequested``)."""
+        def decide(job: Job, now: datetime) -> list[Event]:
+            return [("job.canceled", {"reason": reason})] if job.status == "queued" else []
+        return self._mutate(job_id, decide)
+
+    # -- lease expiry ------------------------------------------------------------------------------
+    def expire_lease(self, job_id: str) -> Outcome:
+        """Append ``job.lease_expired`` if the job's lease deadline has passed (database clock)."""
+        def decide(job: Job, now: datetime) -> list[Event]:
+            event = _expiry_event(job, now)
+            return [event] if event else []
+        return self._mutate(job_id, decide)
+
+    def expire_leases(self, limit: int = 500) -> list[Job]:
+        """Expire every lease past its deadline; returns the jobs that were expired."""
+        with self.engine.connect() as conn:
+            now = db_now(conn)
+            ids = conn.execute(
+                select(jobs.c.id)
+                .where(jobs.c.status.in_(sorted(LEASED_STATUSES)), jobs.c.lease_expires_at < now)
+                .order_by(jobs.c.lease_expires_at).limit(limit)
+            ).scalars().all()
+        expired = []
+        for job_id in ids:
+            out = self.expire_lease(job_id)
+            if out.applied:
+                expired.append(out.job)
+        return expired
+
+    def queued_older_than(self, min_age_ms: int, limit: int = 500) -> list[tuple[Job, datetime]]:
+        """Queued jobs that have been queued for at least ``min_age_ms`` (oldest first)."""
+        with self.engine.connect() as conn:
+            now = db_now(conn)
+            rows = conn.execute(
+                select(jobs.c.state, jobs.c.status_changed_at)
+                .where(jobs.c.status == "queued",
+                       jobs.c.status_changed_at <= now - timedelta(milliseconds=min_age_ms))
+                .order_by(jobs.c.status_changed_at).limit(limit)
+            ).all()
+        return [(Job.from_json(r.state), as_utc(r.status_changed_at)) for r in rows]
+
+
+def _deadline(now: datetime, lease_ms: int) -> str:
+    text = iso(now + timedelta(milliseconds=lease_ms))
+    assert text is not None
+    return text
+
+
+def _expiry_event(job: Job, now: datetime) -> Event | None:
+    if job.status not in LEASED_STATUSES or job.lease is None:
+        return None
+    deadline = parse_iso(job.lease.expires_at)
+    if deadline is None or deadline >= now:
+        return None
+    return ("job.lease_expired", {
+        "workerId": job.lease.worker_id, "attempt": job.lease.attempt,
+        "expiresAt": job.lease.expires_at, "error": "lease expired",
+    })
+
+
+def _command_body(type_: str, payload: Any, reason: str | None, now: datetime, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"commandId": new_id("cmd_"), "type": type_, "payload": payload,
+                            "reason": reason, "at": iso(now)}
+    body.update(extra)
+    return body
+
+
+def encode_cursor(created: datetime, job_id: str) -> str:
+    return base64.urlsafe_b64encode(f"{iso(created)}|{job_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created, job_id = raw.split("|", 1)
+        when = parse_iso(created)
+        if when is None:
+            raise ValueError
+        return when, job_id
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationError("cursor", "is not a cursor this server issued") from exc
+
+
+def validate_status_filter(status: str | None) -> None:
+    if status is not None and status not in STATUSES:
+        raise ValidationError("status", "is not a job status", allowed=STATUSES)
+
+
+def retry_transient(fn: Callable[[], Any], *, attempts: int = 5, backoff_ms: int = 150,
+                    sleep: Callable[[float], None] = time.sleep) -> Any:
+    """Spec: settlements retry transient storage errors only — 5 attempts, 150 ms times attempt backoff."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt == attempts or not is_transient(exc):
+                raise
+            log.warning("transient storage error (attempt %d/%d): %s", attempt, attempts, exc)
+            sleep(backoff_ms * attempt / 1000)
+    raise AssertionError("unreachable")
+
+
+def job_body_for_callback(job: Job) -> Mapping[str, Any]:
+    return {"jobId": job.id, "status": job.status, "attempt": job.attempt, "result": job.result, "error": job.error}

@@ -1,0 +1,350 @@
+"""The job state machine: a pure fold of ``jobs/<jobId>`` receipts into a ``Job``.
+
+No I/O and no clock: every time a rule needs (lease deadlines, receipt times) arrives inside
+the receipt. The three invariants of the spec ("Lifecycle receipts") are enforced here and
+nowhere else:
+
+1. ``job.leased`` is ignored unless the job is ``queued``.
+2. ``job.heartbeat`` promotes ``leased`` to ``running`` only when its worker id and attempt
+   match the active lease; ``job.progress``, ``job.completed`` and ``job.failed`` apply the
+   same check, so a superseded attempt's event is inert.
+3. An event for a job that does not exist raises ``Invariant: no job for <jobId>``, except
+   ``job.failed`` and ``job.lease_expired``, which are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.errors import InvariantError, no_job_message
+from app.vocab import LEASED_STATUSES, TERMINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The active lease: who holds the job, for which attempt, until when (database clock)."""
+
+    worker_id: str
+    attempt: int
+    expires_at: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workerId": self.worker_id, "attempt": self.attempt, "expiresAt": self.expires_at}
+
+
+@dataclass(frozen=True)
+class Command:
+    """A queue command sent to a job (steer, follow_up or abort)."""
+
+    id: str
+    type: str
+    payload: Any
+    reason: str | None
+    at: str | None
+    consumed: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id, "type": self.type, "payload": self.payload, "reason": self.reason,
+            "at": self.at, "consumed": self.consumed,
+        }
+        out.update(self.extra)
+        return out
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job's folded state. ``seq`` is the last receipt folded (its stream position)."""
+
+    id: str
+    agent_id: str
+    lane: str
+    payload: Mapping[str, Any]
+    session_key: str | None
+    singleton_mode: str
+    max_attempts: int
+    organization_id: str | None
+    status: str = "queued"
+    attempt: int = 0
+    lease: Lease | None = None
+    abort_requested: bool = False
+    commands: tuple[Command, ...] = ()
+    progress: Any = None
+    result: Any = None
+    error: Any = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    seq: int = 0
+
+    @property
+    def stream(self) -> str:
+        return f"jobs/{self.id}"
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def kind(self) -> str:
+        return str(self.payload.get("kind", ""))
+
+    @property
+    def pending_commands(self) -> tuple[Command, ...]:
+        return tuple(c for c in self.commands if not c.consumed)
+
+    def holds_lease(self, worker_id: Any, attempt: Any) -> bool:
+        """True when (worker_id, attempt) is the active lease: the fence every worker event passes."""
+        return (
+            self.status in LEASED_STATUSES
+            and self.lease is not None
+            and self.lease.worker_id == worker_id
+            and self.lease.attempt == attempt
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The camelCase job object (without the API's derived ``route``)."""
+        return {
+            "id": self.id,
+            "agentId": self.agent_id,
+            "lane": self.lane,
+            "status": self.status,
+            "payload": self.payload,
+            "sessionKey": self.session_key,
+            "singletonMode": self.singleton_mode,
+            "maxAttempts": self.max_attempts,
+            "attempt": self.attempt,
+            "lease": self.lease.to_json() if self.lease else None,
+            "abortRequested": self.abort_requested,
+            "commands": [c.to_json() for c in self.commands],
+            "progress": self.progress,
+            "result": self.result,
+            "error": self.error,
+            "createdAt": self.created_at,
+            "updatedAt": self.updated_at,
+            "stream": self.stream,
+            "seq": self.seq,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Job:
+        """Inverse of ``to_json`` (used by the projection's stored snapshot)."""
+        lease = data.get("lease")
+        return cls(
+            id=data["id"],
+            agent_id=data["agentId"],
+            lane=data["lane"],
+            payload=data["payload"],
+            session_key=data.get("sessionKey"),
+            singleton_mode=data["singletonMode"],
+            max_attempts=data["maxAttempts"],
+            organization_id=_org_of(data["payload"]),
+            status=data["status"],
+            attempt=data["attempt"],
+            lease=Lease(lease["workerId"], lease["attempt"], lease.get("expiresAt")) if lease else None,
+            abort_requested=data["abortRequested"],
+            commands=tuple(
+                Command(
+                    id=c["id"], type=c["type"], payload=c.get("payload"), reason=c.get("reason"),
+                    at=c.get("at"), consumed=c.get("consumed", False),
+                    extra={k: v for k, v in c.items() if k not in _COMMAND_KEYS},
+                )
+                for c in data.get("commands", [])
+            ),
+            progress=data.get("progress"),
+            result=data.get("result"),
+            error=data.get("error"),
+            created_at=data.get("createdAt"),
+            updated_at=data.get("updatedAt"),
+            seq=data.get("seq", 0),
+        )
+
+
+_COMMAND_KEYS = frozenset({"id", "type", "payload", "reason", "at", "consumed"})
+_COMMAND_EXTRA_KEYS = ("fromSessionKey", "fromEnqueue")
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """One receipt as the reducer sees it. ``at`` is the database time of the append."""
+
+    stream: str
+    seq: int
+    type: str
+    body: Mapping[str, Any]
+    at: str | None = None
+
+
+def _org_of(payload: Mapping[str, Any]) -> str | None:
+    ctx = payload.get("authContext")
+    if isinstance(ctx, Mapping):
+        org = ctx.get("organizationId")
+        return org if isinstance(org, str) else None
+    return None
+
+
+def job_id_of(stream: str) -> str:
+    return stream[len("jobs/"):] if stream.startswith("jobs/") else stream
+
+
+def reduce(state: Job | None, receipt: Receipt) -> Job | None:
+    """Fold one receipt. Returns the new state; an inert event returns ``state`` with only ``seq`` moved."""
+    kind = receipt.type
+    body = receipt.body
+    if state is None:
+        if kind == "job.enqueued":
+            return _enqueued(receipt)
+        if kind in ("job.failed", "job.lease_expired"):
+            # Invariant 3's exceptions: a late settlement for a job never appended cannot break a fold.
+            return None
+        raise InvariantError(no_job_message(job_id_of(receipt.stream)))
+
+    handler = _HANDLERS.get(kind)
+    new = handler(state, body) if handler else None
+    if new is None:
+        # Inert (or an unknown type): the stream position still advances.
+        return replace(state, seq=receipt.seq)
+    return replace(new, seq=receipt.seq, updated_at=receipt.at or state.updated_at)
+
+
+def fold(receipts: Iterable[Receipt], state: Job | None = None) -> Job | None:
+    """Fold a stream from ``state`` (``None`` = the beginning)."""
+    for r in receipts:
+        state = reduce(state, r)
+    return state
+
+
+# -- one function per event type; each returns the new state or None when inert ---------
+
+def _enqueued(r: Receipt) -> Job:
+    b = r.body
+    payload = b.get("payload") or {}
+    return Job(
+        id=str(b.get("jobId") or job_id_of(r.stream)),
+        agent_id=str(b.get("agentId", "")),
+        lane=str(b.get("lane", "collect")),
+        payload=payload,
+        session_key=b.get("sessionKey"),
+        singleton_mode=str(b.get("singletonMode", "allow")),
+        max_attempts=int(b.get("maxAttempts", 2)),
+        organization_id=_org_of(payload),
+        created_at=r.at,
+        updated_at=r.at,
+        seq=r.seq,
+    )
+
+
+def _duplicate_enqueue(s: Job, b: Mapping[str, Any]) -> Job | None:
+    # A second job.enqueued on an existing stream changes nothing (idempotency contract).
+    return None
+
+
+def _leased(s: Job, b: Mapping[str, Any]) -> Job | None:
+    if s.status != "queued":  # invariant 1
+        return None
+    attempt = s.attempt + 1
+    if b.get("attempt", attempt) != attempt:
+        return None  # a lease written against a state that no longer exists
+    return replace(
+        s, status="leased", attempt=attempt,
+        lease=Lease(str(b.get("workerId", "")), attempt, b.get("expiresAt")),
+    )
+
+
+def _heartbeat(s: Job, b: Mapping[str, Any]) -> Job | None:
+    if not s.holds_lease(b.get("workerId"), b.get("attempt")):  # invariant 2
+        return None
+    lease = s.lease
+    assert lease is not None
+    expires = b.get("expiresAt", lease.expires_at)
+    return replace(s, status="running", lease=replace(lease, expires_at=expires))
+
+
+def _progress(s: Job, b: Mapping[str, Any]) -> Job | None:
+    if not s.holds_lease(b.get("workerId"), b.get("attempt")):
+        return None
+    return replace(s, progress=b.get("progress"))
+
+
+def _completed(s: Job, b: Mapping[str, Any]) -> Job | None:
+    if not s.holds_lease(b.get("workerId"), b.get("attempt")):
+        return None
+    return replace(s, status="completed", lease=None, result=b.get("result"), error=None)
+
+
+def _failed(s: Job, b: Mapping[str, Any]) -> Job | None:
+    if s.terminal:
+        return None
+    if s.status in LEASED_STATUSES:
+        if not s.holds_lease(b.get("workerId"), b.get("attempt")):
+            return None
+    elif b.get("workerId") is not None:
+        return None  # a worker's failure for a job it no longer holds
+    # A queued job with no worker named: a system-level failure (e.g. delivery exhausted).
+    return _settle_failure(
+        s, error=b.get("error"), retryable=bool(b.get("retryable", False)),
+        status=str(b.get("status", "failed")), result=b.get("result"),
+    )
+
+
+def _settle_failure(s: Job, *, error: Any, retryable: bool, status: str, result: Any) -> Job:
+    """Retryable with attempts left → back to queued, status kept out of result; else failed."""
+    if retryable and s.attempt < s.max_attempts:
+        return replace(s, status="queued", lease=None, error=error)
+    merged: dict[str, Any] = dict(result) if isinstance(result, Mapping) else {}
+    merged["status"] = status
+    return replace(s, status="failed", lease=None, error=error, result=merged)
+
+
+def _canceled(s: Job, b: Mapping[str, Any]) -> Job | None:
+    if s.terminal:
+        return None
+    if s.status in LEASED_STATUSES and not s.holds_lease(b.get("workerId"), b.get("attempt")):
+        return None  # only the lease holder stops work in flight; others send an abort command
+    return replace(s, status="canceled", lease=None, result=b.get("result"), error=b.get("reason"))
+
+
+def _command(s: Job, b: Mapping[str, Any]) -> Job | None:
+    if s.terminal:
+        return None
+    ctype = str(b.get("type", ""))
+    cmd = Command(
+        id=str(b.get("commandId", "")), type=ctype, payload=b.get("payload"),
+        reason=b.get("reason"), at=b.get("at"),
+        extra={k: b[k] for k in _COMMAND_EXTRA_KEYS if k in b},
+    )
+    return replace(
+        s, commands=(*s.commands, cmd), abort_requested=s.abort_requested or ctype == "abort",
+    )
+
+
+def _command_consumed(s: Job, b: Mapping[str, Any]) -> Job | None:
+    cid = b.get("commandId")
+    if not any(c.id == cid and not c.consumed for c in s.commands):
+        return None
+    return replace(s, commands=tuple(replace(c, consumed=True) if c.id == cid else c for c in s.commands))
+
+
+def _lease_expired(s: Job, b: Mapping[str, Any]) -> Job | None:
+    # Only the lease the expiry was observed on may be expired: a newer lease is untouched.
+    if not s.holds_lease(b.get("workerId"), b.get("attempt")):
+        return None
+    return _settle_failure(
+        s, error=b.get("error", "lease expired"), retryable=True, status="lease_lost", result=None,
+    )
+
+
+_HANDLERS = {
+    "job.enqueued": _duplicate_enqueue,
+    "job.leased": _leased,
+    "job.heartbeat": _heartbeat,
+    "job.progress": _progress,
+    "job.completed": _completed,
+    "job.failed": _failed,
+    "job.canceled": _canceled,
+    "queue.command": _command,
+    "queue.command.consumed": _command_consumed,
+    "job.lease_expired": _lease_expired,
+}

@@ -1,0 +1,80 @@
+"""Which worker group and Celery queue a job is delivered to, decided agent id first and kind second."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+from app.contracts import CONTRACTS
+from app.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, WorkerGroup
+
+# One Celery queue per worker group (the spec's Resonate groups receipt-chat/-codex/-control).
+QUEUES: Final[Mapping[WorkerGroup, str]] = MappingProxyType({
+    "chat": "receipt-chat",
+    "codex": "receipt-codex",
+    "control": "receipt-control",
+})
+# The driver RPC has its own group (spec: "Driver RPC"); the recovery loops run on beat's queue.
+DRIVER_QUEUE: Final = "receipt-driver"
+MAINTENANCE_QUEUE: Final = "receipt-maintenance"
+
+# Spec: `job.payload.kind startsWith "factory.integration."` -> receipt-codex.
+INTEGRATION_KIND_PREFIX: Final = "factory.integration."
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a job is delivered, beside what its kind contract declares.
+
+    Spec ("Payload kinds"): routing and the kind contract "do not always agree" and the spec says
+    to treat that as an ambiguity, so the disagreement is carried as data (``agrees``) for callers
+    to show or log, never resolved here.
+    """
+
+    worker_group: WorkerGroup
+    queue: str
+    # None when the kind has no contract (routing still works for it).
+    contract_worker_group: WorkerGroup | None
+    agrees: bool
+
+    def to_json(self) -> dict[str, str | bool | None]:
+        """The route in the API's camelCase field names."""
+        return {
+            "workerGroup": self.worker_group,
+            "queue": self.queue,
+            "contractWorkerGroup": self.contract_worker_group,
+            "agreesWithContract": self.agrees,
+        }
+
+
+def worker_group_for(agent_id: str, kind: str) -> WorkerGroup:
+    """The worker group that executes a job, exactly the spec's routing order."""
+    # Spec ("Payload kinds"), evaluated top to bottom; the first match wins:
+    #   agentId === "codex"                        -> receipt-codex
+    #   kind startsWith "factory.integration."     -> receipt-codex
+    #   agentId === "factory-control"              -> receipt-control
+    #   otherwise                                  -> receipt-chat
+    # Unknown agent ids fall through to chat, where the worker fails them with "No handler".
+    if agent_id == AGENT_CODEX:
+        return "codex"
+    if kind.startswith(INTEGRATION_KIND_PREFIX):
+        return "codex"
+    if agent_id == AGENT_FACTORY_CONTROL:
+        return "control"
+    return "chat"
+
+
+def route(agent_id: str, kind: str) -> Route:
+    """Route a job to its worker group and queue, and say whether that matches its kind contract."""
+    group = worker_group_for(agent_id, kind)
+    contract = CONTRACTS.get(kind)
+    contract_group = contract.worker_group if contract is not None else None
+    return Route(
+        worker_group=group,
+        queue=QUEUES[group],
+        contract_worker_group=contract_group,
+        # An unknown kind has nothing to agree with, so it never "agrees".
+        agrees=contract_group == group,
+    )

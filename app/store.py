@@ -1,0 +1,169 @@
+"""The receipt store: a small set of named operations over the append-only ``receipts`` table.
+
+Every operation takes the caller's connection, so the caller owns the transaction (a receipt
+and its projection row commit together). Appends are optimistic: the writer states the seq it
+expects to follow; losing the race raises ``AppendConflict`` and the caller re-reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from app.db import as_utc, db_now, iso, receipts
+from app.errors import AppendConflict
+from app.reducer import Receipt
+
+
+@dataclass(frozen=True)
+class StoredReceipt:
+    """A receipt as stored: its global id, stream position, time and hash chain."""
+
+    id: int
+    stream: str
+    seq: int
+    type: str
+    body: Mapping[str, Any]
+    at: str
+    prev_hash: str | None
+    hash: str
+
+    def to_receipt(self) -> Receipt:
+        return Receipt(stream=self.stream, seq=self.seq, type=self.type, body=self.body, at=self.at)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "stream": self.stream, "seq": self.seq, "type": self.type,
+            "body": self.body, "at": self.at, "prevHash": self.prev_hash, "hash": self.hash,
+        }
+
+
+def canonical(value: Any) -> bytes:
+    """Deterministic JSON: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode()
+
+
+def receipt_hash(stream: str, seq: int, type_: str, body: Any, at: str, prev_hash: str | None) -> str:
+    """SHA-256 over the canonical encoding of (stream, seq, type, body, time, prevHash)."""
+    return hashlib.sha256(
+        canonical({"stream": stream, "seq": seq, "type": type_, "body": body, "at": at, "prevHash": prev_hash})
+    ).hexdigest()
+
+
+def append(
+    conn: Connection,
+    stream: str,
+    expected_seq: int,
+    type_: str,
+    body: Mapping[str, Any],
+    *,
+    prev_hash: str | None = None,
+    at: datetime | None = None,
+) -> StoredReceipt:
+    """Append after ``expected_seq`` (0 for a new stream).
+
+    ``prev_hash`` may be passed by a caller that already holds the stream head (saves a read);
+    otherwise it is looked up. Raises ``AppendConflict`` if another writer got there first.
+    """
+    if expected_seq > 0 and prev_hash is None:
+        prev_hash = conn.execute(
+            select(receipts.c.hash).where(receipts.c.stream == stream, receipts.c.seq == expected_seq)
+        ).scalar_one_or_none()
+        if prev_hash is None:
+            raise AppendConflict(f"{stream}: no receipt at seq {expected_seq}")
+    when = as_utc(at) if at is not None else db_now(conn)
+    at_text = iso(when)
+    assert at_text is not None
+    seq = expected_seq + 1
+    body_dict = dict(body)
+    digest = receipt_hash(stream, seq, type_, body_dict, at_text, prev_hash)
+    try:
+        # No savepoint: a conflict aborts the caller's transaction, which re-reads and re-decides.
+        new_id = conn.execute(
+            receipts.insert()
+            .values(stream=stream, seq=seq, type=type_, body=body_dict, at=when,
+                    prev_hash=prev_hash, hash=digest)
+            .returning(receipts.c.id)
+        ).scalar_one()
+    except IntegrityError as exc:
+        raise AppendConflict(f"{stream}: seq {seq} already taken") from exc
+    return StoredReceipt(int(new_id), stream, seq, type_, body_dict, at_text, prev_hash, digest)
+
+
+def _row(r: Any) -> StoredReceipt:
+    at = iso(r.at)
+    assert at is not None
+    return StoredReceipt(int(r.id), r.stream, int(r.seq), r.type, r.body, at, r.prev_hash, r.hash)
+
+
+def read_stream(conn: Connection, stream: str, *, after: int = 0, limit: int | None = None) -> list[StoredReceipt]:
+    """Receipts of one stream with seq > ``after``, in order."""
+    q = select(receipts).where(receipts.c.stream == stream, receipts.c.seq > after).order_by(receipts.c.seq)
+    if limit is not None:
+        q = q.limit(limit)
+    return [_row(r) for r in conn.execute(q)]
+
+
+def head(conn: Connection, stream: str) -> StoredReceipt | None:
+    """The last receipt of a stream."""
+    r = conn.execute(
+        select(receipts).where(receipts.c.stream == stream).order_by(receipts.c.seq.desc()).limit(1)
+    ).first()
+    return _row(r) if r is not None else None
+
+
+def streams(conn: Connection, prefix: str = "") -> list[str]:
+    """Every stream name (optionally under a prefix), in first-append order."""
+    q = select(receipts.c.stream, func.min(receipts.c.id).label("first")).group_by(receipts.c.stream)
+    if prefix:
+        q = q.where(receipts.c.stream.startswith(prefix, autoescape=True))
+    return [r.stream for r in conn.execute(q.order_by("first"))]
+
+
+def iter_all(conn: Connection, *, stream: str | None = None, batch: int = 1000) -> Iterator[StoredReceipt]:
+    """Every receipt in global append order (optionally of one stream), paged by id."""
+    last = 0
+    while True:
+        q = select(receipts).where(receipts.c.id > last).order_by(receipts.c.id).limit(batch)
+        if stream is not None:
+            q = q.where(receipts.c.stream == stream)
+        rows = [_row(r) for r in conn.execute(q)]
+        if not rows:
+            return
+        yield from rows
+        last = rows[-1].id
+
+
+@dataclass(frozen=True)
+class ChainBreak:
+    """The first receipt whose chain does not verify, and why."""
+
+    receipt: StoredReceipt
+    reason: str
+
+
+def verify(conn: Connection, *, stream: str | None = None) -> tuple[int, ChainBreak | None]:
+    """Recompute every chain (or one stream's). Returns (receipts checked, first break or None)."""
+    heads: dict[str, tuple[int, str | None]] = {}
+    checked = 0
+    for r in iter_all(conn, stream=stream):
+        seq_before, hash_before = heads.get(r.stream, (0, None))
+        if r.seq != seq_before + 1:
+            return checked, ChainBreak(r, f"seq {r.seq} follows seq {seq_before}")
+        if r.prev_hash != hash_before:
+            return checked, ChainBreak(r, "prevHash does not match the previous receipt's hash")
+        expected = receipt_hash(r.stream, r.seq, r.type, r.body, r.at, r.prev_hash)
+        if expected != r.hash:
+            return checked, ChainBreak(r, "hash does not match the receipt's contents")
+        heads[r.stream] = (r.seq, r.hash)
+        checked += 1
+    return checked, None

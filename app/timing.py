@@ -1,0 +1,124 @@
+"""The lease, execution timeout, heartbeat cadence and driver timeout of a job, from its facts and Settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from app.config import Settings
+from app.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, AGENT_FACTORY_MONITOR, PayloadKind
+
+# -- the spec's rules (the configurable defaults live in app.config.Settings) -------------------
+# Spec: codex lease is "the payload timeout plus 300 000 ms, capped at 3 600 000 ms".
+CODEX_PAYLOAD_TIMEOUT_PAD_MS: Final = 300_000
+CODEX_LEASE_CAP_MS: Final = 3_600_000
+# Spec: "The execution timeout is the lease minus 1 000 ms, with a floor of 5 000 ms."
+EXECUTION_TIMEOUT_MARGIN_MS: Final = 1_000
+EXECUTION_TIMEOUT_FLOOR_MS: Final = 5_000
+# Spec: heartbeat is "one third of the smaller of the lease and RECEIPT_RESONATE_ACTIVE_STALE_MS,
+# floored at 1 000 ms" — three so a worker has two renewal opportunities before the fence fires.
+HEARTBEAT_DIVISOR: Final = 3
+HEARTBEAT_FLOOR_MS: Final = 1_000
+# Spec: "The driver's own invocation timeout is the lease plus 60 000 ms, with a floor of 120 000 ms."
+DRIVER_TIMEOUT_PAD_MS: Final = 60_000
+DRIVER_TIMEOUT_FLOOR_MS: Final = 120_000
+
+# -- the job facts the lease table keys on ------------------------------------------------------
+OBJECTIVE_CONTROL_KIND: Final[PayloadKind] = "factory.objective.control"
+TASK_MONITOR_KIND: Final[PayloadKind] = "factory.task.monitor"
+EXECUTION_PATH_FIELD: Final = "executionPath"
+COMPUTER_EXECUTION_PATH: Final = "computer"
+# The codex job's own timeout, in milliseconds, on its payload.
+PAYLOAD_TIMEOUT_FIELD: Final = "timeout"
+
+
+@dataclass(frozen=True)
+class JobTiming:
+    """Every duration one delivery of a job runs under, in milliseconds."""
+
+    lease_ms: int
+    execution_timeout_ms: int
+    heartbeat_interval_ms: int
+    driver_timeout_ms: int
+
+
+def payload_timeout_ms(payload: Mapping[str, Any]) -> int | None:
+    """The payload's own timeout in ms, or None when absent or not a positive integer."""
+    value = payload.get(PAYLOAD_TIMEOUT_FIELD)
+    # bool is an int subclass; `true` is not a timeout. Zero/negative mean "no timeout asked for".
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+def _is_objective_control(agent_id: str, kind: str) -> bool:
+    return agent_id == AGENT_FACTORY_CONTROL and kind == OBJECTIVE_CONTROL_KIND
+
+
+def lease_ms(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Settings) -> int:
+    """The job's lease, per the spec's lease table (section "Leases, timeouts and heartbeats")."""
+    default = settings.job_lease_ms
+    # Row: factory-control running factory.objective.control -> max(default, FACTORY_CONTROL_JOB_LEASE_MS).
+    if _is_objective_control(agent_id, kind):
+        return max(default, settings.factory_control_job_lease_ms)
+    # Row: factory-monitor running factory.task.monitor on the computer path -> max(default, CODEX_JOB_LEASE_MS).
+    if (
+        agent_id == AGENT_FACTORY_MONITOR
+        and kind == TASK_MONITOR_KIND
+        and payload.get(EXECUTION_PATH_FIELD) == COMPUTER_EXECUTION_PATH
+    ):
+        return max(default, settings.codex_job_lease_ms)
+    # Row: codex, whatever the kind -> the larger of CODEX_JOB_LEASE_MS and payload timeout + 300 000,
+    # capped at 3 600 000; with no payload timeout, CODEX_JOB_LEASE_MS.
+    if agent_id == AGENT_CODEX:
+        timeout = payload_timeout_ms(payload)
+        if timeout is None:
+            return settings.codex_job_lease_ms
+        # The cap bounds what a *payload* may ask for; it never cuts below the operator's
+        # CODEX_JOB_LEASE_MS. So a payload timeout can only raise the lease (monotone), and a
+        # CODEX_JOB_LEASE_MS above the cap means the same with or without a payload timeout.
+        # Identical to min(cap, max(...)) whenever CODEX_JOB_LEASE_MS <= cap (the default).
+        return max(settings.codex_job_lease_ms, min(timeout + CODEX_PAYLOAD_TIMEOUT_PAD_MS, CODEX_LEASE_CAP_MS))
+    # Row: default -> JOB_LEASE_MS.
+    return default
+
+
+def execution_timeout_ms(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Settings) -> int:
+    """How long the handler may run: the lease minus 1 000 ms, floored at 5 000 ms."""
+    timeout = lease_ms(agent_id, kind, payload, settings) - EXECUTION_TIMEOUT_MARGIN_MS
+    override = settings.factory_control_job_execution_timeout_ms
+    # Spec: FACTORY_CONTROL_JOB_EXECUTION_TIMEOUT_MS "may lower it, for objective control only" —
+    # min() so it can never raise the timeout past the lease it must finish inside.
+    if override is not None and _is_objective_control(agent_id, kind):
+        timeout = min(timeout, override)
+    # The floor is applied last, so even an override of 0 leaves a handler 5 000 ms to run.
+    return max(EXECUTION_TIMEOUT_FLOOR_MS, timeout)
+
+
+def heartbeat_interval_ms(lease_ms: int, settings: Settings) -> int:
+    """How often a running job renews its lease: a third of min(lease, active-stale), floored at 1 000 ms."""
+    interval = min(lease_ms, settings.active_stale_ms) // HEARTBEAT_DIVISOR
+    override = settings.heartbeat_interval_ms
+    # Spec: RECEIPT_RESONATE_HEARTBEAT_INTERVAL_MS "can only lower that derived value, never raise it".
+    if override is not None:
+        interval = min(interval, override)
+    # The floor is applied last: a tiny or zero override must not turn the heartbeat loop into a
+    # busy loop of receipt appends.
+    return max(HEARTBEAT_FLOOR_MS, interval)
+
+
+def driver_timeout_ms(lease_ms: int) -> int:
+    """The driver's own invocation timeout: the lease plus 60 000 ms, floored at 120 000 ms."""
+    return max(DRIVER_TIMEOUT_FLOOR_MS, lease_ms + DRIVER_TIMEOUT_PAD_MS)
+
+
+def timing_for(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Settings) -> JobTiming:
+    """All four durations of a job, each derived from the one lease."""
+    lease = lease_ms(agent_id, kind, payload, settings)
+    return JobTiming(
+        lease_ms=lease,
+        execution_timeout_ms=execution_timeout_ms(agent_id, kind, payload, settings),
+        heartbeat_interval_ms=heartbeat_interval_ms(lease, settings),
+        driver_timeout_ms=driver_timeout_ms(lease),
+    )

@@ -1,0 +1,158 @@
+"""Validation of an enqueue request: pure, and complete before anything is written.
+
+Every rejection is a ``ValidationError`` naming the field and, where there is a closed set,
+the allowed values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.errors import ValidationError
+from app.ids import JOB_ID_PATTERN
+from app.vocab import (
+    AUTH_CONTEXT_OPTIONAL,
+    AUTH_CONTEXT_REQUIRED,
+    DEFAULT_LANE,
+    DEFAULT_SINGLETON_MODE,
+    KINDS_WITHOUT_AUTH_CONTEXT,
+    LANES,
+    MAX_ATTEMPTS_DEFAULT,
+    MAX_ATTEMPTS_MAX,
+    MAX_ATTEMPTS_MIN,
+    PAYLOAD_KINDS,
+    SINGLETON_MODES,
+)
+
+ENQUEUE_FIELDS = ("jobId", "lane", "payload", "sessionKey", "singletonMode", "maxAttempts")
+AGENT_ID_MAX = 256
+SESSION_KEY_MAX = 512
+
+
+@dataclass(frozen=True)
+class EnqueueRequest:
+    """A validated enqueue: every field present, defaults applied, maxAttempts clamped."""
+
+    agent_id: str
+    payload: Mapping[str, Any]
+    job_id: str | None = None
+    lane: str = DEFAULT_LANE
+    session_key: str | None = None
+    singleton_mode: str = DEFAULT_SINGLETON_MODE
+    max_attempts: int = MAX_ATTEMPTS_DEFAULT
+
+    @property
+    def organization_id(self) -> str | None:
+        ctx = self.payload.get("authContext")
+        return ctx.get("organizationId") if isinstance(ctx, Mapping) else None
+
+
+def clamp_max_attempts(value: int) -> int:
+    """Spec: ``maxAttempts`` defaults to 2 and is clamped to the range 1..8."""
+    return max(MAX_ATTEMPTS_MIN, min(MAX_ATTEMPTS_MAX, value))
+
+
+def _opt_str(body: Mapping[str, Any], name: str, max_len: int) -> str | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValidationError(name, "must be a non-empty string")
+    if len(value) > max_len:
+        raise ValidationError(name, f"must be at most {max_len} characters")
+    return value
+
+
+def _check_finite(value: Any, path: str) -> None:
+    # NaN and Infinity are not JSON: they would make a receipt's canonical encoding fail later.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValidationError(path, "must be a finite number")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _check_finite(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{path}[{i}]")
+
+
+def validate_auth_context(kind: str, ctx: Any) -> None:
+    """Every kind but ``factory.objective.watchdog`` needs ``userId`` and ``organizationId``."""
+    if ctx is None:
+        if kind in KINDS_WITHOUT_AUTH_CONTEXT:
+            return
+        raise ValidationError(
+            "payload.authContext", f"is required for kind {kind} and must carry userId and organizationId",
+        )
+    if not isinstance(ctx, Mapping):
+        raise ValidationError("payload.authContext", "must be an object")
+    for name in AUTH_CONTEXT_REQUIRED:
+        value = ctx.get(name)
+        required = kind not in KINDS_WITHOUT_AUTH_CONTEXT or value is not None
+        if required and (not isinstance(value, str) or not value.strip()):
+            raise ValidationError(f"payload.authContext.{name}", "is required and must be a non-empty string")
+    for name in AUTH_CONTEXT_OPTIONAL:
+        value = ctx.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ValidationError(f"payload.authContext.{name}", "must be a string")
+    unknown = sorted(set(ctx) - set(AUTH_CONTEXT_REQUIRED) - set(AUTH_CONTEXT_OPTIONAL))
+    if unknown:
+        raise ValidationError(
+            f"payload.authContext.{unknown[0]}", "is not a known field",
+            allowed=AUTH_CONTEXT_REQUIRED + AUTH_CONTEXT_OPTIONAL,
+        )
+
+
+def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
+    """Check a raw enqueue body; return the request with defaults applied."""
+    if not isinstance(agent_id, str) or not agent_id.strip() or len(agent_id) > AGENT_ID_MAX:
+        raise ValidationError("agentId", f"must be a non-empty string of at most {AGENT_ID_MAX} characters")
+    if not isinstance(body, Mapping):
+        raise ValidationError("body", "must be a JSON object")
+    unknown = sorted(set(body) - set(ENQUEUE_FIELDS))
+    if unknown:
+        raise ValidationError(unknown[0], "is not a known field", allowed=ENQUEUE_FIELDS)
+
+    job_id = body.get("jobId")
+    if job_id is not None and (not isinstance(job_id, str) or not JOB_ID_PATTERN.match(job_id)):
+        raise ValidationError(
+            "jobId", "must be 1-128 characters of letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+        )
+
+    lane = body.get("lane", DEFAULT_LANE)
+    if lane is None:
+        lane = DEFAULT_LANE
+    if lane not in LANES:
+        raise ValidationError("lane", "is not a lane", allowed=LANES)
+
+    payload = body.get("payload")
+    if not isinstance(payload, Mapping):
+        raise ValidationError("payload", "is required and must be an object with a kind")
+    kind = payload.get("kind")
+    if not isinstance(kind, str) or kind not in PAYLOAD_KINDS:
+        raise ValidationError("payload.kind", "is not a payload kind", allowed=PAYLOAD_KINDS)
+    validate_auth_context(kind, payload.get("authContext"))
+    _check_finite(payload, "payload")
+
+    session_key = _opt_str(body, "sessionKey", SESSION_KEY_MAX)
+
+    mode = body.get("singletonMode", DEFAULT_SINGLETON_MODE)
+    if mode is None:
+        mode = DEFAULT_SINGLETON_MODE
+    if mode not in SINGLETON_MODES:
+        raise ValidationError("singletonMode", "is not a singleton mode", allowed=SINGLETON_MODES)
+    if mode != "allow" and session_key is None:
+        raise ValidationError("sessionKey", f"is required when singletonMode is {mode}")
+
+    attempts = body.get("maxAttempts", MAX_ATTEMPTS_DEFAULT)
+    if attempts is None:
+        attempts = MAX_ATTEMPTS_DEFAULT
+    if isinstance(attempts, bool) or not isinstance(attempts, int):
+        raise ValidationError("maxAttempts", f"must be an integer (clamped to {MAX_ATTEMPTS_MIN}..{MAX_ATTEMPTS_MAX})")
+
+    return EnqueueRequest(
+        agent_id=agent_id, payload=dict(payload), job_id=job_id, lane=lane, session_key=session_key,
+        singleton_mode=mode, max_attempts=clamp_max_attempts(attempts),
+    )

@@ -1,0 +1,86 @@
+"""The spec's vocabularies, each defined exactly once (spec: "Lanes and statuses", "Lifecycle receipts")."""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+Lane = Literal["chat", "collect", "steer", "follow_up"]
+LANES: Final[tuple[str, ...]] = get_args(Lane)
+DEFAULT_LANE: Final = "collect"
+
+Status = Literal["queued", "leased", "running", "completed", "failed", "canceled"]
+STATUSES: Final[tuple[str, ...]] = get_args(Status)
+ACTIVE_STATUSES: Final[frozenset[str]] = frozenset({"queued", "leased", "running"})
+LEASED_STATUSES: Final[frozenset[str]] = frozenset({"leased", "running"})
+TERMINAL_STATUSES: Final[frozenset[str]] = frozenset({"completed", "failed", "canceled"})
+
+EventType = Literal[
+    "job.enqueued",
+    "job.leased",
+    "job.heartbeat",
+    "job.progress",
+    "job.completed",
+    "job.failed",
+    "job.canceled",
+    "queue.command",
+    "queue.command.consumed",
+    "job.lease_expired",
+]
+EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
+
+CommandType = Literal["steer", "follow_up", "abort"]
+COMMAND_TYPES: Final[tuple[str, ...]] = get_args(CommandType)
+CommandLane = Literal["steer", "follow_up"]
+COMMAND_LANES: Final[tuple[str, ...]] = get_args(CommandLane)
+
+SingletonMode = Literal["allow", "cancel", "steer"]
+SINGLETON_MODES: Final[tuple[str, ...]] = get_args(SingletonMode)
+DEFAULT_SINGLETON_MODE: Final = "allow"
+
+PayloadKind = Literal[
+    "factory.dispatch",
+    "factory.run",
+    "factory.integration.publish",
+    "factory.integration.validate",
+    "factory.objective.audit",
+    "factory.objective.control",
+    "factory.objective.watchdog",
+    "factory.task.monitor",
+    "factory.task.run",
+]
+PAYLOAD_KINDS: Final[tuple[str, ...]] = get_args(PayloadKind)
+# Every kind except the watchdog needs an authContext with userId and organizationId.
+KINDS_WITHOUT_AUTH_CONTEXT: Final[frozenset[str]] = frozenset({"factory.objective.watchdog"})
+AUTH_CONTEXT_REQUIRED: Final[tuple[str, ...]] = ("userId", "organizationId")
+AUTH_CONTEXT_OPTIONAL: Final[tuple[str, ...]] = (
+    "workspaceId", "receiptConnectGatewayUrl", "sessionId", "source",
+)
+
+WorkerGroup = Literal["chat", "codex", "control"]
+WORKER_GROUPS: Final[tuple[str, ...]] = get_args(WorkerGroup)
+
+FailureStatus = Literal[
+    "settlement_conflict", "stale_attempt", "lease_lost", "terminal_state",
+    "canceled", "execution_timeout", "failed",
+]
+FAILURE_STATUSES: Final[tuple[str, ...]] = get_args(FailureStatus)
+
+# The four agent ids with registered handlers (spec: "The trap").
+HANDLED_AGENT_IDS: Final[tuple[str, ...]] = ("factory", "factory-control", "factory-monitor", "codex")
+
+MAX_ATTEMPTS_DEFAULT: Final = 2
+MAX_ATTEMPTS_MIN: Final = 1
+MAX_ATTEMPTS_MAX: Final = 8
+
+
+def job_stream(job_id: str) -> str:
+    """The stream a job's receipts live on: ``jobs/<jobId>``."""
+    return f"jobs/{job_id}"
+
+
+# The agent ids that routing and lease rules name, each spelled once (spec: "Actual Resonate
+# routing", "Leases, timeouts and heartbeats").
+AGENT_FACTORY: Final = "factory"
+AGENT_FACTORY_CONTROL: Final = "factory-control"
+AGENT_FACTORY_MONITOR: Final = "factory-monitor"
+AGENT_CODEX: Final = "codex"

@@ -1,0 +1,167 @@
+"""Shared fixtures: one suite over every backend.
+
+- ``engine`` is parametrised over SQLite and PostgreSQL: the same test body runs on both.
+- PostgreSQL tests get a fresh database cloned from a migrated template (fast, isolated, and
+  the append-only trigger stays on: tests never need to delete receipts).
+- A service that is missing locally skips its tests; in CI (``CI=true``) it fails them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from app.db import make_engine
+from app.migrate import upgrade
+from app.queue import Queue
+
+PG_ADMIN_URL = os.environ.get("RECEIPT_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
+REDIS_TEST_BASE = os.environ.get("RECEIPT_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# Variables a test must never inherit from the developer's shell.
+_ISOLATED_PREFIXES = ("RECEIPT_", "RESONATE_", "JOB_LEASE_MS", "CODEX_JOB_LEASE_MS", "FACTORY_CONTROL_JOB_")
+_ISOLATED_NAMES = ("DATABASE_URL", "REDIS_URL")
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(_ISOLATED_PREFIXES) or name in _ISOLATED_NAMES:
+            if name.startswith("RECEIPT_TEST_"):
+                continue
+            monkeypatch.delenv(name, raising=False)
+
+
+def _unavailable(what: str, exc: Exception) -> None:
+    message = f"{what} is not reachable: {exc}"
+    if IN_CI:
+        pytest.fail(message + " (CI=true: services must be up)")
+    pytest.skip(message)
+
+
+def _worker_suffix() -> str:
+    return os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+
+
+def pg_url_for(database: str) -> str:
+    base, _, _ = PG_ADMIN_URL.rpartition("/")
+    return f"{base}/{database}"
+
+
+@pytest.fixture(scope="session")
+def pg_admin() -> Iterator[Engine]:
+    engine = make_engine(PG_ADMIN_URL)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:
+        engine.dispose()
+        _unavailable("PostgreSQL", exc)
+    yield engine
+    engine.dispose()
+
+
+def _autocommit(admin: Engine, sql: str) -> None:
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(sql))
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin: Engine) -> Iterator[str]:
+    name = f"receipt_tpl_{_worker_suffix()}_{uuid.uuid4().hex[:8]}"
+    _autocommit(pg_admin, f"CREATE DATABASE {name}")
+    engine = make_engine(pg_url_for(name))
+    upgrade(engine)
+    engine.dispose()
+    yield name
+    _autocommit(pg_admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def pg_database_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
+    """URL of a fresh, migrated PostgreSQL database for this test alone."""
+    name = f"receipt_t_{_worker_suffix()}_{uuid.uuid4().hex[:10]}"
+    _autocommit(pg_admin, f"CREATE DATABASE {name} TEMPLATE {pg_template}")
+    yield pg_url_for(name)
+    _autocommit(pg_admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
+    engine = make_engine(f"sqlite:///{path}")
+    upgrade(engine)
+    engine.dispose()
+    return path
+
+
+@pytest.fixture
+def sqlite_database_url(sqlite_template: Path, tmp_path: Path) -> str:
+    path = tmp_path / "receipt.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def pg_engine(pg_database_url: str) -> Iterator[Engine]:
+    engine = make_engine(pg_database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def sqlite_engine(sqlite_database_url: str) -> Iterator[Engine]:
+    engine = make_engine(sqlite_database_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, request: pytest.FixtureRequest) -> str:
+    """A fresh migrated database on the parametrised backend."""
+    fixture = "sqlite_database_url" if backend == "sqlite" else "pg_database_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    eng = make_engine(database_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def queue(engine: Engine) -> Queue:
+    return Queue(engine)
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """A dedicated, flushed Redis database for this test."""
+    import redis
+
+    # One Redis database per xdist worker (8..15), so parallel workers never flush each other.
+    index = int(_worker_suffix().lstrip("gw") or 0)
+    url = f"{REDIS_TEST_BASE}/{8 + index % 8}"
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+    except Exception as exc:
+        _unavailable("Redis", exc)
+    client.flushdb()
+    yield url
+    client.flushdb()
+    client.close()
