@@ -53,9 +53,13 @@ def read_receipts(source: TextIO) -> list[Receipt]:
             continue
         try:
             data = json.loads(line)
+            body = data.get("body") or {}
+            if not isinstance(body, dict):
+                # The reducer folds objects only; anything else would crash it with a traceback.
+                raise TypeError(f"body must be an object, not {type(body).__name__}")
             out.append(Receipt(
                 stream=str(data.get("stream", "jobs/unknown")), seq=int(data.get("seq", n)),
-                type=str(data["type"]), body=data.get("body") or {}, at=data.get("at"),
+                type=str(data["type"]), body=body, at=data.get("at"),
             ))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"line {n}: not a receipt ({exc})") from exc

@@ -98,6 +98,10 @@ SETTINGS: tuple[Setting, ...] = (
     # -- handlers
     Setting("RECEIPT_CODEX_COMMANDS", "codex_commands", "disabled",
             "`enabled` lets the codex handler run `factory.task.run` commands (argv, never a shell)."),
+    Setting("RECEIPT_HANDLER_MODULES", "handler_modules", "",
+            "Comma-separated modules, each with `register(registry)`, adding agent handlers to every worker."),
+    Setting("RECEIPT_CODEX_OUTPUT_TAIL_BYTES", "codex_output_tail_bytes", "4096",
+            "How much of a command's output the codex handler keeps in `result` and failures.", _int),
 )
 
 
@@ -135,6 +139,8 @@ class Settings:
     event_callback_url: str | None = None
     callback_token: str | None = None
     codex_commands: str = "disabled"
+    handler_modules: str = ""
+    codex_output_tail_bytes: int = 4096
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

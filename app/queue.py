@@ -71,8 +71,19 @@ class _Tx:
     """One transaction's view: the connection, its clock, and jobs touched in it."""
 
     conn: Connection
-    now: datetime
     touched: dict[str, Job] = field(default_factory=dict)
+    _now: datetime | None = None
+
+    @property
+    def now(self) -> datetime:
+        """The database clock, read once, on first use: after the reads (and lock waits) that decide.
+
+        A time read before them could predate a receipt another transaction committed in between,
+        so the receipts appended here would go back in time on their stream.
+        """
+        if self._now is None:
+            self._now = db_now(self.conn)
+        return self._now
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -105,7 +116,7 @@ class Queue:
         for _ in range(MAX_CONFLICT_RETRIES):
             try:
                 with transaction(self.engine) as conn:
-                    tx = _Tx(conn, db_now(conn))
+                    tx = _Tx(conn)
                     result = work(tx)
                 self._after_commit(tx.touched.values())
                 return result
@@ -253,17 +264,20 @@ class Queue:
                    jobs.c.organization_id == org if org is not None else jobs.c.organization_id.is_(None))
             .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
         ).scalars().all()
+        # Read every candidate before the clock (first used below), so no receipt seen here is newer.
+        # A job settled between the id scan and its load is no longer active: it must not take a steer.
+        candidates = [c for c in (projection.load(tx.conn, job_id) for job_id in ids)
+                      if c is not None and c.job.status in ACTIVE_STATUSES]
         active: list[projection.Loaded] = []
-        for job_id in ids:
-            loaded = projection.load(tx.conn, job_id)
-            if loaded is None:
-                continue
+        for loaded in candidates:
+            job_id = loaded.job.id
             expiry = _expiry_event(loaded.job, tx.now)
             if expiry is not None:
                 job = self._apply(tx, loaded, job_id, [expiry])
-                loaded = projection.load(tx.conn, job_id)
-                if loaded is None or job.status not in ACTIVE_STATUSES:
+                reloaded = projection.load(tx.conn, job_id)
+                if reloaded is None or job.status not in ACTIVE_STATUSES:
                     continue
+                loaded = reloaded
             active.append(loaded)
         return active
 
@@ -340,7 +354,8 @@ class Queue:
 
     def consume_command(self, job_id: str, command_id: str) -> Outcome:
         def decide(job: Job, now: datetime) -> list[Event]:
-            if not any(c.id == command_id and not c.consumed for c in job.commands):
+            # A terminal job ignores consumption (the reducer's rule): write no inert receipt.
+            if job.terminal or not any(c.id == command_id and not c.consumed for c in job.commands):
                 return []
             return [("queue.command.consumed", {"commandId": command_id})]
         return self._mutate(job_id, decide)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.errors import InvariantError, no_job_message
-from app.vocab import LEASED_STATUSES, TERMINAL_STATUSES
+from app.vocab import LEASED_STATUSES, MAX_ATTEMPTS_DEFAULT, TERMINAL_STATUSES
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,14 @@ def fold(receipts: Iterable[Receipt], state: Job | None = None) -> Job | None:
 
 def _enqueued(r: Receipt) -> Job:
     b = r.body
-    payload = b.get("payload") or {}
+    # Tolerate a malformed body (``receipt replay`` folds hand-edited files): only the
+    # documented InvariantError may escape the reducer, never a TypeError from int() or .get().
+    payload = b.get("payload")
+    if not isinstance(payload, Mapping):
+        payload = {}
+    max_attempts = b.get("maxAttempts", MAX_ATTEMPTS_DEFAULT)
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        max_attempts = MAX_ATTEMPTS_DEFAULT
     return Job(
         id=str(b.get("jobId") or job_id_of(r.stream)),
         agent_id=str(b.get("agentId", "")),
@@ -228,7 +235,7 @@ def _enqueued(r: Receipt) -> Job:
         payload=payload,
         session_key=b.get("sessionKey"),
         singleton_mode=str(b.get("singletonMode", "allow")),
-        max_attempts=int(b.get("maxAttempts", 2)),
+        max_attempts=max_attempts,
         organization_id=_org_of(payload),
         created_at=r.at,
         updated_at=r.at,
@@ -321,6 +328,8 @@ def _command(s: Job, b: Mapping[str, Any]) -> Job | None:
 
 
 def _command_consumed(s: Job, b: Mapping[str, Any]) -> Job | None:
+    if s.terminal:
+        return None  # terminal states are absorbing: a settled job's commands stay as they were
     cid = b.get("commandId")
     if not any(c.id == cid and not c.consumed for c in s.commands):
         return None

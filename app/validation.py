@@ -116,7 +116,8 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
         raise ValidationError(unknown[0], "is not a known field", allowed=ENQUEUE_FIELDS)
 
     job_id = body.get("jobId")
-    if job_id is not None and (not isinstance(job_id, str) or not JOB_ID_PATTERN.match(job_id)):
+    # fullmatch, not match: the pattern's `$` also matches before a trailing newline.
+    if job_id is not None and (not isinstance(job_id, str) or not JOB_ID_PATTERN.fullmatch(job_id)):
         raise ValidationError(
             "jobId", "must be 1-128 characters of letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
         )

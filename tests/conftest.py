@@ -165,3 +165,73 @@ def redis_url() -> Iterator[str]:
     yield url
     client.flushdb()
     client.close()
+
+
+# -- projection == fold (added for the queue, concurrency and property tests) --------------------
+
+def assert_projection_equals_fold(engine: Engine, job_id: str) -> None:
+    """The ``jobs`` row of ``job_id`` must equal the fold of its receipt stream, column by column.
+
+    Folds ``jobs/<job_id>`` with the pure reducer and compares it with ``Queue.get`` (the stored
+    snapshot) and with every scan column the later issues query (status, attempt, lease_*,
+    last_seq, last_hash, status_changed_at, ...).
+    """
+    from sqlalchemy import select
+
+    from app import store
+    from app.db import as_utc, jobs, parse_iso
+    from app.reducer import Job, fold
+    from app.vocab import job_stream
+
+    with engine.connect() as conn:
+        stream = store.read_stream(conn, job_stream(job_id))
+        row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+    folded: Job | None = None
+    changed_at: str | None = None
+    for r in stream:
+        before = folded.status if folded is not None else None
+        folded = fold([r.to_receipt()], folded)
+        if folded is not None and folded.status != before:
+            changed_at = r.at
+    if folded is None:
+        assert row is None, f"{job_id}: projection row exists but the stream folds to no job"
+        return
+    assert row is not None, f"{job_id}: stream folds to a job but there is no projection row"
+    got = Queue(engine).get(job_id)
+    assert got == folded, f"{job_id}: Queue.get differs from the fold"
+    assert row.state == folded.to_json()
+    last = stream[-1]
+    lease = folded.lease
+    expected = {
+        "status": folded.status,
+        "attempt": folded.attempt,
+        "max_attempts": folded.max_attempts,
+        "lease_worker_id": lease.worker_id if lease else None,
+        "lease_attempt": lease.attempt if lease else None,
+        "lease_expires_at": parse_iso(lease.expires_at) if lease else None,
+        "abort_requested": folded.abort_requested,
+        "organization_id": folded.organization_id,
+        "agent_id": folded.agent_id,
+        "lane": folded.lane,
+        "kind": folded.kind,
+        "session_key": folded.session_key,
+        "created_at": parse_iso(folded.created_at),
+        "updated_at": parse_iso(folded.updated_at),
+        "status_changed_at": parse_iso(changed_at),
+        "last_seq": last.seq,
+        "last_hash": last.hash,
+    }
+    actual = {}
+    for name in expected:
+        value = getattr(row, name)
+        if hasattr(value, "tzinfo") and value is not None:
+            value = as_utc(value)
+        actual[name] = value
+    assert actual == expected, f"{job_id}: projection columns differ from the fold"
+    assert folded.seq == last.seq
+
+
+@pytest.fixture
+def projection_equals_fold() -> object:
+    """The ``assert_projection_equals_fold(engine, job_id)`` checker, as a fixture."""
+    return assert_projection_equals_fold

@@ -1,0 +1,1 @@
+"""Benchmarks (see runtime_bench.py)."""
