@@ -1,1 +1,73 @@
+"""Receipt's HTTP API: a Flask app built by ``create_app`` — wiring by construction, no globals.
 
+``api/`` imports ``app/`` (the domain core), never the reverse. See ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from flask import Flask, Response, g, request
+from sqlalchemy.engine import Engine
+
+from api import auth, errors, health, jobs, openapi, streams
+from api.context import EXTENSION, ApiState
+from api.wake import default_waker
+from app.config import Settings
+from app.db import make_engine
+from app.queue import Queue
+from app.reducer import Job
+
+log = logging.getLogger("receipt.api")
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine: Engine | None = None,
+    on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
+) -> Flask:
+    """Build the API app.
+
+    ``settings`` defaults to ``Settings.from_env()``; ``engine`` to one opened on its database;
+    ``on_dispatchable`` (called after commit with jobs that became dispatchable) to the tasks
+    layer's waker when it is installed. Tests pass a recording function so no broker is needed.
+    """
+    settings = settings if settings is not None else Settings.from_env()
+    engine = engine if engine is not None else make_engine(settings.sqlalchemy_url)
+    if on_dispatchable is None:
+        on_dispatchable = default_waker(settings)
+
+    app = Flask("api")
+    # One byte over the limit, so a streamed body that exceeds it is detected rather than cut
+    # (api.inputs.raw_body refuses anything past the limit itself, declared or streamed).
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    api_state = ApiState(settings, engine, Queue(engine, on_dispatchable=on_dispatchable))
+    app.extensions[EXTENSION] = api_state
+
+    for blueprint in (jobs.blueprint, streams.blueprint, health.blueprint, openapi.blueprint):
+        app.register_blueprint(blueprint)
+    errors.register_error_handlers(app, api_state.count_internal_error)
+
+    auth_disabled = settings.auth_disabled
+    if auth_disabled:
+        log.warning("RECEIPT_AUTH=disabled: the API accepts anonymous requests with system rights")
+
+    @app.before_request
+    def _authenticate() -> None:
+        op = openapi.operation_of(app, request.endpoint)
+        if op is not None and not op.auth:
+            return
+        g.identity = auth.authenticate(engine, auth_disabled=auth_disabled)
+
+    if auth_disabled:
+        @app.after_request
+        def _warn(response: Response) -> Response:
+            response.headers[auth.AUTH_WARNING_HEADER] = auth.AUTH_WARNING
+            return response
+
+    return app

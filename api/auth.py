@@ -1,0 +1,85 @@
+"""Who is calling, and what they may touch: Bearer tokens and organisation scoping.
+
+Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>``. A token belongs to one
+organisation; a system token may act for any. With ``RECEIPT_AUTH=disabled`` a request without
+credentials acts as an anonymous system identity (and every response carries a warning header).
+
+Scoping rule used everywhere: a job is visible only to its own organisation (and to system
+identities); anything else answers exactly as an unknown job would, so existence never leaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask import g, request
+from sqlalchemy.engine import Engine
+
+from api.context import read_connection
+from api.errors import INVALID_TOKEN, UNAUTHORIZED, ApiError, forbidden
+from app import tokens
+from app.reducer import Job
+from app.vocab import KINDS_WITHOUT_AUTH_CONTEXT
+
+AUTH_WARNING_HEADER = "X-Receipt-Warning"
+AUTH_WARNING = "authentication disabled"
+_BEARER = "bearer "
+_CHALLENGE = 'Bearer realm="receipt"'
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The caller: an organisation, whether it is a system identity, and the token it used."""
+
+    organization_id: str | None
+    system: bool
+    token_id: str | None = None
+
+    def may_act_for(self, organization_id: str | None) -> bool:
+        """System identities act for anyone; others only for their own organisation."""
+        return self.system or (organization_id is not None and organization_id == self.organization_id)
+
+    def may_see(self, job: Job) -> bool:
+        return self.may_act_for(job.organization_id)
+
+
+ANONYMOUS = Identity(organization_id=None, system=True, token_id=None)
+
+
+def _unauthorized(code: str, message: str) -> ApiError:
+    challenge = _CHALLENGE if code == UNAUTHORIZED else f'{_CHALLENGE}, error="invalid_token"'
+    return ApiError(401, code, message, headers={"WWW-Authenticate": challenge})
+
+
+def authenticate(engine: Engine, *, auth_disabled: bool) -> Identity:
+    """Resolve the request's credentials; raises a 401 ``ApiError`` when they are missing or bad."""
+    header = request.headers.get("Authorization")
+    if header is None or not header.strip():
+        if auth_disabled:
+            return ANONYMOUS
+        raise _unauthorized(UNAUTHORIZED, "authentication required: send Authorization: Bearer <token>")
+    if not header[: len(_BEARER)].lower() == _BEARER:
+        raise _unauthorized(INVALID_TOKEN, "the Authorization header must use the Bearer scheme")
+    secret = header[len(_BEARER):].strip()
+    # Tokens are URL-safe base64: anything else cannot match, and must not reach SQL (NULs).
+    if not secret or len(secret) > 256 or not secret.isascii() or not secret.isprintable():
+        raise _unauthorized(INVALID_TOKEN, "the token is not valid")
+    with read_connection(engine) as conn:
+        info = tokens.authenticate(conn, secret)
+    if info is None:
+        raise _unauthorized(INVALID_TOKEN, "the token is not valid (unknown or revoked)")
+    return Identity(info.organization_id, info.system, info.id)
+
+
+def current() -> Identity:
+    """The identity ``authenticate`` established for this request."""
+    identity: Identity = g.identity
+    return identity
+
+
+def require_enqueue_allowed(identity: Identity, kind: str, organization_id: str | None) -> None:
+    """403 unless the caller may post this kind for this organisation."""
+    if kind in KINDS_WITHOUT_AUTH_CONTEXT and not identity.system:
+        raise forbidden(f"only system tokens may post {kind} jobs")
+    if not identity.may_act_for(organization_id):
+        raise forbidden("payload.authContext.organizationId is not the organisation of this token")

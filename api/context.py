@@ -1,0 +1,52 @@
+"""The per-app objects a request needs, stored on ``app.extensions`` (no module globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask import current_app
+from sqlalchemy.engine import Connection, Engine
+
+from app.config import Settings
+from app.queue import Queue
+
+EXTENSION = "receipt"
+
+
+@dataclass
+class ApiState:
+    """What ``create_app`` wired together: settings, the engine, the queue, and a 500 counter.
+
+    ``internal_errors`` counts requests that reached the catch-all handler; tests assert it stays
+    zero, and an operator can alert on it.
+    """
+
+    settings: Settings
+    engine: Engine
+    queue: Queue
+    internal_errors: int = 0
+    # How often an open event stream sends a comment line, so idle proxies keep it open.
+    sse_heartbeat_seconds: float = 15.0
+
+    def count_internal_error(self) -> None:
+        self.internal_errors += 1
+
+
+def state() -> ApiState:
+    """The current app's ``ApiState``."""
+    value: ApiState = current_app.extensions[EXTENSION]
+    return value
+
+
+def read_connection(engine: Engine) -> Connection:
+    """A connection for single-statement reads (token lookup, stream polls, readiness).
+
+    On PostgreSQL it runs in AUTOCOMMIT: psycopg2 otherwise wraps every read in its own
+    BEGIN ... ROLLBACK, three round trips where one will do — and an event-stream follower
+    polls several times a second. SQLite keeps its ordinary connection (its engine issues
+    ``BEGIN IMMEDIATE`` on begin, which must stay paired with a commit or rollback).
+    """
+    conn = engine.connect()
+    if engine.dialect.name == "postgresql":
+        return conn.execution_options(isolation_level="AUTOCOMMIT")
+    return conn

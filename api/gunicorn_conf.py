@@ -1,0 +1,43 @@
+"""gunicorn settings for the web process: ``gunicorn -c api/gunicorn_conf.py api.wsgi:app``.
+
+Worker class: **gevent**. An event stream (``/jobs/<id>/events``) holds its request open for up
+to ``RECEIPT_SSE_MAX_SECONDS`` while mostly sleeping between polls. With sync workers each open
+stream would pin a whole process, and a handful of followers would starve every other request;
+gthread would pin a thread each and cap streams at ``threads``. A gevent worker runs each
+request in a greenlet, so thousands of idle streams cost almost nothing and ordinary requests
+keep flowing. Two things make that true rather than hopeful:
+
+- ``psycogreen`` installs psycopg2's wait callback (``post_fork``), so a database round trip
+  yields to other greenlets instead of blocking the whole worker (psycopg2 is a C extension
+  that gevent's monkey-patching cannot reach on its own).
+- gevent's worker sends its heartbeat to the arbiter from its own greenlet, so ``timeout`` is
+  about a *stuck worker*, not a long request: open streams are not killed at 30 s.
+
+Environment (PaaS conventions): ``PORT`` (default 8080), ``WEB_CONCURRENCY`` worker processes
+(default 2, one per core of the reference machine), ``WEB_WORKER_CONNECTIONS`` greenlets per
+worker (default 1000). Command-line flags (e.g. ``-b 127.0.0.1:9000``) override these.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+bind = f"0.0.0.0:{os.environ.get('PORT', '8080')}"
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+worker_class = "gevent"
+worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS", "1000"))
+timeout = 30
+graceful_timeout = 30
+keepalive = 5
+# Build the app in each worker after fork (and after gevent patches): no engine crosses a fork.
+preload_app = False
+errorlog = "-"
+loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    """Make psycopg2 cooperative in this worker (see the module docstring)."""
+    from psycogreen.gevent import patch_psycopg
+
+    patch_psycopg()

@@ -1,0 +1,121 @@
+"""Job endpoints: enqueue, read, list, send commands, cancel.
+
+Every operation is scoped to the caller's organisation (``api.auth``): another organisation's
+job answers exactly like an unknown one (404), and an explicit ``jobId`` that another
+organisation already holds is refused (409) without saying anything about that job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint
+from flask.typing import ResponseReturnValue
+
+from api import auth, schemas
+from api.context import state
+from api.errors import JOB_ID_UNAVAILABLE, JOB_ID_UNAVAILABLE_MESSAGE, ApiError, forbidden, job_not_found
+from api.jsonbody import check_param
+from api.openapi import Operation, operation
+from api.present import async_block, job_json, job_path
+from app.queue import decode_cursor, validate_status_filter
+from app.reducer import Job
+from app.validation import validate_enqueue
+
+blueprint = Blueprint("jobs", __name__)
+
+_JOB_PATH = {"jobId": schemas.JOB_ID_PARAM}
+
+
+def visible_job(job_id: str) -> Job:
+    """The job, if the caller may see it; otherwise the one 404 (never reveals existence)."""
+    job = state().queue.get(job_id)
+    if job is None or not auth.current().may_see(job):
+        raise job_not_found()
+    return job
+
+
+@blueprint.post("/agents/<agentId>/jobs")
+@operation(Operation(
+    summary="Enqueue a job for an agent.",
+    description="Appends job.enqueued and returns 202 with the job and where to follow it. Re-posting "
+                "an existing jobId returns that job unchanged (to its own organisation only); "
+                "singletonMode steer returns the steered job. Unknown agent ids are accepted.",
+    tag="jobs",
+    body=schemas.ENQUEUE_REQUEST,
+    path={"agentId": schemas.AGENT_ID_PARAM},
+    responses={202: schemas.ENQUEUE_RESPONSE},
+    errors=(403, 409),
+))
+def enqueue(agentId: str, body: dict[str, Any]) -> ResponseReturnValue:
+    req = validate_enqueue(agentId, body)
+    identity = auth.current()
+    auth.require_enqueue_allowed(identity, str(req.payload["kind"]), req.organization_id)
+    result = state().queue.enqueue(req)
+    job = result.job
+    if not result.created and not result.steered and job.organization_id != req.organization_id:
+        # Idempotency is per organisation: someone else's job is neither returned nor described.
+        raise ApiError(409, JOB_ID_UNAVAILABLE, JOB_ID_UNAVAILABLE_MESSAGE, {"field": "jobId"})
+    headers = {"Location": job_path(job.id)}
+    return {"job": job_json(job), "async": async_block(job)}, 202, headers
+
+
+@blueprint.get("/jobs/<jobId>")
+@operation(Operation(summary="Read one job.", tag="jobs", path=_JOB_PATH,
+                     responses={200: schemas.JOB_RESPONSE}))
+def get_job(jobId: str) -> ResponseReturnValue:
+    return {"job": job_json(visible_job(jobId))}
+
+
+@blueprint.get("/jobs")
+@operation(Operation(
+    summary="List jobs, newest first.",
+    description="Filters combine. A system token lists every organisation unless organizationId is given.",
+    tag="jobs", query=schemas.LIST_JOBS_QUERY, responses={200: schemas.JOB_PAGE}, errors=(403,),
+))
+def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
+    identity = auth.current()
+    org = query.get("organizationId")
+    if org is not None and not identity.may_act_for(org):
+        raise forbidden("organizationId is not the organisation of this token")
+    validate_status_filter(query.get("status"))
+    cursor = query.get("cursor")
+    if cursor is not None:
+        _, last_id = decode_cursor(cursor)
+        check_param(last_id, "cursor")
+    scope: dict[str, Any]
+    if identity.system:
+        scope = {"organization_id": org, "all_organizations": org is None}
+    else:
+        scope = {"organization_id": identity.organization_id}
+    page = state().queue.list_jobs(
+        **scope, status=query.get("status"), agent_id=query.get("agentId"), lane=query.get("lane"),
+        session_key=query.get("sessionKey"), limit=query["limit"], cursor=cursor,
+    )
+    return {"jobs": [job_json(j) for j in page.jobs], "nextCursor": page.next_cursor}
+
+
+@blueprint.post("/jobs/<jobId>/commands")
+@operation(Operation(
+    summary="Send a queue command (steer, follow_up or abort) to a job.",
+    tag="jobs", path=_JOB_PATH, body=schemas.COMMAND_REQUEST,
+    responses={202: schemas.JOB_RESPONSE}, errors=(409,),
+))
+def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
+    visible_job(jobId)
+    outcome = state().queue.command(jobId, body["type"], body.get("payload"), body.get("reason"))
+    return {"job": job_json(outcome.job)}, 202
+
+
+@blueprint.post("/jobs/<jobId>/cancel")
+@operation(Operation(
+    summary="Cancel a job.",
+    description="A queued job is canceled outright; a leased or running one gets an abort command "
+                "(only its worker can stop work in flight). A terminal job answers 409.",
+    tag="jobs", path=_JOB_PATH, body=schemas.CANCEL_REQUEST, body_required=False,
+    responses={202: schemas.JOB_RESPONSE}, errors=(409,),
+))
+def cancel(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
+    visible_job(jobId)
+    outcome = state().queue.cancel(jobId, body.get("reason"))
+    return {"job": job_json(outcome.job)}, 202

@@ -1,0 +1,186 @@
+"""The OpenAPI 3.1 document, generated from the route table and the schemas that validate requests.
+
+Each view is declared with ``@operation(...)``: that one declaration both *enforces* the
+operation's input (query, body and path parameters are validated against ``api.schemas``
+before the view runs) and *documents* it. ``document(app)`` walks Flask's URL map, so a route
+exists in the document exactly when it exists in the server.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Blueprint, Flask, current_app, jsonify
+from flask.typing import ResponseReturnValue
+
+from api import inputs, schemas
+from api.schemas import Schema
+
+API_TITLE = "Receipt"
+API_VERSION = "0.1.0"
+JSON = "application/json"
+EVENT_STREAM = "text/event-stream"
+
+_ERROR_DESCRIPTIONS = {
+    400: "Malformed JSON or an invalid field (details name the field and its allowed values).",
+    401: "Missing or invalid credentials.",
+    403: "The caller's organisation may not do this.",
+    404: "No such job or stream (another organisation's job answers the same way), or no such route.",
+    409: "The job's state does not allow this, or the jobId belongs to someone else.",
+    413: "The request body is larger than the configured limit.",
+    500: "An unexpected server error (the same JSON shape).",
+    503: "The database or broker is unreachable.",
+}
+
+
+# The query schema of an operation that takes no query parameters (any parameter is a 400).
+NO_QUERY: Schema = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One endpoint's contract: its inputs' schemas and its responses."""
+
+    summary: str
+    tag: str
+    responses: Mapping[int, Schema]
+    description: str = ""
+    body: Schema | None = None
+    body_required: bool = True
+    query: Schema | None = None
+    path: Mapping[str, Schema] = field(default_factory=dict)
+    headers: Mapping[str, Schema] = field(default_factory=dict)
+    errors: tuple[int, ...] = ()
+    auth: bool = True
+    streams: bool = False
+
+    def error_statuses(self) -> list[int]:
+        # 400 everywhere: any operation refuses undocumented query parameters.
+        statuses = set(self.errors) | {400, 500}
+        if self.auth:
+            statuses |= {401, 404, 503}
+        if self.body is not None:
+            statuses.add(413)
+        return sorted(statuses)
+
+
+def operation(op: Operation) -> Callable[[Callable[..., ResponseReturnValue]], Callable[..., ResponseReturnValue]]:
+    """Declare a view's contract; the view receives ``query=`` and/or ``body=`` already validated."""
+
+    def decorate(view: Callable[..., ResponseReturnValue]) -> Callable[..., ResponseReturnValue]:
+        @functools.wraps(view)
+        def wrapper(**kwargs: Any) -> ResponseReturnValue:
+            for name, value in kwargs.items():
+                if isinstance(value, str):
+                    inputs.path_param(value, name, op.path.get(name))
+            query = inputs.read_query(op.query or NO_QUERY)
+            if op.query is not None:
+                kwargs["query"] = query
+            if op.body is not None:
+                kwargs["body"] = inputs.read_body(op.body, required=op.body_required)
+            return view(**kwargs)
+
+        wrapper.openapi = op  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+def operation_of(app: Flask, endpoint: str | None) -> Operation | None:
+    """The ``Operation`` declared for an endpoint, if any."""
+    if endpoint is None:
+        return None
+    view = app.view_functions.get(endpoint)
+    return getattr(view, "openapi", None)
+
+
+_RULE_ARG = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
+
+
+def _content(schema: Schema, media: str = JSON) -> dict[str, Any]:
+    name = schemas.component_name(schema)
+    return {media: {"schema": {"$ref": f"#/components/schemas/{name}"} if name else schema}}
+
+
+def _parameters(op: Operation, path_args: list[str]) -> list[dict[str, Any]]:
+    params: list[dict[str, Any]] = []
+    for name in path_args:
+        params.append({"name": name, "in": "path", "required": True,
+                       "schema": op.path.get(name, {"type": "string"})})
+    if op.query is not None:
+        for name, prop in op.query.get("properties", {}).items():
+            param: dict[str, Any] = {"name": name, "in": "query", "required": False, "schema": prop}
+            if "description" in prop:
+                param["description"] = prop["description"]
+            params.append(param)
+    for name, prop in op.headers.items():
+        params.append({"name": name, "in": "header", "required": False, "schema": prop})
+    return params
+
+
+def _operation_object(op: Operation, endpoint: str, path_args: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"operationId": endpoint.replace(".", "_"), "summary": op.summary, "tags": [op.tag]}
+    if op.description:
+        out["description"] = op.description
+    params = _parameters(op, path_args)
+    if params:
+        out["parameters"] = params
+    if op.body is not None:
+        out["requestBody"] = {"required": op.body_required, "content": _content(op.body)}
+    responses: dict[str, Any] = {}
+    for status, schema in op.responses.items():
+        media = EVENT_STREAM if op.streams and status == 200 else JSON
+        responses[str(status)] = {"description": "Success.", "content": _content(schema, media)}
+    for status in op.error_statuses():
+        responses[str(status)] = {"description": _ERROR_DESCRIPTIONS[status], "content": _content(schemas.ERROR)}
+    out["responses"] = responses
+    if not op.auth:
+        out["security"] = []
+    return out
+
+
+def document(app: Flask) -> dict[str, Any]:
+    """Assemble the OpenAPI 3.1 document from ``app``'s URL map and each operation's schemas."""
+    paths: dict[str, dict[str, Any]] = {}
+    for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
+        op = operation_of(app, rule.endpoint)
+        if op is None:
+            continue
+        path = _RULE_ARG.sub(lambda m: "{" + m.group(1) + "}", rule.rule)
+        path_args = _RULE_ARG.findall(rule.rule)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            paths.setdefault(path, {})[method.lower()] = _operation_object(op, rule.endpoint, path_args)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": API_TITLE,
+            "version": API_VERSION,
+            "description": "Durable background jobs: enqueue, read and follow jobs whose state is "
+                           "the fold of their receipt stream.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas.COMPONENTS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "A token from `receipt token create`."}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+blueprint = Blueprint("openapi", __name__)
+
+
+@blueprint.get("/openapi.json")
+@operation(Operation(summary="This document.", tag="meta", responses={200: {"type": "object"}}))
+def openapi_json() -> ResponseReturnValue:
+    """Serve the generated document (built once per app and cached on it)."""
+    cached = current_app.extensions.get("receipt.openapi")
+    if cached is None:
+        cached = document(current_app)
+        current_app.extensions["receipt.openapi"] = cached
+    return jsonify(cached)

@@ -1,0 +1,371 @@
+"""JSON Schemas (2020-12, as OpenAPI 3.1 uses) for every request and response of the API.
+
+These objects are the single source for both request validation (``api.inputs``) and the
+OpenAPI document (``api.openapi``): nothing is written twice, so the two cannot drift. Every
+closed vocabulary comes from ``app.vocab``. Request schemas are self-contained (no ``$ref``)
+so they validate on their own; response schemas may ``$ref`` the document's components.
+
+The schemas check shape; ``app.validation`` still applies the deeper rules (and is the
+authority if the two ever disagree — a request must pass both before anything is written).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.ids import JOB_ID_PATTERN
+from app.validation import AGENT_ID_MAX, SESSION_KEY_MAX
+from app.vocab import (
+    AUTH_CONTEXT_OPTIONAL,
+    AUTH_CONTEXT_REQUIRED,
+    COMMAND_TYPES,
+    KINDS_WITHOUT_AUTH_CONTEXT,
+    LANES,
+    PAYLOAD_KINDS,
+    SINGLETON_MODES,
+    STATUSES,
+)
+
+Schema = dict[str, Any]
+
+# The projection's column for an organisation id is 256 characters; longer could never be stored.
+ORG_ID_MAX = 256
+TEXT_MAX = 256
+REASON_MAX = 4096
+LIST_LIMIT_DEFAULT = 50
+LIST_LIMIT_MAX = 500
+RECEIPTS_LIMIT_DEFAULT = 100
+RECEIPTS_LIMIT_MAX = 1000
+# Stream positions are 32-bit integers in the database.
+SEQ_MAX = 2**31 - 1
+NON_BLANK = r"\S"
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _text(max_length: int = TEXT_MAX, *, nullable: bool = False, non_blank: bool = True) -> Schema:
+    schema: Schema = {"type": ["string", "null"] if nullable else "string", "maxLength": max_length}
+    if non_blank:
+        schema["pattern"] = NON_BLANK
+    return schema
+
+
+def _enum(values: tuple[str, ...], *, nullable: bool = False) -> Schema:
+    if nullable:
+        return {"type": ["string", "null"], "enum": [*values, None]}
+    return {"type": "string", "enum": list(values)}
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+AUTH_CONTEXT: Schema = {
+    "type": "object",
+    "description": "Who the job acts for. organizationId must be the caller's organisation.",
+    "properties": {
+        "userId": _text(),
+        "organizationId": _text(ORG_ID_MAX),
+        **{name: _text(2048, nullable=True, non_blank=False) for name in AUTH_CONTEXT_OPTIONAL},
+    },
+    "additionalProperties": False,
+}
+
+_KINDS_NEEDING_AUTH = [kind for kind in PAYLOAD_KINDS if kind not in KINDS_WITHOUT_AUTH_CONTEXT]
+
+PAYLOAD: Schema = {
+    "type": "object",
+    "description": "The job's input: a kind (one of the nine) and any kind-specific fields.",
+    "properties": {
+        "kind": _enum(PAYLOAD_KINDS),
+        "authContext": {**AUTH_CONTEXT, "type": ["object", "null"]},
+    },
+    "required": ["kind"],
+    "additionalProperties": True,
+    # Spec: every kind except factory.objective.watchdog needs authContext with userId and
+    # organizationId; the watchdog may omit it. (Conditioned on the known kinds, so an unknown
+    # kind is reported as the kind error — listing the nine — not as a missing authContext.)
+    "if": {"properties": {"kind": {"enum": _KINDS_NEEDING_AUTH}}, "required": ["kind"]},
+    "then": {
+        "required": ["authContext"],
+        "properties": {"authContext": {"type": "object", "required": list(AUTH_CONTEXT_REQUIRED)}},
+    },
+}
+
+ENQUEUE_REQUEST: Schema = {
+    "type": "object",
+    "title": "EnqueueRequest",
+    "properties": {
+        "jobId": {"type": ["string", "null"], "pattern": JOB_ID_PATTERN.pattern,
+                  "description": "Idempotency key: re-posting an existing jobId returns that job unchanged."},
+        "lane": _enum(LANES, nullable=True),
+        "payload": PAYLOAD,
+        "sessionKey": _text(SESSION_KEY_MAX, nullable=True),
+        "singletonMode": _enum(SINGLETON_MODES, nullable=True),
+        "maxAttempts": {"type": ["integer", "null"], "description": "Clamped to 1..8; default 2."},
+    },
+    "required": ["payload"],
+    "additionalProperties": False,
+}
+
+COMMAND_REQUEST: Schema = {
+    "type": "object",
+    "title": "CommandRequest",
+    "properties": {
+        "type": _enum(COMMAND_TYPES),
+        "payload": {"description": "Any JSON value, handed to the worker with the command."},
+        "reason": _text(REASON_MAX, nullable=True, non_blank=False),
+    },
+    "required": ["type"],
+    "additionalProperties": False,
+}
+
+CANCEL_REQUEST: Schema = {
+    "type": "object",
+    "title": "CancelRequest",
+    "properties": {"reason": _text(REASON_MAX, nullable=True, non_blank=False)},
+    "additionalProperties": False,
+}
+
+AGENT_ID_PARAM: Schema = {"type": "string", "minLength": 1, "maxLength": AGENT_ID_MAX, "pattern": NON_BLANK}
+JOB_ID_PARAM: Schema = {"type": "string", "minLength": 1}
+STREAM_PARAM: Schema = {"type": "string", "minLength": 1, "description": "e.g. jobs/<jobId>"}
+
+# Query parameters: one object schema per operation; integers are coerced from text first.
+LIST_JOBS_QUERY: Schema = {
+    "type": "object",
+    "properties": {
+        "status": _enum(STATUSES),
+        "agentId": _text(AGENT_ID_MAX),
+        "lane": _enum(LANES),
+        "sessionKey": _text(SESSION_KEY_MAX),
+        "limit": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT},
+        "cursor": {"type": "string", "minLength": 1, "maxLength": 1024,
+                   "description": "nextCursor from the previous page."},
+        "organizationId": {**_text(ORG_ID_MAX),
+                           "description": "System tokens only: list one organisation (default: all)."},
+    },
+}
+
+RECEIPTS_QUERY: Schema = {
+    "type": "object",
+    "properties": {
+        "after": {"type": "integer", "minimum": 0, "maximum": SEQ_MAX, "default": 0,
+                  "description": "Return receipts with seq greater than this."},
+        "limit": {"type": "integer", "minimum": 1, "maximum": RECEIPTS_LIMIT_MAX,
+                  "default": RECEIPTS_LIMIT_DEFAULT},
+    },
+}
+
+EVENTS_QUERY: Schema = {
+    "type": "object",
+    "properties": {
+        "after": {"type": "integer", "minimum": 0, "maximum": SEQ_MAX, "default": 0,
+                  "description": "Resume after this seq (the Last-Event-ID header wins when both are sent)."},
+    },
+}
+
+LAST_EVENT_ID_HEADER: Schema = {"type": "string", "pattern": r"^[0-9]{1,10}$"}
+
+# -- responses --------------------------------------------------------------------------------
+
+_ANY: Schema = {}
+_TIME: Schema = {"type": ["string", "null"], "format": "date-time"}
+
+LEASE: Schema = {
+    "type": ["object", "null"],
+    "properties": {
+        "workerId": {"type": "string"},
+        "attempt": {"type": "integer"},
+        "expiresAt": _TIME,
+    },
+    "required": ["workerId", "attempt", "expiresAt"],
+}
+
+COMMAND: Schema = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"type": "string"},
+        "payload": _ANY,
+        "reason": {"type": ["string", "null"]},
+        "at": _TIME,
+        "consumed": {"type": "boolean"},
+        "fromSessionKey": {"type": ["string", "null"]},
+        "fromEnqueue": {"type": "boolean"},
+    },
+    "required": ["id", "type", "payload", "reason", "at", "consumed"],
+}
+
+ROUTE: Schema = {
+    "type": "object",
+    "description": "Where the job is delivered (agent id first, kind second) beside its kind contract.",
+    "properties": {
+        "workerGroup": {"type": "string"},
+        "queue": {"type": "string"},
+        "contractWorkerGroup": {"type": ["string", "null"]},
+        "agreesWithContract": {"type": "boolean"},
+    },
+    "required": ["workerGroup", "queue", "contractWorkerGroup", "agreesWithContract"],
+}
+
+JOB: Schema = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "agentId": {"type": "string"},
+        "lane": {"type": "string", "enum": list(LANES)},
+        "status": {"type": "string", "enum": list(STATUSES)},
+        "payload": {"type": "object"},
+        "sessionKey": {"type": ["string", "null"]},
+        "singletonMode": {"type": "string", "enum": list(SINGLETON_MODES)},
+        "maxAttempts": {"type": "integer"},
+        "attempt": {"type": "integer"},
+        "lease": _ref("Lease"),
+        "abortRequested": {"type": "boolean"},
+        "commands": {"type": "array", "items": _ref("Command")},
+        "progress": _ANY,
+        "result": _ANY,
+        "error": _ANY,
+        "createdAt": _TIME,
+        "updatedAt": _TIME,
+        "stream": {"type": "string"},
+        "seq": {"type": "integer", "description": "The last receipt folded into this state."},
+        "route": _ref("Route"),
+    },
+    "required": [
+        "id", "agentId", "lane", "status", "payload", "sessionKey", "singletonMode", "maxAttempts",
+        "attempt", "lease", "abortRequested", "commands", "result", "error", "createdAt", "updatedAt",
+        "stream", "seq", "route",
+    ],
+}
+
+ASYNC_BLOCK: Schema = {
+    "type": "object",
+    "properties": {
+        "jobId": {"type": "string"},
+        "stream": {"type": "string"},
+        "jobEventsUrl": {"type": "string"},
+        "receiptEventsUrl": {"type": "string"},
+        "status": {"type": "string", "enum": list(STATUSES)},
+    },
+    "required": ["jobId", "stream", "jobEventsUrl", "receiptEventsUrl", "status"],
+}
+
+ENQUEUE_RESPONSE: Schema = {
+    "type": "object",
+    "properties": {"job": _ref("Job"), "async": _ref("Async")},
+    "required": ["job", "async"],
+}
+
+JOB_RESPONSE: Schema = {"type": "object", "properties": {"job": _ref("Job")}, "required": ["job"]}
+
+JOB_PAGE: Schema = {
+    "type": "object",
+    "properties": {
+        "jobs": {"type": "array", "items": _ref("Job")},
+        "nextCursor": {"type": ["string", "null"]},
+    },
+    "required": ["jobs", "nextCursor"],
+}
+
+RECEIPT: Schema = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "stream": {"type": "string"},
+        "seq": {"type": "integer"},
+        "type": {"type": "string"},
+        "body": {"type": "object"},
+        "at": {"type": "string", "format": "date-time"},
+        "prevHash": {"type": ["string", "null"]},
+        "hash": {"type": "string"},
+    },
+    "required": ["id", "stream", "seq", "type", "body", "at", "prevHash", "hash"],
+}
+
+RECEIPT_PAGE: Schema = {
+    "type": "object",
+    "properties": {
+        "stream": {"type": "string"},
+        "receipts": {"type": "array", "items": _ref("Receipt")},
+        "nextAfter": {"type": ["integer", "null"],
+                      "description": "Pass as ?after= for the next page; null when this page is the end."},
+    },
+    "required": ["stream", "receipts", "nextAfter"],
+}
+
+ERROR: Schema = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "details": {"type": "object"},
+            },
+            "required": ["code", "message"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["error"],
+    "additionalProperties": False,
+}
+
+HEALTH: Schema = {"type": "object", "properties": {"status": {"const": "ok"}}, "required": ["status"]}
+
+READY: Schema = {
+    "type": "object",
+    "properties": {"database": {"const": "ok"}, "broker": {"const": "ok"}},
+    "required": ["database", "broker"],
+}
+
+def _event(name: str, data: str, description: str) -> Schema:
+    """One Server-Sent Event as OpenAPI 3.1 describes an event-stream item: its fields as strings."""
+    return {
+        "type": "object",
+        "description": description + " Comment lines (`: heartbeat`) keep idle connections open; "
+                       "resume with the Last-Event-ID header.",
+        "properties": {
+            "event": {"const": name},
+            "id": {"type": "string", "pattern": "^[0-9]+$", "description": "The receipt's seq."},
+            "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": _ref(data)},
+            "retry": {"type": "integer"},
+        },
+        "required": ["event", "id", "data"],
+    }
+
+
+JOB_EVENT: Schema = _event("job", "Job", "The job's state after one receipt (event: job, id: seq).")
+RECEIPT_EVENT: Schema = _event("receipt", "Receipt", "One raw receipt (event: receipt, id: seq).")
+
+# The document's components: every named schema, so responses can $ref them.
+COMPONENTS: dict[str, Schema] = {
+    "Job": JOB,
+    "Lease": LEASE,
+    "Command": COMMAND,
+    "Route": ROUTE,
+    "Async": ASYNC_BLOCK,
+    "EnqueueRequest": ENQUEUE_REQUEST,
+    "EnqueueResponse": ENQUEUE_RESPONSE,
+    "JobResponse": JOB_RESPONSE,
+    "JobPage": JOB_PAGE,
+    "CommandRequest": COMMAND_REQUEST,
+    "CancelRequest": CANCEL_REQUEST,
+    "Receipt": RECEIPT,
+    "ReceiptPage": RECEIPT_PAGE,
+    "Error": ERROR,
+    "Health": HEALTH,
+    "Ready": READY,
+    "JobEvent": JOB_EVENT,
+    "ReceiptEvent": RECEIPT_EVENT,
+}
+
+
+def component_name(schema: Schema) -> str | None:
+    """The components name of a schema object (by identity), so operations can ``$ref`` it."""
+    for name, candidate in COMPONENTS.items():
+        if candidate is schema:
+            return name
+    return None

@@ -1,0 +1,97 @@
+"""Receipt streams over HTTP: raw receipts, and Server-Sent Events for jobs and streams.
+
+Scoping: ``jobs/<jobId>`` streams are readable by the job's organisation (and system
+identities); every other stream — ``tokens/...`` holds token hashes — is system-only. A stream
+the caller may not read answers 404, like one that does not exist.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, request
+from flask.typing import ResponseReturnValue
+
+from api import auth, inputs, schemas, sse
+from api.context import read_connection, state
+from api.errors import stream_not_found
+from api.jobs import visible_job
+from api.openapi import Operation, operation
+from app import store
+from app.vocab import job_stream
+
+blueprint = Blueprint("streams", __name__)
+
+_STREAM_PATH = {"stream": schemas.STREAM_PARAM}
+_RESUME_HEADERS = {"Last-Event-ID": schemas.LAST_EVENT_ID_HEADER}
+_JOB_PREFIX = "jobs/"
+
+
+def readable_stream(stream: str) -> None:
+    """Raise the 404 unless the caller may read ``stream`` and it exists."""
+    if stream.startswith(_JOB_PREFIX):
+        visible_job(stream[len(_JOB_PREFIX):])
+        return
+    if not auth.current().system:
+        raise stream_not_found()
+    with read_connection(state().engine) as conn:
+        if store.head(conn, stream) is None:
+            raise stream_not_found()
+
+
+def resume_point(query: dict[str, Any]) -> int:
+    """Where a follower starts: ``Last-Event-ID`` (what browsers send on reconnect) or ``?after=``."""
+    header = request.headers.get("Last-Event-ID")
+    if header is not None:
+        inputs.check(header, schemas.LAST_EVENT_ID_HEADER, root="Last-Event-ID")
+        value = int(header)
+        inputs.check(value, schemas.EVENTS_QUERY["properties"]["after"], root="Last-Event-ID")
+        return value
+    after: int = query["after"]
+    return after
+
+
+def _timing() -> sse.Timing:
+    st = state()
+    return sse.Timing(poll_ms=st.settings.sse_poll_ms, max_seconds=st.settings.sse_max_seconds,
+                      heartbeat_seconds=st.sse_heartbeat_seconds)
+
+
+@blueprint.get("/streams/<path:stream>/receipts")
+@operation(Operation(
+    summary="Read a stream's raw receipts in order.",
+    tag="streams", path=_STREAM_PATH, query=schemas.RECEIPTS_QUERY, responses={200: schemas.RECEIPT_PAGE},
+))
+def receipts(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
+    readable_stream(stream)
+    limit = query["limit"]
+    with read_connection(state().engine) as conn:
+        rows = store.read_stream(conn, stream, after=query["after"], limit=limit + 1)
+    page = rows[:limit]
+    next_after = page[-1].seq if len(rows) > limit else None
+    return {"stream": stream, "receipts": [r.to_json() for r in page], "nextAfter": next_after}
+
+
+@blueprint.get("/streams/<path:stream>/events")
+@operation(Operation(
+    summary="Follow a stream's receipts as Server-Sent Events (event: receipt, id: seq).",
+    tag="streams", path=_STREAM_PATH, query=schemas.EVENTS_QUERY, headers=_RESUME_HEADERS,
+    responses={200: schemas.RECEIPT_EVENT}, streams=True,
+))
+def stream_events(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
+    readable_stream(stream)
+    after = resume_point(query)
+    return sse.event_stream_response(sse.follow(state().engine, stream, after, "receipt", _timing()))
+
+
+@blueprint.get("/jobs/<jobId>/events")
+@operation(Operation(
+    summary="Follow a job as Server-Sent Events: its state after each change (event: job, id: seq).",
+    description="Ends after a terminal job's last event. Resume with Last-Event-ID.",
+    tag="jobs", path={"jobId": schemas.JOB_ID_PARAM}, query=schemas.EVENTS_QUERY, headers=_RESUME_HEADERS,
+    responses={200: schemas.JOB_EVENT}, streams=True,
+))
+def job_events(jobId: str, query: dict[str, Any]) -> ResponseReturnValue:
+    visible_job(jobId)
+    after = resume_point(query)
+    return sse.event_stream_response(sse.follow(state().engine, job_stream(jobId), after, "job", _timing()))

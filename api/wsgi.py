@@ -1,0 +1,7 @@
+"""The WSGI entry point for gunicorn: ``gunicorn -c api/gunicorn_conf.py api.wsgi:app``."""
+
+from __future__ import annotations
+
+from api import create_app
+
+app = create_app()

@@ -1,0 +1,230 @@
+"""Enqueue throughput through the real HTTP stack against the raw receipt append rate, same run.
+
+    .venv/bin/python bench/http_enqueue_bench.py [--appends 3000] [--requests 3000] [--concurrency 16]
+
+1. Creates a fresh PostgreSQL database (``postgres@127.0.0.1:5432``, trust auth) and migrates it.
+2. Raw append rate: ``app.store.append`` of ``job.enqueued``-shaped receipts, one transaction
+   each, one client — the foundation's floor for "one durable write".
+3. Starts gunicorn (``api/gunicorn_conf.py``: gevent workers) on 127.0.0.1 with authentication
+   on and a real token, then a load generator **in a second process** (keep-alive
+   connections, bounded in count and time) posts enqueues.
+4. Prints raw appends/s, HTTP enqueues/s, their ratio (target >= 0.5), p50/p99 latency, and
+   whether the Celery waker (``tasks.wake``) was in the path; then stops gunicorn by PID and
+   drops the database.
+
+Every request goes to loopback only, and every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PG_ADMIN_URL = os.environ.get("RECEIPT_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("RECEIPT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/7")
+ORG = "bench-org"
+TIME_LIMIT_SECONDS = 120.0
+
+
+def _payload(i: int) -> dict[str, Any]:
+    return {"kind": "factory.run", "authContext": {"userId": f"user-{i % 50}", "organizationId": ORG},
+            "prompt": "summarise the quarterly numbers", "n": i}
+
+
+# -- load generator (runs in its own process) ---------------------------------------------------
+
+def load_generator(host: str, port: int, token: str, requests: int, concurrency: int, deadline_s: float) -> dict[str, Any]:
+    """POST ``requests`` enqueues over ``concurrency`` keep-alive connections; return timings."""
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    lock = threading.Lock()
+    counter = iter(range(requests))
+    deadline = time.monotonic() + deadline_s
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    def client() -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        try:
+            while time.monotonic() < deadline:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return
+                body = json.dumps({"payload": _payload(i)})
+                start = time.perf_counter()
+                conn.request("POST", "/agents/factory/jobs", body=body, headers=headers)
+                response = conn.getresponse()
+                response.read()
+                elapsed = time.perf_counter() - start
+                with lock:
+                    latencies.append(elapsed)
+                    statuses[response.status] = statuses.get(response.status, 0) + 1
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    return {"wall": wall, "latencies": latencies, "statuses": statuses}
+
+
+# -- orchestration ---------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gunicorn exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                conn.close()
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("gunicorn did not become healthy")
+
+
+def raw_append_rate(engine: Any, count: int, tag: str) -> float:
+    from app import store
+    from app.db import transaction
+
+    start = time.perf_counter()
+    for i in range(count):
+        body = {"jobId": f"raw-{tag}-{i}", "agentId": "factory", "lane": "collect", "payload": _payload(i),
+                "sessionKey": None, "singletonMode": "allow", "maxAttempts": 2}
+        with transaction(engine) as conn:
+            store.append(conn, f"jobs/raw-{tag}-{i}", 0, "job.enqueued", body)
+    return count / (time.perf_counter() - start)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--appends", type=int, default=3000)
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (WEB_CONCURRENCY)")
+    parser.add_argument("--load-generator", nargs=3, metavar=("PORT", "TOKEN", "DEADLINE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.load_generator:
+        port, token, deadline = args.load_generator
+        result = load_generator("127.0.0.1", int(port), token, args.requests, args.concurrency, float(deadline))
+        json.dump(result, sys.stdout)
+        return 0
+
+    from sqlalchemy import func, select, text
+
+    from app import tokens
+    from app.db import jobs, make_engine
+    from app.migrate import upgrade
+
+    name = f"receipt_bench_{uuid.uuid4().hex[:10]}"
+    admin = make_engine(PG_ADMIN_URL)
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    db_url = PG_ADMIN_URL.rpartition("/")[0] + "/" + name
+    engine = make_engine(db_url)
+    gunicorn: subprocess.Popen[bytes] | None = None
+    try:
+        upgrade(engine)
+        load_before = os.getloadavg()[0]
+        # Half the appends before the HTTP run and half after: on a shared machine the background
+        # load drifts, and both rates should see the same conditions.
+        raw_before = raw_append_rate(engine, args.appends // 2, "before")
+        _, token = tokens.create(engine, ORG)
+
+        try:
+            import tasks.wake  # noqa: F401  (only to report whether the waker is in the path)
+            waker = f"tasks.wake waker, REDIS_URL={REDIS_URL}"
+        except ImportError:
+            waker = "none (tasks/wake.py not present yet): enqueue does no broker round trip"
+
+        port = _free_port()
+        home = tempfile.mkdtemp(prefix="receipt-bench-")
+        env = {**os.environ, "DATABASE_URL": db_url, "REDIS_URL": REDIS_URL, "RECEIPT_AUTH": "enabled",
+               "RECEIPT_HOME": home, "WEB_CONCURRENCY": str(args.workers), "GUNICORN_LOG_LEVEL": "warning",
+               "PYTHONPATH": str(ROOT)}
+        gunicorn = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "api" / "gunicorn_conf.py"),
+             "-b", f"127.0.0.1:{port}", "api.wsgi:app"],
+            cwd=ROOT, env=env,
+        )
+        _wait_healthy(port, gunicorn)
+
+        # Warm-up (connection pools, imports) outside the measurement, then the measured run.
+        for n in (200, args.requests):
+            loadgen = subprocess.run(
+                [sys.executable, __file__, "--requests", str(n), "--concurrency", str(args.concurrency),
+                 "--load-generator", str(port), token, str(TIME_LIMIT_SECONDS)],
+                capture_output=True, check=True, timeout=TIME_LIMIT_SECONDS + 30,
+            )
+        result = json.loads(loadgen.stdout)
+        raw_after = raw_append_rate(engine, args.appends - args.appends // 2, "after")
+        raw_rate = (raw_before + raw_after) / 2
+        with engine.connect() as conn:
+            stored = conn.execute(select(func.count()).select_from(jobs)).scalar_one()
+
+        latencies = result["latencies"]
+        http_rate = len(latencies) / result["wall"]
+        print(f"raw appends:        {raw_rate:8.0f} /s  ({args.appends} appends, 1 client, 1 transaction each; "
+              f"{raw_before:.0f} before and {raw_after:.0f} after the HTTP run)")
+        print(f"HTTP enqueues:      {http_rate:8.0f} /s  ({len(latencies)} requests, {args.concurrency} keep-alive "
+              f"clients, gunicorn gevent x{args.workers}, auth on)")
+        print(f"ratio HTTP / raw:   {http_rate / raw_rate:8.2f}    (target >= 0.5)")
+        print(f"latency p50 / p99:  {_percentile(latencies, 0.5) * 1000:6.1f} ms / "
+              f"{_percentile(latencies, 0.99) * 1000:6.1f} ms (mean {statistics.fmean(latencies) * 1000:.1f} ms)")
+        print(f"statuses:           {result['statuses']}; jobs stored: {stored} (incl. {200} warm-up)")
+        print(f"waker:              {waker}")
+        print(f"machine:            {os.cpu_count()} cores, load average {load_before:.2f} at start, "
+              f"{os.getloadavg()[0]:.2f} at end")
+        ok = set(result["statuses"]) == {"202"} and stored == args.requests + 200
+        return 0 if ok else 1
+    finally:
+        if gunicorn is not None:
+            gunicorn.send_signal(signal.SIGTERM)
+            try:
+                gunicorn.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                gunicorn.kill()
+                gunicorn.wait()
+        engine.dispose()
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

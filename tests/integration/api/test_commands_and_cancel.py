@@ -1,0 +1,91 @@
+"""POST /jobs/<jobId>/commands and POST /jobs/<jobId>/cancel."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.vocab import COMMAND_TYPES
+from tests.integration.api.conftest import Api
+
+
+@pytest.mark.parametrize("type_", COMMAND_TYPES)
+def test_command_is_202_with_the_job(api: Api, type_: str) -> None:
+    job = api.job()
+    response = api.client.post(f"/jobs/{job['id']}/commands", headers=api.headers(),
+                               json={"type": type_, "payload": {"text": "hi"}, "reason": "because"})
+    assert response.status_code == 202
+    got = response.json["job"]  # type: ignore[index]
+    (command,) = got["commands"]
+    assert (command["type"], command["payload"], command["reason"]) == (type_, {"text": "hi"}, "because")
+    assert command["consumed"] is False
+    assert got["abortRequested"] is (type_ == "abort")
+    assert got["route"]["queue"]
+
+
+def test_command_type_must_be_known(api: Api) -> None:
+    job = api.job()
+    before = api.receipt_count()
+    response = api.client.post(f"/jobs/{job['id']}/commands", headers=api.headers(), json={"type": "nudge"})
+    assert response.status_code == 400
+    assert response.json["error"]["details"] == {"field": "type", "allowed": list(COMMAND_TYPES)}  # type: ignore[index]
+    missing = api.client.post(f"/jobs/{job['id']}/commands", headers=api.headers(), json={})
+    assert missing.status_code == 400
+    assert missing.json["error"]["details"]["field"] == "type"  # type: ignore[index]
+    assert api.receipt_count() == before
+
+
+def test_command_to_terminal_job_is_409(api: Api) -> None:
+    job = api.job()
+    api.queue.cancel(job["id"])
+    response = api.client.post(f"/jobs/{job['id']}/commands", headers=api.headers(), json={"type": "steer"})
+    assert response.status_code == 409
+    assert response.json["error"]["code"] == "conflict"  # type: ignore[index]
+
+
+def test_command_to_unknown_job_is_404(api: Api) -> None:
+    response = api.client.post("/jobs/nope/commands", headers=api.headers(), json={"type": "steer"})
+    assert response.status_code == 404
+
+
+def test_cancel_queued_job_cancels_it(api: Api) -> None:
+    job = api.job()
+    response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers(), json={"reason": "no longer needed"})
+    assert response.status_code == 202
+    got = response.json["job"]  # type: ignore[index]
+    assert got["status"] == "canceled"
+    assert got["error"] == "no longer needed"
+
+
+def test_cancel_without_a_body(api: Api) -> None:
+    job = api.job()
+    response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers())
+    assert response.status_code == 202
+    assert response.json["job"]["status"] == "canceled"  # type: ignore[index]
+
+
+def test_cancel_running_job_sends_abort(api: Api) -> None:
+    job = api.job()
+    api.lease_and_start(job["id"])
+    response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers(), json={"reason": "stop"})
+    assert response.status_code == 202
+    got = response.json["job"]  # type: ignore[index]
+    assert got["status"] == "running"
+    assert got["abortRequested"] is True
+    assert [(c["type"], c["reason"]) for c in got["commands"]] == [("abort", "stop")]
+
+
+def test_cancel_terminal_job_is_409(api: Api) -> None:
+    job = api.job()
+    attempt = api.lease_and_start(job["id"])
+    api.queue.complete(job["id"], "worker-1", attempt, None)
+    before = api.receipt_count()
+    response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers())
+    assert response.status_code == 409
+    assert api.receipt_count() == before
+
+
+def test_cancel_rejects_unknown_fields(sqlite_api: Api) -> None:
+    job = sqlite_api.job()
+    response = sqlite_api.client.post(f"/jobs/{job['id']}/cancel", headers=sqlite_api.headers(), json={"why": "x"})
+    assert response.status_code == 400
+    assert response.json["error"]["details"] == {"field": "why", "allowed": ["reason"]}  # type: ignore[index]

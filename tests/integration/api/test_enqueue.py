@@ -1,0 +1,193 @@
+"""POST /agents/<agentId>/jobs: the 202 shape, idempotency per organisation, singletons, rules."""
+
+from __future__ import annotations
+
+from app.vocab import PAYLOAD_KINDS
+from tests.integration.api.conftest import ORG_A, ORG_B, Api, auth_context, payload
+
+
+def test_enqueue_returns_202_with_job_route_and_async_block(api: Api) -> None:
+    response = api.enqueue(agent="factory", lane="chat", sessionKey="s-1", maxAttempts=5)
+    assert response.status_code == 202
+    body = response.json
+    assert body is not None
+    job = body["job"]
+    assert job["agentId"] == "factory"
+    assert job["lane"] == "chat"
+    assert job["status"] == "queued"
+    assert job["sessionKey"] == "s-1"
+    assert job["singletonMode"] == "allow"
+    assert job["maxAttempts"] == 5
+    assert job["attempt"] == 0
+    assert job["lease"] is None
+    assert job["abortRequested"] is False
+    assert job["commands"] == []
+    assert job["result"] is None and job["error"] is None
+    assert job["createdAt"] and job["updatedAt"]
+    assert job["stream"] == f"jobs/{job['id']}"
+    assert job["payload"] == payload()
+    # factory.run posted to agent "factory": the chat group, and the kind contract agrees or not.
+    assert set(job["route"]) == {"workerGroup", "queue", "contractWorkerGroup", "agreesWithContract"}
+    assert job["route"]["workerGroup"] == "chat"
+    assert job["route"]["queue"] == "receipt-chat"
+    assert body["async"] == {
+        "jobId": job["id"],
+        "stream": f"jobs/{job['id']}",
+        "jobEventsUrl": f"/jobs/{job['id']}/events",
+        "receiptEventsUrl": f"/streams/jobs/{job['id']}/events",
+        "status": "queued",
+    }
+    assert response.headers["Location"] == f"/jobs/{job['id']}"
+    assert [j.id for j in api.woken] == [job["id"]]
+
+
+def test_defaults_and_clamping(api: Api) -> None:
+    job = api.job()
+    assert (job["lane"], job["singletonMode"], job["maxAttempts"]) == ("collect", "allow", 2)
+    assert api.job(maxAttempts=99)["maxAttempts"] == 8
+    assert api.job(maxAttempts=0)["maxAttempts"] == 1
+    nulls = api.job(lane=None, singletonMode=None, maxAttempts=None, sessionKey=None, jobId=None)
+    assert (nulls["lane"], nulls["singletonMode"], nulls["maxAttempts"]) == ("collect", "allow", 2)
+
+
+def test_routing_is_agent_first(api: Api) -> None:
+    codex = api.job(agent="codex")
+    assert codex["route"]["workerGroup"] == "codex"
+    control = api.job(agent="factory-control", payload=payload("factory.objective.control"))
+    assert control["route"]["queue"] == "receipt-control"
+    integration = api.job(agent="factory", payload=payload("factory.integration.publish"))
+    assert integration["route"]["workerGroup"] == "codex"
+    dispatch = api.job(agent="factory", payload=payload("factory.dispatch"))
+    assert dispatch["route"]["workerGroup"] == "chat"
+    assert dispatch["route"]["contractWorkerGroup"] == "control"
+    assert dispatch["route"]["agreesWithContract"] is False
+
+
+def test_unknown_agent_is_accepted(api: Api) -> None:
+    before = api.receipt_count()
+    job = api.job(agent="no-such-agent")
+    assert job["agentId"] == "no-such-agent"
+    assert job["route"]["workerGroup"] == "chat"
+    assert api.receipt_count() == before + 1
+
+
+def test_every_lane_is_accepted(api: Api) -> None:
+    for lane in ("chat", "collect", "steer", "follow_up"):
+        assert api.job(lane=lane)["lane"] == lane
+
+
+def test_unknown_kind_is_400_listing_the_nine_kinds_and_writes_nothing(api: Api) -> None:
+    before = api.receipt_count()
+    response = api.enqueue(payload={"kind": "factory.nope", "authContext": auth_context()})
+    assert response.status_code == 400
+    error = response.json["error"]  # type: ignore[index]
+    assert error["code"] == "invalid_field"
+    assert error["details"] == {"field": "payload.kind", "allowed": list(PAYLOAD_KINDS)}
+    for kind in PAYLOAD_KINDS:
+        assert kind in error["message"]
+    assert api.receipt_count() == before
+
+
+def test_repost_same_job_id_returns_existing_job_unchanged(api: Api) -> None:
+    first = api.job(jobId="order-42", sessionKey="s")
+    before = api.receipt_count()
+    again = api.enqueue(jobId="order-42", lane="steer", payload=payload(note="different"))
+    assert again.status_code == 202
+    assert again.json["job"] == first  # type: ignore[index]
+    assert again.json["async"]["jobId"] == "order-42"  # type: ignore[index]
+    assert api.receipt_count() == before
+
+
+def test_same_job_id_from_another_organisation_is_409_and_reveals_nothing(api: Api) -> None:
+    api.job(jobId="shared-id", sessionKey="secret-session", payload=payload(secret="s3cr3t"))
+    before = api.receipt_count()
+    response = api.enqueue("b", jobId="shared-id")
+    assert response.status_code == 409
+    error = response.json["error"]  # type: ignore[index]
+    assert error["code"] == "job_id_unavailable"
+    text = response.get_data(as_text=True)
+    for leak in ("queued", "factory", "secret", ORG_A, "s3cr3t", "createdAt", "jobs/"):
+        assert leak not in text
+    assert api.receipt_count() == before
+    # The same refusal whether the other job is queued or finished.
+    api.queue.cancel("shared-id")
+    again = api.enqueue("b", jobId="shared-id")
+    assert again.status_code == 409
+    assert again.get_data() == response.get_data()
+
+
+def test_singleton_steer_returns_the_steered_job(api: Api) -> None:
+    first = api.job(sessionKey="chat-1")
+    response = api.enqueue(sessionKey="chat-1", singletonMode="steer", payload=payload(text="more"))
+    assert response.status_code == 202
+    steered = response.json["job"]  # type: ignore[index]
+    assert steered["id"] == first["id"]
+    assert response.json["async"]["jobId"] == first["id"]  # type: ignore[index]
+    (command,) = steered["commands"]
+    assert command["type"] == "steer"
+    assert command["fromEnqueue"] is True
+    assert command["fromSessionKey"] == "chat-1"
+    assert command["payload"]["text"] == "more"
+
+
+def test_singleton_steer_does_not_cross_organisations(api: Api) -> None:
+    theirs = api.job("b", sessionKey="same-key")
+    mine = api.job(sessionKey="same-key", singletonMode="steer")
+    assert mine["id"] != theirs["id"]
+    assert api.client.get(f"/jobs/{theirs['id']}", headers=api.headers("b")).json["job"]["commands"] == []  # type: ignore[index]
+
+
+def test_singleton_cancel_stops_queued_and_aborts_running(api: Api) -> None:
+    queued = api.job(sessionKey="k")
+    running = api.job(sessionKey="k")
+    api.lease_and_start(running["id"])
+    new = api.job(sessionKey="k", singletonMode="cancel")
+    assert new["status"] == "queued"
+    assert api.queue.get(queued["id"]).status == "canceled"  # type: ignore[union-attr]
+    aborted = api.queue.get(running["id"])
+    assert aborted is not None and aborted.abort_requested and aborted.status == "running"
+
+
+def test_singleton_mode_needs_a_session_key(api: Api) -> None:
+    response = api.enqueue(singletonMode="cancel")
+    assert response.status_code == 400
+    assert response.json["error"]["details"]["field"] == "sessionKey"  # type: ignore[index]
+
+
+def test_authcontext_for_another_organisation_is_403(api: Api) -> None:
+    before = api.receipt_count()
+    response = api.enqueue("a", payload=payload(org=ORG_B))
+    assert response.status_code == 403
+    assert response.json["error"]["code"] == "forbidden"  # type: ignore[index]
+    assert api.receipt_count() == before
+
+
+def test_system_token_may_enqueue_for_any_organisation(api: Api) -> None:
+    job = api.job("system", payload=payload(org="org-zzz"))
+    assert job["payload"]["authContext"]["organizationId"] == "org-zzz"
+
+
+def test_watchdog_is_system_only_and_needs_no_authcontext(api: Api) -> None:
+    watchdog = {"kind": "factory.objective.watchdog"}
+    refused = api.enqueue("a", payload=watchdog)
+    assert refused.status_code == 403
+    refused_with_ctx = api.enqueue("a", payload={**watchdog, "authContext": auth_context()})
+    assert refused_with_ctx.status_code == 403
+    job = api.job("system", agent="factory-control", payload=watchdog)
+    assert job["payload"] == watchdog
+    # An organisation never sees a job that belongs to no organisation.
+    assert api.client.get(f"/jobs/{job['id']}", headers=api.headers("a")).status_code == 404
+
+
+def test_system_repost_for_a_different_organisation_is_409(api: Api) -> None:
+    api.job(jobId="sys-1")
+    assert api.enqueue("system", jobId="sys-1", payload=payload(org=ORG_B)).status_code == 409
+    same = api.enqueue("system", jobId="sys-1", payload=payload(org=ORG_A))
+    assert same.status_code == 202
+    assert same.json["job"]["id"] == "sys-1"  # type: ignore[index]
+
+
+def test_trailing_newline_job_id_is_refused(api: Api) -> None:
+    response = api.enqueue(jobId="abc\n")
+    assert response.status_code == 400
+    assert response.json["error"]["details"]["field"] == "jobId"  # type: ignore[index]

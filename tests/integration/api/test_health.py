@@ -1,0 +1,87 @@
+"""/healthz and /readyz: liveness without I/O; readiness of the database and the broker."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from app.db import make_engine
+from tests.integration.api.conftest import Api, build_api, make_settings
+
+
+def test_readyz_embedded_broker_folder(api: Api) -> None:
+    response = api.client.get("/readyz", headers=api.headers())
+    assert response.status_code == 200
+    assert response.json == {"database": "ok", "broker": "ok"}
+    assert (api.state.settings.home_path / "broker").is_dir()
+
+
+@pytest.mark.redis
+def test_readyz_with_redis(sqlite_api: Api, redis_url: str) -> None:
+    sqlite_api.state.settings = replace(sqlite_api.state.settings, redis_url=redis_url)
+    response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
+    assert response.status_code == 200
+    assert response.json == {"database": "ok", "broker": "ok"}
+
+
+def test_readyz_is_503_naming_an_unreachable_redis(sqlite_api: Api) -> None:
+    # Port 1 on loopback: nothing listens, so the connection is refused at once.
+    sqlite_api.state.settings = replace(sqlite_api.state.settings, redis_url="redis://127.0.0.1:1/0")
+    response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
+    assert response.status_code == 503
+    error = response.json["error"]  # type: ignore[index]
+    assert error["code"] == "not_ready"
+    assert "broker" in error["message"]
+    assert error["details"]["database"] == "ok"
+    assert error["details"]["broker"].startswith("unreachable")
+
+
+def test_readyz_is_503_when_the_broker_folder_cannot_be_created(sqlite_api: Api, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    sqlite_api.state.settings = replace(sqlite_api.state.settings, home=str(blocker))
+    response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
+    assert response.status_code == 503
+    assert "broker" in response.json["error"]["message"]  # type: ignore[index]
+
+
+def test_readyz_is_503_naming_an_unreachable_database(sqlite_engine: Engine, tmp_path: Path) -> None:
+    api = build_api(sqlite_engine, make_settings(tmp_path))
+    # Authentication needs the database too, so swap the engine only after the token check runs.
+    broken = make_engine("postgresql+psycopg2://nobody@127.0.0.1:1/none", pool_pre_ping=False)
+    headers = api.headers()
+
+    @api.app.before_request
+    def _break_database() -> None:
+        api.state.engine = broken
+
+    response = api.client.get("/readyz", headers=headers)
+    broken.dispose()
+    assert response.status_code == 503
+    error = response.json["error"]  # type: ignore[index]
+    assert error["details"]["database"].startswith("unreachable")
+    assert error["details"]["broker"] == "ok"
+    assert api.state.internal_errors == 0
+
+
+def test_database_outage_on_a_normal_request_is_503_not_500(sqlite_engine: Engine, tmp_path: Path) -> None:
+    broken = make_engine("postgresql+psycopg2://nobody@127.0.0.1:1/none", pool_pre_ping=False)
+    api = build_api(sqlite_engine, make_settings(tmp_path))
+    headers = api.headers()
+    api.app.before_request_funcs[None].insert(0, lambda: setattr(api.state.queue, "engine", broken))
+    response = api.client.get("/jobs/some-job", headers=headers)
+    broken.dispose()
+    assert response.status_code == 503
+    assert response.json["error"]["code"] == "unavailable"  # type: ignore[index]
+    assert response.headers["Retry-After"] == "1"
+    assert api.state.internal_errors == 0
+
+
+def test_healthz_does_no_io(sqlite_engine: Engine, tmp_path: Path) -> None:
+    api = build_api(sqlite_engine, make_settings(tmp_path))
+    sqlite_engine.dispose()
+    api.state.engine = make_engine("postgresql+psycopg2://nobody@127.0.0.1:1/none")
+    assert api.client.get("/healthz").status_code == 200
