@@ -1,0 +1,121 @@
+"""Every Celery setting Receipt uses, built from the one ``Settings`` object (the environment).
+
+The governing decision: Celery *delivers*; Postgres receipts *decide*. A worker must win a
+fenced lease before doing any work and every write passes that fence, so a redelivered, lost
+or duplicated message is harmless — recovery comes from the lease-expiry and queued-redrive
+loops reading receipts, never from the broker's redelivery. The settings below are chosen for
+that design (measured facts: ../shared/CELERY-NOTES.md).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from kombu import Exchange, Queue
+
+from app.config import Settings
+from app.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+
+ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE)
+LONGEST_LEASE_MS = 3_600_000  # the codex lease cap (app/timing.py); the visibility timeout must exceed it
+VISIBILITY_TIMEOUT_S = 2 * LONGEST_LEASE_MS // 1000
+EMBEDDED_POLL_S = 0.05
+
+
+def broker_url(settings: Settings) -> str:
+    return settings.redis_url or "filesystem://"
+
+
+def broker_transport_options(settings: Settings) -> dict[str, Any]:
+    if settings.redis_url:
+        # Redis counts the visibility timeout from fetch; an unacked long job past it would be
+        # redelivered while still running. Twice the longest lease keeps that from happening.
+        return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    # Embedded default: a folder broker shared by the local processes. Every folder is set
+    # explicitly (the control folder otherwise defaults to ./control of the current directory).
+    root = settings.home_path / "broker"
+    folders = {name: root / name for name in ("data", "control", "processed")}
+    for path in folders.values():
+        path.mkdir(parents=True, exist_ok=True)
+    return {
+        "data_folder_in": str(folders["data"]),
+        "data_folder_out": str(folders["data"]),
+        "control_folder": str(folders["control"]),
+        "processed_folder": str(folders["processed"]),
+        "store_processed": False,
+        "polling_interval": EMBEDDED_POLL_S,
+    }
+
+
+def task_queues() -> list[Queue]:
+    # Each queue gets its own direct exchange and routing key: a bare Queue(name) list bound
+    # every queue to one exchange/key in a measured test.
+    return [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in ALL_QUEUES]
+
+
+def beat_schedule(settings: Settings) -> dict[str, Any]:
+    redrive_s = settings.queued_redrive_interval_ms / 1000
+    expiry_s = settings.lease_expiry_interval_ms / 1000
+    return {
+        "queued-redrive": {
+            "task": "receipt.redrive_queued",
+            "schedule": timedelta(seconds=redrive_s),
+            # A tick nobody consumed in time is dropped, not piled up behind a dead consumer.
+            "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, redrive_s)},
+        },
+        "lease-expiry": {
+            "task": "receipt.expire_leases",
+            "schedule": timedelta(seconds=expiry_s),
+            "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, expiry_s)},
+        },
+    }
+
+
+def build(settings: Settings) -> dict[str, Any]:
+    """The Celery configuration mapping for ``app.config_from_object``."""
+    redis = bool(settings.redis_url)
+    conf: dict[str, Any] = {
+        "broker_url": broker_url(settings),
+        "broker_transport_options": broker_transport_options(settings),
+        "task_queues": task_queues(),
+        "task_default_queue": DRIVER_QUEUE,
+        "task_default_exchange": DRIVER_QUEUE,
+        "task_default_routing_key": DRIVER_QUEUE,
+        # An unknown queue is a deployment error: fail at start instead of inventing a queue.
+        "task_create_missing_queues": False,
+        # Early ack: a message is acked when its execution starts. A broker blip then cannot
+        # requeue (and rerun) a one-hour codex job; a worker that dies loses only the message,
+        # and lease expiry + redrive bring the job back from receipts.
+        "task_acks_late": False,
+        # A killed pool child's message is acked, not rerun: no crash loops; maxAttempts bounds
+        # retries through lease expiry instead.
+        "task_reject_on_worker_lost": False,
+        # Keep running work running when the broker connection drops (default flips in Celery 6).
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # One message at a time per slot: a busy worker must not hoard the next job while
+        # another idles.
+        "worker_prefetch_multiplier": 1,
+        # Reconnect forever, doubling 1 s → 30 s (tasks/consumer.py), including at start-up.
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "worker_consumer": "tasks.consumer:BackoffConsumer",
+        # No result backend: job state is the fold of receipts, never Celery's task state.
+        "task_ignore_result": True,
+        "result_backend": None,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        # Events for Flower's task views.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "timezone": "UTC",
+        "enable_utc": True,
+        "beat_schedule": beat_schedule(settings),
+        "beat_schedule_filename": str(settings.home_path / "celerybeat-schedule"),
+        "worker_hijack_root_logger": False,
+    }
+    if redis:
+        # Redis only (Celery 5.7): do not prefetch at all, so a long job never holds the next one.
+        conf["worker_disable_prefetch"] = True
+    return conf

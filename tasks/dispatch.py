@@ -1,0 +1,108 @@
+"""The delivery path: dispatch scan → driver starter → driver → worker message.
+
+Spec steps 2-4. The queued receipt *is* the outbox: every path that makes a job dispatchable
+(enqueue, retry, lease expiry, redrive) ends in ``start_driver``. The driver never leases and
+never waits for the worker; it reads the job, ends a stale lease, honours an abort, or sends the
+worker message under the attempt fence ``<jobId>:attempt:<n>``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from app import delivery
+from app.db import db_now, parse_iso, transaction
+from app.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
+from app.queue import retry_transient
+from app.routing import DRIVER_QUEUE, route
+from app.timing import timing_for
+from app.vocab import LEASED_STATUSES
+from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime
+
+log = logging.getLogger("receipt.dispatch")
+
+
+def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
+    """One scanner pass over the given jobs: start a driver for each (base dispatch key = job id)."""
+    started = []
+    for job_id in job_ids:
+        decision = start_driver(rt, job_id, job_id)
+        if decision is not None and decision.created:
+            started.append(job_id)
+    return {"started": started}
+
+
+def start_driver(rt: Runtime, job_id: str, dispatch_key: str) -> delivery.StartDecision | None:
+    """The driver starter: record a delivery (or learn one is active), then send the driver task."""
+    job = rt.queue.get(job_id)
+    if job is None or job.status != "queued":
+        return None
+    timing = timing_for(job.agent_id, job.kind, job.payload, rt.settings)
+    try:
+        with transaction(rt.engine) as conn:
+            decision = delivery.begin(conn, job_id, dispatch_key, db_now(conn), timing.driver_timeout_ms)
+    except DeliveryGenerationsExceeded as exc:
+        log.error("%s", exc)
+        out = rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
+        if out.applied:
+            rt.callbacks.post("failed", out.job)
+        return None
+    if not decision.created:
+        return decision
+    try:
+        rt.app.send_task(DRIVER_TASK, args=[job_id, dispatch_key, decision.generation],
+                         task_id=decision.task_id, queue=DRIVER_QUEUE)
+    except Exception:
+        # The delivery never left: make it terminal so the next pass may start a new generation.
+        log.exception("could not send the driver task for %s", job_id)
+        settle_delivery(rt, dispatch_key, decision.generation, "send_failed")
+        raise
+    return decision
+
+
+def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[str, Any]:
+    """The driver: decide what this delivery does, from the job's current receipts."""
+    job = retry_transient(lambda: rt.queue.get(job_id))
+    if job is None or job.terminal:
+        settle_delivery(rt, dispatch_key, generation, "terminal_state")
+        return {"outcome": "terminal_state"}
+    if job.status in LEASED_STATUSES:
+        assert job.lease is not None
+        with rt.engine.connect() as conn:
+            now = db_now(conn)
+        deadline = parse_iso(job.lease.expires_at)
+        if deadline is not None and deadline < now:
+            # A stale active lease ends the pass: fail that attempt (retryable) so the ordinary
+            # redrive path picks the job up again. The delivery is settled *first*: the requeue's
+            # wake-up fires inside the failure, and finding this delivery still pending it would
+            # answer active_delivery and leave the retry to the queued redrive (min age 30 s).
+            settle_delivery(rt, dispatch_key, generation, "stale_active_lease")
+            out = retry_transient(lambda: rt.queue.fail(
+                job_id, job.lease.worker_id if job.lease else None, job.lease.attempt if job.lease else None,
+                STALE_ACTIVE_LEASE_ERROR, retryable=True, status="lease_lost"))
+            if out.applied and out.job.status == "failed":
+                rt.callbacks.post("failed", out.job)
+            return {"outcome": "stale_active_lease"}
+        settle_delivery(rt, dispatch_key, generation, "active_lease")
+        return {"outcome": "active_lease"}
+    if job.abort_requested:
+        reason = next((c.reason for c in reversed(job.commands) if c.type == "abort"), None)
+        out = retry_transient(lambda: rt.queue.cancel_queued(job_id, reason))
+        settle_delivery(rt, dispatch_key, generation, "canceled")
+        if out.applied:
+            rt.callbacks.post("canceled", out.job)
+        return {"outcome": "canceled"}
+    fence = delivery.attempt_fence(job_id, job.attempt + 1)
+    queue_name = route(job.agent_id, job.kind).queue
+    rt.app.send_task(EXECUTE_TASK, args=[job_id, fence, dispatch_key, generation], task_id=fence, queue=queue_name)
+    rt.callbacks.post("dispatched", job)
+    return {"outcome": "dispatched", "fence": fence, "queue": queue_name}
+
+
+def settle_delivery(rt: Runtime, dispatch_key: str, generation: int, outcome: str) -> None:
+    try:
+        with transaction(rt.engine) as conn:
+            delivery.settle(conn, dispatch_key, generation, outcome, db_now(conn))
+    except Exception:  # best-effort bookkeeping: an unsettled delivery only expires later
+        log.exception("could not settle delivery %s/%s", dispatch_key, generation)

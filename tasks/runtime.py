@@ -1,0 +1,67 @@
+"""The per-process runtime the Celery tasks act through: settings, engine, queue, handlers.
+
+Built lazily, once per process, from the Celery app it is attached to (wiring by construction:
+no module-level engine or queue). The queue's dispatch hook sends a wake-up to the scanner, so
+every job that becomes queued (enqueue, retry, lease expiry) takes the one delivery path.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from celery import Celery
+from sqlalchemy.engine import Engine
+
+from app.config import Settings
+from app.db import make_engine
+from app.queue import Queue
+from app.reducer import Job
+from app.routing import DRIVER_QUEUE
+from tasks.callbacks import Callbacks
+from workers.registry import HandlerRegistry, default_registry
+
+DISPATCH_TASK = "receipt.dispatch"
+DRIVER_TASK = "receipt.driver"
+EXECUTE_TASK = "receipt.execute"
+REDRIVE_TASK = "receipt.redrive_queued"
+EXPIRE_TASK = "receipt.expire_leases"
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    app: Celery
+    engine: Engine
+    queue: Queue
+    registry: HandlerRegistry
+    callbacks: Callbacks
+
+
+def send_wake(app: Celery, jobs: Sequence[Job]) -> None:
+    """Ask the dispatch scanner to start drivers for these jobs (a small message of ids)."""
+    ids = [j.id for j in jobs]
+    if ids:
+        app.send_task(DISPATCH_TASK, args=[ids], queue=DRIVER_QUEUE)
+
+
+_lock = threading.Lock()
+
+
+def get_runtime(app: Celery) -> Runtime:
+    rt: Runtime | None = getattr(app, "receipt_runtime", None)
+    if rt is not None:
+        return rt
+    with _lock:
+        rt = getattr(app, "receipt_runtime", None)
+        if rt is None:
+            settings: Settings = app.receipt_settings  # type: ignore[attr-defined]
+            engine = make_engine(settings.sqlalchemy_url)
+            queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
+            registry = default_registry(settings.handler_modules.split(","))
+            rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
+            app.receipt_runtime = rt  # type: ignore[attr-defined]
+    return rt
+
+

@@ -1,0 +1,360 @@
+"""Fault tests: processes, the broker and the database fail underneath running jobs.
+
+Each test gets its own deployment (a fresh database and its own redis-server) because each one
+breaks something. What each test proves is written up in
+``docs/faults.md``. Short leases come from the environment (``FAST_TIMINGS``): lease 6 s,
+execution timeout 5 s, heartbeat 2 s, lease expiry every 0.5 s, queued redrive every 1 s for
+jobs queued at least 1 s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import signal
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy.engine import Engine
+
+from app.config import Settings
+from app.errors import no_handler_message
+from app.queue import Queue
+from app.routing import DRIVER_QUEUE, QUEUES
+from app.validation import validate_enqueue
+from tasks.celery_app import make_celery
+from tasks.runtime import DISPATCH_TASK, EXECUTE_TASK, REDRIVE_TASK
+from tests.e2e import handlers
+from tests.e2e.conftest import (
+    ORG,
+    Stack,
+    TcpProxy,
+    terminal_receipts,
+    terminate_backends,
+    wait_for,
+    worker_pid,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
+
+
+def _holder_proc(stack: Stack, job_id: str, names: tuple[str, ...]) -> tuple[str, int]:
+    """Which of the named worker processes holds the job's lease: (name, pid)."""
+    job = stack.job(job_id)
+    assert job is not None and job.lease is not None
+    pid = worker_pid(job.lease.worker_id)
+    for name in names:
+        if stack.procs[name].pid == pid:
+            return name, pid
+    raise AssertionError(f"lease holder pid {pid} is none of {names}")
+
+
+def _one_of_each(stack: Stack, job_id: str) -> None:
+    receipts = stack.receipts(job_id)
+    types = [r.type for r in receipts]
+    assert types.count("job.enqueued") == 1, types
+    assert len(terminal_receipts(receipts)) == 1, types
+
+
+# -- workers dying ---------------------------------------------------------------------------------
+
+def test_sigkill_of_the_worker_mid_job_reruns_it_once_on_a_new_process(stack: Stack, tmp_path: Path) -> None:
+    stack.start("web", "driver", "chat", "beat")
+    # Attempt 1 blocks on a gate that never opens; any later attempt completes at once.
+    job = stack.post_job(handlers.GATE, gate=str(tmp_path / "never"), gateAttempts=[1], max_attempts=3)
+    job_id = job["id"]
+    running = stack.wait_running(job_id)
+    assert running.lease is not None
+    assert worker_pid(running.lease.worker_id) == stack.procs["chat"].pid
+
+    stack.harness.kill(stack.procs.pop("chat"))
+    replacement = stack.start_worker("worker-chat", "chat-2")
+
+    done = stack.wait_terminal(job_id, timeout=40)
+
+    assert done.status == "completed"
+    assert done.attempt == 2
+    assert done.result["pid"] == replacement.pid
+    receipts = stack.receipts(job_id)
+    types = [r.type for r in receipts]
+    expired = [r for r in receipts if r.type == "job.lease_expired"]
+    assert len(expired) == 1 and expired[0].body["attempt"] == 1
+    assert expired[0].body["workerId"] == running.lease.worker_id
+    assert "job.failed" not in types
+    assert [r.body["attempt"] for r in receipts if r.type == "job.leased"] == [1, 2]
+    [terminal] = terminal_receipts(receipts)
+    assert terminal.type == "job.completed" and worker_pid(terminal.body["workerId"]) == replacement.pid
+    # Nothing of the dead attempt was written after its lease expired.
+    after = receipts[receipts.index(expired[0]) + 1:]
+    assert all(r.body.get("workerId") != running.lease.worker_id for r in after)
+
+
+def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: Path) -> None:
+    # Two chat workers, one job slot each: a busy worker does not fetch, so a frozen one cannot
+    # swallow the rerun's message.
+    stack.start("web", "driver", "beat")
+    workers = [stack.start_worker("worker-chat", name, wait=False, RECEIPT_RESONATE_EXECUTE_CONCURRENCY="1")
+               for name in ("chat-a", "chat-b")]
+    for proc in workers:
+        stack.wait_worker(proc)
+        assert "concurrency: 1 (thread)" in proc.log()
+    gate = tmp_path / "gate"
+    job = stack.post_job(handlers.GATE, gate=str(gate), gateAttempts=[1], max_attempts=3)
+    job_id = job["id"]
+    running = stack.wait_running(job_id)
+    assert running.lease is not None
+    old_worker = running.lease.worker_id
+    frozen_name, _ = _holder_proc(stack, job_id, ("chat-a", "chat-b"))
+    other_name = "chat-b" if frozen_name == "chat-a" else "chat-a"
+    frozen = stack.procs[frozen_name]
+
+    # Freeze attempt 1 mid-run: it stops heartbeating, its lease expires, attempt 2 runs elsewhere.
+    stack.harness.signal(frozen, signal.SIGSTOP)
+    try:
+        done = stack.wait_terminal(job_id, timeout=40)
+        assert done.status == "completed" and done.attempt == 2
+        assert done.result["pid"] == stack.procs[other_name].pid
+        settled = stack.receipts(job_id)
+        gate.touch()  # attempt 1's handler may now finish and try to settle
+    finally:
+        stack.harness.signal(frozen, signal.SIGCONT)
+
+    line = f"Task {EXECUTE_TASK}[{job_id}:attempt:1] succeeded"
+    wait_for(lambda: frozen.lines_with(line), 20, what="the superseded attempt to end")
+    # It reached its settlement and was refused by the attempt fence ...
+    assert "'status': 'settlement_conflict'" in frozen.lines_with(line)[0]
+    # ... and wrote nothing: the stream is exactly what it was when attempt 2 settled.
+    assert stack.receipts(job_id) == settled
+    _one_of_each(stack, job_id)
+    expired = [r for r in settled if r.type == "job.lease_expired"]
+    assert [(r.body["workerId"], r.body["attempt"]) for r in expired] == [(old_worker, 1)]
+    after = settled[settled.index(expired[0]) + 1:]
+    assert all(r.body.get("workerId") != old_worker for r in after)
+
+    # The same settlement written straight at the queue (every fenced write of attempt 1) is inert too.
+    q = Queue(stack.engine)
+    assert not q.complete(job_id, old_worker, 1, {"late": True}).applied
+    assert not q.fail(job_id, old_worker, 1, "late", retryable=False).applied
+    assert not q.heartbeat(job_id, old_worker, 1, 6000).applied
+    assert not q.progress(job_id, old_worker, 1, {"late": True}).applied
+    assert not q.settle_canceled(job_id, old_worker, 1, "late").applied
+    assert stack.receipts(job_id) == settled
+
+
+# -- roles ---------------------------------------------------------------------------------------------
+
+def test_unknown_agent_job_stays_queued_where_no_chat_worker_runs(stack: Stack) -> None:
+    # Every role but worker-chat. Observation window: 3 s, three redrive intervals and three
+    # times the redrive's minimum age -- long enough for every delivery path to have acted.
+    stack.start("web", "driver", "codex", "control", "beat")
+    agent = f"e2e-nobody-{uuid.uuid4().hex[:6]}"
+    lonely = stack.post_job(agent)["id"]
+    watchdog = stack.post_job("factory-control", "factory.objective.watchdog", system=True)["id"]
+    wait_for(lambda: stack.deliveries(lonely), 10, what="the unknown-agent job to be dispatched")
+
+    observe_until = time.monotonic() + 3.0
+    while time.monotonic() < observe_until:
+        job = stack.job(lonely)
+        assert job is not None and (job.status, job.attempt) == ("queued", 0)
+        time.sleep(0.2)
+
+    assert stack.types(lonely) == ["job.enqueued"]
+    # It was dispatched to the chat group, where its worker message waits for a consumer ...
+    broker = redis.Redis.from_url(stack.redis_url)
+    try:
+        assert broker.llen(QUEUES["chat"]) >= 1
+    finally:
+        broker.close()
+    # ... while the groups that do run keep working.
+    assert stack.wait_terminal(watchdog, timeout=10).status == "completed"
+    # And once a chat worker starts, the same job fails with the exact message, not retried.
+    stack.start("chat")
+    done = stack.wait_terminal(lonely, timeout=20)
+    assert (done.status, done.error, done.attempt) == ("failed", no_handler_message(agent), 1)
+
+
+# -- the broker losing messages ----------------------------------------------------------------------
+
+def test_redis_flushed_with_jobs_queued_every_job_completes_via_redrive(stack: Stack) -> None:
+    # No consumer runs: enqueue 20 jobs, whose wake-ups wait in Redis, then lose the broker's contents.
+    stack.start("web")
+    ids = [stack.post_job(handlers.ECHO, message=f"job {n}")["id"] for n in range(20)]
+    broker = redis.Redis.from_url(stack.redis_url)
+    try:
+        assert broker.llen("receipt-driver") >= 1  # the wake-ups are waiting for a dispatcher
+        broker.flushdb()
+        assert broker.dbsize() == 0
+    finally:
+        broker.close()
+
+    # Workers and beat come up on an empty broker: only the receipts say what to do.
+    stack.start("driver", "chat", "beat")
+    for job_id in ids:
+        done = stack.wait_terminal(job_id, timeout=40)
+        assert (done.status, done.attempt) == ("completed", 1)
+    for job_id in ids:
+        _one_of_each(stack, job_id)
+        assert stack.types(job_id).count("job.leased") == 1
+        # Delivered by the queued redrive (its dispatch key): every enqueue wake-up was flushed.
+        assert [d.dispatch_key for d in stack.deliveries(job_id)] == [f"{job_id}:redrive:1:queued"]
+
+
+def test_redis_restarted_with_jobs_in_flight_and_queued_every_job_completes(stack: Stack) -> None:
+    server = stack.redis_server
+    assert server is not None
+    stack.start("web", "driver", "chat", "beat")
+    workers = [stack.procs["driver"], stack.procs["chat"]]
+
+    in_flight = [stack.post_job(handlers.SLEEP, seconds=3, max_attempts=3)["id"] for _ in range(4)]
+    for job_id in in_flight:
+        stack.wait_running(job_id, timeout=20)
+    # Messages the workers hold delivered but not yet acked when the broker dies: tasks with a
+    # countdown, like the first redrive beat sends at start. (All harmless when they run.)
+    app = make_celery(Settings.from_env(stack.env()))
+    try:
+        held = {
+            "driver": app.send_task(DISPATCH_TASK, args=[[]], queue=DRIVER_QUEUE, countdown=300).id,
+            "chat": app.send_task(EXECUTE_TASK, args=["e2e-none", "e2e-none:attempt:1", "e2e-none", 0],
+                                  queue=QUEUES["chat"], countdown=300).id,
+        }
+    finally:
+        app.close()
+    for name, task_id in held.items():
+        wait_for(lambda n=name, t=task_id: stack.procs[n].log_count(f"[{t}] received"), 10,
+                 what=f"{name} to hold its countdown message")
+
+    server.kill()
+    assert not server.ping()
+    # The API still takes jobs while the broker is down: the receipt is the outbox.
+    started = time.monotonic()
+    queued = [stack.post_job(handlers.ECHO, message="during the outage", max_attempts=3)["id"] for _ in range(4)]
+    assert time.monotonic() - started < 20
+    # Running jobs settle through PostgreSQL while the broker is still dead.
+    for job_id in in_flight:
+        done = stack.wait_terminal(job_id, timeout=20)
+        assert (done.status, done.attempt) == ("completed", 1)
+    for job_id in queued:
+        assert stack.status(job_id) == "queued"
+    # No worker process died of the broker going away: they wait to reconnect, they do not exit.
+    assert [w.name for w in workers if not w.alive()] == [], "a worker exited on the broker outage"
+
+    server.start()  # same port, empty: every message it held is gone
+    for job_id in queued:
+        done = stack.wait_terminal(job_id, timeout=60)
+        assert done.status == "completed"
+    for job_id in in_flight + queued:
+        _one_of_each(stack, job_id)
+    assert [w.name for w in workers if not w.alive()] == []
+
+
+# -- the database going away -----------------------------------------------------------------------
+
+def test_postgres_cut_mid_run_settlements_retry_and_every_job_completes(
+        stack: Stack, pg_admin: Engine, tmp_path: Path) -> None:
+    proxy = TcpProxy("127.0.0.1", 5432)
+    try:
+        via_proxy = stack.database_url.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/")
+        assert via_proxy != stack.database_url
+        stack.start("web")  # the API talks to PostgreSQL directly; every worker goes through the proxy
+        procs = [stack.start_worker(role, name, wait=False, DATABASE_URL=via_proxy)
+                 for name, role in (("driver", "driver"), ("chat", "worker-chat"))]
+        for proc in procs:
+            stack.wait_worker(proc)
+        stack.start_beat()
+        chat = stack.procs["chat"]
+
+        # 1. A blip shorter than the settlement retry budget (5 tries, 150 ms x try: ~1.5 s):
+        #    handlers finish while the database is cut, and their settlements retry and succeed.
+        gate = tmp_path / "gate"
+        blip = [stack.post_job(handlers.GATE, gate=str(gate), max_attempts=4)["id"] for _ in range(6)]
+        for job_id in blip:
+            stack.wait_running(job_id)
+        proxy.cut()
+        gate.touch()
+        time.sleep(0.6)  # the outage itself, not synchronisation
+        assert proxy.refused > 0, "nothing tried to reach the database during the cut"
+        proxy.restore()
+        for job_id in blip:
+            done = stack.wait_terminal(job_id, timeout=30)
+            # Completed by the attempt that was running: no rerun was needed.
+            assert (done.status, done.attempt) == ("completed", 1), (job_id, stack.types(job_id))
+            _one_of_each(stack, job_id)
+        assert chat.log_count("transient storage error") >= 1
+        assert chat.log_count("raised unexpected") == 0
+
+        # 2. A longer outage that also kills every server connection (a PostgreSQL restart, as
+        #    far as the clients can tell): ~3 s is past the retry budget, so a settlement caught in
+        #    it gives up, its lease expires and the job reruns -- still exactly one terminal receipt.
+        restart = [stack.post_job(handlers.SLEEP, seconds=1.5, max_attempts=4)["id"] for _ in range(10)]
+        wait_for(lambda: sum(stack.status(j) == "running" for j in restart) >= 3, 20, what="jobs running")
+        refused_before = proxy.refused
+        proxy.cut()
+        terminated = terminate_backends(pg_admin, stack.database_url)
+        time.sleep(3.0)  # the outage itself, not synchronisation
+        assert proxy.refused > refused_before
+        proxy.restore()
+        assert terminated >= 1
+        for job_id in restart:
+            done = stack.wait_terminal(job_id, timeout=60)
+            assert done.status == "completed", (job_id, done.error, stack.types(job_id))
+        for job_id in restart:
+            _one_of_each(stack, job_id)
+            receipts = stack.receipts(job_id)
+            # A rerun only ever follows the end of the lost attempt (its lease expiring, or the
+            # driver failing its stale lease), never runs beside it.
+            reruns = [r.body["attempt"] for r in receipts if r.type == "job.leased"][1:]
+            ended = [r.body["attempt"] for r in receipts
+                     if r.type == "job.lease_expired" or (r.type == "job.failed" and r.body["retryable"])]
+            assert ended == [a - 1 for a in reruns], [r.type for r in receipts]
+    finally:
+        proxy.close()
+
+
+# -- recovery loops ------------------------------------------------------------------------------------
+
+def test_two_beats_at_once_still_deliver_each_stuck_job_once(stack: Stack) -> None:
+    stack.start("driver", "chat", "beat-a", "beat-b")
+    # Jobs written without any wake-up: only the queued redrive can deliver them.
+    q = Queue(stack.engine)
+    ids = []
+    for n in range(12):
+        req = validate_enqueue(handlers.ECHO, {"payload": {
+            "kind": "factory.run", "message": f"stuck {n}",
+            "authContext": {"userId": "e2e-user", "organizationId": ORG}}})
+        ids.append(q.enqueue(req).job.id)
+
+    for job_id in ids:
+        done = stack.wait_terminal(job_id, timeout=30)
+        assert (done.status, done.attempt) == ("completed", 1)
+    for job_id in ids:
+        _one_of_each(stack, job_id)
+        assert stack.types(job_id).count("job.leased") == 1
+        # One observed queue state (seq 1, queued) -> exactly one redrive delivery, generation 0.
+        assert [(d.dispatch_key, d.generation) for d in stack.deliveries(job_id)] == \
+            [(f"{job_id}:redrive:1:queued", 0)]
+
+    # Both beats were really scheduling the loop ...
+    due = "Sending due task queued-redrive"
+    wait_for(lambda: all(stack.procs[b].log_count(due) >= 2 for b in ("beat-a", "beat-b")), 10,
+             what="both beats to send redrive ticks")
+    # ... and no two redrive passes ever ran at the same time (single flight).
+    passes = _redrive_passes(stack.procs["driver"].lines_with(f"Task {REDRIVE_TASK}["))
+    ran = sorted((start, end) for start, end, skipped in passes if not skipped)
+    assert ran, passes
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in itertools.pairwise(ran)), ran
+
+
+def _redrive_passes(lines: list[str]) -> list[tuple[float, float, bool]]:
+    """(start, end, skipped) of every finished redrive task, from the worker's log timestamps."""
+    out = []
+    for line in lines:
+        m = re.match(r"(\S+ \S+) INFO .* succeeded in ([0-9.e-]+)s: (.*)$", line)
+        if not m:
+            continue
+        end = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        out.append((end - float(m.group(2)), end, "'skipped': True" in m.group(3)))
+    return out

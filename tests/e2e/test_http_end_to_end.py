@@ -1,0 +1,213 @@
+"""End to end over HTTP: enqueue → a real worker process → settled, on one shared deployment.
+
+One stack per module (gunicorn, driver, chat, codex and control workers, beat) on a fresh
+PostgreSQL database and the shared Redis; every test uses its own jobs, so they do not interfere.
+Receipts are read straight from the database to count them exactly.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from app.config import Settings
+from app.delivery import attempt_fence
+from app.errors import no_handler_message
+from app.routing import QUEUES
+from tasks.celery_app import make_celery
+from tasks.runtime import EXECUTE_TASK
+from tests.e2e import handlers
+from tests.e2e.conftest import Stack, terminal_receipts, wait_for, worker_pid
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
+
+
+def test_chat_group_runs_a_registered_handler_to_completed(module_stack: Stack) -> None:
+    s = module_stack
+    job = s.post_job(handlers.ECHO, message="hello")
+    assert job["status"] == "queued"
+    assert job["route"]["workerGroup"] == "chat"
+
+    done = s.wait_terminal(job["id"], timeout=20)
+
+    assert done.status == "completed"
+    assert done.attempt == 1
+    assert done.result["echo"] == "hello"
+    # It ran in the chat worker process, and nowhere else.
+    assert done.result["pid"] == s.procs["chat"].pid
+    assert s.types(job["id"]) == ["job.enqueued", "job.leased", "job.heartbeat", "job.completed"]
+    # The HTTP view agrees with the receipts.
+    assert s.get_job(job["id"])["status"] == "completed"
+
+
+def test_codex_group_runs_the_command_and_reports_exit_code_and_output(module_stack: Stack) -> None:
+    s = module_stack
+    job = s.post_job("codex", "factory.task.run", command=["python3", "-c", "print('hi')"])
+    assert job["route"]["workerGroup"] == "codex"
+
+    done = s.wait_terminal(job["id"], timeout=30)
+
+    assert done.status == "completed", (done.error, done.result)
+    assert done.attempt == 1
+    assert done.result["exitCode"] == 0
+    assert done.result["outputTail"] == "hi\n"
+    receipts = s.receipts(job["id"])
+    leased = next(r for r in receipts if r.type == "job.leased")
+    assert worker_pid(leased.body["workerId"]) == s.procs["codex"].pid
+    progress = [r.body["progress"] for r in receipts if r.type == "job.progress"]
+    assert "".join(p["output"] for p in progress) == "hi\n"
+    assert len(terminal_receipts(receipts)) == 1
+
+
+def test_control_group_runs_the_watchdog_with_a_system_token(module_stack: Stack) -> None:
+    s = module_stack
+    job = s.post_job("factory-control", "factory.objective.watchdog", system=True)
+    assert job["route"]["workerGroup"] == "control"
+
+    done = s.wait_terminal(job["id"], timeout=20)
+
+    assert done.status == "completed", (done.error, done.result)
+    assert done.result["objectivesScanned"] == 0
+    leased = next(r for r in s.receipts(job["id"]) if r.type == "job.leased")
+    assert worker_pid(leased.body["workerId"]) == s.procs["control"].pid
+    assert s.get_job(job["id"], system=True)["status"] == "completed"
+
+
+def test_unknown_agent_fails_with_the_exact_message_and_is_not_retried(module_stack: Stack) -> None:
+    s = module_stack
+    agent = f"e2e-nobody-{uuid.uuid4().hex[:6]}"
+    job = s.post_job(agent, max_attempts=3)
+    assert job["route"]["workerGroup"] == "chat"
+
+    done = s.wait_terminal(job["id"], timeout=20)
+
+    assert done.status == "failed"
+    assert done.error == no_handler_message(agent) == f"No handler for agent '{agent}'"
+    # Attempts were left (maxAttempts 3) and none was used: the failure is non-retryable.
+    assert done.attempt == 1
+    assert done.result == {"status": "failed"}
+    receipts = s.receipts(job["id"])
+    assert [r.type for r in receipts] == ["job.enqueued", "job.leased", "job.heartbeat", "job.failed"]
+    assert receipts[-1].body["retryable"] is False
+    assert s.get_job(job["id"])["error"] == no_handler_message(agent)
+
+
+def test_abort_of_a_running_job_cancels_it(module_stack: Stack) -> None:
+    s = module_stack
+    job = s.post_job(handlers.WAIT_CANCEL, seconds=30)
+    running = s.wait_running(job["id"])
+    holder = running.lease.worker_id if running.lease else None
+
+    answered = s.cancel(job["id"], reason="e2e abort")
+    assert answered["abortRequested"] is True
+    assert answered["status"] == "running"  # only its worker can stop work in flight
+
+    done = s.wait_terminal(job["id"], timeout=15)
+
+    assert done.status == "canceled"
+    receipts = s.receipts(job["id"])
+    types = [r.type for r in receipts]
+    aborts = [r for r in receipts if r.type == "queue.command" and r.body["type"] == "abort"]
+    assert len(aborts) == 1 and aborts[0].body["reason"] == "e2e abort"
+    # The handler itself saw the cancellation signal (it wrote progress before the settlement).
+    saw = [r.body["progress"] for r in receipts if r.type == "job.progress"]
+    assert saw == [{"sawCancel": "e2e abort", "pid": s.procs["chat"].pid}]
+    assert types.index("queue.command") < types.index("job.progress") < types.index("job.canceled")
+    terminals = terminal_receipts(receipts)
+    assert len(terminals) == 1
+    assert terminals[0].body["workerId"] == holder
+    assert terminals[0].body["reason"] == "e2e abort"
+
+
+def test_steer_and_follow_up_are_delivered_to_the_running_handler(module_stack: Stack) -> None:
+    s = module_stack
+    job = s.post_job(handlers.COMMANDS, expect=2)
+    s.wait_running(job["id"])
+
+    steer = s.command(job["id"], "steer", {"text": "go left"})
+    follow = s.command(job["id"], "follow_up", {"text": "and then?"})
+    sent_ids = [steer["commands"][-1]["id"], follow["commands"][-1]["id"]]
+
+    done = s.wait_terminal(job["id"], timeout=15)
+
+    assert done.status == "completed", done.error
+    assert done.result["received"] == [
+        {"id": sent_ids[0], "type": "steer", "payload": {"text": "go left"}},
+        {"id": sent_ids[1], "type": "follow_up", "payload": {"text": "and then?"}},
+    ]
+    receipts = s.receipts(job["id"])
+    consumed = [r.body["commandId"] for r in receipts if r.type == "queue.command.consumed"]
+    assert consumed == sent_ids
+    assert [c["consumed"] for c in s.get_job(job["id"])["commands"]] == [True, True]
+
+
+def test_retryable_failure_is_retried_until_max_attempts_then_failed(module_stack: Stack) -> None:
+    s = module_stack
+    job = s.post_job(handlers.FAIL, max_attempts=3)
+
+    done = s.wait_terminal(job["id"], timeout=45)
+
+    assert done.status == "failed"
+    assert done.attempt == 3
+    assert done.error == "e2e failure on attempt 3"
+    assert done.result == {"status": "failed"}
+    receipts = s.receipts(job["id"])
+    leases = [r.body["attempt"] for r in receipts if r.type == "job.leased"]
+    failures = [(r.body["attempt"], r.body["retryable"]) for r in receipts if r.type == "job.failed"]
+    assert leases == [1, 2, 3]
+    assert failures == [(1, True), (2, True), (3, True)]
+    # Only the last failure is terminal; the first two requeued the job.
+    assert [r.type for r in receipts].count("job.enqueued") == 1
+    # Each retry was delivered at once by the requeue's own wake-up (the next generation of the
+    # job's dispatch key), not left for the queued redrive — with production defaults that loop
+    # would hold every retry for 30-45 s.
+    assert [(d.dispatch_key, d.generation, d.outcome) for d in s.deliveries(job["id"])] == [
+        (job["id"], 0, "failed"), (job["id"], 1, "failed"), (job["id"], 2, "failed"),
+    ]
+
+
+def test_duplicate_delivery_of_the_same_worker_message_is_inert(module_stack: Stack) -> None:
+    s = module_stack
+    gate = f"{s.home}/gate-{uuid.uuid4().hex[:8]}"
+    job = s.post_job(handlers.GATE, gate=gate)
+    job_id = job["id"]
+    running = s.wait_running(job_id)
+    assert running.lease is not None
+    owner = running.lease.worker_id
+    fence = attempt_fence(job_id, 1)
+    [first] = s.deliveries(job_id)  # the delivery the real attempt runs under
+    args = [job_id, fence, first.dispatch_key, first.generation]
+    chat = s.procs["chat"]
+    done_line = f"Task {EXECUTE_TASK}[{fence}] succeeded"
+    assert chat.log_count(done_line) == 0
+
+    app = make_celery(Settings.from_env(s.env()))
+    try:
+        # 1. The same message again while the real attempt runs: it must not touch the job.
+        app.send_task(EXECUTE_TASK, args=args, task_id=fence, queue=QUEUES["chat"])
+        wait_for(lambda: chat.log_count(done_line) == 1, 15, what="the duplicate to be processed")
+        assert "'status': 'lease_lost'" in chat.lines_with(done_line)[0]
+
+        open(gate, "w").close()
+        done = s.wait_terminal(job_id, timeout=15)
+        assert done.status == "completed" and done.attempt == 1
+        wait_for(lambda: chat.log_count(done_line) == 2, 15, what="the real attempt's log line")
+        after_real = s.receipts(job_id)
+
+        # 2. The same message once more after the job settled: nothing at all may change.
+        app.send_task(EXECUTE_TASK, args=args, task_id=fence, queue=QUEUES["chat"])
+        wait_for(lambda: chat.log_count(done_line) == 3, 15, what="the late duplicate to be processed")
+        assert "'status': 'terminal_state'" in chat.lines_with(done_line)[2]
+    finally:
+        app.close()
+
+    receipts = s.receipts(job_id)
+    assert receipts == after_real
+    # Every worker receipt on the stream is the real attempt's: one lease, one holder, one terminal.
+    worker_receipts = [r for r in receipts if "workerId" in r.body]
+    assert {r.body["workerId"] for r in worker_receipts} == {owner}
+    assert [r.type for r in receipts].count("job.leased") == 1
+    assert len(terminal_receipts(receipts)) == 1
+    [delivery] = s.deliveries(job_id)
+    assert (delivery.state, delivery.outcome) == ("settled", "completed")

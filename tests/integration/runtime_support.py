@@ -1,0 +1,154 @@
+"""Helpers shared by the in-process runtime tests (runner, dispatch, loops, codex, callbacks)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Celery
+from sqlalchemy.engine import Engine
+
+from app import store
+from app.config import Settings
+from app.db import db_now, parse_iso
+from app.queue import Queue
+from app.reducer import Job
+from app.validation import validate_enqueue
+from app.vocab import job_stream
+from tasks.celery_app import make_celery
+from tasks.runtime import Runtime, send_wake
+from workers.registry import HandlerRegistry
+
+ORG = "org-test"
+WAIT_S = 10.0
+
+
+def task_payload(kind: str = "factory.task.run", **extra: Any) -> dict[str, Any]:
+    return {"kind": kind, "authContext": {"userId": "u1", "organizationId": ORG}, **extra}
+
+
+def enqueue(queue: Queue, agent: str, *, kind: str = "factory.task.run", max_attempts: int = 2,
+            **payload: Any) -> Job:
+    req = validate_enqueue(agent, {"payload": task_payload(kind, **payload), "maxAttempts": max_attempts})
+    return queue.enqueue(req).job
+
+
+def receipts_of(engine: Engine, job_id: str) -> list[store.StoredReceipt]:
+    with engine.connect() as conn:
+        return store.read_stream(conn, job_stream(job_id))
+
+
+def types_of(engine: Engine, job_id: str) -> list[str]:
+    return [r.type for r in receipts_of(engine, job_id)]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = WAIT_S, what: str = "condition") -> Any:
+    """Poll ``predicate`` until truthy (bounded); returns its value. Polling, not a sleep-as-sync."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def wait_lease_past_deadline(engine: Engine, queue: Queue, job_id: str) -> None:
+    """Wait (bounded) until the job's lease deadline is behind the database clock."""
+    job = queue.get(job_id)
+    assert job is not None and job.lease is not None
+    deadline = parse_iso(job.lease.expires_at)
+    assert deadline is not None
+
+    def passed() -> bool:
+        with engine.connect() as conn:
+            return db_now(conn) > deadline
+
+    wait_until(passed, what="the lease deadline to pass")
+
+
+@dataclass
+class SentTask:
+    name: str
+    args: list[Any]
+    task_id: str | None
+    queue: str | None
+
+
+@dataclass
+class Recorder:
+    """Stands in for ``Celery.send_task``: records every message instead of sending it."""
+
+    sent: list[SentTask] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        with self.lock:
+            self.sent.append(SentTask(name, list(args or []), options.get("task_id"), options.get("queue")))
+
+    def named(self, name: str) -> list[SentTask]:
+        with self.lock:
+            return [t for t in self.sent if t.name == name]
+
+    def clear(self) -> None:
+        with self.lock:
+            self.sent.clear()
+
+
+@dataclass
+class RecordingCallbacks:
+    """Stands in for ``tasks.callbacks.Callbacks``: records (event, job) pairs."""
+
+    posted: list[tuple[str, Job]] = field(default_factory=list)
+
+    def post(self, event: str, job: Job) -> list[Any]:
+        self.posted.append((event, job))
+        return []
+
+    def events(self) -> list[str]:
+        return [e for e, _ in self.posted]
+
+
+def settings_for(redis_url: str | None = None, **env: str) -> Settings:
+    values: dict[str, str] = dict(env)
+    if redis_url:
+        values["REDIS_URL"] = redis_url
+    return Settings.from_env(values)
+
+
+def recording_runtime(engine: Engine, settings: Settings, registry: HandlerRegistry | None = None,
+                      app: Celery | None = None) -> tuple[Runtime, Recorder, RecordingCallbacks]:
+    """A Runtime on a real Celery app whose ``send_task`` only records (no worker, no broker I/O)."""
+    app = app or make_celery(settings)
+    recorder = Recorder()
+    app.send_task = recorder  # type: ignore[method-assign]
+    queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
+    callbacks = RecordingCallbacks()
+    rt = Runtime(settings, app, engine, queue, registry or HandlerRegistry(), callbacks)  # type: ignore[arg-type]
+    app.receipt_runtime = rt  # type: ignore[attr-defined]
+    return rt, recorder, callbacks
+
+
+def isolate_broker(app: Celery) -> Celery:
+    """Prefix every broker key of this app with a per-test namespace, before any connection exists.
+
+    The Redis test database is per xdist worker, not per pytest session: another session on the
+    same machine (real worker processes of the e2e suite) consumes the same queue names on the same
+    database. With a key prefix no other consumer can take this test's messages.
+    """
+    options = dict(app.conf.broker_transport_options or {})
+    options["global_keyprefix"] = f"t-{uuid.uuid4().hex[:12]}:"
+    app.conf.broker_transport_options = options
+    return app
+
+
+def registry_of(handlers: Mapping[str, Callable[..., Any]]) -> HandlerRegistry:
+    registry = HandlerRegistry()
+    for agent, handler in handlers.items():
+        registry.register(agent, handler)
+    return registry

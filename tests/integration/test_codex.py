@@ -1,0 +1,241 @@
+"""The ``codex`` handler with real subprocesses (issue 4, "Handlers": argv, never a shell; group kill).
+
+Commands are small ``python3 -c`` scripts. Receipts go to a SQLite file database: the handler's
+behaviour does not depend on the backend, and the runner suite already covers both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from app.config import Settings
+from app.queue import Queue
+from app.reducer import Job
+from app.timing import timing_for
+from workers.handler import HandlerError, JobContext
+from workers.handlers import codex
+from workers.registry import default_registry
+from workers.runner import run_attempt
+
+from .runtime_support import enqueue, receipts_of, wait_until
+
+ENABLED = Settings.from_env({"RECEIPT_CODEX_COMMANDS": "enabled"})
+PY = sys.executable
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def queue(sqlite_engine: Engine) -> Queue:
+    return Queue(sqlite_engine)
+
+
+def codex_job(queue: Queue, **payload: Any) -> Job:
+    return enqueue(queue, "codex", kind="factory.task.run", **payload)
+
+
+def leased_context(queue: Queue, job: Job, settings: Settings = ENABLED) -> JobContext:
+    """The context a worker would hand the handler: the job leased by this attempt."""
+    timing = timing_for(job.agent_id, job.kind, job.payload, settings)
+    out = queue.lease(job.id, "codex-worker", timing.lease_ms)
+    assert out.applied
+    return JobContext(queue, out.job, "codex-worker", 1, settings, timing.execution_timeout_ms)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def family_script(pid_file: Path) -> list[str]:
+    """A command that starts a grandchild (writing its pid), then both sleep for a minute."""
+    script = textwrap.dedent(f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        with open({str(pid_file)!r} + ".tmp", "w") as f:
+            f.write(str(child.pid))
+        import os; os.replace({str(pid_file)!r} + ".tmp", {str(pid_file)!r})
+        print("family started", flush=True)
+        time.sleep(60)
+    """)
+    return [PY, "-c", script]
+
+
+def read_pid(pid_file: Path) -> int:
+    wait_until(pid_file.exists, timeout=WAIT_S, what="the grandchild's pid file")
+    return int(pid_file.read_text())
+
+
+def test_command_is_an_argv_never_a_shell(queue: Queue, tmp_path: Path) -> None:
+    job = codex_job(queue, command=["echo", "a;touch X", "$HOME", "`id`"], cwd=str(tmp_path))
+    result = codex.handle(leased_context(queue, job))
+    assert result["exitCode"] == 0
+    assert result["outputTail"] == "a;touch X $HOME `id`\n"
+    assert not (tmp_path / "X").exists()
+
+
+def test_success_completes_with_exit_code_tail_and_progress_receipts(queue: Queue, sqlite_engine: Engine) -> None:
+    job = codex_job(queue, command=[PY, "-c", "print('hello from codex'); print('line 2')"])
+    out = run_attempt(queue, ENABLED, default_registry(), job.id, 1)
+    assert out.status == "completed"
+    assert out.job is not None
+    assert out.job.result["exitCode"] == 0
+    assert out.job.result["outputTail"] == "hello from codex\nline 2\n"
+    assert out.job.result["outputBytes"] == len("hello from codex\nline 2\n")
+    progress = [r.body["progress"] for r in receipts_of(sqlite_engine, job.id) if r.type == "job.progress"]
+    assert progress, "output must be reported as job.progress"
+    assert "".join(p["output"] for p in progress) == "hello from codex\nline 2\n"
+
+
+def test_cwd_is_honoured(queue: Queue, tmp_path: Path) -> None:
+    job = codex_job(queue, command=[PY, "-c", "import os; print(os.getcwd())"], cwd=str(tmp_path))
+    assert codex.handle(leased_context(queue, job))["outputTail"].strip() == str(tmp_path)
+
+
+def test_non_zero_exit_is_retryable_with_exit_code_and_tail(queue: Queue) -> None:
+    job = codex_job(queue, command=[PY, "-c", "import sys; print('it broke'); sys.exit(3)"])
+    with pytest.raises(HandlerError) as info:
+        codex.handle(leased_context(queue, job))
+    err = info.value
+    assert err.retryable is True
+    assert err.result is not None
+    assert err.result["exitCode"] == 3
+    assert err.result["outputTail"] == "it broke\n"
+    assert "3" in err.message and "it broke" in err.message
+
+
+def test_non_zero_exit_through_the_runner_requeues_then_fails(queue: Queue) -> None:
+    job = enqueue(queue, "codex", kind="factory.task.run", max_attempts=1,
+                  command=[PY, "-c", "import sys; sys.exit(7)"])
+    out = run_attempt(queue, ENABLED, default_registry(), job.id, 1)
+    assert out.job is not None and out.job.status == "failed"
+    assert out.job.result["exitCode"] == 7
+    assert out.job.result["status"] == "failed"
+
+
+def test_payload_timeout_kills_the_whole_process_group(queue: Queue, tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    job = codex_job(queue, command=family_script(pid_file), timeout=1500)
+    ctx = leased_context(queue, job)
+    with pytest.raises(HandlerError) as info:
+        codex.handle(ctx)
+    err = info.value
+    assert err.status == "execution_timeout"
+    assert err.retryable is True
+    assert "1500 ms" in err.message
+    assert err.result is not None and err.result["exitCode"] != 0
+    assert "family started" in err.result["outputTail"]
+    grandchild = read_pid(pid_file)
+    wait_until(lambda: not pid_alive(grandchild), timeout=5, what="the grandchild to be gone")
+
+
+def test_abort_kills_the_whole_process_group(queue: Queue, tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    job = codex_job(queue, command=family_script(pid_file))
+    ctx = leased_context(queue, job)
+    box: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: box.update(result=codex.handle(ctx)), daemon=True)
+    t.start()
+    grandchild = read_pid(pid_file)
+    assert pid_alive(grandchild)
+    ctx.cancel("abort")
+    t.join(WAIT_S)
+    assert not t.is_alive()
+    assert box["result"]["exitCode"] < 0  # killed by a signal
+    wait_until(lambda: not pid_alive(grandchild), timeout=5, what="the grandchild to be gone")
+
+
+def test_abort_through_the_runner_cancels_and_kills_the_group(queue: Queue, tmp_path: Path) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    job = codex_job(queue, command=family_script(pid_file))
+    box: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: box.update(out=run_attempt(queue, ENABLED, default_registry(), job.id, 1)),
+                         daemon=True)
+    t.start()
+    grandchild = read_pid(pid_file)
+    queue.cancel(job.id, "stop the build")
+    t.join(WAIT_S)
+    assert not t.is_alive()
+    assert box["out"].status == "canceled"
+    assert box["out"].job.status == "canceled"
+    wait_until(lambda: not pid_alive(grandchild), timeout=5, what="the grandchild to be gone")
+
+
+def test_disabled_commands_fail_non_retryably_with_a_clear_message(queue: Queue) -> None:
+    job = codex_job(queue, command=["echo", "hi"])
+    with pytest.raises(HandlerError) as info:
+        codex.handle(leased_context(queue, job, Settings.from_env({})))
+    assert info.value.retryable is False
+    assert "RECEIPT_CODEX_COMMANDS=enabled" in info.value.message
+    assert "disabled" in info.value.message
+
+
+def test_disabled_through_the_runner_fails_the_job_at_once(queue: Queue) -> None:
+    job = codex_job(queue, command=["echo", "hi"])
+    out = run_attempt(queue, Settings.from_env({}), default_registry(), job.id, 1)
+    assert out.job is not None
+    assert (out.job.status, out.job.attempt) == ("failed", 1)
+    assert "RECEIPT_CODEX_COMMANDS" in out.job.error
+
+
+def test_worker_secrets_are_not_visible_but_payload_env_is(queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://receipt:hunter2@db/receipt")
+    monkeypatch.setenv("RECEIPT_CALLBACK_TOKEN", "secret-token")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    job = codex_job(queue, command=[PY, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+                    env={"TASK_FLAVOUR": "vanilla"})
+    env = json.loads(codex.handle(leased_context(queue, job))["outputTail"])
+    assert env["TASK_FLAVOUR"] == "vanilla"
+    for secret in ("DATABASE_URL", "RECEIPT_CALLBACK_TOKEN", "AWS_SECRET_ACCESS_KEY"):
+        assert secret not in env
+    assert "hunter2" not in json.dumps(env)
+    assert env.get("PATH") == os.environ.get("PATH")
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"command": "echo hi"}, "payload.command"),
+    ({"command": []}, "payload.command"),
+    ({"command": ["echo", 1]}, "payload.command"),
+    ({}, "payload.command"),
+    ({"command": ["echo"], "cwd": 5}, "payload.cwd"),
+    ({"command": ["echo"], "env": {"A": 1}}, "payload.env"),
+    ({"command": ["echo"], "env": ["A=1"]}, "payload.env"),
+    ({"command": ["echo"], "timeout": -5}, "payload.timeout"),
+    ({"command": ["echo"], "timeout": "500"}, "payload.timeout"),
+    ({"command": ["echo"], "timeout": True}, "payload.timeout"),
+])
+def test_bad_payload_fields_fail_non_retryably_naming_the_field(queue: Queue, fields: dict[str, Any],
+                                                                named: str) -> None:
+    job = codex_job(queue, **fields)
+    with pytest.raises(HandlerError) as info:
+        codex.handle(leased_context(queue, job))
+    assert info.value.retryable is False
+    assert info.value.message.startswith(named + ":")
+
+
+def test_a_missing_executable_fails_non_retryably(queue: Queue) -> None:
+    job = codex_job(queue, command=["/nonexistent/receipt-test-binary"])
+    with pytest.raises(HandlerError) as info:
+        codex.handle(leased_context(queue, job))
+    assert info.value.retryable is False
+    assert "/nonexistent/receipt-test-binary" in info.value.message
+
+
+def test_codex_only_runs_factory_task_run(queue: Queue) -> None:
+    job = enqueue(queue, "codex", kind="factory.integration.validate", command=["echo", "hi"])
+    with pytest.raises(HandlerError) as info:
+        codex.handle(leased_context(queue, job))
+    assert info.value.retryable is False

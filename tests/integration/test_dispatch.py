@@ -1,0 +1,365 @@
+"""The delivery path: driver starter and driver, then one real in-process Celery worker end to end.
+
+Spec steps 2-4 ("Dispatch outbox", "Driver RPC", "Driver executes"). The driver-branch tests run on
+every backend against a real Celery app whose ``send_task`` records; the worker test runs the real
+dispatch -> driver -> execute chain through Redis with ``celery.contrib.testing.worker``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from app.db import db_now, deliveries, transaction
+from app.errors import STALE_ACTIVE_LEASE_ERROR, generations_exceeded_message
+from app.queue import Queue
+from app.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, route
+from tasks import dispatch, execute
+from tasks.callbacks import Callbacks
+from tasks.celery_app import make_celery
+from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, Runtime, send_wake
+from workers.handler import JobContext
+
+from .runtime_support import (
+    Recorder,
+    RecordingCallbacks,
+    enqueue,
+    isolate_broker,
+    receipts_of,
+    recording_runtime,
+    registry_of,
+    settings_for,
+    types_of,
+    wait_lease_past_deadline,
+    wait_until,
+)
+
+LONG_MS = 600_000
+
+
+@pytest.fixture
+def runtime(engine: Engine, redis_url: str) -> Iterator[tuple[Runtime, Recorder, RecordingCallbacks]]:
+    yield recording_runtime(engine, settings_for(redis_url, JOB_LEASE_MS="3000"))
+
+
+def delivery_rows(engine: Engine, job_id: str) -> list[tuple[str, int, str, str | None]]:
+    with engine.connect() as conn:
+        return [(r.dispatch_key, r.generation, r.state, r.outcome) for r in conn.execute(
+            select(deliveries).where(deliveries.c.job_id == job_id)
+            .order_by(deliveries.c.created_at, deliveries.c.generation))]
+
+
+def started(rt: Runtime, sent: Recorder, job_id: str) -> tuple[str, int]:
+    """Run the driver starter for a job and return the (dispatch key, generation) it sent."""
+    decision = dispatch.start_driver(rt, job_id, job_id)
+    assert decision is not None and decision.created
+    [driver] = [t for t in sent.named(DRIVER_TASK) if t.args[0] == job_id and t.args[2] == decision.generation]
+    assert driver.queue == DRIVER_QUEUE
+    assert driver.task_id == f"{job_id}:driver:{decision.generation}"
+    sent.clear()
+    return driver.args[1], driver.args[2]
+
+
+# -- the driver starter ------------------------------------------------------------------------------
+
+def test_enqueue_wakes_the_scanner_with_a_small_message_of_ids(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    job = enqueue(rt.queue, "factory")
+    [wake] = sent.sent
+    assert (wake.name, wake.args, wake.queue) == (DISPATCH_TASK, [[job.id]], DRIVER_QUEUE)
+
+
+def test_scanner_pass_starts_one_driver_per_job_and_a_second_pass_sends_nothing(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    a, b = enqueue(rt.queue, "factory"), enqueue(rt.queue, "factory")
+    sent.clear()
+    assert dispatch.dispatch_jobs(rt, [a.id, b.id]) == {"started": [a.id, b.id]}
+    assert sorted(t.args[0] for t in sent.named(DRIVER_TASK)) == sorted([a.id, b.id])
+    sent.clear()
+    # Both deliveries still pending: created False, reason active_delivery, nothing sent.
+    assert dispatch.dispatch_jobs(rt, [a.id, b.id]) == {"started": []}
+    assert sent.sent == []
+
+
+def test_starter_ignores_jobs_that_are_not_queued(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    job = enqueue(rt.queue, "factory")
+    rt.queue.cancel(job.id)
+    sent.clear()
+    assert dispatch.start_driver(rt, job.id, job.id) is None
+    assert dispatch.start_driver(rt, "no-such-job", "no-such-job") is None
+    assert sent.sent == []
+
+
+def test_a_send_failure_settles_the_delivery_so_the_next_pass_can_retry(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    job = enqueue(rt.queue, "factory")
+
+    def broken(*_a: Any, **_k: Any) -> None:
+        raise ConnectionError("broker down")
+
+    rt.app.send_task = broken
+    with pytest.raises(ConnectionError):
+        dispatch.start_driver(rt, job.id, job.id)
+    assert delivery_rows(rt.engine, job.id) == [(job.id, 0, "settled", "send_failed")]
+    rt.app.send_task = sent
+    assert dispatch.start_driver(rt, job.id, job.id).generation == 1
+
+
+def test_generations_exceeded_fails_the_job_with_the_exact_message(runtime: Any) -> None:
+    rt, sent, callbacks = runtime
+    job = enqueue(rt.queue, "factory", max_attempts=8)
+    with transaction(rt.engine) as conn:
+        now = db_now(conn)
+        for g in range(32):
+            conn.execute(deliveries.insert().values(
+                dispatch_key=job.id, generation=g, job_id=job.id, task_id=f"{job.id}:driver:{g}",
+                state="settled", outcome="lease_lost", created_at=now, deadline_at=now + timedelta(minutes=2),
+                settled_at=now))
+    sent.clear()
+    assert dispatch.start_driver(rt, job.id, job.id) is None
+    failed = rt.queue.get(job.id)
+    assert failed is not None
+    assert failed.status == "failed"  # non-retryable despite 8 attempts allowed
+    assert failed.error == generations_exceeded_message(job.id)
+    assert failed.error == f"resonate delivery recovery exceeded 32 generations for {job.id}"
+    assert sent.named(DRIVER_TASK) == []
+    assert callbacks.events() == ["failed"]
+
+
+# -- the driver's branches ---------------------------------------------------------------------------
+
+def test_driver_on_a_terminal_job_only_settles_its_delivery(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    job = enqueue(rt.queue, "factory")
+    key, generation = started(rt, sent, job.id)
+    rt.queue.cancel(job.id, "no longer needed")
+    sent.clear()
+    assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "terminal_state"}
+    assert sent.sent == []
+    assert delivery_rows(rt.engine, job.id) == [(key, generation, "settled", "terminal_state")]
+
+
+def test_driver_on_a_live_lease_sends_nothing(runtime: Any) -> None:
+    rt, sent, callbacks = runtime
+    job = enqueue(rt.queue, "factory")
+    key, generation = started(rt, sent, job.id)
+    assert rt.queue.lease(job.id, "busy-worker", LONG_MS).applied
+    before = types_of(rt.engine, job.id)
+    assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "active_lease"}
+    assert sent.sent == []
+    assert callbacks.posted == []
+    assert types_of(rt.engine, job.id) == before  # the driver never leases nor fails a live lease
+
+
+def test_driver_fails_a_stale_active_lease_with_the_exact_error(runtime: Any) -> None:
+    rt, sent, callbacks = runtime
+    job = enqueue(rt.queue, "factory", max_attempts=2)
+    key, generation = started(rt, sent, job.id)
+    assert rt.queue.lease(job.id, "dead-worker", 1).applied
+    wait_lease_past_deadline(rt.engine, rt.queue, job.id)
+    assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "stale_active_lease"}
+    last = receipts_of(rt.engine, job.id)[-1]
+    assert last.type == "job.failed"
+    assert last.body["error"] == STALE_ACTIVE_LEASE_ERROR
+    assert last.body["error"] == "stale active Resonate job lost execution; retrying through Resonate driver"
+    assert last.body["retryable"] is True
+    requeued = rt.queue.get(job.id)
+    assert requeued is not None and (requeued.status, requeued.attempt) == ("queued", 1)
+    # Requeued -> the ordinary path: a wake-up for the scanner, no worker message from this pass.
+    assert [t.name for t in sent.sent] == [DISPATCH_TASK]
+    assert callbacks.posted == []
+    assert delivery_rows(rt.engine, job.id) == [(key, generation, "settled", "stale_active_lease")]
+
+
+def test_driver_stale_lease_on_the_last_attempt_fails_the_job(runtime: Any) -> None:
+    rt, sent, callbacks = runtime
+    job = enqueue(rt.queue, "factory", max_attempts=1)
+    key, generation = started(rt, sent, job.id)
+    assert rt.queue.lease(job.id, "dead-worker", 1).applied
+    wait_lease_past_deadline(rt.engine, rt.queue, job.id)
+    dispatch.drive(rt, job.id, key, generation)
+    failed = rt.queue.get(job.id)
+    assert failed is not None
+    assert (failed.status, failed.error) == ("failed", STALE_ACTIVE_LEASE_ERROR)
+    assert callbacks.events() == ["failed"]
+
+
+def test_driver_honours_abort_requested_on_a_queued_job(runtime: Any) -> None:
+    rt, sent, callbacks = runtime
+    job = enqueue(rt.queue, "factory")
+    key, generation = started(rt, sent, job.id)
+    rt.queue.command(job.id, "abort", reason="user stop")
+    assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "canceled"}
+    canceled = rt.queue.get(job.id)
+    assert canceled is not None
+    assert (canceled.status, canceled.error, canceled.attempt) == ("canceled", "user stop", 0)
+    assert sent.named(EXECUTE_TASK) == []
+    assert callbacks.events() == ["canceled"]
+
+
+@pytest.mark.parametrize(("agent", "kind", "queue_name"), [
+    ("factory", "factory.task.run", "receipt-chat"),
+    ("factory", "factory.dispatch", "receipt-chat"),  # the spec's noted disagreement with the contract
+    ("codex", "factory.task.run", "receipt-codex"),
+    ("factory", "factory.integration.publish", "receipt-codex"),
+    ("factory-control", "factory.objective.control", "receipt-control"),
+    ("factory-monitor", "factory.task.monitor", "receipt-chat"),
+    ("unknown-agent", "factory.run", "receipt-chat"),
+])
+def test_driver_sends_the_worker_message_under_the_attempt_fence_to_the_routed_queue(
+    runtime: Any, agent: str, kind: str, queue_name: str,
+) -> None:
+    rt, sent, callbacks = runtime
+    job = enqueue(rt.queue, agent, kind=kind)
+    key, generation = started(rt, sent, job.id)
+    out = dispatch.drive(rt, job.id, key, generation)
+    fence = f"{job.id}:attempt:1"
+    assert out == {"outcome": "dispatched", "fence": fence, "queue": queue_name}
+    assert queue_name == route(agent, kind).queue
+    [execute] = sent.sent
+    assert (execute.name, execute.task_id, execute.queue) == (EXECUTE_TASK, fence, queue_name)
+    assert execute.args == [job.id, fence, key, generation]
+    # The driver never leases: the job is still queued, and its delivery still pending.
+    assert types_of(rt.engine, job.id)[-1] == "job.enqueued"
+    assert delivery_rows(rt.engine, job.id) == [(key, generation, "pending", None)]
+    assert callbacks.events() == ["dispatched"]
+
+
+def test_the_fence_names_the_next_attempt(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    job = enqueue(rt.queue, "factory", max_attempts=3)
+    assert rt.queue.lease(job.id, "w", LONG_MS).applied
+    assert rt.queue.fail(job.id, "w", 1, "try again", retryable=True).applied
+    key, generation = started(rt, sent, job.id)
+    assert dispatch.drive(rt, job.id, key, generation)["fence"] == f"{job.id}:attempt:2"
+
+
+# -- one real in-process worker: dispatch -> driver -> execute through Redis -------------------------
+
+def test_a_job_completes_through_a_real_worker(pg_engine: Engine, pg_database_url: str, redis_url: str) -> None:
+    from celery.contrib.testing.worker import start_worker
+
+    settings = settings_for(redis_url, DATABASE_URL=pg_database_url, JOB_LEASE_MS="3000")
+    app = isolate_broker(make_celery(settings))
+    ran = threading.Event()
+
+    def noop(ctx: JobContext) -> Any:
+        ran.set()
+        return {"noop": True, "attempt": ctx.attempt}
+
+    queue = Queue(pg_engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
+    app.receipt_runtime = Runtime(settings, app, pg_engine, queue, registry_of({"bench-noop": noop}),  # type: ignore[attr-defined]
+                                  Callbacks(settings))
+    queues = [DRIVER_QUEUE, MAINTENANCE_QUEUE, *QUEUES.values()]
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, queues=queues,
+                      loglevel="WARNING", shutdown_timeout=15):
+        job = enqueue(queue, "bench-noop")
+        unknown = enqueue(queue, "nobody-home", kind="factory.run")
+
+        def settled() -> bool:
+            a, b = queue.get(job.id), queue.get(unknown.id)
+            return bool(a and b and a.terminal and b.terminal)
+
+        wait_until(settled, timeout=20, what="both jobs to settle through the worker")
+    assert ran.is_set()
+    done = queue.get(job.id)
+    assert done is not None
+    assert (done.status, done.result) == ("completed", {"noop": True, "attempt": 1})
+    assert types_of(pg_engine, job.id) == ["job.enqueued", "job.leased", "job.heartbeat", "job.completed"]
+    failed = queue.get(unknown.id)
+    assert failed is not None
+    assert (failed.status, failed.error) == ("failed", "No handler for agent 'nobody-home'")
+    # Each delivery was recorded under the job id and settled by the worker's attempt.
+    rows = delivery_rows(pg_engine, job.id)
+    assert rows == [(job.id, 0, "settled", "completed")]
+
+
+def test_a_saturated_threads_worker_without_prefetch_keeps_fetching(redis_url: str) -> None:
+    """With every slot busy the transport stops polling; it must resume within a tick, not ~1 s.
+
+    Task events are off here: they used to wake the loop as a side effect and hide the stall
+    (30 x 50 ms tasks on 2 threads took ~14 s instead of ~0.8 s).
+    """
+    import time
+
+    from celery.contrib.testing.worker import start_worker
+
+    app = isolate_broker(make_celery(settings_for(redis_url)))
+    assert app.conf.worker_disable_prefetch is True
+    app.conf.worker_send_task_events = False
+    app.conf.task_send_sent_event = False
+    finished = threading.Semaphore(0)
+
+    @app.task(name="test.short", shared=False)
+    def short() -> None:
+        threading.Event().wait(0.05)
+        finished.release()
+
+    tasks_n = 30
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, queues=[QUEUES["chat"]],
+                      loglevel="WARNING", shutdown_timeout=15):
+        started = time.monotonic()
+        for _ in range(tasks_n):
+            app.send_task("test.short", queue=QUEUES["chat"])
+        for _ in range(tasks_n):
+            assert finished.acquire(timeout=20)
+        elapsed = time.monotonic() - started
+    # Ideal: 15 rounds x 50 ms = 0.75 s. A one-second stall per round would take ~15 s.
+    assert elapsed < 5.0, f"{tasks_n} short tasks took {elapsed:.1f} s"
+
+
+# -- a requeue's wake-up racing its own delivery's settlement --------------------------------------
+
+def fast_scanner(rt: Runtime, sent: Recorder) -> None:
+    """Handle every dispatch wake-up the instant it is sent: the scanner winning every race."""
+
+    def send(name: str, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        sent(name, args, kwargs, **options)
+        if name == DISPATCH_TASK:
+            dispatch.dispatch_jobs(rt, args[0])
+
+    rt.app.send_task = send
+
+
+def test_a_retryable_failure_is_redelivered_at_once_even_if_the_scanner_wins_the_race(runtime: Any) -> None:
+    """The requeue wakes the scanner while this delivery is still pending; the retry must not wait
+    for the queued redrive (min age 30 s): a new driver generation is started right away."""
+    from workers.handler import HandlerError
+
+    rt, sent, _ = runtime
+
+    def flaky(ctx: JobContext) -> Any:
+        if ctx.attempt == 1:
+            raise HandlerError("upstream blip", retryable=True)
+        return {"ok": True}
+
+    rt.registry = registry_of({"factory": flaky})
+    fast_scanner(rt, sent)
+    job = enqueue(rt.queue, "factory", max_attempts=2)
+    [first] = sent.named(DRIVER_TASK)
+    dispatch.drive(rt, job.id, first.args[1], first.args[2])
+    [execute_msg] = sent.named(EXECUTE_TASK)
+    out = execute.execute(rt, *execute_msg.args)
+    assert (out["status"], out["jobStatus"]) == ("failed", "queued")
+    generations = [t.args[2] for t in sent.named(DRIVER_TASK)]
+    assert generations == [0, 1], "the retry needs a second driver generation now, not after the redrive"
+    second = sent.named(DRIVER_TASK)[1]
+    assert dispatch.drive(rt, job.id, second.args[1], second.args[2])["fence"] == f"{job.id}:attempt:2"
+
+
+def test_a_stale_lease_requeue_is_redelivered_at_once_even_if_the_scanner_wins_the_race(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    job = enqueue(rt.queue, "factory", max_attempts=2)
+    key, generation = started(rt, sent, job.id)
+    assert rt.queue.lease(job.id, "dead-worker", 1).applied
+    wait_lease_past_deadline(rt.engine, rt.queue, job.id)
+    fast_scanner(rt, sent)
+    assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "stale_active_lease"}
+    assert [t.args[2] for t in sent.named(DRIVER_TASK)] == [generation + 1]

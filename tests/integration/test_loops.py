@@ -1,0 +1,280 @@
+"""The recovery loops: single-flight claims, queued-job redrive and lease expiry.
+
+Spec: "Four independent recovery loops" — the redrive is guarded by a minimum age and a cooldown,
+and its dispatch key ``<jobId>:redrive:<a>:<b>`` makes a pass idempotent for one observed queue
+state; lease expiry appends ``job.lease_expired`` (database clock) so the redrive path recovers.
+The loops run against a real Celery app on the Redis test database whose ``send_task`` records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from app import loops
+from app.db import deliveries, loop_runs
+from app.routing import DRIVER_QUEUE
+from tasks import loops as task_loops
+from tasks.dispatch import dispatch_jobs
+from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, Runtime
+
+from .runtime_support import (
+    Recorder,
+    RecordingCallbacks,
+    enqueue,
+    recording_runtime,
+    settings_for,
+    types_of,
+    wait_lease_past_deadline,
+)
+
+LONG_MS = 600_000
+
+
+# -- the single-flight claim -----------------------------------------------------------------------
+
+def test_claim_is_single_flight(engine: Engine) -> None:
+    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, stale_ms=LONG_MS) is True
+    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, stale_ms=LONG_MS) is False
+    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, stale_ms=LONG_MS) is False
+    loops.release(engine, "loop-a", "owner-1")
+    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, stale_ms=LONG_MS) is True
+
+
+def test_claim_respects_the_interval_after_release(engine: Engine) -> None:
+    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=LONG_MS, stale_ms=LONG_MS)
+    loops.release(engine, "loop-a", "owner-1")
+    # Released, but the previous pass started less than an interval ago: a duplicate tick.
+    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=LONG_MS, stale_ms=LONG_MS) is False
+    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, stale_ms=LONG_MS) is True
+
+
+def test_release_by_a_non_owner_does_not_free_the_claim(engine: Engine) -> None:
+    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, stale_ms=LONG_MS)
+    loops.release(engine, "loop-a", "intruder")
+    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, stale_ms=LONG_MS) is False
+
+
+def test_a_dead_holder_is_taken_over_once_stale(engine: Engine) -> None:
+    assert loops.claim(engine, "loop-a", "dead", min_interval_ms=0, stale_ms=LONG_MS)
+    assert loops.claim(engine, "loop-a", "alive", min_interval_ms=0, stale_ms=LONG_MS) is False
+    # Stale after 0 ms: any pass that never released is presumed dead.
+    assert loops.claim(engine, "loop-a", "alive", min_interval_ms=0, stale_ms=0) is True
+    with engine.connect() as conn:
+        assert conn.execute(select(loop_runs.c.owner).where(loop_runs.c.name == "loop-a")).scalar() == "alive"
+
+
+def test_loops_do_not_share_claims(engine: Engine) -> None:
+    assert loops.claim(engine, "loop-a", "o", min_interval_ms=0, stale_ms=LONG_MS)
+    assert loops.claim(engine, "loop-b", "o", min_interval_ms=0, stale_ms=LONG_MS)
+
+
+def _race_claims(engine: Engine, threads: int) -> list[bool]:
+    barrier = threading.Barrier(threads)
+    results: list[bool] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def racer(i: int) -> None:
+        try:
+            barrier.wait(10)
+            ok = loops.claim(engine, "loop-race", f"owner-{i}", min_interval_ms=LONG_MS, stale_ms=LONG_MS)
+            with lock:
+                results.append(ok)
+        except BaseException as exc:
+            errors.append(exc)
+
+    ts = [threading.Thread(target=racer, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert errors == []
+    assert len(results) == threads
+    return results
+
+
+def test_concurrent_claims_on_postgres_exactly_one_wins_on_a_new_row(pg_engine: Engine) -> None:
+    assert _race_claims(pg_engine, 8).count(True) == 1
+
+
+def test_concurrent_claims_on_postgres_exactly_one_wins_on_an_existing_row(pg_engine: Engine) -> None:
+    assert loops.claim(pg_engine, "loop-race", "seed", min_interval_ms=0, stale_ms=LONG_MS)
+    loops.release(pg_engine, "loop-race", "seed")
+    with pg_engine.begin() as conn:  # make the last pass old enough for the interval guard
+        conn.execute(loop_runs.update().values(started_at=loop_runs.c.started_at - _hours(1),
+                                               finished_at=loop_runs.c.finished_at - _hours(1)))
+    assert _race_claims(pg_engine, 8).count(True) == 1
+
+
+def _hours(n: int) -> Any:
+    from datetime import timedelta
+    return timedelta(hours=n)
+
+
+# -- the loops themselves ---------------------------------------------------------------------------
+
+@pytest.fixture
+def runtime(engine: Engine, redis_url: str) -> Iterator[tuple[Runtime, Recorder, RecordingCallbacks]]:
+    # Interval 0 => no spacing between passes, so each test controls exactly when a pass runs.
+    settings = settings_for(
+        redis_url,
+        RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="0",
+        RECEIPT_LEASE_EXPIRY_INTERVAL_MS="0",
+        RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS="0",
+        RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="0",
+    )
+    yield recording_runtime(engine, settings)
+
+
+def tune(rt: Runtime, **changes: int) -> None:
+    rt.settings = dataclasses.replace(rt.settings, **changes)
+
+
+def test_redrive_ignores_jobs_younger_than_the_minimum_age(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    enqueue(rt.queue, "factory")
+    sent.clear()
+    tune(rt, queued_redrive_min_age_ms=LONG_MS)
+    assert task_loops.redrive_queued(rt) == {"redriven": []}
+    assert sent.sent == []
+
+
+def test_redrive_sends_a_driver_under_the_redrive_key(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    job = enqueue(rt.queue, "factory")
+    sent.clear()
+    assert task_loops.redrive_queued(rt) == {"redriven": [job.id]}
+    key = f"{job.id}:redrive:{job.seq}:queued"
+    [driver] = sent.named(DRIVER_TASK)
+    assert driver.args == [job.id, key, 0]
+    assert driver.task_id == f"{key}:driver:0"
+    assert driver.queue == DRIVER_QUEUE
+    assert len(sent.sent) == 1
+
+
+def test_a_second_pass_over_the_same_state_sends_nothing(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    enqueue(rt.queue, "factory")
+    sent.clear()
+    task_loops.redrive_queued(rt)
+    assert len(sent.named(DRIVER_TASK)) == 1
+    # No cooldown at all: only the redrive key (one delivery per observed state) stops a repeat.
+    assert task_loops.redrive_queued(rt) == {"redriven": []}
+    assert len(sent.named(DRIVER_TASK)) == 1
+
+
+def test_a_new_queue_state_gets_a_new_redrive_key(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    job = enqueue(rt.queue, "factory")
+    task_loops.redrive_queued(rt)
+    rt.queue.command(job.id, "steer", payload={"text": "x"})  # the job's stream moves on
+    sent.clear()
+    task_loops.redrive_queued(rt)
+    [driver] = sent.named(DRIVER_TASK)
+    current = rt.queue.get(job.id)
+    assert driver.args[1] == f"{job.id}:redrive:{current.seq}:queued" != f"{job.id}:redrive:{job.seq}:queued"
+
+
+def test_redrive_respects_the_cooldown_after_any_delivery(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    job = enqueue(rt.queue, "factory")
+    dispatch_jobs(rt, [job.id])  # the enqueue wake-up's delivery, just now
+    sent.clear()
+    tune(rt, queued_redrive_cooldown_ms=LONG_MS)
+    assert task_loops.redrive_queued(rt) == {"redriven": []}
+    assert sent.sent == []
+    tune(rt, queued_redrive_cooldown_ms=0)
+    assert task_loops.redrive_queued(rt) == {"redriven": [job.id]}
+
+
+def test_redrive_skips_jobs_that_are_not_queued(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    job = enqueue(rt.queue, "factory")
+    assert rt.queue.lease(job.id, "w", LONG_MS).applied
+    sent.clear()
+    assert task_loops.redrive_queued(rt) == {"redriven": []}
+    assert sent.sent == []
+
+
+def test_a_loop_held_elsewhere_is_skipped(runtime: Any) -> None:
+    rt, sent, _ = runtime
+    enqueue(rt.queue, "factory")
+    sent.clear()
+    tune(rt, queued_redrive_interval_ms=LONG_MS)
+    assert loops.claim(rt.engine, task_loops.REDRIVE_LOOP, "other-beat", min_interval_ms=0, stale_ms=LONG_MS)
+    assert task_loops.redrive_queued(rt) == {"skipped": True}
+    assert sent.sent == []
+
+
+def test_two_redrive_passes_at_once_deliver_each_job_once_on_postgres(
+    pg_engine: Engine, redis_url: str,
+) -> None:
+    """Two beats by mistake: two passes race over the same state; each job gets one driver."""
+    settings = settings_for(redis_url, RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="60000",
+                            RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS="0",
+                            RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="0")
+    rt, sent, _ = recording_runtime(pg_engine, settings)
+    ids = {enqueue(rt.queue, "factory").id for _ in range(5)}
+    sent.clear()
+    barrier = threading.Barrier(2)
+    outcomes: list[dict[str, Any]] = []
+
+    def beat() -> None:
+        barrier.wait(10)
+        outcomes.append(task_loops.redrive_queued(rt))
+
+    ts = [threading.Thread(target=beat) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    assert len(outcomes) == 2
+    drivers = sent.named(DRIVER_TASK)
+    assert sorted(d.args[0] for d in drivers) == sorted(ids)
+    with pg_engine.connect() as conn:
+        assert conn.execute(select(deliveries.c.job_id)).scalars().all().__len__() == len(ids)
+
+
+def test_expire_leases_appends_lease_expired_and_wakes_dispatch(runtime: Any) -> None:
+    rt, sent, callbacks = runtime
+    dead = enqueue(rt.queue, "factory")
+    alive = enqueue(rt.queue, "factory")
+    assert rt.queue.lease(dead.id, "dead-worker", 1).applied
+    assert rt.queue.lease(alive.id, "live-worker", LONG_MS).applied
+    wait_lease_past_deadline(rt.engine, rt.queue, dead.id)
+    sent.clear()
+    assert task_loops.expire_leases(rt) == {"expired": [dead.id]}
+    assert types_of(rt.engine, dead.id)[-1] == "job.lease_expired"
+    assert "job.lease_expired" not in types_of(rt.engine, alive.id)
+    requeued = rt.queue.get(dead.id)
+    assert requeued is not None and (requeued.status, requeued.attempt) == ("queued", 1)
+    # The requeued job goes back through the one delivery path: a dispatch wake-up naming it.
+    [wake] = sent.named(DISPATCH_TASK)
+    assert wake.args == [[dead.id]]
+    assert wake.queue == DRIVER_QUEUE
+    assert callbacks.posted == []
+    # Idempotent: a second pass finds nothing to expire.
+    sent.clear()
+    assert task_loops.expire_leases(rt) == {"expired": []}
+    assert sent.sent == []
+
+
+def test_expiring_the_last_attempt_fails_the_job_and_posts_the_callback(runtime: Any) -> None:
+    rt, sent, callbacks = runtime
+    job = enqueue(rt.queue, "factory", max_attempts=1)
+    assert rt.queue.lease(job.id, "dead-worker", 1).applied
+    wait_lease_past_deadline(rt.engine, rt.queue, job.id)
+    sent.clear()
+    assert task_loops.expire_leases(rt) == {"expired": [job.id]}
+    failed = rt.queue.get(job.id)
+    assert failed is not None and failed.status == "failed"
+    assert failed.result == {"status": "lease_lost"}
+    assert callbacks.events() == ["failed"]
+    assert sent.named(DISPATCH_TASK) == []

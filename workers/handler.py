@@ -1,0 +1,78 @@
+"""The handler API: what a running handler is given, and how it reports failure.
+
+A handler is ``Callable[[JobContext], Any]``: it returns the job's result (JSON) or raises
+``HandlerError``. It receives its payload, a progress reporter, the pending queue commands
+(consuming one writes ``queue.command.consumed``) and a cancellation signal set by ``abort``,
+by losing the lease, or by the execution timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from app.config import Settings
+from app.queue import Queue
+from app.reducer import Command, Job
+
+
+class HandlerError(Exception):
+    """A handler's failure. ``retryable`` decides between requeue and ``failed``."""
+
+    def __init__(self, message: str, *, retryable: bool = True, status: str = "failed",
+                 result: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.status = status
+        self.result = dict(result) if result is not None else None
+
+
+class JobContext:
+    """Everything a handler may use while it runs one attempt of one job."""
+
+    def __init__(self, queue: Queue, job: Job, worker_id: str, attempt: int, settings: Settings,
+                 execution_timeout_ms: int) -> None:
+        self._queue = queue
+        self.job = job
+        self.worker_id = worker_id
+        self.attempt = attempt
+        self.settings = settings
+        self.execution_timeout_ms = execution_timeout_ms
+        self.cancelled = threading.Event()
+        self.cancel_reason: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def payload(self) -> Mapping[str, Any]:
+        return self.job.payload
+
+    def progress(self, value: Any) -> bool:
+        """Append ``job.progress``; False if this attempt no longer holds the lease."""
+        return self._queue.progress(self.job.id, self.worker_id, self.attempt, value).applied
+
+    def commands(self) -> list[Command]:
+        """Pending ``steer`` / ``follow_up`` commands, oldest first (``abort`` arrives as cancellation)."""
+        job = self._queue.get(self.job.id)
+        if job is None:
+            return []
+        return [c for c in job.pending_commands if c.type != "abort"]
+
+    def consume(self, command: Command) -> None:
+        """Mark a command handled (``queue.command.consumed``)."""
+        self._queue.consume_command(self.job.id, command.id)
+
+    def cancel(self, reason: str) -> None:
+        """Signal the handler to stop; the first reason wins."""
+        with self._lock:
+            if self.cancel_reason is None:
+                self.cancel_reason = reason
+        self.cancelled.set()
+
+    def wait_cancelled(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds, waking at once on cancellation."""
+        return self.cancelled.wait(timeout)
+
+
+Handler = Callable[[JobContext], Any]

@@ -1,0 +1,198 @@
+"""One attempt of one job, as the worker runs it (spec: "Worker executes and settles").
+
+Lease if ``queued`` (redelivered work takes a start-fence heartbeat instead; a mismatch ends
+the attempt ``lease_lost``), check ``abortRequested``, run the handler racing the heartbeat loop
+and the execution timeout, re-read the job, then complete / fail / cancel it under the attempt
+fence. Every write passes the fence (worker id + attempt), so a duplicate or superseded delivery
+is inert. Celery only calls ``run_attempt``; nothing here knows about it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app.config import Settings
+from app.errors import no_handler_message
+from app.queue import Outcome, Queue, retry_transient
+from app.reducer import Job
+from app.timing import JobTiming, timing_for
+from workers.handler import HandlerError, JobContext
+from workers.registry import HandlerRegistry
+
+log = logging.getLogger("receipt.worker")
+
+ABORT_POLL_S = 1.0  # how often a running attempt looks for an abort between heartbeats
+CANCEL_GRACE_S = 5.0  # how long a cancelled handler gets to stop before the attempt settles anyway
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What an attempt ended as: ``completed`` or one of the spec's failure statuses."""
+
+    status: str
+    job: Job | None
+    error: str | None = None
+
+    @property
+    def settled_job(self) -> Job | None:
+        return self.job
+
+
+def new_worker_id(settings: Settings) -> str:
+    """A lease holder id unique to one execution, so a duplicate delivery can never pass the fence."""
+    base = settings.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    return f"{base}:{uuid.uuid4().hex[:8]}"
+
+
+class _HandlerThread(threading.Thread):
+    def __init__(self, handler: Callable[[JobContext], Any], ctx: JobContext) -> None:
+        super().__init__(name=f"handler-{ctx.job.id}", daemon=True)
+        self._handler = handler
+        self._ctx = ctx
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._handler(self._ctx)
+        except BaseException as exc:  # the attempt settles it; a thread must not die silently
+            self.error = exc
+
+
+def run_attempt(queue: Queue, settings: Settings, registry: HandlerRegistry, job_id: str, attempt: int,
+                *, worker_id: str | None = None) -> AttemptResult:
+    worker_id = worker_id or new_worker_id(settings)
+    job = retry_transient(lambda: queue.get(job_id))
+    if job is None:
+        return AttemptResult("stale_attempt", None, f"no job {job_id}")
+    if job.terminal:
+        return AttemptResult("terminal_state", job)
+    timing = timing_for(job.agent_id, job.kind, job.payload, settings)
+
+    if job.status == "queued":
+        if job.attempt + 1 != attempt:
+            return AttemptResult("stale_attempt", job, f"fence is for attempt {attempt}, job is at {job.attempt}")
+        out: Outcome = retry_transient(lambda: queue.lease(job_id, worker_id, timing.lease_ms))
+        if not out.applied or out.job.attempt != attempt:
+            return AttemptResult("lease_lost", out.job)
+        job = out.job
+    # The start-fence heartbeat: promotes leased → running for our lease; for redelivered work it
+    # is the check that the lease is ours, and a mismatch ends the attempt as lease_lost.
+    out = retry_transient(lambda: queue.heartbeat(job_id, worker_id, attempt, timing.lease_ms))
+    if not out.applied:
+        return AttemptResult("lease_lost", out.job)
+    job = out.job
+
+    if job.abort_requested:
+        return _settle_canceled(queue, job, worker_id, attempt, _abort_reason(job))
+
+    handler = registry.get(job.agent_id)
+    if handler is None:
+        message = no_handler_message(job.agent_id)
+        return _settle_failed(queue, job, worker_id, attempt, message, retryable=False, status="failed")
+
+    ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms)
+    thread = _HandlerThread(handler, ctx)
+    thread.start()
+    stop = _race(queue, ctx, thread, timing, worker_id, attempt)
+    if stop == "lease_lost":
+        return AttemptResult("lease_lost", queue.get(job_id), "lease lost while running")
+    if stop is not None:
+        thread.join(CANCEL_GRACE_S)
+
+    current = retry_transient(lambda: queue.get(job_id))
+    if current is None or not current.holds_lease(worker_id, attempt):
+        return AttemptResult("settlement_conflict", current, "lease no longer held at settlement")
+    if stop == "execution_timeout":
+        return _settle_failed(queue, current, worker_id, attempt,
+                              f"execution timed out after {timing.execution_timeout_ms} ms",
+                              retryable=True, status="execution_timeout")
+    if stop == "abort" or current.abort_requested:
+        return _settle_canceled(queue, current, worker_id, attempt, _abort_reason(current))
+    if thread.is_alive():
+        return AttemptResult("execution_timeout", current, "handler did not return")
+    if isinstance(thread.error, HandlerError):
+        err = thread.error
+        return _settle_failed(queue, current, worker_id, attempt, err.message, retryable=err.retryable,
+                              status=err.status, result=err.result)
+    if thread.error is not None:
+        log.error("handler for %s raised", job_id, exc_info=thread.error)
+        return _settle_failed(queue, current, worker_id, attempt, f"{type(thread.error).__name__}: {thread.error}",
+                              retryable=True, status="failed")
+    done = retry_transient(lambda: queue.complete(job_id, worker_id, attempt, thread.result))
+    if not done.applied:
+        return AttemptResult("settlement_conflict", done.job, "completion was not applied")
+    return AttemptResult("completed", done.job)
+
+
+def _race(queue: Queue, ctx: JobContext, thread: _HandlerThread, timing: JobTiming, worker_id: str,
+          attempt: int) -> str | None:
+    """Wait for the handler while heartbeating, watching for abort and the execution timeout.
+
+    Returns None when the handler finished on its own, else why it was stopped.
+    """
+    started = time.monotonic()
+    next_beat = started + timing.heartbeat_interval_ms / 1000
+    deadline = started + timing.execution_timeout_ms / 1000
+    while True:
+        now = time.monotonic()
+        thread.join(max(0.0, min(ABORT_POLL_S, next_beat - now, deadline - now)))
+        if not thread.is_alive():
+            return None
+        now = time.monotonic()
+        if now >= deadline:
+            ctx.cancel("execution_timeout")
+            return "execution_timeout"
+        job: Job | None
+        if now >= next_beat:
+            next_beat = now + timing.heartbeat_interval_ms / 1000
+            try:
+                beat = queue.heartbeat(ctx.job.id, worker_id, attempt, timing.lease_ms)
+            except Exception as exc:  # a missed beat is survivable: the lease has two more chances
+                log.warning("heartbeat for %s failed: %s", ctx.job.id, exc)
+                continue
+            if not beat.applied:
+                ctx.cancel("lease_lost")
+                return "lease_lost"
+            job = beat.job
+        else:
+            try:
+                job = queue.get(ctx.job.id)
+            except Exception as exc:
+                log.warning("abort poll for %s failed: %s", ctx.job.id, exc)
+                continue
+        if job is not None and job.abort_requested:
+            ctx.cancel(_abort_reason(job) or "abort")
+            return "abort"
+
+
+def _abort_reason(job: Job) -> str | None:
+    for c in reversed(job.commands):
+        if c.type == "abort":
+            return c.reason or "abort requested"
+    return None
+
+
+def _settle_failed(queue: Queue, job: Job, worker_id: str, attempt: int, error: str, *, retryable: bool,
+                   status: str, result: Any = None) -> AttemptResult:
+    out = retry_transient(lambda: queue.fail(job.id, worker_id, attempt, error, retryable=retryable,
+                                             status=status, result=result))
+    if not out.applied:
+        return AttemptResult("settlement_conflict", out.job, error)
+    # Spec: the worker's return value carries the status whether or not the receipt does.
+    return AttemptResult(status, out.job, error)
+
+
+def _settle_canceled(queue: Queue, job: Job, worker_id: str, attempt: int, reason: str | None) -> AttemptResult:
+    out = retry_transient(lambda: queue.settle_canceled(job.id, worker_id, attempt, reason))
+    if not out.applied:
+        return AttemptResult("settlement_conflict", out.job, reason)
+    return AttemptResult("canceled", out.job, reason)
