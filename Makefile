@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install bench
+.PHONY: run test lint install bench docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,3 +28,7 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/append_bench.py
+
+## Regenerate the README's configuration table from app/config.py.
+docs: $(STAMP)
+	$(BIN)/python -c "from app.config import settings_markdown_table as t; import re, pathlib; p = pathlib.Path('README.md'); s = p.read_text(); a, rest = s.split('<!-- config-table:start -->\n', 1); _, b = rest.split('<!-- config-table:end -->', 1); p.write_text(a + '<!-- config-table:start -->\n' + t() + '\n<!-- config-table:end -->' + b)"

@@ -98,6 +98,8 @@ SETTINGS: tuple[Setting, ...] = (
     # -- handlers
     Setting("RECEIPT_CODEX_COMMANDS", "codex_commands", "disabled",
             "`enabled` lets the codex handler run `factory.task.run` commands (argv, never a shell)."),
+    Setting("RECEIPT_CELERY_EVENTS", "celery_events", "disabled",
+            "`enabled` makes workers send task events from start (Flower turns them on by itself while it runs)."),
     Setting("RECEIPT_HANDLER_MODULES", "handler_modules", "",
             "Comma-separated modules, each with `register(registry)`, adding agent handlers to every worker."),
     Setting("RECEIPT_CODEX_OUTPUT_TAIL_BYTES", "codex_output_tail_bytes", "4096",
@@ -139,6 +141,7 @@ class Settings:
     event_callback_url: str | None = None
     callback_token: str | None = None
     codex_commands: str = "disabled"
+    celery_events: str = "disabled"
     handler_modules: str = ""
     codex_output_tail_bytes: int = 4096
 
@@ -179,6 +182,10 @@ class Settings:
     @property
     def auth_disabled(self) -> bool:
         return self.auth.strip().lower() == "disabled"
+
+    @property
+    def celery_events_enabled(self) -> bool:
+        return self.celery_events.strip().lower() == "enabled"
 
     @property
     def codex_commands_enabled(self) -> bool:

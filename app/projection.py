@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.engine import Connection
 
 from app.db import as_utc, jobs, parse_iso
@@ -36,6 +36,11 @@ def load(conn: Connection, job_id: str, *, for_update: bool = False) -> Loaded |
     if row is None:
         return None
     return Loaded(Job.from_json(row.state), row.last_hash, as_utc(row.status_changed_at))
+
+
+# Built once (hot path): an optimistic update of one job's row at the seq it was read at.
+_INSERT = jobs.insert()
+_UPDATE = update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.last_seq == bindparam("b_seq"))
 
 
 def _columns(job: Job, last_hash: str, status_changed_at: datetime) -> dict[str, Any]:
@@ -70,14 +75,11 @@ def save(conn: Connection, job: Job, *, previous: Loaded | None, last: StoredRec
     assert at is not None
     if previous is None:
         changed_at = at
-        conn.execute(jobs.insert().values(id=job.id, **_columns(job, last.hash, changed_at)))
+        conn.execute(_INSERT, {"id": job.id, **_columns(job, last.hash, changed_at)})
     else:
         changed_at = at if previous.job.status != job.status else previous.status_changed_at
-        result = conn.execute(
-            update(jobs)
-            .where(jobs.c.id == job.id, jobs.c.last_seq == previous.job.seq)
-            .values(**_columns(job, last.hash, changed_at))
-        )
+        result = conn.execute(_UPDATE, {"b_id": job.id, "b_seq": previous.job.seq,
+                                        **_columns(job, last.hash, changed_at)})
         if result.rowcount != 1:
             raise AppendConflict(f"jobs/{job.id}: projection moved past seq {previous.job.seq}")
     return Loaded(job, last.hash, changed_at)

@@ -282,14 +282,21 @@ class Queue:
         return active
 
     # -- the worker's operations (fenced by worker id + attempt) --------------------------------
-    def lease(self, job_id: str, worker_id: str, lease_ms: int) -> Outcome:
-        """Take the lease of a queued job; ``applied`` is False if it was not queued."""
+    def lease(self, job_id: str, worker_id: str, lease_ms: int, *, start: bool = False) -> Outcome:
+        """Take the lease of a queued job; ``applied`` is False if it was not queued.
+
+        ``start=True`` also appends the worker's first heartbeat in the same transaction, so the
+        job goes queued → leased → running in one commit (two receipts, one round of I/O).
+        """
         def decide(job: Job, now: datetime) -> list[Event]:
             if job.status != "queued":
                 return []
-            return [("job.leased", {
-                "workerId": worker_id, "attempt": job.attempt + 1, "expiresAt": _deadline(now, lease_ms),
-            })]
+            attempt = job.attempt + 1
+            fence = {"workerId": worker_id, "attempt": attempt, "expiresAt": _deadline(now, lease_ms)}
+            events: list[Event] = [("job.leased", fence)]
+            if start:
+                events.append(("job.heartbeat", dict(fence)))
+            return events
         return self._mutate(job_id, decide)
 
     def heartbeat(self, job_id: str, worker_id: str, attempt: int, lease_ms: int) -> Outcome:
@@ -328,6 +335,33 @@ class Queue:
                 return [("job.failed", body)] if job.status == "queued" else []
             return self._mutate(job_id, decide)
         return self._fenced(job_id, worker_id, attempt, "job.failed", body)
+
+    def settle_attempt(
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        *,
+        result: Any = None,
+        error: Any = None,
+        retryable: bool = True,
+        status: str | None = None,
+    ) -> Outcome:
+        """The worker's settlement: re-read under the attempt fence, then in one transaction
+        cancel (an abort arrived), complete (``status`` None) or fail with ``status``."""
+        def decide(job: Job, now: datetime) -> list[Event]:
+            if not job.holds_lease(worker_id, attempt):
+                return []
+            fence: dict[str, Any] = {"workerId": worker_id, "attempt": attempt}
+            if job.abort_requested:
+                return [("job.canceled", {**fence, "reason": job.abort_reason})]
+            if status is None:
+                return [("job.completed", {**fence, "result": result})]
+            body: dict[str, Any] = {**fence, "error": error, "retryable": retryable, "status": status}
+            if result is not None:
+                body["result"] = result
+            return [("job.failed", body)]
+        return self._mutate(job_id, decide)
 
     def settle_canceled(self, job_id: str, worker_id: str, attempt: int, reason: str | None) -> Outcome:
         """The lease holder stops work in flight after an abort."""

@@ -95,6 +95,14 @@ class Job:
     def pending_commands(self) -> tuple[Command, ...]:
         return tuple(c for c in self.commands if not c.consumed)
 
+    @property
+    def abort_reason(self) -> str | None:
+        """The reason of the latest abort command, if one was sent."""
+        for c in reversed(self.commands):
+            if c.type == "abort":
+                return c.reason or "abort requested"
+        return None
+
     def holds_lease(self, worker_id: Any, attempt: Any) -> bool:
         """True when (worker_id, attempt) is the active lease: the fence every worker event passes."""
         return (

@@ -24,17 +24,23 @@ log = logging.getLogger("receipt.dispatch")
 
 
 def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
-    """One scanner pass over the given jobs: start a driver for each (base dispatch key = job id)."""
+    """One scanner pass over the given jobs: start a driver for each (base dispatch key = job id).
+
+    The scan runs on ``receipt-driver`` in the driver role, so the driver it starts runs right
+    here (``inline``) instead of costing another broker hop back to the same queue.
+    """
     started = []
     for job_id in job_ids:
-        decision = start_driver(rt, job_id, job_id)
+        decision = start_driver(rt, job_id, job_id, inline=True)
         if decision is not None and decision.created:
             started.append(job_id)
     return {"started": started}
 
 
-def start_driver(rt: Runtime, job_id: str, dispatch_key: str) -> delivery.StartDecision | None:
-    """The driver starter: record a delivery (or learn one is active), then send the driver task."""
+def start_driver(rt: Runtime, job_id: str, dispatch_key: str, *,
+                 inline: bool = False) -> delivery.StartDecision | None:
+    """The driver starter: record a delivery (or learn one is active), then begin the driver —
+    by sending the driver task, or, when the caller already runs in the driver role, in-process."""
     job = rt.queue.get(job_id)
     if job is None or job.status != "queued":
         return None
@@ -49,6 +55,9 @@ def start_driver(rt: Runtime, job_id: str, dispatch_key: str) -> delivery.StartD
             rt.callbacks.post("failed", out.job)
         return None
     if not decision.created:
+        return decision
+    if inline:
+        drive(rt, job_id, dispatch_key, decision.generation)
         return decision
     try:
         rt.app.send_task(DRIVER_TASK, args=[job_id, dispatch_key, decision.generation],
@@ -87,15 +96,21 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
         settle_delivery(rt, dispatch_key, generation, "active_lease")
         return {"outcome": "active_lease"}
     if job.abort_requested:
-        reason = next((c.reason for c in reversed(job.commands) if c.type == "abort"), None)
-        out = retry_transient(lambda: rt.queue.cancel_queued(job_id, reason))
+        out = retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
         settle_delivery(rt, dispatch_key, generation, "canceled")
         if out.applied:
             rt.callbacks.post("canceled", out.job)
         return {"outcome": "canceled"}
     fence = delivery.attempt_fence(job_id, job.attempt + 1)
     queue_name = route(job.agent_id, job.kind).queue
-    rt.app.send_task(EXECUTE_TASK, args=[job_id, fence, dispatch_key, generation], task_id=fence, queue=queue_name)
+    try:
+        rt.app.send_task(EXECUTE_TASK, args=[job_id, fence, dispatch_key, generation], task_id=fence,
+                         queue=queue_name)
+    except Exception:
+        # The worker message never left: end this delivery so the next pass may start another.
+        log.exception("could not send the worker task for %s", job_id)
+        settle_delivery(rt, dispatch_key, generation, "send_failed")
+        raise
     rt.callbacks.post("dispatched", job)
     return {"outcome": "dispatched", "fence": fence, "queue": queue_name}
 

@@ -80,24 +80,23 @@ def run_attempt(queue: Queue, settings: Settings, registry: HandlerRegistry, job
     if job.status == "queued":
         if job.attempt + 1 != attempt:
             return AttemptResult("stale_attempt", job, f"fence is for attempt {attempt}, job is at {job.attempt}")
-        out: Outcome = retry_transient(lambda: queue.lease(job_id, worker_id, timing.lease_ms))
+        # Lease and first heartbeat in one commit: queued → leased → running.
+        out: Outcome = retry_transient(lambda: queue.lease(job_id, worker_id, timing.lease_ms, start=True))
         if not out.applied or out.job.attempt != attempt:
             return AttemptResult("lease_lost", out.job)
-        job = out.job
-    # The start-fence heartbeat: promotes leased → running for our lease; for redelivered work it
-    # is the check that the lease is ours, and a mismatch ends the attempt as lease_lost.
-    out = retry_transient(lambda: queue.heartbeat(job_id, worker_id, attempt, timing.lease_ms))
-    if not out.applied:
-        return AttemptResult("lease_lost", out.job)
+    else:
+        # Redelivered rather than leased here: the start-fence heartbeat checks the lease is ours,
+        # and a mismatch ends the attempt as lease_lost.
+        out = retry_transient(lambda: queue.heartbeat(job_id, worker_id, attempt, timing.lease_ms))
+        if not out.applied:
+            return AttemptResult("lease_lost", out.job)
     job = out.job
 
-    if job.abort_requested:
-        return _settle_canceled(queue, job, worker_id, attempt, _abort_reason(job))
-
     handler = registry.get(job.agent_id)
-    if handler is None:
-        message = no_handler_message(job.agent_id)
-        return _settle_failed(queue, job, worker_id, attempt, message, retryable=False, status="failed")
+    if job.abort_requested or handler is None:
+        # settle() cancels when an abort is pending, so a job aborted before it ran never runs.
+        return _settle(queue, job_id, worker_id, attempt, error=no_handler_message(job.agent_id),
+                       retryable=False, status="failed")
 
     ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms)
     thread = _HandlerThread(handler, ctx)
@@ -107,30 +106,20 @@ def run_attempt(queue: Queue, settings: Settings, registry: HandlerRegistry, job
         return AttemptResult("lease_lost", queue.get(job_id), "lease lost while running")
     if stop is not None:
         thread.join(CANCEL_GRACE_S)
-
-    current = retry_transient(lambda: queue.get(job_id))
-    if current is None or not current.holds_lease(worker_id, attempt):
-        return AttemptResult("settlement_conflict", current, "lease no longer held at settlement")
+    # Every settlement below re-reads the job under the attempt fence inside its transaction and
+    # cancels instead when an abort arrived meanwhile.
     if stop == "execution_timeout":
-        return _settle_failed(queue, current, worker_id, attempt,
-                              f"execution timed out after {timing.execution_timeout_ms} ms",
-                              retryable=True, status="execution_timeout")
-    if stop == "abort" or current.abort_requested:
-        return _settle_canceled(queue, current, worker_id, attempt, _abort_reason(current))
-    if thread.is_alive():
-        return AttemptResult("execution_timeout", current, "handler did not return")
+        return _settle(queue, job_id, worker_id, attempt, retryable=True, status="execution_timeout",
+                       error=f"execution timed out after {timing.execution_timeout_ms} ms")
     if isinstance(thread.error, HandlerError):
         err = thread.error
-        return _settle_failed(queue, current, worker_id, attempt, err.message, retryable=err.retryable,
-                              status=err.status, result=err.result)
+        return _settle(queue, job_id, worker_id, attempt, error=err.message, retryable=err.retryable,
+                       status=err.status, result=err.result)
     if thread.error is not None:
         log.error("handler for %s raised", job_id, exc_info=thread.error)
-        return _settle_failed(queue, current, worker_id, attempt, f"{type(thread.error).__name__}: {thread.error}",
-                              retryable=True, status="failed")
-    done = retry_transient(lambda: queue.complete(job_id, worker_id, attempt, thread.result))
-    if not done.applied:
-        return AttemptResult("settlement_conflict", done.job, "completion was not applied")
-    return AttemptResult("completed", done.job)
+        return _settle(queue, job_id, worker_id, attempt, error=f"{type(thread.error).__name__}: {thread.error}",
+                       retryable=True, status="failed")
+    return _settle(queue, job_id, worker_id, attempt, result=thread.result)
 
 
 def _race(queue: Queue, ctx: JobContext, thread: _HandlerThread, timing: JobTiming, worker_id: str,
@@ -170,29 +159,20 @@ def _race(queue: Queue, ctx: JobContext, thread: _HandlerThread, timing: JobTimi
                 log.warning("abort poll for %s failed: %s", ctx.job.id, exc)
                 continue
         if job is not None and job.abort_requested:
-            ctx.cancel(_abort_reason(job) or "abort")
+            ctx.cancel(job.abort_reason or "abort")
             return "abort"
 
 
-def _abort_reason(job: Job) -> str | None:
-    for c in reversed(job.commands):
-        if c.type == "abort":
-            return c.reason or "abort requested"
-    return None
-
-
-def _settle_failed(queue: Queue, job: Job, worker_id: str, attempt: int, error: str, *, retryable: bool,
-                   status: str, result: Any = None) -> AttemptResult:
-    out = retry_transient(lambda: queue.fail(job.id, worker_id, attempt, error, retryable=retryable,
-                                             status=status, result=result))
+def _settle(queue: Queue, job_id: str, worker_id: str, attempt: int, *, result: Any = None,
+            error: str | None = None, retryable: bool = True, status: str | None = None) -> AttemptResult:
+    """Settle under the fence; the attempt's status follows what the receipt actually did."""
+    out = retry_transient(lambda: queue.settle_attempt(job_id, worker_id, attempt, result=result, error=error,
+                                                       retryable=retryable, status=status))
     if not out.applied:
-        return AttemptResult("settlement_conflict", out.job, error)
-    # Spec: the worker's return value carries the status whether or not the receipt does.
+        return AttemptResult("settlement_conflict", out.job, "lease no longer held at settlement")
+    if out.job.status == "canceled":
+        return AttemptResult("canceled", out.job, out.job.abort_reason)
+    if status is None:
+        return AttemptResult("completed", out.job)
+    # Spec: the worker's return value carries the failure status whether or not the receipt does.
     return AttemptResult(status, out.job, error)
-
-
-def _settle_canceled(queue: Queue, job: Job, worker_id: str, attempt: int, reason: str | None) -> AttemptResult:
-    out = retry_transient(lambda: queue.settle_canceled(job.id, worker_id, attempt, reason))
-    if not out.applied:
-        return AttemptResult("settlement_conflict", out.job, reason)
-    return AttemptResult("canceled", out.job, reason)

@@ -80,7 +80,10 @@ def test_scanner_pass_starts_one_driver_per_job_and_a_second_pass_sends_nothing(
     a, b = enqueue(rt.queue, "factory"), enqueue(rt.queue, "factory")
     sent.clear()
     assert dispatch.dispatch_jobs(rt, [a.id, b.id]) == {"started": [a.id, b.id]}
-    assert sorted(t.args[0] for t in sent.named(DRIVER_TASK)) == sorted([a.id, b.id])
+    # The scan runs in the driver role, so it drives in-process: no driver hop, straight to the
+    # worker message under each job's first attempt fence.
+    assert sent.named(DRIVER_TASK) == []
+    assert sorted(t.task_id for t in sent.named(EXECUTE_TASK)) == sorted([f"{a.id}:attempt:1", f"{b.id}:attempt:1"])
     sent.clear()
     # Both deliveries still pending: created False, reason active_delivery, nothing sent.
     assert dispatch.dispatch_jobs(rt, [a.id, b.id]) == {"started": []}
@@ -343,15 +346,12 @@ def test_a_retryable_failure_is_redelivered_at_once_even_if_the_scanner_wins_the
     rt.registry = registry_of({"factory": flaky})
     fast_scanner(rt, sent)
     job = enqueue(rt.queue, "factory", max_attempts=2)
-    [first] = sent.named(DRIVER_TASK)
-    dispatch.drive(rt, job.id, first.args[1], first.args[2])
     [execute_msg] = sent.named(EXECUTE_TASK)
     out = execute.execute(rt, *execute_msg.args)
     assert (out["status"], out["jobStatus"]) == ("failed", "queued")
-    generations = [t.args[2] for t in sent.named(DRIVER_TASK)]
-    assert generations == [0, 1], "the retry needs a second driver generation now, not after the redrive"
-    second = sent.named(DRIVER_TASK)[1]
-    assert dispatch.drive(rt, job.id, second.args[1], second.args[2])["fence"] == f"{job.id}:attempt:2"
+    attempts = [(t.task_id, t.args[3]) for t in sent.named(EXECUTE_TASK)]
+    assert attempts == [(f"{job.id}:attempt:1", 0), (f"{job.id}:attempt:2", 1)], \
+        "the retry needs a second delivery generation now, not after the redrive"
 
 
 def test_a_stale_lease_requeue_is_redelivered_at_once_even_if_the_scanner_wins_the_race(runtime: Any) -> None:
@@ -362,4 +362,4 @@ def test_a_stale_lease_requeue_is_redelivered_at_once_even_if_the_scanner_wins_t
     wait_lease_past_deadline(rt.engine, rt.queue, job.id)
     fast_scanner(rt, sent)
     assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "stale_active_lease"}
-    assert [t.args[2] for t in sent.named(DRIVER_TASK)] == [generation + 1]
+    assert [(t.task_id, t.args[3]) for t in sent.named(EXECUTE_TASK)] == [(f"{job.id}:attempt:2", generation + 1)]

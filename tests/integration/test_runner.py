@@ -336,16 +336,16 @@ def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 def _failing_complete(queue: Queue, errors: list[BaseException]) -> list[int]:
-    real = queue.complete
+    real = queue.settle_attempt
     calls: list[int] = []
 
-    def complete(*args: Any, **kwargs: Any) -> Any:
+    def settle_attempt(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         if errors:
             raise errors.pop(0)
         return real(*args, **kwargs)
 
-    queue.complete = complete  # type: ignore[method-assign]
+    queue.settle_attempt = settle_attempt  # type: ignore[method-assign]
     return calls
 
 
