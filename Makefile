@@ -26,8 +26,11 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
+## Print every benchmark's figures (needs PostgreSQL and Redis on 127.0.0.1; a few minutes).
 bench: $(STAMP)
 	$(BIN)/python bench/append_bench.py
+	$(BIN)/python bench/http_enqueue_bench.py
+	$(BIN)/python -m bench.runtime_bench
 
 ## Regenerate the README's configuration table from app/config.py.
 docs: $(STAMP)

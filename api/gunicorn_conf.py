@@ -41,3 +41,9 @@ def post_fork(server: Any, worker: Any) -> None:
     from psycogreen.gevent import patch_psycopg
 
     patch_psycopg()
+
+
+# gunicorn >= 25.1 opens a control socket at one fixed per-user path ($HOME/.gunicorn/gunicorn.ctl),
+# so two web processes on one machine (receipt up beside tests, or two apps) would share it. The
+# platform (PaaS or `receipt up`) manages the process; the runtime control socket is not needed.
+control_socket_disable = True

@@ -324,8 +324,8 @@ def latencies_ms(engine: Any, prefix: str) -> list[float]:
 
 
 SEGMENTS = ("enqueued -> delivery recorded (wake hop, dispatch scan)",
-            "delivery recorded -> job.leased (driver hop, drive, worker hop, lease)",
-            "job.leased -> job.heartbeat (start fence)",
+            "delivery recorded -> job.leased (drive, worker hop, lease)",
+            "job.leased -> job.heartbeat (start fence, same commit)",
             "job.heartbeat -> job.completed (handler, re-read, settle)")
 
 
@@ -532,7 +532,7 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
     from tasks import dispatch, execute
     from tasks.callbacks import Callbacks
     from tasks.celery_app import make_celery
-    from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime, send_wake
+    from tasks.runtime import EXECUTE_TASK, Runtime, send_wake
     from workers.registry import HandlerRegistry
 
     sent: list[tuple[str, list[Any]]] = []
@@ -557,9 +557,9 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
             handlers.register(registry)
             queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
             rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
-            names = ("api: enqueue (+ wake message)", "driver: dispatch scan -> start_driver",
-                     "driver: drive -> worker message",
-                     "worker: execute (lease, start fence, run, complete, settle delivery)")
+            names = ("api: enqueue (+ wake message)",
+                     "driver: dispatch scan -> start_driver -> drive -> worker message",
+                     "worker: execute (lease+start, run, settle, settle delivery)")
             deltas: dict[str, dict[str, int]] = {}
             cpu: dict[str, list[float]] = {n: [] for n in names}
 
@@ -578,10 +578,9 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
                 sent.clear()
                 step(names[0], lambda req=req: queue.enqueue(req))
                 step(names[1], lambda j=job_id: dispatch.dispatch_jobs(rt, [j]))
-                _, key, generation = next(a for n, a in sent if n == DRIVER_TASK)
-                step(names[2], lambda j=job_id, k=key, g=generation: dispatch.drive(rt, j, k, g))
-                fence = next(a for n, a in sent if n == EXECUTE_TASK)[1]
-                step(names[3], lambda j=job_id, f=fence, k=key, g=generation: execute.execute(rt, j, f, k, g))
+                # The wake-up's scan drives in-process: the worker message is its only send.
+                _, fence, key, generation = next(a for n, a in sent if n == EXECUTE_TASK)
+                step(names[2], lambda j=job_id, f=fence, k=key, g=generation: execute.execute(rt, j, f, k, g))
             return [(n, {**deltas[n], "cpu_ms": statistics.median(cpu[n])}) for n in names]
         finally:
             engine.dispose()

@@ -12,6 +12,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -85,13 +86,22 @@ def pg_template(pg_admin: Engine) -> Iterator[str]:
     _autocommit(pg_admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+@contextmanager
+def cloned_database(admin: Engine, template: str, prefix: str) -> Iterator[str]:
+    """A fresh database cloned from the migrated template; dropped (forcibly) on exit."""
+    name = f"{prefix}_{_worker_suffix()}_{uuid.uuid4().hex[:10]}"
+    _autocommit(admin, f"CREATE DATABASE {name} TEMPLATE {template}")
+    try:
+        yield pg_url_for(name)
+    finally:
+        _autocommit(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture
 def pg_database_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
     """URL of a fresh, migrated PostgreSQL database for this test alone."""
-    name = f"receipt_t_{_worker_suffix()}_{uuid.uuid4().hex[:10]}"
-    _autocommit(pg_admin, f"CREATE DATABASE {name} TEMPLATE {pg_template}")
-    yield pg_url_for(name)
-    _autocommit(pg_admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with cloned_database(pg_admin, pg_template, "receipt_t") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

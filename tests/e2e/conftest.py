@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,7 @@ from app.queue import Queue
 from app.reducer import Job
 from app.store import StoredReceipt
 from app.vocab import TERMINAL_STATUSES, job_stream
-from tests.conftest import _autocommit, _unavailable, _worker_suffix, pg_url_for
+from tests.conftest import _unavailable, cloned_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _VENV_PY = REPO_ROOT / ".venv" / "bin" / "python"
@@ -630,10 +629,8 @@ def make_stack(harness: Harness, database_url: str, home: Path, **env_overrides:
 @pytest.fixture(scope="module")
 def module_database_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
     """A fresh migrated PostgreSQL database shared by one module's tests."""
-    name = f"receipt_e2e_{_worker_suffix()}_{uuid.uuid4().hex[:10]}"
-    _autocommit(pg_admin, f"CREATE DATABASE {name} TEMPLATE {pg_template}")
-    yield pg_url_for(name)
-    _autocommit(pg_admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with cloned_database(pg_admin, pg_template, "receipt_e2e") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
