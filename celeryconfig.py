@@ -57,12 +57,18 @@ def task_queues() -> list[Queue]:
 def beat_schedule(settings: Settings) -> dict[str, Any]:
     redrive_s = settings.queued_redrive_interval_ms / 1000
     expiry_s = settings.lease_expiry_interval_ms / 1000
+    retry_s = settings.retry_scan_interval_ms / 1000
     return {
         "queued-redrive": {
             "task": "receipt.redrive_queued",
             "schedule": timedelta(seconds=redrive_s),
             # A tick nobody consumed in time is dropped, not piled up behind a dead consumer.
             "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, redrive_s)},
+        },
+        "due-retries": {
+            "task": "receipt.dispatch_due_retries",
+            "schedule": timedelta(seconds=retry_s),
+            "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, retry_s)},
         },
         "lease-expiry": {
             "task": "receipt.expire_leases",

@@ -71,6 +71,12 @@ SETTINGS: tuple[Setting, ...] = (
             "Least time between two redrives of the same job.", _int),
     Setting("RECEIPT_LEASE_EXPIRY_INTERVAL_MS", "lease_expiry_interval_ms", "5000",
             "Interval of the lease-expiry loop (appends `job.lease_expired` for leases past their deadline).", _int),
+    Setting("RECEIPT_RETRY_BACKOFF_MS", "retry_backoff_ms", "1000",
+            "Delay before the first retry of a retryable failure; doubles each attempt. `0` retries at once.", _int),
+    Setting("RECEIPT_RETRY_BACKOFF_MAX_MS", "retry_backoff_max_ms", "60000",
+            "Cap of the retry delay.", _int),
+    Setting("RECEIPT_RETRY_SCAN_INTERVAL_MS", "retry_scan_interval_ms", "1000",
+            "Interval of the loop that dispatches retries whose delay has passed.", _int),
     Setting("RESONATE_STARTUP_SETTLE_MS", "startup_settle_ms", "1000",
             "Settle time before startup recovery runs.", _int),
     Setting("RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS", "objective_control_outbox_redrive_interval_ms", "5000",
@@ -129,6 +135,9 @@ class Settings:
     queued_redrive_min_age_ms: int = 30000
     queued_redrive_cooldown_ms: int = 15000
     lease_expiry_interval_ms: int = 5000
+    retry_backoff_ms: int = 1000
+    retry_backoff_max_ms: int = 60000
+    retry_scan_interval_ms: int = 1000
     startup_settle_ms: int = 1000
     objective_control_outbox_redrive_interval_ms: int = 5000
     objective_control_outbox_redrive_timeout_ms: int = 15000

@@ -74,6 +74,7 @@ jobs = Table(
     Column("created_at", _Time, nullable=False),
     Column("updated_at", _Time, nullable=False),
     Column("status_changed_at", _Time, nullable=False),
+    Column("available_at", _Time, nullable=True),  # a retry's earliest redelivery (migration 0002)
     Column("last_seq", Integer, nullable=False),
     Column("last_hash", String(64), nullable=False),
     Column("state", _Json, nullable=False),
@@ -82,6 +83,7 @@ jobs = Table(
     Index("ix_jobs_agent", "agent_id"),
     Index("ix_jobs_org_created", "organization_id", "created_at", "id"),
     Index("ix_jobs_lease_expiry", "status", "lease_expires_at"),
+    Index("ix_jobs_available", "status", "available_at"),
 )
 
 # Projection of `tokens/<id>` streams: API tokens, stored as SHA-256 hashes only.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -346,9 +346,11 @@ class Queue:
         error: Any = None,
         retryable: bool = True,
         status: str | None = None,
+        retry_delay_ms: int = 0,
     ) -> Outcome:
         """The worker's settlement: re-read under the attempt fence, then in one transaction
-        cancel (an abort arrived), complete (``status`` None) or fail with ``status``."""
+        cancel (an abort arrived), complete (``status`` None) or fail with ``status``. A retryable
+        failure records ``retryAt`` (database clock + ``retry_delay_ms``) for the backoff."""
         def decide(job: Job, now: datetime) -> list[Event]:
             if not job.holds_lease(worker_id, attempt):
                 return []
@@ -360,6 +362,8 @@ class Queue:
             body: dict[str, Any] = {**fence, "error": error, "retryable": retryable, "status": status}
             if result is not None:
                 body["result"] = result
+            if retryable and retry_delay_ms > 0 and job.attempt < job.max_attempts:
+                body["retryAt"] = _deadline(now, retry_delay_ms)  # only when a retry follows
             return [("job.failed", body)]
         return self._mutate(job_id, decide)
 
@@ -434,15 +438,30 @@ class Queue:
                 expired.append(out.job)
         return expired
 
+    def due_retries(self, limit: int = 500) -> list[Job]:
+        """Queued jobs whose retry delay has passed (database clock), oldest due first."""
+        with self.engine.connect() as conn:
+            now = db_now(conn)
+            rows = conn.execute(
+                select(jobs.c.state)
+                .where(jobs.c.status == "queued", jobs.c.available_at.is_not(None), jobs.c.available_at <= now)
+                .order_by(jobs.c.available_at).limit(limit)
+            ).all()
+        return [Job.from_json(r.state) for r in rows]
+
     def queued_older_than(self, min_age_ms: int, limit: int = 500) -> list[tuple[Job, datetime]]:
-        """Queued jobs that have been queued for at least ``min_age_ms`` (oldest first)."""
+        """Queued jobs that have been deliverable for at least ``min_age_ms`` (oldest first).
+
+        Age counts from when the job became deliverable: its requeue, or the end of its retry
+        backoff — a retry still backing off is not stuck, and is the due-retries pass's to start.
+        """
+        since = func.coalesce(jobs.c.available_at, jobs.c.status_changed_at)
         with self.engine.connect() as conn:
             now = db_now(conn)
             rows = conn.execute(
                 select(jobs.c.state, jobs.c.status_changed_at)
-                .where(jobs.c.status == "queued",
-                       jobs.c.status_changed_at <= now - timedelta(milliseconds=min_age_ms))
-                .order_by(jobs.c.status_changed_at).limit(limit)
+                .where(jobs.c.status == "queued", since <= now - timedelta(milliseconds=min_age_ms))
+                .order_by(since).limit(limit)
             ).all()
         return [(Job.from_json(r.state), as_utc(r.status_changed_at)) for r in rows]
 

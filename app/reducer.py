@@ -77,6 +77,7 @@ class Job:
     error: Any = None
     created_at: str | None = None
     updated_at: str | None = None
+    available_at: str | None = None
     seq: int = 0
 
     @property
@@ -132,6 +133,7 @@ class Job:
             "error": self.error,
             "createdAt": self.created_at,
             "updatedAt": self.updated_at,
+            "availableAt": self.available_at,
             "stream": self.stream,
             "seq": self.seq,
         }
@@ -166,6 +168,7 @@ class Job:
             error=data.get("error"),
             created_at=data.get("createdAt"),
             updated_at=data.get("updatedAt"),
+            available_at=data.get("availableAt"),
             seq=data.get("seq", 0),
         )
 
@@ -263,7 +266,7 @@ def _leased(s: Job, b: Mapping[str, Any]) -> Job | None:
     if b.get("attempt", attempt) != attempt:
         return None  # a lease written against a state that no longer exists
     return replace(
-        s, status="leased", attempt=attempt,
+        s, status="leased", attempt=attempt, available_at=None,
         lease=Lease(str(b.get("workerId", "")), attempt, b.get("expiresAt")),
     )
 
@@ -298,16 +301,20 @@ def _failed(s: Job, b: Mapping[str, Any]) -> Job | None:
     elif b.get("workerId") is not None:
         return None  # a worker's failure for a job it no longer holds
     # A queued job with no worker named: a system-level failure (e.g. delivery exhausted).
+    retry_at = b.get("retryAt")
     return _settle_failure(
         s, error=b.get("error"), retryable=bool(b.get("retryable", False)),
         status=str(b.get("status", "failed")), result=b.get("result"),
+        retry_at=retry_at if isinstance(retry_at, str) else None,
     )
 
 
-def _settle_failure(s: Job, *, error: Any, retryable: bool, status: str, result: Any) -> Job:
-    """Retryable with attempts left → back to queued, status kept out of result; else failed."""
+def _settle_failure(s: Job, *, error: Any, retryable: bool, status: str, result: Any,
+                    retry_at: str | None = None) -> Job:
+    """Retryable with attempts left → back to queued (not before ``retry_at``), status kept out of
+    result; else failed."""
     if retryable and s.attempt < s.max_attempts:
-        return replace(s, status="queued", lease=None, error=error)
+        return replace(s, status="queued", lease=None, error=error, available_at=retry_at)
     merged: dict[str, Any] = dict(result) if isinstance(result, Mapping) else {}
     merged["status"] = status
     return replace(s, status="failed", lease=None, error=error, result=merged)

@@ -122,3 +122,16 @@ def timing_for(agent_id: str, kind: str, payload: Mapping[str, Any], settings: S
         heartbeat_interval_ms=heartbeat_interval_ms(lease, settings),
         driver_timeout_ms=driver_timeout_ms(lease),
     )
+
+
+def retry_delay_ms(failed_attempt: int, settings: Settings) -> int:
+    """Delay before retrying after ``failed_attempt`` failed retryably: exponential, capped.
+
+    ``RECEIPT_RETRY_BACKOFF_MS`` * 2^(attempt - 1), at most ``RECEIPT_RETRY_BACKOFF_MAX_MS``; a base
+    of 0 retries at once. The spec is silent here; every production job system backs off.
+    """
+    base = max(0, settings.retry_backoff_ms)
+    if base == 0 or failed_attempt < 1:
+        return 0
+    delay: int = base * 2 ** min(failed_attempt - 1, 30)
+    return min(max(0, settings.retry_backoff_max_ms), delay)

@@ -20,6 +20,7 @@ from tasks.runtime import (
     EXECUTE_TASK,
     EXPIRE_TASK,
     REDRIVE_TASK,
+    RETRY_TASK,
     get_runtime,
 )
 
@@ -53,6 +54,10 @@ def _register(app: Celery) -> None:
     @app.task(name=EXPIRE_TASK, bind=True, ignore_result=True, shared=False)
     def expire_task(self: Any) -> dict[str, Any]:
         return loops.expire_leases(get_runtime(self.app))
+
+    @app.task(name=RETRY_TASK, bind=True, ignore_result=True, shared=False)
+    def retry_task(self: Any) -> dict[str, Any]:
+        return loops.dispatch_due_retries(get_runtime(self.app))
 
 
 @signals.beat_init.connect

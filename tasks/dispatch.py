@@ -9,18 +9,22 @@ worker message under the attempt fence ``<jobId>:attempt:<n>``.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from app import delivery
 from app.db import db_now, parse_iso, transaction
 from app.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
 from app.queue import retry_transient
+from app.reducer import Job
 from app.routing import DRIVER_QUEUE, route
 from app.timing import timing_for
 from app.vocab import LEASED_STATUSES
 from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime
 
 log = logging.getLogger("receipt.dispatch")
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
@@ -47,7 +51,10 @@ def start_driver(rt: Runtime, job_id: str, dispatch_key: str, *,
     timing = timing_for(job.agent_id, job.kind, job.payload, rt.settings)
     try:
         with transaction(rt.engine) as conn:
-            decision = delivery.begin(conn, job_id, dispatch_key, db_now(conn), timing.driver_timeout_ms)
+            now = db_now(conn)
+            if not_before(job) > now:
+                return None  # still backing off: the due-retries pass starts it when its time comes
+            decision = delivery.begin(conn, job_id, dispatch_key, now, timing.driver_timeout_ms)
     except DeliveryGenerationsExceeded as exc:
         log.error("%s", exc)
         out = rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
@@ -78,10 +85,8 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
         return {"outcome": "terminal_state"}
     if job.status in LEASED_STATUSES:
         assert job.lease is not None
-        with rt.engine.connect() as conn:
-            now = db_now(conn)
         deadline = parse_iso(job.lease.expires_at)
-        if deadline is not None and deadline < now:
+        if deadline is not None and deadline < db_now_of(rt):
             # A stale active lease ends the pass: fail that attempt (retryable) so the ordinary
             # redrive path picks the job up again. The delivery is settled *first*: the requeue's
             # wake-up fires inside the failure, and finding this delivery still pending it would
@@ -95,6 +100,10 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
             return {"outcome": "stale_active_lease"}
         settle_delivery(rt, dispatch_key, generation, "active_lease")
         return {"outcome": "active_lease"}
+    if not job.abort_requested and not_before(job) > db_now_of(rt):
+        # A retry still backing off (a redrive raced the due-retries pass): not yet.
+        settle_delivery(rt, dispatch_key, generation, "backoff")
+        return {"outcome": "backoff"}
     if job.abort_requested:
         out = retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
         settle_delivery(rt, dispatch_key, generation, "canceled")
@@ -113,6 +122,16 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
         raise
     rt.callbacks.post("dispatched", job)
     return {"outcome": "dispatched", "fence": fence, "queue": queue_name}
+
+
+def not_before(job: Job) -> datetime:
+    """The earliest time the job may be delivered (its retry backoff), or the epoch."""
+    return parse_iso(job.available_at) or EPOCH
+
+
+def db_now_of(rt: Runtime) -> datetime:
+    with rt.engine.connect() as conn:
+        return db_now(conn)
 
 
 def settle_delivery(rt: Runtime, dispatch_key: str, generation: int, outcome: str) -> None:

@@ -19,6 +19,7 @@ from tasks.runtime import Runtime
 log = logging.getLogger("receipt.loops")
 
 REDRIVE_LOOP = "queued-redrive"
+RETRY_LOOP = "due-retries"
 EXPIRY_LOOP = "lease-expiry"
 SCAN_LIMIT = 500
 
@@ -82,3 +83,20 @@ def expire_leases(rt: Runtime) -> dict[str, Any]:
         return {"expired": [j.id for j in expired]}
 
     return _guarded(rt, EXPIRY_LOOP, rt.settings.lease_expiry_interval_ms, body)
+
+
+def dispatch_due_retries(rt: Runtime) -> dict[str, Any]:
+    """Start delivery of every retry whose backoff has passed (``availableAt`` ≤ database now)."""
+    def body() -> dict[str, Any]:
+        started = []
+        for job in rt.queue.due_retries(limit=SCAN_LIMIT):
+            try:
+                decision = start_driver(rt, job.id, job.id)
+            except Exception:
+                log.exception("dispatch of due retry %s failed; next pass retries", job.id)
+                continue
+            if decision is not None and decision.created:
+                started.append(job.id)
+        return {"started": started}
+
+    return _guarded(rt, RETRY_LOOP, rt.settings.retry_scan_interval_ms, body)

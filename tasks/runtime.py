@@ -27,6 +27,7 @@ DRIVER_TASK = "receipt.driver"
 EXECUTE_TASK = "receipt.execute"
 REDRIVE_TASK = "receipt.redrive_queued"
 EXPIRE_TASK = "receipt.expire_leases"
+RETRY_TASK = "receipt.dispatch_due_retries"
 
 
 @dataclass

@@ -23,7 +23,7 @@ from app.config import Settings
 from app.errors import no_handler_message
 from app.queue import Outcome, Queue, retry_transient
 from app.reducer import Job
-from app.timing import JobTiming, timing_for
+from app.timing import JobTiming, retry_delay_ms, timing_for
 from workers.handler import HandlerError, JobContext
 from workers.registry import HandlerRegistry
 
@@ -95,7 +95,7 @@ def run_attempt(queue: Queue, settings: Settings, registry: HandlerRegistry, job
     handler = registry.get(job.agent_id)
     if job.abort_requested or handler is None:
         # settle() cancels when an abort is pending, so a job aborted before it ran never runs.
-        return _settle(queue, job_id, worker_id, attempt, error=no_handler_message(job.agent_id),
+        return _settle(queue, settings, job_id, worker_id, attempt, error=no_handler_message(job.agent_id),
                        retryable=False, status="failed")
 
     ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms)
@@ -109,17 +109,17 @@ def run_attempt(queue: Queue, settings: Settings, registry: HandlerRegistry, job
     # Every settlement below re-reads the job under the attempt fence inside its transaction and
     # cancels instead when an abort arrived meanwhile.
     if stop == "execution_timeout":
-        return _settle(queue, job_id, worker_id, attempt, retryable=True, status="execution_timeout",
+        return _settle(queue, settings, job_id, worker_id, attempt, retryable=True, status="execution_timeout",
                        error=f"execution timed out after {timing.execution_timeout_ms} ms")
     if isinstance(thread.error, HandlerError):
         err = thread.error
-        return _settle(queue, job_id, worker_id, attempt, error=err.message, retryable=err.retryable,
+        return _settle(queue, settings, job_id, worker_id, attempt, error=err.message, retryable=err.retryable,
                        status=err.status, result=err.result)
     if thread.error is not None:
         log.error("handler for %s raised", job_id, exc_info=thread.error)
-        return _settle(queue, job_id, worker_id, attempt, error=f"{type(thread.error).__name__}: {thread.error}",
+        return _settle(queue, settings, job_id, worker_id, attempt, error=f"{type(thread.error).__name__}: {thread.error}",
                        retryable=True, status="failed")
-    return _settle(queue, job_id, worker_id, attempt, result=thread.result)
+    return _settle(queue, settings, job_id, worker_id, attempt, result=thread.result)
 
 
 def _race(queue: Queue, ctx: JobContext, thread: _HandlerThread, timing: JobTiming, worker_id: str,
@@ -163,11 +163,12 @@ def _race(queue: Queue, ctx: JobContext, thread: _HandlerThread, timing: JobTimi
             return "abort"
 
 
-def _settle(queue: Queue, job_id: str, worker_id: str, attempt: int, *, result: Any = None,
+def _settle(queue: Queue, settings: Settings, job_id: str, worker_id: str, attempt: int, *, result: Any = None,
             error: str | None = None, retryable: bool = True, status: str | None = None) -> AttemptResult:
     """Settle under the fence; the attempt's status follows what the receipt actually did."""
+    delay = retry_delay_ms(attempt, settings) if status is not None and retryable else 0
     out = retry_transient(lambda: queue.settle_attempt(job_id, worker_id, attempt, result=result, error=error,
-                                                       retryable=retryable, status=status))
+                                                       retryable=retryable, status=status, retry_delay_ms=delay))
     if not out.applied:
         return AttemptResult("settlement_conflict", out.job, "lease no longer held at settlement")
     if out.job.status == "canceled":

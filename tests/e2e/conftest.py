@@ -61,6 +61,9 @@ FAST_TIMINGS: dict[str, str] = {
     "RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS": "1000",
     "RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS": "1000",
     "RECEIPT_RESONATE_QUEUED_REDRIVE_STARTUP_DELAY_MS": "500",
+    # Retries back off 300 ms, then 600 ms; the due-retries pass looks four times a second.
+    "RECEIPT_RETRY_BACKOFF_MS": "300",
+    "RECEIPT_RETRY_SCAN_INTERVAL_MS": "250",
 }
 # Variables of the developer's shell that must never leak into a process under test.
 _ISOLATED_PREFIXES = ("RECEIPT_", "RESONATE_", "JOB_LEASE_MS", "CODEX_JOB_LEASE_MS", "FACTORY_CONTROL_JOB_")

@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from app.config import Settings
+from app.db import parse_iso
 from app.delivery import attempt_fence
 from app.errors import no_handler_message
 from app.routing import QUEUES
@@ -159,8 +160,16 @@ def test_retryable_failure_is_retried_until_max_attempts_then_failed(module_stac
     assert failures == [(1, True), (2, True), (3, True)]
     # Only the last failure is terminal; the first two requeued the job.
     assert [r.type for r in receipts].count("job.enqueued") == 1
-    # Each retry was delivered at once by the requeue's own wake-up (the next generation of the
-    # job's dispatch key), not left for the queued redrive — with production defaults that loop
+    # Retries back off exponentially (RECEIPT_RETRY_BACKOFF_MS=300 here: 300 ms, then 600 ms),
+    # measured on the database clock from the failure to the next lease.
+    failed_at = [parse_iso(r.at) for r in receipts if r.type == "job.failed"]
+    leased_at = [parse_iso(r.at) for r in receipts if r.type == "job.leased"]
+    waits_ms = [(leased_at[i + 1] - failed_at[i]).total_seconds() * 1000 for i in range(2)]
+    assert waits_ms[0] >= 300 and waits_ms[1] >= 600, waits_ms
+    # Only a failure that a retry follows carries retryAt; the last one ends the job.
+    assert [r.body.get("retryAt") is not None for r in receipts if r.type == "job.failed"] == [True, True, False]
+    # Each retry was delivered by the next generation of the job's own dispatch key (the
+    # due-retries pass), not left for the queued redrive — with production defaults that loop
     # would hold every retry for 30-45 s.
     assert [(d.dispatch_key, d.generation, d.outcome) for d in s.deliveries(job["id"])] == [
         (job["id"], 0, "failed"), (job["id"], 1, "failed"), (job["id"], 2, "failed"),

@@ -8,7 +8,9 @@ dispatch -> driver -> execute chain through Redis with ``celery.contrib.testing.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -16,11 +18,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from app.db import db_now, deliveries, transaction
+from app.db import db_now, deliveries, parse_iso, transaction
+from app.delivery import redrive_key
 from app.errors import STALE_ACTIVE_LEASE_ERROR, generations_exceeded_message
 from app.queue import Queue
 from app.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, route
-from tasks import dispatch, execute
+from tasks import dispatch, execute, loops
 from tasks.callbacks import Callbacks
 from tasks.celery_app import make_celery
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, Runtime, send_wake
@@ -344,6 +347,7 @@ def test_a_retryable_failure_is_redelivered_at_once_even_if_the_scanner_wins_the
         return {"ok": True}
 
     rt.registry = registry_of({"factory": flaky})
+    rt.settings = replace(rt.settings, retry_backoff_ms=0)  # this race is about the wake-up, not backoff
     fast_scanner(rt, sent)
     job = enqueue(rt.queue, "factory", max_attempts=2)
     [execute_msg] = sent.named(EXECUTE_TASK)
@@ -363,3 +367,63 @@ def test_a_stale_lease_requeue_is_redelivered_at_once_even_if_the_scanner_wins_t
     fast_scanner(rt, sent)
     assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "stale_active_lease"}
     assert [(t.task_id, t.args[3]) for t in sent.named(EXECUTE_TASK)] == [(f"{job.id}:attempt:2", generation + 1)]
+
+
+# -- retry backoff ----------------------------------------------------------------------------------
+
+def test_a_retry_backs_off_then_the_due_retries_pass_delivers_it(runtime: Any) -> None:
+    """A retryable failure records retryAt = database now + RECEIPT_RETRY_BACKOFF_MS x 2^(attempt-1);
+    no delivery starts before it (wake-up and redrive alike); the due-retries pass starts it after."""
+    from workers.handler import HandlerError
+
+    rt, sent, _ = runtime
+    rt.settings = replace(rt.settings, retry_backoff_ms=400)
+
+    def flaky(ctx: JobContext) -> Any:
+        if ctx.attempt == 1:
+            raise HandlerError("upstream blip", retryable=True)
+        return {"ok": True}
+
+    rt.registry = registry_of({"factory": flaky})
+    fast_scanner(rt, sent)
+    job = enqueue(rt.queue, "factory", max_attempts=2)
+    [first] = sent.named(EXECUTE_TASK)
+    sent.clear()
+    out = execute.execute(rt, *first.args)
+    assert (out["status"], out["jobStatus"]) == ("failed", "queued")
+    requeued = rt.queue.get(job.id)
+    assert requeued is not None and requeued.available_at is not None
+    [failed] = [r for r in read_stream_of(rt.engine, job.id) if r.type == "job.failed"]
+    waited = parse_iso(failed.body["retryAt"]) - parse_iso(failed.at)
+    assert waited.total_seconds() * 1000 == 400
+    # Backing off: the requeue's own wake-up, a redrive and the due pass all start nothing yet.
+    assert sent.named(EXECUTE_TASK) == []
+    assert dispatch.start_driver(rt, job.id, redrive_key(job.id, requeued.seq, "queued")) is None
+    assert loops.dispatch_due_retries(rt) == {"started": []}
+    assert delivery_rows(rt.engine, job.id) == [(job.id, 0, "settled", "failed")]
+    # Once the database clock passes retryAt, the due pass starts the next generation.
+    wait_until_db_time(rt.engine, parse_iso(failed.body["retryAt"]))
+    rt.settings = replace(rt.settings, retry_scan_interval_ms=0)
+    assert loops.dispatch_due_retries(rt) == {"started": [job.id]}
+    # Like the redrive, the due pass runs on receipt-maintenance, so it sends the driver task.
+    [driver] = sent.named(DRIVER_TASK)
+    assert driver.args == [job.id, job.id, 1]
+    assert dispatch.drive(rt, *driver.args)["fence"] == f"{job.id}:attempt:2"
+
+
+def read_stream_of(engine: Engine, job_id: str) -> list[Any]:
+    from app import store
+
+    with engine.connect() as conn:
+        return store.read_stream(conn, f"jobs/{job_id}")
+
+
+def wait_until_db_time(engine: Engine, when: Any, timeout: float = 10.0) -> None:
+    """Poll the database clock (bounded) until it passes ``when``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            if db_now(conn) > when:
+                return
+        threading.Event().wait(0.05)
+    raise AssertionError(f"database clock never passed {when}")

@@ -15,7 +15,7 @@ from app.config import Settings
 from app.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
 from app.timing import CODEX_LEASE_CAP_MS
 from tasks.celery_app import make_celery
-from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, EXPIRE_TASK, REDRIVE_TASK
+from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, EXPIRE_TASK, REDRIVE_TASK, RETRY_TASK
 
 REDIS = "redis://127.0.0.1:6379/9"
 EVERY_QUEUE = {DRIVER_QUEUE, MAINTENANCE_QUEUE, *QUEUES.values()}
@@ -101,25 +101,26 @@ def test_embedded_broker_sets_every_folder_under_receipt_home(tmp_path: Path) ->
     assert Path(conf["beat_schedule_filename"]).is_relative_to(root)
 
 
-def test_beat_schedules_both_loops_on_the_maintenance_queue(tmp_path: Path) -> None:
+def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> None:
     conf = build(tmp_path, RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="7000",
-                 RECEIPT_LEASE_EXPIRY_INTERVAL_MS="3000")
+                 RECEIPT_LEASE_EXPIRY_INTERVAL_MS="3000", RECEIPT_RETRY_SCAN_INTERVAL_MS="500")
     schedule = conf["beat_schedule"]
-    assert {e["task"] for e in schedule.values()} == {REDRIVE_TASK, EXPIRE_TASK}
+    assert {e["task"] for e in schedule.values()} == {REDRIVE_TASK, EXPIRE_TASK, RETRY_TASK}
     by_task = {e["task"]: e for e in schedule.values()}
     assert by_task[REDRIVE_TASK]["schedule"].total_seconds() == 7.0
     assert by_task[EXPIRE_TASK]["schedule"].total_seconds() == 3.0
+    assert by_task[RETRY_TASK]["schedule"].total_seconds() == 0.5
     for entry in schedule.values():
         assert entry["options"]["queue"] == MAINTENANCE_QUEUE
 
 
-def test_make_celery_applies_the_configuration_and_registers_the_five_tasks(tmp_path: Path) -> None:
+def test_make_celery_applies_the_configuration_and_registers_every_task(tmp_path: Path) -> None:
     app = make_celery(Settings.from_env({"RECEIPT_HOME": str(tmp_path), "REDIS_URL": REDIS}))
     assert app.conf.task_acks_late is False
     assert app.conf.worker_prefetch_multiplier == 1
     assert app.conf.worker_consumer == "tasks.consumer:BackoffConsumer"
     assert app.conf.broker_transport_options["visibility_timeout"] * 1000 > CODEX_LEASE_CAP_MS
-    for name in (DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, REDRIVE_TASK, EXPIRE_TASK):
+    for name in (DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, REDRIVE_TASK, EXPIRE_TASK, RETRY_TASK):
         assert name in app.tasks
 
 

@@ -135,3 +135,19 @@ def test_job_json_round_trips() -> None:
     job = folded(enq(), r(2, "queue.command", commandId="c1", type="steer", payload=1, fromEnqueue=True),
                  leased(3))
     assert Job.from_json(job.to_json()) == job
+
+
+def test_retry_at_makes_the_requeued_job_unavailable_until_then_and_a_lease_clears_it() -> None:
+    failed = r(3, "job.failed", workerId="w1", attempt=1, error="blip", retryable=True, status="failed",
+               retryAt="2026-01-01T00:00:09.000000Z")
+    job = folded(enq(), leased(), failed)
+    assert (job.status, job.available_at) == ("queued", "2026-01-01T00:00:09.000000Z")
+    assert Job.from_json(job.to_json()) == job
+    job = folded(enq(), leased(), failed, leased(4, "w2", 2))
+    assert (job.status, job.available_at) == ("leased", None)
+
+
+def test_retry_at_on_a_last_attempt_is_ignored() -> None:
+    job = folded(enq(max_attempts=1), leased(), r(3, "job.failed", workerId="w1", attempt=1, error="x",
+                                                   retryable=True, retryAt="2026-01-01T00:00:09.000000Z"))
+    assert (job.status, job.available_at) == ("failed", None)

@@ -232,3 +232,23 @@ def test_config_defaults_match_the_spec_table() -> None:
     )
     assert s.factory_control_job_execution_timeout_ms is None
     assert s.heartbeat_interval_ms is None
+
+
+# -- retry backoff (RECEIPT_RETRY_BACKOFF_MS x 2^(attempt-1), capped by RECEIPT_RETRY_BACKOFF_MAX_MS) --
+
+@pytest.mark.parametrize(("env", "failed_attempt", "expected"), [
+    ({}, 1, 1000),                                    # default base 1 000 ms
+    ({}, 2, 2000),
+    ({}, 3, 4000),
+    ({}, 7, 60000),                                   # 64 000 capped at the default 60 000
+    ({"RECEIPT_RETRY_BACKOFF_MS": "250"}, 3, 1000),
+    ({"RECEIPT_RETRY_BACKOFF_MS": "0"}, 5, 0),        # 0 retries at once
+    ({"RECEIPT_RETRY_BACKOFF_MAX_MS": "1500"}, 2, 1500),
+    ({}, 0, 0),                                       # no attempt failed: no delay
+    ({}, 1000, 60000),                                # huge attempt numbers stay capped
+])
+def test_retry_delay_doubles_from_the_base_up_to_the_cap(env: dict[str, str], failed_attempt: int,
+                                                         expected: int) -> None:
+    from app.timing import retry_delay_ms
+
+    assert retry_delay_ms(failed_attempt, Settings.from_env(env)) == expected
