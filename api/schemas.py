@@ -229,6 +229,8 @@ JOB: Schema = {
         "error": _ANY,
         "createdAt": _TIME,
         "updatedAt": _TIME,
+        "availableAt": {"type": ["string", "null"], "format": "date-time",
+                        "description": "A retry's earliest redelivery (its backoff), or null."},
         "stream": {"type": "string"},
         "seq": {"type": "integer", "description": "The last receipt folded into this state."},
         "route": _ref("Route"),
@@ -236,7 +238,7 @@ JOB: Schema = {
     "required": [
         "id", "agentId", "lane", "status", "payload", "sessionKey", "singletonMode", "maxAttempts",
         "attempt", "lease", "abortRequested", "commands", "result", "error", "createdAt", "updatedAt",
-        "stream", "seq", "route",
+        "availableAt", "stream", "seq", "route",
     ],
 }
 
