@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -524,7 +524,3 @@ def retry_transient(fn: Callable[[], Any], *, attempts: int = 5, backoff_ms: int
             log.warning("transient storage error (attempt %d/%d): %s", attempt, attempts, exc)
             sleep(backoff_ms * attempt / 1000)
     raise AssertionError("unreachable")
-
-
-def job_body_for_callback(job: Job) -> Mapping[str, Any]:
-    return {"jobId": job.id, "status": job.status, "attempt": job.attempt, "result": job.result, "error": job.error}

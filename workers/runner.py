@@ -41,10 +41,6 @@ class AttemptResult:
     job: Job | None
     error: str | None = None
 
-    @property
-    def settled_job(self) -> Job | None:
-        return self.job
-
 
 def new_worker_id(settings: Settings) -> str:
     """A lease holder id unique to one execution, so a duplicate delivery can never pass the fence."""
