@@ -100,16 +100,17 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
             return {"outcome": "stale_active_lease"}
         settle_delivery(rt, dispatch_key, generation, "active_lease")
         return {"outcome": "active_lease"}
-    if not job.abort_requested and not_before(job) > db_now_of(rt):
-        # A retry still backing off (a redrive raced the due-retries pass): not yet.
-        settle_delivery(rt, dispatch_key, generation, "backoff")
-        return {"outcome": "backoff"}
     if job.abort_requested:
         out = retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
         settle_delivery(rt, dispatch_key, generation, "canceled")
         if out.applied:
             rt.callbacks.post("canceled", out.job)
         return {"outcome": "canceled"}
+    # Only a job that is backing off pays for a clock read; every other drive skips it.
+    if job.available_at is not None and not_before(job) > db_now_of(rt):
+        # A retry still backing off (a redrive raced the due-retries pass): not yet.
+        settle_delivery(rt, dispatch_key, generation, "backoff")
+        return {"outcome": "backoff"}
     fence = delivery.attempt_fence(job_id, job.attempt + 1)
     queue_name = route(job.agent_id, job.kind).queue
     try:
