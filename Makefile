@@ -20,6 +20,7 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 ## Lint, type-check and run every test (unit, integration on real Postgres + Redis, end-to-end).

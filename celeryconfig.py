@@ -15,7 +15,7 @@ from typing import Any
 from kombu import Exchange, Queue
 
 from app.config import Settings
-from app.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
 
 ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE)
 LONGEST_LEASE_MS = 3_600_000  # the codex lease cap (app/timing.py); the visibility timeout must exceed it

@@ -15,9 +15,9 @@ from api import auth, errors, health, jobs, openapi, streams
 from api.context import EXTENSION, ApiState
 from api.wake import default_waker
 from app.config import Settings
-from app.db import make_engine
-from app.queue import Queue
-from app.reducer import Job
+from app.jobs.reducer import Job
+from app.storage.db import make_engine
+from app.storage.queue import Queue
 
 log = logging.getLogger("receipt.api")
 
@@ -65,6 +65,7 @@ def create_app(
         g.identity = auth.authenticate(engine, auth_disabled=auth_disabled)
 
     if auth_disabled:
+
         @app.after_request
         def _warn(response: Response) -> Response:
             response.headers[auth.AUTH_WARNING_HEADER] = auth.AUTH_WARNING

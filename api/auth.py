@@ -17,9 +17,9 @@ from sqlalchemy.engine import Engine
 
 from api.context import read_connection
 from api.errors import INVALID_TOKEN, UNAUTHORIZED, ApiError, forbidden
-from app import tokens
-from app.reducer import Job
-from app.vocab import KINDS_WITHOUT_AUTH_CONTEXT
+from app.jobs.reducer import Job
+from app.jobs.vocab import KINDS_WITHOUT_AUTH_CONTEXT
+from app.storage import tokens
 
 AUTH_WARNING_HEADER = "X-Receipt-Warning"
 AUTH_WARNING = "authentication disabled"
@@ -60,7 +60,7 @@ def authenticate(engine: Engine, *, auth_disabled: bool) -> Identity:
         raise _unauthorized(UNAUTHORIZED, "authentication required: send Authorization: Bearer <token>")
     if not header[: len(_BEARER)].lower() == _BEARER:
         raise _unauthorized(INVALID_TOKEN, "the Authorization header must use the Bearer scheme")
-    secret = header[len(_BEARER):].strip()
+    secret = header[len(_BEARER) :].strip()
     # Tokens are URL-safe base64: anything else cannot match, and must not reach SQL (NULs).
     if not secret or len(secret) > 256 or not secret.isascii() or not secret.isprintable():
         raise _unauthorized(INVALID_TOKEN, "the token is not valid")

@@ -8,7 +8,7 @@ from flask import current_app
 from sqlalchemy.engine import Connection, Engine
 
 from app.config import Settings
-from app.queue import Queue
+from app.storage.queue import Queue
 
 EXTENSION = "receipt"
 

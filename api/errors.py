@@ -16,7 +16,7 @@ from flask import Flask, Response, jsonify
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
-from app.errors import ConflictError, JobNotFound, TransientStorageError, ValidationError
+from app.jobs.errors import ConflictError, JobNotFound, TransientStorageError, ValidationError
 
 log = logging.getLogger("receipt.api")
 
@@ -36,8 +36,19 @@ UNAVAILABLE = "unavailable"
 INTERNAL = "internal_error"
 
 ERROR_CODES = (
-    INVALID_JSON, INVALID_FIELD, UNAUTHORIZED, INVALID_TOKEN, FORBIDDEN, NOT_FOUND, METHOD_NOT_ALLOWED,
-    CONFLICT, JOB_ID_UNAVAILABLE, PAYLOAD_TOO_LARGE, NOT_READY, UNAVAILABLE, INTERNAL,
+    INVALID_JSON,
+    INVALID_FIELD,
+    UNAUTHORIZED,
+    INVALID_TOKEN,
+    FORBIDDEN,
+    NOT_FOUND,
+    METHOD_NOT_ALLOWED,
+    CONFLICT,
+    JOB_ID_UNAVAILABLE,
+    PAYLOAD_TOO_LARGE,
+    NOT_READY,
+    UNAVAILABLE,
+    INTERNAL,
 )
 
 # One message for "no such job" and "another organisation's job": the two must be identical.
@@ -48,8 +59,14 @@ JOB_ID_UNAVAILABLE_MESSAGE = "that jobId cannot be used; choose another"
 class ApiError(Exception):
     """An error the API answers with on purpose: its status, code, message and optional details."""
 
-    def __init__(self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
@@ -75,8 +92,13 @@ def forbidden(message: str) -> ApiError:
     return ApiError(403, FORBIDDEN, message)
 
 
-def error_response(status: int, code: str, message: str, details: Mapping[str, Any] | None = None,
-                   headers: Mapping[str, str] | None = None) -> Response:
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    details: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
     """Build the JSON error response every failure uses."""
     error: dict[str, Any] = {"code": code, "message": message}
     if details is not None:
@@ -131,8 +153,9 @@ def register_error_handlers(app: Flask, on_internal_error: Any) -> None:
         if _is_storage_outage(exc):
             # The database is down or overloaded: a retryable 503, not a bug.
             log.warning("storage unavailable: %s", exc)
-            return error_response(503, UNAVAILABLE, "storage is temporarily unavailable; retry",
-                                  None, {"Retry-After": "1"})
+            return error_response(
+                503, UNAVAILABLE, "storage is temporarily unavailable; retry", None, {"Retry-After": "1"}
+            )
         on_internal_error()
         log.exception("unexpected error handling request")
         return error_response(500, INTERNAL, "internal server error")

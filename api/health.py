@@ -40,8 +40,11 @@ def check_broker(settings: Settings) -> str:
     if settings.redis_url:
         import redis
 
-        client = redis.Redis.from_url(settings.redis_url, socket_timeout=BROKER_TIMEOUT_SECONDS,
-                                      socket_connect_timeout=BROKER_TIMEOUT_SECONDS)
+        client = redis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=BROKER_TIMEOUT_SECONDS,
+            socket_connect_timeout=BROKER_TIMEOUT_SECONDS,
+        )
         try:
             client.ping()
         except Exception as exc:
@@ -58,15 +61,23 @@ def check_broker(settings: Settings) -> str:
 
 
 @blueprint.get("/healthz")
-@operation(Operation(summary="Liveness: the process answers.", tag="health", auth=False,
-                     responses={200: schemas.HEALTH}))
+@operation(
+    Operation(
+        summary="Liveness: the process answers.", tag="health", auth=False, responses={200: schemas.HEALTH}
+    )
+)
 def healthz() -> ResponseReturnValue:
     return {"status": OK}
 
 
 @blueprint.get("/readyz")
-@operation(Operation(summary="Readiness: the database and the broker are reachable.", tag="health",
-                     responses={200: schemas.READY}))
+@operation(
+    Operation(
+        summary="Readiness: the database and the broker are reachable.",
+        tag="health",
+        responses={200: schemas.READY},
+    )
+)
 def readyz() -> ResponseReturnValue:
     st = state()
     checks = {"database": check_database(st.engine), "broker": check_broker(st.settings)}

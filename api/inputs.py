@@ -1,8 +1,8 @@
 """Reading a request's input — body, query string, path parameters — against ``api.schemas``.
 
-Each reader raises ``app.errors.ValidationError`` naming the offending field (and the allowed
+Each reader raises ``app.jobs.errors.ValidationError`` naming the offending field (and the allowed
 values, for a closed set) so the client gets the same 400 shape whether the schema or
-``app.validation`` caught the problem.
+``app.jobs.validation`` caught the problem.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from api import jsonbody
 from api.context import state
 from api.errors import INVALID_JSON, PAYLOAD_TOO_LARGE, ApiError
 from api.schemas import Schema
-from app.errors import ValidationError
+from app.jobs.errors import ValidationError
 
 _INTEGER = re.compile(r"-?[0-9]{1,30}")
 
@@ -80,6 +80,7 @@ def to_validation_error(error: SchemaError, root: str = "") -> ValidationError:
 
 # -- body -------------------------------------------------------------------------------------
 
+
 def max_body_bytes() -> int:
     limit: int = state().settings.max_body_bytes
     return limit
@@ -87,8 +88,7 @@ def max_body_bytes() -> int:
 
 def _too_large() -> ApiError:
     limit = max_body_bytes()
-    return ApiError(413, PAYLOAD_TOO_LARGE, f"request body is larger than {limit} bytes",
-                    {"limit": limit})
+    return ApiError(413, PAYLOAD_TOO_LARGE, f"request body is larger than {limit} bytes", {"limit": limit})
 
 
 def raw_body() -> bytes:
@@ -126,6 +126,7 @@ def read_body(schema: Schema, *, required: bool = True) -> Any:
 
 # -- query and path ---------------------------------------------------------------------------
 
+
 def read_query(schema: Schema, args: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The query parameters, integers coerced, defaults applied, checked by ``schema``.
 
@@ -139,7 +140,9 @@ def read_query(schema: Schema, args: Mapping[str, str] | None = None) -> dict[st
     unknown = sorted(name for name in source if name not in properties)
     if unknown:
         jsonbody.check_param(unknown[0], "query")
-        raise ValidationError(unknown[0] or "query", "is not a known query parameter", allowed=list(properties))
+        raise ValidationError(
+            unknown[0] or "query", "is not a known query parameter", allowed=list(properties)
+        )
     values: dict[str, Any] = {}
     for name, prop in properties.items():
         raw = source.get(name)

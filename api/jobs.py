@@ -18,9 +18,9 @@ from api.errors import JOB_ID_UNAVAILABLE, JOB_ID_UNAVAILABLE_MESSAGE, ApiError,
 from api.jsonbody import check_param
 from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
-from app.queue import decode_cursor, validate_status_filter
-from app.reducer import Job
-from app.validation import validate_enqueue
+from app.jobs.reducer import Job
+from app.jobs.validation import validate_enqueue
+from app.storage.queue import decode_cursor, validate_status_filter
 
 blueprint = Blueprint("jobs", __name__)
 
@@ -36,17 +36,19 @@ def visible_job(job_id: str) -> Job:
 
 
 @blueprint.post("/agents/<agentId>/jobs")
-@operation(Operation(
-    summary="Enqueue a job for an agent.",
-    description="Appends job.enqueued and returns 202 with the job and where to follow it. Re-posting "
-                "an existing jobId returns that job unchanged (to its own organisation only); "
-                "singletonMode steer returns the steered job. Unknown agent ids are accepted.",
-    tag="jobs",
-    body=schemas.ENQUEUE_REQUEST,
-    path={"agentId": schemas.AGENT_ID_PARAM},
-    responses={202: schemas.ENQUEUE_RESPONSE},
-    errors=(403, 409),
-))
+@operation(
+    Operation(
+        summary="Enqueue a job for an agent.",
+        description="Appends job.enqueued and returns 202 with the job and where to follow it. Re-posting "
+        "an existing jobId returns that job unchanged (to its own organisation only); "
+        "singletonMode steer returns the steered job. Unknown agent ids are accepted.",
+        tag="jobs",
+        body=schemas.ENQUEUE_REQUEST,
+        path={"agentId": schemas.AGENT_ID_PARAM},
+        responses={202: schemas.ENQUEUE_RESPONSE},
+        errors=(403, 409),
+    )
+)
 def enqueue(agentId: str, body: dict[str, Any]) -> ResponseReturnValue:
     req = validate_enqueue(agentId, body)
     identity = auth.current()
@@ -61,18 +63,26 @@ def enqueue(agentId: str, body: dict[str, Any]) -> ResponseReturnValue:
 
 
 @blueprint.get("/jobs/<jobId>")
-@operation(Operation(summary="Read one job.", tag="jobs", path=_JOB_PATH,
-                     responses={200: schemas.JOB_RESPONSE}))
+@operation(
+    Operation(summary="Read one job.", tag="jobs", path=_JOB_PATH, responses={200: schemas.JOB_RESPONSE})
+)
 def get_job(jobId: str) -> ResponseReturnValue:
     return {"job": job_json(visible_job(jobId))}
 
 
 @blueprint.get("/jobs")
-@operation(Operation(
-    summary="List jobs, newest first.",
-    description="Filters combine. A system token lists every organisation unless organizationId is given.",
-    tag="jobs", query=schemas.LIST_JOBS_QUERY, responses={200: schemas.JOB_PAGE}, errors=(403,),
-))
+@operation(
+    Operation(
+        summary="List jobs, newest first.",
+        description=(
+            "Filters combine. A system token lists every organisation unless organizationId is given."
+        ),
+        tag="jobs",
+        query=schemas.LIST_JOBS_QUERY,
+        responses={200: schemas.JOB_PAGE},
+        errors=(403,),
+    )
+)
 def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
     identity = auth.current()
     org = query.get("organizationId")
@@ -89,18 +99,28 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
     else:
         scope = {"organization_id": identity.organization_id}
     page = state().queue.list_jobs(
-        **scope, status=query.get("status"), agent_id=query.get("agentId"), lane=query.get("lane"),
-        session_key=query.get("sessionKey"), limit=query["limit"], cursor=cursor,
+        **scope,
+        status=query.get("status"),
+        agent_id=query.get("agentId"),
+        lane=query.get("lane"),
+        session_key=query.get("sessionKey"),
+        limit=query["limit"],
+        cursor=cursor,
     )
     return {"jobs": [job_json(j) for j in page.jobs], "nextCursor": page.next_cursor}
 
 
 @blueprint.post("/jobs/<jobId>/commands")
-@operation(Operation(
-    summary="Send a queue command (steer, follow_up or abort) to a job.",
-    tag="jobs", path=_JOB_PATH, body=schemas.COMMAND_REQUEST,
-    responses={202: schemas.JOB_RESPONSE}, errors=(409,),
-))
+@operation(
+    Operation(
+        summary="Send a queue command (steer, follow_up or abort) to a job.",
+        tag="jobs",
+        path=_JOB_PATH,
+        body=schemas.COMMAND_REQUEST,
+        responses={202: schemas.JOB_RESPONSE},
+        errors=(409,),
+    )
+)
 def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
     visible_job(jobId)
     outcome = state().queue.command(jobId, body["type"], body.get("payload"), body.get("reason"))
@@ -108,13 +128,19 @@ def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
 
 
 @blueprint.post("/jobs/<jobId>/cancel")
-@operation(Operation(
-    summary="Cancel a job.",
-    description="A queued job is canceled outright; a leased or running one gets an abort command "
-                "(only its worker can stop work in flight). A terminal job answers 409.",
-    tag="jobs", path=_JOB_PATH, body=schemas.CANCEL_REQUEST, body_required=False,
-    responses={202: schemas.JOB_RESPONSE}, errors=(409,),
-))
+@operation(
+    Operation(
+        summary="Cancel a job.",
+        description="A queued job is canceled outright; a leased or running one gets an abort command "
+        "(only its worker can stop work in flight). A terminal job answers 409.",
+        tag="jobs",
+        path=_JOB_PATH,
+        body=schemas.CANCEL_REQUEST,
+        body_required=False,
+        responses={202: schemas.JOB_RESPONSE},
+        errors=(409,),
+    )
+)
 def cancel(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
     visible_job(jobId)
     outcome = state().queue.cancel(jobId, body.get("reason"))

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from api.errors import invalid_json
-from app.errors import ValidationError
+from app.jobs.errors import ValidationError
 
 # Deeper than any real payload; bounds the work every later walker (schema, hash, database) does.
 MAX_DEPTH = 64

@@ -68,7 +68,9 @@ class Operation:
         return sorted(statuses)
 
 
-def operation(op: Operation) -> Callable[[Callable[..., ResponseReturnValue]], Callable[..., ResponseReturnValue]]:
+def operation(
+    op: Operation,
+) -> Callable[[Callable[..., ResponseReturnValue]], Callable[..., ResponseReturnValue]]:
     """Declare a view's contract; the view receives ``query=`` and/or ``body=`` already validated."""
 
     def decorate(view: Callable[..., ResponseReturnValue]) -> Callable[..., ResponseReturnValue]:
@@ -109,8 +111,9 @@ def _content(schema: Schema, media: str = JSON) -> dict[str, Any]:
 def _parameters(op: Operation, path_args: list[str]) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = []
     for name in path_args:
-        params.append({"name": name, "in": "path", "required": True,
-                       "schema": op.path.get(name, {"type": "string"})})
+        params.append(
+            {"name": name, "in": "path", "required": True, "schema": op.path.get(name, {"type": "string"})}
+        )
     if op.query is not None:
         for name, prop in op.query.get("properties", {}).items():
             param: dict[str, Any] = {"name": name, "in": "query", "required": False, "schema": prop}
@@ -136,7 +139,10 @@ def _operation_object(op: Operation, endpoint: str, path_args: list[str]) -> dic
         media = EVENT_STREAM if op.streams and status == 200 else JSON
         responses[str(status)] = {"description": "Success.", "content": _content(schema, media)}
     for status in op.error_statuses():
-        responses[str(status)] = {"description": _ERROR_DESCRIPTIONS[status], "content": _content(schemas.ERROR)}
+        responses[str(status)] = {
+            "description": _ERROR_DESCRIPTIONS[status],
+            "content": _content(schemas.ERROR),
+        }
     out["responses"] = responses
     if not op.auth:
         out["security"] = []
@@ -160,13 +166,18 @@ def document(app: Flask) -> dict[str, Any]:
             "title": API_TITLE,
             "version": API_VERSION,
             "description": "Durable background jobs: enqueue, read and follow jobs whose state is "
-                           "the fold of their receipt stream.",
+            "the fold of their receipt stream.",
         },
         "paths": paths,
         "components": {
             "schemas": schemas.COMPONENTS,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "A token from `receipt token create`."}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A token from `receipt token create`.",
+                }
+            },
         },
         "security": [{"bearer": []}],
     }

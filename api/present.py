@@ -6,8 +6,8 @@ from typing import Any
 
 from flask import request
 
-from app.reducer import Job
-from app.routing import route
+from app.jobs.reducer import Job
+from app.jobs.routing import route
 
 
 def job_json(job: Job) -> dict[str, Any]:

@@ -2,10 +2,10 @@
 
 These objects are the single source for both request validation (``api.inputs``) and the
 OpenAPI document (``api.openapi``): nothing is written twice, so the two cannot drift. Every
-closed vocabulary comes from ``app.vocab``. Request schemas are self-contained (no ``$ref``)
+closed vocabulary comes from ``app.jobs.vocab``. Request schemas are self-contained (no ``$ref``)
 so they validate on their own; response schemas may ``$ref`` the document's components.
 
-The schemas check shape; ``app.validation`` still applies the deeper rules (and is the
+The schemas check shape; ``app.jobs.validation`` still applies the deeper rules (and is the
 authority if the two ever disagree — a request must pass both before anything is written).
 """
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.ids import JOB_ID_PATTERN
-from app.validation import AGENT_ID_MAX, SESSION_KEY_MAX
-from app.vocab import (
+from app.jobs.ids import JOB_ID_PATTERN
+from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
+from app.jobs.vocab import (
     AUTH_CONTEXT_OPTIONAL,
     AUTH_CONTEXT_REQUIRED,
     COMMAND_TYPES,
@@ -96,8 +96,11 @@ ENQUEUE_REQUEST: Schema = {
     "type": "object",
     "title": "EnqueueRequest",
     "properties": {
-        "jobId": {"type": ["string", "null"], "pattern": JOB_ID_PATTERN.pattern,
-                  "description": "Idempotency key: re-posting an existing jobId returns that job unchanged."},
+        "jobId": {
+            "type": ["string", "null"],
+            "pattern": JOB_ID_PATTERN.pattern,
+            "description": "Idempotency key: re-posting an existing jobId returns that job unchanged.",
+        },
         "lane": _enum(LANES, nullable=True),
         "payload": PAYLOAD,
         "sessionKey": _text(SESSION_KEY_MAX, nullable=True),
@@ -140,28 +143,48 @@ LIST_JOBS_QUERY: Schema = {
         "lane": _enum(LANES),
         "sessionKey": _text(SESSION_KEY_MAX),
         "limit": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT},
-        "cursor": {"type": "string", "minLength": 1, "maxLength": 1024,
-                   "description": "nextCursor from the previous page."},
-        "organizationId": {**_text(ORG_ID_MAX),
-                           "description": "System tokens only: list one organisation (default: all)."},
+        "cursor": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 1024,
+            "description": "nextCursor from the previous page.",
+        },
+        "organizationId": {
+            **_text(ORG_ID_MAX),
+            "description": "System tokens only: list one organisation (default: all).",
+        },
     },
 }
 
 RECEIPTS_QUERY: Schema = {
     "type": "object",
     "properties": {
-        "after": {"type": "integer", "minimum": 0, "maximum": SEQ_MAX, "default": 0,
-                  "description": "Return receipts with seq greater than this."},
-        "limit": {"type": "integer", "minimum": 1, "maximum": RECEIPTS_LIMIT_MAX,
-                  "default": RECEIPTS_LIMIT_DEFAULT},
+        "after": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": SEQ_MAX,
+            "default": 0,
+            "description": "Return receipts with seq greater than this.",
+        },
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": RECEIPTS_LIMIT_MAX,
+            "default": RECEIPTS_LIMIT_DEFAULT,
+        },
     },
 }
 
 EVENTS_QUERY: Schema = {
     "type": "object",
     "properties": {
-        "after": {"type": "integer", "minimum": 0, "maximum": SEQ_MAX, "default": 0,
-                  "description": "Resume after this seq (the Last-Event-ID header wins when both are sent)."},
+        "after": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": SEQ_MAX,
+            "default": 0,
+            "description": "Resume after this seq (the Last-Event-ID header wins when both are sent).",
+        },
     },
 }
 
@@ -229,16 +252,36 @@ JOB: Schema = {
         "error": _ANY,
         "createdAt": _TIME,
         "updatedAt": _TIME,
-        "availableAt": {"type": ["string", "null"], "format": "date-time",
-                        "description": "A retry's earliest redelivery (its backoff), or null."},
+        "availableAt": {
+            "type": ["string", "null"],
+            "format": "date-time",
+            "description": "A retry's earliest redelivery (its backoff), or null.",
+        },
         "stream": {"type": "string"},
         "seq": {"type": "integer", "description": "The last receipt folded into this state."},
         "route": _ref("Route"),
     },
     "required": [
-        "id", "agentId", "lane", "status", "payload", "sessionKey", "singletonMode", "maxAttempts",
-        "attempt", "lease", "abortRequested", "commands", "result", "error", "createdAt", "updatedAt",
-        "availableAt", "stream", "seq", "route",
+        "id",
+        "agentId",
+        "lane",
+        "status",
+        "payload",
+        "sessionKey",
+        "singletonMode",
+        "maxAttempts",
+        "attempt",
+        "lease",
+        "abortRequested",
+        "commands",
+        "result",
+        "error",
+        "createdAt",
+        "updatedAt",
+        "availableAt",
+        "stream",
+        "seq",
+        "route",
     ],
 }
 
@@ -291,8 +334,10 @@ RECEIPT_PAGE: Schema = {
     "properties": {
         "stream": {"type": "string"},
         "receipts": {"type": "array", "items": _ref("Receipt")},
-        "nextAfter": {"type": ["integer", "null"],
-                      "description": "Pass as ?after= for the next page; null when this page is the end."},
+        "nextAfter": {
+            "type": ["integer", "null"],
+            "description": "Pass as ?after= for the next page; null when this page is the end.",
+        },
     },
     "required": ["stream", "receipts", "nextAfter"],
 }
@@ -323,12 +368,13 @@ READY: Schema = {
     "required": ["database", "broker"],
 }
 
+
 def _event(name: str, data: str, description: str) -> Schema:
     """One Server-Sent Event as OpenAPI 3.1 describes an event-stream item: its fields as strings."""
     return {
         "type": "object",
         "description": description + " Comment lines (`: heartbeat`) keep idle connections open; "
-                       "resume with the Last-Event-ID header.",
+        "resume with the Last-Event-ID header.",
         "properties": {
             "event": {"const": name},
             "id": {"type": "string", "pattern": "^[0-9]+$", "description": "The receipt's seq."},

@@ -22,8 +22,8 @@ from sqlalchemy.engine import Engine
 
 from api.context import read_connection
 from api.present import job_json
-from app import store
-from app.reducer import Job, reduce
+from app.jobs.reducer import Job, reduce
+from app.storage import store
 
 log = logging.getLogger("receipt.api")
 

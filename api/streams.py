@@ -17,8 +17,8 @@ from api.context import read_connection, state
 from api.errors import stream_not_found
 from api.jobs import visible_job
 from api.openapi import Operation, operation
-from app import store
-from app.vocab import job_stream
+from app.jobs.vocab import job_stream
+from app.storage import store
 
 blueprint = Blueprint("streams", __name__)
 
@@ -30,7 +30,7 @@ _JOB_PREFIX = "jobs/"
 def readable_stream(stream: str) -> None:
     """Raise the 404 unless the caller may read ``stream`` and it exists."""
     if stream.startswith(_JOB_PREFIX):
-        visible_job(stream[len(_JOB_PREFIX):])
+        visible_job(stream[len(_JOB_PREFIX) :])
         return
     if not auth.current().system:
         raise stream_not_found()
@@ -53,15 +53,23 @@ def resume_point(query: dict[str, Any]) -> int:
 
 def _timing() -> sse.Timing:
     st = state()
-    return sse.Timing(poll_ms=st.settings.sse_poll_ms, max_seconds=st.settings.sse_max_seconds,
-                      heartbeat_seconds=st.sse_heartbeat_seconds)
+    return sse.Timing(
+        poll_ms=st.settings.sse_poll_ms,
+        max_seconds=st.settings.sse_max_seconds,
+        heartbeat_seconds=st.sse_heartbeat_seconds,
+    )
 
 
 @blueprint.get("/streams/<path:stream>/receipts")
-@operation(Operation(
-    summary="Read a stream's raw receipts in order.",
-    tag="streams", path=_STREAM_PATH, query=schemas.RECEIPTS_QUERY, responses={200: schemas.RECEIPT_PAGE},
-))
+@operation(
+    Operation(
+        summary="Read a stream's raw receipts in order.",
+        tag="streams",
+        path=_STREAM_PATH,
+        query=schemas.RECEIPTS_QUERY,
+        responses={200: schemas.RECEIPT_PAGE},
+    )
+)
 def receipts(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
     readable_stream(stream)
     limit = query["limit"]
@@ -73,11 +81,17 @@ def receipts(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
 
 
 @blueprint.get("/streams/<path:stream>/events")
-@operation(Operation(
-    summary="Follow a stream's receipts as Server-Sent Events (event: receipt, id: seq).",
-    tag="streams", path=_STREAM_PATH, query=schemas.EVENTS_QUERY, headers=_RESUME_HEADERS,
-    responses={200: schemas.RECEIPT_EVENT}, streams=True,
-))
+@operation(
+    Operation(
+        summary="Follow a stream's receipts as Server-Sent Events (event: receipt, id: seq).",
+        tag="streams",
+        path=_STREAM_PATH,
+        query=schemas.EVENTS_QUERY,
+        headers=_RESUME_HEADERS,
+        responses={200: schemas.RECEIPT_EVENT},
+        streams=True,
+    )
+)
 def stream_events(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
     readable_stream(stream)
     after = resume_point(query)
@@ -85,12 +99,18 @@ def stream_events(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
 
 
 @blueprint.get("/jobs/<jobId>/events")
-@operation(Operation(
-    summary="Follow a job as Server-Sent Events: its state after each change (event: job, id: seq).",
-    description="Ends after a terminal job's last event. Resume with Last-Event-ID.",
-    tag="jobs", path={"jobId": schemas.JOB_ID_PARAM}, query=schemas.EVENTS_QUERY, headers=_RESUME_HEADERS,
-    responses={200: schemas.JOB_EVENT}, streams=True,
-))
+@operation(
+    Operation(
+        summary="Follow a job as Server-Sent Events: its state after each change (event: job, id: seq).",
+        description="Ends after a terminal job's last event. Resume with Last-Event-ID.",
+        tag="jobs",
+        path={"jobId": schemas.JOB_ID_PARAM},
+        query=schemas.EVENTS_QUERY,
+        headers=_RESUME_HEADERS,
+        responses={200: schemas.JOB_EVENT},
+        streams=True,
+    )
+)
 def job_events(jobId: str, query: dict[str, Any]) -> ResponseReturnValue:
     visible_job(jobId)
     after = resume_point(query)

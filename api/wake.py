@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from app.config import Settings
-from app.reducer import Job
+from app.jobs.reducer import Job
 
 log = logging.getLogger("receipt.api")
 

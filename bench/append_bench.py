@@ -1,6 +1,6 @@
 """Receipt benchmarks on PostgreSQL (not a timed test): append throughput and read cost.
 
-(a) Receipt appends per second (``app.store.append``: database clock, SHA-256 hash chain,
+(a) Receipt appends per second (``app.storage.store.append``: database clock, SHA-256 hash chain,
     append-only trigger; one transaction per append, one client, the caller tracking each
     stream's head like the queue does) against plain single-row INSERT commits per second into
     a table with the same columns and unique key but no trigger and no hash work.
@@ -40,13 +40,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
-from app import projection, store
-from app.db import make_engine
-from app.migrate import upgrade
-from app.queue import Queue
-from app.reducer import reduce
-from app.validation import validate_enqueue
-from app.vocab import job_stream
+from app.jobs.reducer import reduce
+from app.jobs.validation import validate_enqueue
+from app.jobs.vocab import job_stream
+from app.storage import projection, store
+from app.storage.db import make_engine
+from app.storage.migrate import upgrade
+from app.storage.queue import Queue
 
 ADMIN_URL = os.environ.get("RECEIPT_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 APPENDS = int(os.environ.get("RECEIPT_BENCH_APPENDS", "3000"))
@@ -58,7 +58,8 @@ LENGTHS = (10, 1_000, 10_000)
 # The control table: the receipts table's columns and unique key, nothing else.
 plain_metadata = MetaData()
 plain = Table(
-    "bench_plain_inserts", plain_metadata,
+    "bench_plain_inserts",
+    plain_metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
     Column("stream", String(512), nullable=False),
     Column("seq", Integer, nullable=False),
@@ -91,7 +92,7 @@ BLOCK = 100  # receipts and plain inserts alternate in blocks, so machine drift 
 def append_round(engine: Engine, round_no: int) -> tuple[float, float]:
     """One round: (receipt appends/s, plain INSERT commits/s), ``APPENDS`` of each, interleaved.
 
-    Receipts go through app.store.append, one transaction each, the caller tracking every
+    Receipts go through app.storage.store.append, one transaction each, the caller tracking every
     stream's head (seq and prevHash) as the queue does; the time is the database clock. The
     plain INSERTs write the same row shape into the control table, also with the database
     clock, but with no hash chain and no append-only trigger.
@@ -112,8 +113,17 @@ def append_round(engine: Engine, round_no: int) -> tuple[float, float]:
             stream = f"bench/{round_no}/{i % STREAMS}"
             seq = seqs.get(stream, 0) + 1
             with engine.begin() as conn:
-                conn.execute(plain.insert().values(stream=stream, seq=seq, type="bench.progress", body=_body(i),
-                                                   at=func.clock_timestamp(), prev_hash=None, hash="-" * 64))
+                conn.execute(
+                    plain.insert().values(
+                        stream=stream,
+                        seq=seq,
+                        type="bench.progress",
+                        body=_body(i),
+                        at=func.clock_timestamp(),
+                        prev_hash=None,
+                        hash="-" * 64,
+                    )
+                )
             seqs[stream] = seq
         spent_receipts += middle - start
         spent_plain += time.perf_counter() - middle
@@ -123,21 +133,35 @@ def append_round(engine: Engine, round_no: int) -> tuple[float, float]:
 def build_job(engine: Engine, queue: Queue, length: int) -> str:
     """A leased job whose stream holds ``length`` receipts: enqueue, lease, then progress receipts.
 
-    Fast path: the progress receipts go through app.store.append and the reducer in one
+    Fast path: the progress receipts go through app.storage.store.append and the reducer in one
     transaction, with the projection written once at the end (projection == fold holds, as in
     the queue). Progress keeps the folded state the same size, so only stream length varies.
     """
-    job = queue.enqueue(validate_enqueue("codex", {"payload": {
-        "kind": "factory.task.run", "authContext": {"userId": "bench", "organizationId": "bench"}}})).job
+    job = queue.enqueue(
+        validate_enqueue(
+            "codex",
+            {
+                "payload": {
+                    "kind": "factory.task.run",
+                    "authContext": {"userId": "bench", "organizationId": "bench"},
+                }
+            },
+        )
+    ).job
     leased = queue.lease(job.id, "bench-worker", 3_600_000).job
     with engine.begin() as conn:
         loaded = projection.load(conn, job.id)
         assert loaded is not None
         state, prev_hash, last = loaded.job, loaded.last_hash, None
         for i in range(length - 2):
-            last = store.append(conn, job_stream(job.id), state.seq, "job.progress",
-                                {"workerId": "bench-worker", "attempt": leased.attempt, "progress": {"step": i}},
-                                prev_hash=prev_hash)
+            last = store.append(
+                conn,
+                job_stream(job.id),
+                state.seq,
+                "job.progress",
+                {"workerId": "bench-worker", "attempt": leased.attempt, "progress": {"step": i}},
+                prev_hash=prev_hash,
+            )
             new = reduce(state, last.to_receipt())
             assert new is not None
             state, prev_hash = new, last.hash
@@ -160,8 +184,10 @@ def time_per_call(fn: Callable[[], object], n: int) -> float:
 def main() -> int:
     name = f"receipt_bench_{uuid.uuid4().hex[:10]}"
     admin = make_engine(ADMIN_URL)
-    print(f"$ {os.path.relpath(sys.executable)} {' '.join(sys.argv)}  "
-          f"(database {name} on {ADMIN_URL.rsplit('/', 1)[0]})")
+    print(
+        f"$ {os.path.relpath(sys.executable)} {' '.join(sys.argv)}  "
+        f"(database {name} on {ADMIN_URL.rsplit('/', 1)[0]})"
+    )
     _autocommit(admin, f"CREATE DATABASE {name}")
     engine = make_engine(_db_url(name))
     try:
@@ -170,8 +196,10 @@ def main() -> int:
         with engine.connect() as conn:
             version = conn.execute(text("SHOW server_version")).scalar_one()
             sync = conn.execute(text("SHOW synchronous_commit")).scalar_one()
-        print(f"PostgreSQL {version}, synchronous_commit={sync}; {APPENDS} appends over {STREAMS} streams, "
-              f"{ROUNDS} rounds\n")
+        print(
+            f"PostgreSQL {version}, synchronous_commit={sync}; {APPENDS} appends over {STREAMS} streams, "
+            f"{ROUNDS} rounds\n"
+        )
 
         print("(a) append throughput, one transaction per write")
         ours, theirs, ratios = [], [], []
@@ -185,26 +213,36 @@ def main() -> int:
             checked, broken = store.verify(conn)
         assert broken is None and checked == APPENDS * ROUNDS
         ratio = statistics.median(ratios)
-        print(f"  median:  receipts {statistics.median(ours):8.0f}/s   plain INSERT {statistics.median(theirs):8.0f}/s   "
-              f"ratio {ratio:.2f} (median of the rounds' ratios; target >= 0.70: {'met' if ratio >= 0.7 else 'MISSED'})")
+        print(
+            f"  median:  receipts {statistics.median(ours):8.0f}/s   plain INSERT "
+            f"{statistics.median(theirs):8.0f}/s   "
+            f"ratio {ratio:.2f} (median of the rounds' ratios; target >= 0.70: "
+            f"{'met' if ratio >= 0.7 else 'MISSED'})"
+        )
         print(f"  all {checked} bench receipts verify (hash chain intact)\n")
 
-        print(f"(b) reading a job's state (Queue.get, the jobs projection), {READS} reads per length per round")
+        print(
+            f"(b) reading a job's state (Queue.get, the jobs projection), {READS} reads per length per round"
+        )
         queue = Queue(engine)
         job_ids = {length: build_job(engine, queue, length) for length in LENGTHS}
         samples: dict[int, list[float]] = {length: [] for length in LENGTHS}
         for n in range(ROUNDS):  # interleaved, order alternating, so drift hits every length alike
-            for length in (LENGTHS if n % 2 == 0 else LENGTHS[::-1]):
+            for length in LENGTHS if n % 2 == 0 else LENGTHS[::-1]:
                 job_id = job_ids[length]
                 samples[length].append(time_per_call(lambda j=job_id: queue.get(j), READS))  # type: ignore[misc]
         costs = {length: statistics.median(v) for length, v in samples.items()}
         for length in LENGTHS:
+
             def read_whole_stream(j: str = job_ids[length]) -> object:
                 with engine.connect() as conn:
                     return store.read_stream(conn, job_stream(j))
+
             whole = time_per_call(read_whole_stream, 5 if length > 1000 else 50)
-            print(f"  stream length {length:>6}: {costs[length]:8.1f} µs/read (median of {ROUNDS})"
-                  f"   for contrast, reading the whole stream: {whole / 1000:8.2f} ms")
+            print(
+                f"  stream length {length:>6}: {costs[length]:8.1f} µs/read (median of {ROUNDS})"
+                f"   for contrast, reading the whole stream: {whole / 1000:8.2f} ms"
+            )
         flat = costs[LENGTHS[-1]] / costs[LENGTHS[0]]
         print(f"  ratio longest/shortest: {flat:.2f}  (target <= 1.5: {'met' if flat <= 1.5 else 'MISSED'})")
     finally:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/http_enqueue_bench.py [--appends 3000] [--requests 3000] [--concurrency 16]
 
 1. Creates a fresh PostgreSQL database (``postgres@127.0.0.1:5432``, trust auth) and migrates it.
-2. Raw append rate: ``app.store.append`` of ``job.enqueued``-shaped receipts, one transaction
+2. Raw append rate: ``app.storage.store.append`` of ``job.enqueued``-shaped receipts, one transaction
    each, one client — the foundation's floor for "one durable write".
 3. Starts gunicorn (``api/gunicorn_conf.py``: gevent workers) on 127.0.0.1 with authentication
    on and a real token, then a load generator **in a second process** (keep-alive
@@ -36,20 +36,29 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PG_ADMIN_URL = os.environ.get("RECEIPT_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "RECEIPT_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+)
 REDIS_URL = os.environ.get("RECEIPT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/7")
 ORG = "bench-org"
 TIME_LIMIT_SECONDS = 120.0
 
 
 def _payload(i: int) -> dict[str, Any]:
-    return {"kind": "factory.run", "authContext": {"userId": f"user-{i % 50}", "organizationId": ORG},
-            "prompt": "summarise the quarterly numbers", "n": i}
+    return {
+        "kind": "factory.run",
+        "authContext": {"userId": f"user-{i % 50}", "organizationId": ORG},
+        "prompt": "summarise the quarterly numbers",
+        "n": i,
+    }
 
 
 # -- load generator (runs in its own process) ---------------------------------------------------
 
-def load_generator(host: str, port: int, token: str, requests: int, concurrency: int, deadline_s: float) -> dict[str, Any]:
+
+def load_generator(
+    host: str, port: int, token: str, requests: int, concurrency: int, deadline_s: float
+) -> dict[str, Any]:
     """POST ``requests`` enqueues over ``concurrency`` keep-alive connections; return timings."""
     latencies: list[float] = []
     statuses: dict[int, int] = {}
@@ -90,6 +99,7 @@ def load_generator(host: str, port: int, token: str, requests: int, concurrency:
 
 # -- orchestration ---------------------------------------------------------------------------------
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -113,13 +123,20 @@ def _wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.
 
 
 def raw_append_rate(engine: Any, count: int, tag: str) -> float:
-    from app import store
-    from app.db import transaction
+    from app.storage import store
+    from app.storage.db import transaction
 
     start = time.perf_counter()
     for i in range(count):
-        body = {"jobId": f"raw-{tag}-{i}", "agentId": "factory", "lane": "collect", "payload": _payload(i),
-                "sessionKey": None, "singletonMode": "allow", "maxAttempts": 2}
+        body = {
+            "jobId": f"raw-{tag}-{i}",
+            "agentId": "factory",
+            "lane": "collect",
+            "payload": _payload(i),
+            "sessionKey": None,
+            "singletonMode": "allow",
+            "maxAttempts": 2,
+        }
         with transaction(engine) as conn:
             store.append(conn, f"jobs/raw-{tag}-{i}", 0, "job.enqueued", body)
     return count / (time.perf_counter() - start)
@@ -136,20 +153,24 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (WEB_CONCURRENCY)")
-    parser.add_argument("--load-generator", nargs=3, metavar=("PORT", "TOKEN", "DEADLINE"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--load-generator", nargs=3, metavar=("PORT", "TOKEN", "DEADLINE"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
 
     if args.load_generator:
         port, token, deadline = args.load_generator
-        result = load_generator("127.0.0.1", int(port), token, args.requests, args.concurrency, float(deadline))
+        result = load_generator(
+            "127.0.0.1", int(port), token, args.requests, args.concurrency, float(deadline)
+        )
         json.dump(result, sys.stdout)
         return 0
 
     from sqlalchemy import func, select, text
 
-    from app import tokens
-    from app.db import jobs, make_engine
-    from app.migrate import upgrade
+    from app.storage import tokens
+    from app.storage.db import jobs, make_engine
+    from app.storage.migrate import upgrade
 
     name = f"receipt_bench_{uuid.uuid4().hex[:10]}"
     admin = make_engine(PG_ADMIN_URL)
@@ -168,28 +189,57 @@ def main() -> int:
 
         try:
             import tasks.wake  # noqa: F401  (only to report whether the waker is in the path)
+
             waker = f"tasks.wake waker, REDIS_URL={REDIS_URL}"
         except ImportError:
             waker = "none (tasks/wake.py not present yet): enqueue does no broker round trip"
 
         port = _free_port()
         home = tempfile.mkdtemp(prefix="receipt-bench-")
-        env = {**os.environ, "DATABASE_URL": db_url, "REDIS_URL": REDIS_URL, "RECEIPT_AUTH": "enabled",
-               "RECEIPT_HOME": home, "WEB_CONCURRENCY": str(args.workers), "GUNICORN_LOG_LEVEL": "warning",
-               "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "DATABASE_URL": db_url,
+            "REDIS_URL": REDIS_URL,
+            "RECEIPT_AUTH": "enabled",
+            "RECEIPT_HOME": home,
+            "WEB_CONCURRENCY": str(args.workers),
+            "GUNICORN_LOG_LEVEL": "warning",
+            "PYTHONPATH": str(ROOT),
+        }
         gunicorn = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "api" / "gunicorn_conf.py"),
-             "-b", f"127.0.0.1:{port}", "api.wsgi:app"],
-            cwd=ROOT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "-c",
+                str(ROOT / "api" / "gunicorn_conf.py"),
+                "-b",
+                f"127.0.0.1:{port}",
+                "api.wsgi:app",
+            ],
+            cwd=ROOT,
+            env=env,
         )
         _wait_healthy(port, gunicorn)
 
         # Warm-up (connection pools, imports) outside the measurement, then the measured run.
         for n in (200, args.requests):
             loadgen = subprocess.run(
-                [sys.executable, __file__, "--requests", str(n), "--concurrency", str(args.concurrency),
-                 "--load-generator", str(port), token, str(TIME_LIMIT_SECONDS)],
-                capture_output=True, check=True, timeout=TIME_LIMIT_SECONDS + 30,
+                [
+                    sys.executable,
+                    __file__,
+                    "--requests",
+                    str(n),
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--load-generator",
+                    str(port),
+                    token,
+                    str(TIME_LIMIT_SECONDS),
+                ],
+                capture_output=True,
+                check=True,
+                timeout=TIME_LIMIT_SECONDS + 30,
             )
         result = json.loads(loadgen.stdout)
         raw_after = raw_append_rate(engine, args.appends - args.appends // 2, "after")
@@ -199,17 +249,27 @@ def main() -> int:
 
         latencies = result["latencies"]
         http_rate = len(latencies) / result["wall"]
-        print(f"raw appends:        {raw_rate:8.0f} /s  ({args.appends} appends, 1 client, 1 transaction each; "
-              f"{raw_before:.0f} before and {raw_after:.0f} after the HTTP run)")
-        print(f"HTTP enqueues:      {http_rate:8.0f} /s  ({len(latencies)} requests, {args.concurrency} keep-alive "
-              f"clients, gunicorn gevent x{args.workers}, auth on)")
+        print(
+            f"raw appends:        {raw_rate:8.0f} /s  ({args.appends} appends, 1 client, 1 transaction each; "
+            f"{raw_before:.0f} before and {raw_after:.0f} after the HTTP run)"
+        )
+        print(
+            f"HTTP enqueues:      {http_rate:8.0f} /s  ({len(latencies)} requests, {args.concurrency} "
+            f"keep-alive "
+            f"clients, gunicorn gevent x{args.workers}, auth on)"
+        )
         print(f"ratio HTTP / raw:   {http_rate / raw_rate:8.2f}    (target >= 0.5)")
-        print(f"latency p50 / p99:  {_percentile(latencies, 0.5) * 1000:6.1f} ms / "
-              f"{_percentile(latencies, 0.99) * 1000:6.1f} ms (mean {statistics.fmean(latencies) * 1000:.1f} ms)")
+        print(
+            f"latency p50 / p99:  {_percentile(latencies, 0.5) * 1000:6.1f} ms / "
+            f"{_percentile(latencies, 0.99) * 1000:6.1f} ms "
+            f"(mean {statistics.fmean(latencies) * 1000:.1f} ms)"
+        )
         print(f"statuses:           {result['statuses']}; jobs stored: {stored} (incl. {200} warm-up)")
         print(f"waker:              {waker}")
-        print(f"machine:            {os.cpu_count()} cores, load average {load_before:.2f} at start, "
-              f"{os.getloadavg()[0]:.2f} at end")
+        print(
+            f"machine:            {os.cpu_count()} cores, load average {load_before:.2f} at start, "
+            f"{os.getloadavg()[0]:.2f} at end"
+        )
         ok = set(result["statuses"]) == {"202"} and stored == args.requests + 200
         return 0 if ok else 1
     finally:

@@ -61,6 +61,7 @@ STOP_GRACE_S = 20.0
 
 # -- (B) the plain Celery app: ``celery -A bench.runtime_bench:baseline_app worker`` -----------------
 
+
 def make_baseline_app(broker: str, backend: str) -> Celery:
     """A minimal Celery app: one no-op task, Redis broker, database result backend. Defaults otherwise."""
     app = Celery("bench_baseline", broker=broker, backend=backend, set_as_current=False)
@@ -85,6 +86,7 @@ baseline_app = make_baseline_app(
 
 
 # -- helpers ------------------------------------------------------------------------------------------
+
 
 def pg_url(database: str) -> str:
     base, _, _ = PG_ADMIN_URL.rpartition("/")
@@ -163,9 +165,15 @@ def backend_pids(engine: Any) -> list[int]:
     from sqlalchemy import text
 
     with engine.connect() as conn:
-        return [int(p) for p in conn.execute(text(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )).scalars()]
+        return [
+            int(p)
+            for p in conn.execute(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> "
+                    "pg_backend_pid()"
+                )
+            ).scalars()
+        ]
 
 
 class CpuMeter:
@@ -188,8 +196,10 @@ class CpuMeter:
 
     def stop(self) -> dict[str, float]:
         after = self._sample()
-        self.used = {name: sum(cpu - self.before[name].get(pid, 0.0) for pid, cpu in after[name].items())
-                     for name in self.groups}
+        self.used = {
+            name: sum(cpu - self.before[name].get(pid, 0.0) for pid, cpu in after[name].items())
+            for name in self.groups
+        }
         return self.used
 
 
@@ -222,8 +232,15 @@ class Processes:
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop_all
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.children.append((name, proc, log))
         return proc
 
@@ -250,8 +267,11 @@ class Processes:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RECEIPT_", "RESONATE_", "BENCH_")) and k not in ("DATABASE_URL", "REDIS_URL")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RECEIPT_", "RESONATE_", "BENCH_")) and k not in ("DATABASE_URL", "REDIS_URL")
+    }
     env["PYTHONPATH"] = str(REPO)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
@@ -260,9 +280,12 @@ def child_env(**extra: str) -> dict[str, str]:
 
 # -- the load generator (a second process) --------------------------------------------------------------
 
+
 def job_body(job_id: str) -> dict[str, Any]:
-    return {"jobId": job_id, "payload": {"kind": "factory.run",
-                                         "authContext": {"userId": "bench", "organizationId": ORG}}}
+    return {
+        "jobId": job_id,
+        "payload": {"kind": "factory.run", "authContext": {"userId": "bench", "organizationId": ORG}},
+    }
 
 
 def loadgen(url: str, token: str, jobs: int, clients: int, prefix: str) -> dict[str, Any]:
@@ -285,7 +308,9 @@ def loadgen(url: str, token: str, jobs: int, clients: int, prefix: str) -> dict[
             if r.status_code != 202:
                 errors.append(f"{job_id}: {r.status_code} {r.text[:200]}")
 
-    threads = [threading.Thread(target=client, args=(s, share)) for s, share in zip(sessions, shares, strict=True)]
+    threads = [
+        threading.Thread(target=client, args=(s, share)) for s, share in zip(sessions, shares, strict=True)
+    ]
     for t in threads:
         t.start()
     start = time.time()
@@ -297,6 +322,7 @@ def loadgen(url: str, token: str, jobs: int, clients: int, prefix: str) -> dict[
 
 
 # -- (A) Receipt --------------------------------------------------------------------------------------
+
 
 @dataclass
 class ReceiptFigures:
@@ -316,17 +342,27 @@ def latencies_ms(engine: Any, prefix: str) -> list[float]:
     from sqlalchemy import text
 
     with engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT EXTRACT(EPOCH FROM (c.at - e.at)) * 1000 FROM receipts e JOIN receipts c "
-            "ON c.stream = e.stream AND c.type = 'job.completed' "
-            "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"), {"p": f"jobs/{prefix}%"}).scalars().all()
+        rows = (
+            conn.execute(
+                text(
+                    "SELECT EXTRACT(EPOCH FROM (c.at - e.at)) * 1000 FROM receipts e JOIN receipts c "
+                    "ON c.stream = e.stream AND c.type = 'job.completed' "
+                    "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"
+                ),
+                {"p": f"jobs/{prefix}%"},
+            )
+            .scalars()
+            .all()
+        )
     return [float(v) for v in rows]
 
 
-SEGMENTS = ("enqueued -> delivery recorded (wake hop, dispatch scan)",
-            "delivery recorded -> job.leased (drive, worker hop, lease)",
-            "job.leased -> job.heartbeat (start fence, same commit)",
-            "job.heartbeat -> job.completed (handler, re-read, settle)")
+SEGMENTS = (
+    "enqueued -> delivery recorded (wake hop, dispatch scan)",
+    "delivery recorded -> job.leased (drive, worker hop, lease)",
+    "job.leased -> job.heartbeat (start fence, same commit)",
+    "job.heartbeat -> job.completed (handler, re-read, settle)",
+)
 
 
 def segments_ms(engine: Any, prefix: str) -> list[float]:
@@ -334,13 +370,17 @@ def segments_ms(engine: Any, prefix: str) -> list[float]:
     from sqlalchemy import text
 
     with engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT e.at, d.created_at, l.at, h.at, c.at FROM receipts e "
-            "JOIN deliveries d ON d.dispatch_key = substr(e.stream, 6) AND d.generation = 0 "
-            "JOIN receipts l ON l.stream = e.stream AND l.type = 'job.leased' "
-            "JOIN receipts h ON h.stream = e.stream AND h.type = 'job.heartbeat' "
-            "JOIN receipts c ON c.stream = e.stream AND c.type = 'job.completed' "
-            "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"), {"p": f"jobs/{prefix}%"}).all()
+        rows = conn.execute(
+            text(
+                "SELECT e.at, d.created_at, l.at, h.at, c.at FROM receipts e "
+                "JOIN deliveries d ON d.dispatch_key = substr(e.stream, 6) AND d.generation = 0 "
+                "JOIN receipts l ON l.stream = e.stream AND l.type = 'job.leased' "
+                "JOIN receipts h ON h.stream = e.stream AND h.type = 'job.heartbeat' "
+                "JOIN receipts c ON c.stream = e.stream AND c.type = 'job.completed' "
+                "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"
+            ),
+            {"p": f"jobs/{prefix}%"},
+        ).all()
     if not rows:
         return []
     return [statistics.median((r[i + 1] - r[i]).total_seconds() * 1000 for r in rows) for i in range(4)]
@@ -350,17 +390,18 @@ def count_status(engine: Any, prefix: str) -> dict[str, int]:
     from sqlalchemy import text
 
     with engine.connect() as conn:
-        rows = conn.execute(text("SELECT status, count(*) FROM jobs WHERE id LIKE :p GROUP BY status"),
-                            {"p": f"{prefix}%"}).all()
+        rows = conn.execute(
+            text("SELECT status, count(*) FROM jobs WHERE id LIKE :p GROUP BY status"), {"p": f"{prefix}%"}
+        ).all()
     return {str(s): int(n) for s, n in rows}
 
 
 def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> ReceiptFigures:
     import requests
 
-    from app import tokens
-    from app.db import make_engine
-    from app.migrate import upgrade
+    from app.storage import tokens
+    from app.storage.db import make_engine
+    from app.storage.migrate import upgrade
 
     with fresh_database("receipt_bench") as url:
         engine = make_engine(url)
@@ -369,12 +410,28 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
             _, token = tokens.create(engine, ORG)
             port = free_port()
             base = f"http://127.0.0.1:{port}"
-            env = child_env(DATABASE_URL=url, REDIS_URL=f"{REDIS_BASE}/{RECEIPT_REDIS_DB}", RECEIPT_HOME=str(home),
-                            RECEIPT_HANDLER_MODULES="bench.handlers",
-                            RECEIPT_RESONATE_EXECUTE_CONCURRENCY=str(args.concurrency))
+            env = child_env(
+                DATABASE_URL=url,
+                REDIS_URL=f"{REDIS_BASE}/{RECEIPT_REDIS_DB}",
+                RECEIPT_HOME=str(home),
+                RECEIPT_HANDLER_MODULES="bench.handlers",
+                RECEIPT_RESONATE_EXECUTE_CONCURRENCY=str(args.concurrency),
+            )
             py = sys.executable
-            procs.start("api", [py, "-m", "gunicorn", "-c", "python:api.gunicorn_conf", "--bind",
-                                f"127.0.0.1:{port}", "api.wsgi:app"], env)
+            procs.start(
+                "api",
+                [
+                    py,
+                    "-m",
+                    "gunicorn",
+                    "-c",
+                    "python:api.gunicorn_conf",
+                    "--bind",
+                    f"127.0.0.1:{port}",
+                    "api.wsgi:app",
+                ],
+                env,
+            )
             procs.start("driver", [py, "-m", "tasks.worker", "--role", "driver"], env)
             procs.start("worker-chat", [py, "-m", "tasks.worker", "--role", "worker-chat"], env)
 
@@ -389,28 +446,58 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
             headers = {"Authorization": f"Bearer {token}"}
 
             def post(job_id: str) -> None:
-                r = session.post(f"{base}/agents/{AGENT}/jobs", json=job_body(job_id), headers=headers, timeout=30)
+                r = session.post(
+                    f"{base}/agents/{AGENT}/jobs", json=job_body(job_id), headers=headers, timeout=30
+                )
                 if r.status_code != 202:
                     raise RuntimeError(f"enqueue answered {r.status_code}: {r.text[:300]}")
 
             # Warm-up: proves driver and worker consume, and fills every connection pool.
             for i in range(args.warmup):
                 post(f"warm-{i:04d}")
-            wait_for(lambda: count_status(engine, "warm-").get("completed", 0) == args.warmup, 60,
-                     "the warm-up jobs", procs)
+            wait_for(
+                lambda: count_status(engine, "warm-").get("completed", 0) == args.warmup,
+                60,
+                "the warm-up jobs",
+                procs,
+            )
             log(f"receipt: processes up, {args.warmup} warm-up jobs completed")
 
             # Load: N jobs from a second process with a few keep-alive clients.
             pids = {name: proc.pid for name, proc, _ in procs.children}
-            meter = CpuMeter({
-                "api (gunicorn)": lambda: [pids["api"]], "driver": lambda: [pids["driver"]],
-                "worker-chat": lambda: [pids["worker-chat"]], "postgres": lambda: backend_pids(engine),
-            })
+            meter = CpuMeter(
+                {
+                    "api (gunicorn)": lambda: [pids["api"]],
+                    "driver": lambda: [pids["driver"]],
+                    "worker-chat": lambda: [pids["worker-chat"]],
+                    "postgres": lambda: backend_pids(engine),
+                }
+            )
             meter.start()
             gen = subprocess.run(
-                [py, "-m", "bench.runtime_bench", "loadgen", "--url", base, "--token", token,
-                 "--jobs", str(args.jobs), "--clients", str(args.clients), "--prefix", "load-"],
-                cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300, check=False)
+                [
+                    py,
+                    "-m",
+                    "bench.runtime_bench",
+                    "loadgen",
+                    "--url",
+                    base,
+                    "--token",
+                    token,
+                    "--jobs",
+                    str(args.jobs),
+                    "--clients",
+                    str(args.clients),
+                    "--prefix",
+                    "load-",
+                ],
+                cwd=REPO,
+                env=child_env(),
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
             if gen.returncode != 0:
                 raise RuntimeError(f"load generator failed: {gen.stderr[-2000:]}")
             sent = json.loads(gen.stdout.strip().splitlines()[-1])
@@ -429,11 +516,18 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
             cpu = meter.stop()
             lat = latencies_ms(engine, "load-")
             from sqlalchemy import text
+
             with engine.connect() as conn:
-                span_s = float(conn.execute(text(
-                    "SELECT EXTRACT(EPOCH FROM (max(c.at) - min(e.at))) FROM receipts e JOIN receipts c "
-                    "ON c.stream = e.stream AND c.type = 'job.completed' "
-                    "WHERE e.type = 'job.enqueued' AND e.stream LIKE 'jobs/load-%'")).scalar_one())
+                span_s = float(
+                    conn.execute(
+                        text(
+                            "SELECT EXTRACT(EPOCH FROM (max(c.at) - min(e.at))) FROM receipts e JOIN "
+                            "receipts c "
+                            "ON c.stream = e.stream AND c.type = 'job.completed' "
+                            "WHERE e.type = 'job.enqueued' AND e.stream LIKE 'jobs/load-%'"
+                        )
+                    ).scalar_one()
+                )
 
             # Idle: one job at a time, each sent after the previous one completed.
             for i in range(args.idle):
@@ -445,9 +539,12 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
                 throughput=args.jobs / (done_wall - sent["start"]),
                 db_span_throughput=args.jobs / span_s,
                 enqueue_rate=args.jobs / (sent["end"] - sent["start"]),
-                p50_ms=statistics.median(lat), p99_ms=percentile(lat, 99),
-                idle_p50_ms=statistics.median(idle), idle_p99_ms=percentile(idle, 99),
-                load_segments=segments_ms(engine, "load-"), idle_segments=segments_ms(engine, "idle-"),
+                p50_ms=statistics.median(lat),
+                p99_ms=percentile(lat, 99),
+                idle_p50_ms=statistics.median(idle),
+                idle_p99_ms=percentile(idle, 99),
+                load_segments=segments_ms(engine, "load-"),
+                idle_segments=segments_ms(engine, "idle-"),
                 cpu_ms_per_job={k: v * 1000 / args.jobs for k, v in cpu.items()},
             )
         finally:
@@ -465,6 +562,7 @@ def _status(engine: Any, job_id: str) -> str | None:
 
 # -- (B) plain Celery ---------------------------------------------------------------------------------
 
+
 def run_baseline(args: argparse.Namespace, procs: Processes) -> tuple[float, dict[str, float]]:
     from sqlalchemy import create_engine, text
 
@@ -472,18 +570,40 @@ def run_baseline(args: argparse.Namespace, procs: Processes) -> tuple[float, dic
         broker = f"{REDIS_BASE}/{BASELINE_REDIS_DB}"
         backend = f"db+{url}"
         env = child_env(BENCH_CELERY_BROKER=broker, BENCH_CELERY_BACKEND=backend)
-        procs.start("celery-baseline", [sys.executable, "-m", "celery", "-A", "bench.runtime_bench:baseline_app",
-                                        "worker", "--pool", "threads", "--concurrency", str(args.concurrency),
-                                        "--queues", BASELINE_QUEUE, "--without-gossip", "--without-mingle",
-                                        "--loglevel", "WARNING"], env)
+        procs.start(
+            "celery-baseline",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "bench.runtime_bench:baseline_app",
+                "worker",
+                "--pool",
+                "threads",
+                "--concurrency",
+                str(args.concurrency),
+                "--queues",
+                BASELINE_QUEUE,
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel",
+                "WARNING",
+            ],
+            env,
+        )
         app = make_baseline_app(broker, backend)
         engine = create_engine(url)
         try:
+
             def stored() -> int:
                 try:
                     with engine.connect() as conn:
-                        return int(conn.execute(text(
-                            "SELECT count(*) FROM celery_taskmeta WHERE status = 'SUCCESS'")).scalar_one())
+                        return int(
+                            conn.execute(
+                                text("SELECT count(*) FROM celery_taskmeta WHERE status = 'SUCCESS'")
+                            ).scalar_one()
+                        )
                 except Exception:  # the worker creates the table on its first result
                     return 0
 
@@ -492,8 +612,13 @@ def run_baseline(args: argparse.Namespace, procs: Processes) -> tuple[float, dic
             wait_for(lambda: stored() >= args.warmup, 60, "the baseline warm-up", procs)
             log(f"celery: worker up, {args.warmup} warm-up tasks stored")
             worker_pid = procs.children[-1][1].pid
-            meter = CpuMeter({"worker": lambda: [worker_pid], "producer (this process)": lambda: [os.getpid()],
-                              "postgres": lambda: backend_pids(engine)})
+            meter = CpuMeter(
+                {
+                    "worker": lambda: [worker_pid],
+                    "producer (this process)": lambda: [os.getpid()],
+                    "postgres": lambda: backend_pids(engine),
+                }
+            )
             meter.start()
             start = time.time()
             for _ in range(args.jobs):
@@ -524,10 +649,10 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
     from sqlalchemy import event
 
     from app.config import Settings
-    from app.db import make_engine
-    from app.migrate import upgrade
-    from app.queue import Queue
-    from app.validation import validate_enqueue
+    from app.jobs.validation import validate_enqueue
+    from app.storage.db import make_engine
+    from app.storage.migrate import upgrade
+    from app.storage.queue import Queue
     from bench import handlers
     from tasks import dispatch, execute
     from tasks.callbacks import Callbacks
@@ -548,7 +673,8 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
             event.listen(engine, "before_cursor_execute", bump("statements"))
             event.listen(engine, "commit", bump("commits"))
             event.listen(engine, "rollback", bump("rollbacks"))
-            # Each checkout of a pooled Postgres connection costs a pre-ping round trip (app.db.make_engine).
+            # Each checkout of a pooled Postgres connection costs a pre-ping round trip
+            # (app.storage.db.make_engine).
             event.listen(engine.pool, "checkout", bump("checkouts"))
             settings = Settings.from_env({"REDIS_URL": f"{REDIS_BASE}/{RECEIPT_REDIS_DB}"})
             app = make_celery(settings)
@@ -557,9 +683,11 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
             handlers.register(registry)
             queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
             rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
-            names = ("api: enqueue (+ wake message)",
-                     "driver: dispatch scan -> start_driver -> drive -> worker message",
-                     "worker: execute (lease+start, run, settle, settle delivery)")
+            names = (
+                "api: enqueue (+ wake message)",
+                "driver: dispatch scan -> start_driver -> drive -> worker message",
+                "worker: execute (lease+start, run, settle, settle delivery)",
+            )
             deltas: dict[str, dict[str, int]] = {}
             cpu: dict[str, list[float]] = {n: [] for n in names}
 
@@ -588,6 +716,7 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
 
 # -- main ---------------------------------------------------------------------------------------------
 
+
 def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -605,8 +734,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4, help="concurrent keep-alive HTTP clients")
     parser.add_argument("--idle", type=int, default=50, help="jobs in the one-at-a-time idle latency run")
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--concurrency", type=int, default=8,
-                        help="threads of the Receipt driver and worker, and of the Celery worker")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="threads of the Receipt driver and worker, and of the Celery worker",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "loadgen":
@@ -637,33 +770,55 @@ def main(argv: list[str] | None = None) -> int:
 
     ratio = receipt.throughput / celery_tps
     print()
-    print(f"Runtime benchmark: {args.jobs} no-op jobs, {args.clients} HTTP clients, concurrency {args.concurrency}, "
-          f"{os.cpu_count()} CPUs")
-    print(f"  Receipt (HTTP enqueue -> completed)   {receipt.throughput:8.1f} jobs/s"
-          f"   (receipt-time span {receipt.db_span_throughput:.1f} jobs/s; HTTP enqueue {receipt.enqueue_rate:.1f}/s)")
-    print(f"  plain Celery (PG result backend)      {celery_tps:8.1f} tasks/s"
-          f"   (mean of {celery_before:.1f} before and {celery_after:.1f} after Receipt)")
+    print(
+        f"Runtime benchmark: {args.jobs} no-op jobs, {args.clients} HTTP clients, concurrency "
+        f"{args.concurrency}, "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(
+        f"  Receipt (HTTP enqueue -> completed)   {receipt.throughput:8.1f} jobs/s"
+        f"   (receipt-time span {receipt.db_span_throughput:.1f} jobs/s; HTTP enqueue "
+        f"{receipt.enqueue_rate:.1f}/s)"
+    )
+    print(
+        f"  plain Celery (PG result backend)      {celery_tps:8.1f} tasks/s"
+        f"   (mean of {celery_before:.1f} before and {celery_after:.1f} after Receipt)"
+    )
     print(f"  ratio Receipt / Celery                {ratio:8.2f}   (target >= 0.5)")
     print(f"  latency under load  p50 {receipt.p50_ms:7.1f} ms   p99 {receipt.p99_ms:7.1f} ms")
-    print(f"  latency idle        p50 {receipt.idle_p50_ms:7.1f} ms   p99 {receipt.idle_p99_ms:7.1f} ms"
-          f"   (target p50 <= 50 ms, {args.idle} jobs one at a time)")
+    print(
+        f"  latency idle        p50 {receipt.idle_p50_ms:7.1f} ms   p99 {receipt.idle_p99_ms:7.1f} ms"
+        f"   (target p50 <= 50 ms, {args.idle} jobs one at a time)"
+    )
     print("  CPU ms per job while loaded (the machine has 2 cores, so CPU bounds throughput):")
-    print("    Receipt: " + ", ".join(f"{k} {v:.1f}" for k, v in receipt.cpu_ms_per_job.items())
-          + f"; total {sum(receipt.cpu_ms_per_job.values()):.1f}")
-    print("    Celery:  " + ", ".join(f"{k} {v:.1f}" for k, v in celery_cpu.items() if k != "postgres")
-          + f"; total {sum(celery_cpu.values()):.1f} + postgres (not measurable: its result backend opens"
-          " a connection per write under the threads pool)")
+    print(
+        "    Receipt: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in receipt.cpu_ms_per_job.items())
+        + f"; total {sum(receipt.cpu_ms_per_job.values()):.1f}"
+    )
+    print(
+        "    Celery:  "
+        + ", ".join(f"{k} {v:.1f}" for k, v in celery_cpu.items() if k != "postgres")
+        + f"; total {sum(celery_cpu.values()):.1f} + postgres (not measurable: its result backend opens"
+        " a connection per write under the threads pool)"
+    )
     print("  where an enqueue-to-completed goes (median ms per step, database clock):       idle    load")
     for name, idle_ms, load_ms in zip(SEGMENTS, receipt.idle_segments, receipt.load_segments, strict=False):
         print(f"    {name:<75} {idle_ms:7.1f} {load_ms:7.1f}")
-    print("  one job's work by step (in-process, real code; a checkout = one pre-ping round trip;"
-          " cpu = Receipt's own Python):")
-    print(f"    {'':<70} {'stmts':>6} {'commits':>8} {'rollbks':>8} {'checkouts':>10} {'messages':>9}"
-          f" {'cpu ms':>7}")
+    print(
+        "  one job's work by step (in-process, real code; a checkout = one pre-ping round trip;"
+        " cpu = Receipt's own Python):"
+    )
+    print(
+        f"    {'':<70} {'stmts':>6} {'commits':>8} {'rollbks':>8} {'checkouts':>10} {'messages':>9}"
+        f" {'cpu ms':>7}"
+    )
     keys = ("statements", "commits", "rollbacks", "checkouts", "messages", "cpu_ms")
     for name, d in [*steps, ("total", {k: sum(d[k] for _, d in steps) for k in keys})]:
-        print(f"    {name:<70} {d['statements']:6.0f} {d['commits']:8.0f} {d['rollbacks']:8.0f}"
-              f" {d['checkouts']:10.0f} {d['messages']:9.0f} {d['cpu_ms']:7.1f}")
+        print(
+            f"    {name:<70} {d['statements']:6.0f} {d['commits']:8.0f} {d['rollbacks']:8.0f}"
+            f" {d['checkouts']:10.0f} {d['messages']:9.0f} {d['cpu_ms']:7.1f}"
+        )
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import requests
 
 from app.config import Settings
-from app.reducer import Job
+from app.jobs.reducer import Job
 
 log = logging.getLogger("receipt.callbacks")
 
@@ -24,8 +24,14 @@ CALLBACK_EVENTS = ("dispatched", "completed", "failed", "canceled")
 
 def callback_body(event: str, job: Job) -> dict[str, Any]:
     return {
-        "event": event, "jobId": job.id, "agentId": job.agent_id, "status": job.status,
-        "attempt": job.attempt, "result": job.result, "error": job.error, "stream": job.stream,
+        "event": event,
+        "jobId": job.id,
+        "agentId": job.agent_id,
+        "status": job.status,
+        "attempt": job.attempt,
+        "result": job.result,
+        "error": job.error,
+        "stream": job.stream,
     }
 
 
@@ -37,8 +43,11 @@ class Callbacks:
         self.headers = {"Content-Type": "application/json"}
         if settings.callback_token:
             self.headers["Authorization"] = f"Bearer {settings.callback_token}"
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="receipt-callback") \
-            if self.urls else None
+        self._pool = (
+            ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="receipt-callback")
+            if self.urls
+            else None
+        )
 
     def post(self, event: str, job: Job) -> list[Future[None]]:
         if self._pool is None or event not in CALLBACK_EVENTS:
@@ -50,6 +59,8 @@ class Callbacks:
         try:
             response = requests.post(url, json=body, headers=self.headers, timeout=CALLBACK_TIMEOUT_S)
             if response.status_code >= 400:
-                log.warning("callback %s for %s answered %s", body["event"], body["jobId"], response.status_code)
+                log.warning(
+                    "callback %s for %s answered %s", body["event"], body["jobId"], response.status_code
+                )
         except requests.RequestException as exc:
             log.warning("callback %s for %s failed: %s", body["event"], body["jobId"], exc)

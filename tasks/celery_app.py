@@ -12,7 +12,7 @@ from celery import Celery, signals
 
 import celeryconfig
 from app.config import Settings
-from app.routing import MAINTENANCE_QUEUE
+from app.jobs.routing import MAINTENANCE_QUEUE
 from tasks import dispatch, execute, loops
 from tasks.runtime import (
     DISPATCH_TASK,
@@ -44,7 +44,9 @@ def _register(app: Celery) -> None:
         return dispatch.drive(get_runtime(self.app), job_id, dispatch_key, generation)
 
     @app.task(name=EXECUTE_TASK, bind=True, ignore_result=True, shared=False)
-    def execute_task(self: Any, job_id: str, fence: str, dispatch_key: str, generation: int) -> dict[str, Any]:
+    def execute_task(
+        self: Any, job_id: str, fence: str, dispatch_key: str, generation: int
+    ) -> dict[str, Any]:
         return execute.execute(get_runtime(self.app), job_id, fence, dispatch_key, generation)
 
     @app.task(name=REDRIVE_TASK, bind=True, ignore_result=True, shared=False)
@@ -67,8 +69,9 @@ def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
     settings: Settings | None = getattr(beat_app, "receipt_settings", None)
     if beat_app is None or settings is None:
         return
-    beat_app.send_task(REDRIVE_TASK, queue=MAINTENANCE_QUEUE,
-                       countdown=settings.queued_redrive_startup_delay_ms / 1000)
+    beat_app.send_task(
+        REDRIVE_TASK, queue=MAINTENANCE_QUEUE, countdown=settings.queued_redrive_startup_delay_ms / 1000
+    )
 
 
 def __getattr__(name: str) -> Celery:

@@ -12,14 +12,14 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from app import delivery
-from app.db import db_now, parse_iso, transaction
-from app.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
-from app.queue import retry_transient
-from app.reducer import Job
-from app.routing import DRIVER_QUEUE, route
-from app.timing import timing_for
-from app.vocab import LEASED_STATUSES
+from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
+from app.jobs.reducer import Job
+from app.jobs.routing import DRIVER_QUEUE, route
+from app.jobs.timing import timing_for
+from app.jobs.vocab import LEASED_STATUSES
+from app.storage import delivery
+from app.storage.db import db_now, parse_iso, transaction
+from app.storage.queue import retry_transient
 from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime
 
 log = logging.getLogger("receipt.dispatch")
@@ -41,8 +41,9 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
     return {"started": started}
 
 
-def start_driver(rt: Runtime, job_id: str, dispatch_key: str, *,
-                 inline: bool = False) -> delivery.StartDecision | None:
+def start_driver(
+    rt: Runtime, job_id: str, dispatch_key: str, *, inline: bool = False
+) -> delivery.StartDecision | None:
     """The driver starter: record a delivery (or learn one is active), then begin the driver —
     by sending the driver task, or, when the caller already runs in the driver role, in-process."""
     job = rt.queue.get(job_id)
@@ -67,8 +68,12 @@ def start_driver(rt: Runtime, job_id: str, dispatch_key: str, *,
         drive(rt, job_id, dispatch_key, decision.generation)
         return decision
     try:
-        rt.app.send_task(DRIVER_TASK, args=[job_id, dispatch_key, decision.generation],
-                         task_id=decision.task_id, queue=DRIVER_QUEUE)
+        rt.app.send_task(
+            DRIVER_TASK,
+            args=[job_id, dispatch_key, decision.generation],
+            task_id=decision.task_id,
+            queue=DRIVER_QUEUE,
+        )
     except Exception:
         # The delivery never left: make it terminal so the next pass may start a new generation.
         log.exception("could not send the driver task for %s", job_id)
@@ -92,9 +97,16 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
             # wake-up fires inside the failure, and finding this delivery still pending it would
             # answer active_delivery and leave the retry to the queued redrive (min age 30 s).
             settle_delivery(rt, dispatch_key, generation, "stale_active_lease")
-            out = retry_transient(lambda: rt.queue.fail(
-                job_id, job.lease.worker_id if job.lease else None, job.lease.attempt if job.lease else None,
-                STALE_ACTIVE_LEASE_ERROR, retryable=True, status="lease_lost"))
+            out = retry_transient(
+                lambda: rt.queue.fail(
+                    job_id,
+                    job.lease.worker_id if job.lease else None,
+                    job.lease.attempt if job.lease else None,
+                    STALE_ACTIVE_LEASE_ERROR,
+                    retryable=True,
+                    status="lease_lost",
+                )
+            )
             if out.applied and out.job.status == "failed":
                 rt.callbacks.post("failed", out.job)
             return {"outcome": "stale_active_lease"}
@@ -114,8 +126,9 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
     fence = delivery.attempt_fence(job_id, job.attempt + 1)
     queue_name = route(job.agent_id, job.kind).queue
     try:
-        rt.app.send_task(EXECUTE_TASK, args=[job_id, fence, dispatch_key, generation], task_id=fence,
-                         queue=queue_name)
+        rt.app.send_task(
+            EXECUTE_TASK, args=[job_id, fence, dispatch_key, generation], task_id=fence, queue=queue_name
+        )
     except Exception:
         # The worker message never left: end this delivery so the next pass may start another.
         log.exception("could not send the worker task for %s", job_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from app.delivery import parse_fence
+from app.storage.delivery import parse_fence
 from tasks.dispatch import settle_delivery
 from tasks.runtime import Runtime, send_wake
 from workers.runner import run_attempt

@@ -24,8 +24,10 @@ AUTH_VARIABLES = ("FLOWER_BASIC_AUTH", "FLOWER_AUTH")
 def flower_argv(env: Mapping[str, str], settings: Settings) -> list[str]:
     """The ``celery flower`` arguments; refuses (SystemExit) when Flower would run unauthenticated."""
     if not any(env.get(name) for name in AUTH_VARIABLES) and not settings.auth_disabled:
-        raise SystemExit("refusing to start Flower without authentication: set FLOWER_BASIC_AUTH=user:password "
-                         "(or FLOWER_AUTH for OAuth), or RECEIPT_AUTH=disabled for a trusted network")
+        raise SystemExit(
+            "refusing to start Flower without authentication: set FLOWER_BASIC_AUTH=user:password "
+            "(or FLOWER_AUTH for OAuth), or RECEIPT_AUTH=disabled for a trusted network"
+        )
     return ["flower", f"--port={env.get('PORT', '5555')}"]
 
 

@@ -11,8 +11,8 @@ import os
 import socket
 from typing import Any
 
-from app import delivery, loops
-from app.db import db_now
+from app.storage import delivery, loops
+from app.storage.db import db_now
 from tasks.dispatch import start_driver
 from tasks.runtime import Runtime
 
@@ -73,6 +73,7 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
 
 def expire_leases(rt: Runtime) -> dict[str, Any]:
     """Append ``job.lease_expired`` for every lease past its deadline (database clock)."""
+
     def body() -> dict[str, Any]:
         expired = rt.queue.expire_leases(limit=SCAN_LIMIT)
         for job in expired:
@@ -87,6 +88,7 @@ def expire_leases(rt: Runtime) -> dict[str, Any]:
 
 def dispatch_due_retries(rt: Runtime) -> dict[str, Any]:
     """Start delivery of every retry whose backoff has passed (``availableAt`` ≤ database now)."""
+
     def body() -> dict[str, Any]:
         started = []
         for job in rt.queue.due_retries(limit=SCAN_LIMIT):

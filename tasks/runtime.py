@@ -15,10 +15,10 @@ from celery import Celery
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
-from app.db import make_engine
-from app.queue import Queue
-from app.reducer import Job
-from app.routing import DRIVER_QUEUE
+from app.jobs.reducer import Job
+from app.jobs.routing import DRIVER_QUEUE
+from app.storage.db import make_engine
+from app.storage.queue import Queue
 from tasks.callbacks import Callbacks
 from workers.registry import HandlerRegistry, default_registry
 
@@ -64,5 +64,3 @@ def get_runtime(app: Celery) -> Runtime:
             rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
             app.receipt_runtime = rt  # type: ignore[attr-defined]
     return rt
-
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from app.config import Settings
-from app.reducer import Job
+from app.jobs.reducer import Job
 from tasks.celery_app import make_celery
 from tasks.runtime import send_wake
 

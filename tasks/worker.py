@@ -24,11 +24,16 @@ def worker_argv(settings: Settings, raw_role: str | None) -> list[str]:
         raise SystemExit("role 'api' serves HTTP and consumes no queue: run gunicorn (Procfile 'web')")
     return [
         "worker",
-        "--queues", ",".join(role.queues),
-        "--concurrency", str(concurrency(role, settings.execute_concurrency)),
-        "--pool", "threads",
-        "--hostname", f"{role.name}@%h",
-        "--loglevel", "INFO",
+        "--queues",
+        ",".join(role.queues),
+        "--concurrency",
+        str(concurrency(role, settings.execute_concurrency)),
+        "--pool",
+        "threads",
+        "--hostname",
+        f"{role.name}@%h",
+        "--loglevel",
+        "INFO",
         "--without-mingle",
         "--without-gossip",
     ]

@@ -19,9 +19,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from app.db import make_engine
-from app.migrate import upgrade
-from app.queue import Queue
+from app.storage.db import make_engine
+from app.storage.migrate import upgrade
+from app.storage.queue import Queue
 
 PG_ADMIN_URL = os.environ.get("RECEIPT_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 REDIS_TEST_BASE = os.environ.get("RECEIPT_TEST_REDIS_URL", "redis://127.0.0.1:6379")
@@ -179,6 +179,7 @@ def redis_url() -> Iterator[str]:
 
 # -- projection == fold (added for the queue, concurrency and property tests) --------------------
 
+
 def assert_projection_equals_fold(engine: Engine, job_id: str) -> None:
     """The ``jobs`` row of ``job_id`` must equal the fold of its receipt stream, column by column.
 
@@ -188,10 +189,10 @@ def assert_projection_equals_fold(engine: Engine, job_id: str) -> None:
     """
     from sqlalchemy import select
 
-    from app import store
-    from app.db import as_utc, jobs, parse_iso
-    from app.reducer import Job, fold
-    from app.vocab import job_stream
+    from app.jobs.reducer import Job, fold
+    from app.jobs.vocab import job_stream
+    from app.storage import store
+    from app.storage.db import as_utc, jobs, parse_iso
 
     with engine.connect() as conn:
         stream = store.read_stream(conn, job_stream(job_id))

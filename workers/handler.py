@@ -13,15 +13,21 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from app.config import Settings
-from app.queue import Queue
-from app.reducer import Command, Job
+from app.jobs.reducer import Command, Job
+from app.storage.queue import Queue
 
 
 class HandlerError(Exception):
     """A handler's failure. ``retryable`` decides between requeue and ``failed``."""
 
-    def __init__(self, message: str, *, retryable: bool = True, status: str = "failed",
-                 result: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = True,
+        status: str = "failed",
+        result: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.retryable = retryable
@@ -32,8 +38,15 @@ class HandlerError(Exception):
 class JobContext:
     """Everything a handler may use while it runs one attempt of one job."""
 
-    def __init__(self, queue: Queue, job: Job, worker_id: str, attempt: int, settings: Settings,
-                 execution_timeout_ms: int) -> None:
+    def __init__(
+        self,
+        queue: Queue,
+        job: Job,
+        worker_id: str,
+        attempt: int,
+        settings: Settings,
+        execution_timeout_ms: int,
+    ) -> None:
         self._queue = queue
         self.job = job
         self.worker_id = worker_id

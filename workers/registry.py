@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
-from app.vocab import HANDLED_AGENT_IDS
+from app.jobs.vocab import HANDLED_AGENT_IDS
 from workers.handler import Handler
 
 

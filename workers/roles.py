@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
 
 ROLE_NAMES = ("api", "driver", "worker-chat", "worker-codex", "worker-control")
 
@@ -51,5 +51,7 @@ def concurrency(role: Role, override: int | None) -> int:
 
 
 def unknown_role_warning(raw: str | None) -> str:
-    return (f"RECEIPT_PROCESS_ROLE={raw!r} is not a role; running as 'all' (maintenance only, no worker "
-            f"group: jobs stay queued). Valid roles: {', '.join(ROLE_NAMES)}")
+    return (
+        f"RECEIPT_PROCESS_ROLE={raw!r} is not a role; running as 'all' (maintenance only, no worker "
+        f"group: jobs stay queued). Valid roles: {', '.join(ROLE_NAMES)}"
+    )

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.config import Settings
-from app.errors import no_handler_message
-from app.queue import Outcome, Queue, retry_transient
-from app.reducer import Job
-from app.timing import JobTiming, retry_delay_ms, timing_for
+from app.jobs.errors import no_handler_message
+from app.jobs.reducer import Job
+from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
+from app.storage.queue import Outcome, Queue, retry_transient
 from workers.handler import HandlerError, JobContext
 from workers.registry import HandlerRegistry
 
@@ -63,8 +63,15 @@ class _HandlerThread(threading.Thread):
             self.error = exc
 
 
-def run_attempt(queue: Queue, settings: Settings, registry: HandlerRegistry, job_id: str, attempt: int,
-                *, worker_id: str | None = None) -> AttemptResult:
+def run_attempt(
+    queue: Queue,
+    settings: Settings,
+    registry: HandlerRegistry,
+    job_id: str,
+    attempt: int,
+    *,
+    worker_id: str | None = None,
+) -> AttemptResult:
     worker_id = worker_id or new_worker_id(settings)
     job = retry_transient(lambda: queue.get(job_id))
     if job is None:
@@ -75,7 +82,9 @@ def run_attempt(queue: Queue, settings: Settings, registry: HandlerRegistry, job
 
     if job.status == "queued":
         if job.attempt + 1 != attempt:
-            return AttemptResult("stale_attempt", job, f"fence is for attempt {attempt}, job is at {job.attempt}")
+            return AttemptResult(
+                "stale_attempt", job, f"fence is for attempt {attempt}, job is at {job.attempt}"
+            )
         # Lease and first heartbeat in one commit: queued → leased → running.
         out: Outcome = retry_transient(lambda: queue.lease(job_id, worker_id, timing.lease_ms, start=True))
         if not out.applied or out.job.attempt != attempt:
@@ -91,8 +100,16 @@ def run_attempt(queue: Queue, settings: Settings, registry: HandlerRegistry, job
     handler = registry.get(job.agent_id)
     if job.abort_requested or handler is None:
         # settle() cancels when an abort is pending, so a job aborted before it ran never runs.
-        return _settle(queue, settings, job_id, worker_id, attempt, error=no_handler_message(job.agent_id),
-                       retryable=False, status="failed")
+        return _settle(
+            queue,
+            settings,
+            job_id,
+            worker_id,
+            attempt,
+            error=no_handler_message(job.agent_id),
+            retryable=False,
+            status="failed",
+        )
 
     ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms)
     thread = _HandlerThread(handler, ctx)
@@ -105,21 +122,47 @@ def run_attempt(queue: Queue, settings: Settings, registry: HandlerRegistry, job
     # Every settlement below re-reads the job under the attempt fence inside its transaction and
     # cancels instead when an abort arrived meanwhile.
     if stop == "execution_timeout":
-        return _settle(queue, settings, job_id, worker_id, attempt, retryable=True, status="execution_timeout",
-                       error=f"execution timed out after {timing.execution_timeout_ms} ms")
+        return _settle(
+            queue,
+            settings,
+            job_id,
+            worker_id,
+            attempt,
+            retryable=True,
+            status="execution_timeout",
+            error=f"execution timed out after {timing.execution_timeout_ms} ms",
+        )
     if isinstance(thread.error, HandlerError):
         err = thread.error
-        return _settle(queue, settings, job_id, worker_id, attempt, error=err.message, retryable=err.retryable,
-                       status=err.status, result=err.result)
+        return _settle(
+            queue,
+            settings,
+            job_id,
+            worker_id,
+            attempt,
+            error=err.message,
+            retryable=err.retryable,
+            status=err.status,
+            result=err.result,
+        )
     if thread.error is not None:
         log.error("handler for %s raised", job_id, exc_info=thread.error)
-        return _settle(queue, settings, job_id, worker_id, attempt, error=f"{type(thread.error).__name__}: {thread.error}",
-                       retryable=True, status="failed")
+        return _settle(
+            queue,
+            settings,
+            job_id,
+            worker_id,
+            attempt,
+            error=f"{type(thread.error).__name__}: {thread.error}",
+            retryable=True,
+            status="failed",
+        )
     return _settle(queue, settings, job_id, worker_id, attempt, result=thread.result)
 
 
-def _race(queue: Queue, ctx: JobContext, thread: _HandlerThread, timing: JobTiming, worker_id: str,
-          attempt: int) -> str | None:
+def _race(
+    queue: Queue, ctx: JobContext, thread: _HandlerThread, timing: JobTiming, worker_id: str, attempt: int
+) -> str | None:
     """Wait for the handler while heartbeating, watching for abort and the execution timeout.
 
     Returns None when the handler finished on its own, else why it was stopped.
@@ -159,12 +202,32 @@ def _race(queue: Queue, ctx: JobContext, thread: _HandlerThread, timing: JobTimi
             return "abort"
 
 
-def _settle(queue: Queue, settings: Settings, job_id: str, worker_id: str, attempt: int, *, result: Any = None,
-            error: str | None = None, retryable: bool = True, status: str | None = None) -> AttemptResult:
+def _settle(
+    queue: Queue,
+    settings: Settings,
+    job_id: str,
+    worker_id: str,
+    attempt: int,
+    *,
+    result: Any = None,
+    error: str | None = None,
+    retryable: bool = True,
+    status: str | None = None,
+) -> AttemptResult:
     """Settle under the fence; the attempt's status follows what the receipt actually did."""
     delay = retry_delay_ms(attempt, settings) if status is not None and retryable else 0
-    out = retry_transient(lambda: queue.settle_attempt(job_id, worker_id, attempt, result=result, error=error,
-                                                       retryable=retryable, status=status, retry_delay_ms=delay))
+    out = retry_transient(
+        lambda: queue.settle_attempt(
+            job_id,
+            worker_id,
+            attempt,
+            result=result,
+            error=error,
+            retryable=retryable,
+            status=status,
+            retry_delay_ms=delay,
+        )
+    )
     if not out.applied:
         return AttemptResult("settlement_conflict", out.job, "lease no longer held at settlement")
     if out.job.status == "canceled":

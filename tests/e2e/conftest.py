@@ -35,12 +35,12 @@ import requests
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
-from app import store, tokens
-from app.db import deliveries, make_engine
-from app.queue import Queue
-from app.reducer import Job
-from app.store import StoredReceipt
-from app.vocab import TERMINAL_STATUSES, job_stream
+from app.jobs.reducer import Job
+from app.jobs.vocab import TERMINAL_STATUSES, job_stream
+from app.storage import store, tokens
+from app.storage.db import deliveries, make_engine
+from app.storage.queue import Queue
+from app.storage.store import StoredReceipt
 from tests.conftest import _unavailable, cloned_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ ORG = "e2e-org"
 SYSTEM_ORG = "e2e-system"
 TERMINAL_TYPES = ("job.completed", "job.failed", "job.canceled")
 
-# Short timings so faults resolve in seconds (app/timing.py derives the rest):
+# Short timings so faults resolve in seconds (app/jobs/timing.py derives the rest):
 # lease 6 s -> execution timeout 5 s, heartbeat every 2 s; driver timeout stays at its 120 s floor.
 FAST_TIMINGS: dict[str, str] = {
     "JOB_LEASE_MS": "6000",
@@ -77,8 +77,15 @@ T = TypeVar("T")
 
 # -- waiting ---------------------------------------------------------------------------------------
 
-def wait_for(condition: Callable[[], T], timeout: float, *, interval: float = 0.1, what: str = "condition",
-             ignore: tuple[type[BaseException], ...] = ()) -> T:
+
+def wait_for(
+    condition: Callable[[], T],
+    timeout: float,
+    *,
+    interval: float = 0.1,
+    what: str = "condition",
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T:
     """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -103,20 +110,26 @@ def free_port() -> int:
 
 def base_env(**extra: str) -> dict[str, str]:
     """The environment of a process under test: the shell's, minus Receipt's own variables."""
-    env = {k: v for k, v in os.environ.items()
-           if not (k.startswith(_ISOLATED_PREFIXES) or k in _ISOLATED_NAMES) or k.startswith("RECEIPT_TEST_")}
-    env.update({
-        "PYTHONPATH": str(REPO_ROOT),
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "RECEIPT_HANDLER_MODULES": "tests.e2e.handlers",
-        "RECEIPT_CODEX_COMMANDS": "enabled",
-    })
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not (k.startswith(_ISOLATED_PREFIXES) or k in _ISOLATED_NAMES) or k.startswith("RECEIPT_TEST_")
+    }
+    env.update(
+        {
+            "PYTHONPATH": str(REPO_ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "RECEIPT_HANDLER_MODULES": "tests.e2e.handlers",
+            "RECEIPT_CODEX_COMMANDS": "enabled",
+        }
+    )
     env.update(extra)
     return env
 
 
 # -- processes -------------------------------------------------------------------------------------
+
 
 @dataclass
 class Proc:
@@ -164,14 +177,28 @@ class Harness:
         self.adopted: list[int] = []  # descendants found later (e.g. `receipt up`'s children)
         self._counts: dict[str, int] = {}
 
-    def start(self, name: str, argv: list[str], env: Mapping[str, str], *, cwd: Path | None = None,
-              service: bool = False) -> Proc:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str],
+        *,
+        cwd: Path | None = None,
+        service: bool = False,
+    ) -> Proc:
         n = self._counts.get(name, 0) + 1
         self._counts[name] = n
         log_path = self.log_dir / f"{name}-{n}.log"
         log_file = open(log_path, "wb")  # noqa: SIM115 - closed by stop()
-        popen = subprocess.Popen(argv, env=dict(env), cwd=str(cwd or REPO_ROOT), stdin=subprocess.DEVNULL,
-                                 stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        popen = subprocess.Popen(
+            argv,
+            env=dict(env),
+            cwd=str(cwd or REPO_ROOT),
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         proc = Proc(name if n == 1 else f"{name}-{n}", popen, log_path, log_file, service)
         self.procs.append(proc)
         return proc
@@ -230,7 +257,9 @@ class Harness:
         out = []
         for proc in self.procs:
             state = "running" if proc.alive() else f"exited {proc.popen.returncode}"
-            out.append(f"----- {proc.name} (pid {proc.pid}, {state}) {proc.log_path} -----\n{proc.tail(lines)}")
+            out.append(
+                f"----- {proc.name} (pid {proc.pid}, {state}) {proc.log_path} -----\n{proc.tail(lines)}"
+            )
         return "\n".join(out)
 
 
@@ -286,6 +315,7 @@ def descendants_of(pid: int) -> list[int]:
 
 # -- services --------------------------------------------------------------------------------------
 
+
 class RedisServer:
     """A private redis-server on a fixed port, killable and restartable by PID."""
 
@@ -301,10 +331,24 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = self.harness.start("redis", [
-            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--daemonize", "no",
-        ], env=base_env(), service=True)
+        self.proc = self.harness.start(
+            "redis",
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ],
+            env=base_env(),
+            service=True,
+        )
         wait_for(self.ping, 10, what=f"redis-server on port {self.port}")
 
     def ping(self) -> bool:
@@ -369,7 +413,9 @@ class TcpProxy:
             threading.Thread(target=self._pump, args=(client, upstream, pair), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, pair), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, pair: tuple[socket.socket, socket.socket]) -> None:
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, pair: tuple[socket.socket, socket.socket]
+    ) -> None:
         try:
             while True:
                 data = src.recv(65536)
@@ -420,7 +466,12 @@ def _close_quietly(s: socket.socket) -> None:
 
 # -- one deployment --------------------------------------------------------------------------------
 
-ROLE_PROCESS = {"driver": "driver", "worker-chat": "chat", "worker-codex": "codex", "worker-control": "control"}
+ROLE_PROCESS = {
+    "driver": "driver",
+    "worker-chat": "chat",
+    "worker-codex": "codex",
+    "worker-control": "control",
+}
 
 
 @dataclass
@@ -451,22 +502,40 @@ class Stack:
 
     def start_web(self, name: str = "web", wait: bool = True) -> Proc:
         self.web_port = self.web_port or free_port()
-        proc = self.harness.start(name, [PYTHON, "-m", "gunicorn", "-c", "python:api.gunicorn_conf",
-                                         "--bind", f"127.0.0.1:{self.web_port}", "api.wsgi:app"],
-                                  self.env(RECEIPT_PROCESS_ROLE="api", WEB_CONCURRENCY="1"))
+        proc = self.harness.start(
+            name,
+            [
+                PYTHON,
+                "-m",
+                "gunicorn",
+                "-c",
+                "python:api.gunicorn_conf",
+                "--bind",
+                f"127.0.0.1:{self.web_port}",
+                "api.wsgi:app",
+            ],
+            self.env(RECEIPT_PROCESS_ROLE="api", WEB_CONCURRENCY="1"),
+        )
         self.procs[name] = proc
         if wait:
             self.wait_web()
         return proc
 
     def wait_web(self) -> None:
-        wait_for(lambda: self.http.get(self.url("/healthz"), timeout=1).status_code == 200, BOOT_TIMEOUT_S,
-                 what="web /healthz", ignore=(requests.RequestException,))
+        wait_for(
+            lambda: self.http.get(self.url("/healthz"), timeout=1).status_code == 200,
+            BOOT_TIMEOUT_S,
+            what="web /healthz",
+            ignore=(requests.RequestException,),
+        )
 
     def start_worker(self, role: str, name: str | None = None, wait: bool = True, **extra_env: str) -> Proc:
         name = name or ROLE_PROCESS[role]
-        proc = self.harness.start(name, [PYTHON, "-m", "tasks.worker", "--role", role],
-                                  self.env(RECEIPT_PROCESS_ROLE=role, **extra_env))
+        proc = self.harness.start(
+            name,
+            [PYTHON, "-m", "tasks.worker", "--role", role],
+            self.env(RECEIPT_PROCESS_ROLE=role, **extra_env),
+        )
         self.procs[name] = proc
         if wait:
             self.wait_worker(proc)
@@ -478,8 +547,11 @@ class Stack:
 
     def start_beat(self, name: str = "beat", wait: bool = True, **extra_env: str) -> Proc:
         # Each beat gets its own schedule file, so two beats never share (or lock) one.
-        proc = self.harness.start(name, [PYTHON, "-m", "tasks.beat", "--schedule",
-                                         str(self.home / f"{name}-schedule")], self.env(**extra_env))
+        proc = self.harness.start(
+            name,
+            [PYTHON, "-m", "tasks.beat", "--schedule", str(self.home / f"{name}-schedule")],
+            self.env(**extra_env),
+        )
         self.procs[name] = proc
         if wait:
             self.wait_beat(proc)
@@ -518,8 +590,16 @@ class Stack:
     def headers(self, system: bool = False) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.system_token if system else self.token}"}
 
-    def post_job(self, agent_id: str, kind: str = "factory.run", *, system: bool = False,
-                 max_attempts: int | None = None, job_id: str | None = None, **payload: Any) -> dict[str, Any]:
+    def post_job(
+        self,
+        agent_id: str,
+        kind: str = "factory.run",
+        *,
+        system: bool = False,
+        max_attempts: int | None = None,
+        job_id: str | None = None,
+        **payload: Any,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"payload": {"kind": kind, **payload}}
         if kind != "factory.objective.watchdog":
             body["payload"]["authContext"] = {"userId": "e2e-user", "organizationId": ORG}
@@ -527,7 +607,9 @@ class Stack:
             body["maxAttempts"] = max_attempts
         if job_id is not None:
             body["jobId"] = job_id
-        r = self.http.post(self.url(f"/agents/{agent_id}/jobs"), json=body, headers=self.headers(system), timeout=15)
+        r = self.http.post(
+            self.url(f"/agents/{agent_id}/jobs"), json=body, headers=self.headers(system), timeout=15
+        )
         assert r.status_code == 202, f"enqueue answered {r.status_code}: {r.text}"
         data: dict[str, Any] = r.json()
         assert data["async"]["jobId"] == data["job"]["id"]
@@ -539,20 +621,28 @@ class Stack:
         job: dict[str, Any] = r.json()["job"]
         return job
 
-    def command(self, job_id: str, type_: str, payload: Any = None, reason: str | None = None) -> dict[str, Any]:
+    def command(
+        self, job_id: str, type_: str, payload: Any = None, reason: str | None = None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"type": type_}
         if payload is not None:
             body["payload"] = payload
         if reason is not None:
             body["reason"] = reason
-        r = self.http.post(self.url(f"/jobs/{job_id}/commands"), json=body, headers=self.headers(), timeout=10)
+        r = self.http.post(
+            self.url(f"/jobs/{job_id}/commands"), json=body, headers=self.headers(), timeout=10
+        )
         assert r.status_code == 202, f"command answered {r.status_code}: {r.text}"
         job: dict[str, Any] = r.json()["job"]
         return job
 
     def cancel(self, job_id: str, reason: str | None = None) -> dict[str, Any]:
-        r = self.http.post(self.url(f"/jobs/{job_id}/cancel"), json={"reason": reason} if reason else {},
-                           headers=self.headers(), timeout=10)
+        r = self.http.post(
+            self.url(f"/jobs/{job_id}/cancel"),
+            json={"reason": reason} if reason else {},
+            headers=self.headers(),
+            timeout=10,
+        )
         assert r.status_code == 202, f"cancel answered {r.status_code}: {r.text}"
         job: dict[str, Any] = r.json()["job"]
         return job
@@ -574,15 +664,23 @@ class Stack:
 
     def deliveries(self, job_id: str) -> list[Any]:
         with self.engine.connect() as conn:
-            return list(conn.execute(select(deliveries).where(deliveries.c.job_id == job_id)
-                                     .order_by(deliveries.c.created_at)).all())
+            return list(
+                conn.execute(
+                    select(deliveries).where(deliveries.c.job_id == job_id).order_by(deliveries.c.created_at)
+                ).all()
+            )
 
     def wait_status(self, job_id: str, *statuses: str, timeout: float = 30) -> Job:
         def check() -> Job | None:
             job = self.job(job_id)
             return job if job is not None and job.status in statuses else None
-        return wait_for(check, timeout, what=f"job {job_id} to be {'/'.join(statuses)} "
-                                             f"(now {self.status(job_id)}, receipts {self.types(job_id)})")
+
+        return wait_for(
+            check,
+            timeout,
+            what=f"job {job_id} to be {'/'.join(statuses)} "
+            f"(now {self.status(job_id)}, receipts {self.types(job_id)})",
+        )
 
     def wait_terminal(self, job_id: str, timeout: float = 30) -> Job:
         return self.wait_status(job_id, *TERMINAL_STATUSES, timeout=timeout)
@@ -591,8 +689,10 @@ class Stack:
         def check() -> Job | None:
             job = self.job(job_id)
             return job if job is not None and job.status == "running" and job.attempt == attempt else None
-        return wait_for(check, timeout, what=f"job {job_id} running attempt {attempt} "
-                                             f"(receipts {self.types(job_id)})")
+
+        return wait_for(
+            check, timeout, what=f"job {job_id} running attempt {attempt} (receipts {self.types(job_id)})"
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -623,11 +723,21 @@ def make_stack(harness: Harness, database_url: str, home: Path, **env_overrides:
     _info, secret = tokens.create(engine, ORG)
     _sys, system_secret = tokens.create(engine, SYSTEM_ORG, system=True)
     home.mkdir(parents=True, exist_ok=True)
-    return Stack(harness, database_url, server.url, home, engine, dict(env_overrides), token=secret,
-                 system_token=system_secret, redis_server=server)
+    return Stack(
+        harness,
+        database_url,
+        server.url,
+        home,
+        engine,
+        dict(env_overrides),
+        token=secret,
+        system_token=system_secret,
+        redis_server=server,
+    )
 
 
 # -- fixtures --------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def module_database_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
@@ -649,8 +759,9 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 
 
 @pytest.fixture(scope="module")
-def module_stack(module_harness: Harness, module_database_url: str,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def module_stack(
+    module_harness: Harness, module_database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     """web, driver, the three worker groups and beat, shared by the tests of one module."""
     stack = make_stack(module_harness, module_database_url, tmp_path_factory.mktemp("e2e-home"))
     try:
@@ -676,7 +787,11 @@ def terminate_backends(admin: Engine, database_url: str) -> int:
     """``pg_terminate_backend`` every connection to the test database (not the machine's Postgres)."""
     database = database_url.rsplit("/", 1)[1]
     with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        rows = conn.execute(text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :db AND pid <> pg_backend_pid()"
-        ), {"db": database}).all()
+        rows = conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :db AND pid "
+                "<> pg_backend_pid()"
+            ),
+            {"db": database},
+        ).all()
     return len(rows)

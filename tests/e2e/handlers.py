@@ -1,4 +1,6 @@
-"""Handlers for the end-to-end tests, loaded by every worker with ``RECEIPT_HANDLER_MODULES=tests.e2e.handlers``.
+"""Handlers for the end-to-end tests, loaded by every worker.
+
+Every worker loads them with ``RECEIPT_HANDLER_MODULES=tests.e2e.handlers``.
 
 Each agent id below is unknown to the built-in registry, so it routes to the chat group exactly
 like any unrecognised agent id (spec: "Actual Resonate routing"). Every handler reports the
@@ -83,8 +85,9 @@ def commands(ctx: JobContext) -> Any:
 
 def fail(ctx: JobContext) -> Any:
     """Always fails, retryably unless ``retryable`` is false."""
-    raise HandlerError(f"e2e failure on attempt {ctx.attempt}",
-                       retryable=bool(ctx.payload.get("retryable", True)))
+    raise HandlerError(
+        f"e2e failure on attempt {ctx.attempt}", retryable=bool(ctx.payload.get("retryable", True))
+    )
 
 
 def register(registry: HandlerRegistry) -> None:

@@ -22,10 +22,10 @@ import redis
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
-from app.errors import no_handler_message
-from app.queue import Queue
-from app.routing import DRIVER_QUEUE, QUEUES
-from app.validation import validate_enqueue
+from app.jobs.errors import no_handler_message
+from app.jobs.routing import DRIVER_QUEUE, QUEUES
+from app.jobs.validation import validate_enqueue
+from app.storage.queue import Queue
 from tasks.celery_app import make_celery
 from tasks.runtime import DISPATCH_TASK, EXECUTE_TASK, REDRIVE_TASK
 from tests.e2e import handlers
@@ -62,6 +62,7 @@ def _one_of_each(stack: Stack, job_id: str) -> None:
 
 # -- workers dying ---------------------------------------------------------------------------------
 
+
 def test_sigkill_of_the_worker_mid_job_reruns_it_once_on_a_new_process(stack: Stack, tmp_path: Path) -> None:
     stack.start("web", "driver", "chat", "beat")
     # Attempt 1 blocks on a gate that never opens; any later attempt completes at once.
@@ -89,7 +90,7 @@ def test_sigkill_of_the_worker_mid_job_reruns_it_once_on_a_new_process(stack: St
     [terminal] = terminal_receipts(receipts)
     assert terminal.type == "job.completed" and worker_pid(terminal.body["workerId"]) == replacement.pid
     # Nothing of the dead attempt was written after its lease expired.
-    after = receipts[receipts.index(expired[0]) + 1:]
+    after = receipts[receipts.index(expired[0]) + 1 :]
     assert all(r.body.get("workerId") != running.lease.worker_id for r in after)
 
 
@@ -97,8 +98,10 @@ def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: P
     # Two chat workers, one job slot each: a busy worker does not fetch, so a frozen one cannot
     # swallow the rerun's message.
     stack.start("web", "driver", "beat")
-    workers = [stack.start_worker("worker-chat", name, wait=False, RECEIPT_RESONATE_EXECUTE_CONCURRENCY="1")
-               for name in ("chat-a", "chat-b")]
+    workers = [
+        stack.start_worker("worker-chat", name, wait=False, RECEIPT_RESONATE_EXECUTE_CONCURRENCY="1")
+        for name in ("chat-a", "chat-b")
+    ]
     for proc in workers:
         stack.wait_worker(proc)
         assert "concurrency: 1 (thread)" in proc.log()
@@ -132,7 +135,7 @@ def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: P
     _one_of_each(stack, job_id)
     expired = [r for r in settled if r.type == "job.lease_expired"]
     assert [(r.body["workerId"], r.body["attempt"]) for r in expired] == [(old_worker, 1)]
-    after = settled[settled.index(expired[0]) + 1:]
+    after = settled[settled.index(expired[0]) + 1 :]
     assert all(r.body.get("workerId") != old_worker for r in after)
 
     # The same settlement written straight at the queue (every fenced write of attempt 1) is inert too.
@@ -146,6 +149,7 @@ def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: P
 
 
 # -- roles ---------------------------------------------------------------------------------------------
+
 
 def test_unknown_agent_job_stays_queued_where_no_chat_worker_runs(stack: Stack) -> None:
     # Every role but worker-chat. Observation window: 3 s, three redrive intervals and three
@@ -178,6 +182,7 @@ def test_unknown_agent_job_stays_queued_where_no_chat_worker_runs(stack: Stack) 
 
 
 # -- the broker losing messages ----------------------------------------------------------------------
+
 
 def test_redis_flushed_with_jobs_queued_every_job_completes_via_redrive(stack: Stack) -> None:
     # No consumer runs: enqueue 20 jobs, whose wake-ups wait in Redis, then lose the broker's contents.
@@ -218,20 +223,29 @@ def test_redis_restarted_with_jobs_in_flight_and_queued_every_job_completes(stac
     try:
         held = {
             "driver": app.send_task(DISPATCH_TASK, args=[[]], queue=DRIVER_QUEUE, countdown=300).id,
-            "chat": app.send_task(EXECUTE_TASK, args=["e2e-none", "e2e-none:attempt:1", "e2e-none", 0],
-                                  queue=QUEUES["chat"], countdown=300).id,
+            "chat": app.send_task(
+                EXECUTE_TASK,
+                args=["e2e-none", "e2e-none:attempt:1", "e2e-none", 0],
+                queue=QUEUES["chat"],
+                countdown=300,
+            ).id,
         }
     finally:
         app.close()
     for name, task_id in held.items():
-        wait_for(lambda n=name, t=task_id: stack.procs[n].log_count(f"[{t}] received"), 10,
-                 what=f"{name} to hold its countdown message")
+        wait_for(
+            lambda n=name, t=task_id: stack.procs[n].log_count(f"[{t}] received"),
+            10,
+            what=f"{name} to hold its countdown message",
+        )
 
     server.kill()
     assert not server.ping()
     # The API still takes jobs while the broker is down: the receipt is the outbox.
     started = time.monotonic()
-    queued = [stack.post_job(handlers.ECHO, message="during the outage", max_attempts=3)["id"] for _ in range(4)]
+    queued = [
+        stack.post_job(handlers.ECHO, message="during the outage", max_attempts=3)["id"] for _ in range(4)
+    ]
     assert time.monotonic() - started < 20
     # Running jobs settle through PostgreSQL while the broker is still dead.
     for job_id in in_flight:
@@ -253,15 +267,19 @@ def test_redis_restarted_with_jobs_in_flight_and_queued_every_job_completes(stac
 
 # -- the database going away -----------------------------------------------------------------------
 
+
 def test_postgres_cut_mid_run_settlements_retry_and_every_job_completes(
-        stack: Stack, pg_admin: Engine, tmp_path: Path) -> None:
+    stack: Stack, pg_admin: Engine, tmp_path: Path
+) -> None:
     proxy = TcpProxy("127.0.0.1", 5432)
     try:
         via_proxy = stack.database_url.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/")
         assert via_proxy != stack.database_url
         stack.start("web")  # the API talks to PostgreSQL directly; every worker goes through the proxy
-        procs = [stack.start_worker(role, name, wait=False, DATABASE_URL=via_proxy)
-                 for name, role in (("driver", "driver"), ("chat", "worker-chat"))]
+        procs = [
+            stack.start_worker(role, name, wait=False, DATABASE_URL=via_proxy)
+            for name, role in (("driver", "driver"), ("chat", "worker-chat"))
+        ]
         for proc in procs:
             stack.wait_worker(proc)
         stack.start_beat()
@@ -307,8 +325,11 @@ def test_postgres_cut_mid_run_settlements_retry_and_every_job_completes(
             # A rerun only ever follows the end of the lost attempt (its lease expiring, or the
             # driver failing its stale lease), never runs beside it.
             reruns = [r.body["attempt"] for r in receipts if r.type == "job.leased"][1:]
-            ended = [r.body["attempt"] for r in receipts
-                     if r.type == "job.lease_expired" or (r.type == "job.failed" and r.body["retryable"])]
+            ended = [
+                r.body["attempt"]
+                for r in receipts
+                if r.type == "job.lease_expired" or (r.type == "job.failed" and r.body["retryable"])
+            ]
             assert ended == [a - 1 for a in reruns], [r.type for r in receipts]
     finally:
         proxy.close()
@@ -316,15 +337,23 @@ def test_postgres_cut_mid_run_settlements_retry_and_every_job_completes(
 
 # -- recovery loops ------------------------------------------------------------------------------------
 
+
 def test_two_beats_at_once_still_deliver_each_stuck_job_once(stack: Stack) -> None:
     stack.start("driver", "chat", "beat-a", "beat-b")
     # Jobs written without any wake-up: only the queued redrive can deliver them.
     q = Queue(stack.engine)
     ids = []
     for n in range(12):
-        req = validate_enqueue(handlers.ECHO, {"payload": {
-            "kind": "factory.run", "message": f"stuck {n}",
-            "authContext": {"userId": "e2e-user", "organizationId": ORG}}})
+        req = validate_enqueue(
+            handlers.ECHO,
+            {
+                "payload": {
+                    "kind": "factory.run",
+                    "message": f"stuck {n}",
+                    "authContext": {"userId": "e2e-user", "organizationId": ORG},
+                }
+            },
+        )
         ids.append(q.enqueue(req).job.id)
 
     for job_id in ids:
@@ -334,13 +363,17 @@ def test_two_beats_at_once_still_deliver_each_stuck_job_once(stack: Stack) -> No
         _one_of_each(stack, job_id)
         assert stack.types(job_id).count("job.leased") == 1
         # One observed queue state (seq 1, queued) -> exactly one redrive delivery, generation 0.
-        assert [(d.dispatch_key, d.generation) for d in stack.deliveries(job_id)] == \
-            [(f"{job_id}:redrive:1:queued", 0)]
+        assert [(d.dispatch_key, d.generation) for d in stack.deliveries(job_id)] == [
+            (f"{job_id}:redrive:1:queued", 0)
+        ]
 
     # Both beats were really scheduling the loop ...
     due = "Sending due task queued-redrive"
-    wait_for(lambda: all(stack.procs[b].log_count(due) >= 2 for b in ("beat-a", "beat-b")), 10,
-             what="both beats to send redrive ticks")
+    wait_for(
+        lambda: all(stack.procs[b].log_count(due) >= 2 for b in ("beat-a", "beat-b")),
+        10,
+        what="both beats to send redrive ticks",
+    )
     # ... and no two redrive passes ever ran at the same time (single flight).
     passes = _redrive_passes(stack.procs["driver"].lines_with(f"Task {REDRIVE_TASK}["))
     ran = sorted((start, end) for start, end, skipped in passes if not skipped)

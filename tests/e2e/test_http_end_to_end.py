@@ -12,10 +12,10 @@ import uuid
 import pytest
 
 from app.config import Settings
-from app.db import parse_iso
-from app.delivery import attempt_fence
-from app.errors import no_handler_message
-from app.routing import QUEUES
+from app.jobs.errors import no_handler_message
+from app.jobs.routing import QUEUES
+from app.storage.db import parse_iso
+from app.storage.delivery import attempt_fence
 from tasks.celery_app import make_celery
 from tasks.runtime import EXECUTE_TASK
 from tests.e2e import handlers
@@ -167,12 +167,18 @@ def test_retryable_failure_is_retried_until_max_attempts_then_failed(module_stac
     waits_ms = [(leased_at[i + 1] - failed_at[i]).total_seconds() * 1000 for i in range(2)]
     assert waits_ms[0] >= 300 and waits_ms[1] >= 600, waits_ms
     # Only a failure that a retry follows carries retryAt; the last one ends the job.
-    assert [r.body.get("retryAt") is not None for r in receipts if r.type == "job.failed"] == [True, True, False]
+    assert [r.body.get("retryAt") is not None for r in receipts if r.type == "job.failed"] == [
+        True,
+        True,
+        False,
+    ]
     # Each retry was delivered by the next generation of the job's own dispatch key (the
     # due-retries pass), not left for the queued redrive — with production defaults that loop
     # would hold every retry for 30-45 s.
     assert [(d.dispatch_key, d.generation, d.outcome) for d in s.deliveries(job["id"])] == [
-        (job["id"], 0, "failed"), (job["id"], 1, "failed"), (job["id"], 2, "failed"),
+        (job["id"], 0, "failed"),
+        (job["id"], 1, "failed"),
+        (job["id"], 2, "failed"),
     ]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from app.supervisor import STOP_GRACE_S
+from app.ops.supervisor import STOP_GRACE_S
 from tests.e2e import handlers
 from tests.e2e.conftest import REPO_ROOT, Harness, base_env, descendants_of, free_port, pid_alive, wait_for
 
@@ -26,7 +26,9 @@ TOKEN_LINE = re.compile(r"Dev token \(organization 'dev'\): (\S+)")
 SUPERVISED = 6
 
 
-def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(harness: Harness, tmp_path: Path) -> None:
+def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(
+    harness: Harness, tmp_path: Path
+) -> None:
     port = free_port()
     home = tmp_path / "home"
     receipt = REPO_ROOT / ".venv" / "bin" / "receipt"
@@ -36,8 +38,9 @@ def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(harness: 
     # From a neutral directory: nothing may depend on being started inside the checkout.
     up = harness.start("receipt-up", [str(receipt), "up", "--port", str(port)], env, cwd=tmp_path)
 
-    match = wait_for(lambda: TOKEN_LINE.search(up.log()) or not up.alive(), 120, interval=0.25,
-                     what="the dev token line")
+    match = wait_for(
+        lambda: TOKEN_LINE.search(up.log()) or not up.alive(), 120, interval=0.25, what="the dev token line"
+    )
     assert up.alive() and isinstance(match, re.Match), up.tail()
     token = match.group(1)
     assert "SQLite" in up.log() and "folder broker" in up.log()
@@ -52,8 +55,13 @@ def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(harness: 
     base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {token}"}
     with requests.Session() as http:
-        body = {"payload": {"kind": "factory.run", "message": "embedded",
-                            "authContext": {"userId": "dev-user", "organizationId": "dev"}}}
+        body = {
+            "payload": {
+                "kind": "factory.run",
+                "message": "embedded",
+                "authContext": {"userId": "dev-user", "organizationId": "dev"},
+            }
+        }
         r = http.post(f"{base}/agents/{handlers.ECHO}/jobs", json=body, headers=auth, timeout=15)
         assert r.status_code == 202, r.text
         job_id = r.json()["job"]["id"]

@@ -12,13 +12,13 @@ from typing import Any
 from celery import Celery
 from sqlalchemy.engine import Engine
 
-from app import store
 from app.config import Settings
-from app.db import db_now, parse_iso
-from app.queue import Queue
-from app.reducer import Job
-from app.validation import validate_enqueue
-from app.vocab import job_stream
+from app.jobs.reducer import Job
+from app.jobs.validation import validate_enqueue
+from app.jobs.vocab import job_stream
+from app.storage import store
+from app.storage.db import db_now, parse_iso
+from app.storage.queue import Queue
 from tasks.celery_app import make_celery
 from tasks.runtime import Runtime, send_wake
 from workers.registry import HandlerRegistry
@@ -31,8 +31,9 @@ def task_payload(kind: str = "factory.task.run", **extra: Any) -> dict[str, Any]
     return {"kind": kind, "authContext": {"userId": "u1", "organizationId": ORG}, **extra}
 
 
-def enqueue(queue: Queue, agent: str, *, kind: str = "factory.task.run", max_attempts: int = 2,
-            **payload: Any) -> Job:
+def enqueue(
+    queue: Queue, agent: str, *, kind: str = "factory.task.run", max_attempts: int = 2, **payload: Any
+) -> Job:
     req = validate_enqueue(agent, {"payload": task_payload(kind, **payload), "maxAttempts": max_attempts})
     return queue.enqueue(req).job
 
@@ -121,8 +122,9 @@ def settings_for(redis_url: str | None = None, **env: str) -> Settings:
     return Settings.from_env(values)
 
 
-def recording_runtime(engine: Engine, settings: Settings, registry: HandlerRegistry | None = None,
-                      app: Celery | None = None) -> tuple[Runtime, Recorder, RecordingCallbacks]:
+def recording_runtime(
+    engine: Engine, settings: Settings, registry: HandlerRegistry | None = None, app: Celery | None = None
+) -> tuple[Runtime, Recorder, RecordingCallbacks]:
     """A Runtime on a real Celery app whose ``send_task`` only records (no worker, no broker I/O)."""
     app = app or make_celery(settings)
     recorder = Recorder()

@@ -21,8 +21,8 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
-from app.queue import Queue
-from app.reducer import Job
+from app.jobs.reducer import Job
+from app.storage.queue import Queue
 from tasks import callbacks as callbacks_module
 from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks
 from tasks.execute import execute
@@ -111,8 +111,13 @@ def a_job(sqlite_engine: Engine) -> Job:
 
 def test_every_event_reaches_both_urls_with_the_bearer_token(targets: Any, sqlite_engine: Engine) -> None:
     resonate, events = targets("/resonate"), targets("/events")
-    cb = Callbacks(settings(RECEIPT_RESONATE_CALLBACK_URL=resonate.url, RECEIPT_EVENT_CALLBACK_URL=events.url,
-                            RECEIPT_CALLBACK_TOKEN="cb-secret"))
+    cb = Callbacks(
+        settings(
+            RECEIPT_RESONATE_CALLBACK_URL=resonate.url,
+            RECEIPT_EVENT_CALLBACK_URL=events.url,
+            RECEIPT_CALLBACK_TOKEN="cb-secret",
+        )
+    )
     job = a_job(sqlite_engine)
     for event in ("dispatched", "completed", "failed", "canceled"):
         futures = cb.post(event, job)
@@ -242,4 +247,8 @@ def test_a_slow_target_never_delays_a_settlement(targets: Any, sqlite_engine: En
     assert slow.received.empty()  # the POST is still being held by the target
     release.set()
     got = slow.next()
-    assert (got.body["event"], got.body["status"], got.body["result"]) == ("completed", "completed", {"done": True})
+    assert (got.body["event"], got.body["status"], got.body["result"]) == (
+        "completed",
+        "completed",
+        {"done": True},
+    )

@@ -1,4 +1,5 @@
-"""The operator's CLI (``receipt``), run in-process via ``app.cli.main`` and once as the installed script."""
+"""The operator's CLI (``receipt``), run in-process via ``app.ops.cli.main`` and once as the installed
+script."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.engine import Engine
 
-from app import store, tokens
-from app.cli import main
-from app.db import api_tokens, jobs, make_engine, receipts
-from app.errors import no_job_message
-from app.queue import Queue
-from app.reducer import fold
-from app.validation import validate_enqueue
-from app.vocab import job_stream
+from app.jobs.errors import no_job_message
+from app.jobs.reducer import fold
+from app.jobs.validation import validate_enqueue
+from app.jobs.vocab import job_stream
+from app.ops.cli import main
+from app.storage import store, tokens
+from app.storage.db import api_tokens, jobs, make_engine, receipts
+from app.storage.queue import Queue
 
 Capture = pytest.CaptureFixture[str]
 
@@ -81,7 +82,9 @@ def test_verify_ok(cli_env: str, engine: Engine, capsys: Capture) -> None:
     assert capsys.readouterr().out == f"ok: {one} receipts verified\n"
 
 
-def test_verify_broken_exits_1_naming_the_first_broken_receipt(cli_env: str, engine: Engine, capsys: Capture) -> None:
+def test_verify_broken_exits_1_naming_the_first_broken_receipt(
+    cli_env: str, engine: Engine, capsys: Capture
+) -> None:
     ids = some_jobs(engine)
     with engine.connect() as conn:
         victim = store.read_stream(conn, job_stream(ids[2]))[2]
@@ -107,7 +110,9 @@ def _stream_lines(engine: Engine, job_id: str) -> tuple[str, dict[str, Any]]:
     return "".join(json.dumps(r.to_json()) + "\n" for r in stream), job.to_json()
 
 
-def test_replay_from_a_file_prints_the_job(cli_env: str, engine: Engine, tmp_path: Path, capsys: Capture) -> None:
+def test_replay_from_a_file_prints_the_job(
+    cli_env: str, engine: Engine, tmp_path: Path, capsys: Capture
+) -> None:
     ids = some_jobs(engine)
     for job_id in ids:
         lines, expected = _stream_lines(engine, job_id)
@@ -119,7 +124,9 @@ def test_replay_from_a_file_prints_the_job(cli_env: str, engine: Engine, tmp_pat
     assert Queue(engine).get(ids[2]) is not None
 
 
-def test_replay_from_stdin(cli_env: str, engine: Engine, monkeypatch: pytest.MonkeyPatch, capsys: Capture) -> None:
+def test_replay_from_stdin(
+    cli_env: str, engine: Engine, monkeypatch: pytest.MonkeyPatch, capsys: Capture
+) -> None:
     job_id = some_jobs(engine)[1]
     lines, expected = _stream_lines(engine, job_id)
     for argv in (["replay"], ["replay", "-"]):
@@ -131,7 +138,11 @@ def test_replay_from_stdin(cli_env: str, engine: Engine, monkeypatch: pytest.Mon
 def test_replay_needs_no_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Capture) -> None:
     monkeypatch.setenv("DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
     lines = [
-        {"stream": "jobs/j9", "type": "job.enqueued", "body": {"jobId": "j9", "agentId": "codex", "payload": {}}},
+        {
+            "stream": "jobs/j9",
+            "type": "job.enqueued",
+            "body": {"jobId": "j9", "agentId": "codex", "payload": {}},
+        },
         {"stream": "jobs/j9", "type": "job.leased", "body": {"workerId": "w", "attempt": 1}},
     ]
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(json.dumps(x) for x in lines)))
@@ -142,8 +153,17 @@ def test_replay_needs_no_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_replay_invariant_violation(tmp_path: Path, capsys: Capture) -> None:
     path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps({"stream": "jobs/ghost-1", "seq": 1, "type": "job.heartbeat",
-                                "body": {"workerId": "w", "attempt": 1}}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "stream": "jobs/ghost-1",
+                "seq": 1,
+                "type": "job.heartbeat",
+                "body": {"workerId": "w", "attempt": 1},
+            }
+        )
+        + "\n"
+    )
     assert main(["replay", str(path)]) == 1
     out = capsys.readouterr()
     assert out.err == no_job_message("ghost-1") + "\n" == "Invariant: no job for ghost-1\n"
@@ -157,15 +177,20 @@ def test_replay_of_only_ignored_events_prints_null(tmp_path: Path, capsys: Captu
     assert json.loads(capsys.readouterr().out) is None
 
 
-@pytest.mark.parametrize("content", [
-    "not json\n",
-    '{"stream": "jobs/x", "body": {}}\n',  # no type
-    '{"stream": "jobs/x", "type": "job.enqueued", "body": [1, 2]}\n',  # body not an object
-    '{"stream": "jobs/x", "type": "job.enqueued", "body": "text"}\n',
-    '[1, 2, 3]\n',
-    '{"stream": "jobs/x", "seq": "first", "type": "job.enqueued", "body": {}}\n',
-])
-def test_replay_of_a_malformed_file_exits_2_naming_the_line(tmp_path: Path, capsys: Capture, content: str) -> None:
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json\n",
+        '{"stream": "jobs/x", "body": {}}\n',  # no type
+        '{"stream": "jobs/x", "type": "job.enqueued", "body": [1, 2]}\n',  # body not an object
+        '{"stream": "jobs/x", "type": "job.enqueued", "body": "text"}\n',
+        "[1, 2, 3]\n",
+        '{"stream": "jobs/x", "seq": "first", "type": "job.enqueued", "body": {}}\n',
+    ],
+)
+def test_replay_of_a_malformed_file_exits_2_naming_the_line(
+    tmp_path: Path, capsys: Capture, content: str
+) -> None:
     path = tmp_path / "junk.jsonl"
     path.write_text("\n" + content)
     assert main(["replay", str(path)]) == 2
@@ -206,7 +231,9 @@ def test_rebuild_projections_reproduces_identical_rows(cli_env: str, engine: Eng
     assert _rows(engine) == before
 
 
-def test_token_create_prints_only_the_token_and_revoke_disables_it(cli_env: str, engine: Engine, capsys: Capture) -> None:
+def test_token_create_prints_only_the_token_and_revoke_disables_it(
+    cli_env: str, engine: Engine, capsys: Capture
+) -> None:
     assert main(["token", "create", "--org", "org-7"]) == 0
     out = capsys.readouterr()
     lines = out.out.splitlines()
@@ -251,7 +278,9 @@ def test_installed_console_script(tmp_path: Path) -> None:
     env["DATABASE_URL"] = url
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(script), *args], env=env, capture_output=True, text=True, timeout=60, check=False)
+        return subprocess.run(
+            [str(script), *args], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
 
     migrated = run("migrate")
     assert migrated.returncode == 0, migrated.stderr

@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
-from app.queue import Queue
-from app.reducer import Job
-from app.timing import timing_for
+from app.jobs.reducer import Job
+from app.jobs.timing import timing_for
+from app.storage.queue import Queue
 from workers.handler import HandlerError, JobContext
 from workers.handlers import codex
 from workers.registry import default_registry
@@ -87,7 +87,9 @@ def test_command_is_an_argv_never_a_shell(queue: Queue, tmp_path: Path) -> None:
     assert not (tmp_path / "X").exists()
 
 
-def test_success_completes_with_exit_code_tail_and_progress_receipts(queue: Queue, sqlite_engine: Engine) -> None:
+def test_success_completes_with_exit_code_tail_and_progress_receipts(
+    queue: Queue, sqlite_engine: Engine
+) -> None:
     job = codex_job(queue, command=[PY, "-c", "print('hello from codex'); print('line 2')"])
     out = run_attempt(queue, ENABLED, default_registry(), job.id, 1)
     assert out.status == "completed"
@@ -118,8 +120,9 @@ def test_non_zero_exit_is_retryable_with_exit_code_and_tail(queue: Queue) -> Non
 
 
 def test_non_zero_exit_through_the_runner_requeues_then_fails(queue: Queue) -> None:
-    job = enqueue(queue, "codex", kind="factory.task.run", max_attempts=1,
-                  command=[PY, "-c", "import sys; sys.exit(7)"])
+    job = enqueue(
+        queue, "codex", kind="factory.task.run", max_attempts=1, command=[PY, "-c", "import sys; sys.exit(7)"]
+    )
     out = run_attempt(queue, ENABLED, default_registry(), job.id, 1)
     assert out.job is not None and out.job.status == "failed"
     assert out.job.result["exitCode"] == 7
@@ -162,8 +165,9 @@ def test_abort_through_the_runner_cancels_and_kills_the_group(queue: Queue, tmp_
     pid_file = tmp_path / "grandchild.pid"
     job = codex_job(queue, command=family_script(pid_file))
     box: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: box.update(out=run_attempt(queue, ENABLED, default_registry(), job.id, 1)),
-                         daemon=True)
+    t = threading.Thread(
+        target=lambda: box.update(out=run_attempt(queue, ENABLED, default_registry(), job.id, 1)), daemon=True
+    )
     t.start()
     grandchild = read_pid(pid_file)
     queue.cancel(job.id, "stop the build")
@@ -191,12 +195,17 @@ def test_disabled_through_the_runner_fails_the_job_at_once(queue: Queue) -> None
     assert "RECEIPT_CODEX_COMMANDS" in out.job.error
 
 
-def test_worker_secrets_are_not_visible_but_payload_env_is(queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_secrets_are_not_visible_but_payload_env_is(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DATABASE_URL", "postgresql://receipt:hunter2@db/receipt")
     monkeypatch.setenv("RECEIPT_CALLBACK_TOKEN", "secret-token")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
-    job = codex_job(queue, command=[PY, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
-                    env={"TASK_FLAVOUR": "vanilla"})
+    job = codex_job(
+        queue,
+        command=[PY, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
+        env={"TASK_FLAVOUR": "vanilla"},
+    )
     env = json.loads(codex.handle(leased_context(queue, job))["outputTail"])
     assert env["TASK_FLAVOUR"] == "vanilla"
     for secret in ("DATABASE_URL", "RECEIPT_CALLBACK_TOKEN", "AWS_SECRET_ACCESS_KEY"):
@@ -205,20 +214,24 @@ def test_worker_secrets_are_not_visible_but_payload_env_is(queue: Queue, monkeyp
     assert env.get("PATH") == os.environ.get("PATH")
 
 
-@pytest.mark.parametrize(("fields", "named"), [
-    ({"command": "echo hi"}, "payload.command"),
-    ({"command": []}, "payload.command"),
-    ({"command": ["echo", 1]}, "payload.command"),
-    ({}, "payload.command"),
-    ({"command": ["echo"], "cwd": 5}, "payload.cwd"),
-    ({"command": ["echo"], "env": {"A": 1}}, "payload.env"),
-    ({"command": ["echo"], "env": ["A=1"]}, "payload.env"),
-    ({"command": ["echo"], "timeout": -5}, "payload.timeout"),
-    ({"command": ["echo"], "timeout": "500"}, "payload.timeout"),
-    ({"command": ["echo"], "timeout": True}, "payload.timeout"),
-])
-def test_bad_payload_fields_fail_non_retryably_naming_the_field(queue: Queue, fields: dict[str, Any],
-                                                                named: str) -> None:
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"command": "echo hi"}, "payload.command"),
+        ({"command": []}, "payload.command"),
+        ({"command": ["echo", 1]}, "payload.command"),
+        ({}, "payload.command"),
+        ({"command": ["echo"], "cwd": 5}, "payload.cwd"),
+        ({"command": ["echo"], "env": {"A": 1}}, "payload.env"),
+        ({"command": ["echo"], "env": ["A=1"]}, "payload.env"),
+        ({"command": ["echo"], "timeout": -5}, "payload.timeout"),
+        ({"command": ["echo"], "timeout": "500"}, "payload.timeout"),
+        ({"command": ["echo"], "timeout": True}, "payload.timeout"),
+    ],
+)
+def test_bad_payload_fields_fail_non_retryably_naming_the_field(
+    queue: Queue, fields: dict[str, Any], named: str
+) -> None:
     job = codex_job(queue, **fields)
     with pytest.raises(HandlerError) as info:
         codex.handle(leased_context(queue, job))

@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from app import projection, store
-from app.db import jobs, parse_iso, receipts
-from app.queue import Queue
-from app.validation import validate_enqueue
-from app.vocab import job_stream
+from app.jobs.validation import validate_enqueue
+from app.jobs.vocab import job_stream
+from app.storage import projection, store
+from app.storage.db import jobs, parse_iso, receipts
+from app.storage.queue import Queue
 from tests.conftest import assert_projection_equals_fold
 
 THREADS = 16
@@ -39,9 +39,14 @@ def race(fn: Callable[[int], T]) -> list[T]:
 
 
 def body(**extra: Any) -> dict[str, Any]:
-    return {"payload": {"kind": "factory.task.run",
-                        "authContext": {"userId": "u", "organizationId": "org-1"}, **extra.pop("p", {})},
-            **extra}
+    return {
+        "payload": {
+            "kind": "factory.task.run",
+            "authContext": {"userId": "u", "organizationId": "org-1"},
+            **extra.pop("p", {}),
+        },
+        **extra,
+    }
 
 
 def types_on(engine: Engine, job_id: str) -> list[str]:
@@ -93,8 +98,11 @@ def test_sixteen_concurrent_enqueues_of_one_job_id_make_one_job(pg_queue: Queue,
 
 
 def test_concurrent_steer_enqueues_on_one_session_reach_one_job(pg_queue: Queue, pg_engine: Engine) -> None:
-    results = race(lambda i: pg_queue.enqueue(validate_enqueue(
-        "codex", body(sessionKey="sess-1", singletonMode="steer", p={"n": i}))))
+    results = race(
+        lambda i: pg_queue.enqueue(
+            validate_enqueue("codex", body(sessionKey="sess-1", singletonMode="steer", p={"n": i}))
+        )
+    )
 
     created = [r for r in results if r.created]
     assert len(created) == 1 and sum(r.steered for r in results) == THREADS - 1
@@ -108,15 +116,19 @@ def test_concurrent_steer_enqueues_on_one_session_reach_one_job(pg_queue: Queue,
     creator_n = target.payload["n"]
     steered_ns = sorted(r.body["payload"]["n"] for r in stream[1:])
     assert steered_ns == sorted(set(range(THREADS)) - {creator_n})  # every other enqueue's payload, once
-    assert all(r.body["type"] == "steer" and r.body["fromEnqueue"] is True
-               and r.body["fromSessionKey"] == "sess-1" for r in stream[1:])
+    assert all(
+        r.body["type"] == "steer" and r.body["fromEnqueue"] is True and r.body["fromSessionKey"] == "sess-1"
+        for r in stream[1:]
+    )
     final = pg_queue.get(target.id)
     assert final is not None and len(final.pending_commands) == THREADS - 1
     assert_projection_equals_fold(pg_engine, target.id)
     assert_stream_times_never_go_back(pg_engine)
 
 
-def test_concurrent_heartbeats_and_commands_keep_projection_equal_to_fold(pg_queue: Queue, pg_engine: Engine) -> None:
+def test_concurrent_heartbeats_and_commands_keep_projection_equal_to_fold(
+    pg_queue: Queue, pg_engine: Engine
+) -> None:
     """Mixed writers on one job: every receipt lands exactly once, the chain and projection agree."""
     job = pg_queue.enqueue(validate_enqueue("codex", body())).job
     pg_queue.lease(job.id, "w1", 60_000)
@@ -139,7 +151,10 @@ def test_concurrent_heartbeats_and_commands_keep_projection_equal_to_fold(pg_que
 
 # -- deterministic interleavings: another transaction commits just before a projection read -------
 
-def commit_before_loading(monkeypatch: pytest.MonkeyPatch, job_id: str, action: Callable[[], Any]) -> list[bool]:
+
+def commit_before_loading(
+    monkeypatch: pytest.MonkeyPatch, job_id: str, action: Callable[[], Any]
+) -> list[bool]:
     """Run ``action`` (its own transaction) the first time any transaction reads ``job_id``."""
     real_load = projection.load
     fired: list[bool] = []
@@ -155,7 +170,9 @@ def commit_before_loading(monkeypatch: pytest.MonkeyPatch, job_id: str, action: 
 
 
 def test_a_job_settled_during_the_session_scan_does_not_take_the_steer(
-    pg_queue: Queue, pg_engine: Engine, monkeypatch: pytest.MonkeyPatch,
+    pg_queue: Queue,
+    pg_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     job = pg_queue.enqueue(validate_enqueue("codex", body(sessionKey="s"))).job
     pg_queue.lease(job.id, "w1", 60_000)
@@ -172,7 +189,9 @@ def test_a_job_settled_during_the_session_scan_does_not_take_the_steer(
 
 
 def test_receipt_time_is_read_after_the_state_it_follows(
-    pg_queue: Queue, pg_engine: Engine, monkeypatch: pytest.MonkeyPatch,
+    pg_queue: Queue,
+    pg_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A receipt committed by another transaction while this one starts must not be newer than ours."""
     job = pg_queue.enqueue(validate_enqueue("codex", body())).job

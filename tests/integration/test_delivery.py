@@ -9,20 +9,26 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from app import delivery
-from app.db import db_now, deliveries, transaction
-from app.errors import (
+from app.jobs.errors import (
     ACTIVE_DELIVERY_REASON,
     MAX_DELIVERY_GENERATIONS,
     DeliveryGenerationsExceeded,
     generations_exceeded_message,
 )
+from app.storage import delivery
+from app.storage.db import db_now, deliveries, transaction
 
 DRIVER_TIMEOUT_MS = 120_000
 
 
-def begin(engine: Engine, key: str = "job-1", *, job_id: str = "job-1", timeout_ms: int = DRIVER_TIMEOUT_MS,
-          skew_ms: int = 0) -> delivery.StartDecision:
+def begin(
+    engine: Engine,
+    key: str = "job-1",
+    *,
+    job_id: str = "job-1",
+    timeout_ms: int = DRIVER_TIMEOUT_MS,
+    skew_ms: int = 0,
+) -> delivery.StartDecision:
     with transaction(engine) as conn:
         now = db_now(conn) + timedelta(milliseconds=skew_ms)
         return delivery.begin(conn, job_id, key, now, timeout_ms)
@@ -35,8 +41,12 @@ def settle(engine: Engine, key: str, generation: int, outcome: str = "completed"
 
 def rows(engine: Engine, key: str = "job-1") -> list[tuple[int, str, str | None, str]]:
     with engine.connect() as conn:
-        return [(r.generation, r.state, r.outcome, r.task_id) for r in conn.execute(
-            select(deliveries).where(deliveries.c.dispatch_key == key).order_by(deliveries.c.generation))]
+        return [
+            (r.generation, r.state, r.outcome, r.task_id)
+            for r in conn.execute(
+                select(deliveries).where(deliveries.c.dispatch_key == key).order_by(deliveries.c.generation)
+            )
+        ]
 
 
 def test_first_begin_creates_generation_zero(engine: Engine) -> None:
@@ -57,7 +67,10 @@ def test_after_settle_the_next_begin_is_generation_one(engine: Engine) -> None:
     settle(engine, "job-1", 0, "completed")
     d = begin(engine)
     assert (d.created, d.generation, d.task_id) == (True, 1, "job-1:driver:1")
-    assert rows(engine) == [(0, "settled", "completed", "job-1:driver:0"), (1, "pending", None, "job-1:driver:1")]
+    assert rows(engine) == [
+        (0, "settled", "completed", "job-1:driver:0"),
+        (1, "pending", None, "job-1:driver:1"),
+    ]
 
 
 def test_settle_is_idempotent_first_outcome_wins(engine: Engine) -> None:
@@ -94,8 +107,11 @@ def test_generations_are_bounded_at_32(engine: Engine) -> None:
         settle(engine, "job-1", generation)
     with pytest.raises(DeliveryGenerationsExceeded) as info:
         begin(engine)
-    assert str(info.value) == generations_exceeded_message("job-1") == \
-        "resonate delivery recovery exceeded 32 generations for job-1"
+    assert (
+        str(info.value)
+        == generations_exceeded_message("job-1")
+        == "resonate delivery recovery exceeded 32 generations for job-1"
+    )
     assert len(rows(engine)) == MAX_DELIVERY_GENERATIONS
 
 

@@ -18,11 +18,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from app.db import db_now, deliveries, parse_iso, transaction
-from app.delivery import redrive_key
-from app.errors import STALE_ACTIVE_LEASE_ERROR, generations_exceeded_message
-from app.queue import Queue
-from app.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, route
+from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, generations_exceeded_message
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, route
+from app.storage.db import db_now, deliveries, parse_iso, transaction
+from app.storage.delivery import redrive_key
+from app.storage.queue import Queue
 from tasks import dispatch, execute, loops
 from tasks.callbacks import Callbacks
 from tasks.celery_app import make_celery
@@ -53,16 +53,23 @@ def runtime(engine: Engine, redis_url: str) -> Iterator[tuple[Runtime, Recorder,
 
 def delivery_rows(engine: Engine, job_id: str) -> list[tuple[str, int, str, str | None]]:
     with engine.connect() as conn:
-        return [(r.dispatch_key, r.generation, r.state, r.outcome) for r in conn.execute(
-            select(deliveries).where(deliveries.c.job_id == job_id)
-            .order_by(deliveries.c.created_at, deliveries.c.generation))]
+        return [
+            (r.dispatch_key, r.generation, r.state, r.outcome)
+            for r in conn.execute(
+                select(deliveries)
+                .where(deliveries.c.job_id == job_id)
+                .order_by(deliveries.c.created_at, deliveries.c.generation)
+            )
+        ]
 
 
 def started(rt: Runtime, sent: Recorder, job_id: str) -> tuple[str, int]:
     """Run the driver starter for a job and return the (dispatch key, generation) it sent."""
     decision = dispatch.start_driver(rt, job_id, job_id)
     assert decision is not None and decision.created
-    [driver] = [t for t in sent.named(DRIVER_TASK) if t.args[0] == job_id and t.args[2] == decision.generation]
+    [driver] = [
+        t for t in sent.named(DRIVER_TASK) if t.args[0] == job_id and t.args[2] == decision.generation
+    ]
     assert driver.queue == DRIVER_QUEUE
     assert driver.task_id == f"{job_id}:driver:{decision.generation}"
     sent.clear()
@@ -70,6 +77,7 @@ def started(rt: Runtime, sent: Recorder, job_id: str) -> tuple[str, int]:
 
 
 # -- the driver starter ------------------------------------------------------------------------------
+
 
 def test_enqueue_wakes_the_scanner_with_a_small_message_of_ids(runtime: Any) -> None:
     rt, sent, _ = runtime
@@ -86,7 +94,9 @@ def test_scanner_pass_starts_one_driver_per_job_and_a_second_pass_sends_nothing(
     # The scan runs in the driver role, so it drives in-process: no driver hop, straight to the
     # worker message under each job's first attempt fence.
     assert sent.named(DRIVER_TASK) == []
-    assert sorted(t.task_id for t in sent.named(EXECUTE_TASK)) == sorted([f"{a.id}:attempt:1", f"{b.id}:attempt:1"])
+    assert sorted(t.task_id for t in sent.named(EXECUTE_TASK)) == sorted(
+        [f"{a.id}:attempt:1", f"{b.id}:attempt:1"]
+    )
     sent.clear()
     # Both deliveries still pending: created False, reason active_delivery, nothing sent.
     assert dispatch.dispatch_jobs(rt, [a.id, b.id]) == {"started": []}
@@ -124,10 +134,19 @@ def test_generations_exceeded_fails_the_job_with_the_exact_message(runtime: Any)
     with transaction(rt.engine) as conn:
         now = db_now(conn)
         for g in range(32):
-            conn.execute(deliveries.insert().values(
-                dispatch_key=job.id, generation=g, job_id=job.id, task_id=f"{job.id}:driver:{g}",
-                state="settled", outcome="lease_lost", created_at=now, deadline_at=now + timedelta(minutes=2),
-                settled_at=now))
+            conn.execute(
+                deliveries.insert().values(
+                    dispatch_key=job.id,
+                    generation=g,
+                    job_id=job.id,
+                    task_id=f"{job.id}:driver:{g}",
+                    state="settled",
+                    outcome="lease_lost",
+                    created_at=now,
+                    deadline_at=now + timedelta(minutes=2),
+                    settled_at=now,
+                )
+            )
     sent.clear()
     assert dispatch.start_driver(rt, job.id, job.id) is None
     failed = rt.queue.get(job.id)
@@ -140,6 +159,7 @@ def test_generations_exceeded_fails_the_job_with_the_exact_message(runtime: Any)
 
 
 # -- the driver's branches ---------------------------------------------------------------------------
+
 
 def test_driver_on_a_terminal_job_only_settles_its_delivery(runtime: Any) -> None:
     rt, sent, _ = runtime
@@ -210,17 +230,23 @@ def test_driver_honours_abort_requested_on_a_queued_job(runtime: Any) -> None:
     assert callbacks.events() == ["canceled"]
 
 
-@pytest.mark.parametrize(("agent", "kind", "queue_name"), [
-    ("factory", "factory.task.run", "receipt-chat"),
-    ("factory", "factory.dispatch", "receipt-chat"),  # the spec's noted disagreement with the contract
-    ("codex", "factory.task.run", "receipt-codex"),
-    ("factory", "factory.integration.publish", "receipt-codex"),
-    ("factory-control", "factory.objective.control", "receipt-control"),
-    ("factory-monitor", "factory.task.monitor", "receipt-chat"),
-    ("unknown-agent", "factory.run", "receipt-chat"),
-])
+@pytest.mark.parametrize(
+    ("agent", "kind", "queue_name"),
+    [
+        ("factory", "factory.task.run", "receipt-chat"),
+        ("factory", "factory.dispatch", "receipt-chat"),  # the spec's noted disagreement with the contract
+        ("codex", "factory.task.run", "receipt-codex"),
+        ("factory", "factory.integration.publish", "receipt-codex"),
+        ("factory-control", "factory.objective.control", "receipt-control"),
+        ("factory-monitor", "factory.task.monitor", "receipt-chat"),
+        ("unknown-agent", "factory.run", "receipt-chat"),
+    ],
+)
 def test_driver_sends_the_worker_message_under_the_attempt_fence_to_the_routed_queue(
-    runtime: Any, agent: str, kind: str, queue_name: str,
+    runtime: Any,
+    agent: str,
+    kind: str,
+    queue_name: str,
 ) -> None:
     rt, sent, callbacks = runtime
     job = enqueue(rt.queue, agent, kind=kind)
@@ -249,7 +275,10 @@ def test_the_fence_names_the_next_attempt(runtime: Any) -> None:
 
 # -- one real in-process worker: dispatch -> driver -> execute through Redis -------------------------
 
-def test_a_job_completes_through_a_real_worker(pg_engine: Engine, pg_database_url: str, redis_url: str) -> None:
+
+def test_a_job_completes_through_a_real_worker(
+    pg_engine: Engine, pg_database_url: str, redis_url: str
+) -> None:
     from celery.contrib.testing.worker import start_worker
 
     settings = settings_for(redis_url, DATABASE_URL=pg_database_url, JOB_LEASE_MS="3000")
@@ -261,11 +290,24 @@ def test_a_job_completes_through_a_real_worker(pg_engine: Engine, pg_database_ur
         return {"noop": True, "attempt": ctx.attempt}
 
     queue = Queue(pg_engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
-    app.receipt_runtime = Runtime(settings, app, pg_engine, queue, registry_of({"bench-noop": noop}),  # type: ignore[attr-defined]
-                                  Callbacks(settings))
+    app.receipt_runtime = Runtime(
+        settings,
+        app,
+        pg_engine,
+        queue,
+        registry_of({"bench-noop": noop}),  # type: ignore[attr-defined]
+        Callbacks(settings),
+    )
     queues = [DRIVER_QUEUE, MAINTENANCE_QUEUE, *QUEUES.values()]
-    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, queues=queues,
-                      loglevel="WARNING", shutdown_timeout=15):
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=4,
+        perform_ping_check=False,
+        queues=queues,
+        loglevel="WARNING",
+        shutdown_timeout=15,
+    ):
         job = enqueue(queue, "bench-noop")
         unknown = enqueue(queue, "nobody-home", kind="factory.run")
 
@@ -309,8 +351,15 @@ def test_a_saturated_threads_worker_without_prefetch_keeps_fetching(redis_url: s
         finished.release()
 
     tasks_n = 30
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, queues=[QUEUES["chat"]],
-                      loglevel="WARNING", shutdown_timeout=15):
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        queues=[QUEUES["chat"]],
+        loglevel="WARNING",
+        shutdown_timeout=15,
+    ):
         started = time.monotonic()
         for _ in range(tasks_n):
             app.send_task("test.short", queue=QUEUES["chat"])
@@ -322,6 +371,7 @@ def test_a_saturated_threads_worker_without_prefetch_keeps_fetching(redis_url: s
 
 
 # -- a requeue's wake-up racing its own delivery's settlement --------------------------------------
+
 
 def fast_scanner(rt: Runtime, sent: Recorder) -> None:
     """Handle every dispatch wake-up the instant it is sent: the scanner winning every race."""
@@ -354,8 +404,9 @@ def test_a_retryable_failure_is_redelivered_at_once_even_if_the_scanner_wins_the
     out = execute.execute(rt, *execute_msg.args)
     assert (out["status"], out["jobStatus"]) == ("failed", "queued")
     attempts = [(t.task_id, t.args[3]) for t in sent.named(EXECUTE_TASK)]
-    assert attempts == [(f"{job.id}:attempt:1", 0), (f"{job.id}:attempt:2", 1)], \
+    assert attempts == [(f"{job.id}:attempt:1", 0), (f"{job.id}:attempt:2", 1)], (
         "the retry needs a second delivery generation now, not after the redrive"
+    )
 
 
 def test_a_stale_lease_requeue_is_redelivered_at_once_even_if_the_scanner_wins_the_race(runtime: Any) -> None:
@@ -366,10 +417,13 @@ def test_a_stale_lease_requeue_is_redelivered_at_once_even_if_the_scanner_wins_t
     wait_lease_past_deadline(rt.engine, rt.queue, job.id)
     fast_scanner(rt, sent)
     assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "stale_active_lease"}
-    assert [(t.task_id, t.args[3]) for t in sent.named(EXECUTE_TASK)] == [(f"{job.id}:attempt:2", generation + 1)]
+    assert [(t.task_id, t.args[3]) for t in sent.named(EXECUTE_TASK)] == [
+        (f"{job.id}:attempt:2", generation + 1)
+    ]
 
 
 # -- retry backoff ----------------------------------------------------------------------------------
+
 
 def test_a_retry_backs_off_then_the_due_retries_pass_delivers_it(runtime: Any) -> None:
     """A retryable failure records retryAt = database now + RECEIPT_RETRY_BACKOFF_MS x 2^(attempt-1);
@@ -412,7 +466,7 @@ def test_a_retry_backs_off_then_the_due_retries_pass_delivers_it(runtime: Any) -
 
 
 def read_stream_of(engine: Engine, job_id: str) -> list[Any]:
-    from app import store
+    from app.storage import store
 
     with engine.connect() as conn:
         return store.read_stream(conn, f"jobs/{job_id}")

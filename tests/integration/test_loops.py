@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from app import loops
-from app.db import deliveries, loop_runs
-from app.routing import DRIVER_QUEUE
+from app.jobs.routing import DRIVER_QUEUE
+from app.storage import loops
+from app.storage.db import deliveries, loop_runs
 from tasks import loops as task_loops
 from tasks.dispatch import dispatch_jobs
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, Runtime
@@ -38,6 +38,7 @@ LONG_MS = 600_000
 
 
 # -- the single-flight claim -----------------------------------------------------------------------
+
 
 def test_claim_is_single_flight(engine: Engine) -> None:
     assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, stale_ms=LONG_MS) is True
@@ -108,17 +109,22 @@ def test_concurrent_claims_on_postgres_exactly_one_wins_on_an_existing_row(pg_en
     assert loops.claim(pg_engine, "loop-race", "seed", min_interval_ms=0, stale_ms=LONG_MS)
     loops.release(pg_engine, "loop-race", "seed")
     with pg_engine.begin() as conn:  # make the last pass old enough for the interval guard
-        conn.execute(loop_runs.update().values(started_at=loop_runs.c.started_at - _hours(1),
-                                               finished_at=loop_runs.c.finished_at - _hours(1)))
+        conn.execute(
+            loop_runs.update().values(
+                started_at=loop_runs.c.started_at - _hours(1), finished_at=loop_runs.c.finished_at - _hours(1)
+            )
+        )
     assert _race_claims(pg_engine, 8).count(True) == 1
 
 
 def _hours(n: int) -> Any:
     from datetime import timedelta
+
     return timedelta(hours=n)
 
 
 # -- the loops themselves ---------------------------------------------------------------------------
+
 
 @pytest.fixture
 def runtime(engine: Engine, redis_url: str) -> Iterator[tuple[Runtime, Recorder, RecordingCallbacks]]:
@@ -214,12 +220,16 @@ def test_a_loop_held_elsewhere_is_skipped(runtime: Any) -> None:
 
 
 def test_two_redrive_passes_at_once_deliver_each_job_once_on_postgres(
-    pg_engine: Engine, redis_url: str,
+    pg_engine: Engine,
+    redis_url: str,
 ) -> None:
     """Two beats by mistake: two passes race over the same state; each job gets one driver."""
-    settings = settings_for(redis_url, RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="60000",
-                            RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS="0",
-                            RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="0")
+    settings = settings_for(
+        redis_url,
+        RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="60000",
+        RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS="0",
+        RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="0",
+    )
     rt, sent, _ = recording_runtime(pg_engine, settings)
     ids = {enqueue(rt.queue, "factory").id for _ in range(5)}
     sent.clear()

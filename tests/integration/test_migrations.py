@@ -11,14 +11,16 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Index, Integer, MetaData, inspect
 from sqlalchemy.engine import Engine
 
-from app import cli
-from app.db import make_engine, metadata
-from app.migrate import alembic_config, current, upgrade
+from app.ops import cli
+from app.storage.db import make_engine, metadata
+from app.storage.migrate import alembic_config, current, upgrade
 
 
 def schema_diff(engine: Engine, target: MetaData) -> list[Any]:
     with engine.connect() as conn:
-        context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "compare_server_default": True}
+        )
         diff: list[Any] = compare_metadata(context, target)
     return diff
 
@@ -46,8 +48,9 @@ def test_the_schema_comparison_would_see_a_difference(engine: Engine) -> None:
     assert kinds == ["add_column", "add_index"]
 
 
-def test_receipt_migrate_is_idempotent(database_url: str, backend: str, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_receipt_migrate_is_idempotent(
+    database_url: str, backend: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`receipt migrate` on an already-migrated database changes nothing and succeeds."""
     engine = make_engine(database_url)
     try:
@@ -63,7 +66,9 @@ def test_receipt_migrate_is_idempotent(database_url: str, backend: str, monkeypa
         engine.dispose()
 
 
-def test_migrate_creates_the_embedded_sqlite_under_receipt_home(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_migrate_creates_the_embedded_sqlite_under_receipt_home(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RECEIPT_HOME", str(tmp_path / "home"))
     assert cli.main(["migrate"]) == 0
     assert cli.main(["migrate"]) == 0

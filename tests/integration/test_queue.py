@@ -16,13 +16,13 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
-from app import store
-from app.db import db_now, parse_iso, receipts
-from app.errors import SINGLETON_CANCEL_REASON, ConflictError, JobNotFound, ValidationError
-from app.queue import Queue, decode_cursor, validate_status_filter
-from app.reducer import Job, job_id_of
-from app.validation import EnqueueRequest, validate_enqueue
-from app.vocab import job_stream
+from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, JobNotFound, ValidationError
+from app.jobs.reducer import Job, job_id_of
+from app.jobs.validation import EnqueueRequest, validate_enqueue
+from app.jobs.vocab import job_stream
+from app.storage import store
+from app.storage.db import db_now, parse_iso, receipts
+from app.storage.queue import Queue, decode_cursor, validate_status_filter
 from tests.conftest import assert_projection_equals_fold
 
 ORG_A = "org-a"
@@ -62,6 +62,7 @@ class CheckedQueue:
                 return attr(*args, **kwargs)
             finally:
                 check_all(self._queue.engine)
+
         return call
 
 
@@ -121,6 +122,7 @@ def running_job(q: Any, *, worker: str = "w1", lease_ms: int = LONG, **body: Any
 
 # -- enqueue ------------------------------------------------------------------------------------
 
+
 def test_enqueue_defaults(q: Any, engine: Engine) -> None:
     request = req()
     assert (request.lane, request.singleton_mode, request.max_attempts) == ("collect", "allow", 2)
@@ -128,7 +130,13 @@ def test_enqueue_defaults(q: Any, engine: Engine) -> None:
     job = result.job
     assert result.created and not result.steered
     assert (job.status, job.attempt, job.lane, job.singleton_mode, job.max_attempts, job.lease) == (
-        "queued", 0, "collect", "allow", 2, None)
+        "queued",
+        0,
+        "collect",
+        "allow",
+        2,
+        None,
+    )
     assert job.organization_id == ORG_A and job.agent_id == "codex" and job.seq == 1
     [r] = stream_of(engine, job.id)
     assert r.type == "job.enqueued" and r.seq == 1
@@ -170,6 +178,7 @@ def test_enqueue_without_job_id_creates_distinct_jobs(q: Any, engine: Engine) ->
 
 # -- singleton modes ----------------------------------------------------------------------------
 
+
 def test_singleton_cancel_stops_every_active_job_on_the_session(q: Any, engine: Engine) -> None:
     queued = q.enqueue(req(sessionKey="s1")).job
     leased = leased_job(q, sessionKey="s1")
@@ -199,7 +208,11 @@ def test_singleton_cancel_stops_every_active_job_on_the_session(q: Any, engine: 
     assert got[no_session.id].status == "queued" and len(stream_of(engine, no_session.id)) == 1
     # The stops are written before the new job.
     with engine.connect() as conn:
-        written = conn.execute(select(receipts.c.stream).where(receipts.c.id > mark).order_by(receipts.c.id)).scalars().all()
+        written = (
+            conn.execute(select(receipts.c.stream).where(receipts.c.id > mark).order_by(receipts.c.id))
+            .scalars()
+            .all()
+        )
     assert written[-1] == job_stream(result.job.id) and len(written) == 4
 
 
@@ -296,6 +309,7 @@ def test_session_scans_are_scoped_per_organization(q: Any, engine: Engine, mode:
 
 # -- the worker's operations ----------------------------------------------------------------------
 
+
 def test_lease_takes_a_queued_job_once(q: Any, engine: Engine) -> None:
     job = q.enqueue(req()).job
     out = q.lease(job.id, "w1", 30_000)
@@ -367,7 +381,9 @@ def test_non_retryable_failure_copies_its_status_onto_the_result(q: Any) -> None
     job = leased_job(q, maxAttempts=5)
     out = q.fail(job.id, "w1", 1, "No handler for agent 'x'", retryable=False, result={"exitCode": 3})
     assert out.job.status == "failed" and out.job.attempt == 1
-    assert out.job.result == {"exitCode": 3, "status": "failed"} and out.job.error == "No handler for agent 'x'"
+    assert (
+        out.job.result == {"exitCode": 3, "status": "failed"} and out.job.error == "No handler for agent 'x'"
+    )
 
 
 def test_system_failure_of_a_queued_job(q: Any, engine: Engine) -> None:
@@ -455,11 +471,16 @@ def test_command_refusals_write_nothing(q: Any, engine: Engine) -> None:
 
 def test_unknown_job_raises_not_found_and_writes_nothing(q: Any, engine: Engine) -> None:
     ops: list[Callable[[], Any]] = [
-        lambda: q.lease("nope", "w", 1000), lambda: q.heartbeat("nope", "w", 1, 1000),
-        lambda: q.progress("nope", "w", 1, {}), lambda: q.complete("nope", "w", 1),
-        lambda: q.fail("nope", "w", 1, "e", retryable=True), lambda: q.cancel("nope"),
-        lambda: q.command("nope", "steer"), lambda: q.consume_command("nope", "c"),
-        lambda: q.expire_lease("nope"), lambda: q.settle_canceled("nope", "w", 1, None),
+        lambda: q.lease("nope", "w", 1000),
+        lambda: q.heartbeat("nope", "w", 1, 1000),
+        lambda: q.progress("nope", "w", 1, {}),
+        lambda: q.complete("nope", "w", 1),
+        lambda: q.fail("nope", "w", 1, "e", retryable=True),
+        lambda: q.cancel("nope"),
+        lambda: q.command("nope", "steer"),
+        lambda: q.consume_command("nope", "c"),
+        lambda: q.expire_lease("nope"),
+        lambda: q.settle_canceled("nope", "w", 1, None),
         lambda: q.cancel_queued("nope", None),
     ]
     for op in ops:
@@ -520,6 +541,7 @@ def test_expire_leases_expires_exactly_the_past_deadlines(q: Any, engine: Engine
 
 # -- reads ----------------------------------------------------------------------------------------
 
+
 def test_list_jobs_filters_and_pages(q: Any, engine: Engine) -> None:
     made = []
     for i in range(5):
@@ -559,15 +581,19 @@ def test_queued_older_than(q: Any, engine: Engine) -> None:
 
 # -- validation and the dispatch hook -----------------------------------------------------------
 
-@pytest.mark.parametrize("body", [
-    {"lane": "fast", "payload": payload()},
-    {"payload": {"kind": "factory.nope"}},
-    {"payload": {"kind": "factory.run"}},
-    {"payload": payload(), "singletonMode": "steer"},
-    {"payload": payload(), "maxAttempts": "3"},
-    {"payload": payload(), "jobId": "../etc"},
-    {"payload": payload(), "extra": 1},
-])
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"lane": "fast", "payload": payload()},
+        {"payload": {"kind": "factory.nope"}},
+        {"payload": {"kind": "factory.run"}},
+        {"payload": payload(), "singletonMode": "steer"},
+        {"payload": payload(), "maxAttempts": "3"},
+        {"payload": payload(), "jobId": "../etc"},
+        {"payload": payload(), "extra": 1},
+    ],
+)
 def test_validation_errors_write_nothing(q: Any, engine: Engine, body: dict[str, Any]) -> None:
     q.enqueue(req())
     before = receipt_count(engine)
@@ -599,7 +625,9 @@ def test_on_dispatchable_is_called_after_commit_with_queued_jobs(engine: Engine)
     check_all(engine)
 
 
-def test_on_dispatchable_failure_never_fails_the_operation(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+def test_on_dispatchable_failure_never_fails_the_operation(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
     def hook(jobs: Sequence[Job]) -> None:
         raise RuntimeError("broker down")
 

@@ -16,11 +16,11 @@ import pytest
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from app import queue as queue_module
 from app.config import Settings
-from app.errors import no_handler_message
-from app.queue import Queue
-from app.timing import EXECUTION_TIMEOUT_FLOOR_MS
+from app.jobs.errors import no_handler_message
+from app.jobs.timing import EXECUTION_TIMEOUT_FLOOR_MS
+from app.storage import queue as queue_module
+from app.storage.queue import Queue
 from workers import runner
 from workers.handler import HandlerError, JobContext
 from workers.runner import run_attempt
@@ -107,7 +107,9 @@ def test_heartbeat_promotes_leased_to_running_before_the_handler_runs(queue: Que
         return None
 
     job = enqueue(queue, "test-status")
-    assert run_attempt(queue, LEASE_3S, registry_of({"test-status": handler}), job.id, 1).status == "completed"
+    assert (
+        run_attempt(queue, LEASE_3S, registry_of({"test-status": handler}), job.id, 1).status == "completed"
+    )
     assert seen == ["running"]
 
 
@@ -191,7 +193,9 @@ def test_unknown_agent_fails_non_retryably_with_the_exact_message(queue: Queue) 
     assert result.job.result == {"status": "failed"}
 
 
-def test_abort_requested_before_start_cancels_without_running_the_handler(queue: Queue, engine: Engine) -> None:
+def test_abort_requested_before_start_cancels_without_running_the_handler(
+    queue: Queue, engine: Engine
+) -> None:
     called = threading.Event()
 
     def handler(ctx: JobContext) -> Any:
@@ -212,8 +216,14 @@ def test_redelivered_work_with_abort_cancels_under_the_start_fence(queue: Queue)
     job = enqueue(queue, "test-abort")
     assert queue.lease(job.id, "w-redelivered", 3000).applied
     queue.cancel(job.id, "stop it")  # leased -> an abort command, not an outright cancel
-    result = run_attempt(queue, LEASE_3S, registry_of({"test-abort": lambda ctx: called.set()}), job.id, 1,
-                         worker_id="w-redelivered")
+    result = run_attempt(
+        queue,
+        LEASE_3S,
+        registry_of({"test-abort": lambda ctx: called.set()}),
+        job.id,
+        1,
+        worker_id="w-redelivered",
+    )
     assert result.status == "canceled"
     assert not called.is_set()
     assert result.job is not None and result.job.status == "canceled"
@@ -253,7 +263,8 @@ def test_execution_timeout_fails_with_status_execution_timeout(queue: Queue, eng
 
 
 def test_duplicate_delivery_after_completion_is_terminal_state_and_writes_nothing(
-    queue: Queue, engine: Engine,
+    queue: Queue,
+    engine: Engine,
 ) -> None:
     registry = registry_of({"test-ok": ok_handler})
     job = enqueue(queue, "test-ok")
@@ -264,7 +275,9 @@ def test_duplicate_delivery_after_completion_is_terminal_state_and_writes_nothin
     assert len(receipts_of(engine, job.id)) == before
 
 
-def test_concurrent_duplicate_of_a_running_fence_is_lease_lost_and_inert(queue: Queue, engine: Engine) -> None:
+def test_concurrent_duplicate_of_a_running_fence_is_lease_lost_and_inert(
+    queue: Queue, engine: Engine
+) -> None:
     handler = Blocking()
     calls = []
 
@@ -323,6 +336,7 @@ def test_lease_lost_while_running_signals_the_handler(queue: Queue, engine: Engi
 
 # -- settlement storage retries: 5 attempts, 150 ms x attempt, transient errors only -------------
 
+
 def _transient() -> OperationalError:
     return OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
 
@@ -330,8 +344,9 @@ def _transient() -> OperationalError:
 @pytest.fixture
 def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     sleeps: list[float] = []
-    monkeypatch.setattr(runner, "retry_transient",
-                        functools.partial(queue_module.retry_transient, sleep=sleeps.append))
+    monkeypatch.setattr(
+        runner, "retry_transient", functools.partial(queue_module.retry_transient, sleep=sleeps.append)
+    )
     return sleeps
 
 
@@ -367,12 +382,16 @@ def test_settlement_gives_up_after_five_transient_attempts(queue: Queue, slept: 
     assert slept == pytest.approx([0.15, 0.30, 0.45, 0.60])
 
 
-@pytest.mark.parametrize("error", [
-    pytest.param(ValueError("bug"), id="programming-error"),
-    pytest.param(IntegrityError("INSERT", {}, Exception("duplicate key")), id="integrity-error"),
-])
-def test_settlement_does_not_retry_non_transient_errors(queue: Queue, slept: list[float],
-                                                       error: BaseException) -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(ValueError("bug"), id="programming-error"),
+        pytest.param(IntegrityError("INSERT", {}, Exception("duplicate key")), id="integrity-error"),
+    ],
+)
+def test_settlement_does_not_retry_non_transient_errors(
+    queue: Queue, slept: list[float], error: BaseException
+) -> None:
     job = enqueue(queue, "test-ok")
     calls = _failing_complete(queue, [error])
     with pytest.raises(type(error)):

@@ -14,15 +14,15 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import Executable
 
-from app import store
-from app.db import make_engine, receipts, transaction
-from app.errors import AppendConflict
+from app.jobs.errors import AppendConflict
+from app.storage import store
+from app.storage.db import make_engine, receipts, transaction
 
 APPEND_ONLY = "receipts are append-only"
 
 
 def independent_hash(stream: str, seq: int, type_: str, body: Any, at: str, prev_hash: str | None) -> str:
-    """The spec's hash, written out here without app.store: SHA-256 of sorted, compact UTF-8 JSON."""
+    """The spec's hash, written out here without app.storage.store: SHA-256 of sorted, compact UTF-8 JSON."""
     doc = {"stream": stream, "seq": seq, "type": type_, "body": body, "at": at, "prevHash": prev_hash}
     encoded = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return hashlib.sha256(encoded).hexdigest()
@@ -39,8 +39,16 @@ def append_chain(engine: Engine, stream: str, n: int, **body: Any) -> list[store
     for i in range(n):
         with transaction(engine) as conn:
             prev = out[-1] if out else None
-            out.append(store.append(conn, stream, prev.seq if prev else 0, f"t.{i}", {"i": i, **body},
-                                    prev_hash=prev.hash if prev else None))
+            out.append(
+                store.append(
+                    conn,
+                    stream,
+                    prev.seq if prev else 0,
+                    f"t.{i}",
+                    {"i": i, **body},
+                    prev_hash=prev.hash if prev else None,
+                )
+            )
     return out
 
 
@@ -76,7 +84,13 @@ def test_stream_prefix_is_not_a_pattern(engine: Engine) -> None:
 
 
 def test_hash_is_sha256_over_canonical_encoding(engine: Engine) -> None:
-    body = {"b": [1, 2.5, None, True], "a": {"z": "ünïcødé", "y": "quote\"and\\"}, "big": 10**15, "neg": -0.001, "e": 1e-7}
+    body = {
+        "b": [1, 2.5, None, True],
+        "a": {"z": "ünïcødé", "y": 'quote"and\\'},
+        "big": 10**15,
+        "neg": -0.001,
+        "e": 1e-7,
+    }
     chain = append_chain(engine, "s/h", 3, **body)
     with engine.connect() as conn:
         rows = conn.execute(select(receipts).where(receipts.c.stream == "s/h").order_by(receipts.c.seq)).all()
@@ -151,6 +165,7 @@ def tamper(engine: Engine) -> Tamper:
     def run(statement: Executable) -> None:
         with engine.begin() as conn:
             conn.execute(statement)
+
     return run
 
 
@@ -177,8 +192,11 @@ def test_verify_detects_a_broken_prev_hash(engine: Engine, tamper: Tamper) -> No
     forged = "0" * 64
     # Re-hash the receipt so only the link is wrong, not its own contents.
     r = chain[2]
-    tamper(receipts.update().where(receipts.c.id == r.id).values(
-        prev_hash=forged, hash=independent_hash(r.stream, r.seq, r.type, r.body, r.at, forged)))
+    tamper(
+        receipts.update()
+        .where(receipts.c.id == r.id)
+        .values(prev_hash=forged, hash=independent_hash(r.stream, r.seq, r.type, r.body, r.at, forged))
+    )
     broken = _break_of(engine, "s/p")
     assert (broken.receipt.id, broken.receipt.seq) == (r.id, 3)
     assert "prevHash" in broken.reason
@@ -194,19 +212,22 @@ def test_verify_detects_a_gap(engine: Engine, tamper: Tamper) -> None:
 
 def test_verify_detects_a_rewritten_time(engine: Engine, tamper: Tamper) -> None:
     chain = append_chain(engine, "s/time", 2)
-    tamper(receipts.update().where(receipts.c.id == chain[0].id)
-                   .values(at=datetime(2001, 1, 1, tzinfo=UTC)))
+    tamper(receipts.update().where(receipts.c.id == chain[0].id).values(at=datetime(2001, 1, 1, tzinfo=UTC)))
     assert _break_of(engine).receipt.id == chain[0].id
 
 
 # -- append-only, enforced by the database --------------------------------------------------------
 
-@pytest.mark.parametrize("statement", [
-    "UPDATE receipts SET type = 'forged'",
-    "UPDATE receipts SET body = '{}'",
-    "DELETE FROM receipts",
-    "DELETE FROM receipts WHERE seq = 1",
-])
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE receipts SET type = 'forged'",
+        "UPDATE receipts SET body = '{}'",
+        "DELETE FROM receipts",
+        "DELETE FROM receipts WHERE seq = 1",
+    ],
+)
 def test_append_only_trigger_rejects_update_and_delete(engine: Engine, statement: str) -> None:
     chain = append_chain(engine, "s/ro", 2)
     with pytest.raises(DBAPIError) as err, engine.begin() as conn:

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 
-from app import store, tokens
-from app.db import api_tokens, receipts, transaction
+from app.storage import store, tokens
+from app.storage.db import api_tokens, receipts, transaction
 
 
 def everything_stored(engine: Engine) -> str:
@@ -33,7 +33,7 @@ def test_tokens_are_stored_hashed_only(engine: Engine) -> None:
     assert secret.startswith("rcpt_") and len(secret) > 40 and secret != other_secret
     stored = everything_stored(engine)
     for s in (secret, other_secret):
-        assert s not in stored and s[len("rcpt_"):] not in stored
+        assert s not in stored and s[len("rcpt_") :] not in stored
         assert hashlib.sha256(s.encode()).hexdigest() in stored  # what *is* stored is the hash
     with engine.connect() as conn:
         row = conn.execute(select(api_tokens).where(api_tokens.c.id == info.id)).one()
@@ -41,8 +41,12 @@ def test_tokens_are_stored_hashed_only(engine: Engine) -> None:
     assert row.token_hash == hashlib.sha256(secret.encode()).hexdigest()
     assert (row.organization_id, row.system, row.revoked_at) == ("org-1", False, None)
     assert created.type == "token.created" and created.body["tokenHash"] == row.token_hash
-    assert created.body == {"tokenId": info.id, "organizationId": "org-1", "system": False,
-                            "tokenHash": row.token_hash}
+    assert created.body == {
+        "tokenId": info.id,
+        "organizationId": "org-1",
+        "system": False,
+        "tokenHash": row.token_hash,
+    }
 
 
 def test_authenticate(engine: Engine) -> None:
@@ -63,7 +67,9 @@ def test_revoke_by_id_or_secret(engine: Engine, by: str) -> None:
         assert tokens.authenticate(conn, secret) is None
         assert tokens.authenticate(conn, keep_secret) == keep  # only that token
         types = [r.type for r in store.read_stream(conn, f"tokens/{info.id}")]
-        revoked_at = conn.execute(select(api_tokens.c.revoked_at).where(api_tokens.c.id == info.id)).scalar_one()
+        revoked_at = conn.execute(
+            select(api_tokens.c.revoked_at).where(api_tokens.c.id == info.id)
+        ).scalar_one()
     assert types == ["token.created", "token.revoked"] and revoked_at is not None
     # Revocation is a receipt, never a delete; a second revoke finds no live token and writes nothing.
     with engine.connect() as conn:

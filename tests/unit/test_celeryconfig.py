@@ -12,8 +12,8 @@ import pytest
 
 import celeryconfig
 from app.config import Settings
-from app.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
-from app.timing import CODEX_LEASE_CAP_MS
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.jobs.timing import CODEX_LEASE_CAP_MS
 from tasks.celery_app import make_celery
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, EXPIRE_TASK, REDRIVE_TASK, RETRY_TASK
 
@@ -46,7 +46,9 @@ def test_running_work_survives_a_broker_connection_loss(conf: dict[str, Any]) ->
     assert conf["worker_cancel_long_running_tasks_on_connection_loss"] is False
 
 
-def test_broker_reconnect_forever_including_at_startup_with_the_backoff_consumer(conf: dict[str, Any]) -> None:
+def test_broker_reconnect_forever_including_at_startup_with_the_backoff_consumer(
+    conf: dict[str, Any],
+) -> None:
     assert conf["broker_connection_retry_on_startup"] is True
     assert conf["broker_connection_max_retries"] is None
     assert conf["worker_consumer"] == "tasks.consumer:BackoffConsumer"
@@ -102,8 +104,12 @@ def test_embedded_broker_sets_every_folder_under_receipt_home(tmp_path: Path) ->
 
 
 def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> None:
-    conf = build(tmp_path, RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="7000",
-                 RECEIPT_LEASE_EXPIRY_INTERVAL_MS="3000", RECEIPT_RETRY_SCAN_INTERVAL_MS="500")
+    conf = build(
+        tmp_path,
+        RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="7000",
+        RECEIPT_LEASE_EXPIRY_INTERVAL_MS="3000",
+        RECEIPT_RETRY_SCAN_INTERVAL_MS="500",
+    )
     schedule = conf["beat_schedule"]
     assert {e["task"] for e in schedule.values()} == {REDRIVE_TASK, EXPIRE_TASK, RETRY_TASK}
     by_task = {e["task"]: e for e in schedule.values()}

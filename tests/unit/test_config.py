@@ -41,12 +41,15 @@ def test_unparsable_value_names_the_variable() -> None:
         Settings.from_env({"JOB_LEASE_MS": "soon"})
 
 
-@pytest.mark.parametrize("url, expected", [
-    ("postgres://u:p@h:5432/db", "postgresql+psycopg2://u:p@h:5432/db"),
-    ("postgresql://u@h/db", "postgresql+psycopg2://u@h/db"),
-    ("postgresql+psycopg2://u@h/db", "postgresql+psycopg2://u@h/db"),
-    ("sqlite:///x.db", "sqlite:///x.db"),
-])
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("postgres://u:p@h:5432/db", "postgresql+psycopg2://u:p@h:5432/db"),
+        ("postgresql://u@h/db", "postgresql+psycopg2://u@h/db"),
+        ("postgresql+psycopg2://u@h/db", "postgresql+psycopg2://u@h/db"),
+        ("sqlite:///x.db", "sqlite:///x.db"),
+    ],
+)
 def test_database_urls_are_normalised_to_psycopg2(url: str, expected: str) -> None:
     assert normalise_database_url(url) == expected
 

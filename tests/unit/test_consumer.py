@@ -1,4 +1,5 @@
-"""Broker reconnect backoff (spec: "reconnects with a backoff that starts at 1 s and doubles to a 30 s ceiling")."""
+"""Broker reconnect backoff (spec: "reconnects with a backoff that starts at 1 s and doubles to a 30 s
+ceiling")."""
 
 from __future__ import annotations
 

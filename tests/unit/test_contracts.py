@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from app.contracts import CONTRACTS, DURABLE_WORKFLOWS, KindContract, contract_for
-from app.errors import ValidationError
-from app.vocab import PAYLOAD_KINDS, WORKER_GROUPS
+from app.jobs.contracts import CONTRACTS, DURABLE_WORKFLOWS, KindContract, contract_for
+from app.jobs.errors import ValidationError
+from app.jobs.vocab import PAYLOAD_KINDS, WORKER_GROUPS
 
 # kind, workerGroup, durableWorkflow, hasDurableActivity, objectiveScoped,
 # reconcileObjectiveOnTerminalOrExpiredLease, liveExecution, terminalObjectiveAudit, requiresAuthContext
@@ -27,7 +27,8 @@ EXPECTED = [
 
 @pytest.mark.parametrize("row", EXPECTED, ids=[r[0] for r in EXPECTED])
 def test_every_kind_declares_its_contract(row: tuple[object, ...]) -> None:
-    """Spec: "Each kind also declares a contract: a workerGroup ..., an optional durable workflow, and flags"."""
+    """Spec: "Each kind also declares a contract: a workerGroup ..., an optional durable workflow, and
+    flags"."""
     assert contract_for(str(row[0])) == KindContract(*row)  # type: ignore[arg-type]
 
 
@@ -72,7 +73,8 @@ def test_unknown_kind_is_a_validation_error_naming_the_nine(kind: str) -> None:
 
 
 def test_to_json_uses_the_spec_camel_case_names() -> None:
-    """Spec flag names: hasDurableActivity, objectiveScoped, reconcileObjectiveOnTerminalOrExpiredLease, ..."""
+    """Spec flag names: hasDurableActivity, objectiveScoped,
+    reconcileObjectiveOnTerminalOrExpiredLease, ..."""
     assert contract_for("factory.task.run").to_json() == {
         "kind": "factory.task.run",
         "workerGroup": "codex",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from app.delivery import attempt_fence, decide_generation, driver_task_id, parse_fence, redrive_key
-from app.errors import (
+from app.jobs.errors import (
     ACTIVE_DELIVERY_REASON,
     MAX_DELIVERY_GENERATIONS,
     DeliveryGenerationsExceeded,
     generations_exceeded_message,
 )
+from app.storage.delivery import attempt_fence, decide_generation, driver_task_id, parse_fence, redrive_key
 
 
 def test_first_delivery_is_generation_zero() -> None:

@@ -32,12 +32,10 @@ from hypothesis.stateful import (
 )
 from sqlalchemy.engine import Engine
 
-from app.db import db_now, parse_iso
-from app.errors import ConflictError, InvariantError, no_job_message
-from app.queue import Queue
-from app.reducer import Job, Receipt, fold, reduce
-from app.validation import validate_enqueue
-from app.vocab import (
+from app.jobs.errors import ConflictError, InvariantError, no_job_message
+from app.jobs.reducer import Job, Receipt, fold, reduce
+from app.jobs.validation import validate_enqueue
+from app.jobs.vocab import (
     COMMAND_TYPES,
     EVENT_TYPES,
     FAILURE_STATUSES,
@@ -48,6 +46,8 @@ from app.vocab import (
     STATUSES,
     TERMINAL_STATUSES,
 )
+from app.storage.db import db_now, parse_iso
+from app.storage.queue import Queue
 from tests.conftest import assert_projection_equals_fold
 
 JOB_ID = "j1"
@@ -56,13 +56,26 @@ WORKERS = ["w1", "w2", "w3"]
 ATTEMPTS = [0, 1, 2, 3]
 COMMAND_IDS = ["c1", "c2", "c3"]
 # RECEIPT_TEST_PROP_N / RECEIPT_TEST_STATEFUL_N raise the example counts for a longer local soak.
-SETTINGS = settings(max_examples=int(os.environ.get("RECEIPT_TEST_PROP_N", "100")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("RECEIPT_TEST_PROP_N", "100")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 # -- strategies ---------------------------------------------------------------------------------
 
-json_scalars = st.none() | st.booleans() | st.integers(-10, 10) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=5)
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=6)
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-10, 10)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
 workers = st.sampled_from([*WORKERS, None])
 attempts = st.sampled_from([*ATTEMPTS, None])
 
@@ -78,27 +91,45 @@ def merged(*parts: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[
 
 fence = merged(maybe("workerId", workers), maybe("attempt", attempts))
 payloads = st.builds(
-    lambda kind, org: {"kind": kind, **({"authContext": {"userId": "u", "organizationId": org}} if org else {})},
-    st.sampled_from(PAYLOAD_KINDS), st.sampled_from([None, "o1", "o2"]),
+    lambda kind, org: {
+        "kind": kind,
+        **({"authContext": {"userId": "u", "organizationId": org}} if org else {}),
+    },
+    st.sampled_from(PAYLOAD_KINDS),
+    st.sampled_from([None, "o1", "o2"]),
 )
 BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
-    "job.enqueued": st.fixed_dictionaries({
-        "jobId": st.just(JOB_ID), "agentId": st.sampled_from(["codex", "factory", "x"]),
-        "lane": st.sampled_from(LANES), "payload": payloads, "sessionKey": st.sampled_from([None, "s"]),
-        "singletonMode": st.sampled_from(SINGLETON_MODES), "maxAttempts": st.sampled_from([1, 1, 2, 2, 3, 8]),
-    }),
+    "job.enqueued": st.fixed_dictionaries(
+        {
+            "jobId": st.just(JOB_ID),
+            "agentId": st.sampled_from(["codex", "factory", "x"]),
+            "lane": st.sampled_from(LANES),
+            "payload": payloads,
+            "sessionKey": st.sampled_from([None, "s"]),
+            "singletonMode": st.sampled_from(SINGLETON_MODES),
+            "maxAttempts": st.sampled_from([1, 1, 2, 2, 3, 8]),
+        }
+    ),
     "job.leased": merged(fence, maybe("expiresAt", st.sampled_from(["2026-01-01T00:05:00.000000Z", None]))),
     "job.heartbeat": merged(fence, maybe("expiresAt", st.just("2026-01-01T00:09:00.000000Z"))),
     "job.progress": merged(fence, maybe("progress", json_values)),
     "job.completed": merged(fence, maybe("result", json_values)),
-    "job.failed": merged(fence, maybe("error", json_values), maybe("retryable", st.booleans()),
-                         maybe("status", st.sampled_from(FAILURE_STATUSES)),
-                         maybe("result", st.dictionaries(st.sampled_from(["a", "b"]), json_scalars, max_size=2))),
+    "job.failed": merged(
+        fence,
+        maybe("error", json_values),
+        maybe("retryable", st.booleans()),
+        maybe("status", st.sampled_from(FAILURE_STATUSES)),
+        maybe("result", st.dictionaries(st.sampled_from(["a", "b"]), json_scalars, max_size=2)),
+    ),
     "job.canceled": merged(fence, maybe("reason", st.sampled_from([None, "stop", "singleton cancel"]))),
     "queue.command": merged(
-        st.fixed_dictionaries({"commandId": st.sampled_from(COMMAND_IDS), "type": st.sampled_from(COMMAND_TYPES)}),
-        maybe("payload", json_values), maybe("reason", st.sampled_from([None, "r"])),
-        maybe("fromSessionKey", st.just("s")), maybe("fromEnqueue", st.just(True)),
+        st.fixed_dictionaries(
+            {"commandId": st.sampled_from(COMMAND_IDS), "type": st.sampled_from(COMMAND_TYPES)}
+        ),
+        maybe("payload", json_values),
+        maybe("reason", st.sampled_from([None, "r"])),
+        maybe("fromSessionKey", st.just("s")),
+        maybe("fromEnqueue", st.just(True)),
     ),
     "queue.command.consumed": st.fixed_dictionaries({"commandId": st.sampled_from([*COMMAND_IDS, "c9"])}),
     "job.lease_expired": merged(fence, maybe("error", st.just("lease expired"))),
@@ -108,16 +139,29 @@ assert set(BODIES) == set(EVENT_TYPES)
 
 # Every type, weighted so a stream lives long enough to reach the interesting states (a
 # queued job.canceled ends it at once; one in ten would end most streams within a few events).
-_WEIGHTS = {"job.enqueued": 1, "job.leased": 4, "job.heartbeat": 3, "job.progress": 2, "job.completed": 1,
-            "job.failed": 3, "job.canceled": 1, "queue.command": 2, "queue.command.consumed": 2,
-            "job.lease_expired": 3}
+_WEIGHTS = {
+    "job.enqueued": 1,
+    "job.leased": 4,
+    "job.heartbeat": 3,
+    "job.progress": 2,
+    "job.completed": 1,
+    "job.failed": 3,
+    "job.canceled": 1,
+    "queue.command": 2,
+    "queue.command.consumed": 2,
+    "job.lease_expired": 3,
+}
 WEIGHTED_TYPES = [t for t in EVENT_TYPES for _ in range(_WEIGHTS[t])]
 FENCED = ("job.heartbeat", "job.progress", "job.completed", "job.failed", "job.canceled", "job.lease_expired")
 
 
 @st.composite
-def event_lists(draw: st.DrawFn, bodies: dict[str, st.SearchStrategy[dict[str, Any]]] = BODIES,
-                min_size: int = 8, max_size: int = 30) -> list[Receipt]:
+def event_lists(
+    draw: st.DrawFn,
+    bodies: dict[str, st.SearchStrategy[dict[str, Any]]] = BODIES,
+    min_size: int = 8,
+    max_size: int = 30,
+) -> list[Receipt]:
     """A random stream: with or without a leading ``job.enqueued``, then any of the ten types.
 
     Half the time a body is *aimed* at the state folded so far (the active lease's worker and
@@ -150,9 +194,28 @@ def event_lists(draw: st.DrawFn, bodies: dict[str, st.SearchStrategy[dict[str, A
 
 def _hostile_body(type_: str) -> st.SearchStrategy[dict[str, Any]]:
     """A well-formed body with some known fields overwritten by any JSON value (a hand-edited replay file)."""
-    keys = ["jobId", "agentId", "lane", "payload", "sessionKey", "singletonMode", "maxAttempts", "workerId",
-            "attempt", "expiresAt", "progress", "result", "error", "retryable", "status", "reason",
-            "commandId", "type", "fromSessionKey", "fromEnqueue"]
+    keys = [
+        "jobId",
+        "agentId",
+        "lane",
+        "payload",
+        "sessionKey",
+        "singletonMode",
+        "maxAttempts",
+        "workerId",
+        "attempt",
+        "expiresAt",
+        "progress",
+        "result",
+        "error",
+        "retryable",
+        "status",
+        "reason",
+        "commandId",
+        "type",
+        "fromSessionKey",
+        "fromEnqueue",
+    ]
     overrides = st.dictionaries(st.sampled_from(keys), json_values, min_size=1, max_size=4)
     return st.tuples(BODIES[type_], overrides).map(lambda parts: {**parts[0], **parts[1]})
 
@@ -179,6 +242,7 @@ def fold_or_error(events: list[Receipt], state: Job | None = None) -> Job | str 
 
 
 # -- reducer properties ---------------------------------------------------------------------------
+
 
 def _only_invariant_error_escapes(events: list[Receipt]) -> None:
     state: Job | None = None
@@ -230,7 +294,12 @@ def test_the_three_invariants_hold_step_by_step(events: list[Receipt]) -> None:
         body = r.body
         if before is None:
             if r.type == "job.enqueued":
-                assert after is not None and after.status == "queued" and after.attempt == 0 and after.lease is None
+                assert (
+                    after is not None
+                    and after.status == "queued"
+                    and after.attempt == 0
+                    and after.lease is None
+                )
             else:  # invariant 3's exceptions: ignored, not fatal
                 assert r.type in ("job.failed", "job.lease_expired") and after is None
             continue
@@ -238,8 +307,17 @@ def test_the_three_invariants_hold_step_by_step(events: list[Receipt]) -> None:
         inert = replace(before, seq=r.seq)
         assert after.seq == r.seq
         # Identity never changes after job.enqueued (a duplicate enqueue is inert).
-        for name in ("id", "agent_id", "lane", "payload", "session_key", "singleton_mode", "max_attempts",
-                     "organization_id", "created_at"):
+        for name in (
+            "id",
+            "agent_id",
+            "lane",
+            "payload",
+            "session_key",
+            "singleton_mode",
+            "max_attempts",
+            "organization_id",
+            "created_at",
+        ):
             assert getattr(after, name) == getattr(before, name)
         if r.type == "job.enqueued":
             assert after == inert
@@ -258,7 +336,11 @@ def test_the_three_invariants_hold_step_by_step(events: list[Receipt]) -> None:
             assert after == inert
         if after.status == "running" and before.status != "running":
             assert r.type == "job.heartbeat" and before.status == "leased" and holds
-        if r.type in ("job.progress", "job.completed", "job.failed") and before.status in LEASED_STATUSES and not holds:
+        if (
+            r.type in ("job.progress", "job.completed", "job.failed")
+            and before.status in LEASED_STATUSES
+            and not holds
+        ):
             assert after == inert
         if r.type == "job.completed" and holds:
             assert after.status == "completed" and after.result == body.get("result")
@@ -282,7 +364,9 @@ def test_the_three_invariants_hold_step_by_step(events: list[Receipt]) -> None:
             assert after.attempt < after.max_attempts  # a queued job always has an attempt left
         assert after.attempt >= before.attempt and (after.abort_requested or not before.abort_requested)
         assert [c.id for c in after.commands[: len(before.commands)]] == [c.id for c in before.commands]
-        assert all(a.consumed or not b.consumed for a, b in zip(after.commands, before.commands, strict=False))
+        assert all(
+            a.consumed or not b.consumed for a, b in zip(after.commands, before.commands, strict=False)
+        )
 
 
 def _states_prefix(events: list[Receipt]) -> list[Receipt]:
@@ -322,8 +406,16 @@ def test_every_state_round_trips_through_json(events: list[Receipt]) -> None:
 # Operations with weights: hypothesis picks among *rules* with swarm testing (whole rules are
 # switched off per example), so one weighted ``operate`` rule keeps every example busy with
 # leases and worker settlements instead of mostly cancels.
-OPERATIONS = {"lease": 4, "worker": 7, "system_fail": 1, "cancel": 1, "command": 2, "consume": 2,
-              "expire": 2, "expire_all": 1}
+OPERATIONS = {
+    "lease": 4,
+    "worker": 7,
+    "system_fail": 1,
+    "cancel": 1,
+    "command": 2,
+    "consume": 2,
+    "expire": 2,
+    "expire_all": 1,
+}
 WEIGHTED_OPERATIONS = [op for op, n in OPERATIONS.items() for _ in range(n)]
 
 
@@ -353,12 +445,22 @@ class QueueMachine(RuleBasedStateMachine):
         return self._enqueue(None, "s1", "allow", "o1", max_attempts)
 
     @precondition(lambda self: len(self.ids) < 6)  # few jobs, many operations on each
-    @rule(target=jobs, explicit=st.sampled_from([None, 0, 1]), session=st.sampled_from([None, "s1", "s2"]),
-          mode=st.sampled_from(SINGLETON_MODES), org=st.sampled_from(["o1", "o2"]), max_attempts=st.integers(0, 3))
-    def enqueue(self, explicit: int | None, session: str | None, mode: str, org: str, max_attempts: int) -> str:
+    @rule(
+        target=jobs,
+        explicit=st.sampled_from([None, 0, 1]),
+        session=st.sampled_from([None, "s1", "s2"]),
+        mode=st.sampled_from(SINGLETON_MODES),
+        org=st.sampled_from(["o1", "o2"]),
+        max_attempts=st.integers(0, 3),
+    )
+    def enqueue(
+        self, explicit: int | None, session: str | None, mode: str, org: str, max_attempts: int
+    ) -> str:
         return self._enqueue(explicit, session, mode, org, max_attempts)
 
-    def _enqueue(self, explicit: int | None, session: str | None, mode: str, org: str, max_attempts: int) -> str:
+    def _enqueue(
+        self, explicit: int | None, session: str | None, mode: str, org: str, max_attempts: int
+    ) -> str:
         body: dict[str, Any] = {
             "payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": org}},
             "maxAttempts": max_attempts,
@@ -403,8 +505,19 @@ class QueueMachine(RuleBasedStateMachine):
             w, a = before.lease.worker_id, before.lease.attempt  # mostly the current lease holder
         else:
             w, a = other
-        op = data.draw(st.sampled_from(["heartbeat", "heartbeat", "progress", "complete", "fail_retryable",
-                                        "fail_final", "settle_canceled"]))
+        op = data.draw(
+            st.sampled_from(
+                [
+                    "heartbeat",
+                    "heartbeat",
+                    "progress",
+                    "complete",
+                    "fail_retryable",
+                    "fail_final",
+                    "settle_canceled",
+                ]
+            )
+        )
         if op == "heartbeat":
             out = self.q.heartbeat(job, w, a, 60_000)
         elif op == "progress":
@@ -428,7 +541,9 @@ class QueueMachine(RuleBasedStateMachine):
         out = self.q.fail(job, None, None, "delivery exhausted", retryable=retryable)
         assert out.applied == (before.status == "queued")
         if out.applied:
-            assert out.job.status == ("queued" if retryable and before.attempt < before.max_attempts else "failed")
+            assert out.job.status == (
+                "queued" if retryable and before.attempt < before.max_attempts else "failed"
+            )
 
     def _cancel(self, job: str, before: Job, data: st.DataObject) -> None:
         if before.terminal:
@@ -475,7 +590,9 @@ class QueueMachine(RuleBasedStateMachine):
             assert before.status in LEASED_STATUSES and deadline is not None and deadline < now
             assert out.job.status in ("queued", "failed") and out.job.lease is None
         else:
-            assert before.status not in LEASED_STATUSES or (deadline is not None and (deadline - now).total_seconds() > 1)
+            assert before.status not in LEASED_STATUSES or (
+                deadline is not None and (deadline - now).total_seconds() > 1
+            )
 
     def _expire_all(self, job: str, before: Job, data: st.DataObject) -> None:
         for expired in self.q.expire_leases():
@@ -491,6 +608,10 @@ def test_queue_operations_keep_projection_equal_to_fold(sqlite_engine: Engine) -
     QueueMachine.engine = sqlite_engine
     run_state_machine_as_test(
         QueueMachine,
-        settings=settings(max_examples=int(os.environ.get("RECEIPT_TEST_STATEFUL_N", "40")), stateful_step_count=30, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow]),
+        settings=settings(
+            max_examples=int(os.environ.get("RECEIPT_TEST_STATEFUL_N", "40")),
+            stateful_step_count=30,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
     )

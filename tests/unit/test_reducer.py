@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.errors import InvariantError, no_job_message
-from app.reducer import Job, Receipt, fold, reduce
+from app.jobs.errors import InvariantError, no_job_message
+from app.jobs.reducer import Job, Receipt, fold, reduce
 
 S = "jobs/j1"
 
@@ -15,9 +15,17 @@ def r(seq: int, type_: str, **body: object) -> Receipt:
 
 
 def enq(max_attempts: int = 2) -> Receipt:
-    return r(1, "job.enqueued", jobId="j1", agentId="codex", lane="collect",
-             payload={"kind": "factory.task.run", "authContext": {"userId": "u", "organizationId": "o"}},
-             sessionKey=None, singletonMode="allow", maxAttempts=max_attempts)
+    return r(
+        1,
+        "job.enqueued",
+        jobId="j1",
+        agentId="codex",
+        lane="collect",
+        payload={"kind": "factory.task.run", "authContext": {"userId": "u", "organizationId": "o"}},
+        sessionKey=None,
+        singletonMode="allow",
+        maxAttempts=max_attempts,
+    )
 
 
 def leased(seq: int = 2, worker: str = "w1", attempt: int = 1) -> Receipt:
@@ -62,8 +70,18 @@ def test_invariant_2_superseded_attempt_is_inert(type_: str) -> None:
     assert (after.result, after.error, after.progress) == (before.result, before.error, before.progress)
 
 
-@pytest.mark.parametrize("type_", ["job.leased", "job.heartbeat", "job.progress", "job.completed",
-                                   "job.canceled", "queue.command", "queue.command.consumed"])
+@pytest.mark.parametrize(
+    "type_",
+    [
+        "job.leased",
+        "job.heartbeat",
+        "job.progress",
+        "job.completed",
+        "job.canceled",
+        "queue.command",
+        "queue.command.consumed",
+    ],
+)
 def test_invariant_3_event_for_missing_job_raises(type_: str) -> None:
     """Spec: an event for a job that does not exist throws `Invariant: no job for <jobId>`."""
     with pytest.raises(InvariantError) as err:
@@ -78,20 +96,54 @@ def test_invariant_3_exceptions_are_ignored(type_: str) -> None:
 
 
 def test_retryable_failure_requeues_and_keeps_status_out_of_result() -> None:
-    job = folded(enq(), leased(), r(3, "job.failed", workerId="w1", attempt=1, error="boom",
-                                    retryable=True, status="execution_timeout"))
+    job = folded(
+        enq(),
+        leased(),
+        r(
+            3,
+            "job.failed",
+            workerId="w1",
+            attempt=1,
+            error="boom",
+            retryable=True,
+            status="execution_timeout",
+        ),
+    )
     assert (job.status, job.result, job.error, job.lease) == ("queued", None, "boom", None)
 
 
 def test_retryable_failure_on_last_attempt_fails_with_status_on_result() -> None:
-    job = folded(enq(max_attempts=1), leased(), r(3, "job.failed", workerId="w1", attempt=1, error="boom",
-                                                   retryable=True, status="execution_timeout"))
+    job = folded(
+        enq(max_attempts=1),
+        leased(),
+        r(
+            3,
+            "job.failed",
+            workerId="w1",
+            attempt=1,
+            error="boom",
+            retryable=True,
+            status="execution_timeout",
+        ),
+    )
     assert job.status == "failed" and job.result == {"status": "execution_timeout"}
 
 
 def test_non_retryable_failure_copies_status_onto_result() -> None:
-    job = folded(enq(), leased(), r(3, "job.failed", workerId="w1", attempt=1, error="No handler",
-                                    retryable=False, status="failed", result={"exitCode": 3}))
+    job = folded(
+        enq(),
+        leased(),
+        r(
+            3,
+            "job.failed",
+            workerId="w1",
+            attempt=1,
+            error="No handler",
+            retryable=False,
+            status="failed",
+            result={"exitCode": 3},
+        ),
+    )
     assert job.status == "failed" and job.result == {"exitCode": 3, "status": "failed"}
 
 
@@ -104,23 +156,35 @@ def test_lease_expired_requeues_then_fails_when_no_attempt_left() -> None:
 
 
 def test_lease_expired_for_an_older_lease_is_inert() -> None:
-    job = folded(enq(), leased(), r(3, "job.lease_expired", workerId="w1", attempt=1), leased(4, "w2", 2),
-                 r(5, "job.lease_expired", workerId="w1", attempt=1))
+    job = folded(
+        enq(),
+        leased(),
+        r(3, "job.lease_expired", workerId="w1", attempt=1),
+        leased(4, "w2", 2),
+        r(5, "job.lease_expired", workerId="w1", attempt=1),
+    )
     assert job.status == "leased" and job.lease is not None and job.lease.worker_id == "w2"
 
 
 def test_abort_command_sets_abort_requested_and_consume_marks_it() -> None:
     job = folded(enq(), r(2, "queue.command", commandId="c1", type="abort", reason="stop"))
     assert job.abort_requested and job.pending_commands[0].type == "abort"
-    job = folded(enq(), r(2, "queue.command", commandId="c1", type="steer", payload={"p": 1}),
-                 r(3, "queue.command.consumed", commandId="c1"))
+    job = folded(
+        enq(),
+        r(2, "queue.command", commandId="c1", type="steer", payload={"p": 1}),
+        r(3, "queue.command.consumed", commandId="c1"),
+    )
     assert not job.abort_requested and job.pending_commands == () and job.commands[0].consumed
 
 
 def test_terminal_job_ignores_everything() -> None:
     done = [enq(), leased(), r(3, "job.completed", workerId="w1", attempt=1, result={"ok": 1})]
-    job = folded(*done, r(4, "queue.command", commandId="c", type="abort"),
-                 r(5, "job.canceled", reason="x"), r(6, "job.failed", error="late"))
+    job = folded(
+        *done,
+        r(4, "queue.command", commandId="c", type="abort"),
+        r(5, "job.canceled", reason="x"),
+        r(6, "job.failed", error="late"),
+    )
     assert job.status == "completed" and job.result == {"ok": 1} and not job.abort_requested
 
 
@@ -132,14 +196,23 @@ def test_cancel_of_leased_job_needs_the_lease_holder() -> None:
 
 
 def test_job_json_round_trips() -> None:
-    job = folded(enq(), r(2, "queue.command", commandId="c1", type="steer", payload=1, fromEnqueue=True),
-                 leased(3))
+    job = folded(
+        enq(), r(2, "queue.command", commandId="c1", type="steer", payload=1, fromEnqueue=True), leased(3)
+    )
     assert Job.from_json(job.to_json()) == job
 
 
 def test_retry_at_makes_the_requeued_job_unavailable_until_then_and_a_lease_clears_it() -> None:
-    failed = r(3, "job.failed", workerId="w1", attempt=1, error="blip", retryable=True, status="failed",
-               retryAt="2026-01-01T00:00:09.000000Z")
+    failed = r(
+        3,
+        "job.failed",
+        workerId="w1",
+        attempt=1,
+        error="blip",
+        retryable=True,
+        status="failed",
+        retryAt="2026-01-01T00:00:09.000000Z",
+    )
     job = folded(enq(), leased(), failed)
     assert (job.status, job.available_at) == ("queued", "2026-01-01T00:00:09.000000Z")
     assert Job.from_json(job.to_json()) == job
@@ -148,6 +221,17 @@ def test_retry_at_makes_the_requeued_job_unavailable_until_then_and_a_lease_clea
 
 
 def test_retry_at_on_a_last_attempt_is_ignored() -> None:
-    job = folded(enq(max_attempts=1), leased(), r(3, "job.failed", workerId="w1", attempt=1, error="x",
-                                                   retryable=True, retryAt="2026-01-01T00:00:09.000000Z"))
+    job = folded(
+        enq(max_attempts=1),
+        leased(),
+        r(
+            3,
+            "job.failed",
+            workerId="w1",
+            attempt=1,
+            error="x",
+            retryable=True,
+            retryAt="2026-01-01T00:00:09.000000Z",
+        ),
+    )
     assert (job.status, job.available_at) == ("failed", None)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.config import Settings
-from app.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
 from tasks import worker
 from tasks.worker import worker_argv
 from workers.roles import ROLE_NAMES, ROLES, concurrency, resolve_role, unknown_role_warning
@@ -54,7 +54,10 @@ def test_each_role_resolves_to_itself_and_is_recognised(name: str) -> None:
 
 def test_queue_names_are_the_spec_groups() -> None:
     assert (QUEUES["chat"], QUEUES["codex"], QUEUES["control"]) == (
-        "receipt-chat", "receipt-codex", "receipt-control")
+        "receipt-chat",
+        "receipt-codex",
+        "receipt-control",
+    )
     assert DRIVER_QUEUE == "receipt-driver"
     assert MAINTENANCE_QUEUE == "receipt-maintenance"
 
@@ -137,7 +140,8 @@ class _FakeApp:
 
 
 def test_main_with_a_misspelled_role_warns_loudly_and_starts_maintenance_only(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     fake = _FakeApp()
     monkeypatch.setattr(worker, "make_celery", lambda _s: fake)
@@ -153,8 +157,9 @@ def test_main_with_a_misspelled_role_warns_loudly_and_starts_maintenance_only(
     assert arg(fake.argv, "--queues") == MAINTENANCE_QUEUE
 
 
-def test_main_role_flag_overrides_the_environment(monkeypatch: pytest.MonkeyPatch,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_main_role_flag_overrides_the_environment(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     fake = _FakeApp()
     monkeypatch.setattr(worker, "make_celery", lambda _s: fake)
     monkeypatch.setattr(logging, "basicConfig", lambda **_: None)

@@ -1,4 +1,5 @@
-"""Every rule of ``app.validation``: each rejection names the field and, for closed sets, the allowed values."""
+"""Every rule of ``app.jobs.validation``: each rejection names the field and, for closed sets, the
+allowed values."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.errors import ValidationError
-from app.validation import (
+from app.jobs.errors import ValidationError
+from app.jobs.validation import (
     ENQUEUE_FIELDS,
     EnqueueRequest,
     clamp_max_attempts,
@@ -18,9 +19,15 @@ from app.validation import (
 
 LANES = ["chat", "collect", "steer", "follow_up"]
 KINDS = [
-    "factory.dispatch", "factory.run", "factory.integration.publish", "factory.integration.validate",
-    "factory.objective.audit", "factory.objective.control", "factory.objective.watchdog",
-    "factory.task.monitor", "factory.task.run",
+    "factory.dispatch",
+    "factory.run",
+    "factory.integration.publish",
+    "factory.integration.validate",
+    "factory.objective.audit",
+    "factory.objective.control",
+    "factory.objective.watchdog",
+    "factory.task.monitor",
+    "factory.task.run",
 ]
 MODES = ["allow", "cancel", "steer"]
 AUTH = {"userId": "u1", "organizationId": "o1"}
@@ -39,9 +46,15 @@ def rejected(body: Any, agent: Any = "codex") -> ValidationError:
 
 def test_defaults() -> None:
     r = validate_enqueue("codex", ok())
-    assert r == EnqueueRequest(agent_id="codex", payload={"kind": "factory.run", "authContext": AUTH},
-                               job_id=None, lane="collect", session_key=None, singleton_mode="allow",
-                               max_attempts=2)
+    assert r == EnqueueRequest(
+        agent_id="codex",
+        payload={"kind": "factory.run", "authContext": AUTH},
+        job_id=None,
+        lane="collect",
+        session_key=None,
+        singleton_mode="allow",
+        max_attempts=2,
+    )
     assert r.organization_id == "o1"
     # Explicit nulls mean "the default" too.
     assert validate_enqueue("codex", ok(lane=None, singletonMode=None, maxAttempts=None)) == r
@@ -108,6 +121,7 @@ def test_session_key_limit_is_inclusive() -> None:
 
 # -- authContext ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", [k for k in KINDS if k != "factory.objective.watchdog"])
 def test_auth_context_is_required_for_every_kind_but_the_watchdog(kind: str) -> None:
     err = rejected(ok(payload={"kind": kind}))
@@ -117,10 +131,16 @@ def test_auth_context_is_required_for_every_kind_but_the_watchdog(kind: str) -> 
 @pytest.mark.parametrize("missing", ["userId", "organizationId"])
 def test_auth_context_needs_user_and_organization(missing: str) -> None:
     partial = {k: v for k, v in AUTH.items() if k != missing}
-    assert rejected(ok(payload={"kind": "factory.run", "authContext": partial})).field == f"payload.authContext.{missing}"
+    assert (
+        rejected(ok(payload={"kind": "factory.run", "authContext": partial})).field
+        == f"payload.authContext.{missing}"
+    )
     for bad in ("", "  ", 7, None):
         ctx: dict[str, Any] = {**AUTH, missing: bad}
-        assert rejected(ok(payload={"kind": "factory.run", "authContext": ctx})).field == f"payload.authContext.{missing}"
+        assert (
+            rejected(ok(payload={"kind": "factory.run", "authContext": ctx})).field
+            == f"payload.authContext.{missing}"
+        )
 
 
 def test_watchdog_is_exempt_from_the_auth_context() -> None:
@@ -142,18 +162,34 @@ def test_auth_context_must_be_an_object() -> None:
 @pytest.mark.parametrize("name", ["workspaceId", "receiptConnectGatewayUrl", "sessionId", "source"])
 def test_auth_context_optional_fields(name: str) -> None:
     good = {**AUTH, name: "value"}
-    assert validate_enqueue("codex", ok(payload={"kind": "factory.run", "authContext": good})).payload["authContext"] == good
+    assert (
+        validate_enqueue("codex", ok(payload={"kind": "factory.run", "authContext": good})).payload[
+            "authContext"
+        ]
+        == good
+    )
     bad = {**AUTH, name: 42}
-    assert rejected(ok(payload={"kind": "factory.run", "authContext": bad})).field == f"payload.authContext.{name}"
+    assert (
+        rejected(ok(payload={"kind": "factory.run", "authContext": bad})).field
+        == f"payload.authContext.{name}"
+    )
 
 
 def test_auth_context_unknown_field_names_the_allowed_ones() -> None:
     err = rejected(ok(payload={"kind": "factory.run", "authContext": {**AUTH, "role": "admin"}}))
     assert err.field == "payload.authContext.role"
-    assert err.allowed == ["userId", "organizationId", "workspaceId", "receiptConnectGatewayUrl", "sessionId", "source"]
+    assert err.allowed == [
+        "userId",
+        "organizationId",
+        "workspaceId",
+        "receiptConnectGatewayUrl",
+        "sessionId",
+        "source",
+    ]
 
 
 # -- the rest of the body --------------------------------------------------------------------------
+
 
 def test_unknown_body_fields_are_rejected_naming_the_known_ones() -> None:
     err = rejected(ok(priority=1))
@@ -181,31 +217,50 @@ def test_job_id_pattern_accepts(job_id: str) -> None:
     assert validate_enqueue("codex", ok(jobId=job_id)).job_id == job_id
 
 
-@pytest.mark.parametrize("job_id", ["", "-lead", ".x", "_x", "a/b", "a b", "a?", "é", "9" * 129, "abc\n", "abc\r", 12, ["a"]])
+@pytest.mark.parametrize(
+    "job_id", ["", "-lead", ".x", "_x", "a/b", "a b", "a?", "é", "9" * 129, "abc\n", "abc\r", 12, ["a"]]
+)
 def test_job_id_pattern_rejects(job_id: Any) -> None:
     assert rejected(ok(jobId=job_id)).field == "jobId"
 
 
-@pytest.mark.parametrize(("value", "path"), [
-    (math.nan, "payload.x"),
-    (math.inf, "payload.x"),
-    (-math.inf, "payload.x"),
-    ({"deep": [1, {"y": math.nan}]}, "payload.x.deep[1].y"),
-    ([0.5, math.inf], "payload.x[1]"),
-])
+@pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        (math.nan, "payload.x"),
+        (math.inf, "payload.x"),
+        (-math.inf, "payload.x"),
+        ({"deep": [1, {"y": math.nan}]}, "payload.x.deep[1].y"),
+        ([0.5, math.inf], "payload.x[1]"),
+    ],
+)
 def test_nan_and_infinity_are_rejected(value: Any, path: str) -> None:
     err = rejected(ok(payload={"kind": "factory.run", "authContext": AUTH, "x": value}))
     assert err.field == path and "finite" in str(err)
 
 
 def test_finite_floats_are_fine() -> None:
-    r = validate_enqueue("codex", ok(payload={"kind": "factory.run", "authContext": AUTH, "x": [1.5, -0.0, 1e308]}))
+    r = validate_enqueue(
+        "codex", ok(payload={"kind": "factory.run", "authContext": AUTH, "x": [1.5, -0.0, 1e308]})
+    )
     assert r.payload["x"] == [1.5, -0.0, 1e308]
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    (-100, 1), (-1, 1), (0, 1), (1, 1), (2, 2), (7, 7), (8, 8), (9, 8), (99, 8), (10**12, 8),
-])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (-100, 1),
+        (-1, 1),
+        (0, 1),
+        (1, 1),
+        (2, 2),
+        (7, 7),
+        (8, 8),
+        (9, 8),
+        (99, 8),
+        (10**12, 8),
+    ],
+)
 def test_max_attempts_is_clamped_to_1_to_8(given: int, expected: int) -> None:
     assert validate_enqueue("codex", ok(maxAttempts=given)).max_attempts == expected
     assert clamp_max_attempts(given) == expected

@@ -36,12 +36,16 @@ def parse_command(payload: Mapping[str, Any]) -> tuple[list[str], str | None, di
     """Validate the command fields of a ``factory.task.run`` payload."""
     command = payload.get("command")
     if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
-        raise _bad("command", "must be a non-empty list of strings (an argv; it is never run through a shell)")
+        raise _bad(
+            "command", "must be a non-empty list of strings (an argv; it is never run through a shell)"
+        )
     cwd = payload.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise _bad("cwd", "must be a string")
     env = payload.get("env") or {}
-    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+    if not isinstance(env, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
         raise _bad("env", "must be an object of string values")
     timeout = payload.get("timeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0):
@@ -62,8 +66,8 @@ class _Output:
     def feed(self, data: bytes) -> None:
         with self._lock:
             self.total += len(data)
-            self._tail = (self._tail + data)[-self._tail_bytes:]
-            self._pending = (self._pending + data)[-self._tail_bytes:]
+            self._tail = (self._tail + data)[-self._tail_bytes :]
+            self._pending = (self._pending + data)[-self._tail_bytes :]
 
     def take_pending(self) -> bytes:
         with self._lock:
@@ -89,17 +93,28 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def handle(ctx: JobContext) -> Any:
     if ctx.job.kind != "factory.task.run":
-        raise HandlerError(f"agent 'codex' cannot run kind '{ctx.job.kind}' yet: the Factory layer is not installed",
-                           retryable=False)
+        raise HandlerError(
+            f"agent 'codex' cannot run kind '{ctx.job.kind}' yet: the Factory layer is not installed",
+            retryable=False,
+        )
     if not ctx.settings.codex_commands_enabled:
-        raise HandlerError("codex commands are disabled on this deployment (set RECEIPT_CODEX_COMMANDS=enabled)",
-                           retryable=False)
+        raise HandlerError(
+            "codex commands are disabled on this deployment (set RECEIPT_CODEX_COMMANDS=enabled)",
+            retryable=False,
+        )
     argv, cwd, env, timeout_ms = parse_command(ctx.payload)
     child_env = {k: os.environ[k] for k in BASE_ENV_NAMES if k in os.environ}
     child_env.update(env)
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=child_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     except (OSError, ValueError) as exc:
         raise HandlerError(f"cannot start {argv[0]!r}: {exc}", retryable=False) from exc
 
@@ -136,14 +151,19 @@ def handle(ctx: JobContext) -> Any:
     exit_code = proc.returncode
     result = {"exitCode": exit_code, "outputTail": output.tail(), "outputBytes": output.total}
     if stop_reason == "timeout":
-        raise HandlerError(f"command timed out after {timeout_ms} ms; process group killed", retryable=True,
-                           status="execution_timeout", result=result)
+        raise HandlerError(
+            f"command timed out after {timeout_ms} ms; process group killed",
+            retryable=True,
+            status="execution_timeout",
+            result=result,
+        )
     if stop_reason is not None:
         # The runner decides how a cancellation settles; this only records what was killed.
         return result
     if exit_code != 0:
-        raise HandlerError(f"command exited with {exit_code}: {output.tail()[-500:]}", retryable=True,
-                           result=result)
+        raise HandlerError(
+            f"command exited with {exit_code}: {output.tail()[-500:]}", retryable=True, result=result
+        )
     return result
 
 

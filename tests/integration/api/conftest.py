@@ -22,11 +22,11 @@ from werkzeug.test import TestResponse
 
 from api import create_app
 from api.context import EXTENSION, ApiState
-from app import tokens
 from app.config import Settings
-from app.db import receipts
-from app.queue import Queue
-from app.reducer import Job
+from app.jobs.reducer import Job
+from app.storage import tokens
+from app.storage.db import receipts
+from app.storage.queue import Queue
 
 ORG_A = "org-a"
 ORG_B = "org-b"
@@ -128,6 +128,7 @@ def sqlite_api(sqlite_engine: Engine, api_settings: Settings) -> Iterator[Api]:
 
 
 # -- Server-Sent Events -------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Frame:

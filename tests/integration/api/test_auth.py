@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from api import create_app
-from app import tokens
+from app.storage import tokens
 from tests.integration.api.conftest import Api, make_settings, payload
 
 # One request per endpoint (path parameters need not exist: auth is checked first).
@@ -36,14 +36,17 @@ def test_missing_credentials_are_401_with_a_challenge(api: Api, method: str, url
     assert response.json["error"]["code"] == "unauthorized"  # type: ignore[index]
 
 
-@pytest.mark.parametrize("header", [
-    "Bearer rcpt_not-a-real-token",
-    "Bearer ",
-    "Basic dXNlcjpwYXNz",
-    "rcpt_token-without-scheme",
-    "Bearer " + "x" * 300,
-    "Bearer abc\tdef",
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Bearer rcpt_not-a-real-token",
+        "Bearer ",
+        "Basic dXNlcjpwYXNz",
+        "rcpt_token-without-scheme",
+        "Bearer " + "x" * 300,
+        "Bearer abc\tdef",
+    ],
+)
 def test_invalid_credentials_are_401(sqlite_api: Api, header: str) -> None:
     response = sqlite_api.client.get("/jobs", headers={"Authorization": header})
     assert response.status_code == 401
@@ -70,10 +73,14 @@ def test_healthz_needs_no_credentials(sqlite_api: Api) -> None:
 
 
 def test_auth_disabled_allows_anonymous_with_a_warning_on_every_response(
-    sqlite_engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    sqlite_engine: Engine,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="receipt.api"):
-        app = create_app(make_settings(tmp_path, auth="disabled"), engine=sqlite_engine, on_dispatchable=lambda jobs: None)
+        app = create_app(
+            make_settings(tmp_path, auth="disabled"), engine=sqlite_engine, on_dispatchable=lambda jobs: None
+        )
     assert any("RECEIPT_AUTH=disabled" in r.getMessage() for r in caplog.records)
     client = app.test_client()
     created = client.post("/agents/factory/jobs", json={"payload": payload()})
@@ -88,7 +95,9 @@ def test_auth_disabled_allows_anonymous_with_a_warning_on_every_response(
     for response in responses:
         assert response.headers["X-Receipt-Warning"] == "authentication disabled"
     # Anonymous acts as a system identity: it may post the watchdog and see every organisation.
-    watchdog = client.post("/agents/factory-control/jobs", json={"payload": {"kind": "factory.objective.watchdog"}})
+    watchdog = client.post(
+        "/agents/factory-control/jobs", json={"payload": {"kind": "factory.objective.watchdog"}}
+    )
     assert watchdog.status_code == 202
     assert len(client.get("/jobs").json["jobs"]) == 2  # type: ignore[index]
     # A token that is sent is still checked.

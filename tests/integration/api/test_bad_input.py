@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from app.vocab import LANES, PAYLOAD_KINDS, SINGLETON_MODES
+from app.jobs.vocab import LANES, PAYLOAD_KINDS, SINGLETON_MODES
 from tests.integration.api.conftest import Api, auth_context, payload
 
 ENQUEUE = "/agents/factory/jobs"
@@ -61,9 +61,18 @@ CORPUS: list[tuple[str, str, bytes, str]] = [
     ("unknown lane", ENQUEUE, _json({"payload": OK, "lane": "express"}), "lane"),
     ("lane is a number", ENQUEUE, _json({"payload": OK, "lane": 3}), "lane"),
     ("three-lane world", ENQUEUE, _json({"payload": OK, "lane": "steering"}), "lane"),
-    ("unknown singleton mode", ENQUEUE, _json({"payload": OK, "singletonMode": "always", "sessionKey": "s"}),
-     "singletonMode"),
-    ("singleton steer without session key", ENQUEUE, _json({"payload": OK, "singletonMode": "steer"}), "sessionKey"),
+    (
+        "unknown singleton mode",
+        ENQUEUE,
+        _json({"payload": OK, "singletonMode": "always", "sessionKey": "s"}),
+        "singletonMode",
+    ),
+    (
+        "singleton steer without session key",
+        ENQUEUE,
+        _json({"payload": OK, "singletonMode": "steer"}),
+        "sessionKey",
+    ),
     ("maxAttempts as a string", ENQUEUE, _json({"payload": OK, "maxAttempts": "3"}), "maxAttempts"),
     ("maxAttempts as a float", ENQUEUE, _json({"payload": OK, "maxAttempts": 2.5}), "maxAttempts"),
     ("maxAttempts as a boolean", ENQUEUE, _json({"payload": OK, "maxAttempts": True}), "maxAttempts"),
@@ -77,27 +86,56 @@ CORPUS: list[tuple[str, str, bytes, str]] = [
     ("huge sessionKey", ENQUEUE, _json({"payload": OK, "sessionKey": "k" * 600}), "sessionKey"),
     ("sessionKey as an object", ENQUEUE, _json({"payload": OK, "sessionKey": {"k": 1}}), "sessionKey"),
     ("missing authContext", ENQUEUE, _json({"payload": {"kind": "factory.run"}}), "payload.authContext"),
-    ("null authContext", ENQUEUE, _json({"payload": {"kind": "factory.run", "authContext": None}}),
-     "payload.authContext"),
-    ("authContext as a string", ENQUEUE, _json({"payload": {"kind": "factory.run", "authContext": "org-a"}}),
-     "payload.authContext"),
-    ("authContext without userId", ENQUEUE,
-     _json({"payload": {"kind": "factory.run", "authContext": {"organizationId": "org-a"}}}),
-     "payload.authContext.userId"),
-    ("blank organizationId", ENQUEUE,
-     _json({"payload": {"kind": "factory.run", "authContext": auth_context(org=" ")}}),
-     "payload.authContext.organizationId"),
-    ("organizationId longer than storable", ENQUEUE,
-     _json({"payload": {"kind": "factory.run", "authContext": auth_context(org="o" * 300)}}),
-     "payload.authContext.organizationId"),
-    ("unknown authContext field", ENQUEUE,
-     _json({"payload": {"kind": "factory.run", "authContext": auth_context(role="admin")}}), "payload.authContext.role"),
-    ("authContext optional field of wrong type", ENQUEUE,
-     _json({"payload": {"kind": "factory.run", "authContext": auth_context(workspaceId=5)}}),
-     "payload.authContext.workspaceId"),
+    (
+        "null authContext",
+        ENQUEUE,
+        _json({"payload": {"kind": "factory.run", "authContext": None}}),
+        "payload.authContext",
+    ),
+    (
+        "authContext as a string",
+        ENQUEUE,
+        _json({"payload": {"kind": "factory.run", "authContext": "org-a"}}),
+        "payload.authContext",
+    ),
+    (
+        "authContext without userId",
+        ENQUEUE,
+        _json({"payload": {"kind": "factory.run", "authContext": {"organizationId": "org-a"}}}),
+        "payload.authContext.userId",
+    ),
+    (
+        "blank organizationId",
+        ENQUEUE,
+        _json({"payload": {"kind": "factory.run", "authContext": auth_context(org=" ")}}),
+        "payload.authContext.organizationId",
+    ),
+    (
+        "organizationId longer than storable",
+        ENQUEUE,
+        _json({"payload": {"kind": "factory.run", "authContext": auth_context(org="o" * 300)}}),
+        "payload.authContext.organizationId",
+    ),
+    (
+        "unknown authContext field",
+        ENQUEUE,
+        _json({"payload": {"kind": "factory.run", "authContext": auth_context(role="admin")}}),
+        "payload.authContext.role",
+    ),
+    (
+        "authContext optional field of wrong type",
+        ENQUEUE,
+        _json({"payload": {"kind": "factory.run", "authContext": auth_context(workspaceId=5)}}),
+        "payload.authContext.workspaceId",
+    ),
     ("NUL in a payload string", ENQUEUE, _json({"payload": {**OK, "note": "a\u0000b"}}), "payload.note"),
     ("NUL in a payload key", ENQUEUE, _json({"payload": {**OK, "a\u0000": 1}}), "payload"),
-    ("lone surrogate in payload", ENQUEUE, b'{"payload": {"kind": "factory.run", "note": "\\ud800"}}', "payload.note"),
+    (
+        "lone surrogate in payload",
+        ENQUEUE,
+        b'{"payload": {"kind": "factory.run", "note": "\\ud800"}}',
+        "payload.note",
+    ),
     ("nested garbage 100 deep", ENQUEUE, _json({"payload": {**OK, "deep": _nested(100)}}), "payload.deep"),
     ("huge string in a known field", ENQUEUE, _json({"payload": OK, "lane": "c" * 100_000}), "lane"),
     ("agentId of 300 characters", "/agents/" + "a" * 300 + "/jobs", _json({"payload": OK}), "agentId"),
@@ -121,8 +159,9 @@ def test_broken_requests_are_4xx_json_naming_the_field_and_write_nothing(api: Ap
     before = api.receipt_count()
     failures = []
     for name, url, raw, field in CORPUS:
-        response = api.client.post(url.format(job=job["id"]), data=raw, headers=api.headers(who),
-                                   content_type="application/json")
+        response = api.client.post(
+            url.format(job=job["id"]), data=raw, headers=api.headers(who), content_type="application/json"
+        )
         body = response.get_json(silent=True)
         ok = (
             response.status_code == 400
@@ -131,7 +170,10 @@ def test_broken_requests_are_4xx_json_naming_the_field_and_write_nothing(api: Ap
             and set(body) == {"error"}
             and body["error"]["code"] in ("invalid_json", "invalid_field")
             # The field itself, or a place inside it (a too-deep value is named where it gets too deep).
-            and (body["error"]["details"]["field"] == field or body["error"]["details"]["field"].startswith(field + "."))
+            and (
+                body["error"]["details"]["field"] == field
+                or body["error"]["details"]["field"].startswith(field + ".")
+            )
         )
         if not ok:
             failures.append((name, response.status_code, body))
@@ -165,8 +207,13 @@ def test_body_over_the_limit_is_413_by_content_length(api: Api) -> None:
 
 def _post_streamed(api: Api, body: bytes) -> tuple[str, bytes]:
     """POST ``body`` as a server hands over a chunked upload: no declared length, terminated stream."""
-    builder = EnvironBuilder(path=ENQUEUE, method="POST", input_stream=io.BytesIO(body),
-                             content_type="application/json", headers=api.headers())
+    builder = EnvironBuilder(
+        path=ENQUEUE,
+        method="POST",
+        input_stream=io.BytesIO(body),
+        content_type="application/json",
+        headers=api.headers(),
+    )
     environ = builder.get_environ()
     environ.pop("CONTENT_LENGTH", None)
     environ["HTTP_TRANSFER_ENCODING"] = "chunked"
@@ -195,7 +242,9 @@ def test_body_at_the_limit_is_accepted(sqlite_api: Api) -> None:
     skeleton = _json({"payload": {**OK, "blob": ""}})
     body = _json({"payload": {**OK, "blob": "x" * (limit - len(skeleton))}})
     assert len(body) == limit
-    response = sqlite_api.client.post(ENQUEUE, data=body, headers=sqlite_api.headers(), content_type="application/json")
+    response = sqlite_api.client.post(
+        ENQUEUE, data=body, headers=sqlite_api.headers(), content_type="application/json"
+    )
     assert response.status_code == 202
 
 
@@ -210,8 +259,9 @@ def test_unknown_routes_and_methods_are_json(sqlite_api: Api) -> None:
 
 
 def test_body_without_json_content_type_is_still_parsed(sqlite_api: Api) -> None:
-    response = sqlite_api.client.post(ENQUEUE, data=_json({"payload": OK}), headers=sqlite_api.headers(),
-                                      content_type="text/plain")
+    response = sqlite_api.client.post(
+        ENQUEUE, data=_json({"payload": OK}), headers=sqlite_api.headers(), content_type="text/plain"
+    )
     assert response.status_code == 202
 
 
@@ -225,4 +275,3 @@ def test_an_unexpected_error_still_answers_in_the_json_shape(sqlite_api: Api) ->
     assert response.json == {"error": {"code": "internal_error", "message": "internal server error"}}
     assert sqlite_api.state.internal_errors == 1
     sqlite_api.state.internal_errors = 0  # expected here; the fixture checks the rest stayed at 0
-

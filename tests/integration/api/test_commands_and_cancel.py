@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from app.vocab import COMMAND_TYPES
+from app.jobs.vocab import COMMAND_TYPES
 from tests.integration.api.conftest import Api
 
 
 @pytest.mark.parametrize("type_", COMMAND_TYPES)
 def test_command_is_202_with_the_job(api: Api, type_: str) -> None:
     job = api.job()
-    response = api.client.post(f"/jobs/{job['id']}/commands", headers=api.headers(),
-                               json={"type": type_, "payload": {"text": "hi"}, "reason": "because"})
+    response = api.client.post(
+        f"/jobs/{job['id']}/commands",
+        headers=api.headers(),
+        json={"type": type_, "payload": {"text": "hi"}, "reason": "because"},
+    )
     assert response.status_code == 202
     got = response.json["job"]  # type: ignore[index]
     (command,) = got["commands"]
@@ -49,7 +52,9 @@ def test_command_to_unknown_job_is_404(api: Api) -> None:
 
 def test_cancel_queued_job_cancels_it(api: Api) -> None:
     job = api.job()
-    response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers(), json={"reason": "no longer needed"})
+    response = api.client.post(
+        f"/jobs/{job['id']}/cancel", headers=api.headers(), json={"reason": "no longer needed"}
+    )
     assert response.status_code == 202
     got = response.json["job"]  # type: ignore[index]
     assert got["status"] == "canceled"
@@ -86,6 +91,8 @@ def test_cancel_terminal_job_is_409(api: Api) -> None:
 
 def test_cancel_rejects_unknown_fields(sqlite_api: Api) -> None:
     job = sqlite_api.job()
-    response = sqlite_api.client.post(f"/jobs/{job['id']}/cancel", headers=sqlite_api.headers(), json={"why": "x"})
+    response = sqlite_api.client.post(
+        f"/jobs/{job['id']}/cancel", headers=sqlite_api.headers(), json={"why": "x"}
+    )
     assert response.status_code == 400
     assert response.json["error"]["details"] == {"field": "why", "allowed": ["reason"]}  # type: ignore[index]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.vocab import PAYLOAD_KINDS
+from app.jobs.vocab import PAYLOAD_KINDS
 from tests.integration.api.conftest import ORG_A, ORG_B, Api, auth_context, payload
 
 

@@ -57,11 +57,15 @@ EXAMPLES_PER_OPERATION = int(os.environ.get("RECEIPT_TEST_FUZZ_EXAMPLES", "20"))
 DERANDOMIZE = not os.environ.get("RECEIPT_TEST_FUZZ_RANDOM")
 
 
-@pytest.mark.parametrize(("mode", "who"), [
-    (GenerationMode.POSITIVE, "system"),
-    (GenerationMode.NEGATIVE, "system"),
-    (GenerationMode.POSITIVE, "a"),  # an organisation's token: the 403 and 404 scoping paths
-], ids=["positive-system", "negative-system", "positive-org"])
+@pytest.mark.parametrize(
+    ("mode", "who"),
+    [
+        (GenerationMode.POSITIVE, "system"),
+        (GenerationMode.NEGATIVE, "system"),
+        (GenerationMode.POSITIVE, "a"),  # an organisation's token: the 403 and 404 scoping paths
+    ],
+    ids=["positive-system", "negative-system", "positive-org"],
+)
 def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: str) -> None:
     # /openapi.json needs a token like everything but /healthz.
     headers = fuzz_api.headers(who)
@@ -76,8 +80,13 @@ def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: 
             continue  # nothing to make invalid
 
         @given(case=operation.as_strategy(generation_mode=mode, headers=headers))
-        @settings(max_examples=EXAMPLES_PER_OPERATION, derandomize=DERANDOMIZE, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            derandomize=DERANDOMIZE,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         def run(case: Any) -> None:
             response = case.call_and_validate(checks=CHECKS)
             calls.append(response.status_code)

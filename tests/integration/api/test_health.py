@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Engine
 
-from app.db import make_engine
+from app.storage.db import make_engine
 from tests.integration.api.conftest import Api, build_api, make_settings
 
 

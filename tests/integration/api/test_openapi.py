@@ -11,7 +11,7 @@ from openapi_spec_validator import validate
 from referencing import Registry, Resource
 
 from api import schemas
-from app.vocab import COMMAND_TYPES, LANES, PAYLOAD_KINDS, SINGLETON_MODES, STATUSES
+from app.jobs.vocab import COMMAND_TYPES, LANES, PAYLOAD_KINDS, SINGLETON_MODES, STATUSES
 from tests.integration.api.conftest import WORKER, Api
 
 
@@ -44,7 +44,9 @@ def test_every_route_is_documented(sqlite_api: Api, document: dict[str, Any]) ->
 
 def test_security_and_error_responses(document: dict[str, Any]) -> None:
     assert document["components"]["securitySchemes"]["bearer"] == {
-        "type": "http", "scheme": "bearer", "description": "A token from `receipt token create`.",
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A token from `receipt token create`.",
     }
     assert document["security"] == [{"bearer": []}]
     assert document["paths"]["/healthz"]["get"]["security"] == []
@@ -67,8 +69,10 @@ def test_the_document_uses_the_very_schemas_that_validate(document: dict[str, An
 
 
 def test_real_responses_match_their_documented_schemas(sqlite_api: Api, document: dict[str, Any]) -> None:
-    registry: Registry[Any] = Registry().with_resource("urn:doc", Resource.from_contents(
-        {**document, "$schema": "https://json-schema.org/draft/2020-12/schema"}))
+    registry: Registry[Any] = Registry().with_resource(
+        "urn:doc",
+        Resource.from_contents({**document, "$schema": "https://json-schema.org/draft/2020-12/schema"}),
+    )
 
     def check(instance: Any, name: str) -> None:
         schema = {"$ref": f"urn:doc#/components/schemas/{name}"}
@@ -76,18 +80,27 @@ def test_real_responses_match_their_documented_schemas(sqlite_api: Api, document
         assert errors == [], [e.message for e in errors]
 
     h = sqlite_api.headers()
-    created = sqlite_api.client.post("/agents/factory/jobs", headers=h, json={
-        "payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "org-a"}},
-        "sessionKey": "s",
-    }).json
+    created = sqlite_api.client.post(
+        "/agents/factory/jobs",
+        headers=h,
+        json={
+            "payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "org-a"}},
+            "sessionKey": "s",
+        },
+    ).json
     check(created, "EnqueueResponse")
     job_id = created["job"]["id"]  # type: ignore[index]
     attempt = sqlite_api.lease_and_start(job_id)
     sqlite_api.client.post(f"/jobs/{job_id}/commands", headers=h, json={"type": "steer", "payload": [1]})
-    steered = sqlite_api.client.post("/agents/factory/jobs", headers=h, json={
-        "payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "org-a"}},
-        "sessionKey": "s", "singletonMode": "steer",
-    }).json
+    steered = sqlite_api.client.post(
+        "/agents/factory/jobs",
+        headers=h,
+        json={
+            "payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "org-a"}},
+            "sessionKey": "s",
+            "singletonMode": "steer",
+        },
+    ).json
     check(steered, "EnqueueResponse")
     sqlite_api.queue.fail(job_id, WORKER, attempt, {"message": "x"}, retryable=False)
     check(sqlite_api.client.get(f"/jobs/{job_id}", headers=h).json, "JobResponse")
@@ -112,4 +125,11 @@ def test_error_codes_are_the_documented_set(sqlite_api: Api) -> None:
         sqlite_api.client.post("/agents/a/jobs", json={}, headers=h).json["error"]["code"],  # type: ignore[index]
     }
     assert seen <= set(ERROR_CODES)
-    assert seen == {"not_found", "unauthorized", "invalid_token", "method_not_allowed", "invalid_json", "invalid_field"}
+    assert seen == {
+        "not_found",
+        "unauthorized",
+        "invalid_token",
+        "method_not_allowed",
+        "invalid_json",
+        "invalid_field",
+    }

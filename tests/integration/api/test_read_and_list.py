@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from app.vocab import STATUSES
+from app.jobs.vocab import STATUSES
 from tests.integration.api.conftest import ORG_A, Api, payload
 
 
@@ -86,21 +86,24 @@ def test_list_default_limit_is_50(api: Api) -> None:
 
 
 def _request():  # type: ignore[no-untyped-def]
-    from app.validation import validate_enqueue
+    from app.jobs.validation import validate_enqueue
 
     return validate_enqueue("factory", {"payload": payload()})
 
 
-@pytest.mark.parametrize(("query", "field"), [
-    ({"limit": "0"}, "limit"),
-    ({"limit": "501"}, "limit"),
-    ({"limit": "ten"}, "limit"),
-    ({"limit": "1.5"}, "limit"),
-    ({"status": "done"}, "status"),
-    ({"lane": "express"}, "lane"),
-    ({"cursor": "not-a-cursor"}, "cursor"),
-    ({"agentId": "x\x00y"}, "agentId"),
-])
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "501"}, "limit"),
+        ({"limit": "ten"}, "limit"),
+        ({"limit": "1.5"}, "limit"),
+        ({"status": "done"}, "status"),
+        ({"lane": "express"}, "lane"),
+        ({"cursor": "not-a-cursor"}, "cursor"),
+        ({"agentId": "x\x00y"}, "agentId"),
+    ],
+)
 def test_list_rejects_bad_query_parameters(sqlite_api: Api, query: dict[str, str], field: str) -> None:
     response = sqlite_api.client.get("/jobs", query_string=query, headers=sqlite_api.headers())
     assert response.status_code == 400
@@ -149,7 +152,11 @@ def test_normal_token_may_not_list_another_organisation(api: Api) -> None:
 
 def test_undocumented_query_parameters_are_400_naming_them(sqlite_api: Api) -> None:
     job = sqlite_api.job()
-    for url in ("/jobs?stauts=queued", f"/jobs/{job['id']}?verbose=1", f"/streams/jobs/{job['id']}/receipts?from=1"):
+    for url in (
+        "/jobs?stauts=queued",
+        f"/jobs/{job['id']}?verbose=1",
+        f"/streams/jobs/{job['id']}/receipts?from=1",
+    ):
         response = sqlite_api.client.get(url, headers=sqlite_api.headers())
         assert response.status_code == 400, url
         assert response.json["error"]["details"]["field"] in ("stauts", "verbose", "from")  # type: ignore[index]

@@ -16,6 +16,7 @@ def _drive_to_completion(api: Api, job_id: str) -> None:
 
 # -- raw receipts -------------------------------------------------------------------------------
 
+
 def test_receipts_of_a_job_stream(api: Api) -> None:
     job = api.job()
     _drive_to_completion(api, job["id"])
@@ -26,7 +27,13 @@ def test_receipts_of_a_job_stream(api: Api) -> None:
     assert body["stream"] == f"jobs/{job['id']}"
     assert body["nextAfter"] is None
     rows = body["receipts"]
-    assert [r["type"] for r in rows] == ["job.enqueued", "job.leased", "job.heartbeat", "job.progress", "job.completed"]
+    assert [r["type"] for r in rows] == [
+        "job.enqueued",
+        "job.leased",
+        "job.heartbeat",
+        "job.progress",
+        "job.completed",
+    ]
     assert [r["seq"] for r in rows] == [1, 2, 3, 4, 5]
     assert set(rows[0]) == {"id", "stream", "seq", "type", "body", "at", "prevHash", "hash"}
     assert rows[0]["prevHash"] is None
@@ -51,8 +58,12 @@ def test_receipts_after_and_limit_page_through(api: Api) -> None:
 def test_receipts_bad_parameters_are_400(sqlite_api: Api) -> None:
     job = sqlite_api.job()
     url = f"/streams/jobs/{job['id']}/receipts"
-    for query, field in (({"after": "-1"}, "after"), ({"after": "x"}, "after"), ({"limit": "0"}, "limit"),
-                         ({"after": str(2**40)}, "after")):
+    for query, field in (
+        ({"after": "-1"}, "after"),
+        ({"after": "x"}, "after"),
+        ({"limit": "0"}, "limit"),
+        ({"after": str(2**40)}, "after"),
+    ):
         response = sqlite_api.client.get(url, query_string=query, headers=sqlite_api.headers())
         assert response.status_code == 400, query
         assert response.json["error"]["details"]["field"] == field  # type: ignore[index]
@@ -67,7 +78,7 @@ def test_unknown_streams_are_404(api: Api) -> None:
 
 def test_token_streams_are_system_only(api: Api) -> None:
     with api.engine.connect() as conn:
-        from app.store import streams
+        from app.storage.store import streams
 
         token_stream = streams(conn, "tokens/")[0]
     assert api.client.get(f"/streams/{token_stream}/receipts", headers=api.headers("a")).status_code == 404
@@ -78,6 +89,7 @@ def test_token_streams_are_system_only(api: Api) -> None:
 
 
 # -- job events ------------------------------------------------------------------------------------
+
 
 def _statuses(frames: list[Any]) -> list[tuple[int, str]]:
     return [(f.id, f.data["status"]) for f in frames]
@@ -107,8 +119,9 @@ def test_job_events_resume_with_last_event_id_misses_nothing(api: Api, open_even
     reader.close()  # the client drops after event 2 (leased)
     api.queue.progress(job["id"], WORKER, attempt, {"step": 1})
     api.queue.complete(job["id"], WORKER, attempt, "done")
-    resumed = open_events(api.client, f"/jobs/{job['id']}/events",
-                          api.headers(**{"Last-Event-ID": str(seen[-1].id)}))
+    resumed = open_events(
+        api.client, f"/jobs/{job['id']}/events", api.headers(**{"Last-Event-ID": str(seen[-1].id)})
+    )
     seen += resumed.rest()
     assert [f.id for f in seen] == [1, 2, 3, 4, 5]
     assert _statuses(seen)[-1] == (5, "completed")
@@ -154,8 +167,9 @@ def test_heartbeat_comments_are_sent_while_idle(sqlite_api: Api, open_events: An
 def test_bad_last_event_id_is_400(sqlite_api: Api) -> None:
     job = sqlite_api.job()
     for value in ("abc", "-1", "99999999999"):
-        response = sqlite_api.client.get(f"/jobs/{job['id']}/events",
-                                         headers=sqlite_api.headers(**{"Last-Event-ID": value}))
+        response = sqlite_api.client.get(
+            f"/jobs/{job['id']}/events", headers=sqlite_api.headers(**{"Last-Event-ID": value})
+        )
         assert response.status_code == 400, value
         assert response.json["error"]["details"]["field"] == "Last-Event-ID"  # type: ignore[index]
 
@@ -167,6 +181,7 @@ def _with(api: Api, **changes: Any) -> Any:
 
 
 # -- raw receipt events ----------------------------------------------------------------------------
+
 
 def test_stream_events_emit_raw_receipts_and_resume(api: Api, open_events: Any) -> None:
     job = api.job()
@@ -187,16 +202,15 @@ def test_stream_events_emit_raw_receipts_and_resume(api: Api, open_events: Any) 
 def test_system_may_follow_any_stream(sqlite_api: Api, open_events: Any) -> None:
     sqlite_api.app.extensions["receipt"].settings = _with(sqlite_api, sse_max_seconds=0)
     with sqlite_api.engine.connect() as conn:
-        from app.store import streams
+        from app.storage.store import streams
 
         token_stream = streams(conn, "tokens/")[0]
     reader = open_events(sqlite_api.client, f"/streams/{token_stream}/events", sqlite_api.headers("system"))
     assert [f.data["type"] for f in reader.rest()] == ["token.created"]
 
 
-def test_a_storage_failure_mid_stream_ends_it_cleanly(sqlite_api: Api, open_events: Any,
-                                                     caplog: Any) -> None:
-    from app.db import make_engine
+def test_a_storage_failure_mid_stream_ends_it_cleanly(sqlite_api: Api, open_events: Any, caplog: Any) -> None:
+    from app.storage.db import make_engine
 
     job = sqlite_api.job()
     reader = open_events(sqlite_api.client, f"/jobs/{job['id']}/events", sqlite_api.headers())

@@ -20,8 +20,12 @@ def test_another_organisation_can_neither_see_nor_touch_a_job(api: Api) -> None:
     b = api.headers("b")
 
     # Reads: identical to an unknown job.
-    for url in (f"/jobs/{job_id}", f"/jobs/{job_id}/events", f"/streams/jobs/{job_id}/receipts",
-                f"/streams/jobs/{job_id}/events"):
+    for url in (
+        f"/jobs/{job_id}",
+        f"/jobs/{job_id}/events",
+        f"/streams/jobs/{job_id}/receipts",
+        f"/streams/jobs/{job_id}/events",
+    ):
         response = api.client.get(url, headers=b)
         assert response.status_code == 404, url
         assert response.get_data() == unknown.get_data(), url
@@ -39,20 +43,37 @@ def test_another_organisation_can_neither_see_nor_touch_a_job(api: Api) -> None:
     assert api.client.get("/jobs", query_string={"organizationId": "org-a"}, headers=b).status_code == 403
 
     # Enqueue: the jobId is refused without detail; a steer on the same session key does not reach it.
-    reuse = api.client.post("/agents/factory/jobs", json={"jobId": job_id, "payload": payload(org="org-b")}, headers=b)
+    reuse = api.client.post(
+        "/agents/factory/jobs", json={"jobId": job_id, "payload": payload(org="org-b")}, headers=b
+    )
     assert reuse.status_code == 409
     assert "a-only" not in reuse.get_data(as_text=True) and "queued" not in reuse.get_data(as_text=True)
-    steer = api.client.post("/agents/factory/jobs", headers=b, json={
-        "sessionKey": "a-session", "singletonMode": "steer", "payload": payload(org="org-b"),
-    })
+    steer = api.client.post(
+        "/agents/factory/jobs",
+        headers=b,
+        json={
+            "sessionKey": "a-session",
+            "singletonMode": "steer",
+            "payload": payload(org="org-b"),
+        },
+    )
     assert steer.status_code == 202
     assert steer.json["job"]["id"] != job_id  # type: ignore[index]
-    cancel_all = api.client.post("/agents/factory/jobs", headers=b, json={
-        "sessionKey": "a-session", "singletonMode": "cancel", "payload": payload(org="org-b"),
-    })
+    cancel_all = api.client.post(
+        "/agents/factory/jobs",
+        headers=b,
+        json={
+            "sessionKey": "a-session",
+            "singletonMode": "cancel",
+            "payload": payload(org="org-b"),
+        },
+    )
     assert cancel_all.status_code == 202
     # Posting on A's behalf is forbidden outright.
-    assert api.client.post("/agents/factory/jobs", json={"payload": payload(org="org-a")}, headers=b).status_code == 403
+    assert (
+        api.client.post("/agents/factory/jobs", json={"payload": payload(org="org-a")}, headers=b).status_code
+        == 403
+    )
 
     # A's job is exactly as it was. The only receipts written were B's own: two enqueues, and
     # B's cancel-singleton canceling B's first job on that session key.
@@ -66,7 +87,13 @@ def test_owner_and_system_can_see_it(api: Api) -> None:
     job = api.job("a")
     for who in ("a", "system"):
         assert api.client.get(f"/jobs/{job['id']}", headers=api.headers(who)).status_code == 200
-        assert api.client.get(f"/streams/jobs/{job['id']}/receipts", headers=api.headers(who)).status_code == 200
-    assert api.client.post(f"/jobs/{job['id']}/commands", json={"type": "steer"},
-                           headers=api.headers("system")).status_code == 202
+        assert (
+            api.client.get(f"/streams/jobs/{job['id']}/receipts", headers=api.headers(who)).status_code == 200
+        )
+    assert (
+        api.client.post(
+            f"/jobs/{job['id']}/commands", json={"type": "steer"}, headers=api.headers("system")
+        ).status_code
+        == 202
+    )
     assert api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers("system")).status_code == 202

@@ -14,7 +14,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from app.db import db_now, loop_runs, transaction
+from app.storage.db import db_now, loop_runs, transaction
 
 
 def claim(engine: Engine, name: str, owner: str, *, min_interval_ms: int, stale_ms: int) -> bool:
@@ -33,11 +33,14 @@ def _claim(engine: Engine, name: str, owner: str, min_interval_ms: int, stale_ms
             conn.execute(loop_runs.insert().values(name=name, started_at=now, finished_at=None, owner=owner))
             return True
         c = loop_runs.c
-        idle = or_(c.finished_at.is_(None) & (c.started_at < now - timedelta(milliseconds=stale_ms)),
-                   c.finished_at >= c.started_at)
+        idle = or_(
+            c.finished_at.is_(None) & (c.started_at < now - timedelta(milliseconds=stale_ms)),
+            c.finished_at >= c.started_at,
+        )
         spaced = or_(c.started_at.is_(None), c.started_at <= now - timedelta(milliseconds=min_interval_ms))
         result = conn.execute(
-            update(loop_runs).where(c.name == name, and_(idle, spaced))
+            update(loop_runs)
+            .where(c.name == name, and_(idle, spaced))
             .values(started_at=now, finished_at=None, owner=owner)
         )
         return result.rowcount == 1
@@ -46,5 +49,8 @@ def _claim(engine: Engine, name: str, owner: str, min_interval_ms: int, stale_ms
 def release(engine: Engine, name: str, owner: str) -> None:
     with transaction(engine) as conn:
         now = db_now(conn)
-        conn.execute(update(loop_runs).where(loop_runs.c.name == name, loop_runs.c.owner == owner)
-                     .values(finished_at=now))
+        conn.execute(
+            update(loop_runs)
+            .where(loop_runs.c.name == name, loop_runs.c.owner == owner)
+            .values(finished_at=now)
+        )

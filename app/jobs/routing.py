@@ -7,15 +7,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from app.contracts import CONTRACTS
-from app.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, WorkerGroup
+from app.jobs.contracts import CONTRACTS
+from app.jobs.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, WorkerGroup
 
 # One Celery queue per worker group (the spec's Resonate groups receipt-chat/-codex/-control).
-QUEUES: Final[Mapping[WorkerGroup, str]] = MappingProxyType({
-    "chat": "receipt-chat",
-    "codex": "receipt-codex",
-    "control": "receipt-control",
-})
+QUEUES: Final[Mapping[WorkerGroup, str]] = MappingProxyType(
+    {
+        "chat": "receipt-chat",
+        "codex": "receipt-codex",
+        "control": "receipt-control",
+    }
+)
 # The driver RPC has its own group (spec: "Driver RPC"); the recovery loops run on beat's queue.
 DRIVER_QUEUE: Final = "receipt-driver"
 MAINTENANCE_QUEUE: Final = "receipt-maintenance"

@@ -18,9 +18,9 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from app.db import as_utc, db_now, iso, receipts
-from app.errors import AppendConflict
-from app.reducer import Receipt
+from app.jobs.errors import AppendConflict
+from app.jobs.reducer import Receipt
+from app.storage.db import as_utc, db_now, iso, receipts
 
 
 @dataclass(frozen=True)
@@ -41,21 +41,30 @@ class StoredReceipt:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "id": self.id, "stream": self.stream, "seq": self.seq, "type": self.type,
-            "body": self.body, "at": self.at, "prevHash": self.prev_hash, "hash": self.hash,
+            "id": self.id,
+            "stream": self.stream,
+            "seq": self.seq,
+            "type": self.type,
+            "body": self.body,
+            "at": self.at,
+            "prevHash": self.prev_hash,
+            "hash": self.hash,
         }
 
 
 def canonical(value: Any) -> bytes:
     """Deterministic JSON: sorted keys, no whitespace, UTF-8."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode()
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
 
 
 def receipt_hash(stream: str, seq: int, type_: str, body: Any, at: str, prev_hash: str | None) -> str:
     """SHA-256 over the canonical encoding of (stream, seq, type, body, time, prevHash)."""
     return hashlib.sha256(
-        canonical({"stream": stream, "seq": seq, "type": type_, "body": body, "at": at, "prevHash": prev_hash})
+        canonical(
+            {"stream": stream, "seq": seq, "type": type_, "body": body, "at": at, "prevHash": prev_hash}
+        )
     ).hexdigest()
 
 
@@ -92,10 +101,18 @@ def append(
     digest = receipt_hash(stream, seq, type_, body_dict, at_text, prev_hash)
     try:
         # No savepoint: a conflict aborts the caller's transaction, which re-reads and re-decides.
-        new_id = conn.execute(_INSERT, {
-            "stream": stream, "seq": seq, "type": type_, "body": body_dict, "at": when,
-            "prev_hash": prev_hash, "hash": digest,
-        }).scalar_one()
+        new_id = conn.execute(
+            _INSERT,
+            {
+                "stream": stream,
+                "seq": seq,
+                "type": type_,
+                "body": body_dict,
+                "at": when,
+                "prev_hash": prev_hash,
+                "hash": digest,
+            },
+        ).scalar_one()
     except IntegrityError as exc:
         raise AppendConflict(f"{stream}: seq {seq} already taken") from exc
     return StoredReceipt(int(new_id), stream, seq, type_, body_dict, at_text, prev_hash, digest)
@@ -107,7 +124,9 @@ def _row(r: Any) -> StoredReceipt:
     return StoredReceipt(int(r.id), r.stream, int(r.seq), r.type, r.body, at, r.prev_hash, r.hash)
 
 
-def read_stream(conn: Connection, stream: str, *, after: int = 0, limit: int | None = None) -> list[StoredReceipt]:
+def read_stream(
+    conn: Connection, stream: str, *, after: int = 0, limit: int | None = None
+) -> list[StoredReceipt]:
     """Receipts of one stream with seq > ``after``, in order."""
     q = select(receipts).where(receipts.c.stream == stream, receipts.c.seq > after).order_by(receipts.c.seq)
     if limit is not None:

@@ -1,4 +1,5 @@
-"""The lease, execution timeout, heartbeat cadence and driver timeout of a job, from its facts and Settings."""
+"""The lease, execution timeout, heartbeat cadence and driver timeout of a job, from its facts and
+Settings."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from app.config import Settings
-from app.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, AGENT_FACTORY_MONITOR, PayloadKind
+from app.jobs.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, AGENT_FACTORY_MONITOR, PayloadKind
 
 # -- the spec's rules (the configurable defaults live in app.config.Settings) -------------------
 # Spec: codex lease is "the payload timeout plus 300 000 ms, capped at 3 600 000 ms".
@@ -62,7 +63,8 @@ def lease_ms(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Set
     # Row: factory-control running factory.objective.control -> max(default, FACTORY_CONTROL_JOB_LEASE_MS).
     if _is_objective_control(agent_id, kind):
         return max(default, settings.factory_control_job_lease_ms)
-    # Row: factory-monitor running factory.task.monitor on the computer path -> max(default, CODEX_JOB_LEASE_MS).
+    # Row: factory-monitor running factory.task.monitor on the computer path -> max(default,
+    # CODEX_JOB_LEASE_MS).
     if (
         agent_id == AGENT_FACTORY_MONITOR
         and kind == TASK_MONITOR_KIND
@@ -79,7 +81,9 @@ def lease_ms(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Set
         # CODEX_JOB_LEASE_MS. So a payload timeout can only raise the lease (monotone), and a
         # CODEX_JOB_LEASE_MS above the cap means the same with or without a payload timeout.
         # Identical to min(cap, max(...)) whenever CODEX_JOB_LEASE_MS <= cap (the default).
-        return max(settings.codex_job_lease_ms, min(timeout + CODEX_PAYLOAD_TIMEOUT_PAD_MS, CODEX_LEASE_CAP_MS))
+        return max(
+            settings.codex_job_lease_ms, min(timeout + CODEX_PAYLOAD_TIMEOUT_PAD_MS, CODEX_LEASE_CAP_MS)
+        )
     # Row: default -> JOB_LEASE_MS.
     return default
 

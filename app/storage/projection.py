@@ -13,10 +13,10 @@ from typing import Any
 from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.engine import Connection
 
-from app.db import as_utc, jobs, parse_iso
-from app.errors import AppendConflict
-from app.reducer import Job, fold, job_id_of
-from app.store import StoredReceipt, read_stream, streams
+from app.jobs.errors import AppendConflict
+from app.jobs.reducer import Job, fold, job_id_of
+from app.storage.db import as_utc, jobs, parse_iso
+from app.storage.store import StoredReceipt, read_stream, streams
 
 
 @dataclass(frozen=True)
@@ -79,8 +79,9 @@ def save(conn: Connection, job: Job, *, previous: Loaded | None, last: StoredRec
         conn.execute(_INSERT, {"id": job.id, **_columns(job, last.hash, changed_at)})
     else:
         changed_at = at if previous.job.status != job.status else previous.status_changed_at
-        result = conn.execute(_UPDATE, {"b_id": job.id, "b_seq": previous.job.seq,
-                                        **_columns(job, last.hash, changed_at)})
+        result = conn.execute(
+            _UPDATE, {"b_id": job.id, "b_seq": previous.job.seq, **_columns(job, last.hash, changed_at)}
+        )
         if result.rowcount != 1:
             raise AppendConflict(f"jobs/{job.id}: projection moved past seq {previous.job.seq}")
     return Loaded(job, last.hash, changed_at)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from app import store
-from app.db import api_tokens, parse_iso, transaction
-from app.ids import new_id, new_token
+from app.jobs.ids import new_id, new_token
+from app.storage import store
+from app.storage.db import api_tokens, parse_iso, transaction
 
 TOKEN_STREAM_PREFIX = "tokens/"
 
@@ -40,13 +40,27 @@ def create(engine: Engine, organization_id: str, *, system: bool = False) -> tup
     token_id = new_id("tok_")
     digest = hash_token(secret)
     with transaction(engine) as conn:
-        r = store.append(conn, TOKEN_STREAM_PREFIX + token_id, 0, "token.created", {
-            "tokenId": token_id, "organizationId": organization_id, "system": system, "tokenHash": digest,
-        })
-        conn.execute(api_tokens.insert().values(
-            id=token_id, organization_id=organization_id, token_hash=digest, system=system,
-            created_at=parse_iso(r.at),
-        ))
+        r = store.append(
+            conn,
+            TOKEN_STREAM_PREFIX + token_id,
+            0,
+            "token.created",
+            {
+                "tokenId": token_id,
+                "organizationId": organization_id,
+                "system": system,
+                "tokenHash": digest,
+            },
+        )
+        conn.execute(
+            api_tokens.insert().values(
+                id=token_id,
+                organization_id=organization_id,
+                token_hash=digest,
+                system=system,
+                created_at=parse_iso(r.at),
+            )
+        )
     return TokenInfo(token_id, organization_id, system), secret
 
 
@@ -63,8 +77,14 @@ def revoke(engine: Engine, token: str) -> bool:
             return False
         stream = TOKEN_STREAM_PREFIX + row.id
         last = store.head(conn, stream)
-        r = store.append(conn, stream, last.seq if last else 0, "token.revoked", {"tokenId": row.id},
-                         prev_hash=last.hash if last else None)
+        r = store.append(
+            conn,
+            stream,
+            last.seq if last else 0,
+            "token.revoked",
+            {"tokenId": row.id},
+            prev_hash=last.hash if last else None,
+        )
         conn.execute(update(api_tokens).where(api_tokens.c.id == row.id).values(revoked_at=parse_iso(r.at)))
     return True
 
@@ -72,8 +92,9 @@ def revoke(engine: Engine, token: str) -> bool:
 def authenticate(conn: Connection, secret: str) -> TokenInfo | None:
     """The live token matching ``secret``, or None."""
     row = conn.execute(
-        select(api_tokens.c.id, api_tokens.c.organization_id, api_tokens.c.system)
-        .where(api_tokens.c.token_hash == hash_token(secret), api_tokens.c.revoked_at.is_(None))
+        select(api_tokens.c.id, api_tokens.c.organization_id, api_tokens.c.system).where(
+            api_tokens.c.token_hash == hash_token(secret), api_tokens.c.revoked_at.is_(None)
+        )
     ).first()
     return TokenInfo(row.id, row.organization_id, bool(row.system)) if row else None
 
@@ -87,9 +108,12 @@ def rebuild(conn: Connection) -> int:
         for r in store.read_stream(conn, stream):
             if r.type == "token.created":
                 values = {
-                    "id": r.body["tokenId"], "organization_id": r.body["organizationId"],
-                    "token_hash": r.body["tokenHash"], "system": bool(r.body["system"]),
-                    "created_at": parse_iso(r.at), "revoked_at": None,
+                    "id": r.body["tokenId"],
+                    "organization_id": r.body["organizationId"],
+                    "token_hash": r.body["tokenHash"],
+                    "system": bool(r.body["system"]),
+                    "created_at": parse_iso(r.at),
+                    "revoked_at": None,
                 }
             elif r.type == "token.revoked" and values:
                 values["revoked_at"] = parse_iso(r.at)
@@ -97,5 +121,3 @@ def rebuild(conn: Connection) -> int:
             conn.execute(api_tokens.insert().values(**values))
             count += 1
     return count
-
-

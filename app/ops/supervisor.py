@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.config import Settings
-from app.db import make_engine
+from app.storage.db import make_engine
 
 STOP_GRACE_S = 15.0
 READY_TIMEOUT_S = 60.0
@@ -45,8 +45,20 @@ def process_specs(host: str, port: int, python: str = sys.executable) -> list[Pr
     """The processes of one machine — the Procfile's, minus Flower."""
     worker = (python, "-m", "tasks.worker", "--role")
     return [
-        ProcessSpec("web", (python, "-m", "gunicorn", "-c", "python:api.gunicorn_conf",
-                            "--bind", f"{host}:{port}", "api.wsgi:app"), {"RECEIPT_PROCESS_ROLE": "api"}),
+        ProcessSpec(
+            "web",
+            (
+                python,
+                "-m",
+                "gunicorn",
+                "-c",
+                "python:api.gunicorn_conf",
+                "--bind",
+                f"{host}:{port}",
+                "api.wsgi:app",
+            ),
+            {"RECEIPT_PROCESS_ROLE": "api"},
+        ),
         ProcessSpec("driver", (*worker, "driver"), {"RECEIPT_PROCESS_ROLE": "driver"}),
         ProcessSpec("chat", (*worker, "worker-chat"), {"RECEIPT_PROCESS_ROLE": "worker-chat"}),
         ProcessSpec("codex", (*worker, "worker-codex"), {"RECEIPT_PROCESS_ROLE": "worker-codex"}),
@@ -65,8 +77,14 @@ class _Child:
 
     def start(self) -> None:
         env = {**self.base_env, **self.spec.env}
-        self.proc = subprocess.Popen(self.spec.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.spec.argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         threading.Thread(target=self._pump, daemon=True, name=f"out-{self.spec.name}").start()
 
     def _pump(self) -> None:
@@ -91,8 +109,8 @@ def _say(lock: threading.Lock, text: str) -> None:
 
 def _prepare(settings: Settings) -> str:
     """Migrate, and return a dev token (reused across runs while it stays valid)."""
-    from app import tokens
-    from app.migrate import upgrade
+    from app.storage import tokens
+    from app.storage.migrate import upgrade
 
     settings.home_path.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.sqlalchemy_url)
@@ -131,7 +149,7 @@ def run_up(settings: Settings, *, port: int = 8080, host: str = "127.0.0.1") -> 
     env.setdefault("RECEIPT_HOME", str(settings.home_path))
     env["PYTHONUNBUFFERED"] = "1"
     # Children must import this checkout's packages whatever the current directory is.
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     children = [_Child(spec, env, lock) for spec in process_specs(host, port)]
     stopping = threading.Event()
@@ -149,12 +167,20 @@ def run_up(settings: Settings, *, port: int = 8080, host: str = "127.0.0.1") -> 
         child.start()
     url = f"http://{host}:{port}"
     if _wait_ready(url, time.monotonic() + READY_TIMEOUT_S):
-        _say(lock, "\n".join([
-            "", f"Receipt is up at {url}", f"Dev token (organization 'dev'): {token}",
-            f"  export RECEIPT_TOKEN={token}",
-            f"  curl -s {url}/jobs -H \"Authorization: Bearer $RECEIPT_TOKEN\"",
-            "Press Ctrl-C to stop everything.", "",
-        ]))
+        _say(
+            lock,
+            "\n".join(
+                [
+                    "",
+                    f"Receipt is up at {url}",
+                    f"Dev token (organization 'dev'): {token}",
+                    f"  export RECEIPT_TOKEN={token}",
+                    f'  curl -s {url}/jobs -H "Authorization: Bearer $RECEIPT_TOKEN"',
+                    "Press Ctrl-C to stop everything.",
+                    "",
+                ]
+            ),
+        )
     else:
         _say(lock, f"receipt up: web did not answer {url}/healthz within {READY_TIMEOUT_S:.0f} s")
     code = 0

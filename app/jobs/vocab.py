@@ -53,15 +53,23 @@ PAYLOAD_KINDS: Final[tuple[str, ...]] = get_args(PayloadKind)
 KINDS_WITHOUT_AUTH_CONTEXT: Final[frozenset[str]] = frozenset({"factory.objective.watchdog"})
 AUTH_CONTEXT_REQUIRED: Final[tuple[str, ...]] = ("userId", "organizationId")
 AUTH_CONTEXT_OPTIONAL: Final[tuple[str, ...]] = (
-    "workspaceId", "receiptConnectGatewayUrl", "sessionId", "source",
+    "workspaceId",
+    "receiptConnectGatewayUrl",
+    "sessionId",
+    "source",
 )
 
 WorkerGroup = Literal["chat", "codex", "control"]
 WORKER_GROUPS: Final[tuple[str, ...]] = get_args(WorkerGroup)
 
 FailureStatus = Literal[
-    "settlement_conflict", "stale_attempt", "lease_lost", "terminal_state",
-    "canceled", "execution_timeout", "failed",
+    "settlement_conflict",
+    "stale_attempt",
+    "lease_lost",
+    "terminal_state",
+    "canceled",
+    "execution_timeout",
+    "failed",
 ]
 FAILURE_STATUSES: Final[tuple[str, ...]] = get_args(FailureStatus)
 

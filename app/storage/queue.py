@@ -22,9 +22,7 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from app import projection, store
-from app.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, transaction
-from app.errors import (
+from app.jobs.errors import (
     SINGLETON_CANCEL_REASON,
     AppendConflict,
     ConflictError,
@@ -32,10 +30,12 @@ from app.errors import (
     TransientStorageError,
     ValidationError,
 )
-from app.ids import new_id
-from app.reducer import Job, reduce
-from app.validation import EnqueueRequest
-from app.vocab import ACTIVE_STATUSES, COMMAND_TYPES, LEASED_STATUSES, STATUSES, job_stream
+from app.jobs.ids import new_id
+from app.jobs.reducer import Job, reduce
+from app.jobs.validation import EnqueueRequest
+from app.jobs.vocab import ACTIVE_STATUSES, COMMAND_TYPES, LEASED_STATUSES, STATUSES, job_stream
+from app.storage import projection, store
+from app.storage.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, transaction
 
 log = logging.getLogger("receipt.queue")
 
@@ -150,6 +150,7 @@ class Queue:
 
     def _mutate(self, job_id: str, decide: Callable[[Job, datetime], Sequence[Event]]) -> Outcome:
         """Load a job, let ``decide`` choose receipts from its state, append them."""
+
         def work(tx: _Tx) -> Outcome:
             loaded = projection.load(tx.conn, job_id)
             if loaded is None:
@@ -158,6 +159,7 @@ class Queue:
             if not events:
                 return Outcome(loaded.job, False)
             return Outcome(self._apply(tx, loaded, job_id, events), True)
+
         result: Outcome = self._run(work)
         return result
 
@@ -193,7 +195,9 @@ class Queue:
             q = q.where(jobs.c.session_key == session_key)
         if cursor:
             created, last_id = decode_cursor(cursor)
-            q = q.where(or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < last_id)))
+            q = q.where(
+                or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < last_id))
+            )
         q = q.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit + 1)
         with self.engine.connect() as conn:
             rows = conn.execute(q).all()
@@ -207,6 +211,7 @@ class Queue:
     # -- enqueue ------------------------------------------------------------------------------
     def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
         """Append ``job.enqueued`` (after singleton handling). Idempotent on an explicit jobId."""
+
         def work(tx: _Tx) -> EnqueueResult:
             conn = tx.conn
             singleton = req.singleton_mode != "allow" and req.session_key is not None
@@ -224,31 +229,59 @@ class Queue:
                 active = self._active_on_session(tx, req.organization_id, req.session_key or "")
                 if req.singleton_mode == "steer" and active:
                     target = active[0]  # the most recent active job
-                    steered = self._apply(tx, target, target.job.id, [(
-                        "queue.command",
-                        _command_body("steer", req.payload, None, tx.now,
-                                      fromSessionKey=req.session_key, fromEnqueue=True),
-                    )])
+                    steered = self._apply(
+                        tx,
+                        target,
+                        target.job.id,
+                        [
+                            (
+                                "queue.command",
+                                _command_body(
+                                    "steer",
+                                    req.payload,
+                                    None,
+                                    tx.now,
+                                    fromSessionKey=req.session_key,
+                                    fromEnqueue=True,
+                                ),
+                            )
+                        ],
+                    )
                     return EnqueueResult(steered, created=False, steered=True)
                 if req.singleton_mode == "cancel":
                     for loaded in active:
                         j = loaded.job
                         if j.status == "queued":
-                            self._apply(tx, loaded, j.id, [("job.canceled", {"reason": SINGLETON_CANCEL_REASON})])
+                            self._apply(
+                                tx, loaded, j.id, [("job.canceled", {"reason": SINGLETON_CANCEL_REASON})]
+                            )
                             canceled.append(j.id)
                         else:
                             # Only the worker can stop work in flight: it gets an abort command.
-                            self._apply(tx, loaded, j.id, [(
-                                "queue.command", _command_body("abort", None, SINGLETON_CANCEL_REASON, tx.now),
-                            )])
+                            self._apply(
+                                tx,
+                                loaded,
+                                j.id,
+                                [
+                                    (
+                                        "queue.command",
+                                        _command_body("abort", None, SINGLETON_CANCEL_REASON, tx.now),
+                                    )
+                                ],
+                            )
                             aborted.append(j.id)
             body = {
-                "jobId": job_id, "agentId": req.agent_id, "lane": req.lane, "payload": dict(req.payload),
-                "sessionKey": req.session_key, "singletonMode": req.singleton_mode,
+                "jobId": job_id,
+                "agentId": req.agent_id,
+                "lane": req.lane,
+                "payload": dict(req.payload),
+                "sessionKey": req.session_key,
+                "singletonMode": req.singleton_mode,
                 "maxAttempts": req.max_attempts,
             }
             job = self._apply(tx, None, job_id, [("job.enqueued", body)])
             return EnqueueResult(job, created=True, canceled=tuple(canceled), aborted=tuple(aborted))
+
         result: EnqueueResult = self._run(work)
         return result
 
@@ -258,16 +291,26 @@ class Queue:
         Spec: lease expiry is evaluated before the session scan, so a dead worker's running
         job cannot swallow a steer.
         """
-        ids = tx.conn.execute(
-            select(jobs.c.id)
-            .where(jobs.c.session_key == session_key, jobs.c.status.in_(sorted(ACTIVE_STATUSES)),
-                   jobs.c.organization_id == org if org is not None else jobs.c.organization_id.is_(None))
-            .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
-        ).scalars().all()
+        ids = (
+            tx.conn.execute(
+                select(jobs.c.id)
+                .where(
+                    jobs.c.session_key == session_key,
+                    jobs.c.status.in_(sorted(ACTIVE_STATUSES)),
+                    jobs.c.organization_id == org if org is not None else jobs.c.organization_id.is_(None),
+                )
+                .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
+            )
+            .scalars()
+            .all()
+        )
         # Read every candidate before the clock (first used below), so no receipt seen here is newer.
         # A job settled between the id scan and its load is no longer active: it must not take a steer.
-        candidates = [c for c in (projection.load(tx.conn, job_id) for job_id in ids)
-                      if c is not None and c.job.status in ACTIVE_STATUSES]
+        candidates = [
+            c
+            for c in (projection.load(tx.conn, job_id) for job_id in ids)
+            if c is not None and c.job.status in ACTIVE_STATUSES
+        ]
         active: list[projection.Loaded] = []
         for loaded in candidates:
             job_id = loaded.job.id
@@ -288,6 +331,7 @@ class Queue:
         ``start=True`` also appends the worker's first heartbeat in the same transaction, so the
         job goes queued → leased → running in one commit (two receipts, one round of I/O).
         """
+
         def decide(job: Job, now: datetime) -> list[Event]:
             if job.status != "queued":
                 return []
@@ -297,16 +341,26 @@ class Queue:
             if start:
                 events.append(("job.heartbeat", dict(fence)))
             return events
+
         return self._mutate(job_id, decide)
 
     def heartbeat(self, job_id: str, worker_id: str, attempt: int, lease_ms: int) -> Outcome:
         """Renew the lease (and promote leased → running); inert for a superseded attempt."""
+
         def decide(job: Job, now: datetime) -> list[Event]:
             if not job.holds_lease(worker_id, attempt):
                 return []
-            return [("job.heartbeat", {
-                "workerId": worker_id, "attempt": attempt, "expiresAt": _deadline(now, lease_ms),
-            })]
+            return [
+                (
+                    "job.heartbeat",
+                    {
+                        "workerId": worker_id,
+                        "attempt": attempt,
+                        "expiresAt": _deadline(now, lease_ms),
+                    },
+                )
+            ]
+
         return self._mutate(job_id, decide)
 
     def progress(self, job_id: str, worker_id: str, attempt: int, progress: Any) -> Outcome:
@@ -331,8 +385,10 @@ class Queue:
         if result is not None:
             body["result"] = result
         if worker_id is None:
+
             def decide(job: Job, now: datetime) -> list[Event]:
                 return [("job.failed", body)] if job.status == "queued" else []
+
             return self._mutate(job_id, decide)
         return self._fenced(job_id, worker_id, attempt, "job.failed", body)
 
@@ -351,6 +407,7 @@ class Queue:
         """The worker's settlement: re-read under the attempt fence, then in one transaction
         cancel (an abort arrived), complete (``status`` None) or fail with ``status``. A retryable
         failure records ``retryAt`` (database clock + ``retry_delay_ms``) for the backoff."""
+
         def decide(job: Job, now: datetime) -> list[Event]:
             if not job.holds_lease(worker_id, attempt):
                 return []
@@ -365,17 +422,21 @@ class Queue:
             if retryable and retry_delay_ms > 0 and job.attempt < job.max_attempts:
                 body["retryAt"] = _deadline(now, retry_delay_ms)  # only when a retry follows
             return [("job.failed", body)]
+
         return self._mutate(job_id, decide)
 
     def settle_canceled(self, job_id: str, worker_id: str, attempt: int, reason: str | None) -> Outcome:
         """The lease holder stops work in flight after an abort."""
         return self._fenced(job_id, worker_id, attempt, "job.canceled", {"reason": reason})
 
-    def _fenced(self, job_id: str, worker_id: str, attempt: int | None, type_: str, extra: dict[str, Any]) -> Outcome:
+    def _fenced(
+        self, job_id: str, worker_id: str, attempt: int | None, type_: str, extra: dict[str, Any]
+    ) -> Outcome:
         def decide(job: Job, now: datetime) -> list[Event]:
             if not job.holds_lease(worker_id, attempt):
                 return []
             return [(type_, {"workerId": worker_id, "attempt": attempt, **extra})]
+
         return self._mutate(job_id, decide)
 
     # -- commands and cancel -----------------------------------------------------------------------
@@ -388,6 +449,7 @@ class Queue:
             if job.terminal:
                 raise ConflictError(f"job {job_id} is {job.status}; it takes no commands")
             return [("queue.command", _command_body(type_, payload, reason, now))]
+
         return self._mutate(job_id, decide)
 
     def consume_command(self, job_id: str, command_id: str) -> Outcome:
@@ -396,41 +458,53 @@ class Queue:
             if job.terminal or not any(c.id == command_id and not c.consumed for c in job.commands):
                 return []
             return [("queue.command.consumed", {"commandId": command_id})]
+
         return self._mutate(job_id, decide)
 
     def cancel(self, job_id: str, reason: str | None = None) -> Outcome:
         """Cancel: a queued job outright; a leased/running one gets an ``abort`` command."""
+
         def decide(job: Job, now: datetime) -> list[Event]:
             if job.terminal:
                 raise ConflictError(f"job {job_id} is already {job.status}")
             if job.status == "queued":
                 return [("job.canceled", {"reason": reason})]
             return [("queue.command", _command_body("abort", None, reason, now))]
+
         return self._mutate(job_id, decide)
 
     def cancel_queued(self, job_id: str, reason: str | None) -> Outcome:
         """Cancel a job only if it is still queued (the driver honouring ``abortRequested``)."""
+
         def decide(job: Job, now: datetime) -> list[Event]:
             return [("job.canceled", {"reason": reason})] if job.status == "queued" else []
+
         return self._mutate(job_id, decide)
 
     # -- lease expiry ------------------------------------------------------------------------------
     def expire_lease(self, job_id: str) -> Outcome:
         """Append ``job.lease_expired`` if the job's lease deadline has passed (database clock)."""
+
         def decide(job: Job, now: datetime) -> list[Event]:
             event = _expiry_event(job, now)
             return [event] if event else []
+
         return self._mutate(job_id, decide)
 
     def expire_leases(self, limit: int = 500) -> list[Job]:
         """Expire every lease past its deadline; returns the jobs that were expired."""
         with self.engine.connect() as conn:
             now = db_now(conn)
-            ids = conn.execute(
-                select(jobs.c.id)
-                .where(jobs.c.status.in_(sorted(LEASED_STATUSES)), jobs.c.lease_expires_at < now)
-                .order_by(jobs.c.lease_expires_at).limit(limit)
-            ).scalars().all()
+            ids = (
+                conn.execute(
+                    select(jobs.c.id)
+                    .where(jobs.c.status.in_(sorted(LEASED_STATUSES)), jobs.c.lease_expires_at < now)
+                    .order_by(jobs.c.lease_expires_at)
+                    .limit(limit)
+                )
+                .scalars()
+                .all()
+            )
         expired = []
         for job_id in ids:
             out = self.expire_lease(job_id)
@@ -444,8 +518,11 @@ class Queue:
             now = db_now(conn)
             rows = conn.execute(
                 select(jobs.c.state)
-                .where(jobs.c.status == "queued", jobs.c.available_at.is_not(None), jobs.c.available_at <= now)
-                .order_by(jobs.c.available_at).limit(limit)
+                .where(
+                    jobs.c.status == "queued", jobs.c.available_at.is_not(None), jobs.c.available_at <= now
+                )
+                .order_by(jobs.c.available_at)
+                .limit(limit)
             ).all()
         return [Job.from_json(r.state) for r in rows]
 
@@ -461,7 +538,8 @@ class Queue:
             rows = conn.execute(
                 select(jobs.c.state, jobs.c.status_changed_at)
                 .where(jobs.c.status == "queued", since <= now - timedelta(milliseconds=min_age_ms))
-                .order_by(since).limit(limit)
+                .order_by(since)
+                .limit(limit)
             ).all()
         return [(Job.from_json(r.state), as_utc(r.status_changed_at)) for r in rows]
 
@@ -478,15 +556,27 @@ def _expiry_event(job: Job, now: datetime) -> Event | None:
     deadline = parse_iso(job.lease.expires_at)
     if deadline is None or deadline >= now:
         return None
-    return ("job.lease_expired", {
-        "workerId": job.lease.worker_id, "attempt": job.lease.attempt,
-        "expiresAt": job.lease.expires_at, "error": "lease expired",
-    })
+    return (
+        "job.lease_expired",
+        {
+            "workerId": job.lease.worker_id,
+            "attempt": job.lease.attempt,
+            "expiresAt": job.lease.expires_at,
+            "error": "lease expired",
+        },
+    )
 
 
-def _command_body(type_: str, payload: Any, reason: str | None, now: datetime, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"commandId": new_id("cmd_"), "type": type_, "payload": payload,
-                            "reason": reason, "at": iso(now)}
+def _command_body(
+    type_: str, payload: Any, reason: str | None, now: datetime, **extra: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "commandId": new_id("cmd_"),
+        "type": type_,
+        "payload": payload,
+        "reason": reason,
+        "at": iso(now),
+    }
     body.update(extra)
     return body
 
@@ -512,8 +602,13 @@ def validate_status_filter(status: str | None) -> None:
         raise ValidationError("status", "is not a job status", allowed=STATUSES)
 
 
-def retry_transient(fn: Callable[[], Any], *, attempts: int = 5, backoff_ms: int = 150,
-                    sleep: Callable[[float], None] = time.sleep) -> Any:
+def retry_transient(
+    fn: Callable[[], Any],
+    *,
+    attempts: int = 5,
+    backoff_ms: int = 150,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
     """Spec: settlements retry transient storage errors only — 5 attempts, 150 ms times attempt backoff."""
     for attempt in range(1, attempts + 1):
         try:

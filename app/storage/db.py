@@ -41,7 +41,8 @@ _Time = DateTime(timezone=True)
 
 # The append-only log. Nothing updates or deletes a row: a trigger enforces it (migration 0001).
 receipts = Table(
-    "receipts", metadata,
+    "receipts",
+    metadata,
     Column("id", _Id, primary_key=True, autoincrement=True),
     Column("stream", String(512), nullable=False),
     Column("seq", Integer, nullable=False),
@@ -57,7 +58,8 @@ receipts = Table(
 # Projection: each job's folded state, written in the receipt's transaction. Rebuildable
 # from receipts by `receipt rebuild-projections`.
 jobs = Table(
-    "jobs", metadata,
+    "jobs",
+    metadata,
     Column("id", String(128), primary_key=True),
     Column("organization_id", String(256), nullable=True),
     Column("agent_id", String(256), nullable=False),
@@ -88,7 +90,8 @@ jobs = Table(
 
 # Projection of `tokens/<id>` streams: API tokens, stored as SHA-256 hashes only.
 api_tokens = Table(
-    "api_tokens", metadata,
+    "api_tokens",
+    metadata,
     Column("id", String(64), primary_key=True),
     Column("organization_id", String(256), nullable=False),
     Column("token_hash", String(64), nullable=False, unique=True),
@@ -100,7 +103,8 @@ api_tokens = Table(
 # Best-effort delivery records (the spec's driver/execute "promises"). Losing them loses no
 # job: the queued redrive re-delivers from receipts.
 deliveries = Table(
-    "deliveries", metadata,
+    "deliveries",
+    metadata,
     Column("dispatch_key", String(256), primary_key=True),
     Column("generation", Integer, primary_key=True),
     Column("job_id", String(128), nullable=False),
@@ -115,7 +119,8 @@ deliveries = Table(
 
 # Best-effort loop bookkeeping so duplicate beats are harmless (single-flight + interval guard).
 loop_runs = Table(
-    "loop_runs", metadata,
+    "loop_runs",
+    metadata,
     Column("name", String(128), primary_key=True),
     Column("started_at", _Time, nullable=True),
     Column("finished_at", _Time, nullable=True),
@@ -124,6 +129,7 @@ loop_runs = Table(
 
 
 # -- engines ------------------------------------------------------------------------------
+
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """Open an engine; SQLite gets WAL, a busy timeout and explicit BEGIN for write locking."""
@@ -168,6 +174,7 @@ def transaction(engine: Engine) -> Iterator[Connection]:
 
 
 # -- the database clock ---------------------------------------------------------------------
+
 
 def db_now(conn: Connection) -> datetime:
     """The database's clock (not the host's), so skewed hosts cannot steal or keep leases."""

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.errors import InvariantError, no_job_message
-from app.vocab import LEASED_STATUSES, MAX_ATTEMPTS_DEFAULT, TERMINAL_STATUSES
+from app.jobs.errors import InvariantError, no_job_message
+from app.jobs.vocab import LEASED_STATUSES, MAX_ATTEMPTS_DEFAULT, TERMINAL_STATUSES
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,12 @@ class Command:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": self.id, "type": self.type, "payload": self.payload, "reason": self.reason,
-            "at": self.at, "consumed": self.consumed,
+            "id": self.id,
+            "type": self.type,
+            "payload": self.payload,
+            "reason": self.reason,
+            "at": self.at,
+            "consumed": self.consumed,
         }
         out.update(self.extra)
         return out
@@ -157,8 +161,12 @@ class Job:
             abort_requested=data["abortRequested"],
             commands=tuple(
                 Command(
-                    id=c["id"], type=c["type"], payload=c.get("payload"), reason=c.get("reason"),
-                    at=c.get("at"), consumed=c.get("consumed", False),
+                    id=c["id"],
+                    type=c["type"],
+                    payload=c.get("payload"),
+                    reason=c.get("reason"),
+                    at=c.get("at"),
+                    consumed=c.get("consumed", False),
                     extra={k: v for k, v in c.items() if k not in _COMMAND_KEYS},
                 )
                 for c in data.get("commands", [])
@@ -197,7 +205,7 @@ def _org_of(payload: Mapping[str, Any]) -> str | None:
 
 
 def job_id_of(stream: str) -> str:
-    return stream[len("jobs/"):] if stream.startswith("jobs/") else stream
+    return stream[len("jobs/") :] if stream.startswith("jobs/") else stream
 
 
 def reduce(state: Job | None, receipt: Receipt) -> Job | None:
@@ -228,6 +236,7 @@ def fold(receipts: Iterable[Receipt], state: Job | None = None) -> Job | None:
 
 
 # -- one function per event type; each returns the new state or None when inert ---------
+
 
 def _enqueued(r: Receipt) -> Job:
     b = r.body
@@ -266,7 +275,10 @@ def _leased(s: Job, b: Mapping[str, Any]) -> Job | None:
     if b.get("attempt", attempt) != attempt:
         return None  # a lease written against a state that no longer exists
     return replace(
-        s, status="leased", attempt=attempt, available_at=None,
+        s,
+        status="leased",
+        attempt=attempt,
+        available_at=None,
         lease=Lease(str(b.get("workerId", "")), attempt, b.get("expiresAt")),
     )
 
@@ -303,14 +315,18 @@ def _failed(s: Job, b: Mapping[str, Any]) -> Job | None:
     # A queued job with no worker named: a system-level failure (e.g. delivery exhausted).
     retry_at = b.get("retryAt")
     return _settle_failure(
-        s, error=b.get("error"), retryable=bool(b.get("retryable", False)),
-        status=str(b.get("status", "failed")), result=b.get("result"),
+        s,
+        error=b.get("error"),
+        retryable=bool(b.get("retryable", False)),
+        status=str(b.get("status", "failed")),
+        result=b.get("result"),
         retry_at=retry_at if isinstance(retry_at, str) else None,
     )
 
 
-def _settle_failure(s: Job, *, error: Any, retryable: bool, status: str, result: Any,
-                    retry_at: str | None = None) -> Job:
+def _settle_failure(
+    s: Job, *, error: Any, retryable: bool, status: str, result: Any, retry_at: str | None = None
+) -> Job:
     """Retryable with attempts left → back to queued (not before ``retry_at``), status kept out of
     result; else failed."""
     if retryable and s.attempt < s.max_attempts:
@@ -333,12 +349,17 @@ def _command(s: Job, b: Mapping[str, Any]) -> Job | None:
         return None
     ctype = str(b.get("type", ""))
     cmd = Command(
-        id=str(b.get("commandId", "")), type=ctype, payload=b.get("payload"),
-        reason=b.get("reason"), at=b.get("at"),
+        id=str(b.get("commandId", "")),
+        type=ctype,
+        payload=b.get("payload"),
+        reason=b.get("reason"),
+        at=b.get("at"),
         extra={k: b[k] for k in _COMMAND_EXTRA_KEYS if k in b},
     )
     return replace(
-        s, commands=(*s.commands, cmd), abort_requested=s.abort_requested or ctype == "abort",
+        s,
+        commands=(*s.commands, cmd),
+        abort_requested=s.abort_requested or ctype == "abort",
     )
 
 
@@ -356,7 +377,11 @@ def _lease_expired(s: Job, b: Mapping[str, Any]) -> Job | None:
     if not s.holds_lease(b.get("workerId"), b.get("attempt")):
         return None
     return _settle_failure(
-        s, error=b.get("error", "lease expired"), retryable=True, status="lease_lost", result=None,
+        s,
+        error=b.get("error", "lease expired"),
+        retryable=True,
+        status="lease_lost",
+        result=None,
     )
 
 

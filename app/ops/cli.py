@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from app.config import Settings, settings_markdown_table
-from app.db import make_engine, transaction
-from app.errors import InvariantError
-from app.reducer import Receipt, fold
+from app.jobs.errors import InvariantError
+from app.jobs.reducer import Receipt, fold
+from app.storage.db import make_engine, transaction
 
 
 def _engine(settings: Settings) -> Any:
@@ -23,17 +23,19 @@ def _engine(settings: Settings) -> Any:
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from app.migrate import current, upgrade
+    from app.storage.migrate import current, upgrade
 
     engine = _engine(settings)
     upgrade(engine)
-    print(f"database at revision {current(engine)} ({engine.url.render_as_string(hide_password=True)})",
-          file=sys.stderr)
+    print(
+        f"database at revision {current(engine)} ({engine.url.render_as_string(hide_password=True)})",
+        file=sys.stderr,
+    )
     return 0
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
-    from app import store
+    from app.storage import store
 
     with _engine(settings).connect() as conn:
         checked, broken = store.verify(conn, stream=args.stream)
@@ -57,10 +59,15 @@ def read_receipts(source: TextIO) -> list[Receipt]:
             if not isinstance(body, dict):
                 # The reducer folds objects only; anything else would crash it with a traceback.
                 raise TypeError(f"body must be an object, not {type(body).__name__}")
-            out.append(Receipt(
-                stream=str(data.get("stream", "jobs/unknown")), seq=int(data.get("seq", n)),
-                type=str(data["type"]), body=body, at=data.get("at"),
-            ))
+            out.append(
+                Receipt(
+                    stream=str(data.get("stream", "jobs/unknown")),
+                    seq=int(data.get("seq", n)),
+                    type=str(data["type"]),
+                    body=body,
+                    at=data.get("at"),
+                )
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"line {n}: not a receipt ({exc})") from exc
     return out
@@ -86,7 +93,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
-    from app import projection, tokens
+    from app.storage import projection, tokens
 
     with transaction(_engine(settings)) as conn:
         n_jobs = projection.rebuild(conn)
@@ -96,13 +103,16 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
-    from app import tokens
+    from app.storage import tokens
 
     engine = _engine(settings)
     if args.token_cmd == "create":
         info, secret = tokens.create(engine, args.org, system=args.system)
-        print(f"created token {info.id} for organization {info.organization_id}"
-              f"{' (system)' if info.system else ''}", file=sys.stderr)
+        print(
+            f"created token {info.id} for organization {info.organization_id}"
+            f"{' (system)' if info.system else ''}",
+            file=sys.stderr,
+        )
         print(secret)  # alone on stdout, so scripts can capture it
         return 0
     if tokens.revoke(engine, args.token):
@@ -123,9 +133,12 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
-    from app.supervisor import run_up
+    from app.ops.supervisor import run_up
 
     return run_up(settings, port=args.port, host=args.host)
+
+
+DEVELOPER_GROUPS = ("jobs", "objective")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="fold receipts (JSON lines) and print the job")
     r.add_argument("file", nargs="?", help="file of JSON lines (default: stdin)")
     r.set_defaults(fn=cmd_replay)
-    sub.add_parser("rebuild-projections", help="rebuild the jobs and token tables from receipts") \
-        .set_defaults(fn=cmd_rebuild)
+    sub.add_parser(
+        "rebuild-projections", help="rebuild the jobs and token tables from receipts"
+    ).set_defaults(fn=cmd_rebuild)
     t = sub.add_parser("token", help="create or revoke API tokens")
     tsub = t.add_subparsers(dest="token_cmd", required=True)
     tc = tsub.add_parser("create", help="create a token; prints it alone on stdout")
@@ -159,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DEVELOPER_GROUPS:
+        # The developer verbs talk HTTP only; they live in the client package (click + rich).
+        from receipt.cli import main as developer_main
+
+        return developer_main(argv)
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env()

@@ -17,13 +17,13 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from app.db import as_utc, deliveries
-from app.errors import (
+from app.jobs.errors import (
     ACTIVE_DELIVERY_REASON,
     MAX_DELIVERY_GENERATIONS,
     DeliveryGenerationsExceeded,
     generations_exceeded_message,
 )
+from app.storage.db import as_utc, deliveries
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,9 @@ def driver_task_id(dispatch_key: str, generation: int) -> str:
     return f"{dispatch_key}:driver:{generation}"
 
 
-def decide_generation(last_generation: int | None, last_pending: bool, job_id: str, key: str) -> StartDecision:
+def decide_generation(
+    last_generation: int | None, last_pending: bool, job_id: str, key: str
+) -> StartDecision:
     """Pure rule: first delivery is generation 0; a pending one blocks; a terminal one advances.
 
     Past ``MAX_DELIVERY_GENERATIONS`` the starter errors (spec: "exceeded 32 generations").
@@ -71,12 +73,15 @@ def decide_generation(last_generation: int | None, last_pending: bool, job_id: s
     return StartDecision(True, key, nxt, driver_task_id(key, nxt))
 
 
-def begin(conn: Connection, job_id: str, dispatch_key: str, now: datetime, driver_timeout_ms: int) -> StartDecision:
+def begin(
+    conn: Connection, job_id: str, dispatch_key: str, now: datetime, driver_timeout_ms: int
+) -> StartDecision:
     """The driver starter's bookkeeping: record a new pending delivery unless one is active."""
     last = conn.execute(
         select(deliveries.c.generation, deliveries.c.state, deliveries.c.deadline_at)
         .where(deliveries.c.dispatch_key == dispatch_key)
-        .order_by(deliveries.c.generation.desc()).limit(1)
+        .order_by(deliveries.c.generation.desc())
+        .limit(1)
     ).first()
     pending = bool(last and last.state == "pending" and as_utc(last.deadline_at) > now)
     decision = decide_generation(last.generation if last else None, pending, job_id, dispatch_key)
@@ -85,11 +90,17 @@ def begin(conn: Connection, job_id: str, dispatch_key: str, now: datetime, drive
     assert decision.task_id is not None
     try:
         with conn.begin_nested():
-            conn.execute(deliveries.insert().values(
-                dispatch_key=dispatch_key, generation=decision.generation, job_id=job_id,
-                task_id=decision.task_id, state="pending", created_at=now,
-                deadline_at=now + timedelta(milliseconds=driver_timeout_ms),
-            ))
+            conn.execute(
+                deliveries.insert().values(
+                    dispatch_key=dispatch_key,
+                    generation=decision.generation,
+                    job_id=job_id,
+                    task_id=decision.task_id,
+                    state="pending",
+                    created_at=now,
+                    deadline_at=now + timedelta(milliseconds=driver_timeout_ms),
+                )
+            )
     except IntegrityError:
         # A concurrent starter created this generation first: that delivery is the active one.
         return StartDecision(False, dispatch_key, decision.generation, reason=ACTIVE_DELIVERY_REASON)
@@ -100,22 +111,32 @@ def settle(conn: Connection, dispatch_key: str, generation: int, outcome: str, n
     """Mark a delivery terminal (idempotent: the first outcome wins)."""
     conn.execute(
         update(deliveries)
-        .where(deliveries.c.dispatch_key == dispatch_key, deliveries.c.generation == generation,
-               deliveries.c.state == "pending")
+        .where(
+            deliveries.c.dispatch_key == dispatch_key,
+            deliveries.c.generation == generation,
+            deliveries.c.state == "pending",
+        )
         .values(state="settled", outcome=outcome[:64], settled_at=now)
     )
 
 
 def last_started_at(conn: Connection, job_id: str) -> datetime | None:
     """When the latest delivery of this job (any key) was created: the redrive cooldown's input."""
-    value = conn.execute(select(func.max(deliveries.c.created_at)).where(deliveries.c.job_id == job_id)).scalar()
+    value = conn.execute(
+        select(func.max(deliveries.c.created_at)).where(deliveries.c.job_id == job_id)
+    ).scalar()
     return as_utc(value) if value is not None else None
 
 
 def has_active(conn: Connection, job_id: str, now: datetime) -> bool:
     """True if any delivery of this job is pending and within its deadline."""
-    return conn.execute(
-        select(deliveries.c.generation)
-        .where(deliveries.c.job_id == job_id, deliveries.c.state == "pending", deliveries.c.deadline_at > now)
-        .limit(1)
-    ).first() is not None
+    return (
+        conn.execute(
+            select(deliveries.c.generation)
+            .where(
+                deliveries.c.job_id == job_id, deliveries.c.state == "pending", deliveries.c.deadline_at > now
+            )
+            .limit(1)
+        ).first()
+        is not None
+    )

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.errors import ValidationError
-from app.ids import JOB_ID_PATTERN
-from app.vocab import (
+from app.jobs.errors import ValidationError
+from app.jobs.ids import JOB_ID_PATTERN
+from app.jobs.vocab import (
     AUTH_CONTEXT_OPTIONAL,
     AUTH_CONTEXT_REQUIRED,
     DEFAULT_LANE,
@@ -84,7 +84,8 @@ def validate_auth_context(kind: str, ctx: Any) -> None:
         if kind in KINDS_WITHOUT_AUTH_CONTEXT:
             return
         raise ValidationError(
-            "payload.authContext", f"is required for kind {kind} and must carry userId and organizationId",
+            "payload.authContext",
+            f"is required for kind {kind} and must carry userId and organizationId",
         )
     if not isinstance(ctx, Mapping):
         raise ValidationError("payload.authContext", "must be an object")
@@ -100,7 +101,8 @@ def validate_auth_context(kind: str, ctx: Any) -> None:
     unknown = sorted(set(ctx) - set(AUTH_CONTEXT_REQUIRED) - set(AUTH_CONTEXT_OPTIONAL))
     if unknown:
         raise ValidationError(
-            f"payload.authContext.{unknown[0]}", "is not a known field",
+            f"payload.authContext.{unknown[0]}",
+            "is not a known field",
             allowed=AUTH_CONTEXT_REQUIRED + AUTH_CONTEXT_OPTIONAL,
         )
 
@@ -119,7 +121,9 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
     # fullmatch, not match: the pattern's `$` also matches before a trailing newline.
     if job_id is not None and (not isinstance(job_id, str) or not JOB_ID_PATTERN.fullmatch(job_id)):
         raise ValidationError(
-            "jobId", "must be 1-128 characters of letters, digits, '.', '_', ':' or '-', starting with a letter or digit",
+            "jobId",
+            "must be 1-128 characters of letters, digits, '.', '_', ':' or '-', starting with a "
+            "letter or digit",
         )
 
     lane = body.get("lane", DEFAULT_LANE)
@@ -151,9 +155,16 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
     if attempts is None:
         attempts = MAX_ATTEMPTS_DEFAULT
     if isinstance(attempts, bool) or not isinstance(attempts, int):
-        raise ValidationError("maxAttempts", f"must be an integer (clamped to {MAX_ATTEMPTS_MIN}..{MAX_ATTEMPTS_MAX})")
+        raise ValidationError(
+            "maxAttempts", f"must be an integer (clamped to {MAX_ATTEMPTS_MIN}..{MAX_ATTEMPTS_MAX})"
+        )
 
     return EnqueueRequest(
-        agent_id=agent_id, payload=dict(payload), job_id=job_id, lane=lane, session_key=session_key,
-        singleton_mode=mode, max_attempts=clamp_max_attempts(attempts),
+        agent_id=agent_id,
+        payload=dict(payload),
+        job_id=job_id,
+        lane=lane,
+        session_key=session_key,
+        singleton_mode=mode,
+        max_attempts=clamp_max_attempts(attempts),
     )

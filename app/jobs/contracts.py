@@ -1,4 +1,5 @@
-"""The per-kind job contracts: worker group, durable workflow and lifecycle flags of the nine payload kinds."""
+"""The per-kind job contracts: worker group, durable workflow and lifecycle flags of the nine payload
+kinds."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
-from app.errors import ValidationError
-from app.vocab import KINDS_WITHOUT_AUTH_CONTEXT, PAYLOAD_KINDS, PayloadKind, WorkerGroup
+from app.jobs.errors import ValidationError
+from app.jobs.vocab import KINDS_WITHOUT_AUTH_CONTEXT, PAYLOAD_KINDS, PayloadKind, WorkerGroup
 
 # The durable workflows a kind may run under (spec: "an optional durable workflow"). The spec
 # names no values; these two match the ledger keys the durable layer builds: one control
@@ -24,7 +25,7 @@ class KindContract:
     Spec ("Payload kinds"): each kind declares a ``workerGroup`` of chat, codex or control, an
     optional durable workflow, and flags for durable activity, objective scoping, objective
     reconciliation on a terminal or expired lease, live execution and terminal objective audit.
-    The worker group here is the *declared* one; actual delivery is decided by ``app.routing``
+    The worker group here is the *declared* one; actual delivery is decided by ``app.jobs.routing``
     and may disagree (see ``Route.agrees``).
     """
 
@@ -53,7 +54,9 @@ class KindContract:
             "durableWorkflow": self.durable_workflow,
             "hasDurableActivity": self.has_durable_activity,
             "objectiveScoped": self.objective_scoped,
-            "reconcileObjectiveOnTerminalOrExpiredLease": self.reconcile_objective_on_terminal_or_expired_lease,
+            "reconcileObjectiveOnTerminalOrExpiredLease": (
+                self.reconcile_objective_on_terminal_or_expired_lease
+            ),
             "liveExecution": self.live_execution,
             "terminalObjectiveAudit": self.terminal_objective_audit,
             "requiresAuthContext": self.requires_auth_context,
@@ -95,14 +98,20 @@ _ALL: Final[tuple[KindContract, ...]] = (
     _contract("factory.run", "chat", durable_workflow="run", live_execution=True),
     # Integration runs checks in a workspace (codex); its end must be reacted to by the objective.
     _contract(
-        "factory.integration.publish", "codex",
-        objective_scoped=True, reconcile=True, live_execution=True,
+        "factory.integration.publish",
+        "codex",
+        objective_scoped=True,
+        reconcile=True,
+        live_execution=True,
         # Publishing is the last step of a delivery objective, so its settlement is audited.
         terminal_objective_audit=True,
     ),
     _contract(
-        "factory.integration.validate", "codex",
-        objective_scoped=True, reconcile=True, live_execution=True,
+        "factory.integration.validate",
+        "codex",
+        objective_scoped=True,
+        reconcile=True,
+        live_execution=True,
     ),
     # The audit only observes: reconciling on its end would loop audit -> control -> audit.
     _contract("factory.objective.audit", "control", objective_scoped=True),
@@ -110,19 +119,29 @@ _ALL: Final[tuple[KindContract, ...]] = (
     # would re-enqueue itself forever); the outbox redrive and watchdog recover it instead. Control
     # is what moves an objective to a terminal state, so its settlement is audited.
     _contract(
-        "factory.objective.control", "control",
-        durable_workflow="objective-control", objective_scoped=True, terminal_objective_audit=True,
+        "factory.objective.control",
+        "control",
+        durable_workflow="objective-control",
+        objective_scoped=True,
+        terminal_objective_audit=True,
     ),
     # Cron-driven scan over all objectives: not scoped to one, and the only kind without authContext.
     _contract("factory.objective.watchdog", "control"),
     _contract(
-        "factory.task.monitor", "control",
-        objective_scoped=True, reconcile=True, live_execution=True,
+        "factory.task.monitor",
+        "control",
+        objective_scoped=True,
+        reconcile=True,
+        live_execution=True,
     ),
     # Spec: only factory.task.run sets hasDurableActivity.
     _contract(
-        "factory.task.run", "codex",
-        has_durable_activity=True, objective_scoped=True, reconcile=True, live_execution=True,
+        "factory.task.run",
+        "codex",
+        has_durable_activity=True,
+        objective_scoped=True,
+        reconcile=True,
+        live_execution=True,
     ),
 )
 

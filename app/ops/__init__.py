@@ -1,0 +1,1 @@
+"""Operator tooling: the ``receipt`` CLI and the one-command supervisor."""

@@ -1,0 +1,2 @@
+"""Storage: the database, the receipt store, projections, tokens, delivery records, loop claims, queue
+operations and migrations."""
