@@ -10,8 +10,8 @@ from typing import Any
 
 from celery import Celery, signals
 
-import celeryconfig
 from app.config import Settings
+from app.ops import celeryconfig
 from app.jobs.routing import MAINTENANCE_QUEUE
 from tasks import dispatch, execute, loops
 from tasks.runtime import (

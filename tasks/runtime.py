@@ -16,18 +16,31 @@ from sqlalchemy.engine import Engine
 
 from app.config import Settings
 from app.jobs.reducer import Job
-from app.jobs.routing import DRIVER_QUEUE
+from app.jobs.routing import (
+    DISPATCH_TASK,
+    DRIVER_QUEUE,
+    DRIVER_TASK,
+    EXECUTE_TASK,
+    EXPIRE_TASK,
+    REDRIVE_TASK,
+    RETRY_TASK,
+)
 from app.storage.db import make_engine
 from app.storage.queue import Queue
 from tasks.callbacks import Callbacks
 from workers.registry import HandlerRegistry, default_registry
 
-DISPATCH_TASK = "receipt.dispatch"
-DRIVER_TASK = "receipt.driver"
-EXECUTE_TASK = "receipt.execute"
-REDRIVE_TASK = "receipt.redrive_queued"
-EXPIRE_TASK = "receipt.expire_leases"
-RETRY_TASK = "receipt.dispatch_due_retries"
+__all__ = [
+    "DISPATCH_TASK",
+    "DRIVER_TASK",
+    "EXECUTE_TASK",
+    "EXPIRE_TASK",
+    "REDRIVE_TASK",
+    "RETRY_TASK",
+    "Runtime",
+    "get_runtime",
+    "send_wake",
+]
 
 
 @dataclass

@@ -29,15 +29,9 @@ from app.storage.queue import Queue
 from tasks.celery_app import make_celery
 from tasks.runtime import DISPATCH_TASK, EXECUTE_TASK, REDRIVE_TASK
 from tests.e2e import handlers
-from tests.e2e.conftest import (
-    ORG,
-    Stack,
-    TcpProxy,
-    terminal_receipts,
-    terminate_backends,
-    wait_for,
-    worker_pid,
-)
+from tests.support.services import TcpProxy
+from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, worker_pid
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

@@ -19,7 +19,8 @@ from app.storage.delivery import attempt_fence
 from tasks.celery_app import make_celery
 from tasks.runtime import EXECUTE_TASK
 from tests.e2e import handlers
-from tests.e2e.conftest import Stack, terminal_receipts, wait_for, worker_pid
+from tests.support.stack import Stack, terminal_receipts, worker_pid
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

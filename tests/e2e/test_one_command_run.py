@@ -17,7 +17,8 @@ import requests
 
 from app.ops.supervisor import STOP_GRACE_S
 from tests.e2e import handlers
-from tests.e2e.conftest import REPO_ROOT, Harness, base_env, descendants_of, free_port, pid_alive, wait_for
+from tests.support.processes import REPO_ROOT, Harness, base_env, descendants_of, pid_alive
+from tests.support.waiting import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

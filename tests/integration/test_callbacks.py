@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import queue as queue_module
-import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import wait
@@ -27,6 +26,7 @@ from tasks import callbacks as callbacks_module
 from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks
 from tasks.execute import execute
 from tasks.runtime import Runtime
+from tests.support.waiting import free_port
 from workers.handler import JobContext
 
 from .runtime_support import enqueue, registry_of
@@ -93,12 +93,6 @@ def targets() -> Iterator[Any]:
             target.hold.set()
         server.shutdown()
         server.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def settings(**env: str) -> Settings:

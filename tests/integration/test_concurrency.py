@@ -19,7 +19,7 @@ from app.jobs.vocab import job_stream
 from app.storage import projection, store
 from app.storage.db import jobs, parse_iso, receipts
 from app.storage.queue import Queue
-from tests.conftest import assert_projection_equals_fold
+from tests.support.databases import assert_projection_equals_fold
 
 THREADS = 16
 T = TypeVar("T")

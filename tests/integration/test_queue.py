@@ -23,7 +23,7 @@ from app.jobs.vocab import job_stream
 from app.storage import store
 from app.storage.db import db_now, parse_iso, receipts
 from app.storage.queue import Queue, decode_cursor, validate_status_filter
-from tests.conftest import assert_projection_equals_fold
+from tests.support.databases import assert_projection_equals_fold
 
 ORG_A = "org-a"
 ORG_B = "org-b"

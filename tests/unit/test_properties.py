@@ -48,7 +48,7 @@ from app.jobs.vocab import (
 )
 from app.storage.db import db_now, parse_iso
 from app.storage.queue import Queue
-from tests.conftest import assert_projection_equals_fold
+from tests.support.databases import assert_projection_equals_fold
 
 JOB_ID = "j1"
 STREAM = f"jobs/{JOB_ID}"

@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine
 
 from api import create_app
 from app.storage import tokens
-from tests.integration.api.conftest import Api, make_settings, payload
+from tests.support.api import Api, make_settings, payload
 
 # One request per endpoint (path parameters need not exist: auth is checked first).
 EVERY_AUTHENTICATED_REQUEST = [

@@ -15,7 +15,7 @@ import pytest
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from app.jobs.vocab import LANES, PAYLOAD_KINDS, SINGLETON_MODES
-from tests.integration.api.conftest import Api, auth_context, payload
+from tests.support.api import Api, auth_context, payload
 
 ENQUEUE = "/agents/factory/jobs"
 OK = payload()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.jobs.vocab import COMMAND_TYPES
-from tests.integration.api.conftest import Api
+from tests.support.api import Api
 
 
 @pytest.mark.parametrize("type_", COMMAND_TYPES)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.jobs.vocab import PAYLOAD_KINDS
-from tests.integration.api.conftest import ORG_A, ORG_B, Api, auth_context, payload
+from tests.support.api import ORG_A, ORG_B, Api, auth_context, payload
 
 
 def test_enqueue_returns_202_with_job_route_and_async_block(api: Api) -> None:

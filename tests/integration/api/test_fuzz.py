@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy.engine import Engine
 
-from tests.integration.api.conftest import Api, build_api, make_settings
+from tests.support.api import Api, build_api, make_settings
 
 CHECKS = [
     not_a_server_error,

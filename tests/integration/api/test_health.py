@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from app.storage.db import make_engine
-from tests.integration.api.conftest import Api, build_api, make_settings
+from tests.support.api import Api, build_api, make_settings
 
 
 def test_readyz_embedded_broker_folder(api: Api) -> None:

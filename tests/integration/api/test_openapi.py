@@ -12,7 +12,7 @@ from referencing import Registry, Resource
 
 from api import schemas
 from app.jobs.vocab import COMMAND_TYPES, LANES, PAYLOAD_KINDS, SINGLETON_MODES, STATUSES
-from tests.integration.api.conftest import WORKER, Api
+from tests.support.api import WORKER, Api
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import base64
 import pytest
 
 from app.jobs.vocab import STATUSES
-from tests.integration.api.conftest import ORG_A, Api, payload
+from tests.support.api import ORG_A, Api, payload
 
 
 def test_get_job(api: Api) -> None:

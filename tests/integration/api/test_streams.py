@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tests.integration.api.conftest import WORKER, Api
+from tests.support.api import WORKER, Api
 
 
 def _drive_to_completion(api: Api, job_id: str) -> None:

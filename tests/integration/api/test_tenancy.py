@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.api.conftest import Api, payload
+from tests.support.api import Api, payload
 
 
 def _snapshot(api: Api, job_id: str) -> Any:
