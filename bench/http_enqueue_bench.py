@@ -9,7 +9,7 @@
    on and a real token, then a load generator **in a second process** (keep-alive
    connections, bounded in count and time) posts enqueues.
 4. Prints raw appends/s, HTTP enqueues/s, their ratio (target >= 0.5), p50/p99 latency, and
-   whether the Celery waker (``tasks.wake``) was in the path; then stops gunicorn by PID and
+   the wake-up publisher's broker (``api/wake.py``); then stops gunicorn by PID and
    drops the database.
 
 Every request goes to loopback only, and every loop is bounded.
@@ -179,12 +179,7 @@ def main() -> int:
         raw_before = raw_append_rate(engine, args.appends // 2, "before")
         _, token = tokens.create(engine, ORG)
 
-        try:
-            import tasks.wake  # noqa: F401  (only to report whether the waker is in the path)
-
-            waker = f"tasks.wake waker, REDIS_URL={REDIS_URL}"
-        except ImportError:
-            waker = "none (tasks/wake.py not present yet): enqueue does no broker round trip"
+        waker = f"api.wake publisher, REDIS_URL={REDIS_URL}"
 
         port = free_port()
         home = tempfile.mkdtemp(prefix="receipt-bench-")

@@ -15,7 +15,7 @@ from tests.support.api import Api, build_api, make_settings
 def test_readyz_embedded_broker_folder(api: Api) -> None:
     response = api.client.get("/readyz", headers=api.headers())
     assert response.status_code == 200
-    assert response.json == {"database": "ok", "broker": "ok"}
+    assert response.json == {"database": "ok", "broker": "ok", "wake": "ok"}
     assert (api.state.settings.home_path / "broker").is_dir()
 
 
@@ -24,7 +24,7 @@ def test_readyz_with_redis(sqlite_api: Api, redis_url: str) -> None:
     sqlite_api.state.settings = replace(sqlite_api.state.settings, redis_url=redis_url)
     response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
     assert response.status_code == 200
-    assert response.json == {"database": "ok", "broker": "ok"}
+    assert response.json == {"database": "ok", "broker": "ok", "wake": "ok"}
 
 
 def test_readyz_is_503_naming_an_unreachable_redis(sqlite_api: Api) -> None:
