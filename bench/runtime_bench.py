@@ -43,6 +43,7 @@ from typing import Any
 
 from celery import Celery
 
+from app.jobs.vocab import job_stream
 from tests.support.databases import new_database
 from tests.support.processes import Harness, base_env
 from tests.support.waiting import free_port, wait_for
@@ -277,7 +278,7 @@ def latencies_ms(engine: Any, prefix: str) -> list[float]:
                     "ON c.stream = e.stream AND c.type = 'job.completed' "
                     "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"
                 ),
-                {"p": f"jobs/{prefix}%"},
+                {"p": job_stream(f"{prefix}%")},
             )
             .scalars()
             .all()
@@ -307,7 +308,7 @@ def segments_ms(engine: Any, prefix: str) -> list[float]:
                 "JOIN receipts c ON c.stream = e.stream AND c.type = 'job.completed' "
                 "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"
             ),
-            {"p": f"jobs/{prefix}%"},
+            {"p": job_stream(f"{prefix}%")},
         ).all()
     if not rows:
         return []

@@ -11,8 +11,8 @@ from typing import Any
 from celery import Celery, signals
 
 from app.config import Settings
-from app.ops import celeryconfig
 from app.jobs.routing import MAINTENANCE_QUEUE
+from app.ops import celeryconfig
 from tasks import dispatch, execute, loops
 from tasks.runtime import (
     DISPATCH_TASK,
@@ -40,7 +40,7 @@ def _register(app: Celery) -> None:
         return dispatch.dispatch_jobs(get_runtime(self.app), job_ids)
 
     @app.task(name=DRIVER_TASK, bind=True, ignore_result=True, shared=False)
-    def driver_task(self: Any, job_id: str, dispatch_key: str, generation: int) -> dict[str, Any]:
+    def driver_task(self: Any, job_id: str, dispatch_key: str, generation: int) -> dispatch.DriveResult:
         return dispatch.drive(get_runtime(self.app), job_id, dispatch_key, generation)
 
     @app.task(name=EXECUTE_TASK, bind=True, ignore_result=True, shared=False)

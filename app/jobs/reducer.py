@@ -19,7 +19,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.jobs.errors import InvariantError, no_job_message
-from app.jobs.vocab import LEASED_STATUSES, MAX_ATTEMPTS_DEFAULT, TERMINAL_STATUSES
+from app.jobs.vocab import (
+    LEASED_STATUSES,
+    MAX_ATTEMPTS_DEFAULT,
+    TERMINAL_STATUSES,
+    job_id_of,
+    job_stream,
+)
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,7 @@ class Job:
 
     @property
     def stream(self) -> str:
-        return f"jobs/{self.id}"
+        return job_stream(self.id)
 
     @property
     def terminal(self) -> bool:
@@ -202,10 +208,6 @@ def _org_of(payload: Mapping[str, Any]) -> str | None:
         org = ctx.get("organizationId")
         return org if isinstance(org, str) else None
     return None
-
-
-def job_id_of(stream: str) -> str:
-    return stream[len("jobs/") :] if stream.startswith("jobs/") else stream
 
 
 def reduce(state: Job | None, receipt: Receipt) -> Job | None:

@@ -23,6 +23,7 @@ from app.jobs.errors import (
     DeliveryGenerationsExceeded,
     generations_exceeded_message,
 )
+from app.jobs.vocab import DeliveryOutcome
 from app.storage.db import as_utc, deliveries
 
 
@@ -107,7 +108,9 @@ def begin(
     return decision
 
 
-def settle(conn: Connection, dispatch_key: str, generation: int, outcome: str, now: datetime) -> None:
+def settle(
+    conn: Connection, dispatch_key: str, generation: int, outcome: DeliveryOutcome, now: datetime
+) -> None:
     """Mark a delivery terminal (idempotent: the first outcome wins)."""
     conn.execute(
         update(deliveries)

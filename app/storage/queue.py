@@ -143,7 +143,7 @@ class Queue:
             state = reduce(state, last.to_receipt())
             seq, prev_hash = last.seq, last.hash
         if state is None or last is None:
-            raise AppendConflict(f"jobs/{job_id}: nothing to apply")
+            raise AppendConflict(f"{job_stream(job_id)}: nothing to apply")
         projection.save(tx.conn, state, previous=loaded, last=last)
         tx.touched[job_id] = state
         return state

@@ -15,6 +15,7 @@ from app.jobs.errors import (
     DeliveryGenerationsExceeded,
     generations_exceeded_message,
 )
+from app.jobs.vocab import DeliveryOutcome
 from app.storage import delivery
 from app.storage.db import db_now, deliveries, transaction
 
@@ -34,7 +35,7 @@ def begin(
         return delivery.begin(conn, job_id, key, now, timeout_ms)
 
 
-def settle(engine: Engine, key: str, generation: int, outcome: str = "completed") -> None:
+def settle(engine: Engine, key: str, generation: int, outcome: DeliveryOutcome = "dispatched") -> None:
     with transaction(engine) as conn:
         delivery.settle(conn, key, generation, outcome, db_now(conn))
 
@@ -64,20 +65,20 @@ def test_begin_while_pending_is_active_delivery_and_writes_nothing(engine: Engin
 
 def test_after_settle_the_next_begin_is_generation_one(engine: Engine) -> None:
     begin(engine)
-    settle(engine, "job-1", 0, "completed")
+    settle(engine, "job-1", 0, "dispatched")
     d = begin(engine)
     assert (d.created, d.generation, d.task_id) == (True, 1, "job-1:driver:1")
     assert rows(engine) == [
-        (0, "settled", "completed", "job-1:driver:0"),
+        (0, "settled", "dispatched", "job-1:driver:0"),
         (1, "pending", None, "job-1:driver:1"),
     ]
 
 
 def test_settle_is_idempotent_first_outcome_wins(engine: Engine) -> None:
     begin(engine)
-    settle(engine, "job-1", 0, "completed")
-    settle(engine, "job-1", 0, "lease_lost")
-    assert rows(engine)[0][2] == "completed"
+    settle(engine, "job-1", 0, "dispatched")
+    settle(engine, "job-1", 0, "send_failed")
+    assert rows(engine)[0][2] == "dispatched"
 
 
 def test_a_delivery_past_its_deadline_no_longer_blocks(engine: Engine) -> None:

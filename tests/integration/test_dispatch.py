@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, generations_exceeded_message
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, route
+from app.jobs.vocab import job_stream
 from app.storage.db import db_now, deliveries, parse_iso, transaction
 from app.storage.delivery import redrive_key
 from app.storage.queue import Queue
@@ -469,7 +470,7 @@ def read_stream_of(engine: Engine, job_id: str) -> list[Any]:
     from app.storage import store
 
     with engine.connect() as conn:
-        return store.read_stream(conn, f"jobs/{job_id}")
+        return store.read_stream(conn, job_stream(job_id))
 
 
 def wait_until_db_time(engine: Engine, when: Any, timeout: float = 10.0) -> None:

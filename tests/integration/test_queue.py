@@ -17,9 +17,9 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, JobNotFound, ValidationError
-from app.jobs.reducer import Job, job_id_of
+from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, validate_enqueue
-from app.jobs.vocab import job_stream
+from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
 from app.storage import store
 from app.storage.db import db_now, parse_iso, receipts
 from app.storage.queue import Queue, decode_cursor, validate_status_filter
@@ -41,7 +41,7 @@ def req(agent: str = "codex", org: str = ORG_A, **body: Any) -> EnqueueRequest:
 
 def check_all(engine: Engine) -> None:
     with engine.connect() as conn:
-        ids = [job_id_of(s) for s in store.streams(conn, "jobs/")]
+        ids = [job_id_of(s) for s in store.streams(conn, JOB_STREAM_PREFIX)]
     for job_id in ids:
         assert_projection_equals_fold(engine, job_id)
 
@@ -87,7 +87,7 @@ def receipt_count(engine: Engine) -> int:
 
 def job_count(engine: Engine) -> int:
     with engine.connect() as conn:
-        return len(store.streams(conn, "jobs/"))
+        return len(store.streams(conn, JOB_STREAM_PREFIX))
 
 
 def wait_for_db_clock_past(engine: Engine, moment: str | None, timeout_s: float = 5.0) -> None:
