@@ -27,6 +27,7 @@ databases used (6 and 7 by default) are flushed before and after.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -74,9 +75,10 @@ def make_baseline_app(broker: str, backend: str) -> Celery:
         worker_hijack_root_logger=False,
     )
 
-    @app.task(name=BASELINE_TASK, shared=False)
     def noop() -> dict[str, Any]:
         return {}
+
+    app.task(name=BASELINE_TASK, shared=False)(noop)
 
     return app
 
@@ -437,7 +439,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
                 bad = {k: v for k, v in counts.items() if k in ("failed", "canceled")}
                 if bad:
                     raise RuntimeError(f"jobs ended badly: {counts}")
-                return counts.get("completed", 0) == args.jobs
+                return bool(counts.get("completed", 0) == args.jobs)
 
             wait_until(all_done, 300, f"{args.jobs} jobs to complete", procs)
             done_wall = time.time()
@@ -461,9 +463,8 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
             for i in range(args.idle):
                 job_id = f"idle-{i:04d}"
                 post(job_id)
-                wait_until(
-                    lambda j=job_id: _status(engine, j) == "completed", 30, f"idle job {job_id}", procs
-                )
+                done = functools.partial(_is_completed, engine, job_id)
+                wait_until(done, 30, f"idle job {job_id}", procs)
             idle = latencies_ms(engine, "idle-")
             return ReceiptFigures(
                 throughput=args.jobs / (done_wall - sent["start"]),
@@ -480,6 +481,10 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
         finally:
             procs.stop_all()
             engine.dispose()
+
+
+def _is_completed(engine: Any, job_id: str) -> bool:
+    return _status(engine, job_id) == "completed"
 
 
 def _status(engine: Any, job_id: str) -> str | None:
@@ -608,7 +613,7 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
             event.listen(engine.pool, "checkout", bump("checkouts"))
             settings = Settings.from_env({"REDIS_URL": f"{REDIS_BASE}/{RECEIPT_REDIS_DB}"})
             app = make_celery(settings)
-            app.send_task = lambda name, args=None, **kw: sent.append((name, list(args or [])))  # type: ignore[method-assign]
+            app.send_task = lambda name, args=None, **kw: sent.append((name, list(args or [])))
             registry = HandlerRegistry()
             handlers.register(registry)
             queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
@@ -634,11 +639,11 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
                 job_id = f"profile-{i}"
                 req = validate_enqueue(AGENT, job_body(job_id))
                 sent.clear()
-                step(names[0], lambda req=req: queue.enqueue(req))
-                step(names[1], lambda j=job_id: dispatch.dispatch_jobs(rt, [j]))
+                step(names[0], functools.partial(queue.enqueue, req))
+                step(names[1], functools.partial(dispatch.dispatch_jobs, rt, [job_id]))
                 # The wake-up's scan drives in-process: the worker message is its only send.
                 _, fence, key, generation = next(a for n, a in sent if n == EXECUTE_TASK)
-                step(names[2], lambda j=job_id, f=fence, k=key, g=generation: execute.execute(rt, j, f, k, g))
+                step(names[2], functools.partial(execute.execute, rt, job_id, fence, key, generation))
             return [(n, {**deltas[n], "cpu_ms": statistics.median(cpu[n])}) for n in names]
         finally:
             engine.dispose()

@@ -16,7 +16,7 @@ from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceede
 from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE, route
 from app.jobs.timing import timing_for
-from app.jobs.vocab import LEASED_STATUSES, DeliveryOutcome
+from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
 from app.storage import delivery
 from app.storage.db import db_now, parse_iso, transaction
 from app.storage.queue import retry_transient
@@ -156,7 +156,9 @@ def db_now_of(rt: Runtime) -> datetime:
         return db_now(conn)
 
 
-def settle_delivery(rt: Runtime, dispatch_key: str, generation: int, outcome: DeliveryOutcome) -> None:
+def settle_delivery(
+    rt: Runtime, dispatch_key: str, generation: int, outcome: DeliveryOutcome | AttemptStatus
+) -> None:
     try:
         with transaction(rt.engine) as conn:
             delivery.settle(conn, dispatch_key, generation, outcome, db_now(conn))

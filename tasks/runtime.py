@@ -70,10 +70,10 @@ def get_runtime(app: Celery) -> Runtime:
     with _lock:
         rt = getattr(app, "receipt_runtime", None)
         if rt is None:
-            settings: Settings = app.receipt_settings  # type: ignore[attr-defined]
+            settings: Settings = app.receipt_settings
             engine = make_engine(settings.sqlalchemy_url)
             queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
             registry = default_registry(settings.handler_modules.split(","))
             rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
-            app.receipt_runtime = rt  # type: ignore[attr-defined]
+            app.receipt_runtime = rt
     return rt

@@ -23,6 +23,7 @@ from app.jobs.vocab import (
     LEASED_STATUSES,
     MAX_ATTEMPTS_DEFAULT,
     TERMINAL_STATUSES,
+    Status,
     job_id_of,
     job_stream,
 )
@@ -77,7 +78,7 @@ class Job:
     singleton_mode: str
     max_attempts: int
     organization_id: str | None
-    status: str = "queued"
+    status: Status = "queued"
     attempt: int = 0
     lease: Lease | None = None
     abort_requested: bool = False

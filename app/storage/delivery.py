@@ -23,7 +23,7 @@ from app.jobs.errors import (
     DeliveryGenerationsExceeded,
     generations_exceeded_message,
 )
-from app.jobs.vocab import DeliveryOutcome
+from app.jobs.vocab import AttemptStatus, DeliveryOutcome, Status
 from app.storage.db import as_utc, deliveries
 
 
@@ -38,7 +38,7 @@ class StartDecision:
     reason: str | None = None
 
 
-def redrive_key(job_id: str, seq: int, status: str) -> str:
+def redrive_key(job_id: str, seq: int, status: Status) -> str:
     """Spec: the redrive dispatch key ``<jobId>:redrive:<a>:<b>`` — one observed queue state."""
     return f"{job_id}:redrive:{seq}:{status}"
 
@@ -109,7 +109,11 @@ def begin(
 
 
 def settle(
-    conn: Connection, dispatch_key: str, generation: int, outcome: DeliveryOutcome, now: datetime
+    conn: Connection,
+    dispatch_key: str,
+    generation: int,
+    outcome: DeliveryOutcome | AttemptStatus,
+    now: datetime,
 ) -> None:
     """Mark a delivery terminal (idempotent: the first outcome wins)."""
     conn.execute(

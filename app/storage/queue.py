@@ -33,7 +33,15 @@ from app.jobs.errors import (
 from app.jobs.ids import new_id
 from app.jobs.reducer import Job, reduce
 from app.jobs.validation import EnqueueRequest
-from app.jobs.vocab import ACTIVE_STATUSES, COMMAND_TYPES, LEASED_STATUSES, STATUSES, job_stream
+from app.jobs.vocab import (
+    ACTIVE_STATUSES,
+    COMMAND_TYPES,
+    LEASED_STATUSES,
+    STATUSES,
+    EventType,
+    FailureStatus,
+    job_stream,
+)
 from app.storage import projection, store
 from app.storage.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, transaction
 
@@ -377,7 +385,7 @@ class Queue:
         error: Any,
         *,
         retryable: bool,
-        status: str = "failed",
+        status: FailureStatus = "failed",
         result: Any = None,
     ) -> Outcome:
         """Fail an attempt. ``worker_id=None`` fails a queued job at system level (not leased)."""
@@ -401,7 +409,7 @@ class Queue:
         result: Any = None,
         error: Any = None,
         retryable: bool = True,
-        status: str | None = None,
+        status: FailureStatus | None = None,
         retry_delay_ms: int = 0,
     ) -> Outcome:
         """The worker's settlement: re-read under the attempt fence, then in one transaction
@@ -430,7 +438,7 @@ class Queue:
         return self._fenced(job_id, worker_id, attempt, "job.canceled", {"reason": reason})
 
     def _fenced(
-        self, job_id: str, worker_id: str, attempt: int | None, type_: str, extra: dict[str, Any]
+        self, job_id: str, worker_id: str, attempt: int | None, type_: EventType, extra: dict[str, Any]
     ) -> Outcome:
         def decide(job: Job, now: datetime) -> list[Event]:
             if not job.holds_lease(worker_id, attempt):

@@ -9,6 +9,7 @@ jobs queued at least 1 s.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import signal
@@ -227,11 +228,8 @@ def test_redis_restarted_with_jobs_in_flight_and_queued_every_job_completes(stac
     finally:
         app.close()
     for name, task_id in held.items():
-        wait_for(
-            lambda n=name, t=task_id: stack.procs[n].log_count(f"[{t}] received"),
-            10,
-            what=f"{name} to hold its countdown message",
-        )
+        received = functools.partial(stack.procs[name].log_count, f"[{task_id}] received")
+        wait_for(received, 10, what=f"{name} to hold its countdown message")
 
     server.kill()
     assert not server.ping()

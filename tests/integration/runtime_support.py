@@ -121,11 +121,11 @@ def recording_runtime(
     """A Runtime on a real Celery app whose ``send_task`` only records (no worker, no broker I/O)."""
     app = app or make_celery(settings)
     recorder = Recorder()
-    app.send_task = recorder  # type: ignore[method-assign]
+    app.send_task = recorder
     queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
     callbacks = RecordingCallbacks()
     rt = Runtime(settings, app, engine, queue, registry or HandlerRegistry(), callbacks)  # type: ignore[arg-type]
-    app.receipt_runtime = rt  # type: ignore[attr-defined]
+    app.receipt_runtime = rt
     return rt, recorder, callbacks
 
 

@@ -22,7 +22,6 @@ from sqlalchemy.engine import Engine
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.storage.queue import Queue
-from tasks import callbacks as callbacks_module
 from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks
 from tasks.execute import execute
 from tasks.runtime import Runtime
@@ -176,7 +175,7 @@ def test_the_request_timeout_is_five_seconds(monkeypatch: pytest.MonkeyPatch, sq
         seen.append({"url": url, **kwargs})
         return Response()
 
-    monkeypatch.setattr(callbacks_module.requests, "post", fake_post)
+    monkeypatch.setattr("tasks.callbacks.requests.post", fake_post)
     cb = Callbacks(settings(RECEIPT_RESONATE_CALLBACK_URL="http://127.0.0.1:9/x"))
     wait(cb.post("failed", a_job(sqlite_engine)), timeout=WAIT_S)
     assert CALLBACK_TIMEOUT_S == 5.0

@@ -335,7 +335,8 @@ def test_heartbeat_promotes_and_renews_only_for_the_lease_holder(q: Any, engine:
     out = q.heartbeat(job.id, "w1", 1, LONG)
     assert out.applied and out.job.status == "running"
     assert out.job.lease is not None and job.lease is not None
-    assert parse_iso(out.job.lease.expires_at) > parse_iso(job.lease.expires_at)  # type: ignore[operator]
+    later, earlier = parse_iso(out.job.lease.expires_at), parse_iso(job.lease.expires_at)
+    assert later is not None and earlier is not None and later > earlier
     again = q.heartbeat(job.id, "w1", 1, LONG)
     assert again.applied and again.job.status == "running"
     assert types_of(engine, job.id)[-2:] == ["job.heartbeat", "job.heartbeat"]

@@ -31,6 +31,13 @@ WORKER = "worker-1"
 LEASE_MS = 60_000
 
 
+def json_of(response: TestResponse) -> Any:
+    """The response's JSON body, asserted present (Werkzeug types ``.json`` as optional)."""
+    data = response.json
+    assert data is not None, response.get_data(as_text=True)
+    return data
+
+
 def auth_context(org: str = ORG_A, user: str = "user-1", **extra: Any) -> dict[str, Any]:
     return {"userId": user, "organizationId": org, **extra}
 
@@ -70,7 +77,7 @@ class Api:
         """Enqueue and return the job JSON (asserting 202)."""
         response = self.enqueue(who, **body)
         assert response.status_code == 202, response.json
-        job: dict[str, Any] = response.json["job"]  # type: ignore[index]
+        job: dict[str, Any] = json_of(response)["job"]
         return job
 
     def receipt_count(self) -> int:
@@ -152,7 +159,7 @@ class EventReader:
             except StopIteration:
                 self.ended = True
                 return None
-            self._buffer += chunk.decode() if isinstance(chunk, bytes) else chunk
+            self._buffer += chunk.decode() if isinstance(chunk, bytes) else str(chunk)
         text, self._buffer = self._buffer.split("\n\n", 1)
         return parse_frame(text)
 

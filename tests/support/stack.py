@@ -194,8 +194,9 @@ class Stack:
         )
         assert r.status_code == 202, f"enqueue answered {r.status_code}: {r.text}"
         data: dict[str, Any] = r.json()
-        assert data["async"]["jobId"] == data["job"]["id"]
-        return data["job"]
+        job: dict[str, Any] = data["job"]
+        assert data["async"]["jobId"] == job["id"]
+        return job
 
     def get_job(self, job_id: str, system: bool = False) -> dict[str, Any]:
         r = self.http.get(self.url(f"/jobs/{job_id}"), headers=self.headers(system), timeout=10)

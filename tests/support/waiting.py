@@ -5,13 +5,13 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
 
 def wait_for(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     timeout: float,
     *,
     interval: float = 0.1,
@@ -25,15 +25,16 @@ def wait_for(
     raise to stop waiting early (e.g. when a process the condition depends on has died).
     """
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: object = None
     while True:
         try:
-            last = condition()
+            value = condition()
         except ignore as exc:
             last = exc
         else:
-            if last:
-                return last
+            if value:
+                return value
+            last = value
         if check is not None:
             check()
         if time.monotonic() >= deadline:

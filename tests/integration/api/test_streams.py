@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tests.support.api import WORKER, Api
+from tests.support.api import WORKER, Api, json_of
 
 
 def _drive_to_completion(api: Api, job_id: str) -> None:
@@ -48,11 +48,11 @@ def test_receipts_after_and_limit_page_through(api: Api) -> None:
     assert first is not None
     assert [r["seq"] for r in first["receipts"]] == [1, 2]
     assert first["nextAfter"] == 2
-    second = api.client.get(url, query_string={"after": 2, "limit": 2}, headers=api.headers()).json
-    assert [r["seq"] for r in second["receipts"]] == [3, 4]  # type: ignore[index]
-    last = api.client.get(url, query_string={"after": 4, "limit": 2}, headers=api.headers()).json
-    assert [r["seq"] for r in last["receipts"]] == [5]  # type: ignore[index]
-    assert last["nextAfter"] is None  # type: ignore[index]
+    second = json_of(api.client.get(url, query_string={"after": 2, "limit": 2}, headers=api.headers()))
+    assert [r["seq"] for r in second["receipts"]] == [3, 4]
+    last = json_of(api.client.get(url, query_string={"after": 4, "limit": 2}, headers=api.headers()))
+    assert [r["seq"] for r in last["receipts"]] == [5]
+    assert last["nextAfter"] is None
 
 
 def test_receipts_bad_parameters_are_400(sqlite_api: Api) -> None:
@@ -66,7 +66,7 @@ def test_receipts_bad_parameters_are_400(sqlite_api: Api) -> None:
     ):
         response = sqlite_api.client.get(url, query_string=query, headers=sqlite_api.headers())
         assert response.status_code == 400, query
-        assert response.json["error"]["details"]["field"] == field  # type: ignore[index]
+        assert json_of(response)["error"]["details"]["field"] == field
 
 
 def test_unknown_streams_are_404(api: Api) -> None:
@@ -85,7 +85,7 @@ def test_token_streams_are_system_only(api: Api) -> None:
     assert api.client.get(f"/streams/{token_stream}/events", headers=api.headers("a")).status_code == 404
     response = api.client.get(f"/streams/{token_stream}/receipts", headers=api.headers("system"))
     assert response.status_code == 200
-    assert response.json["receipts"][0]["type"] == "token.created"  # type: ignore[index]
+    assert json_of(response)["receipts"][0]["type"] == "token.created"
 
 
 # -- job events ------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_bad_last_event_id_is_400(sqlite_api: Api) -> None:
             f"/jobs/{job['id']}/events", headers=sqlite_api.headers(**{"Last-Event-ID": value})
         )
         assert response.status_code == 400, value
-        assert response.json["error"]["details"]["field"] == "Last-Event-ID"  # type: ignore[index]
+        assert json_of(response)["error"]["details"]["field"] == "Last-Event-ID"
 
 
 def _with(api: Api, **changes: Any) -> Any:

@@ -21,7 +21,7 @@ from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE
 from app.jobs.validation import validate_enqueue
 from app.storage import tokens
 from app.storage.queue import Queue
-from tests.support.api import payload
+from tests.support.api import json_of, payload
 from tests.support.processes import PYTHON, REPO_ROOT, base_env
 
 BROKEN = "receipt-broken"
@@ -111,6 +111,6 @@ def test_readyz_fails_naming_wake_when_the_publisher_breaks(
     monkeypatch.setattr(publisher.celery.conf, "broker_url", broken_transport)
     response = client.get("/readyz", headers=headers)
     assert response.status_code == 503
-    error = response.json["error"]  # type: ignore[index]
+    error = json_of(response)["error"]
     assert "wake" in error["message"]
     assert "receipt_no_such_module" in error["details"]["wake"]
