@@ -133,17 +133,3 @@ def last_started_at(conn: Connection, job_id: str) -> datetime | None:
         select(func.max(deliveries.c.created_at)).where(deliveries.c.job_id == job_id)
     ).scalar()
     return as_utc(value) if value is not None else None
-
-
-def has_active(conn: Connection, job_id: str, now: datetime) -> bool:
-    """True if any delivery of this job is pending and within its deadline."""
-    return (
-        conn.execute(
-            select(deliveries.c.generation)
-            .where(
-                deliveries.c.job_id == job_id, deliveries.c.state == "pending", deliveries.c.deadline_at > now
-            )
-            .limit(1)
-        ).first()
-        is not None
-    )

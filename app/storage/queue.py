@@ -374,9 +374,6 @@ class Queue:
     def progress(self, job_id: str, worker_id: str, attempt: int, progress: Any) -> Outcome:
         return self._fenced(job_id, worker_id, attempt, "job.progress", {"progress": progress})
 
-    def complete(self, job_id: str, worker_id: str, attempt: int, result: Any = None) -> Outcome:
-        return self._fenced(job_id, worker_id, attempt, "job.completed", {"result": result})
-
     def fail(
         self,
         job_id: str,
@@ -432,10 +429,6 @@ class Queue:
             return [("job.failed", body)]
 
         return self._mutate(job_id, decide)
-
-    def settle_canceled(self, job_id: str, worker_id: str, attempt: int, reason: str | None) -> Outcome:
-        """The lease holder stops work in flight after an abort."""
-        return self._fenced(job_id, worker_id, attempt, "job.canceled", {"reason": reason})
 
     def _fenced(
         self, job_id: str, worker_id: str, attempt: int | None, type_: EventType, extra: dict[str, Any]

@@ -30,6 +30,7 @@ from app.storage.queue import Queue
 from tasks.celery_app import make_celery
 from tasks.runtime import DISPATCH_TASK, EXECUTE_TASK, REDRIVE_TASK
 from tests.e2e import handlers
+from tests.support.queue_ops import complete, settle_canceled
 from tests.support.services import TcpProxy
 from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, worker_pid
 from tests.support.waiting import wait_for
@@ -135,11 +136,11 @@ def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: P
 
     # The same settlement written straight at the queue (every fenced write of attempt 1) is inert too.
     q = Queue(stack.engine)
-    assert not q.complete(job_id, old_worker, 1, {"late": True}).applied
+    assert not complete(q, job_id, old_worker, 1, {"late": True}).applied
     assert not q.fail(job_id, old_worker, 1, "late", retryable=False).applied
     assert not q.heartbeat(job_id, old_worker, 1, 6000).applied
     assert not q.progress(job_id, old_worker, 1, {"late": True}).applied
-    assert not q.settle_canceled(job_id, old_worker, 1, "late").applied
+    assert not settle_canceled(q, job_id, old_worker, 1, "late").applied
     assert stack.receipts(job_id) == settled
 
 

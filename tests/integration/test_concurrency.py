@@ -20,6 +20,7 @@ from app.storage import projection, store
 from app.storage.db import jobs, parse_iso, receipts
 from app.storage.queue import Queue
 from tests.support.databases import assert_projection_equals_fold
+from tests.support.queue_ops import complete
 
 THREADS = 16
 T = TypeVar("T")
@@ -179,7 +180,7 @@ def test_a_job_settled_during_the_session_scan_does_not_take_the_steer(
     job = pg_queue.enqueue(validate_enqueue("codex", body(sessionKey="s"))).job
     pg_queue.lease(job.id, "w1", 60_000)
     other = Queue(pg_engine)
-    fired = commit_before_loading(monkeypatch, job.id, lambda: other.complete(job.id, "w1", 1, {"done": 1}))
+    fired = commit_before_loading(monkeypatch, job.id, lambda: complete(other, job.id, "w1", 1, {"done": 1}))
 
     result = pg_queue.enqueue(validate_enqueue("codex", body(sessionKey="s", singletonMode="steer")))
 

@@ -18,6 +18,7 @@ from app.jobs.errors import (
 from app.jobs.vocab import DeliveryOutcome
 from app.storage import delivery
 from app.storage.db import db_now, deliveries, transaction
+from tests.support.queue_ops import has_active
 
 DRIVER_TIMEOUT_MS = 120_000
 
@@ -96,7 +97,7 @@ def test_keys_are_independent(engine: Engine) -> None:
     d = begin(engine, "job-1:redrive:1:queued")
     assert (d.created, d.generation) == (True, 0)
     with engine.connect() as conn:
-        assert delivery.has_active(conn, "job-1", db_now(conn))
+        assert has_active(conn, "job-1", db_now(conn))
         assert delivery.last_started_at(conn, "job-1") is not None
         assert delivery.last_started_at(conn, "job-2") is None
 

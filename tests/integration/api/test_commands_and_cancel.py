@@ -6,6 +6,7 @@ import pytest
 
 from app.jobs.vocab import COMMAND_TYPES
 from tests.support.api import Api, json_of
+from tests.support.queue_ops import complete
 
 
 @pytest.mark.parametrize("type_", COMMAND_TYPES)
@@ -82,7 +83,7 @@ def test_cancel_running_job_sends_abort(api: Api) -> None:
 def test_cancel_terminal_job_is_409(api: Api) -> None:
     job = api.job()
     attempt = api.lease_and_start(job["id"])
-    api.queue.complete(job["id"], "worker-1", attempt, None)
+    complete(api.queue, job["id"], "worker-1", attempt, None)
     before = api.receipt_count()
     response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers())
     assert response.status_code == 409

@@ -9,6 +9,7 @@ import pytest
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import STATUSES
 from tests.support.api import ORG_A, Api, json_of, payload
+from tests.support.queue_ops import complete
 
 
 def test_get_job(api: Api) -> None:
@@ -27,7 +28,7 @@ def test_get_reflects_worker_progress(api: Api) -> None:
     assert got["lease"]["workerId"] == "worker-1"
     assert got["lease"]["attempt"] == 1
     assert got["progress"] == {"pct": 50}
-    api.queue.complete(job["id"], "worker-1", attempt, {"ok": True})
+    complete(api.queue, job["id"], "worker-1", attempt, {"ok": True})
     done = json_of(api.client.get(f"/jobs/{job['id']}", headers=api.headers()))["job"]
     assert (done["status"], done["result"], done["lease"]) == ("completed", {"ok": True}, None)
 

@@ -6,12 +6,13 @@ import itertools
 from typing import Any
 
 from tests.support.api import WORKER, Api, json_of
+from tests.support.queue_ops import complete
 
 
 def _drive_to_completion(api: Api, job_id: str) -> None:
     attempt = api.lease_and_start(job_id)
     api.queue.progress(job_id, WORKER, attempt, {"step": 1})
-    api.queue.complete(job_id, WORKER, attempt, {"answer": 42})
+    complete(api.queue, job_id, WORKER, attempt, {"answer": 42})
 
 
 # -- raw receipts -------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def test_job_events_resume_with_last_event_id_misses_nothing(api: Api, open_even
     seen.append(reader.next_event())
     reader.close()  # the client drops after event 2 (leased)
     api.queue.progress(job["id"], WORKER, attempt, {"step": 1})
-    api.queue.complete(job["id"], WORKER, attempt, "done")
+    complete(api.queue, job["id"], WORKER, attempt, "done")
     resumed = open_events(
         api.client, f"/jobs/{job['id']}/events", api.headers(**{"Last-Event-ID": str(seen[-1].id)})
     )
@@ -192,7 +193,7 @@ def test_stream_events_emit_raw_receipts_and_resume(api: Api, open_events: Any) 
     attempt = api.lease_and_start(job["id"])
     assert [reader.next_event().data["type"] for _ in range(2)] == ["job.leased", "job.heartbeat"]
     reader.close()
-    api.queue.complete(job["id"], WORKER, attempt, None)
+    complete(api.queue, job["id"], WORKER, attempt, None)
     resumed = open_events(api.client, url, api.headers(**{"Last-Event-ID": "3"}))
     rest = resumed.rest()
     assert [(f.id, f.data["type"]) for f in rest] == [(4, "job.completed")]
