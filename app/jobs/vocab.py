@@ -86,16 +86,7 @@ DeliveryOutcome = Literal[
 DELIVERY_OUTCOMES: Final[tuple[str, ...]] = get_args(DeliveryOutcome)
 
 # How one worker attempt ended: completed, or one of the spec's failure statuses.
-AttemptStatus = Literal[
-    "completed",
-    "settlement_conflict",
-    "stale_attempt",
-    "lease_lost",
-    "terminal_state",
-    "canceled",
-    "execution_timeout",
-    "failed",
-]
+AttemptStatus = Literal["completed"] | FailureStatus
 
 # The four agent ids with registered handlers (spec: "The trap").
 HANDLED_AGENT_IDS: Final[tuple[str, ...]] = ("factory", "factory-control", "factory-monitor", "codex")

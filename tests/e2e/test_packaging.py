@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support.processes import PYTHON, REPO_ROOT, Harness, Proc, base_env
+from tests.support.processes import PYTHON, REPO_ROOT, Harness, Proc, base_env, wait_started
 from tests.support.waiting import free_port, port_open, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
@@ -136,8 +136,8 @@ def test_every_procfile_line_starts(
     }
     _wait_healthz(procs["web"], ports["web"])
     for name in ("driver", "chat", "codex", "control"):
-        _wait_log(procs[name], " ready.")
-    _wait_log(procs["beat"], "beat: Starting")
+        wait_started(procs[name], " ready.", BOOT_S)
+    wait_started(procs["beat"], "beat: Starting", BOOT_S)
     wait_for(
         lambda: port_open("127.0.0.1", ports["flower"]) or not procs["flower"].alive(),
         BOOT_S,
@@ -154,9 +154,4 @@ def _wait_healthz(proc: Proc, port: int) -> None:
         return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
 
     wait_for(healthy, BOOT_S, interval=0.5, what=f"{proc.name} /healthz", ignore=(requests.RequestException,))
-    assert proc.alive(), f"{proc.name} exited:\n{proc.tail()}"
-
-
-def _wait_log(proc: Proc, marker: str) -> None:
-    wait_for(lambda: marker in proc.log() or not proc.alive(), BOOT_S, what=f"{proc.name}: {marker!r}")
     assert proc.alive(), f"{proc.name} exited:\n{proc.tail()}"

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from tests.support.waiting import wait_for
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _VENV_PY = REPO_ROOT / ".venv" / "bin" / "python"
 PYTHON = str(_VENV_PY) if _VENV_PY.exists() else sys.executable
@@ -210,6 +212,12 @@ def harness_at(log_dir: Path, *, grace: float = STOP_GRACE_S) -> Iterator[Harnes
 def active_log_tails() -> str:
     """The tail of every log of every harness in use ("" when none is)."""
     return "\n".join(h.tails() for h in ACTIVE)
+
+
+def wait_started(proc: Proc, marker: str, timeout: float) -> None:
+    """Wait until ``marker`` appears in the process's log; fail with its log if it exits first."""
+    wait_for(lambda: marker in proc.log() or not proc.alive(), timeout, what=f"{proc.name}: {marker!r}")
+    assert proc.alive(), f"{proc.name} exited during start:\n{proc.tail()}"
 
 
 def pid_alive(pid: int) -> bool:

@@ -26,8 +26,9 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 from tests.support.processes import Harness, Proc, base_env
 from tests.support.waiting import free_port, port_open, wait_for
@@ -84,20 +85,38 @@ def _as_postgres_user(pg_ctl: str, workdir: Path) -> str:
     return str(launcher)
 
 
+class _Executor(Protocol):
+    def start(self) -> object: ...
+    def stop(self) -> object: ...
+
+
 @contextlib.contextmanager
-def private_postgres() -> Iterator[str]:
+def _throwaway(prefix: str, executor_for: Callable[[Path, int], _Executor], url: str) -> Iterator[str]:
+    """Start a server in a new temporary folder on a free port; stop it and remove the folder on exit."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        port = free_port()
+        executor = executor_for(workdir, port)
+        executor.start()
+        try:
+            yield url.format(host="127.0.0.1", port=port)
+        finally:
+            executor.stop()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def private_postgres() -> contextlib.AbstractContextManager[str]:
     """A throwaway PostgreSQL cluster on a free port (trust auth, user postgres); removed on exit."""
     from pytest_postgresql.executors import PostgreSQLExecutor
 
     pg_ctl = find_pg_ctl()
     if pg_ctl is None:
         raise FileNotFoundError("pg_ctl is not on PATH nor under /usr/lib/postgresql/*/bin")
-    workdir = Path(tempfile.mkdtemp(prefix="receipt-pg-"))
-    try:
-        executable = _as_postgres_user(pg_ctl, workdir) if os.geteuid() == 0 else pg_ctl
-        port = free_port()
-        executor = PostgreSQLExecutor(
-            executable=executable,
+
+    def executor_for(workdir: Path, port: int) -> _Executor:
+        return PostgreSQLExecutor(
+            executable=_as_postgres_user(pg_ctl, workdir) if os.geteuid() == 0 else pg_ctl,
             host="127.0.0.1",
             port=port,
             datadir=str(workdir / "data"),
@@ -106,30 +125,24 @@ def private_postgres() -> Iterator[str]:
             startparams="-w",
             dbname="postgres",
             timeout=START_TIMEOUT_S,
+            # A throwaway cluster needs no durability: faster commits for the tests.
             postgres_options="-c fsync=off -c full_page_writes=off -c synchronous_commit=off",
         )
-        executor.start()
-        try:
-            yield PG_URL_TEMPLATE.format(host="127.0.0.1", port=port)
-        finally:
-            executor.stop()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+
+    return _throwaway("receipt-pg-", executor_for, PG_URL_TEMPLATE)
 
 
-@contextlib.contextmanager
-def private_redis() -> Iterator[str]:
+def private_redis() -> contextlib.AbstractContextManager[str]:
     """A throwaway redis-server on a free port, no persistence; removed on exit."""
     from pytest_redis.executor import RedisExecutor
 
-    executable = shutil.which("redis-server")
-    if executable is None:
+    redis_server = shutil.which("redis-server")
+    if redis_server is None:
         raise FileNotFoundError("redis-server is not on PATH")
-    workdir = Path(tempfile.mkdtemp(prefix="receipt-redis-"))
-    try:
-        port = free_port()
-        executor = RedisExecutor(
-            executable,
+
+    def executor_for(workdir: Path, port: int) -> _Executor:
+        return RedisExecutor(
+            redis_server,
             databases=16,
             redis_timeout=30,
             loglevel="warning",
@@ -138,13 +151,8 @@ def private_redis() -> Iterator[str]:
             startup_timeout=START_TIMEOUT_S,
             datadir=workdir,
         )
-        executor.start()
-        try:
-            yield REDIS_URL_TEMPLATE.format(host="127.0.0.1", port=port)
-        finally:
-            executor.stop()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+
+    return _throwaway("receipt-redis-", executor_for, REDIS_URL_TEMPLATE)
 
 
 # The URLs this process resolved (a session resolves each once; helpers outside fixtures read them).

@@ -9,6 +9,7 @@ fixtures flushing, its in-process workers consuming) can touch its broker.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from app.storage.db import deliveries, make_engine
 from app.storage.queue import Queue
 from app.storage.store import StoredReceipt
 from tests.support.databases import unavailable
-from tests.support.processes import PYTHON, Harness, Proc, base_env
+from tests.support.processes import PYTHON, Harness, Proc, base_env, wait_started
 from tests.support.services import RedisServer
 from tests.support.waiting import free_port, wait_for
 
@@ -82,9 +83,18 @@ class Stack:
         env.update(extra)
         return env
 
+    def _launch(
+        self, name: str, argv: list[str], env: dict[str, str], ready: Callable[[Proc], None] | None
+    ) -> Proc:
+        proc = self.harness.start(name, argv, env)
+        self.procs[name] = proc
+        if ready is not None:
+            ready(proc)
+        return proc
+
     def start_web(self, name: str = "web", wait: bool = True) -> Proc:
         self.web_port = self.web_port or free_port()
-        proc = self.harness.start(
+        return self._launch(
             name,
             [
                 PYTHON,
@@ -97,11 +107,8 @@ class Stack:
                 "api.wsgi:app",
             ],
             self.env(RECEIPT_PROCESS_ROLE="api", WEB_CONCURRENCY="1"),
+            (lambda _proc: self.wait_web()) if wait else None,
         )
-        self.procs[name] = proc
-        if wait:
-            self.wait_web()
-        return proc
 
     def wait_web(self) -> None:
         wait_for(
@@ -113,35 +120,20 @@ class Stack:
 
     def start_worker(self, role: str, name: str | None = None, wait: bool = True, **extra_env: str) -> Proc:
         name = name or ROLE_PROCESS[role]
-        proc = self.harness.start(
-            name,
-            [PYTHON, "-m", "tasks.worker", "--role", role],
-            self.env(RECEIPT_PROCESS_ROLE=role, **extra_env),
-        )
-        self.procs[name] = proc
-        if wait:
-            self.wait_worker(proc)
-        return proc
+        argv = [PYTHON, "-m", "tasks.worker", "--role", role]
+        env = self.env(RECEIPT_PROCESS_ROLE=role, **extra_env)
+        return self._launch(name, argv, env, self.wait_worker if wait else None)
 
     def wait_worker(self, proc: Proc) -> None:
-        wait_for(lambda: _ready_or_dead(proc, " ready."), BOOT_TIMEOUT_S, what=f"{proc.name} ready")
-        assert proc.alive(), f"{proc.name} exited during start:\n{proc.tail()}"
+        wait_started(proc, " ready.", BOOT_TIMEOUT_S)
 
     def start_beat(self, name: str = "beat", wait: bool = True, **extra_env: str) -> Proc:
         # Each beat gets its own schedule file, so two beats never share (or lock) one.
-        proc = self.harness.start(
-            name,
-            [PYTHON, "-m", "tasks.beat", "--schedule", str(self.home / f"{name}-schedule")],
-            self.env(**extra_env),
-        )
-        self.procs[name] = proc
-        if wait:
-            self.wait_beat(proc)
-        return proc
+        argv = [PYTHON, "-m", "tasks.beat", "--schedule", str(self.home / f"{name}-schedule")]
+        return self._launch(name, argv, self.env(**extra_env), self.wait_beat if wait else None)
 
     def wait_beat(self, proc: Proc) -> None:
-        wait_for(lambda: _ready_or_dead(proc, "beat: Starting"), BOOT_TIMEOUT_S, what=f"{proc.name} start")
-        assert proc.alive(), f"{proc.name} exited during start:\n{proc.tail()}"
+        wait_started(proc, "beat: Starting", BOOT_TIMEOUT_S)
 
     def start(self, *names: str) -> None:
         """Start the named processes together (web, driver, chat, codex, control, beat) and wait for all."""
@@ -280,10 +272,6 @@ class Stack:
     def close(self) -> None:
         self.http.close()
         self.engine.dispose()
-
-
-def _ready_or_dead(proc: Proc, marker: str) -> bool:
-    return marker in proc.log() or not proc.alive()
 
 
 def terminal_receipts(receipts: list[StoredReceipt]) -> list[StoredReceipt]:
