@@ -48,7 +48,7 @@ from app.storage.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, trans
 log = logging.getLogger("receipt.queue")
 
 MAX_CONFLICT_RETRIES = 50
-Event = tuple[str, dict[str, Any]]
+Event = tuple[EventType, dict[str, Any]]
 
 
 @dataclass(frozen=True)
