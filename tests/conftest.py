@@ -24,10 +24,11 @@ from app.storage.db import make_engine
 from app.storage.migrate import upgrade
 from app.storage.queue import Queue
 from tests.support import services
-from tests.support.databases import (
+from tests.support.databases import (  # noqa: F401
+    IN_CI,
     assert_projection_equals_fold,
     new_database,
-    pg_url_for,  # noqa: F401
+    pg_url_for,
     unavailable,
     worker_suffix,
 )

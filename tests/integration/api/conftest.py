@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 
 from app.config import Settings
 from tests.support.api import (  # noqa: F401
+    LEASE_MS,
     ORG_A,
     ORG_B,
     WORKER,
