@@ -65,6 +65,7 @@ class Proc:
     log_path: Path
     _log_file: IO[bytes] | None = field(repr=False, default=None)
     service: bool = False  # a backing service (redis-server): stopped after the processes using it
+    stopped: bool = False  # stopped on purpose by the harness (not a crash)
 
     @property
     def pid(self) -> int:
@@ -134,12 +135,14 @@ class Harness:
 
     def kill(self, proc: Proc) -> None:
         """SIGKILL the process group and reap it."""
+        proc.stopped = True
         self.signal(proc, signal.SIGKILL)
         proc.popen.wait(timeout=10)
         self._close(proc)
 
     def stop(self, proc: Proc, grace: float | None = None) -> None:
         """SIGTERM, a bounded wait, then SIGKILL of the group."""
+        proc.stopped = True
         if proc.alive():
             self.signal(proc, signal.SIGCONT)  # a SIGSTOPped process cannot act on SIGTERM
             self.signal(proc, signal.SIGTERM)
@@ -179,7 +182,7 @@ class Harness:
     def check_alive(self) -> None:
         """Raise if a process started here has exited (a wait would otherwise run to its deadline)."""
         for proc in self.procs:
-            if not proc.alive():
+            if not proc.stopped and not proc.alive():
                 raise RuntimeError(
                     f"{proc.name} (pid {proc.pid}) exited with {proc.popen.returncode}:\n{proc.tail(40)}"
                 )
