@@ -3,6 +3,7 @@
 Built lazily, once per process, from the Celery app it is attached to (wiring by construction:
 no module-level engine or queue). The queue's dispatch hook sends a wake-up to the scanner, so
 every job that becomes queued (enqueue, retry, lease expiry) takes the one delivery path.
+The task names are defined in ``app/jobs/routing.py`` and re-exported here (``X as X``).
 """
 
 from __future__ import annotations
@@ -16,31 +17,17 @@ from sqlalchemy.engine import Engine
 
 from app.config import Settings
 from app.jobs.reducer import Job
-from app.jobs.routing import (
-    DISPATCH_TASK,
-    DRIVER_QUEUE,
-    DRIVER_TASK,
-    EXECUTE_TASK,
-    EXPIRE_TASK,
-    REDRIVE_TASK,
-    RETRY_TASK,
-)
+from app.jobs.routing import DISPATCH_TASK as DISPATCH_TASK
+from app.jobs.routing import DRIVER_QUEUE
+from app.jobs.routing import DRIVER_TASK as DRIVER_TASK
+from app.jobs.routing import EXECUTE_TASK as EXECUTE_TASK
+from app.jobs.routing import EXPIRE_TASK as EXPIRE_TASK
+from app.jobs.routing import REDRIVE_TASK as REDRIVE_TASK
+from app.jobs.routing import RETRY_TASK as RETRY_TASK
 from app.storage.db import make_engine
 from app.storage.queue import Queue
 from tasks.callbacks import Callbacks
 from workers.registry import HandlerRegistry, default_registry
-
-__all__ = [
-    "DISPATCH_TASK",
-    "DRIVER_TASK",
-    "EXECUTE_TASK",
-    "EXPIRE_TASK",
-    "REDRIVE_TASK",
-    "RETRY_TASK",
-    "Runtime",
-    "get_runtime",
-    "send_wake",
-]
 
 
 @dataclass

@@ -24,9 +24,9 @@ from app.jobs.vocab import (
     MAX_ATTEMPTS_DEFAULT,
     TERMINAL_STATUSES,
     Status,
-    job_id_of,
     job_stream,
 )
+from app.jobs.vocab import job_id_of as job_id_of  # re-exported: callers import it from here
 
 
 @dataclass(frozen=True)
