@@ -91,15 +91,26 @@ class _Executor(Protocol):
 
 
 @contextlib.contextmanager
-def _throwaway(prefix: str, executor_for: Callable[[Path, int], _Executor], url: str) -> Iterator[str]:
-    """Start a server in a new temporary folder on a free port; stop it and remove the folder on exit."""
+def _throwaway(
+    prefix: str,
+    executor_for: Callable[[Path, int], _Executor],
+    url: str,
+    ready: Callable[[str], bool] = lambda _url: True,
+) -> Iterator[str]:
+    """Start a server in a new temporary folder on a free port; stop it and remove the folder on exit.
+
+    The executors return once the port accepts connections; ``ready(url)`` is polled until the
+    server also serves requests (PostgreSQL listens before it has finished starting up).
+    """
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         port = free_port()
         executor = executor_for(workdir, port)
         executor.start()
         try:
-            yield url.format(host="127.0.0.1", port=port)
+            served = url.format(host="127.0.0.1", port=port)
+            wait_for(lambda: ready(served), START_TIMEOUT_S, interval=0.2, what=f"{prefix}server at {served}")
+            yield served
         finally:
             executor.stop()
     finally:
@@ -129,7 +140,17 @@ def private_postgres() -> contextlib.AbstractContextManager[str]:
             postgres_options="-c fsync=off -c full_page_writes=off -c synchronous_commit=off",
         )
 
-    return _throwaway("receipt-pg-", executor_for, PG_URL_TEMPLATE)
+    return _throwaway("receipt-pg-", executor_for, PG_URL_TEMPLATE, ready=_postgres_answers)
+
+
+def _postgres_answers(url: str) -> bool:
+    import psycopg2
+
+    try:
+        psycopg2.connect(url.replace("postgresql+psycopg2://", "postgresql://"), connect_timeout=2).close()
+    except psycopg2.OperationalError:
+        return False
+    return True
 
 
 def private_redis() -> contextlib.AbstractContextManager[str]:
