@@ -97,18 +97,20 @@ def sqlite_database_url(sqlite_template: Path, tmp_path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-@pytest.fixture
-def pg_engine(pg_database_url: str) -> Iterator[Engine]:
-    engine = make_engine(pg_database_url)
+def _opened(url: str) -> Iterator[Engine]:
+    engine = make_engine(url)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def pg_engine(pg_database_url: str) -> Iterator[Engine]:
+    yield from _opened(pg_database_url)
 
 
 @pytest.fixture
 def sqlite_engine(sqlite_database_url: str) -> Iterator[Engine]:
-    engine = make_engine(sqlite_database_url)
-    yield engine
-    engine.dispose()
+    yield from _opened(sqlite_database_url)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -125,9 +127,7 @@ def database_url(backend: str, request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def engine(database_url: str) -> Iterator[Engine]:
-    eng = make_engine(database_url)
-    yield eng
-    eng.dispose()
+    yield from _opened(database_url)
 
 
 @pytest.fixture
