@@ -6,5 +6,7 @@
   started with pytest-postgresql / pytest-redis when none answers; ``RedisServer``, ``TcpProxy``.
 - ``databases``: fresh databases cloned from a migrated template; the projection == fold check.
 - ``stack``: one real deployment (gunicorn, workers, beat) and the helpers tests use against it.
+- ``api``: the API in-process (Flask test client over a given engine), tokens, an SSE reader,
+  ``json_of`` (a response's JSON, typed for indexing).
 - ``queue_ops``: queue transitions only tests drive directly (no production caller).
 """
