@@ -91,15 +91,29 @@ class _Executor(Protocol):
 
 
 @contextlib.contextmanager
-def _throwaway(prefix: str, executor_for: Callable[[Path, int], _Executor], url: str) -> Iterator[str]:
-    """Start a server in a new temporary folder on a free port; stop it and remove the folder on exit."""
+def _throwaway(
+    prefix: str,
+    executor_for: Callable[[Path, int], _Executor],
+    url: str,
+    ready: Callable[[str], bool] | None = None,
+) -> Iterator[str]:
+    """Start a server in a new temporary folder on a free port; stop it and remove the folder on exit.
+
+    ``ready(url)`` is polled until true when given: PostgreSQL opens its port while it still answers
+    "the database system is starting up", so an open port is not yet a usable server.
+    """
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         port = free_port()
         executor = executor_for(workdir, port)
         executor.start()
         try:
-            yield url.format(host="127.0.0.1", port=port)
+            address = url.format(host="127.0.0.1", port=port)
+            if ready is not None:
+                wait_for(
+                    lambda: ready(address), START_TIMEOUT_S, what=f"{prefix} server to accept connections"
+                )
+            yield address
         finally:
             executor.stop()
     finally:
@@ -129,7 +143,22 @@ def private_postgres() -> contextlib.AbstractContextManager[str]:
             postgres_options="-c fsync=off -c full_page_writes=off -c synchronous_commit=off",
         )
 
-    return _throwaway("receipt-pg-", executor_for, PG_URL_TEMPLATE)
+    return _throwaway("receipt-pg-", executor_for, PG_URL_TEMPLATE, ready=_accepts_queries)
+
+
+def _accepts_queries(url: str) -> bool:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import OperationalError
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return True
+    except OperationalError:
+        return False
+    finally:
+        engine.dispose()
 
 
 def private_redis() -> contextlib.AbstractContextManager[str]:
