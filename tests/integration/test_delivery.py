@@ -84,9 +84,10 @@ def test_settle_is_idempotent_first_outcome_wins(engine: Engine) -> None:
 
 def test_a_delivery_past_its_deadline_no_longer_blocks(engine: Engine) -> None:
     """The driver invocation timeout bounds how long a delivery counts as pending."""
-    begin(engine, timeout_ms=50)
+    # A generous deadline, so a loaded machine's own delay never crosses it by accident.
+    begin(engine, timeout_ms=60_000)
     assert begin(engine, skew_ms=10).created is False  # within the deadline
-    later = begin(engine, skew_ms=51)
+    later = begin(engine, skew_ms=61_000)
     assert (later.created, later.generation) == (True, 1)
     # The expired generation is never marked settled by this: it is just no longer pending.
     assert [r[:2] for r in rows(engine)] == [(0, "pending"), (1, "pending")]

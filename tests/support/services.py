@@ -95,12 +95,12 @@ def _throwaway(
     prefix: str,
     executor_for: Callable[[Path, int], _Executor],
     url: str,
-    ready: Callable[[str], bool] = lambda _url: True,
+    ready: Callable[[str], bool] | None = None,
 ) -> Iterator[str]:
     """Start a server in a new temporary folder on a free port; stop it and remove the folder on exit.
 
-    The executors return once the port accepts connections; ``ready(url)`` is polled until the
-    server also serves requests (PostgreSQL listens before it has finished starting up).
+    ``ready(url)`` is polled until true when given: PostgreSQL opens its port while it still answers
+    "the database system is starting up", so an open port is not yet a usable server.
     """
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
     try:
@@ -108,9 +108,12 @@ def _throwaway(
         executor = executor_for(workdir, port)
         executor.start()
         try:
-            served = url.format(host="127.0.0.1", port=port)
-            wait_for(lambda: ready(served), START_TIMEOUT_S, interval=0.2, what=f"{prefix}server at {served}")
-            yield served
+            address = url.format(host="127.0.0.1", port=port)
+            if ready is not None:
+                wait_for(
+                    lambda: ready(address), START_TIMEOUT_S, what=f"{prefix} server to accept connections"
+                )
+            yield address
         finally:
             executor.stop()
     finally:
@@ -140,17 +143,22 @@ def private_postgres() -> contextlib.AbstractContextManager[str]:
             postgres_options="-c fsync=off -c full_page_writes=off -c synchronous_commit=off",
         )
 
-    return _throwaway("receipt-pg-", executor_for, PG_URL_TEMPLATE, ready=_postgres_answers)
+    return _throwaway("receipt-pg-", executor_for, PG_URL_TEMPLATE, ready=_accepts_queries)
 
 
-def _postgres_answers(url: str) -> bool:
-    import psycopg2
+def _accepts_queries(url: str) -> bool:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import OperationalError
 
+    engine = create_engine(url)
     try:
-        psycopg2.connect(url.replace("postgresql+psycopg2://", "postgresql://"), connect_timeout=2).close()
-    except psycopg2.OperationalError:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return True
+    except OperationalError:
         return False
-    return True
+    finally:
+        engine.dispose()
 
 
 def private_redis() -> contextlib.AbstractContextManager[str]:
