@@ -52,7 +52,7 @@ def queue_roles() -> dict[str, str]:
     """Every queue Receipt uses and what runs on it (worker groups, the driver, maintenance)."""
     roles = {DRIVER_QUEUE: "driver"}
     roles.update({queue: f"worker group {group}" for group, queue in QUEUES.items()})
-    roles[MAINTENANCE_QUEUE] = "recovery loops (beat)"
+    roles[MAINTENANCE_QUEUE] = "recovery loops (scheduled by beat)"
     return roles
 
 
