@@ -110,6 +110,14 @@ def _globals() -> dict[str, Any]:
     }
 
 
+@blueprint.app_template_filter("ts")
+def short_time(value: object) -> str:
+    """``2026-01-02T03:04:05.678901Z`` → ``2026-01-02 03:04:05.678`` (UTC, as every page says)."""
+    if not isinstance(value, str) or len(value) < 19 or value[10] != "T":
+        return "" if value is None else str(value)
+    return value[:10] + " " + value[11:23].rstrip("Z")
+
+
 def error_page(status: int, title: str, message: str) -> ResponseReturnValue:
     if wants_event_stream():
         return Response(f": {title}\n\n", status=status, mimetype="text/event-stream")

@@ -196,7 +196,15 @@ def test_another_organisations_job_is_not_reachable(ui_stack: Stack, page: Any) 
 
 def test_system_page_for_a_system_token(ui_stack: Stack, page: Any) -> None:
     s = ui_stack
+    failing = s.post_job(handlers.FAIL, retryable=False)
+    echo = s.post_job(handlers.ECHO, message="hello")
     sign_in(page, s, s.system_token)
+    # A system token's list spans every organisation, with an organisation column and filter.
+    page.locator(f'tr[data-job-id="{failing["id"]}"] [data-status]', has_text="failed").wait_for()
+    page.locator(f'tr[data-job-id="{echo["id"]}"] [data-status]', has_text="completed").wait_for()
+    assert page.locator("input[name=org]").count() == 1
+    assert page.locator(f"tr:has-text('{OTHER_ORG}')").count() >= 1
+    shot(page, "jobs-all-organisations")
     page.goto(s.url("/ui/system"))
     # The chat worker answers Celery's broadcast: one consumer, named.
     consumers = page.locator('tr[data-queue="receipt-chat"] [data-consumers]').inner_text()
