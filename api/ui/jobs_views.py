@@ -90,7 +90,7 @@ def _scope() -> overview.Scope:
     return overview.Scope(identity.organization_id, all_organizations=identity.system)
 
 
-def _filter_args(f: overview.JobFilter) -> dict[str, str]:
+def _filter_args(f: overview.JobFilter) -> dict[str, Any]:
     values = {
         "status": f.status,
         "agent": f.agent_id,
