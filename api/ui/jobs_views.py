@@ -18,7 +18,7 @@ from flask.typing import ResponseReturnValue
 
 from api import inputs, jsonbody, schemas, sse
 from api.context import read_connection, state
-from api.errors import ApiError
+from api.errors import FORBIDDEN, ApiError
 from api.jobs import visible_job
 from api.present import job_json
 from api.streams import resume_point
@@ -66,8 +66,12 @@ def _choice_arg(name: str, allowed: tuple[str, ...]) -> str | None:
 def read_filters() -> overview.JobFilter:
     """The list filters from the query string; a bad value is a 400 naming it and what it allows."""
     org = _text_arg("org")
-    if org is not None and not current_session().identity.system:
-        org = None  # an organisation token only ever sees its own organisation anyway
+    identity = current_session().identity
+    if org is not None and not identity.may_act_for(org):
+        # The API's rule and message for GET /jobs?organizationId= (a 403, not a silent widening).
+        raise ApiError(403, FORBIDDEN, "org is not the organisation of this token")
+    if not identity.system:
+        org = None  # the scope already is this organisation
     return overview.JobFilter(
         status=_choice_arg("status", STATUSES),
         agent_id=_text_arg("agent"),
