@@ -161,6 +161,17 @@ def test_the_broker_probe_reads_redis_depth_and_says_when_no_worker_answers(
     assert any("No worker answered" in n for n in report.notes)
 
 
+def test_the_broker_probe_counts_files_on_the_embedded_broker(tmp_path: Any) -> None:
+    probe = BrokerProbe(make_settings(tmp_path))
+    sent = probe._app()
+    for i in range(2):
+        sent.send_task("receipt.dispatch", args=[[f"job-{i}"]], queue="receipt-chat")
+    report = probe.report()
+    assert report.transport == "embedded folder broker"
+    assert {s.queue: s.depth for s in report.queues}["receipt-chat"] == 2
+    assert any("Embedded folder broker" in n for n in report.notes)
+
+
 def test_the_broker_probe_says_when_redis_is_unreachable(tmp_path: Any) -> None:
     settings = make_settings(tmp_path, redis_url="redis://127.0.0.1:1/0")
     report = BrokerProbe(settings).report()
