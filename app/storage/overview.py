@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, false, func, not_, or_, select, true
+from sqlalchemy import ColumnElement, and_, case, false, func, not_, or_, select, true
 from sqlalchemy.engine import Connection
 
 from app.jobs.reducer import Job
@@ -181,15 +181,14 @@ def recent_events(
     newest = (
         select(receipts.c.type, receipts.c.at).order_by(receipts.c.id.desc()).limit(scan_limit).subquery()
     )
-    rows = conn.execute(
-        select(newest.c.type, func.count(), func.min(newest.c.at))
-        .where(newest.c.at >= since, newest.c.type.in_(RECENT_RECEIPT_TYPES))
-        .group_by(newest.c.type)
-    ).all()
-    scanned, oldest = conn.execute(select(func.count(), func.min(newest.c.at))).one()
-    counts: dict[str, int] = dict.fromkeys(RECENT_RECEIPT_TYPES, 0)
-    for type_, n, _ in rows:
-        counts[str(type_)] = int(n)
+    # One pass over the window: the total read, its oldest time, and a count per type.
+    in_window = newest.c.at >= since
+    per_type = [
+        func.coalesce(func.sum(case((and_(in_window, newest.c.type == t), 1), else_=0)), 0)
+        for t in RECENT_RECEIPT_TYPES
+    ]
+    scanned, oldest, *numbers = conn.execute(select(func.count(), func.min(newest.c.at), *per_type)).one()
+    counts: dict[str, int] = {t: int(n) for t, n in zip(RECENT_RECEIPT_TYPES, numbers, strict=True)}
     redrives = conn.execute(
         select(func.count()).where(
             deliveries.c.created_at >= since, deliveries.c.dispatch_key.contains(":redrive:", autoescape=True)
