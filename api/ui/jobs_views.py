@@ -22,7 +22,7 @@ from api.errors import FORBIDDEN, ApiError
 from api.jobs import visible_job
 from api.present import job_json
 from api.streams import resume_point
-from api.ui import BLUEPRINT, blueprint, current_session, redact, timeline
+from api.ui import BLUEPRINT, blueprint, current_session, redact, session, timeline
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.routing import route
@@ -31,6 +31,8 @@ from app.storage import overview, store
 from app.storage.queue import decode_cursor
 
 PAGE_SIZE = 50
+# How often the live list re-checks that its session's token is still live.
+SESSION_RECHECK_SECONDS = 10.0
 # A timeline longer than this shows its first receipts and says how many more there are.
 TIMELINE_LIMIT = 2_000
 _TEXT_MAX = 256
@@ -163,35 +165,43 @@ def jobs_live() -> ResponseReturnValue:
         max_seconds=st.settings.sse_max_seconds,
         heartbeat_seconds=st.sse_heartbeat_seconds,
     )
+    return sse.event_stream_response(stream_with_context(_list_frames(f, timing)))
 
-    def frames() -> Iterator[str]:
-        yield f"retry: {max(timing.poll_ms, 1000)}\n\n"
-        last_digest = None
-        start = timing.clock()
-        next_heartbeat = start + timing.heartbeat_seconds
-        seq = 0
-        while True:
-            try:
-                page, counts = _page(f, None)
-            except Exception:
-                yield ": storage unavailable, reconnect\n\n"
-                return
-            rows = [row_view(j) for j in page.jobs]
-            digest = hashlib.sha256(json.dumps([rows, counts], default=str).encode()).hexdigest()
-            if digest != last_digest:
-                last_digest = digest
-                seq += 1
-                html = render_template("_job_rows.html", rows=rows)
-                yield sse.format_event("jobs", seq, {"html": html, "counts": counts})
-            now = timing.clock()
-            if now - start >= timing.max_seconds:
-                return
-            if now >= next_heartbeat:
-                yield ": heartbeat\n\n"
-                next_heartbeat = now + timing.heartbeat_seconds
-            timing.sleep(timing.poll_ms / 1000)
 
-    return sse.event_stream_response(stream_with_context(frames()))
+def _list_frames(f: overview.JobFilter, timing: sse.Timing) -> Iterator[str]:
+    yield f"retry: {max(timing.poll_ms, 1000)}\n\n"
+    last_digest = None
+    start = timing.clock()
+    next_heartbeat = start + timing.heartbeat_seconds
+    next_session_check = start + SESSION_RECHECK_SECONDS
+    seq = 0
+    while True:
+        try:
+            page, counts = _page(f, None)
+        except Exception:
+            yield ": storage unavailable, reconnect\n\n"
+            return
+        rows = [row_view(j) for j in page.jobs]
+        digest = hashlib.sha256(json.dumps([rows, counts], default=str).encode()).hexdigest()
+        if digest != last_digest:
+            last_digest = digest
+            seq += 1
+            html = render_template("_job_rows.html", rows=rows)
+            yield sse.format_event("jobs", seq, {"html": html, "counts": counts})
+        now = timing.clock()
+        if now - start >= timing.max_seconds:
+            return
+        if now >= next_session_check:
+            # A revoked token stops this stream within the recheck interval; the browser's
+            # reconnect then gets the 401 and the page says live updates stopped.
+            if session.current(state().engine) is None:
+                yield ": signed out\n\n"
+                return
+            next_session_check = now + SESSION_RECHECK_SECONDS
+        if now >= next_heartbeat:
+            yield ": heartbeat\n\n"
+            next_heartbeat = now + timing.heartbeat_seconds
+        timing.sleep(timing.poll_ms / 1000)
 
 
 def _job_context(job_id: str) -> dict[str, Any]:

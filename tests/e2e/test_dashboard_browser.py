@@ -21,7 +21,7 @@ import requests
 from app.storage import tokens
 from tests.conftest import IN_CI
 from tests.e2e import handlers
-from tests.e2e.conftest import REPO_ROOT, Harness, Stack, make_stack
+from tests.e2e.conftest import ORG, REPO_ROOT, Harness, Stack, make_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 
@@ -192,6 +192,19 @@ def test_another_organisations_job_is_not_reachable(ui_stack: Stack, page: Any) 
     )
     assert status == 404
     assert s.types(theirs["id"]) == before
+
+
+def test_revoking_the_token_stops_live_updates_and_says_so(ui_stack: Stack, page: Any) -> None:
+    s = ui_stack
+    _info, secret = tokens.create(s.engine, ORG)
+    sign_in(page, s, secret)
+    page.wait_for_selector("[data-live-indicator]:not([hidden])")
+    assert page.locator("[data-stale-notice]").is_hidden()
+    assert tokens.revoke(s.engine, secret)
+    # The live list re-checks its token every 10 s; the browser's reconnect then gets a 401.
+    page.locator("[data-stale-notice]").wait_for(state="visible")
+    page.reload()
+    assert "/ui/signin" in page.url
 
 
 def test_system_page_for_a_system_token(ui_stack: Stack, page: Any) -> None:

@@ -8,11 +8,22 @@
     if (el) { el.hidden = !on; }
   }
 
+  // A stream the server refused (signed out, token revoked) is closed for good by the browser:
+  // say so instead of silently going stale.
+  function watchClosed(source) {
+    source.addEventListener("error", function () {
+      if (source.readyState !== EventSource.CLOSED) { return; }
+      var note = document.querySelector("[data-stale-notice]");
+      if (note) { note.hidden = false; }
+    });
+  }
+
   // The jobs list: the server sends the first page's rows and the counts whenever they change.
   function liveList(tbody) {
     var source = new EventSource(tbody.dataset.liveUrl);
     source.onopen = function () { indicator(true); };
     source.onerror = function () { indicator(false); };
+    watchClosed(source);
     source.addEventListener("jobs", function (event) {
       var data = JSON.parse(event.data);
       tbody.innerHTML = data.html;
@@ -63,6 +74,7 @@
     source = new EventSource(container.dataset.eventsUrl);
     source.onopen = function () { indicator(true); };
     source.onerror = function () { indicator(false); };
+    watchClosed(source);
     source.addEventListener(eventName, refresh);
     if (container.dataset.refreshMs) {
       // Some changes (a task's job starting) land on another stream: poll slowly as well.

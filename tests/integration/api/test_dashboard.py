@@ -446,6 +446,24 @@ def test_the_live_list_sends_rows_and_counts(sqlite_api: Api, open_events: Any) 
     assert second.data["counts"]["queued"] == 1
 
 
+def test_the_live_list_ends_when_the_token_is_revoked(
+    sqlite_api: Api, open_events: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from api.ui import jobs_views
+
+    monkeypatch.setattr(jobs_views, "SESSION_RECHECK_SECONDS", 0.0)
+    sign_in(sqlite_api)
+    reader: EventReader = open_events(sqlite_api.client, "/ui/live/jobs", {})
+    assert reader.next_event() is not None
+    assert tokens.revoke(sqlite_api.engine, sqlite_api.secrets["a"])
+    comments = []
+    while (frame := reader.next_frame()) is not None:
+        comments.append(frame.comment)
+    # It ended because of the revocation, not because its lifetime ran out.
+    assert comments[-1] == "signed out"
+    assert sqlite_api.client.get("/ui/live/jobs").status_code == 401
+
+
 # -- objectives without the Factory -------------------------------------------------------------
 
 
