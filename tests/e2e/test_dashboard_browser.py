@@ -173,6 +173,7 @@ def test_another_organisations_job_is_not_reachable(ui_stack: Stack, page: Any) 
     assert response is not None and response.status == 404
     body = page.content()
     assert marker not in body and OTHER_ORG not in body
+    shot(page, "job-of-another-organisation")
     unknown = page.goto(s.url("/ui/jobs/no-such-job-at-all"))
     assert unknown is not None and unknown.status == 404
     assert page.locator('[data-testid="error"] p').first.inner_text() == "no job with that id"
