@@ -129,6 +129,14 @@ def test_sign_in_then_a_job_appears_and_completes_live(ui_stack: Stack, page: An
     assert page.evaluate("window.__noReload") == "still-here"
     assert page.locator('[data-count="completed"]').inner_text() != "0"
     shot(page, "jobs")
+    # Filters: choosing a status applies it; the job is under "completed" and not under "failed".
+    page.select_option("form.filters select[name=status]", "completed")
+    page.wait_for_url("**/ui/jobs?status=completed**")
+    assert row.count() == 1
+    page.select_option("form.filters select[name=status]", "failed")
+    page.wait_for_url("**/ui/jobs?status=failed**")
+    assert row.count() == 0
+    page.goto(s.url("/ui/jobs"))
 
     # Its timeline: enqueued → lease → heartbeat → completed, with attempt, worker and result.
     row.locator("a").click()

@@ -83,6 +83,10 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    // Choosing a filter value applies it (the Filter button stays for text fields).
+    document.querySelectorAll("form.filters select").forEach(function (select) {
+      select.addEventListener("change", function () { select.form.submit(); });
+    });
     var rows = document.getElementById("job-rows");
     if (rows && rows.dataset.liveUrl) { liveList(rows); }
     var job = document.getElementById("job-body");

@@ -404,6 +404,13 @@ def test_an_inert_receipt_is_marked(sqlite_api: Api) -> None:
     assert "ghost" in page
 
 
+def test_a_task_job_links_to_its_objective(sqlite_api: Api) -> None:
+    job = sqlite_api.job(payload=payload("factory.task.run", objectiveId="obj-9", taskId="build"))
+    sign_in(sqlite_api)
+    page = text(sqlite_api.client.get(f"/ui/jobs/{job['id']}"))
+    assert 'href="/ui/objectives/obj-9"' in page and "task build" in page
+
+
 def test_payload_secrets_are_hidden(sqlite_api: Api) -> None:
     job = sqlite_api.job(
         payload=payload(apiKey="sk-live-123456", nested={"password": "hunter2", "ok": "visible-value"})
