@@ -67,23 +67,76 @@ def find_reader(
         if exc.name is not None and FACTORY_MODULE.startswith(exc.name):
             return Unavailable(NOT_AVAILABLE)
         raise  # the Factory is installed but broken: that must not pass for "not installed"
-    return _wire(factory, engine)
+    return _wire(factory, engine, importer)
 
 
-def _wire(factory: ModuleType, engine: Engine) -> ObjectiveReader | Unavailable:
+def _wire(factory: ModuleType, engine: Engine, importer: Importer) -> ObjectiveReader | Unavailable:
     """Adapt ``app.factory`` to ``ObjectiveReader``.
 
-    Looks for ``dashboard_reader(engine) -> ObjectiveReader`` on the package. When the Factory
-    offers its reads under other names, adapt them here (and nowhere else).
+    A package offering ``dashboard_reader(engine)`` is used as is. Otherwise the Factory's own
+    reads are adapted (``service.get``, ``storage.list_page``, and the API's ``live_json``, so the
+    dashboard shows exactly what ``GET /objectives/<id>`` shows). Anything else is reported, not
+    papered over.
     """
     make = getattr(factory, "dashboard_reader", None)
-    if make is None:
+    if make is not None:
+        reader: ObjectiveReader = make(engine)
+        return reader
+    try:
+        service = importer(f"{FACTORY_MODULE}.service")
+        storage = importer(f"{FACTORY_MODULE}.storage")
+        presenter = importer("api.objectives")
+    except ModuleNotFoundError as exc:
         return Unavailable(
             "Factory objectives exist on this server, but the dashboard is not wired to them "
-            "(api/ui/objectives.py: app.factory has no dashboard_reader)."
+            f"(api/ui/objectives.py: {exc.name} is missing)."
         )
-    reader: ObjectiveReader = make(engine)
-    return reader
+    needed = {"service.get": service, "storage.list_page": storage, "api.objectives.live_json": presenter}
+    missing = [name for name, module in needed.items() if not hasattr(module, name.rsplit(".", 1)[1])]
+    if missing:
+        return Unavailable(
+            "Factory objectives exist on this server, but the dashboard is not wired to them "
+            f"(api/ui/objectives.py: no {', '.join(missing)})."
+        )
+    return FactoryReader(engine, service, storage, presenter)
+
+
+class FactoryReader:
+    """The Factory's reads behind ``ObjectiveReader``, scoped like ``GET /objectives``."""
+
+    def __init__(self, engine: Engine, service: Any, storage: Any, presenter: Any) -> None:
+        self.engine = engine
+        self.service = service
+        self.storage = storage
+        self.presenter = presenter
+
+    def _visible(self, scope: Scope, objective_id: str) -> Any:
+        obj = self.service.get(self.engine, objective_id)
+        if obj is None:
+            return None
+        if not scope.all_organizations and obj.organization_id != scope.organization_id:
+            return None  # another organisation's objective is the same "not found" as none
+        return obj
+
+    def list(self, scope: Scope, *, status: str | None, limit: int, cursor: str | None) -> ObjectivePage:
+        with self.engine.connect() as conn:
+            page = self.storage.list_page(
+                conn,
+                organization_id=scope.organization_id,
+                all_organizations=scope.all_organizations,
+                status=status,
+                limit=limit,
+                cursor=cursor,
+            )
+        found = [self._visible(scope, header.id) for header in page.objectives]
+        return ObjectivePage([self.presenter.live_json(o) for o in found if o is not None], page.next_cursor)
+
+    def get(self, scope: Scope, objective_id: str) -> Mapping[str, Any] | None:
+        obj = self._visible(scope, objective_id)
+        if obj is None:
+            return None
+        shown: Mapping[str, Any] = self.presenter.live_json(obj)
+        return shown
 
 
 def stream_of(objective_id: str) -> str:
