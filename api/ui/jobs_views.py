@@ -33,10 +33,10 @@ from app.storage.queue import decode_cursor
 PAGE_SIZE = 50
 # How often the live list re-checks that its session's token is still live.
 SESSION_RECHECK_SECONDS = 10.0
-# A timeline longer than this shows its first receipts and says how many more there are.
+# A timeline longer than this shows its first receipts and says the stream goes on.
 TIMELINE_LIMIT = 2_000
 _TEXT_MAX = 256
-_FILTERS = ("status", "agent", "lane", "group", "q", "org")
+_CURSOR_MAX = 1024  # the API's own limit for a cursor
 
 # After an action, the job page says what happened (fixed texts: nothing from the request).
 NOTICES = {
@@ -46,13 +46,13 @@ NOTICES = {
 }
 
 
-def _text_arg(name: str) -> str | None:
+def _text_arg(name: str, limit: int = _TEXT_MAX) -> str | None:
     value = request.args.get(name, "").strip()
     if not value:
         return None
     jsonbody.check_param(value, name)
-    if len(value) > _TEXT_MAX:
-        raise ValidationError(name, f"is longer than {_TEXT_MAX} characters")
+    if len(value) > limit:
+        raise ValidationError(name, f"is longer than {limit} characters")
     return value
 
 
@@ -85,7 +85,7 @@ def read_filters() -> overview.JobFilter:
 
 
 def _cursor_arg() -> str | None:
-    cursor = _text_arg("cursor")
+    cursor = _text_arg("cursor", _CURSOR_MAX)
     if cursor is not None:
         decode_cursor(cursor)  # a cursor this server did not issue is a 400 naming "cursor"
     return cursor
