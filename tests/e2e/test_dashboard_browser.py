@@ -30,6 +30,7 @@ ARTIFACTS = REPO_ROOT / "test-artifacts" / "dashboard"
 OTHER_ORG = "e2e-other-org"
 # Browser-side waits: generous, because six helpers share two cores.
 WAIT_MS = 45_000
+UI_LEASE_MS = 180_000
 
 if not shutil.which(CHROMIUM):
     if IN_CI:
@@ -44,7 +45,11 @@ def ui_stack(
     module_harness: Harness, module_database_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     """web, driver, the chat worker group and beat: what the dashboard's jobs need."""
-    stack = make_stack(module_harness, module_database_url, tmp_path_factory.mktemp("ui-home"))
+    # A long lease: the harness's 6 s lease would time a job out (5 s) while a loaded machine is
+    # still rendering the page the test is about to click on.
+    stack = make_stack(
+        module_harness, module_database_url, tmp_path_factory.mktemp("ui-home"), JOB_LEASE_MS=str(UI_LEASE_MS)
+    )
     try:
         stack.start("web", "driver", "chat", "beat")
         yield stack
@@ -155,7 +160,7 @@ def test_sign_in_then_a_job_appears_and_completes_live(ui_stack: Stack, page: An
 def test_cancel_a_running_job_from_its_page(ui_stack: Stack, page: Any) -> None:
     s = ui_stack
     sign_in(page, s, s.token)
-    job = s.post_job(handlers.WAIT_CANCEL, seconds=120)
+    job = s.post_job(handlers.WAIT_CANCEL, seconds=UI_LEASE_MS / 1000)
     page.goto(s.url(f"/ui/jobs/{job['id']}"))
     page.locator('[data-testid="job-status"]', has_text="running").wait_for()
     shot(page, "job-running")

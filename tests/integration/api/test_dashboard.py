@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import re
 from http.cookies import SimpleCookie
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,10 +17,18 @@ from werkzeug.test import TestResponse
 from api.ui import session as ui_session
 from api.ui.objective_views import FINDER_EXTENSION
 from api.ui.objectives import find_reader
+from app.config import Settings
 from app.storage import tokens
-from tests.integration.api.conftest import ORG_A, ORG_B, Api, EventReader, payload
+from tests.integration.api.conftest import ORG_A, ORG_B, Api, EventReader, make_settings, payload
 
 SIGNIN = "/ui/signin"
+
+
+@pytest.fixture
+def api_settings(tmp_path: Path) -> Settings:
+    # Streams live 30 s here, not the API suite's 3 s: on a loaded machine a stream that ends by
+    # age between two events would fail a test about something else. Each test ends its own.
+    return make_settings(tmp_path, sse_max_seconds=30)
 
 
 def sign_in(api: Api, who: str = "a", base_url: str = "http://localhost") -> TestResponse:
