@@ -25,16 +25,15 @@ from urllib.parse import urlsplit
 from flask import Response, request
 from sqlalchemy.engine import Engine
 
+from api import auth
 from api.auth import Identity
-from api.context import read_connection
-from app.storage import tokens
+from api.errors import ApiError
 
 COOKIE = "receipt_ui"
 UI_PREFIX = "/ui"
 # A browser session is at most this old before signing in again (the token itself may live on).
 COOKIE_MAX_AGE_SECONDS = 12 * 3600
 CSRF_FIELD = "csrf"
-_TOKEN_MAX = 256
 
 
 @dataclass(frozen=True)
@@ -54,17 +53,12 @@ def csrf_for(nonce: str, token: str) -> str:
     return hmac.new(token.encode(), b"receipt-ui-csrf:" + nonce.encode(), hashlib.sha256).hexdigest()
 
 
-def plausible_token(secret: str) -> bool:
-    """The API's own shape check: tokens are short printable ASCII (anything else cannot match)."""
-    return bool(secret) and len(secret) <= _TOKEN_MAX and secret.isascii() and secret.isprintable()
-
-
 def check_token(engine: Engine, secret: str) -> Identity | None:
-    if not plausible_token(secret):
+    """The identity of ``secret`` by the API's own rule (``api.auth.identity_for``), or None."""
+    try:
+        return auth.identity_for(engine, secret)
+    except ApiError:
         return None
-    with read_connection(engine) as conn:
-        info = tokens.authenticate(conn, secret)
-    return Identity(info.organization_id, info.system, info.id) if info else None
 
 
 def current(engine: Engine) -> Session | None:

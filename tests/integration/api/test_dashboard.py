@@ -96,6 +96,18 @@ def test_a_bad_token_is_refused_and_not_echoed(sqlite_api: Api) -> None:
     assert "not valid" in text(response)
 
 
+@pytest.mark.parametrize("secret", ["", "x" * 257, "rcpt_\x00", "rcpt_é", "a b\n", "Bearer "])
+def test_malformed_tokens_are_refused_like_the_api_refuses_them(sqlite_api: Api, secret: str) -> None:
+    response = sqlite_api.client.post(SIGNIN, data={"token": secret})
+    assert response.status_code == 401
+    assert "set-cookie" not in {k.lower() for k, _ in response.headers.items()}
+
+
+def test_a_bearer_prefix_is_accepted(sqlite_api: Api) -> None:
+    response = sqlite_api.client.post(SIGNIN, data={"token": "Bearer " + sqlite_api.secrets["a"]})
+    assert response.status_code == 302
+
+
 def test_sign_in_redirects_only_inside_the_dashboard(sqlite_api: Api) -> None:
     secret = sqlite_api.secrets["a"]
     ok = sqlite_api.client.post(SIGNIN, data={"token": secret, "next": "/ui/jobs?status=failed"})
