@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 # Issue 9's vocabularies: task statuses and objective statuses.
@@ -31,6 +32,8 @@ COLOURS: Mapping[str, tuple[str, str]] = {
 }
 UNKNOWN_COLOUR = ("#ffffff", "#868e96")
 
+# Waypoint slots are named with NUL, which no task id holds (the API refuses it in any string).
+_WAYPOINT = "\x00"
 NODE_W = 176
 NODE_H = 46
 GAP_X = 64
@@ -140,6 +143,28 @@ def layout(objective: Mapping[str, Any]) -> Layout:
     for t in tasks:
         columns.setdefault(depth[str(t["id"])], []).append(str(t["id"]))
 
+    # An edge that skips layers gets a waypoint in each layer it crosses (a slot no task takes),
+    # so it runs between tasks instead of through them; each slot's predecessor is the slot
+    # before it, which is what the ordering below pulls it towards.
+    preds: dict[str, list[str]] = {}
+    waypoints: dict[tuple[str, str], list[str]] = {}
+    for t in tasks:
+        target = str(t["id"])
+        preds[target] = []
+        for source in _deps(t):
+            if source not in depth or source == target:
+                continue
+            previous = source
+            chain = []
+            for layer in range(depth[source] + 1, depth[target]):
+                slot = f"{_WAYPOINT}{source}{_WAYPOINT}{target}{_WAYPOINT}{layer}"
+                columns[layer].append(slot)
+                preds[slot] = [previous]
+                chain.append(slot)
+                previous = slot
+            waypoints[(source, target)] = chain
+            preds[target].append(previous)
+
     row: dict[str, float] = {}
     for layer in sorted(columns):
         members = columns[layer]
@@ -148,7 +173,7 @@ def layout(objective: Mapping[str, Any]) -> Layout:
             order = {task_id: index for index, task_id in enumerate(members)}
 
             def key(task_id: str, order: dict[str, int] = order) -> tuple[float, int]:
-                parents = [row[d] for d in _deps(by_id[task_id]) if d in row]
+                parents = [row[d] for d in preds.get(task_id, ()) if d in row]
                 mean = sum(parents) / len(parents) if parents else float("inf")
                 return (mean, order[task_id])
 
@@ -160,10 +185,12 @@ def layout(objective: Mapping[str, Any]) -> Layout:
     position: dict[str, tuple[int, int]] = {}
     for layer, members in sorted(columns.items()):
         for index, task_id in enumerate(members):
-            t = by_id[task_id]
             x = MARGIN + layer * (NODE_W + GAP_X)
             y = MARGIN + index * (NODE_H + GAP_Y)
             position[task_id] = (x, y)
+            if task_id.startswith(_WAYPOINT):
+                continue
+            t = by_id[task_id]
             status = str(t.get("status") or "pending")
             fill, stroke = colour(status)
             attempt = t.get("attempt")
@@ -189,12 +216,18 @@ def layout(objective: Mapping[str, Any]) -> Layout:
         for source in _deps(t):
             if source not in position or source == target:
                 continue
+            stops = [source, *waypoints.get((source, target), []), target]
             sx, sy = position[source]
-            tx, ty = position[target]
-            x1, y1 = sx + NODE_W, sy + NODE_H // 2
-            x2, y2 = tx, ty + NODE_H // 2
-            bend = max((x2 - x1) // 2, 16)
-            path = f"M{x1},{y1} C{x1 + bend},{y1} {x2 - bend},{y2} {x2},{y2}"
+            path = f"M{sx + NODE_W},{sy + NODE_H // 2}"
+            for here, there in pairwise(stops):
+                hx, hy = position[here]
+                tx, ty = position[there]
+                x1, y1 = hx + NODE_W, hy + NODE_H // 2
+                x2, y2 = tx, ty + NODE_H // 2
+                bend = max((x2 - x1) // 2, 16)
+                path += f" C{x1 + bend},{y1} {x2 - bend},{y2} {x2},{y2}"
+                if there != target:
+                    path += f" L{x2 + NODE_W},{y2}"  # straight through the waypoint's slot
             satisfied = str(by_id[source].get("status")) == "completed"
             edges.append(Edge(source, target, path, satisfied))
 

@@ -86,6 +86,18 @@ def test_depth_is_the_longest_chain_not_the_shortest() -> None:
     assert {n.id: n.layer for n in layout.nodes} == {"A": 0, "B": 1, "C": 2}
 
 
+def test_an_edge_that_skips_a_layer_runs_beside_the_task_in_it() -> None:
+    layout = graph.layout(objective(task("A"), task("B", "A"), task("C", "A", "B")))
+    by_id = {n.id: n for n in layout.nodes}
+    skip = next(e for e in layout.edges if (e.source, e.target) == ("A", "C"))
+    # One waypoint: a straight run across layer 1, in a row of its own (not B's).
+    assert skip.path.count(" L") == 1
+    run_y = int(skip.path.split(" L")[1].split(",")[1].split()[0])
+    assert run_y != by_id["B"].y + graph.NODE_H // 2
+    assert layout.height >= 2 * graph.NODE_H  # the waypoint took a slot in the column
+    assert [n.id for n in layout.nodes] == ["A", "B", "C"]  # waypoints are not tasks
+
+
 def test_a_cycle_or_unknown_dependency_is_drawn_not_fatal() -> None:
     layout = graph.layout(objective(task("A"), task("B", "C"), task("C", "B"), task("D", "A", "ghost")))
     assert sorted(layout.unplaced) == ["B", "C"]
