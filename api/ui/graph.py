@@ -3,7 +3,8 @@
 Pure: an objective dict in the shape of ``GET /objectives/<id>`` in, coordinates out. A task's
 layer is the length of the longest dependency chain leading to it, so every edge points
 rightwards; inside a layer, tasks are ordered by the mean position of their dependencies
-(one barycentre pass), which keeps fan-in edges short without a layout library. Nothing here
+(one barycentre pass), which keeps fan-in edges short without a layout library, and an edge
+that skips layers takes an empty slot in each layer it crosses (Sugiyama's dummy nodes). Nothing here
 needs a browser or a network: the page is drawn offline by the template.
 """
 
