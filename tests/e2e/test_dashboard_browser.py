@@ -19,9 +19,10 @@ import pytest
 import requests
 
 from app.storage import tokens
-from tests.conftest import IN_CI
 from tests.e2e import handlers
-from tests.e2e.conftest import ORG, REPO_ROOT, Harness, Stack, make_stack
+from tests.support.databases import IN_CI
+from tests.support.processes import REPO_ROOT, Harness
+from tests.support.stack import ORG, Stack, make_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

@@ -48,7 +48,8 @@ def test_a_full_life_in_order() -> None:
         "settlement",
     ]
     heartbeat = entries[2]
-    assert heartbeat.count == 2 and heartbeat.at.endswith("03.000000Z") and heartbeat.last_seq == 4
+    assert heartbeat.count == 2 and heartbeat.last_seq == 4
+    assert heartbeat.at is not None and heartbeat.at.endswith("03.000000Z")
     assert entries[1].attempt == 1 and entries[1].worker_id == "w1"
     assert entries[1].status_after == "leased" and heartbeat.status_after == "running"
     assert entries[3].details == {"progress": {"pct": 50}}

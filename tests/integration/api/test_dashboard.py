@@ -19,7 +19,7 @@ from api.ui.objective_views import FINDER_EXTENSION
 from api.ui.objectives import find_reader
 from app.config import Settings
 from app.storage import tokens
-from tests.integration.api.conftest import ORG_A, ORG_B, Api, EventReader, make_settings, payload
+from tests.support.api import ORG_A, ORG_B, Api, EventReader, make_settings, payload
 
 SIGNIN = "/ui/signin"
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from api.ui import objectives as ui_objectives
-from tests.integration.api.conftest import Api
 from tests.integration.api.test_dashboard import sign_in, text
+from tests.support.api import Api
 
 pytest.importorskip("app.factory.service", reason="the Factory (issue 9) is not in this build")
 

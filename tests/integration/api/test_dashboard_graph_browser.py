@@ -21,10 +21,10 @@ from werkzeug.serving import make_server
 from api.ui.objective_views import FINDER_EXTENSION
 from app.storage import store
 from app.storage.db import transaction
-from tests.conftest import IN_CI
-from tests.e2e.conftest import REPO_ROOT
-from tests.integration.api.conftest import ORG_A, Api
 from tests.integration.api.test_dashboard_system import FakeReader
+from tests.support.api import ORG_A, Api
+from tests.support.databases import IN_CI
+from tests.support.processes import REPO_ROOT
 from tests.unit.test_ui_graph import objective, task
 
 CHROMIUM = os.environ.get("RECEIPT_TEST_CHROMIUM", "/usr/bin/chromium")

@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from kombu import Connection as KombuConnection
 from sqlalchemy.engine import Engine
 
 from api.ui import objectives as ui_objectives
@@ -23,8 +22,8 @@ from app.jobs.routing import worker_group_for
 from app.jobs.vocab import WORKER_GROUPS
 from app.storage import delivery, loops, overview
 from app.storage.db import db_now, transaction
-from tests.integration.api.conftest import ORG_A, ORG_B, Api, make_settings, payload
 from tests.integration.api.test_dashboard import sign_in, text
+from tests.support.api import ORG_A, ORG_B, Api, make_settings, payload
 from tests.unit.test_ui_graph import DIAMOND
 
 AGENTS = ("codex", "factory-control", "factory", "someone-else")
@@ -146,12 +145,10 @@ def test_the_broker_probe_reads_redis_depth_and_says_when_no_worker_answers(
     tmp_path: Any, redis_url: str
 ) -> None:
     settings: Settings = make_settings(tmp_path, redis_url=redis_url)
-    with KombuConnection(redis_url) as conn:
-        q = conn.SimpleQueue("receipt-codex")
-        for i in range(3):
-            q.put({"n": i})
-        q.close()
-    report = BrokerProbe(settings).report()
+    probe = BrokerProbe(settings)
+    for i in range(3):
+        probe._app().send_task("receipt.dispatch", args=[[f"job-{i}"]], queue="receipt-codex")
+    report = probe.report()
     depth = {s.queue: s.depth for s in report.queues}
     assert depth["receipt-codex"] == 3
     assert depth["receipt-chat"] == 0
@@ -269,7 +266,7 @@ def test_find_reader_without_and_with_the_factory(sqlite_engine: Engine) -> None
         def dashboard_reader(engine: Engine) -> FakeReader:
             return reader
 
-    assert ui_objectives.find_reader(sqlite_engine, lambda name: Wired()) is reader  # type: ignore[arg-type,return-value,comparison-overlap]
+    assert ui_objectives.find_reader(sqlite_engine, lambda name: Wired()) is reader  # type: ignore[arg-type,return-value]
 
     def broken(name: str) -> Any:
         raise ModuleNotFoundError("No module named 'networkx'", name="networkx")
