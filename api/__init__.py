@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from flask import Flask, Response, g, request
 from sqlalchemy.engine import Engine
 
-from api import auth, errors, health, jobs, openapi, streams
+from api import auth, errors, health, jobs, openapi, streams, ui
 from api.context import EXTENSION, ApiState
 from api.wake import default_waker
 from app.config import Settings
@@ -55,6 +55,7 @@ def create_app(
     for blueprint in (jobs.blueprint, streams.blueprint, health.blueprint, openapi.blueprint):
         app.register_blueprint(blueprint)
     errors.register_error_handlers(app, api_state.count_internal_error)
+    ui.register(app)
 
     auth_disabled = settings.auth_disabled
     if auth_disabled:
@@ -62,6 +63,8 @@ def create_app(
 
     @app.before_request
     def _authenticate() -> None:
+        if request.blueprint == ui.BLUEPRINT:
+            return  # the dashboard authenticates by its own cookie (api/ui/session.py), never Bearer
         op = openapi.operation_of(app, request.endpoint)
         if op is not None and not op.auth:
             return

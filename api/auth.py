@@ -60,7 +60,15 @@ def authenticate(engine: Engine, *, auth_disabled: bool) -> Identity:
         raise _unauthorized(UNAUTHORIZED, "authentication required: send Authorization: Bearer <token>")
     if not header[: len(_BEARER)].lower() == _BEARER:
         raise _unauthorized(INVALID_TOKEN, "the Authorization header must use the Bearer scheme")
-    secret = header[len(_BEARER) :].strip()
+    return identity_for(engine, header[len(_BEARER) :].strip())
+
+
+def identity_for(engine: Engine, secret: str) -> Identity:
+    """Who a token secret stands for; raises the 401 ``ApiError`` when it stands for no one.
+
+    The one rule from a secret to an identity: the API's Bearer header and the dashboard's
+    cookie (``api.ui.session``) both go through it.
+    """
     # Tokens are URL-safe base64: anything else cannot match, and must not reach SQL (NULs).
     if not secret or len(secret) > 256 or not secret.isascii() or not secret.isprintable():
         raise _unauthorized(INVALID_TOKEN, "the token is not valid")

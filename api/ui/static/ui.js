@@ -1,0 +1,102 @@
+// Receipt dashboard: live updates over Server-Sent Events. No library, no inline script (CSP).
+// The server renders every fragment (escaped by its templates); this file only swaps them in.
+"use strict";
+
+(function () {
+  function indicator(on) {
+    var el = document.querySelector("[data-live-indicator]");
+    if (el) { el.hidden = !on; }
+  }
+
+  // A stream the server refused (signed out, token revoked) is closed for good by the browser:
+  // say so instead of silently going stale.
+  function watchClosed(source) {
+    source.addEventListener("error", function () {
+      if (source.readyState !== EventSource.CLOSED) { return; }
+      var note = document.querySelector("[data-stale-notice]");
+      if (note) { note.hidden = false; }
+    });
+  }
+
+  // The jobs list: the server sends the first page's rows and the counts whenever they change.
+  function liveList(tbody) {
+    var source = new EventSource(tbody.dataset.liveUrl);
+    source.onopen = function () { indicator(true); };
+    source.onerror = function () { indicator(false); };
+    watchClosed(source);
+    source.addEventListener("jobs", function (event) {
+      var data = JSON.parse(event.data);
+      tbody.innerHTML = data.html;
+      Object.keys(data.counts).forEach(function (status) {
+        var cell = document.querySelector('[data-count="' + status + '"]');
+        if (cell) { cell.textContent = data.counts[status]; }
+      });
+    });
+  }
+
+  // A job or objective page: each event means "something changed"; refetch the rendered body.
+  function liveBody(container, eventName, onTerminal) {
+    var source = null;
+    var pending = false;
+    var timer = null;
+
+    function terminal() {
+      var summary = container.querySelector("[data-terminal]");
+      return summary !== null && summary.dataset.terminal === "true";
+    }
+
+    function stop() {
+      if (source) { source.close(); source = null; }
+      if (timer) { clearInterval(timer); timer = null; }
+      indicator(false);
+      if (onTerminal) { onTerminal(); }
+    }
+
+    function refresh() {
+      if (pending) { return; }
+      pending = true;
+      fetch(container.dataset.fragmentUrl, { credentials: "same-origin", cache: "no-store" })
+        .then(function (response) {
+          if (response.status === 401 || response.redirected) { stop(); return null; }
+          return response.ok ? response.text() : null;
+        })
+        .then(function (html) {
+          if (html !== null && html !== undefined) {
+            container.innerHTML = html;
+            if (terminal()) { stop(); }
+          }
+        })
+        .catch(function () { /* the next event retries */ })
+        .finally(function () { pending = false; });
+    }
+
+    if (terminal() || !container.dataset.eventsUrl) { return; }
+    source = new EventSource(container.dataset.eventsUrl);
+    source.onopen = function () { indicator(true); };
+    source.onerror = function () { indicator(false); };
+    watchClosed(source);
+    source.addEventListener(eventName, refresh);
+    if (container.dataset.refreshMs) {
+      // Some changes (a task's job starting) land on another stream: poll slowly as well.
+      timer = setInterval(refresh, parseInt(container.dataset.refreshMs, 10));
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    // Choosing a filter value applies it (the Filter button stays for text fields).
+    document.querySelectorAll("form.filters select").forEach(function (select) {
+      select.addEventListener("change", function () { select.form.submit(); });
+    });
+    var rows = document.getElementById("job-rows");
+    if (rows && rows.dataset.liveUrl) { liveList(rows); }
+    var job = document.getElementById("job-body");
+    if (job) {
+      liveBody(job, "job", function () {
+        var actions = document.getElementById("job-actions");
+        if (actions) { actions.hidden = true; }
+      });
+    }
+    var objective = document.getElementById("objective-body");
+    if (objective) { liveBody(objective, "receipt", null); }
+  });
+})();

@@ -1,0 +1,66 @@
+"""The system page: queues and their consumers, the recovery loops' last runs, the last hour's events.
+
+Everything here spans every organisation (a queue's depth counts everyone's jobs), so only a
+system token sees it; an organisation's token gets a 403 page saying so.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from flask import current_app, render_template
+from flask.typing import ResponseReturnValue
+
+from api.context import read_connection, state
+from api.ui import UiError, blueprint, current_session
+from api.ui.system import BrokerProbe
+from app.storage import overview
+
+WINDOW = timedelta(hours=1)
+PROBE_EXTENSION = "receipt.ui.broker_probe"
+# The loops this deployment runs, and the setting that paces each (for "is it late?").
+LOOP_INTERVALS = {
+    "queued-redrive": "queued_redrive_interval_ms",
+    "lease-expiry": "lease_expiry_interval_ms",
+    "due-retries": "retry_scan_interval_ms",
+}
+
+
+def probe() -> BrokerProbe:
+    found = current_app.extensions.get(PROBE_EXTENSION)
+    if found is None:
+        found = BrokerProbe(state().settings)
+        current_app.extensions[PROBE_EXTENSION] = found
+    value: BrokerProbe = found
+    return value
+
+
+@blueprint.get("/system")
+def system() -> ResponseReturnValue:
+    if not current_session().identity.system:
+        raise UiError(
+            403,
+            "System token needed",
+            "The system page spans every organisation: sign in with a system token.",
+        )
+    st = state()
+    with read_connection(st.engine) as conn:
+        loops = overview.loop_runs_all(conn)
+        recent = overview.recent_events(conn, window=WINDOW)
+    intervals = {}
+    for name, setting in LOOP_INTERVALS.items():
+        value = getattr(st.settings, setting, None)
+        if isinstance(value, int):
+            intervals[name] = value
+    known = {run.name for run in loops}
+    never = sorted(name for name in intervals if name not in known)
+    ages = {run.name: (recent.now - run.started_at).total_seconds() for run in loops if run.started_at}
+    return render_template(
+        "system.html",
+        broker=probe().report(),
+        loops=loops,
+        never=never,
+        intervals=intervals,
+        ages=ages,
+        recent=recent,
+    )

@@ -1,0 +1,64 @@
+"""The objective pages over the real Factory (issue 9), through ``api.ui.objectives.FactoryReader``.
+
+Skipped where the Factory is not installed (the pages then answer 501: test_dashboard_system.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api.ui import objectives as ui_objectives
+from tests.integration.api.test_dashboard import sign_in, text
+from tests.support.api import Api
+
+pytest.importorskip("app.factory.service", reason="the Factory (issue 9) is not in this build")
+
+
+def _task(task_id: str, *deps: str) -> dict[str, Any]:
+    return {
+        "id": task_id,
+        "agentId": "codex",
+        "dependsOn": list(deps),
+        "payload": {"kind": "factory.task.run", "command": ["python3", "-c", "print(1)"]},
+    }
+
+
+def launch(api: Api, objective_id: str, who: str = "a") -> dict[str, Any]:
+    body = {
+        "objectiveId": objective_id,
+        "title": "Diamond",
+        "goal": "Fetch, check twice, report.",
+        "plan": {"tasks": [_task("A"), _task("B", "A"), _task("C", "A"), _task("D", "B", "C")]},
+    }
+    r = api.client.post("/objectives", json=body, headers=api.headers(who))
+    assert r.status_code == 202, r.json
+    objective: dict[str, Any] = r.json["objective"]  # type: ignore[index]
+    return objective
+
+
+def test_the_factory_is_wired(sqlite_api: Api) -> None:
+    with sqlite_api.app.app_context():
+        found = ui_objectives.find_reader(sqlite_api.engine)
+    assert isinstance(found, ui_objectives.FactoryReader)
+
+
+def test_objective_pages_show_the_factorys_objectives(api: Api) -> None:
+    launch(api, "obj-dash-a", "a")
+    launch(api, "obj-dash-b", "b")
+    sign_in(api, "a")
+    listing = api.client.get("/ui/objectives")
+    assert listing.status_code == 200
+    assert "obj-dash-a" in text(listing) and "obj-dash-b" not in text(listing)
+    page = api.client.get("/ui/objectives/obj-dash-a")
+    assert page.status_code == 200
+    body = text(page)
+    assert body.count('class="node task-') == 4
+    assert body.count('class="edge') == 4
+    assert 'data-task-id="D" data-status="pending"' in body
+    assert api.client.get("/ui/objectives/obj-dash-b").status_code == 404
+    assert api.client.get("/ui/objectives/obj-dash-b/events").status_code == 404
+    sign_in(api, "system")
+    assert api.client.get("/ui/objectives/obj-dash-b").status_code == 200
+    assert "obj-dash-a" in text(api.client.get("/ui/objectives"))
