@@ -52,8 +52,8 @@ def visible_job(job_id: str) -> Job:
 def enqueue(agentId: str, body: dict[str, Any]) -> ResponseReturnValue:
     req = validate_enqueue(agentId, body)
     identity = auth.current()
-    auth.require_enqueue_allowed(identity, str(req.payload["kind"]), req.organization_id)
-    result = state().queue.enqueue(req)
+    auth.require_enqueue_allowed(identity, agentId, str(req.payload["kind"]), req.organization_id)
+    result = state().queue.enqueue(req, enqueued_by=identity.enqueuer())
     job = result.job
     if not result.created and not result.steered and job.organization_id != req.organization_id:
         # Idempotency is per organisation: someone else's job is neither returned nor described.
@@ -94,7 +94,7 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
         _, last_id = decode_cursor(cursor)
         check_param(last_id, "cursor")
     scope: dict[str, Any]
-    if identity.system:
+    if identity.all_organizations:
         scope = {"organization_id": org, "all_organizations": org is None}
     else:
         scope = {"organization_id": identity.organization_id}

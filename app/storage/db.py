@@ -98,6 +98,9 @@ api_tokens = Table(
     Column("system", Boolean, nullable=False),
     Column("created_at", _Time, nullable=False),
     Column("revoked_at", _Time, nullable=True),
+    # Migration 0003: space-separated scopes (e.g. "commands"; NULL = none) and an optional expiry.
+    Column("scopes", String(256), nullable=True),
+    Column("expires_at", _Time, nullable=True),
 )
 
 # Best-effort delivery records (the spec's driver/execute "promises"). Losing them loses no

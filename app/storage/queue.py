@@ -31,6 +31,7 @@ from app.jobs.errors import (
     ValidationError,
 )
 from app.jobs.ids import new_id
+from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.reducer import Job, reduce
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import ACTIVE_STATUSES, COMMAND_TYPES, LEASED_STATUSES, STATUSES, job_stream
@@ -209,8 +210,12 @@ class Queue:
         return Page(page, next_cursor)
 
     # -- enqueue ------------------------------------------------------------------------------
-    def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
-        """Append ``job.enqueued`` (after singleton handling). Idempotent on an explicit jobId."""
+    def enqueue(self, req: EnqueueRequest, *, enqueued_by: Enqueuer | None = None) -> EnqueueResult:
+        """Append ``job.enqueued`` (after singleton handling). Idempotent on an explicit jobId.
+
+        ``enqueued_by`` is who the server authenticated (issue 8): written as ``enqueuedBy`` so the
+        codex handler can re-check the right to run a command. Never taken from the request.
+        """
 
         def work(tx: _Tx) -> EnqueueResult:
             conn = tx.conn
@@ -279,6 +284,8 @@ class Queue:
                 "singletonMode": req.singleton_mode,
                 "maxAttempts": req.max_attempts,
             }
+            if enqueued_by is not None:
+                body[ENQUEUED_BY_FIELD] = enqueued_by.to_json()
             job = self._apply(tx, None, job_id, [("job.enqueued", body)])
             return EnqueueResult(job, created=True, canceled=tuple(canceled), aborted=tuple(aborted))
 

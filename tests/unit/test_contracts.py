@@ -85,6 +85,7 @@ def test_to_json_uses_the_spec_camel_case_names() -> None:
         "liveExecution": True,
         "terminalObjectiveAudit": False,
         "requiresAuthContext": True,
+        "runsCommand": True,
     }
 
 
