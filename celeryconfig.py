@@ -16,6 +16,7 @@ from kombu import Exchange, Queue
 
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.storage.files import private_dir
 
 ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE)
 LONGEST_LEASE_MS = 3_600_000  # the codex lease cap (app/timing.py); the visibility timeout must exceed it
@@ -34,6 +35,7 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
         return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
     # Embedded default: a folder broker shared by the local processes. Every folder is set
     # explicitly (the control folder otherwise defaults to ./control of the current directory).
+    private_dir(settings.home_path)
     root = settings.home_path / "broker"
     folders = {name: root / name for name in ("data", "control", "processed")}
     for path in folders.values():

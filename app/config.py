@@ -277,7 +277,8 @@ SETTINGS: tuple[Setting, ...] = (
         "RECEIPT_CODEX_NETWORK",
         "codex_network",
         "none",
-        "`none`: each command gets its own network namespace with no interface up; `host`: the worker's network.",
+        "`none`: each command gets its own network namespace with no interface up; "
+        "`host`: the worker's network.",
     ),
     Setting(
         "RECEIPT_CODEX_MEMORY_MB",
@@ -318,13 +319,15 @@ SETTINGS: tuple[Setting, ...] = (
         "RECEIPT_CODEX_WORKSPACE_ROOT",
         "codex_workspace_root",
         None,
-        "A payload `cwd` must resolve inside this folder. Unset: only inside the attempt's scratch directory.",
+        "A payload `cwd` must resolve inside this folder. "
+        "Unset: only inside the attempt's scratch directory.",
     ),
     Setting(
         "RECEIPT_CODEX_SCRATCH_ROOT",
         "codex_scratch_root",
         None,
-        "Where each attempt's scratch directory is made (and removed afterwards). Unset: the system temp folder.",
+        "Where each attempt's scratch directory is made (and removed afterwards). "
+        "Unset: the system temp folder.",
     ),
     Setting(
         "RECEIPT_MAX_COMMANDS_PER_JOB",

@@ -33,6 +33,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine
 
+from app.storage.files import create_private_file, private_dir
+
 metadata = MetaData()
 
 _Json = JSON().with_variant(JSONB(), "postgresql")
@@ -139,7 +141,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # The embedded database lives in RECEIPT_HOME: private folder, 0600 file from byte one.
+            private_dir(Path(path).parent)
+            create_private_file(Path(path))
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
 
         @event.listens_for(engine, "connect")
