@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flask import current_app
 from sqlalchemy.engine import Connection, Engine
 
+from api.limits import StreamSlots
 from app.config import Settings
 from app.storage.queue import Queue
 
@@ -27,6 +28,12 @@ class ApiState:
     internal_errors: int = 0
     # How often an open event stream sends a comment line, so idle proxies keep it open.
     sse_heartbeat_seconds: float = 15.0
+    stream_slots: StreamSlots = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stream_slots = StreamSlots(
+            self.settings.sse_max_streams_per_token, self.settings.sse_max_streams_per_process
+        )
 
     def count_internal_error(self) -> None:
         self.internal_errors += 1

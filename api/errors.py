@@ -16,7 +16,13 @@ from flask import Flask, Response, jsonify
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
-from app.jobs.errors import ConflictError, JobNotFound, TransientStorageError, ValidationError
+from app.jobs.errors import (
+    ConflictError,
+    JobNotFound,
+    TooManyCommands,
+    TransientStorageError,
+    ValidationError,
+)
 
 log = logging.getLogger("receipt.api")
 
@@ -140,6 +146,10 @@ def register_error_handlers(app: Flask, on_internal_error: Any) -> None:
     @app.errorhandler(JobNotFound)
     def _not_found(exc: JobNotFound) -> Response:
         return error_response(404, NOT_FOUND, JOB_NOT_FOUND_MESSAGE)
+
+    @app.errorhandler(TooManyCommands)
+    def _too_many_commands(exc: TooManyCommands) -> Response:
+        return error_response(409, TOO_MANY_COMMANDS, str(exc))
 
     @app.errorhandler(ConflictError)
     def _conflict(exc: ConflictError) -> Response:

@@ -7,12 +7,13 @@ organisation already holds is refused (409) without saying anything about that j
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from flask import Blueprint
 from flask.typing import ResponseReturnValue
 
-from api import auth, schemas
+from api import auth, limits, schemas
 from api.context import state
 from api.errors import JOB_ID_UNAVAILABLE, JOB_ID_UNAVAILABLE_MESSAGE, ApiError, forbidden, job_not_found
 from api.jsonbody import check_param
@@ -20,7 +21,8 @@ from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
 from app.jobs.reducer import Job
 from app.jobs.validation import validate_enqueue
-from app.storage.queue import decode_cursor, validate_status_filter
+from app.storage.db import parse_iso
+from app.storage.queue import decode_cursor, encode_cursor, validate_status_filter
 
 blueprint = Blueprint("jobs", __name__)
 
@@ -107,7 +109,15 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
         limit=query["limit"],
         cursor=cursor,
     )
-    return {"jobs": [job_json(j) for j in page.jobs], "nextCursor": page.next_cursor}
+    items = [job_json(j) for j in page.jobs]
+    fits = limits.fit(items, state().settings.max_page_bytes)
+    next_cursor = page.next_cursor
+    if fits < len(items):
+        # Cut short by RECEIPT_MAX_PAGE_BYTES: the next page starts after the last job sent.
+        last = page.jobs[fits - 1]
+        next_cursor = encode_cursor(parse_iso(last.created_at) or datetime.min, last.id)
+        items = items[:fits]
+    return {"jobs": items, "nextCursor": next_cursor}
 
 
 @blueprint.post("/jobs/<jobId>/commands")

@@ -27,6 +27,7 @@ from app.jobs.errors import (
     AppendConflict,
     ConflictError,
     JobNotFound,
+    TooManyCommands,
     TransientStorageError,
     ValidationError,
 )
@@ -41,6 +42,9 @@ from app.storage.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, trans
 log = logging.getLogger("receipt.queue")
 
 MAX_CONFLICT_RETRIES = 50
+# Issue 8: RECEIPT_MAX_COMMANDS_PER_JOB's default. Every command is folded into the job's state,
+# so without a cap one tenant could grow a job (and every read of it) without bound.
+MAX_COMMANDS_PER_JOB_DEFAULT = 1000
 Event = tuple[str, dict[str, Any]]
 
 
@@ -107,9 +111,11 @@ class Queue:
         engine: Engine,
         *,
         on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
+        max_commands_per_job: int = MAX_COMMANDS_PER_JOB_DEFAULT,
     ) -> None:
         self.engine = engine
         self._on_dispatchable = on_dispatchable
+        self.max_commands_per_job = max_commands_per_job
 
     # -- the transaction machinery ----------------------------------------------------------
     def _run(self, work: Callable[[_Tx], Any]) -> Any:
@@ -234,6 +240,7 @@ class Queue:
                 active = self._active_on_session(tx, req.organization_id, req.session_key or "")
                 if req.singleton_mode == "steer" and active:
                     target = active[0]  # the most recent active job
+                    self._check_command_room(target.job)
                     steered = self._apply(
                         tx,
                         target,
@@ -261,7 +268,7 @@ class Queue:
                                 tx, loaded, j.id, [("job.canceled", {"reason": SINGLETON_CANCEL_REASON})]
                             )
                             canceled.append(j.id)
-                        else:
+                        elif not (j.abort_requested and self._at_command_cap(j)):
                             # Only the worker can stop work in flight: it gets an abort command.
                             self._apply(
                                 tx,
@@ -455,9 +462,22 @@ class Queue:
         def decide(job: Job, now: datetime) -> list[Event]:
             if job.terminal:
                 raise ConflictError(f"job {job_id} is {job.status}; it takes no commands")
+            self._check_command_room(job)
             return [("queue.command", _command_body(type_, payload, reason, now))]
 
         return self._mutate(job_id, decide)
+
+    def _at_command_cap(self, job: Job) -> bool:
+        return len(job.commands) >= self.max_commands_per_job
+
+    def _check_command_room(self, job: Job) -> None:
+        # Cancel is exempt: at the cap, a job that is not yet aborting still takes one abort (so it
+        # can always be stopped); one that is aborting takes no more.
+        if self._at_command_cap(job):
+            raise TooManyCommands(
+                f"job {job.id} already holds {len(job.commands)} queue commands, the most one job may "
+                f"hold (RECEIPT_MAX_COMMANDS_PER_JOB={self.max_commands_per_job})"
+            )
 
     def consume_command(self, job_id: str, command_id: str) -> Outcome:
         def decide(job: Job, now: datetime) -> list[Event]:
@@ -476,6 +496,8 @@ class Queue:
                 raise ConflictError(f"job {job_id} is already {job.status}")
             if job.status == "queued":
                 return [("job.canceled", {"reason": reason})]
+            if job.abort_requested and self._at_command_cap(job):
+                return []  # already aborting, and at its cap: another abort would change nothing
             return [("queue.command", _command_body("abort", None, reason, now))]
 
         return self._mutate(job_id, decide)
