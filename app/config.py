@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 
 @dataclass(frozen=True)
@@ -478,6 +479,39 @@ def normalise_database_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg2://" + url[len(prefix) :]
     return url
+
+
+# Settings whose whole value is a secret, and settings that are URLs which may carry one.
+SECRET_SETTINGS = frozenset({"callback_token"})
+URL_SETTINGS = frozenset({"database_url", "redis_url", "callback_url", "event_callback_url"})
+MASK = "***"
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (and any query string, where tokens ride) replaced by ``***``."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc and not parts.query:
+        return url  # nothing secret; and urlunsplit would not round-trip sqlite:////path
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:{MASK}@{host}" if ":" in userinfo else f"{MASK}@{host}"
+    query = MASK if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redacted(settings: Settings) -> dict[str, Any]:
+    """The settings as ``receipt config`` prints them: passwords and tokens shown as ``***``."""
+    out: dict[str, Any] = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if value and f.name in SECRET_SETTINGS:
+            value = MASK
+        elif value and f.name in URL_SETTINGS:
+            value = mask_url(str(value))
+        out[f.name] = value
+    return out
 
 
 def settings_markdown_table() -> str:

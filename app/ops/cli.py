@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, TextIO
 
-from app.config import Settings, settings_markdown_table
+from app.config import Settings, redacted, settings_markdown_table
 from app.jobs.errors import InvariantError
 from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.reducer import Receipt, fold
@@ -171,9 +171,8 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     if args.markdown:
         print(settings_markdown_table())
     else:
-        from dataclasses import asdict
-
-        print(json.dumps(asdict(settings), indent=2))
+        # Issue 8: never a password or token on screen (nor in a terminal's scrollback).
+        print(json.dumps(redacted(settings), indent=2))
     return 0
 
 

@@ -137,7 +137,12 @@ loop_runs = Table(
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Open an engine; SQLite gets WAL, a busy timeout and explicit BEGIN for write locking."""
+    """Open an engine; SQLite gets WAL, a busy timeout and explicit BEGIN for write locking.
+
+    Every engine hides SQL parameters from its errors and logs (issue 8): a failed statement
+    must not put a payload, a token hash or a tenant's data into a log line.
+    """
+    kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
