@@ -48,7 +48,7 @@ def visible_job(job_id: str) -> Job:
         body=schemas.ENQUEUE_REQUEST,
         path={"agentId": schemas.AGENT_ID_PARAM},
         responses={202: schemas.ENQUEUE_RESPONSE},
-        errors=(403, 409),
+        errors=(403, 409, 429),
     )
 )
 def enqueue(agentId: str, body: dict[str, Any]) -> ResponseReturnValue:
@@ -77,7 +77,8 @@ def get_job(jobId: str) -> ResponseReturnValue:
     Operation(
         summary="List jobs, newest first.",
         description=(
-            "Filters combine. A system token lists every organisation unless organizationId is given."
+            "Filters combine. A system token lists every organisation unless organizationId is given. "
+            "A page stops early at RECEIPT_MAX_PAGE_BYTES; nextCursor then continues after its last job."
         ),
         tag="jobs",
         query=schemas.LIST_JOBS_QUERY,
@@ -128,7 +129,7 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
         path=_JOB_PATH,
         body=schemas.COMMAND_REQUEST,
         responses={202: schemas.JOB_RESPONSE},
-        errors=(409,),
+        errors=(409, 429),
     )
 )
 def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
@@ -148,7 +149,7 @@ def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
         body=schemas.CANCEL_REQUEST,
         body_required=False,
         responses={202: schemas.JOB_RESPONSE},
-        errors=(409,),
+        errors=(409, 429),
     )
 )
 def cancel(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:

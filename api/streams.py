@@ -88,6 +88,8 @@ def _timing() -> sse.Timing:
 @operation(
     Operation(
         summary="Read a stream's raw receipts in order.",
+        description="A page stops early at RECEIPT_MAX_PAGE_BYTES; nextAfter then continues after its last "
+        "receipt.",
         tag="streams",
         path=_STREAM_PATH,
         query=schemas.RECEIPTS_QUERY,
@@ -116,6 +118,7 @@ def receipts(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
         query=schemas.EVENTS_QUERY,
         headers=_RESUME_HEADERS,
         responses={200: schemas.RECEIPT_EVENT},
+        errors=(429,),
         streams=True,
     )
 )
@@ -135,6 +138,7 @@ def stream_events(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
         query=schemas.EVENTS_QUERY,
         headers=_RESUME_HEADERS,
         responses={200: schemas.JOB_EVENT},
+        errors=(429,),
         streams=True,
     )
 )

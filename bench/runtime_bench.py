@@ -415,6 +415,7 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
                 REDIS_URL=f"{REDIS_BASE}/{RECEIPT_REDIS_DB}",
                 RECEIPT_HOME=str(home),
                 RECEIPT_HANDLER_MODULES="bench.handlers",
+                RECEIPT_RATE_LIMIT_WRITES="disabled",  # throughput, not the write limit, is measured
                 RECEIPT_RESONATE_EXECUTE_CONCURRENCY=str(args.concurrency),
             )
             py = sys.executable
