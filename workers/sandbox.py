@@ -54,6 +54,8 @@ from app.config import Settings
 log = logging.getLogger("receipt.sandbox")
 
 NETWORK_MODES = ("none", "host")
+# The PATH of a command that runs as another user: system folders only.
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KILL_GRACE_S = 2.0
 # How long the end of an attempt waits for the namespace's last process to disappear.
 REAP_TIMEOUT_S = 10.0

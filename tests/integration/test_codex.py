@@ -26,6 +26,7 @@ from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
 from app.jobs.timing import timing_for
 from app.storage.queue import Queue
+from workers import sandbox
 from workers.handler import HandlerError, JobContext
 from workers.handlers import codex
 from workers.registry import default_registry
@@ -243,7 +244,9 @@ def test_worker_secrets_are_not_visible_but_payload_env_is(
     for secret in ("DATABASE_URL", "RECEIPT_CALLBACK_TOKEN", "AWS_SECRET_ACCESS_KEY"):
         assert secret not in env
     assert "hunter2" not in json.dumps(env)
-    assert env.get("PATH") == os.environ.get("PATH")
+    # The worker's PATH, or system folders only where the command runs as another user.
+    expected = sandbox.SANDBOX_PATH if sandbox.detect_host().root else os.environ.get("PATH")
+    assert env.get("PATH") == expected
 
 
 @pytest.mark.parametrize(

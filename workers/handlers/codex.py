@@ -130,6 +130,9 @@ def handle(ctx: JobContext) -> Any:
         with sandbox.scratch_directory(config, host) as scratch:
             workdir = sandbox.resolve_cwd(cwd, scratch, config.workspace_root)
             child_env = {k: os.environ[k] for k in BASE_ENV_NAMES if k in os.environ}
+            if host.root:
+                # The worker's PATH may list folders only root can use (a pyenv under /root).
+                child_env["PATH"] = sandbox.SANDBOX_PATH
             # The scratch directory is the command's home and temp: nothing of the worker's.
             child_env.update({"HOME": str(scratch), "TMPDIR": str(scratch)})
             child_env.update(env)
