@@ -334,3 +334,52 @@ def test_the_codex_worker_logs_once_at_start_which_protections_are_off(
     assert [r.getMessage() for r in caplog.records if "codex sandbox" in r.getMessage()] == [
         "codex sandbox: these protections are OFF on this host: " + "; ".join(off)
     ]
+
+
+# -- the laptop modes, forced on this host: what a worker that is not root still gets ------------
+
+REPORT = """
+import os, resource
+def soft(name):
+    return resource.getrlimit(getattr(resource, name))[0]
+print("uid", os.getuid(), "pid", os.getpid())
+print("as", soft("RLIMIT_AS"), "fsize", soft("RLIMIT_FSIZE"), end=" ")
+print("nofile", soft("RLIMIT_NOFILE"), "cpu", soft("RLIMIT_CPU"))
+"""
+CHILD = """
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", sys.argv[1]])
+"""
+
+
+def _run_directly(host: sandbox.Host, argv: list[str], scratch_root: Path) -> tuple[int, str]:
+    config = sandbox.SandboxConfig.from_settings(replace(BASE, codex_scratch_root=str(scratch_root)))
+    with sandbox.scratch_directory(config, host) as scratch:
+        proc = sandbox.start(argv, env={"PATH": sandbox.SANDBOX_PATH}, cwd=scratch, config=config, host=host)
+        assert proc.popen.stdout is not None
+        proc.popen.wait(30)
+        proc.finish()  # before reading: a child left alive would hold the pipe open
+        out = proc.popen.stdout.read().decode()
+        proc.popen.stdout.close()
+    return proc.popen.returncode, out
+
+
+def test_without_namespaces_the_rlimits_still_apply_and_the_group_is_killed(scratch_root: Path) -> None:
+    marker = f"hostile-{uuid.uuid4().hex}"
+    laptop = sandbox.Host(root=False, user_namespaces=False, tools=True)
+    code, out = _run_directly(laptop, hostile(REPORT + CHILD, marker), scratch_root)
+    assert code == 0, out
+    assert f"as {1024 << 20} fsize {8 << 20} nofile 1024 cpu 20" in out
+    assert marked(marker) == []  # the child stayed in the group, and the group was killed
+    assert list(scratch_root.iterdir()) == []
+
+
+@pytest.mark.skipif(not HOST.tools, reason="util-linux tools are missing")
+def test_a_user_namespace_gives_a_worker_that_is_not_root_its_own_pid_namespace(scratch_root: Path) -> None:
+    marker = f"hostile-{uuid.uuid4().hex}"
+    laptop = sandbox.Host(root=False, user_namespaces=True, tools=True)
+    code, out = _run_directly(laptop, hostile(REPORT, marker), scratch_root)
+    assert code == 0, out
+    assert "uid 0 pid 2" in out  # root only inside its own user namespace; PID 2 under the init
+    assert f"as {1024 << 20}" in out
+    assert marked(marker) == []
