@@ -323,16 +323,14 @@ class Process:
         return self.popen.poll()
 
     def _ns_init(self) -> int | None:
-        if self._init_pid is None and self._host.namespaces:
-            for pid in self._walk_to_unshare_child():
-                self._init_pid = pid
+        """PID 1 of the command's namespace while ``unshare`` still runs (so its pid is not reused)."""
+        if not self._host.namespaces or self.popen.poll() is not None:
+            return None
+        if self._init_pid is None:
+            # setpriv and prlimit exec in place, so the Popen pid *is* unshare; its one child is PID 1.
+            children = _children(self.popen.pid)
+            self._init_pid = children[0] if children else None
         return self._init_pid
-
-    def _walk_to_unshare_child(self) -> Iterator[int]:
-        # setpriv and prlimit exec in place, so the Popen pid *is* unshare; its one child is PID 1.
-        children = _children(self.popen.pid)
-        if children:
-            yield children[0]
 
     def terminate(self, grace_s: float = KILL_GRACE_S) -> None:
         """Ask the command to stop (SIGTERM), then kill the whole tree after ``grace_s``."""
@@ -353,8 +351,8 @@ class Process:
         init = self._ns_init()
         if init is not None:
             _signal(init, signal.SIGKILL)  # the namespace dies with its PID 1
-        _signal_group(self.popen.pid, signal.SIGKILL)
-        _signal(self.popen.pid, signal.SIGKILL)
+        if self.popen.poll() is None:
+            _signal_group(self.popen.pid, signal.SIGKILL)
         try:
             self.popen.wait(REAP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -368,8 +366,12 @@ class Process:
         if self.popen.poll() is None:
             self.kill()
             return
-        # The command is done; without a PID namespace its group may still hold descendants.
-        _signal_group(self.popen.pid, signal.SIGKILL)
+        if not self._host.namespaces:
+            # The command is done, but without a PID namespace its group may still hold
+            # descendants (their membership keeps the group id from being reused).
+            _signal_group(self.popen.pid, signal.SIGKILL)
+        # With a namespace, unshare exits only after its PID 1, and the kernel has killed and
+        # reaped every other process of the namespace before PID 1's exit completes.
         init = self._init_pid
         deadline = time.monotonic() + REAP_TIMEOUT_S
         while init is not None and _alive(init) and time.monotonic() < deadline:
