@@ -316,3 +316,13 @@ def test_a_job_without_the_commands_scope_fails_before_anything_runs(
 def test_a_system_enqueuer_may_run_commands(queue: Queue) -> None:
     job = enqueue(queue, "codex", enqueued_by=Enqueuer("tok_sys", (), True), command=["echo", "ok"])
     assert codex.handle(leased_context(queue, job))["outputTail"] == "ok\n"
+
+
+def test_a_relative_executable_is_found_in_the_commands_cwd(queue: Queue, shared_dir: Path) -> None:
+    repo = shared_dir / "repo"
+    repo.mkdir(mode=0o777)
+    tool = repo / "tool"
+    tool.write_text("#!/usr/bin/python3\nprint('tool ran')\n")
+    tool.chmod(0o755)
+    job = codex_job(queue, command=["./tool"], cwd="repo")
+    assert codex.handle(leased_context(queue, job, in_workspace(shared_dir)))["outputTail"] == "tool ran\n"

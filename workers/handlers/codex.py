@@ -101,9 +101,12 @@ def _refuse_unprivileged(ctx: JobContext) -> None:
         )
 
 
-def _check_executable(argv0: str, env: Mapping[str, str]) -> None:
+def _check_executable(argv0: str, env: Mapping[str, str], workdir: Path) -> None:
     # Inside the sandbox an exec failure is only an exit status; say it plainly before starting.
-    found = os.path.isfile(argv0) if "/" in argv0 else shutil.which(argv0, path=env.get("PATH")) is not None
+    if "/" in argv0:
+        found = (workdir / argv0).is_file()  # an absolute argv0 replaces workdir
+    else:
+        found = shutil.which(argv0, path=env.get("PATH")) is not None
     if not found:
         raise HandlerError(f"cannot start {argv0!r}: no such executable", retryable=False)
 
@@ -136,7 +139,7 @@ def handle(ctx: JobContext) -> Any:
             # The scratch directory is the command's home and temp: nothing of the worker's.
             child_env.update({"HOME": str(scratch), "TMPDIR": str(scratch)})
             child_env.update(env)
-            _check_executable(argv[0], child_env)
+            _check_executable(argv[0], child_env, workdir)
             return _run(ctx, argv, workdir, child_env, timeout_ms, config, host)
     except sandbox.SandboxRefused as exc:
         raise HandlerError(str(exc), retryable=False) from exc
