@@ -158,6 +158,15 @@ class SandboxConfig:
             raise ValueError(
                 f"RECEIPT_CODEX_NETWORK must be one of {', '.join(NETWORK_MODES)}, not {network!r}"
             )
+        for env, value in (
+            ("RECEIPT_CODEX_CPU_SECONDS", settings.codex_cpu_seconds),
+            ("RECEIPT_CODEX_MEMORY_MB", settings.codex_memory_mb),
+            ("RECEIPT_CODEX_MAX_PROCESSES", settings.codex_max_processes),
+            ("RECEIPT_CODEX_MAX_FILE_MB", settings.codex_max_file_mb),
+            ("RECEIPT_CODEX_MAX_OPEN_FILES", settings.codex_max_open_files),
+        ):
+            if value <= 0:
+                raise ValueError(f"{env} must be a positive whole number, not {value}")
         return cls(
             user=settings.codex_user,
             network=network,

@@ -314,11 +314,24 @@ def test_protections_off_names_what_a_host_cannot_give() -> None:
     ]
 
 
-def test_a_bad_network_mode_fails_non_retryably(queue: Queue, settings: Settings) -> None:
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"codex_network": "bridge"}, "RECEIPT_CODEX_NETWORK"),
+        ({"codex_memory_mb": 0}, "RECEIPT_CODEX_MEMORY_MB"),
+        ({"codex_max_processes": -1}, "RECEIPT_CODEX_MAX_PROCESSES"),
+        ({"codex_user": "receipt-no-such-user"}, "RECEIPT_CODEX_USER"),
+    ],
+)
+def test_a_bad_sandbox_setting_fails_non_retryably_naming_it(
+    queue: Queue, settings: Settings, change: dict[str, Any], named: str
+) -> None:
+    if "codex_user" in change and not HOST.root:
+        pytest.skip("the sandbox user is only used by a root worker")
     job = enqueue(queue, "codex", max_attempts=3, command=["true"])
-    out = run_attempt(queue, replace(settings, codex_network="bridge"), default_registry(), job.id, 1)
+    out = run_attempt(queue, replace(settings, **change), default_registry(), job.id, 1)
     assert out.job is not None and (out.job.status, out.job.attempt) == ("failed", 1)
-    assert "RECEIPT_CODEX_NETWORK" in out.job.error
+    assert named in out.job.error
 
 
 def test_the_codex_worker_logs_once_at_start_which_protections_are_off(
