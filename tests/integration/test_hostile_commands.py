@@ -10,6 +10,7 @@ directory being gone. Limits are set small so every case is bounded in time.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -35,15 +36,35 @@ from workers.runner import run_attempt
 from .runtime_support import enqueue, wait_until
 from .test_codex import PY, marked
 
+
+def _own_user() -> str:
+    """A system user nothing else here runs as (nor test_codex.py nor e2e, which use ``nobody``).
+
+    RLIMIT_NPROC counts per user: the fork bomb below exhausts its user's budget on purpose, which
+    must not starve commands of other tests running at the same time.
+    """
+    for name in ("games", "man", "lp", "news"):
+        try:
+            pwd.getpwnam(name)
+            return name
+        except KeyError:
+            continue
+    return "nobody"
+
+
 BASE = Settings.from_env(
     {
         "RECEIPT_CODEX_COMMANDS": "enabled",
+        "RECEIPT_CODEX_USER": _own_user(),
         "RECEIPT_CODEX_CPU_SECONDS": "20",
         "RECEIPT_CODEX_MAX_PROCESSES": "24",
         "RECEIPT_CODEX_MAX_FILE_MB": "8",
     }
 )
 HOST = sandbox.detect_host()
+# Commands run as one sandbox user, whose process limit they share (RLIMIT_NPROC counts per user):
+# a fork bomb here must not starve a command of test_codex.py running beside it on another worker.
+pytestmark = pytest.mark.xdist_group("codex-sandbox")
 needs_namespaces = pytest.mark.skipif(
     not HOST.namespaces, reason="this host gives commands no PID/network namespace (logged at worker start)"
 )
