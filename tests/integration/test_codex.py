@@ -35,8 +35,6 @@ from workers.runner import run_attempt
 from .runtime_support import enqueue, receipts_of, wait_until
 
 ENABLED = Settings.from_env({"RECEIPT_CODEX_COMMANDS": "enabled"})
-# One xdist worker for every test whose commands run as the sandbox user (see test_hostile_commands).
-pytestmark = pytest.mark.xdist_group("codex-sandbox")
 # A system binary: under the sandbox a command runs as RECEIPT_CODEX_USER, which cannot execute
 # anything under /root (where the venv's interpreter lives); see SANDBOX-NOTES.
 PY = "/usr/bin/python3"

@@ -37,13 +37,13 @@ from .runtime_support import enqueue, wait_until
 from .test_codex import PY, marked
 
 
-def _own_user() -> str:
-    """A system user nothing else here runs as (nor test_codex.py nor e2e, which use ``nobody``).
+def _own_user(*candidates: str) -> str:
+    """A system user nothing else runs commands as (test_codex.py and e2e use ``nobody``).
 
-    RLIMIT_NPROC counts per user: the fork bomb below exhausts its user's budget on purpose, which
-    must not starve commands of other tests running at the same time.
+    RLIMIT_NPROC counts per user, and tests run in parallel (xdist): the fork bomb exhausts its
+    user's budget on purpose, which must not starve another test's command meanwhile.
     """
-    for name in ("games", "man", "lp", "news"):
+    for name in candidates:
         try:
             pwd.getpwnam(name)
             return name
@@ -55,16 +55,13 @@ def _own_user() -> str:
 BASE = Settings.from_env(
     {
         "RECEIPT_CODEX_COMMANDS": "enabled",
-        "RECEIPT_CODEX_USER": _own_user(),
+        "RECEIPT_CODEX_USER": _own_user("games", "news"),
         "RECEIPT_CODEX_CPU_SECONDS": "20",
         "RECEIPT_CODEX_MAX_PROCESSES": "24",
         "RECEIPT_CODEX_MAX_FILE_MB": "8",
     }
 )
 HOST = sandbox.detect_host()
-# Commands run as one sandbox user, whose process limit they share (RLIMIT_NPROC counts per user):
-# a fork bomb here must not starve a command of test_codex.py running beside it on another worker.
-pytestmark = pytest.mark.xdist_group("codex-sandbox")
 needs_namespaces = pytest.mark.skipif(
     not HOST.namespaces, reason="this host gives commands no PID/network namespace (logged at worker start)"
 )
@@ -168,7 +165,9 @@ def test_a_fork_bomb_hits_the_process_limit_and_dies_with_its_attempt(
                     print("fork refused", flush=True)
                 time.sleep(0.01)
     """
-    job = run(queue, settings, hostile(script, marker), timeout=3000)
+    # A user of its own: its budget is the one this test exhausts (see _own_user).
+    bomb = replace(settings, codex_user=_own_user("man", "lp"))
+    job = run(queue, bomb, hostile(script, marker), timeout=3000)
     assert job.status == "failed"
     assert job.result["status"] == "execution_timeout"
     assert "fork refused" in job.result["outputTail"]
