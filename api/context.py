@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flask import current_app
@@ -9,6 +10,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from api.limits import StreamSlots
 from app.config import Settings
+from app.jobs.reducer import Job
 from app.storage.queue import Queue
 
 EXTENSION = "receipt"
@@ -28,6 +30,8 @@ class ApiState:
     internal_errors: int = 0
     # How often an open event stream sends a comment line, so idle proxies keep it open.
     sse_heartbeat_seconds: float = 15.0
+    # What wakes the dispatch scanner after a commit (``api.wake``); ``/readyz`` checks it.
+    waker: Callable[[Sequence[Job]], None] | None = None
     stream_slots: StreamSlots = field(init=False)
 
     def __post_init__(self) -> None:

@@ -31,7 +31,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from api.context import read_connection
 from api.present import job_json
-from app.jobs.reducer import Job, job_id_of, reduce
+from app.jobs.reducer import Job, reduce
+from app.jobs.vocab import is_job_stream, job_id_of
 from app.storage import projection, store
 
 log = logging.getLogger("receipt.api")
@@ -86,11 +87,11 @@ def follow(
     still_allowed: Callable[[Connection], bool] | None = None,
 ) -> Iterator[str]:
     """Yield SSE frames for ``stream`` after seq ``after`` until terminal, or until time is up."""
-    is_job_stream = stream.startswith("jobs/")
+    following_a_job = is_job_stream(stream)
     state: Job | None = None
     folded = 0  # the seq ``state`` is at
     seq = after  # the last seq read
-    if is_job_stream:
+    if following_a_job:
         try:
             with read_connection(engine) as conn:
                 state, folded, seq = _starting_point(conn, stream, after, kind)
@@ -118,7 +119,7 @@ def follow(
             yield ": storage unavailable, reconnect\n\n"
             return
         for receipt in batch:
-            if is_job_stream and receipt.seq > folded:
+            if following_a_job and receipt.seq > folded:
                 state = reduce(state, receipt.to_receipt())
                 folded = receipt.seq
             seq = receipt.seq

@@ -17,6 +17,7 @@ from app.config import Settings, redacted, settings_markdown_table
 from app.jobs.errors import InvariantError
 from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.reducer import Receipt, fold
+from app.jobs.vocab import job_stream
 from app.storage.db import iso, make_engine, transaction
 
 
@@ -63,7 +64,7 @@ def read_receipts(source: TextIO) -> list[Receipt]:
                 raise TypeError(f"body must be an object, not {type(body).__name__}")
             out.append(
                 Receipt(
-                    stream=str(data.get("stream", "jobs/unknown")),
+                    stream=str(data.get("stream", job_stream("unknown"))),
                     seq=int(data.get("seq", n)),
                     type=str(data["type"]),
                     body=body,

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import threading
@@ -161,7 +162,7 @@ def _run(
 
     output = _Output(ctx.settings.codex_output_tail_bytes)
     stdout = proc.popen.stdout
-    assert stdout is not None
+    assert isinstance(stdout, io.BufferedReader)  # Popen(stdout=PIPE), unbuffered=False: read1 exists
 
     def pump() -> None:
         # The reader owns the pipe and closes it at EOF: a worker runs many commands, and each
