@@ -13,8 +13,8 @@ from sqlalchemy.engine import Engine
 from api.limits import ENVELOPE_BYTES, fit, json_size
 from app.config import Settings
 from app.storage import tokens
-
-from .conftest import ORG_A, Api, build_api, make_settings, payload
+from tests.support.api import ORG_A, Api, build_api, json_of, make_settings, payload
+from tests.support.queue_ops import complete
 
 # -- pages capped in bytes -------------------------------------------------------------------------
 
@@ -99,18 +99,18 @@ def test_past_the_command_cap_a_job_answers_409_too_many_commands(capped: Api) -
     before = api.receipt_count()
     response = api.client.post(url, json={"type": "steer"}, headers=api.headers())
     assert response.status_code == 409
-    error = response.json["error"]  # type: ignore[index]
+    error = json_of(response)["error"]
     assert error["code"] == "too_many_commands"
     assert "RECEIPT_MAX_COMMANDS_PER_JOB=3" in error["message"]
     assert api.receipt_count() == before
     # A steer through enqueue meets the same cap.
-    steer = {"payload": payload(), "sessionKey": "s", "singletonMode": "steer"}
     session_job = api.job(sessionKey="s")
     for _ in range(3):
         api.client.post(
             f"/jobs/{session_job['id']}/commands", json={"type": "follow_up"}, headers=api.headers()
         )
-    assert api.enqueue(**steer).json["error"]["code"] == "too_many_commands"  # type: ignore[index]
+    steered = api.enqueue(payload=payload(), sessionKey="s", singletonMode="steer")
+    assert json_of(steered)["error"]["code"] == "too_many_commands"
 
 
 def test_a_job_at_its_command_cap_can_still_be_canceled(capped: Api) -> None:
@@ -121,7 +121,7 @@ def test_a_job_at_its_command_cap_can_still_be_canceled(capped: Api) -> None:
         api.client.post(f"/jobs/{job['id']}/commands", json={"type": "follow_up"}, headers=api.headers())
     response = api.client.post(f"/jobs/{job['id']}/cancel", json={}, headers=api.headers())
     assert response.status_code == 202
-    assert response.json["job"]["abortRequested"] is True  # type: ignore[index]
+    assert json_of(response)["job"]["abortRequested"] is True
     before = api.receipt_count()
     assert api.client.post(f"/jobs/{job['id']}/cancel", json={}, headers=api.headers()).status_code == 202
     assert api.receipt_count() == before  # already aborting, at its cap: nothing more is written
@@ -151,7 +151,7 @@ def test_streams_per_token_and_per_process_are_capped_with_429(two_streams: Api,
     open_events(api.client, url, api.headers())
     refused = api.client.get(url, headers=api.headers())
     assert refused.status_code == 429
-    assert refused.json["error"]["code"] == "too_many_streams"  # type: ignore[index]
+    assert json_of(refused)["error"]["code"] == "too_many_streams"
     assert int(refused.headers["Retry-After"]) > 0
     # Another token still has room, up to the process's limit of three.
     open_events(api.client, url, api.headers("system"))
@@ -201,7 +201,7 @@ def test_resuming_with_last_event_id_reads_from_that_seq_not_from_1(
         return real(conn, stream, after=after, limit=limit)
 
     monkeypatch.setattr(store, "read_stream", spy)
-    api.queue.complete(job["id"], "worker-1", attempt, "done")
+    complete(api.queue, job["id"], "worker-1", attempt, "done")
     head = 9  # enqueued, leased, heartbeat, 5 progress, completed
     caught_up = open_events(
         api.client, f"/jobs/{job['id']}/events", api.headers(**{"Last-Event-ID": str(head)})
@@ -226,7 +226,7 @@ def test_writes_past_the_organisations_rate_limit_get_429_with_retry_after(
     before = api.receipt_count()
     limited = api.enqueue()
     assert limited.status_code == 429
-    assert limited.json["error"]["code"] == "rate_limited"  # type: ignore[index]
+    assert json_of(limited)["error"]["code"] == "rate_limited"
     assert 0 < int(limited.headers["Retry-After"]) <= 61  # the window, rounded up
     assert api.receipt_count() == before  # nothing written
     # Another organisation has its own budget; reads are not limited; system tokens are exempt.

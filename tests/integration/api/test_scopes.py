@@ -20,14 +20,13 @@ from app.jobs.privilege import runs_command
 from app.jobs.vocab import PAYLOAD_KINDS
 from app.storage import store, tokens
 from app.storage.db import db_now
+from tests.support.api import ORG_A, Api, json_of, make_settings, payload
 
-from .conftest import ORG_A, Api, make_settings, payload
-
-COMMAND = {"command": ["/bin/echo", "hi"]}
+COMMAND = ["/bin/echo", "hi"]
 
 
 def post_codex(api: Api, secret: str, **extra: Any) -> Any:
-    body = {"payload": payload("factory.task.run", **COMMAND), **extra}
+    body = {"payload": payload("factory.task.run", command=COMMAND), **extra}
     return api.client.post("/agents/codex/jobs", json=body, headers={"Authorization": f"Bearer {secret}"})
 
 
@@ -35,7 +34,7 @@ def test_an_ordinary_token_gets_403_naming_the_scope_and_nothing_is_written(api:
     before = api.receipt_count()
     response = post_codex(api, api.secrets["a"])
     assert response.status_code == 403
-    error = response.json["error"]  # type: ignore[index]
+    error = json_of(response)["error"]
     assert error["code"] == "missing_scope"
     assert error["details"] == {"scope": "commands"}
     assert "'commands' scope" in error["message"]
@@ -47,24 +46,22 @@ def test_a_commands_token_posts_and_the_server_records_who_did(api: Api, project
     info, secret = tokens.create(api.engine, ORG_A, scopes=["commands"])
     response = post_codex(api, secret)
     assert response.status_code == 202, response.json
-    job = response.json["job"]  # type: ignore[index]
+    job = json_of(response)["job"]
     assert job["enqueuedBy"] == {"tokenId": info.id, "scopes": ["commands"], "system": False}
     with api.engine.connect() as conn:
         [enqueued] = store.read_stream(conn, f"jobs/{job['id']}")
     assert enqueued.body["enqueuedBy"] == job["enqueuedBy"]
     projection_equals_fold(api.engine, job["id"])
     assert (
-        api.client.get(f"/jobs/{job['id']}", headers=api.headers()).json["job"]["enqueuedBy"]
-        == job[  # type: ignore[index]
-            "enqueuedBy"
-        ]
+        json_of(api.client.get(f"/jobs/{job['id']}", headers=api.headers()))["job"]["enqueuedBy"]
+        == job["enqueuedBy"]
     )
 
 
 def test_a_system_token_may_post_commands(api: Api) -> None:
     response = post_codex(api, api.secrets["system"])
     assert response.status_code == 202
-    assert response.json["job"]["enqueuedBy"]["system"] is True  # type: ignore[index]
+    assert json_of(response)["job"]["enqueuedBy"]["system"] is True
 
 
 def test_ordinary_jobs_record_their_enqueuer_too(api: Api) -> None:
@@ -77,15 +74,15 @@ def test_enqueued_by_is_never_taken_from_the_request(api: Api) -> None:
     forged = {"tokenId": "tok_x", "scopes": ["commands"], "system": True}
     response = post_codex(api, api.secrets["a"], enqueuedBy=forged)
     assert response.status_code == 400
-    assert response.json["error"]["details"]["field"] == "enqueuedBy"  # type: ignore[index]
+    assert json_of(response)["error"]["details"]["field"] == "enqueuedBy"
     assert api.receipt_count() == before
     # Inside the payload it is just data: the recorded enqueuer is still the token's.
     _info, secret = tokens.create(api.engine, ORG_A)
     body = {"payload": payload("factory.run", enqueuedBy=forged)}
-    job = api.client.post(
-        "/agents/factory/jobs", json=body, headers={"Authorization": f"Bearer {secret}"}
-    ).json
-    assert job["job"]["enqueuedBy"]["system"] is False  # type: ignore[index]
+    job = json_of(
+        api.client.post("/agents/factory/jobs", json=body, headers={"Authorization": f"Bearer {secret}"})
+    )
+    assert job["job"]["enqueuedBy"]["system"] is False
 
 
 def test_which_posts_run_a_command_is_decided_from_the_kind_contracts() -> None:
@@ -98,7 +95,7 @@ def test_which_posts_run_a_command_is_decided_from_the_kind_contracts() -> None:
 
 
 def test_a_task_run_for_a_non_codex_agent_needs_no_scope(api: Api) -> None:
-    body = {"payload": payload("factory.task.run", **COMMAND)}
+    body = {"payload": payload("factory.task.run", command=COMMAND)}
     assert api.client.post("/agents/factory/jobs", json=body, headers=api.headers()).status_code == 202
 
 
@@ -115,7 +112,7 @@ def test_an_expired_token_is_401_saying_so(api: Api) -> None:
         )
     response = api.client.get("/jobs", headers={"Authorization": f"Bearer {secret}"})
     assert response.status_code == 401
-    assert response.json["error"] == {"code": "invalid_token", "message": "the token has expired"}  # type: ignore[index]
+    assert json_of(response)["error"] == {"code": "invalid_token", "message": "the token has expired"}
     assert "invalid_token" in response.headers["WWW-Authenticate"]
 
 
@@ -124,9 +121,9 @@ def test_auth_disabled_never_grants_system_or_commands_rights(sqlite_engine: Eng
         make_settings(tmp_path, auth="disabled"), engine=sqlite_engine, on_dispatchable=lambda j: None
     )
     client = app.test_client()
-    codex = client.post("/agents/codex/jobs", json={"payload": payload("factory.task.run", **COMMAND)})
+    codex = client.post("/agents/codex/jobs", json={"payload": payload("factory.task.run", command=COMMAND)})
     assert codex.status_code == 403
-    assert codex.json["error"]["code"] == "missing_scope"  # type: ignore[index]
+    assert json_of(codex)["error"]["code"] == "missing_scope"
     watchdog = client.post(
         "/agents/factory-control/jobs", json={"payload": {"kind": "factory.objective.watchdog"}}
     )
@@ -138,7 +135,7 @@ def test_auth_disabled_never_grants_system_or_commands_rights(sqlite_engine: Eng
     # Still every organisation's ordinary work: anonymous posts and lists for any of them.
     assert client.post("/agents/factory/jobs", json={"payload": payload()}).status_code == 202
     assert client.post("/agents/factory/jobs", json={"payload": payload(org="org-b")}).status_code == 202
-    assert len(client.get("/jobs").json["jobs"]) == 2  # type: ignore[index]
+    assert len(json_of(client.get("/jobs"))["jobs"]) == 2
 
 
 @pytest.mark.parametrize("who", ["a", "system"])
