@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from flask import Flask, Response, g, request
 from sqlalchemy.engine import Engine
 
-from api import auth, errors, health, jobs, openapi, streams, ui
+from api import auth, errors, health, jobs, limits, openapi, streams, ui
 from api.context import EXTENSION, ApiState
 from api.wake import default_waker
 from app.config import Settings
@@ -47,9 +47,8 @@ def create_app(
     # (api.inputs.raw_body refuses anything past the limit itself, declared or streamed).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    api_state = ApiState(
-        settings, engine, Queue(engine, on_dispatchable=on_dispatchable), waker=on_dispatchable
-    )
+    queue = Queue(engine, on_dispatchable=on_dispatchable, max_commands_per_job=settings.max_commands_per_job)
+    api_state = ApiState(settings, engine, queue, waker=on_dispatchable)
     app.extensions[EXTENSION] = api_state
 
     for blueprint in (jobs.blueprint, streams.blueprint, health.blueprint, openapi.blueprint):
@@ -69,6 +68,9 @@ def create_app(
         if op is not None and not op.auth:
             return
         g.identity = auth.authenticate(engine, auth_disabled=auth_disabled)
+
+    # After authentication (before_request hooks run in order): the write limit keys on the caller.
+    limits.install_rate_limit(app, settings)
 
     if auth_disabled:
 

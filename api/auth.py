@@ -2,7 +2,12 @@
 
 Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>``. A token belongs to one
 organisation; a system token may act for any. With ``RECEIPT_AUTH=disabled`` a request without
-credentials acts as an anonymous system identity (and every response carries a warning header).
+credentials acts as an anonymous identity that may act for every organisation but is *not* a
+system identity and holds no scopes (issue 8: disabling auth never grants system or commands
+rights); every response carries a warning header.
+
+Scopes (issue 8): posting a job that would run a command needs the ``commands`` scope or a
+system token (``app.jobs.privilege``); without it the POST is a 403 naming the scope.
 
 Scoping rule used everywhere: a job is visible only to its own organisation (and to system
 identities); anything else answers exactly as an unknown job would, so existence never leaks.
@@ -11,12 +16,14 @@ identities); anything else answers exactly as an unknown job would, so existence
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from flask import g, request
 from sqlalchemy.engine import Engine
 
 from api.context import read_connection
-from api.errors import INVALID_TOKEN, UNAUTHORIZED, ApiError, forbidden
+from api.errors import INVALID_TOKEN, MISSING_SCOPE, UNAUTHORIZED, ApiError, forbidden
+from app.jobs.privilege import COMMANDS_SCOPE, Enqueuer, runs_command
 from app.jobs.reducer import Job
 from app.jobs.vocab import KINDS_WITHOUT_AUTH_CONTEXT
 from app.storage import tokens
@@ -29,21 +36,34 @@ _CHALLENGE = 'Bearer realm="receipt"'
 
 @dataclass(frozen=True)
 class Identity:
-    """The caller: an organisation, whether it is a system identity, and the token it used."""
+    """The caller: an organisation, whether it is a system identity, its scopes and its token."""
 
     organization_id: str | None
     system: bool
     token_id: str | None = None
+    scopes: tuple[str, ...] = ()
+    # The anonymous identity of RECEIPT_AUTH=disabled: every organisation, but no system rights.
+    any_organization: bool = False
+
+    @property
+    def all_organizations(self) -> bool:
+        return self.system or self.any_organization
 
     def may_act_for(self, organization_id: str | None) -> bool:
         """System identities act for anyone; others only for their own organisation."""
-        return self.system or (organization_id is not None and organization_id == self.organization_id)
+        if self.all_organizations:
+            return True
+        return organization_id is not None and organization_id == self.organization_id
 
     def may_see(self, job: Job) -> bool:
         return self.may_act_for(job.organization_id)
 
+    def enqueuer(self) -> Enqueuer:
+        """What ``job.enqueued`` records about this caller."""
+        return Enqueuer(token_id=self.token_id, scopes=self.scopes, system=self.system)
 
-ANONYMOUS = Identity(organization_id=None, system=True, token_id=None)
+
+ANONYMOUS = Identity(organization_id=None, system=False, token_id=None, any_organization=True)
 
 
 def _unauthorized(code: str, message: str) -> ApiError:
@@ -73,10 +93,12 @@ def identity_for(engine: Engine, secret: str) -> Identity:
     if not secret or len(secret) > 256 or not secret.isascii() or not secret.isprintable():
         raise _unauthorized(INVALID_TOKEN, "the token is not valid")
     with read_connection(engine) as conn:
-        info = tokens.authenticate(conn, secret)
+        info = tokens.lookup(conn, secret)
     if info is None:
         raise _unauthorized(INVALID_TOKEN, "the token is not valid (unknown or revoked)")
-    return Identity(info.organization_id, info.system, info.id)
+    if info.expired(datetime.now(UTC)):
+        raise _unauthorized(INVALID_TOKEN, "the token has expired")
+    return Identity(info.organization_id, info.system, info.id, info.scopes)
 
 
 def current() -> Identity:
@@ -85,9 +107,19 @@ def current() -> Identity:
     return identity
 
 
-def require_enqueue_allowed(identity: Identity, kind: str, organization_id: str | None) -> None:
-    """403 unless the caller may post this kind for this organisation."""
+def require_enqueue_allowed(
+    identity: Identity, agent_id: str, kind: str, organization_id: str | None
+) -> None:
+    """403 unless the caller may post this kind, to this agent, for this organisation."""
     if kind in KINDS_WITHOUT_AUTH_CONTEXT and not identity.system:
         raise forbidden(f"only system tokens may post {kind} jobs")
     if not identity.may_act_for(organization_id):
         raise forbidden("payload.authContext.organizationId is not the organisation of this token")
+    if runs_command(agent_id, kind) and not identity.enqueuer().may_run_commands:
+        raise ApiError(
+            403,
+            MISSING_SCOPE,
+            f"a {kind} job for agent {agent_id!r} runs a command: it needs a token with the "
+            f"{COMMANDS_SCOPE!r} scope (or a system token)",
+            {"scope": COMMANDS_SCOPE},
+        )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flask import current_app
 from sqlalchemy.engine import Connection, Engine
 
+from api.limits import StreamSlots
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.storage.queue import Queue
@@ -31,6 +32,12 @@ class ApiState:
     sse_heartbeat_seconds: float = 15.0
     # What wakes the dispatch scanner after a commit (``api.wake``); ``/readyz`` checks it.
     waker: Callable[[Sequence[Job]], None] | None = None
+    stream_slots: StreamSlots = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stream_slots = StreamSlots(
+            self.settings.sse_max_streams_per_token, self.settings.sse_max_streams_per_process
+        )
 
     def count_internal_error(self) -> None:
         self.internal_errors += 1

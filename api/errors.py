@@ -16,7 +16,13 @@ from flask import Flask, Response, jsonify
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
-from app.jobs.errors import ConflictError, JobNotFound, TransientStorageError, ValidationError
+from app.jobs.errors import (
+    ConflictError,
+    JobNotFound,
+    TooManyCommands,
+    TransientStorageError,
+    ValidationError,
+)
 
 log = logging.getLogger("receipt.api")
 
@@ -34,6 +40,14 @@ PAYLOAD_TOO_LARGE = "payload_too_large"
 NOT_READY = "not_ready"
 UNAVAILABLE = "unavailable"
 INTERNAL = "internal_error"
+# Issue 8: a token without the scope an operation needs (details.scope names it).
+MISSING_SCOPE = "missing_scope"
+# Issue 8: a job already holds RECEIPT_MAX_COMMANDS_PER_JOB queue commands.
+TOO_MANY_COMMANDS = "too_many_commands"
+# Issue 8: the organisation's write rate limit (429, Retry-After).
+RATE_LIMITED = "rate_limited"
+# Issue 8: too many open event streams for this token or this process (429, Retry-After).
+TOO_MANY_STREAMS = "too_many_streams"
 
 ERROR_CODES = (
     INVALID_JSON,
@@ -49,6 +63,10 @@ ERROR_CODES = (
     NOT_READY,
     UNAVAILABLE,
     INTERNAL,
+    MISSING_SCOPE,
+    TOO_MANY_COMMANDS,
+    RATE_LIMITED,
+    TOO_MANY_STREAMS,
 )
 
 # One message for "no such job" and "another organisation's job": the two must be identical.
@@ -128,6 +146,10 @@ def register_error_handlers(app: Flask, on_internal_error: Any) -> None:
     @app.errorhandler(JobNotFound)
     def _not_found(exc: JobNotFound) -> Response:
         return error_response(404, NOT_FOUND, JOB_NOT_FOUND_MESSAGE)
+
+    @app.errorhandler(TooManyCommands)
+    def _too_many_commands(exc: TooManyCommands) -> Response:
+        return error_response(409, TOO_MANY_COMMANDS, str(exc))
 
     @app.errorhandler(ConflictError)
     def _conflict(exc: ConflictError) -> Response:

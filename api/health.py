@@ -22,6 +22,7 @@ from api.errors import NOT_READY, ApiError
 from api.openapi import Operation, operation
 from api.wake import check_waker
 from app.config import Settings
+from app.storage.files import private_dir
 
 blueprint = Blueprint("health", __name__)
 
@@ -56,6 +57,7 @@ def check_broker(settings: Settings) -> str:
         return OK
     folder: Path = settings.home_path / "broker"
     try:
+        private_dir(settings.home_path)
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"broker folder {folder} is not usable ({type(exc).__name__})"

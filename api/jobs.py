@@ -7,12 +7,13 @@ organisation already holds is refused (409) without saying anything about that j
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from flask import Blueprint
 from flask.typing import ResponseReturnValue
 
-from api import auth, schemas
+from api import auth, limits, schemas
 from api.context import state
 from api.errors import JOB_ID_UNAVAILABLE, JOB_ID_UNAVAILABLE_MESSAGE, ApiError, forbidden, job_not_found
 from api.jsonbody import check_param
@@ -20,7 +21,8 @@ from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
 from app.jobs.reducer import Job
 from app.jobs.validation import validate_enqueue
-from app.storage.queue import decode_cursor, validate_status_filter
+from app.storage.db import parse_iso
+from app.storage.queue import decode_cursor, encode_cursor, validate_status_filter
 
 blueprint = Blueprint("jobs", __name__)
 
@@ -46,14 +48,14 @@ def visible_job(job_id: str) -> Job:
         body=schemas.ENQUEUE_REQUEST,
         path={"agentId": schemas.AGENT_ID_PARAM},
         responses={202: schemas.ENQUEUE_RESPONSE},
-        errors=(403, 409),
+        errors=(403, 409, 429),
     )
 )
 def enqueue(agentId: str, body: dict[str, Any]) -> ResponseReturnValue:
     req = validate_enqueue(agentId, body)
     identity = auth.current()
-    auth.require_enqueue_allowed(identity, str(req.payload["kind"]), req.organization_id)
-    result = state().queue.enqueue(req)
+    auth.require_enqueue_allowed(identity, agentId, str(req.payload["kind"]), req.organization_id)
+    result = state().queue.enqueue(req, enqueued_by=identity.enqueuer())
     job = result.job
     if not result.created and not result.steered and job.organization_id != req.organization_id:
         # Idempotency is per organisation: someone else's job is neither returned nor described.
@@ -75,7 +77,8 @@ def get_job(jobId: str) -> ResponseReturnValue:
     Operation(
         summary="List jobs, newest first.",
         description=(
-            "Filters combine. A system token lists every organisation unless organizationId is given."
+            "Filters combine. A system token lists every organisation unless organizationId is given. "
+            "A page stops early at RECEIPT_MAX_PAGE_BYTES; nextCursor then continues after its last job."
         ),
         tag="jobs",
         query=schemas.LIST_JOBS_QUERY,
@@ -94,7 +97,7 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
         _, last_id = decode_cursor(cursor)
         check_param(last_id, "cursor")
     scope: dict[str, Any]
-    if identity.system:
+    if identity.all_organizations:
         scope = {"organization_id": org, "all_organizations": org is None}
     else:
         scope = {"organization_id": identity.organization_id}
@@ -107,7 +110,15 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
         limit=query["limit"],
         cursor=cursor,
     )
-    return {"jobs": [job_json(j) for j in page.jobs], "nextCursor": page.next_cursor}
+    items = [job_json(j) for j in page.jobs]
+    fits = limits.fit(items, state().settings.max_page_bytes)
+    next_cursor = page.next_cursor
+    if fits < len(items):
+        # Cut short by RECEIPT_MAX_PAGE_BYTES: the next page starts after the last job sent.
+        last = page.jobs[fits - 1]
+        next_cursor = encode_cursor(parse_iso(last.created_at) or datetime.min, last.id)
+        items = items[:fits]
+    return {"jobs": items, "nextCursor": next_cursor}
 
 
 @blueprint.post("/jobs/<jobId>/commands")
@@ -118,7 +129,7 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
         path=_JOB_PATH,
         body=schemas.COMMAND_REQUEST,
         responses={202: schemas.JOB_RESPONSE},
-        errors=(409,),
+        errors=(409, 429),
     )
 )
 def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
@@ -138,7 +149,7 @@ def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
         body=schemas.CANCEL_REQUEST,
         body_required=False,
         responses={202: schemas.JOB_RESPONSE},
-        errors=(409,),
+        errors=(409, 429),
     )
 )
 def cancel(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:

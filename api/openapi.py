@@ -28,10 +28,14 @@ EVENT_STREAM = "text/event-stream"
 _ERROR_DESCRIPTIONS = {
     400: "Malformed JSON or an invalid field (details name the field and its allowed values).",
     401: "Missing or invalid credentials.",
-    403: "The caller's organisation may not do this.",
+    403: "The caller's organisation may not do this, or its token lacks a scope the operation needs "
+    "(code missing_scope, details.scope names it: posting a job that runs a command needs 'commands').",
     404: "No such job or stream (another organisation's job answers the same way), or no such route.",
-    409: "The job's state does not allow this, or the jobId belongs to someone else.",
+    409: "The job's state does not allow this, the jobId belongs to someone else, or the job already "
+    "holds RECEIPT_MAX_COMMANDS_PER_JOB queue commands (code too_many_commands).",
     413: "The request body is larger than the configured limit.",
+    429: "Too many requests: the organisation's write rate limit (code rate_limited) or this token's or "
+    "this server's open event streams (code too_many_streams). Retry-After says when to try again.",
     500: "An unexpected server error (the same JSON shape).",
     503: "The database or broker is unreachable.",
 }
@@ -143,6 +147,14 @@ def _operation_object(op: Operation, endpoint: str, path_args: list[str]) -> dic
             "description": _ERROR_DESCRIPTIONS[status],
             "content": _content(schemas.ERROR),
         }
+        if status == 429:
+            responses[str(status)]["headers"] = {
+                "Retry-After": {
+                    "description": "Seconds to wait before retrying.",
+                    "required": True,
+                    "schema": {"type": "string", "pattern": "^[0-9]+$"},
+                }
+            }
     out["responses"] = responses
     if not op.auth:
         out["security"] = []

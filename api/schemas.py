@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.jobs.ids import JOB_ID_PATTERN
+from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
 from app.jobs.vocab import (
     AUTH_CONTEXT_OPTIONAL,
@@ -260,6 +261,17 @@ JOB: Schema = {
         "stream": {"type": "string"},
         "seq": {"type": "integer", "description": "The last receipt folded into this state."},
         "route": _ref("Route"),
+        "enqueuedBy": {
+            "type": ["object", "null"],
+            "description": "Who posted the job, as the server authenticated it (never taken from the "
+            "request); null for a job written by another path.",
+            "properties": {
+                "tokenId": {"type": ["string", "null"]},
+                "scopes": {"type": "array", "items": {"type": "string", "enum": list(TOKEN_SCOPES)}},
+                "system": {"type": "boolean"},
+            },
+            "required": ["tokenId", "scopes", "system"],
+        },
     },
     "required": [
         "id",
@@ -282,6 +294,7 @@ JOB: Schema = {
         "stream",
         "seq",
         "route",
+        "enqueuedBy",
     ],
 }
 

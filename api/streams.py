@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, request
+from flask import Blueprint, Response, request
 from flask.typing import ResponseReturnValue
+from sqlalchemy.engine import Connection
 
-from api import auth, inputs, schemas, sse
+from api import auth, inputs, limits, schemas, sse
 from api.context import read_connection, state
 from api.errors import stream_not_found
 from api.jobs import visible_job
 from api.openapi import Operation, operation
 from app.jobs.vocab import is_job_stream, job_id_of, job_stream
-from app.storage import store
+from app.storage import store, tokens
 
 blueprint = Blueprint("streams", __name__)
 
@@ -50,6 +51,29 @@ def resume_point(query: dict[str, Any]) -> int:
     return after
 
 
+def _follow(stream: str, after: int, kind: sse.EventKind) -> Response:
+    """An event-stream response holding one of the caller's stream slots until it closes."""
+    identity = auth.current()
+    st = state()
+    release = st.stream_slots.acquire(identity.token_id or "anonymous")
+    try:
+        still_allowed = None
+        if identity.token_id is not None:
+            token_id = identity.token_id
+
+            def still_allowed(conn: Connection) -> bool:
+                return tokens.is_live(conn, token_id)
+
+        response = sse.event_stream_response(
+            sse.follow(st.engine, stream, after, kind, _timing(), still_allowed)
+        )
+    except BaseException:
+        release()
+        raise
+    response.call_on_close(release)
+    return response
+
+
 def _timing() -> sse.Timing:
     st = state()
     return sse.Timing(
@@ -63,6 +87,8 @@ def _timing() -> sse.Timing:
 @operation(
     Operation(
         summary="Read a stream's raw receipts in order.",
+        description="A page stops early at RECEIPT_MAX_PAGE_BYTES; nextAfter then continues after its last "
+        "receipt.",
         tag="streams",
         path=_STREAM_PATH,
         query=schemas.RECEIPTS_QUERY,
@@ -74,9 +100,12 @@ def receipts(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
     limit = query["limit"]
     with read_connection(state().engine) as conn:
         rows = store.read_stream(conn, stream, after=query["after"], limit=limit + 1)
-    page = rows[:limit]
-    next_after = page[-1].seq if len(rows) > limit else None
-    return {"stream": stream, "receipts": [r.to_json() for r in page], "nextAfter": next_after}
+    items = [r.to_json() for r in rows[:limit]]
+    fits = limits.fit(items, state().settings.max_page_bytes)
+    more = len(rows) > limit or fits < len(items)
+    items = items[:fits]
+    next_after = items[-1]["seq"] if more and items else None
+    return {"stream": stream, "receipts": items, "nextAfter": next_after}
 
 
 @blueprint.get("/streams/<path:stream>/events")
@@ -88,13 +117,14 @@ def receipts(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
         query=schemas.EVENTS_QUERY,
         headers=_RESUME_HEADERS,
         responses={200: schemas.RECEIPT_EVENT},
+        errors=(429,),
         streams=True,
     )
 )
 def stream_events(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
     readable_stream(stream)
     after = resume_point(query)
-    return sse.event_stream_response(sse.follow(state().engine, stream, after, "receipt", _timing()))
+    return _follow(stream, after, "receipt")
 
 
 @blueprint.get("/jobs/<jobId>/events")
@@ -107,10 +137,11 @@ def stream_events(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
         query=schemas.EVENTS_QUERY,
         headers=_RESUME_HEADERS,
         responses={200: schemas.JOB_EVENT},
+        errors=(429,),
         streams=True,
     )
 )
 def job_events(jobId: str, query: dict[str, Any]) -> ResponseReturnValue:
     visible_job(jobId)
     after = resume_point(query)
-    return sse.event_stream_response(sse.follow(state().engine, job_stream(jobId), after, "job", _timing()))
+    return _follow(job_stream(jobId), after, "job")

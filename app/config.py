@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 
 @dataclass(frozen=True)
@@ -266,6 +267,104 @@ SETTINGS: tuple[Setting, ...] = (
         "How much of a command's output the codex handler keeps in `result` and failures.",
         _int,
     ),
+    # -- security (issue 8): the command sandbox, and bounds per tenant. See docs/security.md.
+    Setting(
+        "RECEIPT_CODEX_USER",
+        "codex_user",
+        "nobody",
+        "User a command runs as when the worker is root (never root itself).",
+    ),
+    Setting(
+        "RECEIPT_CODEX_NETWORK",
+        "codex_network",
+        "none",
+        "`none`: each command gets its own network namespace with no interface up; "
+        "`host`: the worker's network.",
+    ),
+    Setting(
+        "RECEIPT_CODEX_MEMORY_MB",
+        "codex_memory_mb",
+        "1024",
+        "Address-space limit of each command process (RLIMIT_AS), in MiB.",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_CODEX_CPU_SECONDS",
+        "codex_cpu_seconds",
+        "3600",
+        "CPU-time limit of each command process (RLIMIT_CPU), in seconds.",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_CODEX_MAX_PROCESSES",
+        "codex_max_processes",
+        "256",
+        "Process limit of the sandbox user (RLIMIT_NPROC; shared by commands running at once as that user).",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_CODEX_MAX_FILE_MB",
+        "codex_max_file_mb",
+        "1024",
+        "Largest file a command may write (RLIMIT_FSIZE), in MiB.",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_CODEX_MAX_OPEN_FILES",
+        "codex_max_open_files",
+        "1024",
+        "Open-file limit of each command process (RLIMIT_NOFILE).",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_CODEX_WORKSPACE_ROOT",
+        "codex_workspace_root",
+        None,
+        "A payload `cwd` must resolve inside this folder. "
+        "Unset: only inside the attempt's scratch directory.",
+    ),
+    Setting(
+        "RECEIPT_CODEX_SCRATCH_ROOT",
+        "codex_scratch_root",
+        None,
+        "Where each attempt's scratch directory is made (and removed afterwards). "
+        "Unset: the system temp folder.",
+    ),
+    Setting(
+        "RECEIPT_MAX_COMMANDS_PER_JOB",
+        "max_commands_per_job",
+        "1000",
+        "Queue commands one job may hold (steer, follow_up, abort); past it: 409 `too_many_commands`.",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_MAX_PAGE_BYTES",
+        "max_page_bytes",
+        "1048576",
+        "Largest JSON page `GET /jobs` or a receipts page returns; a page cut short returns its cursor.",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_SSE_MAX_STREAMS_PER_TOKEN",
+        "sse_max_streams_per_token",
+        "10",
+        "Event streams one token may hold open in one API process; past it: 429 with Retry-After.",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_SSE_MAX_STREAMS_PER_PROCESS",
+        "sse_max_streams_per_process",
+        "200",
+        "Event streams one API process holds open in all; past it: 429 with Retry-After.",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_RATE_LIMIT_WRITES",
+        "rate_limit_writes",
+        "600/minute",
+        "Writes (POST) one organisation may make, as a Flask-Limiter rate (`600/minute;50/second`); "
+        "`disabled` turns it off. Counted in Redis (REDIS_URL); embedded mode counts in memory.",
+    ),
 )
 
 
@@ -309,6 +408,20 @@ class Settings:
     celery_events: str = "disabled"
     handler_modules: str = ""
     codex_output_tail_bytes: int = 4096
+    codex_user: str = "nobody"
+    codex_network: str = "none"
+    codex_memory_mb: int = 1024
+    codex_cpu_seconds: int = 3600
+    codex_max_processes: int = 256
+    codex_max_file_mb: int = 1024
+    codex_max_open_files: int = 1024
+    codex_workspace_root: str | None = None
+    codex_scratch_root: str | None = None
+    max_commands_per_job: int = 1000
+    max_page_bytes: int = 1048576
+    sse_max_streams_per_token: int = 10
+    sse_max_streams_per_process: int = 200
+    rate_limit_writes: str = "600/minute"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -366,6 +479,39 @@ def normalise_database_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg2://" + url[len(prefix) :]
     return url
+
+
+# Settings whose whole value is a secret, and settings that are URLs which may carry one.
+SECRET_SETTINGS = frozenset({"callback_token"})
+URL_SETTINGS = frozenset({"database_url", "redis_url", "callback_url", "event_callback_url"})
+MASK = "***"
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (and any query string, where tokens ride) replaced by ``***``."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc and not parts.query:
+        return url  # nothing secret; and urlunsplit would not round-trip sqlite:////path
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:{MASK}@{host}" if ":" in userinfo else f"{MASK}@{host}"
+    query = MASK if parts.query else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redacted(settings: Settings) -> dict[str, Any]:
+    """The settings as ``receipt config`` prints them: passwords and tokens shown as ``***``."""
+    out: dict[str, Any] = {}
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        if value and f.name in SECRET_SETTINGS:
+            value = MASK
+        elif value and f.name in URL_SETTINGS:
+            value = mask_url(str(value))
+        out[f.name] = value
+    return out
 
 
 def settings_markdown_table() -> str:

@@ -1,6 +1,7 @@
 """Enqueue throughput through the real HTTP stack against the raw receipt append rate, same run.
 
     .venv/bin/python bench/http_enqueue_bench.py [--appends 3000] [--requests 3000] [--concurrency 16]
+        [--rate-limit 1000000/minute]
 
 1. Creates a fresh PostgreSQL database (``postgres@127.0.0.1:5432``, trust auth) and migrates it.
 2. Raw append rate: ``app.storage.store.append`` of ``job.enqueued``-shaped receipts, one transaction
@@ -148,6 +149,12 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (WEB_CONCURRENCY)")
     parser.add_argument(
+        "--rate-limit",
+        default="disabled",
+        help="RECEIPT_RATE_LIMIT_WRITES for the server (default disabled; e.g. 1000000/minute to measure "
+        "what the per-organisation limit costs with its counters in Redis)",
+    )
+    parser.add_argument(
         "--load-generator", nargs=3, metavar=("PORT", "TOKEN", "DEADLINE"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -188,6 +195,8 @@ def main() -> int:
             "DATABASE_URL": db_url,
             "REDIS_URL": REDIS_URL,
             "RECEIPT_AUTH": "enabled",
+            # Off by default: the bench measures the enqueue path, not the write limit (--rate-limit).
+            "RECEIPT_RATE_LIMIT_WRITES": args.rate_limit,
             "RECEIPT_HOME": home,
             "WEB_CONCURRENCY": str(args.workers),
             "GUNICORN_LOG_LEVEL": "warning",

@@ -345,6 +345,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
                 DATABASE_URL=url,
                 REDIS_URL=f"{REDIS_BASE}/{RECEIPT_REDIS_DB}",
                 RECEIPT_HOME=str(home),
+                RECEIPT_RATE_LIMIT_WRITES="disabled",  # throughput, not the write limit, is measured
                 RECEIPT_RESONATE_EXECUTE_CONCURRENCY=str(args.concurrency),
             )
             py = sys.executable

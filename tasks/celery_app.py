@@ -14,7 +14,7 @@ from celery import Celery, signals
 from app.config import Settings
 from app.jobs.routing import MAINTENANCE_QUEUE
 from app.ops import celeryconfig
-from tasks import dispatch, execute, loops
+from tasks import dispatch, execute, loops, redaction
 from tasks.runtime import (
     DISPATCH_TASK,
     DRIVER_TASK,
@@ -28,6 +28,7 @@ from tasks.runtime import (
 
 def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or Settings.from_env()
+    redaction.install()
     app = Celery("receipt", set_as_current=False)
     app.config_from_object(celeryconfig.build(settings))
     app.receipt_settings = settings

@@ -34,10 +34,14 @@ def _guarded(rt: Runtime, name: str, interval_ms: int, body: Any) -> dict[str, A
     # normal schedule with jitter still runs every tick. A pass that died is stale after ten intervals.
     if not loops.claim(rt.engine, name, owner, min_interval_ms=interval_ms // 2, stale_ms=interval_ms * 10):
         return {"skipped": True}
+    # Inside the claim: these two lines never interleave with another pass's (single flight), and
+    # they say what Celery's "succeeded" line no longer shows (it logs no return values).
+    log.info("loop %s: pass started", name)
     try:
         result: dict[str, Any] = body()
         return result
     finally:
+        log.info("loop %s: pass finished", name)
         loops.release(rt.engine, name, owner)
 
 

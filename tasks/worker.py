@@ -11,7 +11,9 @@ import logging
 import sys
 
 from app.config import Settings
+from app.jobs.routing import QUEUES
 from tasks.celery_app import make_celery
+from workers import sandbox
 from workers.roles import concurrency, resolve_role, unknown_role_warning
 
 log = logging.getLogger("receipt.worker")
@@ -39,6 +41,21 @@ def worker_argv(settings: Settings, raw_role: str | None) -> list[str]:
     ]
 
 
+def log_sandbox_protections(settings: Settings) -> list[str]:
+    """Issue 8: a codex worker says once, at start, which command protections this host lacks."""
+    try:
+        config = sandbox.SandboxConfig.from_settings(settings)
+    except ValueError as exc:
+        log.error("codex sandbox misconfigured: %s (every command will fail until it is fixed)", exc)
+        return [str(exc)]
+    off = sandbox.protections_off(config, sandbox.detect_host())
+    if off:
+        log.warning("codex sandbox: these protections are OFF on this host: %s", "; ".join(off))
+    else:
+        log.info("codex sandbox: every protection is on (user %s, PID and network namespaces)", config.user)
+    return off
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tasks.worker")
     parser.add_argument("--role", help="overrides RECEIPT_PROCESS_ROLE")
@@ -46,9 +63,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
     raw = args.role if args.role is not None else settings.process_role
-    _role, known = resolve_role(raw)
+    role, known = resolve_role(raw)
     if not known:
         log.warning(unknown_role_warning(raw))
+    if QUEUES["codex"] in role.queues:
+        log_sandbox_protections(settings)
     app = make_celery(settings)
     app.worker_main(worker_argv(settings, raw))
 

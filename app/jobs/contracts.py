@@ -45,6 +45,10 @@ class KindContract:
     terminal_objective_audit: bool
     # Spec: every kind except factory.objective.watchdog requires an authContext.
     requires_auth_context: bool
+    # Issue 8: a job of this kind executes a command when delivered to the codex group, so posting
+    # it needs the ``commands`` scope (``app.jobs.privilege.runs_command``). Flip it on for the
+    # integration kinds here, in one place, once their handlers run commands.
+    runs_command: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The contract in the spec's camelCase field names."""
@@ -60,6 +64,7 @@ class KindContract:
             "liveExecution": self.live_execution,
             "terminalObjectiveAudit": self.terminal_objective_audit,
             "requiresAuthContext": self.requires_auth_context,
+            "runsCommand": self.runs_command,
         }
 
 
@@ -73,6 +78,7 @@ def _contract(
     reconcile: bool = False,
     live_execution: bool = False,
     terminal_objective_audit: bool = False,
+    runs_command: bool = False,
 ) -> KindContract:
     # requires_auth_context is derived from the one vocabulary that names the exception, so the
     # contract and the enqueue validator cannot disagree.
@@ -86,6 +92,7 @@ def _contract(
         live_execution=live_execution,
         terminal_objective_audit=terminal_objective_audit,
         requires_auth_context=kind not in KINDS_WITHOUT_AUTH_CONTEXT,
+        runs_command=runs_command,
     )
 
 
@@ -134,11 +141,13 @@ _ALL: Final[tuple[KindContract, ...]] = (
         reconcile=True,
         live_execution=True,
     ),
-    # Spec: only factory.task.run sets hasDurableActivity.
+    # Spec: only factory.task.run sets hasDurableActivity. It is the one kind whose handler runs a
+    # command today (the codex handler's argv), hence runs_command.
     _contract(
         "factory.task.run",
         "codex",
         has_durable_activity=True,
+        runs_command=True,
         objective_scoped=True,
         reconcile=True,
         live_execution=True,

@@ -67,6 +67,10 @@ class ConflictError(ReceiptError):
     """The job's state does not allow the operation (e.g. canceling a terminal job)."""
 
 
+class TooManyCommands(ConflictError):
+    """The job already holds ``RECEIPT_MAX_COMMANDS_PER_JOB`` queue commands (issue 8)."""
+
+
 class DeliveryGenerationsExceeded(ReceiptError):
     """The driver starter ran out of delivery generations for one job."""
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.jobs.errors import InvariantError, no_job_message
+from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.vocab import (
     LEASED_STATUSES,
     MAX_ATTEMPTS_DEFAULT,
@@ -90,6 +91,8 @@ class Job:
     updated_at: str | None = None
     available_at: str | None = None
     seq: int = 0
+    # Who posted the job, as the server recorded it on job.enqueued (None: written by another path).
+    enqueued_by: Enqueuer | None = None
 
     @property
     def stream(self) -> str:
@@ -147,6 +150,7 @@ class Job:
             "availableAt": self.available_at,
             "stream": self.stream,
             "seq": self.seq,
+            ENQUEUED_BY_FIELD: self.enqueued_by.to_json() if self.enqueued_by else None,
         }
 
     @classmethod
@@ -185,6 +189,7 @@ class Job:
             updated_at=data.get("updatedAt"),
             available_at=data.get("availableAt"),
             seq=data.get("seq", 0),
+            enqueued_by=Enqueuer.from_json(data.get(ENQUEUED_BY_FIELD)),
         )
 
 
@@ -263,6 +268,7 @@ def _enqueued(r: Receipt) -> Job:
         created_at=r.at,
         updated_at=r.at,
         seq=r.seq,
+        enqueued_by=Enqueuer.from_json(b.get(ENQUEUED_BY_FIELD)),
     )
 
 

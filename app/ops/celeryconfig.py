@@ -26,6 +26,7 @@ from app.jobs.routing import (
     RETRY_TASK,
 )
 from app.jobs.timing import CODEX_LEASE_CAP_MS
+from app.storage.files import private_dir
 
 ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE)
 # The codex lease cap is the longest lease; the Redis visibility timeout must exceed it.
@@ -45,6 +46,7 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
         return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
     # Embedded default: a folder broker shared by the local processes. Every folder is set
     # explicitly (the control folder otherwise defaults to ./control of the current directory).
+    private_dir(settings.home_path)
     root = settings.home_path / "broker"
     folders = {name: root / name for name in ("data", "control", "processed")}
     for path in folders.values():

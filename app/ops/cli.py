@@ -1,6 +1,6 @@
 """``receipt``: the operator's command line.
 
-Verbs: migrate, verify, replay, rebuild-projections, token create|revoke, config, up.
+Verbs: migrate, verify, replay, rebuild-projections, token create|list|revoke, config, up.
 Every verb reads configuration from the environment through ``Settings`` and nothing else.
 """
 
@@ -10,13 +10,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any, TextIO
 
-from app.config import Settings, settings_markdown_table
+from app.config import Settings, redacted, settings_markdown_table
 from app.jobs.errors import InvariantError
+from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.reducer import Receipt, fold
 from app.jobs.vocab import job_stream
-from app.storage.db import make_engine, transaction
+from app.storage.db import iso, make_engine, transaction
 
 
 def _engine(settings: Settings) -> Any:
@@ -103,18 +105,53 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90d``, ``12h``, ``30m``, ``45s`` or ``2w``: a positive whole number and one unit."""
+    value, unit = text.strip()[:-1], text.strip()[-1:].lower()
+    if unit not in _DURATION_UNITS or not value.isdigit() or int(value) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: use a positive whole number and one of s, m, h, d, w (e.g. 90d)"
+        )
+    return timedelta(seconds=int(value) * _DURATION_UNITS[unit])
+
+
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     from app.storage import tokens
 
     engine = _engine(settings)
     if args.token_cmd == "create":
-        info, secret = tokens.create(engine, args.org, system=args.system)
+        try:
+            info, secret = tokens.create(
+                engine, args.org, system=args.system, scopes=args.scope or (), expires_in=args.expires_in
+            )
+        except ValueError as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+        extra = [" (system)" if info.system else ""]
+        if info.scopes:
+            extra.append(f" scopes: {', '.join(info.scopes)}")
+        if info.expires_at is not None:
+            extra.append(f" expires {iso(info.expires_at)}")
         print(
-            f"created token {info.id} for organization {info.organization_id}"
-            f"{' (system)' if info.system else ''}",
+            f"created token {info.id} for organization {info.organization_id}{''.join(extra)}",
             file=sys.stderr,
         )
         print(secret)  # alone on stdout, so scripts can capture it
+        return 0
+    if args.token_cmd == "list":
+        with engine.connect() as conn:
+            listed = [t.to_json() for t in tokens.list_all(conn)]
+        if args.json:
+            print(json.dumps(listed, indent=2))
+            return 0
+        columns = ("id", "organizationId", "system", "scopes", "createdAt", "expiresAt", "revokedAt")
+        rows = [[_cell(t[c]) for c in columns] for t in listed]
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+        for line in [list(columns), *rows]:
+            print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
         return 0
     if tokens.revoke(engine, args.token):
         print("revoked", file=sys.stderr)
@@ -123,13 +160,20 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     return 1
 
 
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value) or "-"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     if args.markdown:
         print(settings_markdown_table())
     else:
-        from dataclasses import asdict
-
-        print(json.dumps(asdict(settings), indent=2))
+        # Issue 8: never a password or token on screen (nor in a terminal's scrollback).
+        print(json.dumps(redacted(settings), indent=2))
     return 0
 
 
@@ -155,11 +199,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "rebuild-projections", help="rebuild the jobs and token tables from receipts"
     ).set_defaults(fn=cmd_rebuild)
-    t = sub.add_parser("token", help="create or revoke API tokens")
+    t = sub.add_parser("token", help="create, list or revoke API tokens")
     tsub = t.add_subparsers(dest="token_cmd", required=True)
     tc = tsub.add_parser("create", help="create a token; prints it alone on stdout")
     tc.add_argument("--org", required=True, help="organization id the token acts for")
     tc.add_argument("--system", action="store_true", help="may act for any organization")
+    tc.add_argument(
+        "--scope",
+        action="append",
+        choices=TOKEN_SCOPES,
+        help="grant a scope (repeatable); 'commands' may post jobs that run a command",
+    )
+    tc.add_argument("--expires-in", type=parse_duration, help="e.g. 90d, 12h, 30m (default: never)")
+    tl = tsub.add_parser("list", help="list tokens (never their secrets)")
+    tl.add_argument("--json", action="store_true", help="JSON instead of a table")
     tr = tsub.add_parser("revoke", help="revoke a token (by id or by the token itself)")
     tr.add_argument("token")
     t.set_defaults(fn=cmd_token)

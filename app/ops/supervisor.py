@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.config import Settings
+from app.jobs.privilege import COMMANDS_SCOPE
 from app.storage.db import make_engine
+from app.storage.files import private_dir, write_private
 
 STOP_GRACE_S = 15.0
 READY_TIMEOUT_S = 60.0
@@ -112,19 +114,23 @@ def _prepare(settings: Settings) -> str:
     from app.storage import tokens
     from app.storage.migrate import upgrade
 
-    settings.home_path.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.home_path)
     engine = make_engine(settings.sqlalchemy_url)
+    # Issue 8: the dev token may run commands only where the deployment runs them at all.
+    scopes = (COMMANDS_SCOPE,) if settings.codex_commands_enabled else ()
     try:
         upgrade(engine)
         token_file = settings.home_path / "dev-token"
         if token_file.exists():
             secret = token_file.read_text().strip()
             with engine.connect() as conn:
-                if tokens.authenticate(conn, secret) is not None:
-                    return secret
-        _info, secret = tokens.create(engine, "dev")
-        token_file.write_text(secret + "\n")
-        token_file.chmod(0o600)
+                info = tokens.authenticate(conn, secret)
+            if info is not None and info.scopes == scopes:
+                return secret
+            if info is not None:
+                tokens.revoke(engine, info.id)  # RECEIPT_CODEX_COMMANDS changed: a token to match
+        _info, secret = tokens.create(engine, "dev", scopes=scopes)
+        write_private(token_file, secret + "\n")
         return secret
     finally:
         engine.dispose()

@@ -33,6 +33,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine
 
+from app.storage.files import create_private_file, private_dir
+
 metadata = MetaData()
 
 _Json = JSON().with_variant(JSONB(), "postgresql")
@@ -98,6 +100,9 @@ api_tokens = Table(
     Column("system", Boolean, nullable=False),
     Column("created_at", _Time, nullable=False),
     Column("revoked_at", _Time, nullable=True),
+    # Migration 0003: space-separated scopes (e.g. "commands"; NULL = none) and an optional expiry.
+    Column("scopes", String(256), nullable=True),
+    Column("expires_at", _Time, nullable=True),
 )
 
 # Best-effort delivery records (the spec's driver/execute "promises"). Losing them loses no
@@ -132,11 +137,18 @@ loop_runs = Table(
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
-    """Open an engine; SQLite gets WAL, a busy timeout and explicit BEGIN for write locking."""
+    """Open an engine; SQLite gets WAL, a busy timeout and explicit BEGIN for write locking.
+
+    Every engine hides SQL parameters from its errors and logs (issue 8): a failed statement
+    must not put a payload, a token hash or a tenant's data into a log line.
+    """
+    kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # The embedded database lives in RECEIPT_HOME: private folder, 0600 file from byte one.
+            private_dir(Path(path).parent)
+            create_private_file(Path(path))
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
 
         @event.listens_for(engine, "connect")

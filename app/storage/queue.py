@@ -27,10 +27,12 @@ from app.jobs.errors import (
     AppendConflict,
     ConflictError,
     JobNotFound,
+    TooManyCommands,
     TransientStorageError,
     ValidationError,
 )
 from app.jobs.ids import new_id
+from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.reducer import Job, reduce
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import (
@@ -48,6 +50,9 @@ from app.storage.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, trans
 log = logging.getLogger("receipt.queue")
 
 MAX_CONFLICT_RETRIES = 50
+# Issue 8: RECEIPT_MAX_COMMANDS_PER_JOB's default. Every command is folded into the job's state,
+# so without a cap one tenant could grow a job (and every read of it) without bound.
+MAX_COMMANDS_PER_JOB_DEFAULT = 1000
 Event = tuple[EventType, dict[str, Any]]
 
 
@@ -114,9 +119,11 @@ class Queue:
         engine: Engine,
         *,
         on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
+        max_commands_per_job: int = MAX_COMMANDS_PER_JOB_DEFAULT,
     ) -> None:
         self.engine = engine
         self._on_dispatchable = on_dispatchable
+        self.max_commands_per_job = max_commands_per_job
 
     # -- the transaction machinery ----------------------------------------------------------
     def _run(self, work: Callable[[_Tx], Any]) -> Any:
@@ -217,8 +224,12 @@ class Queue:
         return Page(page, next_cursor)
 
     # -- enqueue ------------------------------------------------------------------------------
-    def enqueue(self, req: EnqueueRequest) -> EnqueueResult:
-        """Append ``job.enqueued`` (after singleton handling). Idempotent on an explicit jobId."""
+    def enqueue(self, req: EnqueueRequest, *, enqueued_by: Enqueuer | None = None) -> EnqueueResult:
+        """Append ``job.enqueued`` (after singleton handling). Idempotent on an explicit jobId.
+
+        ``enqueued_by`` is who the server authenticated (issue 8): written as ``enqueuedBy`` so the
+        codex handler can re-check the right to run a command. Never taken from the request.
+        """
 
         def work(tx: _Tx) -> EnqueueResult:
             conn = tx.conn
@@ -237,6 +248,7 @@ class Queue:
                 active = self._active_on_session(tx, req.organization_id, req.session_key or "")
                 if req.singleton_mode == "steer" and active:
                     target = active[0]  # the most recent active job
+                    self._check_command_room(target.job)
                     steered = self._apply(
                         tx,
                         target,
@@ -264,7 +276,7 @@ class Queue:
                                 tx, loaded, j.id, [("job.canceled", {"reason": SINGLETON_CANCEL_REASON})]
                             )
                             canceled.append(j.id)
-                        else:
+                        elif not (j.abort_requested and self._at_command_cap(j)):
                             # Only the worker can stop work in flight: it gets an abort command.
                             self._apply(
                                 tx,
@@ -287,6 +299,8 @@ class Queue:
                 "singletonMode": req.singleton_mode,
                 "maxAttempts": req.max_attempts,
             }
+            if enqueued_by is not None:
+                body[ENQUEUED_BY_FIELD] = enqueued_by.to_json()
             job = self._apply(tx, None, job_id, [("job.enqueued", body)])
             return EnqueueResult(job, created=True, canceled=tuple(canceled), aborted=tuple(aborted))
 
@@ -449,9 +463,22 @@ class Queue:
         def decide(job: Job, now: datetime) -> list[Event]:
             if job.terminal:
                 raise ConflictError(f"job {job_id} is {job.status}; it takes no commands")
+            self._check_command_room(job)
             return [("queue.command", _command_body(type_, payload, reason, now))]
 
         return self._mutate(job_id, decide)
+
+    def _at_command_cap(self, job: Job) -> bool:
+        return len(job.commands) >= self.max_commands_per_job
+
+    def _check_command_room(self, job: Job) -> None:
+        # Cancel is exempt: at the cap, a job that is not yet aborting still takes one abort (so it
+        # can always be stopped); one that is aborting takes no more.
+        if self._at_command_cap(job):
+            raise TooManyCommands(
+                f"job {job.id} already holds {len(job.commands)} queue commands, the most one job may "
+                f"hold (RECEIPT_MAX_COMMANDS_PER_JOB={self.max_commands_per_job})"
+            )
 
     def consume_command(self, job_id: str, command_id: str) -> Outcome:
         def decide(job: Job, now: datetime) -> list[Event]:
@@ -470,6 +497,8 @@ class Queue:
                 raise ConflictError(f"job {job_id} is already {job.status}")
             if job.status == "queued":
                 return [("job.canceled", {"reason": reason})]
+            if job.abort_requested and self._at_command_cap(job):
+                return []  # already aborting, and at its cap: another abort would change nothing
             return [("queue.command", _command_body("abort", None, reason, now))]
 
         return self._mutate(job_id, decide)

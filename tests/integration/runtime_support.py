@@ -12,6 +12,7 @@ from celery import Celery
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
+from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
@@ -31,11 +32,21 @@ def task_payload(kind: str = "factory.task.run", **extra: Any) -> dict[str, Any]
     return {"kind": kind, "authContext": {"userId": "u1", "organizationId": ORG}, **extra}
 
 
+# Who the API would have recorded for a token holding the ``commands`` scope (issue 8).
+COMMANDS_ENQUEUER = Enqueuer(token_id="tok_test", scopes=("commands",), system=False)
+
+
 def enqueue(
-    queue: Queue, agent: str, *, kind: str = "factory.task.run", max_attempts: int = 2, **payload: Any
+    queue: Queue,
+    agent: str,
+    *,
+    kind: str = "factory.task.run",
+    max_attempts: int = 2,
+    enqueued_by: Enqueuer | None = COMMANDS_ENQUEUER,
+    **payload: Any,
 ) -> Job:
     req = validate_enqueue(agent, {"payload": task_payload(kind, **payload), "maxAttempts": max_attempts})
-    return queue.enqueue(req).job
+    return queue.enqueue(req, enqueued_by=enqueued_by).job
 
 
 def receipts_of(engine: Engine, job_id: str) -> list[store.StoredReceipt]:

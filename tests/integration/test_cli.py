@@ -8,10 +8,12 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import select, text, update
 from sqlalchemy.engine import Engine
 
@@ -22,6 +24,7 @@ from app.jobs.vocab import job_stream
 from app.ops.cli import main
 from app.storage import store, tokens
 from app.storage.db import api_tokens, jobs, make_engine, receipts
+from app.storage.migrate import alembic_config
 from app.storage.queue import Queue
 from tests.support.queue_ops import complete
 
@@ -62,7 +65,9 @@ def test_migrate_a_fresh_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     monkeypatch.setenv("DATABASE_URL", url)
     assert main(["migrate"]) == 0
-    assert "database at revision 0002" in capsys.readouterr().err
+    # The newest migration, whichever branch added it last (the lead re-chains them at merge).
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    assert f"database at revision {head}" in capsys.readouterr().err
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
@@ -213,7 +218,7 @@ def _rows(engine: Engine) -> tuple[list[Any], list[Any]]:
 
 def test_rebuild_projections_reproduces_identical_rows(cli_env: str, engine: Engine, capsys: Capture) -> None:
     some_jobs(engine)
-    tokens.create(engine, "o")
+    tokens.create(engine, "o", scopes=["commands"], expires_in=timedelta(days=90))
     revoked, _ = tokens.create(engine, "o", system=True)
     assert tokens.revoke(engine, revoked.id)
     before = _rows(engine)
@@ -297,3 +302,67 @@ def test_installed_console_script(tmp_path: Path) -> None:
         assert info is not None and info.organization_id == "org-x"
     finally:
         engine.dispose()
+
+
+def test_token_create_with_scope_and_expiry_then_list_shows_them_without_secrets(
+    cli_env: str, engine: Engine, capsys: Capture
+) -> None:
+    assert main(["token", "create", "--org", "org-9", "--scope", "commands", "--expires-in", "90d"]) == 0
+    out = capsys.readouterr()
+    secret = out.out.strip()
+    assert "scopes: commands" in out.err and "expires " in out.err
+    with engine.connect() as conn:
+        info = tokens.authenticate(conn, secret)
+    assert info is not None and info.scopes == ("commands",)
+    assert info.expires_at is not None and info.created_at is not None
+    assert timedelta(days=89) < info.expires_at - info.created_at <= timedelta(days=90)
+    assert main(["token", "create", "--org", "ops", "--system"]) == 0
+    system_secret = capsys.readouterr().out.strip()
+    assert main(["token", "revoke", info.id]) == 0
+    capsys.readouterr()
+
+    assert main(["token", "list"]) == 0
+    table = capsys.readouterr().out
+    header, *lines = table.splitlines()
+    assert header.split() == [
+        "id",
+        "organizationId",
+        "system",
+        "scopes",
+        "createdAt",
+        "expiresAt",
+        "revokedAt",
+    ]
+    assert len(lines) == 2
+    assert secret not in table and system_secret not in table
+    assert tokens.hash_token(secret) not in table  # not even the hash
+    mine = next(line.split() for line in lines if line.startswith(info.id))
+    assert mine[1:4] == ["org-9", "false", "commands"]
+    assert mine[6] != "-"  # revoked
+
+    assert main(["token", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {t["organizationId"]: t["scopes"] for t in listed} == {"org-9": ["commands"], "ops": []}
+    assert all(
+        set(t) == {"id", "organizationId", "system", "scopes", "createdAt", "expiresAt", "revokedAt"}
+        for t in listed
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--scope", "admin"], "invalid choice"),
+        (["--expires-in", "90"], "not a duration"),
+        (["--expires-in", "0d"], "not a duration"),
+    ],
+)
+def test_token_create_refuses_bad_scope_or_expiry(
+    cli_env: str, engine: Engine, capsys: Capture, args: list[str], named: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["token", "create", "--org", "o", *args])
+    assert info.value.code == 2
+    assert named in capsys.readouterr().err
+    with engine.connect() as conn:
+        assert tokens.list_all(conn) == []

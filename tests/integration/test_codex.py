@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
+import shutil
+import tempfile
 import textwrap
 import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +22,11 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
+from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
 from app.jobs.timing import timing_for
 from app.storage.queue import Queue
+from workers import sandbox
 from workers.handler import HandlerError, JobContext
 from workers.handlers import codex
 from workers.registry import default_registry
@@ -29,8 +35,23 @@ from workers.runner import run_attempt
 from .runtime_support import enqueue, receipts_of, wait_until
 
 ENABLED = Settings.from_env({"RECEIPT_CODEX_COMMANDS": "enabled"})
-PY = sys.executable
+# A system binary: under the sandbox a command runs as RECEIPT_CODEX_USER, which cannot execute
+# anything under /root (where the venv's interpreter lives); see SANDBOX-NOTES.
+PY = "/usr/bin/python3"
 WAIT_S = 10.0
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A folder the sandbox user may read and write (pytest's tmp_path is root's, mode 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="receipt-test-shared-"))
+    path.chmod(0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def in_workspace(root: Path, settings: Settings = ENABLED) -> Settings:
+    return replace(settings, codex_workspace_root=str(root))
 
 
 @pytest.fixture
@@ -50,41 +71,53 @@ def leased_context(queue: Queue, job: Job, settings: Settings = ENABLED) -> JobC
     return JobContext(queue, out.job, "codex-worker", 1, settings, timing.execution_timeout_ms)
 
 
-def pid_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie waiting to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
+def marked(marker: str) -> list[int]:
+    """Host pids of live processes whose command line carries ``marker``.
+
+    Inside the sandbox's PID namespace a command only knows its own pids, so tests find what it
+    started from the outside, by a marker in argv.
+    """
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
 
 
-def family_script(pid_file: Path) -> list[str]:
-    """A command that starts a grandchild (writing its pid), then both sleep for a minute."""
-    script = textwrap.dedent(f"""
+def family_script(marker: str) -> list[str]:
+    """A command that starts a child, then both sleep for a minute; both carry ``marker`` in argv."""
+    script = textwrap.dedent("""
         import subprocess, sys, time
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        with open({str(pid_file)!r} + ".tmp", "w") as f:
-            f.write(str(child.pid))
-        import os; os.replace({str(pid_file)!r} + ".tmp", {str(pid_file)!r})
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", sys.argv[1]])
         print("family started", flush=True)
         time.sleep(60)
     """)
-    return [PY, "-c", script]
+    return [PY, "-c", script, marker]
 
 
-def read_pid(pid_file: Path) -> int:
-    wait_until(pid_file.exists, timeout=WAIT_S, what="the grandchild's pid file")
-    return int(pid_file.read_text())
+def wait_family(marker: str) -> None:
+    wait_until(lambda: len(marked(marker)) >= 2, timeout=WAIT_S, what="the command and its child")
 
 
-def test_command_is_an_argv_never_a_shell(queue: Queue, tmp_path: Path) -> None:
-    job = codex_job(queue, command=["echo", "a;touch X", "$HOME", "`id`"], cwd=str(tmp_path))
-    result = codex.handle(leased_context(queue, job))
+def wait_gone(marker: str) -> None:
+    wait_until(lambda: not marked(marker), timeout=5, what="every process of the command to be gone")
+
+
+def test_command_is_an_argv_never_a_shell(queue: Queue, shared_dir: Path) -> None:
+    job = codex_job(queue, command=["echo", "a;touch X", "$HOME", "`id`"], cwd=str(shared_dir))
+    result = codex.handle(leased_context(queue, job, in_workspace(shared_dir)))
     assert result["exitCode"] == 0
     assert result["outputTail"] == "a;touch X $HOME `id`\n"
-    assert not (tmp_path / "X").exists()
+    assert not (shared_dir / "X").exists()
 
 
 def test_success_completes_with_exit_code_tail_and_progress_receipts(
@@ -102,9 +135,11 @@ def test_success_completes_with_exit_code_tail_and_progress_receipts(
     assert "".join(p["output"] for p in progress) == "hello from codex\nline 2\n"
 
 
-def test_cwd_is_honoured(queue: Queue, tmp_path: Path) -> None:
-    job = codex_job(queue, command=[PY, "-c", "import os; print(os.getcwd())"], cwd=str(tmp_path))
-    assert codex.handle(leased_context(queue, job))["outputTail"].strip() == str(tmp_path)
+def test_cwd_is_honoured(queue: Queue, shared_dir: Path) -> None:
+    (shared_dir / "sub").mkdir(mode=0o777)
+    job = codex_job(queue, command=[PY, "-c", "import os; print(os.getcwd())"], cwd="sub")
+    result = codex.handle(leased_context(queue, job, in_workspace(shared_dir)))
+    assert result["outputTail"].strip() == str(shared_dir / "sub")
 
 
 def test_non_zero_exit_is_retryable_with_exit_code_and_tail(queue: Queue) -> None:
@@ -129,9 +164,9 @@ def test_non_zero_exit_through_the_runner_requeues_then_fails(queue: Queue) -> N
     assert out.job.result["status"] == "failed"
 
 
-def test_payload_timeout_kills_the_whole_process_group(queue: Queue, tmp_path: Path) -> None:
-    pid_file = tmp_path / "grandchild.pid"
-    job = codex_job(queue, command=family_script(pid_file), timeout=1500)
+def test_payload_timeout_kills_the_whole_process_group(queue: Queue) -> None:
+    marker = f"receipt-test-{uuid.uuid4().hex}"
+    job = codex_job(queue, command=family_script(marker), timeout=1500)
     ctx = leased_context(queue, job)
     with pytest.raises(HandlerError) as info:
         codex.handle(ctx)
@@ -141,41 +176,39 @@ def test_payload_timeout_kills_the_whole_process_group(queue: Queue, tmp_path: P
     assert "1500 ms" in err.message
     assert err.result is not None and err.result["exitCode"] != 0
     assert "family started" in err.result["outputTail"]
-    grandchild = read_pid(pid_file)
-    wait_until(lambda: not pid_alive(grandchild), timeout=5, what="the grandchild to be gone")
+    wait_gone(marker)
 
 
-def test_abort_kills_the_whole_process_group(queue: Queue, tmp_path: Path) -> None:
-    pid_file = tmp_path / "grandchild.pid"
-    job = codex_job(queue, command=family_script(pid_file))
+def test_abort_kills_the_whole_process_group(queue: Queue) -> None:
+    marker = f"receipt-test-{uuid.uuid4().hex}"
+    job = codex_job(queue, command=family_script(marker))
     ctx = leased_context(queue, job)
     box: dict[str, Any] = {}
     t = threading.Thread(target=lambda: box.update(result=codex.handle(ctx)), daemon=True)
     t.start()
-    grandchild = read_pid(pid_file)
-    assert pid_alive(grandchild)
+    wait_family(marker)
     ctx.cancel("abort")
     t.join(WAIT_S)
     assert not t.is_alive()
-    assert box["result"]["exitCode"] < 0  # killed by a signal
-    wait_until(lambda: not pid_alive(grandchild), timeout=5, what="the grandchild to be gone")
+    assert box["result"]["exitCode"] != 0  # killed by a signal
+    wait_gone(marker)
 
 
-def test_abort_through_the_runner_cancels_and_kills_the_group(queue: Queue, tmp_path: Path) -> None:
-    pid_file = tmp_path / "grandchild.pid"
-    job = codex_job(queue, command=family_script(pid_file))
+def test_abort_through_the_runner_cancels_and_kills_the_group(queue: Queue) -> None:
+    marker = f"receipt-test-{uuid.uuid4().hex}"
+    job = codex_job(queue, command=family_script(marker))
     box: dict[str, Any] = {}
     t = threading.Thread(
         target=lambda: box.update(out=run_attempt(queue, ENABLED, default_registry(), job.id, 1)), daemon=True
     )
     t.start()
-    grandchild = read_pid(pid_file)
+    wait_family(marker)
     queue.cancel(job.id, "stop the build")
     t.join(WAIT_S)
     assert not t.is_alive()
     assert box["out"].status == "canceled"
     assert box["out"].job.status == "canceled"
-    wait_until(lambda: not pid_alive(grandchild), timeout=5, what="the grandchild to be gone")
+    wait_gone(marker)
 
 
 def test_disabled_commands_fail_non_retryably_with_a_clear_message(queue: Queue) -> None:
@@ -211,7 +244,9 @@ def test_worker_secrets_are_not_visible_but_payload_env_is(
     for secret in ("DATABASE_URL", "RECEIPT_CALLBACK_TOKEN", "AWS_SECRET_ACCESS_KEY"):
         assert secret not in env
     assert "hunter2" not in json.dumps(env)
-    assert env.get("PATH") == os.environ.get("PATH")
+    # The worker's PATH, or system folders only where the command runs as another user.
+    expected = sandbox.SANDBOX_PATH if sandbox.detect_host().root else os.environ.get("PATH")
+    assert env.get("PATH") == expected
 
 
 @pytest.mark.parametrize(
@@ -252,3 +287,42 @@ def test_codex_only_runs_factory_task_run(queue: Queue) -> None:
     with pytest.raises(HandlerError) as info:
         codex.handle(leased_context(queue, job))
     assert info.value.retryable is False
+
+
+@pytest.mark.parametrize(
+    "enqueuer",
+    [None, Enqueuer(token_id="tok_plain", scopes=(), system=False)],
+    ids=["no-enqueuer", "no-scope"],
+)
+def test_a_job_without_the_commands_scope_fails_before_anything_runs(
+    queue: Queue, shared_dir: Path, enqueuer: Enqueuer | None
+) -> None:
+    """Issue 8: the handler re-checks enqueuedBy, so a job written by another path stays inert."""
+    job = enqueue(
+        queue,
+        "codex",
+        kind="factory.task.run",
+        max_attempts=3,
+        enqueued_by=enqueuer,
+        command=["touch", str(shared_dir / "ran")],
+    )
+    out = run_attempt(queue, ENABLED, default_registry(), job.id, 1)
+    assert out.job is not None
+    assert (out.job.status, out.job.attempt) == ("failed", 1)  # non-retryable: no second attempt
+    assert "'commands' scope" in out.job.error
+    assert not (shared_dir / "ran").exists()
+
+
+def test_a_system_enqueuer_may_run_commands(queue: Queue) -> None:
+    job = enqueue(queue, "codex", enqueued_by=Enqueuer("tok_sys", (), True), command=["echo", "ok"])
+    assert codex.handle(leased_context(queue, job))["outputTail"] == "ok\n"
+
+
+def test_a_relative_executable_is_found_in_the_commands_cwd(queue: Queue, shared_dir: Path) -> None:
+    repo = shared_dir / "repo"
+    repo.mkdir(mode=0o777)
+    tool = repo / "tool"
+    tool.write_text("#!/usr/bin/python3\nprint('tool ran')\n")
+    tool.chmod(0o755)
+    job = codex_job(queue, command=["./tool"], cwd="repo")
+    assert codex.handle(leased_context(queue, job, in_workspace(shared_dir)))["outputTail"] == "tool ran\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -46,6 +47,8 @@ def test_tokens_are_stored_hashed_only(engine: Engine) -> None:
         "organizationId": "org-1",
         "system": False,
         "tokenHash": row.token_hash,
+        "scopes": [],
+        "expiresAt": None,
     }
 
 
@@ -107,3 +110,39 @@ def test_rebuild_ignores_job_streams(engine: Engine) -> None:
     with transaction(engine) as conn:
         store.append(conn, "jobs/tokens/x", 0, "job.enqueued", {"jobId": "x"})
         assert tokens.rebuild(conn) == 0
+
+
+def test_scopes_and_expiry_are_on_the_receipt_and_rebuild_from_it(engine: Engine) -> None:
+    info, _secret = tokens.create(
+        engine, "org-1", scopes=["commands", "commands"], expires_in=timedelta(hours=1)
+    )
+    assert info.scopes == ("commands",)
+    with engine.connect() as conn:
+        [created] = store.read_stream(conn, f"tokens/{info.id}")
+        assert created.body["scopes"] == ["commands"]
+        assert created.body["expiresAt"] is not None
+    before = token_rows(engine)
+    with transaction(engine) as conn:
+        assert tokens.rebuild(conn) == 1
+    assert token_rows(engine) == before
+
+
+def test_an_expired_token_authenticates_nobody(engine: Engine) -> None:
+    info, secret = tokens.create(engine, "org-1", expires_in=timedelta(seconds=30))
+    assert info.expires_at is not None
+    with engine.connect() as conn:
+        assert tokens.authenticate(conn, secret) is not None
+        assert tokens.authenticate(conn, secret, now=info.expires_at) is None
+        assert tokens.is_live(conn, info.id)
+        assert not tokens.is_live(conn, info.id, now=info.expires_at + timedelta(seconds=1))
+        assert tokens.lookup(conn, secret) is not None  # still found: the API says "expired"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"scopes": ["admin"]}, "unknown scope 'admin'"), ({"expires_in": timedelta(0)}, "future")],
+)
+def test_bad_scopes_or_expiry_write_nothing(engine: Engine, kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        tokens.create(engine, "org-1", **kwargs)
+    assert token_rows(engine) == []

@@ -1,10 +1,15 @@
-"""The ``codex`` handler: runs a ``factory.task.run`` command as a subprocess.
+"""The ``codex`` handler: runs a ``factory.task.run`` command in the sandbox (``workers.sandbox``).
 
+- Only for a job whose recorded enqueuer holds the ``commands`` scope or is a system token
+  (issue 8); anything else fails non-retryably before a process starts.
 - The command is an argv list of strings, never run through a shell.
-- It runs in its own process group; on abort, lease loss, the payload ``timeout`` or the
-  execution timeout (whichever comes first) the whole group is killed.
+- It runs sandboxed (another user, its own PID and network namespaces, rlimits, a scratch
+  directory per attempt); on abort, lease loss, the payload ``timeout`` or the execution timeout
+  (whichever comes first) it gets SIGTERM then SIGKILL, and at the end of *every* attempt
+  whatever is left of its process tree is killed.
 - Its environment is a small fixed base plus the payload's ``env``: the worker's own variables
-  (database URLs, tokens) are never handed to a command.
+  (database URLs, tokens) are never handed to a command, and the sandbox keeps it from reading
+  them out of ``/proc`` either.
 - Output is reported as ``job.progress`` in batches; the result carries ``exitCode`` and an
   output tail. A non-zero exit is a retryable failure carrying both.
 - Off unless the deployment sets ``RECEIPT_CODEX_COMMANDS=enabled``.
@@ -14,13 +19,15 @@ from __future__ import annotations
 
 import io
 import os
-import signal
-import subprocess
+import shutil
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from app.jobs.privilege import COMMANDS_SCOPE
+from workers import sandbox
 from workers.handler import HandlerError, JobContext
 
 BASE_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
@@ -80,16 +87,29 @@ class _Output:
             return self._tail.decode("utf-8", "replace")
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    except ProcessLookupError:
-        pass
+def _refuse_unprivileged(ctx: JobContext) -> None:
+    """Issue 8: re-check, before anything runs, that whoever enqueued the job may run commands.
+
+    The API refuses such posts without the scope; this catches a job written by any other path.
+    """
+    enqueuer = ctx.job.enqueued_by
+    if enqueuer is None or not enqueuer.may_run_commands:
+        who = "no recorded enqueuer" if enqueuer is None else f"token {enqueuer.token_id!r}"
+        raise HandlerError(
+            f"refusing to run the command of job {ctx.job.id}: it was enqueued by {who} without the "
+            f"{COMMANDS_SCOPE!r} scope (or a system token)",
+            retryable=False,
+        )
+
+
+def _check_executable(argv0: str, env: Mapping[str, str], workdir: Path) -> None:
+    # Inside the sandbox an exec failure is only an exit status; say it plainly before starting.
+    if "/" in argv0:
+        found = (workdir / argv0).is_file()  # an absolute argv0 replaces workdir
+    else:
+        found = shutil.which(argv0, path=env.get("PATH")) is not None
+    if not found:
+        raise HandlerError(f"cannot start {argv0!r}: no such executable", retryable=False)
 
 
 def handle(ctx: JobContext) -> Any:
@@ -103,27 +123,48 @@ def handle(ctx: JobContext) -> Any:
             "codex commands are disabled on this deployment (set RECEIPT_CODEX_COMMANDS=enabled)",
             retryable=False,
         )
+    _refuse_unprivileged(ctx)
     argv, cwd, env, timeout_ms = parse_command(ctx.payload)
-    child_env = {k: os.environ[k] for k in BASE_ENV_NAMES if k in os.environ}
-    child_env.update(env)
     try:
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=child_env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        config = sandbox.SandboxConfig.from_settings(ctx.settings)
+    except ValueError as exc:
+        raise HandlerError(str(exc), retryable=False) from exc
+    host = sandbox.detect_host()
+    try:
+        with sandbox.scratch_directory(config, host) as scratch:
+            workdir = sandbox.resolve_cwd(cwd, scratch, config.workspace_root)
+            child_env = {k: os.environ[k] for k in BASE_ENV_NAMES if k in os.environ}
+            if host.root:
+                # The worker's PATH may list folders only root can use (a pyenv under /root).
+                child_env["PATH"] = sandbox.SANDBOX_PATH
+            # The scratch directory is the command's home and temp: nothing of the worker's.
+            child_env.update({"HOME": str(scratch), "TMPDIR": str(scratch)})
+            child_env.update(env)
+            _check_executable(argv[0], child_env, workdir)
+            return _run(ctx, argv, workdir, child_env, timeout_ms, config, host)
+    except sandbox.SandboxRefused as exc:
+        raise HandlerError(str(exc), retryable=False) from exc
+
+
+def _run(
+    ctx: JobContext,
+    argv: list[str],
+    workdir: Path,
+    env: dict[str, str],
+    timeout_ms: int | None,
+    config: sandbox.SandboxConfig,
+    host: sandbox.Host,
+) -> Any:
+    try:
+        proc = sandbox.start(argv, env=env, cwd=workdir, config=config, host=host)
     except (OSError, ValueError) as exc:
         raise HandlerError(f"cannot start {argv[0]!r}: {exc}", retryable=False) from exc
 
     output = _Output(ctx.settings.codex_output_tail_bytes)
+    stdout = proc.popen.stdout
+    assert isinstance(stdout, io.BufferedReader)  # Popen(stdout=PIPE), unbuffered=False: read1 exists
 
     def pump() -> None:
-        stdout = proc.stdout
-        assert isinstance(stdout, io.BufferedReader)  # Popen(stdout=PIPE), unbuffered=False: read1 exists
         # The reader owns the pipe and closes it at EOF: a worker runs many commands, and each
         # unclosed pipe would leak a file descriptor (closing it from another thread mid-read
         # would block on the reader's buffer lock instead).
@@ -136,25 +177,29 @@ def handle(ctx: JobContext) -> Any:
     started = time.monotonic()
     last_report = started
     stop_reason: str | None = None
-    while proc.poll() is None:
-        if ctx.wait_cancelled(POLL_S):
-            stop_reason = ctx.cancel_reason or "canceled"
-            break
-        if timeout_ms is not None and (time.monotonic() - started) * 1000 >= timeout_ms:
-            stop_reason = "timeout"
-            break
-        if time.monotonic() - last_report >= PROGRESS_EVERY_S:
-            _report(ctx, output)
-            last_report = time.monotonic()
-    if stop_reason is not None:
-        _kill_group(proc)
+    try:
+        while proc.poll() is None:
+            if ctx.wait_cancelled(POLL_S):
+                stop_reason = ctx.cancel_reason or "canceled"
+                break
+            if timeout_ms is not None and (time.monotonic() - started) * 1000 >= timeout_ms:
+                stop_reason = "timeout"
+                break
+            if time.monotonic() - last_report >= PROGRESS_EVERY_S:
+                _report(ctx, output)
+                last_report = time.monotonic()
+        if stop_reason is not None:
+            proc.terminate(KILL_GRACE_S)
+    finally:
+        # Every attempt ends with the whole tree gone, however it ended (issue 8).
+        proc.finish()
     reader.join(timeout=KILL_GRACE_S)
     _report(ctx, output)
-    exit_code = proc.returncode
+    exit_code = proc.popen.returncode
     result = {"exitCode": exit_code, "outputTail": output.tail(), "outputBytes": output.total}
     if stop_reason == "timeout":
         raise HandlerError(
-            f"command timed out after {timeout_ms} ms; process group killed",
+            f"command timed out after {timeout_ms} ms; every process it started was killed",
             retryable=True,
             status="execution_timeout",
             result=result,

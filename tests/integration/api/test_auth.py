@@ -94,11 +94,11 @@ def test_auth_disabled_allows_anonymous_with_a_warning_on_every_response(
     ]
     for response in responses:
         assert response.headers["X-Receipt-Warning"] == "authentication disabled"
-    # Anonymous acts as a system identity: it may post the watchdog and see every organisation.
+    # Anonymous sees every organisation but is no system identity (issue 8): no watchdog posts.
     watchdog = client.post(
         "/agents/factory-control/jobs", json={"payload": {"kind": "factory.objective.watchdog"}}
     )
-    assert watchdog.status_code == 202
-    assert len(json_of(client.get("/jobs"))["jobs"]) == 2
+    assert watchdog.status_code == 403
+    assert len(json_of(client.get("/jobs"))["jobs"]) == 1
     # A token that is sent is still checked.
     assert client.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401

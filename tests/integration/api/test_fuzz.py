@@ -27,7 +27,8 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy.engine import Engine
 
-from tests.support.api import Api, build_api, make_settings
+from app.storage import tokens
+from tests.support.api import ORG_A, Api, build_api, make_settings
 
 CHECKS = [
     not_a_server_error,
@@ -39,14 +40,27 @@ CHECKS = [
 ]
 
 
+# Issue 8's bounds, made tight so the fuzzer meets them (429, 409 too_many_commands, short pages)
+# and checks those responses against the document too.
+TIGHT = {
+    "rate_limit_writes": "8/minute",
+    "max_commands_per_job": 2,
+    "max_page_bytes": 4096,
+    "sse_max_streams_per_token": 1,
+}
+
+
 @pytest.fixture
 def fuzz_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
     # SQLite by default (fast); RECEIPT_TEST_FUZZ_BACKEND=postgres for a run against PostgreSQL.
     backend = os.environ.get("RECEIPT_TEST_FUZZ_BACKEND", "sqlite")
     engine: Engine = request.getfixturevalue("pg_engine" if backend == "postgres" else "sqlite_engine")
+    tight = TIGHT if "tight" in request.node.callspec.id else {}
     # Event streams end at once (max 0 s): the fuzzer checks their headers and errors, not waits.
-    api = build_api(engine, make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024))
+    api = build_api(engine, make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024, **tight))
     api.job("a", jobId="known-job", sessionKey="s")
+    # A token with the commands scope (issue 8): its codex posts are accepted, others' get 403.
+    api.secrets["commands"] = tokens.create(engine, ORG_A, scopes=["commands"])[1]
     yield api
     assert api.state.internal_errors == 0, "a fuzzed request reached the catch-all 500 handler"
 
@@ -63,8 +77,10 @@ DERANDOMIZE = not os.environ.get("RECEIPT_TEST_FUZZ_RANDOM")
         (GenerationMode.POSITIVE, "system"),
         (GenerationMode.NEGATIVE, "system"),
         (GenerationMode.POSITIVE, "a"),  # an organisation's token: the 403 and 404 scoping paths
+        (GenerationMode.POSITIVE, "commands"),  # an organisation's token with the commands scope
+        (GenerationMode.POSITIVE, "a"),  # the same under tight bounds: 429s and too_many_commands
     ],
-    ids=["positive-system", "negative-system", "positive-org"],
+    ids=["positive-system", "negative-system", "positive-org", "positive-commands", "positive-org-tight"],
 )
 def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: str) -> None:
     # /openapi.json needs a token like everything but /healthz.
@@ -101,4 +117,6 @@ def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: 
         ran += 1
     # Schemathesis leaves out the document's own path (/openapi.json); every other operation ran.
     assert ran >= (7 if mode is GenerationMode.NEGATIVE else 10), no_negative
+    if fuzz_api.state.settings.rate_limit_writes == TIGHT["rate_limit_writes"]:
+        assert 429 in calls, "the tight run must meet the write limit (and validate its 429)"
     print(f"{mode.value}: {len(calls)} requests, statuses {sorted(set(calls))}, no negative: {no_negative}")

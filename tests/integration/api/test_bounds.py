@@ -1,0 +1,258 @@
+"""Bounds per tenant (issue 8, item 4): page bytes, commands per job, open streams, write rate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from api.limits import ENVELOPE_BYTES, fit, json_size
+from app.config import Settings
+from app.storage import tokens
+from tests.support.api import ORG_A, Api, build_api, json_of, make_settings, payload
+from tests.support.queue_ops import complete
+
+# -- pages capped in bytes -------------------------------------------------------------------------
+
+BIG = "x" * 3000  # each job carries ~3 KB of payload
+
+
+def test_fit_keeps_what_fits_and_always_at_least_one() -> None:
+    items = [{"v": "a" * 100}] * 10
+    one = json_size(items[0]) + 1
+    assert fit(items, ENVELOPE_BYTES + 3 * one) == 3
+    assert fit(items, ENVELOPE_BYTES + 10 * one) == 10
+    assert fit([{"v": "a" * 5000}], 100) == 1  # a single huge item is still sent alone
+    assert fit([], 10) == 0
+
+
+@pytest.fixture
+def small_pages(engine: Engine, tmp_path: Path) -> Iterator[Api]:
+    built = build_api(engine, make_settings(tmp_path, max_page_bytes=ENVELOPE_BYTES + 8000))
+    yield built
+    assert built.state.internal_errors == 0
+
+
+def test_a_jobs_page_over_the_byte_cap_is_cut_and_its_cursor_continues(small_pages: Api) -> None:
+    api = small_pages
+    posted = [api.job(payload=payload(note=BIG))["id"] for _ in range(5)]
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        query = {"limit": 50, **({"cursor": cursor} if cursor else {})}
+        response = api.client.get("/jobs", query_string=query, headers=api.headers())
+        assert response.status_code == 200
+        assert len(response.get_data()) <= ENVELOPE_BYTES + 8000
+        body = response.json
+        assert body is not None
+        seen += [j["id"] for j in body["jobs"]]
+        pages += 1
+        cursor = body["nextCursor"]
+        if cursor is None:
+            break
+        assert pages < 10
+    assert pages >= 2  # 5 jobs of ~3 KB do not fit in 8 KB
+    assert sorted(seen) == sorted(posted) and len(seen) == len(set(seen))  # nothing lost, nothing twice
+
+
+def test_a_receipts_page_over_the_byte_cap_is_cut_and_next_after_continues(small_pages: Api) -> None:
+    api = small_pages
+    job = api.job(payload=payload(note=BIG))
+    for n in range(6):
+        api.client.post(
+            f"/jobs/{job['id']}/commands",
+            json={"type": "steer", "payload": BIG + str(n)},
+            headers=api.headers(),
+        )
+    url = f"/streams/jobs/{job['id']}/receipts"
+    seqs: list[int] = []
+    after = 0
+    while after is not None:
+        body = api.client.get(url, query_string={"after": after, "limit": 100}, headers=api.headers()).json
+        assert body is not None and body["receipts"]
+        seqs += [r["seq"] for r in body["receipts"]]
+        after = body["nextAfter"]
+    assert seqs == list(range(1, 8))
+
+
+# -- commands per job ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def capped(engine: Engine, tmp_path: Path) -> Iterator[Api]:
+    built = build_api(engine, make_settings(tmp_path, max_commands_per_job=3))
+    yield built
+    assert built.state.internal_errors == 0
+
+
+def test_past_the_command_cap_a_job_answers_409_too_many_commands(capped: Api) -> None:
+    api = capped
+    job = api.job()
+    url = f"/jobs/{job['id']}/commands"
+    for _ in range(3):
+        assert api.client.post(url, json={"type": "follow_up"}, headers=api.headers()).status_code == 202
+    before = api.receipt_count()
+    response = api.client.post(url, json={"type": "steer"}, headers=api.headers())
+    assert response.status_code == 409
+    error = json_of(response)["error"]
+    assert error["code"] == "too_many_commands"
+    assert "RECEIPT_MAX_COMMANDS_PER_JOB=3" in error["message"]
+    assert api.receipt_count() == before
+    # A steer through enqueue meets the same cap.
+    session_job = api.job(sessionKey="s")
+    for _ in range(3):
+        api.client.post(
+            f"/jobs/{session_job['id']}/commands", json={"type": "follow_up"}, headers=api.headers()
+        )
+    steered = api.enqueue(payload=payload(), sessionKey="s", singletonMode="steer")
+    assert json_of(steered)["error"]["code"] == "too_many_commands"
+
+
+def test_a_job_at_its_command_cap_can_still_be_canceled(capped: Api) -> None:
+    api = capped
+    job = api.job()
+    api.lease_and_start(job["id"])
+    for _ in range(3):
+        api.client.post(f"/jobs/{job['id']}/commands", json={"type": "follow_up"}, headers=api.headers())
+    response = api.client.post(f"/jobs/{job['id']}/cancel", json={}, headers=api.headers())
+    assert response.status_code == 202
+    assert json_of(response)["job"]["abortRequested"] is True
+    before = api.receipt_count()
+    assert api.client.post(f"/jobs/{job['id']}/cancel", json={}, headers=api.headers()).status_code == 202
+    assert api.receipt_count() == before  # already aborting, at its cap: nothing more is written
+
+
+# -- event streams ---------------------------------------------------------------------------------
+
+
+def _with(api: Api, **changes: Any) -> Settings:
+    return replace(api.state.settings, **changes)
+
+
+@pytest.fixture
+def two_streams(sqlite_engine: Engine, tmp_path: Path) -> Iterator[Api]:
+    built = build_api(
+        sqlite_engine, make_settings(tmp_path, sse_max_streams_per_token=2, sse_max_streams_per_process=3)
+    )
+    yield built
+    assert built.state.internal_errors == 0
+
+
+def test_streams_per_token_and_per_process_are_capped_with_429(two_streams: Api, open_events: Any) -> None:
+    api = two_streams
+    job = api.job()
+    url = f"/jobs/{job['id']}/events"
+    first = open_events(api.client, url, api.headers())
+    open_events(api.client, url, api.headers())
+    refused = api.client.get(url, headers=api.headers())
+    assert refused.status_code == 429
+    assert json_of(refused)["error"]["code"] == "too_many_streams"
+    assert int(refused.headers["Retry-After"]) > 0
+    # Another token still has room, up to the process's limit of three.
+    open_events(api.client, url, api.headers("system"))
+    assert api.client.get(url, headers=api.headers("system")).status_code == 429
+    # Closing a stream frees its slot.
+    first.close()
+    assert api.state.stream_slots.open_for(_token_id(api, "a")) == 1
+    open_events(api.client, url, api.headers())
+
+
+def _token_id(api: Api, who: str) -> str:
+    with api.engine.connect() as conn:
+        info = tokens.authenticate(conn, api.secrets[who])
+    assert info is not None
+    return info.id
+
+
+def test_a_revoked_tokens_open_stream_ends_within_one_poll(sqlite_api: Api, open_events: Any) -> None:
+    api = sqlite_api
+    api.app.extensions["receipt"].settings = _with(api, sse_max_seconds=60)
+    job = api.job()
+    reader = open_events(api.client, f"/jobs/{job['id']}/events", api.headers())
+    assert reader.next_event().id == 1
+    assert tokens.revoke(api.engine, api.secrets["a"])
+    frames = []
+    while (frame := reader.next_frame()) is not None:
+        frames.append(frame)
+        assert len(frames) < 50
+    assert reader.ended
+    assert frames[-1].comment == "credentials revoked or expired"
+
+
+def test_resuming_with_last_event_id_reads_from_that_seq_not_from_1(
+    api: Api, open_events: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.storage import store
+
+    job = api.job()
+    attempt = api.lease_and_start(job["id"])
+    for n in range(5):
+        api.queue.progress(job["id"], "worker-1", attempt, {"step": n})
+    reads: list[int] = []
+    real = store.read_stream
+
+    def spy(conn: Any, stream: str, *, after: int = 0, limit: int | None = None) -> Any:
+        reads.append(after)
+        return real(conn, stream, after=after, limit=limit)
+
+    monkeypatch.setattr(store, "read_stream", spy)
+    complete(api.queue, job["id"], "worker-1", attempt, "done")
+    head = 9  # enqueued, leased, heartbeat, 5 progress, completed
+    caught_up = open_events(
+        api.client, f"/jobs/{job['id']}/events", api.headers(**{"Last-Event-ID": str(head)})
+    )
+    assert caught_up.rest() == []
+    assert reads and min(reads) == head  # the job follower started at its resume point
+    reads.clear()
+    raw = open_events(api.client, f"/streams/jobs/{job['id']}/events", api.headers(**{"Last-Event-ID": "7"}))
+    assert [f.id for f in raw.rest()] == [8, 9]
+    assert min(reads) == 7
+
+
+# -- writes per organisation -----------------------------------------------------------------------
+
+
+def test_writes_past_the_organisations_rate_limit_get_429_with_retry_after(
+    engine: Engine, tmp_path: Path, redis_url: str
+) -> None:
+    api = build_api(engine, make_settings(tmp_path, rate_limit_writes="3/minute", redis_url=redis_url))
+    statuses = [api.enqueue().status_code for _ in range(3)]
+    assert statuses == [202, 202, 202]
+    before = api.receipt_count()
+    limited = api.enqueue()
+    assert limited.status_code == 429
+    assert json_of(limited)["error"]["code"] == "rate_limited"
+    assert 0 < int(limited.headers["Retry-After"]) <= 61  # the window, rounded up
+    assert api.receipt_count() == before  # nothing written
+    # Another organisation has its own budget; reads are not limited; system tokens are exempt.
+    assert api.enqueue("b").status_code == 202
+    assert api.client.get("/jobs", headers=api.headers()).status_code == 200
+    system = {"payload": payload(org=ORG_A)}
+    assert (
+        api.client.post("/agents/factory/jobs", json=system, headers=api.headers("system")).status_code == 202
+    )
+    # The counter is in Redis: a second API process over the same Redis sees the same budget.
+    other = build_api(engine, make_settings(tmp_path, rate_limit_writes="3/minute", redis_url=redis_url))
+    _info, secret = tokens.create(engine, ORG_A)
+    other.secrets["a"] = secret
+    assert other.enqueue().status_code == 429
+    assert api.state.internal_errors == 0 and other.state.internal_errors == 0
+
+
+def test_the_embedded_rate_limit_counts_in_memory_and_can_be_disabled(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    memory = build_api(sqlite_engine, make_settings(tmp_path, rate_limit_writes="2/minute"))
+    assert [memory.enqueue().status_code for _ in range(3)] == [202, 202, 429]
+    off = build_api(sqlite_engine, make_settings(tmp_path, rate_limit_writes="disabled"))
+    assert {off.enqueue().status_code for _ in range(5)} == {202}
+
+
+def test_rate_limit_default_is_per_minute() -> None:
+    assert Settings().rate_limit_writes == "600/minute"
+    assert Settings().max_commands_per_job == 1000

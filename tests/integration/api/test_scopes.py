@@ -1,0 +1,144 @@
+"""Commands are a privilege (issue 8, item 1): token scopes and expiry at the API.
+
+A hostile tenant's ordinary token must not be able to make Receipt run a command: posting a job
+that would run one needs the ``commands`` scope (or a system token), and the server records who
+posted it on ``job.enqueued`` — never the caller.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from api import create_app
+from app.jobs.contracts import CONTRACTS
+from app.jobs.privilege import runs_command
+from app.jobs.vocab import PAYLOAD_KINDS
+from app.storage import store, tokens
+from app.storage.db import db_now
+from tests.support.api import ORG_A, Api, json_of, make_settings, payload
+
+COMMAND = ["/bin/echo", "hi"]
+
+
+def post_codex(api: Api, secret: str, **extra: Any) -> Any:
+    body = {"payload": payload("factory.task.run", command=COMMAND), **extra}
+    return api.client.post("/agents/codex/jobs", json=body, headers={"Authorization": f"Bearer {secret}"})
+
+
+def test_an_ordinary_token_gets_403_naming_the_scope_and_nothing_is_written(api: Api) -> None:
+    before = api.receipt_count()
+    response = post_codex(api, api.secrets["a"])
+    assert response.status_code == 403
+    error = json_of(response)["error"]
+    assert error["code"] == "missing_scope"
+    assert error["details"] == {"scope": "commands"}
+    assert "'commands' scope" in error["message"]
+    assert api.receipt_count() == before
+    assert api.woken == []
+
+
+def test_a_commands_token_posts_and_the_server_records_who_did(api: Api, projection_equals_fold: Any) -> None:
+    info, secret = tokens.create(api.engine, ORG_A, scopes=["commands"])
+    response = post_codex(api, secret)
+    assert response.status_code == 202, response.json
+    job = json_of(response)["job"]
+    assert job["enqueuedBy"] == {"tokenId": info.id, "scopes": ["commands"], "system": False}
+    with api.engine.connect() as conn:
+        [enqueued] = store.read_stream(conn, f"jobs/{job['id']}")
+    assert enqueued.body["enqueuedBy"] == job["enqueuedBy"]
+    projection_equals_fold(api.engine, job["id"])
+    assert (
+        json_of(api.client.get(f"/jobs/{job['id']}", headers=api.headers()))["job"]["enqueuedBy"]
+        == job["enqueuedBy"]
+    )
+
+
+def test_a_system_token_may_post_commands(api: Api) -> None:
+    response = post_codex(api, api.secrets["system"])
+    assert response.status_code == 202
+    assert json_of(response)["job"]["enqueuedBy"]["system"] is True
+
+
+def test_ordinary_jobs_record_their_enqueuer_too(api: Api) -> None:
+    job = api.job()
+    assert job["enqueuedBy"]["scopes"] == [] and job["enqueuedBy"]["system"] is False
+
+
+def test_enqueued_by_is_never_taken_from_the_request(api: Api) -> None:
+    before = api.receipt_count()
+    forged = {"tokenId": "tok_x", "scopes": ["commands"], "system": True}
+    response = post_codex(api, api.secrets["a"], enqueuedBy=forged)
+    assert response.status_code == 400
+    assert json_of(response)["error"]["details"]["field"] == "enqueuedBy"
+    assert api.receipt_count() == before
+    # Inside the payload it is just data: the recorded enqueuer is still the token's.
+    _info, secret = tokens.create(api.engine, ORG_A)
+    body = {"payload": payload("factory.run", enqueuedBy=forged)}
+    job = json_of(
+        api.client.post("/agents/factory/jobs", json=body, headers={"Authorization": f"Bearer {secret}"})
+    )
+    assert job["job"]["enqueuedBy"]["system"] is False
+
+
+def test_which_posts_run_a_command_is_decided_from_the_kind_contracts() -> None:
+    """Today: factory.task.run to the codex group. Flip ``runs_command`` on a contract to add a kind."""
+    running = {
+        (a, k) for a in ("codex", "factory", "factory-control") for k in PAYLOAD_KINDS if runs_command(a, k)
+    }
+    assert running == {("codex", "factory.task.run")}
+    assert [k for k, c in CONTRACTS.items() if c.runs_command] == ["factory.task.run"]
+
+
+def test_a_task_run_for_a_non_codex_agent_needs_no_scope(api: Api) -> None:
+    body = {"payload": payload("factory.task.run", command=COMMAND)}
+    assert api.client.post("/agents/factory/jobs", json=body, headers=api.headers()).status_code == 202
+
+
+def test_an_expired_token_is_401_saying_so(api: Api) -> None:
+    info, secret = tokens.create(api.engine, ORG_A, expires_in=timedelta(seconds=3600))
+    assert api.client.get("/jobs", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    with api.engine.begin() as conn:
+        from app.storage.db import api_tokens
+
+        conn.execute(
+            api_tokens.update()
+            .where(api_tokens.c.id == info.id)
+            .values(expires_at=db_now(conn) - timedelta(1))
+        )
+    response = api.client.get("/jobs", headers={"Authorization": f"Bearer {secret}"})
+    assert response.status_code == 401
+    assert json_of(response)["error"] == {"code": "invalid_token", "message": "the token has expired"}
+    assert "invalid_token" in response.headers["WWW-Authenticate"]
+
+
+def test_auth_disabled_never_grants_system_or_commands_rights(sqlite_engine: Engine, tmp_path: Path) -> None:
+    app = create_app(
+        make_settings(tmp_path, auth="disabled"), engine=sqlite_engine, on_dispatchable=lambda j: None
+    )
+    client = app.test_client()
+    codex = client.post("/agents/codex/jobs", json={"payload": payload("factory.task.run", command=COMMAND)})
+    assert codex.status_code == 403
+    assert json_of(codex)["error"]["code"] == "missing_scope"
+    watchdog = client.post(
+        "/agents/factory-control/jobs", json={"payload": {"kind": "factory.objective.watchdog"}}
+    )
+    assert watchdog.status_code == 403
+    tokens.create(sqlite_engine, "ops")
+    with sqlite_engine.connect() as conn:
+        [token_stream] = store.streams(conn, "tokens/")
+    assert client.get(f"/streams/{token_stream}/receipts").status_code == 404  # token hashes stay hidden
+    # Still every organisation's ordinary work: anonymous posts and lists for any of them.
+    assert client.post("/agents/factory/jobs", json={"payload": payload()}).status_code == 202
+    assert client.post("/agents/factory/jobs", json={"payload": payload(org="org-b")}).status_code == 202
+    assert len(json_of(client.get("/jobs"))["jobs"]) == 2
+
+
+@pytest.mark.parametrize("who", ["a", "system"])
+def test_posting_a_command_job_with_a_revoked_token_is_401(api: Api, who: str) -> None:
+    assert tokens.revoke(api.engine, api.secrets[who])
+    assert post_codex(api, api.secrets[who]).status_code == 401

@@ -1,0 +1,405 @@
+"""The sandbox every codex command runs in (issue 8, "A sandbox for commands").
+
+When the worker is root, a command runs as::
+
+    setpriv --pdeathsig KILL --            # a SIGKILLed worker takes the whole tree with it
+      prlimit --cpu --as --nproc --fsize --nofile --
+        unshare --pid --fork --kill-child --mount-proc [--net] --
+          <python -I -S -c INIT>           # PID 1 of the new namespace, still root
+            setpriv --reuid --regid --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
+              <argv>                       # the command, as RECEIPT_CODEX_USER
+
+- A new PID namespace: the command sees only its own processes (``/proc`` is remounted), so the
+  worker's ``/proc/<pid>/environ`` is out of reach; and when PID 1 ends, the kernel kills every
+  process left in the namespace, whatever it did with ``setsid`` or double forks.
+- PID 1 is a tiny init (``INIT`` below) that stays root, so the parent-death signal
+  ``unshare --kill-child`` gives it survives the command's change of user (a credential change
+  clears a process's own parent-death signal).
+- A new network namespace (no interface up) unless ``RECEIPT_CODEX_NETWORK=host``.
+- rlimits through ``prlimit``, inherited by everything below it. RLIMIT_NPROC counts every process
+  of the *user*, so commands running at once as the same user share one budget.
+- Util-linux binaries rather than ``preexec_fn``: the worker is multi-threaded (Celery's thread
+  pool), where running Python between fork and exec can deadlock. Python 3.11 has no
+  ``os.unshare`` either.
+
+Not root: a user namespace stands in for the user switch when the kernel allows it (detected,
+not assumed), with the same PID and network namespaces; without one, only rlimits (minus the
+process count, which would count every process of the worker's own user), a new session and
+the parent-death signal remain. ``protections_off`` says which, and the codex worker logs it once
+at start.
+
+Every attempt ends by killing what is left of the tree, not only on abort or timeout, and its
+scratch directory is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from app.config import Settings
+
+log = logging.getLogger("receipt.sandbox")
+
+NETWORK_MODES = ("none", "host")
+# The PATH of a command that runs as another user: system folders only.
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+KILL_GRACE_S = 2.0
+# How long the end of an attempt waits for the namespace's last process to disappear.
+REAP_TIMEOUT_S = 10.0
+
+# PID 1 of the command's namespace: start the command, reap every orphan the kernel hands it,
+# exit with the command's status (128 + signal when it was killed). Its own exit ends the namespace.
+INIT = """
+import os, signal, sys
+pid = os.fork()
+if pid == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    finally:
+        os._exit(127)
+while True:
+    try:
+        done, status = os.wait()
+    except ChildProcessError:
+        sys.exit(0)
+    if done == pid:
+        code = os.waitstatus_to_exitcode(status)
+        sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+class SandboxRefused(Exception):
+    """A command the sandbox will not start (a ``cwd`` outside the rules); never worth a retry."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The rlimits of one command (each applies per process, except the process count)."""
+
+    cpu_seconds: int
+    memory_mb: int
+    max_processes: int
+    max_file_mb: int
+    max_open_files: int
+
+    def prlimit_args(self, *, with_nproc: bool) -> list[str]:
+        args = [
+            f"--cpu={self.cpu_seconds}",
+            f"--as={self.memory_mb * 1024 * 1024}",
+            f"--fsize={self.max_file_mb * 1024 * 1024}",
+            f"--nofile={self.max_open_files}",
+        ]
+        if with_nproc:
+            args.append(f"--nproc={self.max_processes}")
+        return args
+
+
+@dataclass(frozen=True)
+class Host:
+    """What this host lets the sandbox do, detected once per process."""
+
+    root: bool
+    user_namespaces: bool
+    tools: bool  # setpriv, prlimit and unshare are installed
+
+    @property
+    def namespaces(self) -> bool:
+        return self.tools and (self.root or self.user_namespaces)
+
+
+@lru_cache(maxsize=1)
+def detect_host() -> Host:
+    """Probe the host: root, util-linux tools, and whether an unprivileged user namespace works."""
+    tools = all(shutil.which(t) for t in ("setpriv", "prlimit", "unshare"))
+    root = os.geteuid() == 0
+    userns = False
+    if tools and not root:
+        try:
+            probe = subprocess.run(
+                ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "true"],
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+            userns = probe.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            userns = False
+    return Host(root=root, user_namespaces=userns, tools=tools)
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """The sandbox settings of a deployment (``RECEIPT_CODEX_*``)."""
+
+    user: str
+    network: str
+    workspace_root: str | None
+    scratch_root: str | None
+    limits: Limits
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SandboxConfig:
+        network = settings.codex_network.strip().lower()
+        if network not in NETWORK_MODES:
+            raise ValueError(
+                f"RECEIPT_CODEX_NETWORK must be one of {', '.join(NETWORK_MODES)}, not {network!r}"
+            )
+        for env, value in (
+            ("RECEIPT_CODEX_CPU_SECONDS", settings.codex_cpu_seconds),
+            ("RECEIPT_CODEX_MEMORY_MB", settings.codex_memory_mb),
+            ("RECEIPT_CODEX_MAX_PROCESSES", settings.codex_max_processes),
+            ("RECEIPT_CODEX_MAX_FILE_MB", settings.codex_max_file_mb),
+            ("RECEIPT_CODEX_MAX_OPEN_FILES", settings.codex_max_open_files),
+        ):
+            if value <= 0:
+                raise ValueError(f"{env} must be a positive whole number, not {value}")
+        return cls(
+            user=settings.codex_user,
+            network=network,
+            workspace_root=settings.codex_workspace_root or None,
+            scratch_root=settings.codex_scratch_root or None,
+            limits=Limits(
+                cpu_seconds=settings.codex_cpu_seconds,
+                memory_mb=settings.codex_memory_mb,
+                max_processes=settings.codex_max_processes,
+                max_file_mb=settings.codex_max_file_mb,
+                max_open_files=settings.codex_max_open_files,
+            ),
+        )
+
+
+def protections_off(config: SandboxConfig, host: Host) -> list[str]:
+    """Which protections this host cannot give a command, in words (empty: all of them are on)."""
+    off: list[str] = []
+    if not host.tools:
+        return ["every protection: util-linux setpriv/prlimit/unshare are not installed"]
+    if not host.root:
+        off.append(
+            f"running as user {config.user!r} (the worker is not root: commands run as the worker's user)"
+        )
+        off.append("process-count limit (RLIMIT_NPROC would count every process of the worker's user)")
+        if not host.user_namespaces:
+            off.append("PID namespace (a command's setsid/double-forked processes are only killed by group)")
+            off.append("private /proc (a command can read /proc of the worker's other processes)")
+            off.append("network namespace (the kernel refuses unprivileged user namespaces)")
+    if config.network == "host":
+        off.append("network namespace (RECEIPT_CODEX_NETWORK=host)")
+    return off
+
+
+def resolve_cwd(cwd: str | None, scratch: Path, workspace_root: str | None) -> Path:
+    """Where a command runs: inside ``RECEIPT_CODEX_WORKSPACE_ROOT`` or its scratch directory.
+
+    A relative ``cwd`` is taken from the workspace root (unset: from the scratch directory);
+    symlinks and ``..`` are resolved before the check, so neither can leave the allowed roots.
+    """
+    if cwd is None:
+        return scratch
+    roots = [scratch.resolve()]
+    if workspace_root:
+        roots.append(Path(workspace_root).resolve())
+    base = roots[-1]
+    resolved = (base / cwd).resolve()  # an absolute cwd replaces base
+    if not any(resolved == root or root in resolved.parents for root in roots):
+        where = "RECEIPT_CODEX_WORKSPACE_ROOT" if workspace_root else "the attempt's scratch directory"
+        raise SandboxRefused(
+            f"payload.cwd: {cwd!r} resolves outside {where}; a command's cwd must stay inside it"
+        )
+    if not resolved.is_dir():
+        raise SandboxRefused(f"payload.cwd: {cwd!r} is not a directory")
+    return resolved
+
+
+def _sandbox_ids(user: str) -> tuple[int, int]:
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise SandboxRefused(f"RECEIPT_CODEX_USER {user!r} does not exist on this host") from None
+    if entry.pw_uid == 0:
+        raise SandboxRefused("RECEIPT_CODEX_USER must not be root")
+    return entry.pw_uid, entry.pw_gid
+
+
+@contextmanager
+def scratch_directory(config: SandboxConfig, host: Host) -> Iterator[Path]:
+    """A fresh directory for one attempt, owned by the sandbox user, removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="receipt-codex-", dir=config.scratch_root))
+    try:
+        if host.root and host.tools:
+            uid, gid = _sandbox_ids(config.user)
+            os.chown(path, uid, gid)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def build_argv(argv: Sequence[str], config: SandboxConfig, host: Host) -> list[str]:
+    """The full argv that runs ``argv`` in the sandbox (never through a shell)."""
+    if not host.tools:
+        return list(argv)
+    outer = [
+        "setpriv",
+        "--pdeathsig",
+        "KILL",
+        "--",
+        "prlimit",
+        *config.limits.prlimit_args(with_nproc=host.root),
+    ]
+    outer.append("--")
+    if not host.namespaces:
+        return [*outer, *argv]
+    unshare = ["unshare"]
+    if not host.root:
+        unshare += ["--user", "--map-root-user"]
+    unshare += ["--pid", "--fork", "--kill-child", "--mount-proc"]
+    if config.network != "host":
+        unshare.append("--net")
+    inner = [sys.executable, "-I", "-S", "-c", INIT]
+    if host.root:
+        uid, gid = _sandbox_ids(config.user)
+        inner += [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+        ]
+    return [*outer, *unshare, "--", *inner, *argv]
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (every thread's), from /proc; empty when unknown."""
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _signal(pid: int, sig: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class Process:
+    """One sandboxed command: started by ``start``, ended (always, whole tree) by ``finish``."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], host: Host) -> None:
+        self.popen = proc
+        self._host = host
+        # The namespace's PID 1 (the init), known once the fork below unshare has happened.
+        self._init_pid: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def _ns_init(self) -> int | None:
+        """PID 1 of the command's namespace while ``unshare`` still runs (so its pid is not reused)."""
+        if not self._host.namespaces or self.popen.poll() is not None:
+            return None
+        if self._init_pid is None:
+            # setpriv and prlimit exec in place, so the Popen pid *is* unshare; its one child is PID 1.
+            children = _children(self.popen.pid)
+            self._init_pid = children[0] if children else None
+        return self._init_pid
+
+    def terminate(self, grace_s: float = KILL_GRACE_S) -> None:
+        """Ask the command to stop (SIGTERM), then kill the whole tree after ``grace_s``."""
+        init = self._ns_init()
+        if init is not None:
+            # PID 1 ignores SIGTERM from outside its namespace unless it handles it; the command
+            # is its child, so the signal goes there.
+            for child in _children(init):
+                _signal(child, signal.SIGTERM)
+        else:
+            _signal_group(self.popen.pid, signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            self.popen.wait(grace_s)
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill every process of the command now and wait until none is left (bounded)."""
+        init = self._ns_init()
+        if init is not None:
+            _signal(init, signal.SIGKILL)  # the namespace dies with its PID 1
+        if self.popen.poll() is None:
+            _signal_group(self.popen.pid, signal.SIGKILL)
+        try:
+            self.popen.wait(REAP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.error("sandboxed command %d did not die after SIGKILL", self.popen.pid)
+        deadline = time.monotonic() + REAP_TIMEOUT_S
+        while init is not None and _alive(init) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def finish(self) -> None:
+        """End of every attempt: nothing the command started may outlive it."""
+        if self.popen.poll() is None:
+            self.kill()
+            return
+        if not self._host.namespaces:
+            # The command is done, but without a PID namespace its group may still hold
+            # descendants (their membership keeps the group id from being reused).
+            _signal_group(self.popen.pid, signal.SIGKILL)
+        # With a namespace, unshare exits only after its PID 1, and the kernel has killed and
+        # reaped every other process of the namespace before PID 1's exit completes.
+        init = self._init_pid
+        deadline = time.monotonic() + REAP_TIMEOUT_S
+        while init is not None and _alive(init) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+def start(
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, config: SandboxConfig, host: Host
+) -> Process:
+    """Start ``argv`` in the sandbox with stdout+stderr on one pipe; raises OSError if it cannot."""
+    proc = subprocess.Popen(
+        build_argv(argv, config, host),
+        cwd=str(cwd),
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+    )
+    process = Process(proc, host)
+    return process
