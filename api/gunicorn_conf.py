@@ -23,6 +23,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from app.config import Settings
+from app.ops import logs
+
 bind = f"0.0.0.0:{os.environ.get('PORT', '8080')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 worker_class = "gevent"
@@ -34,6 +37,8 @@ keepalive = 5
 preload_app = False
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
+# gunicorn's own lines and the app's share Receipt's one logging configuration (plain or JSON).
+logconfig_dict = logs.dict_config(Settings.from_env(), "web")
 
 
 def post_fork(server: Any, worker: Any) -> None:

@@ -30,6 +30,13 @@ def _int(text: str) -> int:
     return int(text.strip())
 
 
+def _log_format(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("plain", "json"):
+        raise ValueError("allowed values: plain, json")
+    return value
+
+
 SETTINGS: tuple[Setting, ...] = (
     # -- storage and broker
     Setting(
@@ -266,6 +273,25 @@ SETTINGS: tuple[Setting, ...] = (
         "How much of a command's output the codex handler keeps in `result` and failures.",
         _int,
     ),
+    # -- observability (logs, metrics)
+    Setting(
+        "RECEIPT_LOG_FORMAT",
+        "log_format",
+        "plain",
+        "`plain` (one readable line per record) or `json` (one JSON object per line, with `jobId`, "
+        "`attempt`, `fence`, `workerId`, `role` and `org` on job-related lines). Web, workers and beat.",
+        _log_format,
+    ),
+    Setting(
+        "RECEIPT_LOG_LEVEL", "log_level", "INFO", "Root log level of every process (`DEBUG`, `INFO`, ...)."
+    ),
+    Setting(
+        "RECEIPT_METRICS_TOKEN",
+        "metrics_token",
+        None,
+        "A bearer secret that may read `/metrics` (for a Prometheus scraper). Unset: only system "
+        "tokens may. Organisation tokens never may (metrics span every organisation).",
+    ),
 )
 
 
@@ -309,6 +335,9 @@ class Settings:
     celery_events: str = "disabled"
     handler_modules: str = ""
     codex_output_tail_bytes: int = 4096
+    log_format: str = "plain"
+    log_level: str = "INFO"
+    metrics_token: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from app.config import Settings
+from app.ops import logs
 from tasks.celery_app import make_celery
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
+    logs.configure(settings, "beat")
     settings.home_path.mkdir(parents=True, exist_ok=True)
     app = make_celery(settings)
     app.start(["beat", "--loglevel", "INFO", *(argv or [])])

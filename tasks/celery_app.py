@@ -13,6 +13,7 @@ from celery import Celery, signals
 import celeryconfig
 from app.config import Settings
 from app.jobs.routing import MAINTENANCE_QUEUE
+from app.ops import logs
 from tasks import dispatch, execute, loops
 from tasks.runtime import (
     DISPATCH_TASK,
@@ -41,13 +42,15 @@ def _register(app: Celery) -> None:
 
     @app.task(name=DRIVER_TASK, bind=True, ignore_result=True, shared=False)
     def driver_task(self: Any, job_id: str, dispatch_key: str, generation: int) -> dict[str, Any]:
-        return dispatch.drive(get_runtime(self.app), job_id, dispatch_key, generation)
+        with logs.bind_job(jobId=job_id):
+            return dispatch.drive(get_runtime(self.app), job_id, dispatch_key, generation)
 
     @app.task(name=EXECUTE_TASK, bind=True, ignore_result=True, shared=False)
     def execute_task(
         self: Any, job_id: str, fence: str, dispatch_key: str, generation: int
     ) -> dict[str, Any]:
-        return execute.execute(get_runtime(self.app), job_id, fence, dispatch_key, generation)
+        with logs.bind_job(jobId=job_id, fence=fence):
+            return execute.execute(get_runtime(self.app), job_id, fence, dispatch_key, generation)
 
     @app.task(name=REDRIVE_TASK, bind=True, ignore_result=True, shared=False)
     def redrive_task(self: Any) -> dict[str, Any]:
@@ -60,6 +63,11 @@ def _register(app: Celery) -> None:
     @app.task(name=RETRY_TASK, bind=True, ignore_result=True, shared=False)
     def retry_task(self: Any) -> dict[str, Any]:
         return loops.dispatch_due_retries(get_runtime(self.app))
+
+
+@signals.setup_logging.connect
+def _keep_receipt_logging(**_: Any) -> None:
+    """Connected, so Celery leaves logging alone: ``app.ops.logs`` configured it (plain or JSON)."""
 
 
 @signals.beat_init.connect

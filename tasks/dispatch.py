@@ -17,6 +17,7 @@ from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE, route
 from app.jobs.timing import timing_for
 from app.jobs.vocab import LEASED_STATUSES
+from app.ops import logs
 from app.storage import delivery
 from app.storage.db import db_now, parse_iso, transaction
 from app.storage.queue import retry_transient
@@ -124,6 +125,7 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
         settle_delivery(rt, dispatch_key, generation, "backoff")
         return {"outcome": "backoff"}
     fence = delivery.attempt_fence(job_id, job.attempt + 1)
+    logs.update_job(org=job.organization_id, attempt=job.attempt + 1, fence=fence)
     queue_name = route(job.agent_id, job.kind).queue
     try:
         rt.app.send_task(
