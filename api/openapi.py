@@ -57,6 +57,7 @@ class Operation:
     errors: tuple[int, ...] = ()
     auth: bool = True
     streams: bool = False
+    media: str = JSON  # the 200 response's media type (event streams use EVENT_STREAM)
 
     def error_statuses(self) -> list[int]:
         # 400 everywhere: any operation refuses undocumented query parameters.
@@ -136,7 +137,7 @@ def _operation_object(op: Operation, endpoint: str, path_args: list[str]) -> dic
         out["requestBody"] = {"required": op.body_required, "content": _content(op.body)}
     responses: dict[str, Any] = {}
     for status, schema in op.responses.items():
-        media = EVENT_STREAM if op.streams and status == 200 else JSON
+        media = EVENT_STREAM if op.streams and status == 200 else op.media if status == 200 else JSON
         responses[str(status)] = {"description": "Success.", "content": _content(schema, media)}
     for status in op.error_statuses():
         responses[str(status)] = {

@@ -17,7 +17,7 @@ from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE, route
 from app.jobs.timing import timing_for
 from app.jobs.vocab import LEASED_STATUSES
-from app.ops import logs
+from app.ops import logs, metrics
 from app.storage import delivery
 from app.storage.db import db_now, parse_iso, transaction
 from app.storage.queue import retry_transient
@@ -59,12 +59,15 @@ def start_driver(
             decision = delivery.begin(conn, job_id, dispatch_key, now, timing.driver_timeout_ms)
     except DeliveryGenerationsExceeded as exc:
         log.error("%s", exc)
+        metrics.registry_metrics().generations_exhausted.inc()
         out = rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
         if out.applied:
             rt.callbacks.post("failed", out.job)
         return None
     if not decision.created:
         return decision
+    path = "redrive" if ":redrive:" in dispatch_key else "dispatch"
+    metrics.registry_metrics().deliveries.labels(path, str(decision.generation > 0).lower()).inc()
     if inline:
         drive(rt, job_id, dispatch_key, decision.generation)
         return decision

@@ -11,6 +11,7 @@ import os
 import socket
 from typing import Any
 
+from app.ops import metrics
 from app.storage import delivery, loops
 from app.storage.db import db_now
 from tasks.dispatch import start_driver
@@ -66,6 +67,7 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
                 started.append(job.id)
         if started:
             log.info("redrive started %d deliveries", len(started))
+            metrics.registry_metrics().redrives.inc(len(started))
         return {"redriven": started}
 
     return _guarded(rt, REDRIVE_LOOP, s.queued_redrive_interval_ms, body)

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE
+from app.ops import metrics
 from app.storage.db import make_engine
 from app.storage.queue import Queue
 from tasks.callbacks import Callbacks
@@ -59,7 +60,9 @@ def get_runtime(app: Celery) -> Runtime:
         if rt is None:
             settings: Settings = app.receipt_settings  # type: ignore[attr-defined]
             engine = make_engine(settings.sqlalchemy_url)
-            queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
+            queue = Queue(
+                engine, on_dispatchable=lambda jobs: send_wake(app, jobs), on_applied=metrics.observe
+            )
             registry = default_registry(settings.handler_modules.split(","))
             rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
             app.receipt_runtime = rt  # type: ignore[attr-defined]

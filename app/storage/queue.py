@@ -66,12 +66,25 @@ class Page:
     next_cursor: str | None
 
 
+@dataclass(frozen=True)
+class Applied:
+    """Receipts one operation appended to one job: the state before and after, and their types.
+
+    Handed to the ``on_applied`` observer after commit (metrics count from these; nothing decides).
+    """
+
+    before: Job | None
+    after: Job
+    types: tuple[str, ...]
+
+
 @dataclass
 class _Tx:
     """One transaction's view: the connection, its clock, and jobs touched in it."""
 
     conn: Connection
     touched: dict[str, Job] = field(default_factory=dict)
+    applied: list[Applied] = field(default_factory=list)
     _now: datetime | None = None
 
     @property
@@ -106,9 +119,11 @@ class Queue:
         engine: Engine,
         *,
         on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
+        on_applied: Callable[[Sequence[Applied]], None] | None = None,
     ) -> None:
         self.engine = engine
         self._on_dispatchable = on_dispatchable
+        self._on_applied = on_applied
 
     # -- the transaction machinery ----------------------------------------------------------
     def _run(self, work: Callable[[_Tx], Any]) -> Any:
@@ -119,6 +134,7 @@ class Queue:
                     tx = _Tx(conn)
                     result = work(tx)
                 self._after_commit(tx.touched.values())
+                self._observe(tx.applied)
                 return result
             except AppendConflict:
                 continue
@@ -131,6 +147,13 @@ class Queue:
                 self._on_dispatchable(ready)
             except Exception:  # delivery is best-effort: the redrive loop re-delivers from receipts
                 log.exception("dispatch wake-up failed; the queued redrive will pick these jobs up")
+
+    def _observe(self, applied: Sequence[Applied]) -> None:
+        if applied and self._on_applied is not None:
+            try:
+                self._on_applied(applied)
+            except Exception:  # observation (metrics) must never fail a committed mutation
+                log.exception("the on_applied observer failed")
 
     def _apply(self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]) -> Job:
         """Append ``events`` to ``jobs/<job_id>`` after ``loaded`` and write the projection."""
@@ -146,6 +169,7 @@ class Queue:
             raise AppendConflict(f"jobs/{job_id}: nothing to apply")
         projection.save(tx.conn, state, previous=loaded, last=last)
         tx.touched[job_id] = state
+        tx.applied.append(Applied(loaded.job if loaded else None, state, tuple(t for t, _ in events)))
         return state
 
     def _mutate(self, job_id: str, decide: Callable[[Job, datetime], Sequence[Event]]) -> Outcome:
