@@ -48,7 +48,8 @@ def test_counters_histograms_and_job_gauges_move_after_a_few_jobs(metrics_api: A
     attempt = api.lease_and_start(done)
     assert api.queue.settle_attempt(done, WORKER, attempt, result={"ok": True}).applied
     attempt = api.lease_and_start(failed)
-    assert api.queue.settle_attempt(failed, WORKER, attempt, error="boom", retryable=True, status="failed").applied
+    settled = api.queue.settle_attempt(failed, WORKER, attempt, error="boom", retryable=True, status="failed")
+    assert settled.applied and settled.job.status == "failed"  # maxAttempts 1: no retry
     after = scrape(api, api.secrets["system"])
 
     def moved(name: str, **labels: str) -> float:
@@ -63,8 +64,9 @@ def test_counters_histograms_and_job_gauges_move_after_a_few_jobs(metrics_api: A
     assert moved("receipt_job_run_seconds_count", group="chat", status="completed") == 1
     assert moved("receipt_job_run_seconds_count", group="chat", status="failed") == 1
     # The state collector reads the projection: this database holds exactly these three jobs.
-    assert value(after, "receipt_jobs", status="completed", lane="collect", agent="factory", group="chat") == 1
-    assert value(after, "receipt_jobs", status="failed", lane="collect", agent="factory", group="chat") == 1
+    jobs = {"lane": "collect", "agent": "factory", "group": "chat"}
+    assert value(after, "receipt_jobs", status="completed", **jobs) == 1
+    assert value(after, "receipt_jobs", status="failed", **jobs) == 1
     assert value(after, "receipt_jobs", status="queued", lane="chat", agent="codex", group="codex") == 1
     assert queued
 
