@@ -42,15 +42,13 @@ def _register(app: Celery) -> None:
 
     @app.task(name=DRIVER_TASK, bind=True, ignore_result=True, shared=False)
     def driver_task(self: Any, job_id: str, dispatch_key: str, generation: int) -> dict[str, Any]:
-        with logs.bind_job(jobId=job_id):
-            return dispatch.drive(get_runtime(self.app), job_id, dispatch_key, generation)
+        return dispatch.drive(get_runtime(self.app), job_id, dispatch_key, generation)
 
     @app.task(name=EXECUTE_TASK, bind=True, ignore_result=True, shared=False)
     def execute_task(
         self: Any, job_id: str, fence: str, dispatch_key: str, generation: int
     ) -> dict[str, Any]:
-        with logs.bind_job(jobId=job_id, fence=fence):
-            return execute.execute(get_runtime(self.app), job_id, fence, dispatch_key, generation)
+        return execute.execute(get_runtime(self.app), job_id, fence, dispatch_key, generation)
 
     @app.task(name=REDRIVE_TASK, bind=True, ignore_result=True, shared=False)
     def redrive_task(self: Any) -> dict[str, Any]:
@@ -68,6 +66,25 @@ def _register(app: Celery) -> None:
 @signals.setup_logging.connect
 def _keep_receipt_logging(**_: Any) -> None:
     """Connected, so Celery leaves logging alone: ``app.ops.logs`` configured it (plain or JSON)."""
+
+
+@signals.task_prerun.connect
+def _bind_job_to_logs(task: Any = None, args: Any = None, **_: Any) -> None:
+    """Job fields on every log line of a driver or worker task, Celery's own "succeeded" line included.
+
+    Bound here rather than inside the task function because Celery logs the task's outcome after
+    the function returns but before ``task_postrun``, in the same thread.
+    """
+    name = getattr(task, "name", None)
+    if name == DRIVER_TASK and args:
+        logs.set_job(jobId=args[0])
+    elif name == EXECUTE_TASK and args and len(args) >= 2:
+        logs.set_job(jobId=args[0], fence=args[1])
+
+
+@signals.task_postrun.connect
+def _unbind_job_from_logs(**_: Any) -> None:
+    logs.clear_job()  # pool threads are reused: the next task must not inherit this job
 
 
 @signals.beat_init.connect

@@ -51,6 +51,19 @@ def bind_job(**fields: Any) -> Iterator[None]:
         _job.reset(token)
 
 
+def set_job(**fields: Any) -> None:
+    """Bind job fields for the rest of this thread's current task (``clear_job`` ends it).
+
+    For frameworks that announce a task's start and end with signals (Celery's prerun/postrun)
+    rather than wrapping it in a block; ``bind_job`` is the block form.
+    """
+    _job.set({k: v for k, v in fields.items() if v is not None})
+
+
+def clear_job() -> None:
+    _job.set(None)
+
+
 def update_job(**fields: Any) -> None:
     """Add fields learnt later (the job's org, the lease holder) to the innermost ``bind_job``."""
     current = _job.get()
