@@ -102,14 +102,16 @@ class _Child:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        threading.Thread(target=self._pump, daemon=True, name=f"out-{self.spec.name}").start()
+        self._pumping = threading.Thread(target=self._pump, daemon=True, name=f"out-{self.spec.name}")
+        self._pumping.start()
 
     def _pump(self) -> None:
         proc = self.proc
         assert proc is not None and proc.stdout is not None
         prefix = f"{self.spec.name:>8} | ".encode()
-        # Appending: a restarted child continues the same file.
-        with open(self.log_path, "ab") as log:
+        # Appending: a restarted child continues the same file. The pipe is closed at EOF, or each
+        # restart would leak one.
+        with proc.stdout, open(self.log_path, "ab") as log:
             for line in iter(proc.stdout.readline, b""):
                 log.write(line)
                 log.flush()
