@@ -42,7 +42,7 @@ SEQ_MAX = 2**31 - 1
 # it holds U+0000 (api.jsonbody: PostgreSQL text and jsonb cannot store it). The document says so
 # with these patterns, so a client (or a fuzzer) that follows the document is never refused.
 NO_NUL = r"^[^\u0000]*$"
-NON_BLANK = r"^[^\u0000]*\S[^\u0000]*$"
+NON_BLANK = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
 MAX_JSON_DEPTH = 64  # api.jsonbody.MAX_DEPTH, stated in the document's descriptions
 
 

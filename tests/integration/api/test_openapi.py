@@ -156,11 +156,22 @@ AUTH = {"userId": "u", "organizationId": "org-a"}
         ({"payload": {"kind": "factory.run", "authContext": AUTH, "note": {"deep": ["a\u0000b"]}}}, None),
         ({"payload": {"kind": "factory.run", "authContext": AUTH, "k\u0000": 1}}, None),
         ({"payload": {"kind": "factory.run", "authContext": {**AUTH, "source": "x\u0000"}}}, None),
+        (
+            {"payload": {"kind": "factory.run", "authContext": {**AUTH, "organizationId": "org-a\u0000"}}},
+            None,
+        ),
         # singletonMode cancel/steer needs a session key.
         ({"payload": {"kind": "factory.run", "authContext": AUTH}, "singletonMode": "steer"}, "sessionKey"),
         ({"payload": {"kind": "factory.run", "authContext": AUTH}, "singletonMode": "cancel"}, "sessionKey"),
     ],
-    ids=["nul-deep-value", "nul-key", "nul-auth-context", "steer-without-session", "cancel-without-session"],
+    ids=[
+        "nul-deep-value",
+        "nul-key",
+        "nul-auth-context",
+        "nul-after-text",
+        "steer-without-session",
+        "cancel-without-session",
+    ],
 )
 def test_the_document_refuses_what_the_server_refuses(
     sqlite_api: Api, document: dict[str, Any], body: dict[str, Any], field: str | None
