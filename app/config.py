@@ -292,6 +292,15 @@ SETTINGS: tuple[Setting, ...] = (
         "A bearer secret that may read `/metrics` (for a Prometheus scraper). Unset: only system "
         "tokens may. Organisation tokens never may (metrics span every organisation).",
     ),
+    Setting(
+        "RECEIPT_WORKER_METRICS_PORT",
+        "worker_metrics_port",
+        None,
+        "When set, each worker process (driver, worker groups) serves its own counters at "
+        "`:PORT/metrics` (all interfaces), for hosts whose web process cannot read them. Needs "
+        "`RECEIPT_METRICS_TOKEN`, which the scraper sends as its bearer token.",
+        _int,
+    ),
 )
 
 
@@ -338,6 +347,7 @@ class Settings:
     log_format: str = "plain"
     log_level: str = "INFO"
     metrics_token: str | None = None
+    worker_metrics_port: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

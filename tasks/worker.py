@@ -15,7 +15,7 @@ from celery.exceptions import SecurityWarning
 
 import celeryconfig
 from app.config import Settings
-from app.ops import logs
+from app.ops import logs, metrics
 from tasks.celery_app import make_celery
 from workers.roles import concurrency, resolve_role, unknown_role_warning
 
@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     _role, known = resolve_role(raw)
     logs.configure(settings, _role.name)
     silence_root_warning(settings)
+    # Only where asked (RECEIPT_WORKER_METRICS_PORT): workers on hosts the web cannot read from.
+    metrics.start_worker_endpoint(settings.worker_metrics_port, settings.metrics_token)
     if not known:
         log.warning(unknown_role_warning(raw))
     app = make_celery(settings)

@@ -19,6 +19,7 @@ Celery.
 
 from __future__ import annotations
 
+import hmac
 import os
 import threading
 from collections import OrderedDict
@@ -263,6 +264,81 @@ class _Delegate:
 
     def collect(self) -> Iterator[Any]:
         yield from self.source.collect()
+
+
+def process_registry() -> CollectorRegistry:
+    """This process's metrics: the multiprocess folder's sum when one is set, else its own registry."""
+    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry_metrics()
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return REGISTRY
+
+
+_UNAUTHORIZED = (
+    b'{"error":{"code":"unauthorized","message":"send Authorization: Bearer <RECEIPT_METRICS_TOKEN>"}}'
+)
+
+
+class WorkerEndpoint:
+    """A worker process's own ``/metrics`` on ``RECEIPT_WORKER_METRICS_PORT`` (a daemon thread).
+
+    For deployments whose workers run on hosts the web process cannot read files from. It answers
+    only ``Authorization: Bearer $RECEIPT_METRICS_TOKEN`` (there is no database token check in a
+    worker's hot path), and refuses to start without that token rather than serve metrics openly.
+    """
+
+    # All interfaces by default: the scraper is on another host (the token guards the endpoint).
+    def __init__(self, port: int, token: str, host: str = "0.0.0.0") -> None:
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client import make_wsgi_app
+
+        class _Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return None  # one line per scrape would drown the worker's own log
+
+        inner = make_wsgi_app(process_registry())
+        expected = token.encode()
+
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            scheme, _, secret = str(environ.get("HTTP_AUTHORIZATION", "")).partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(secret.strip().encode(), expected):
+                body = _UNAUTHORIZED
+                start_response(
+                    "401 Unauthorized",
+                    [("Content-Type", "application/json"), ("WWW-Authenticate", 'Bearer realm="receipt"')],
+                )
+                return [body]
+            if environ.get("PATH_INFO") != "/metrics":
+                start_response("404 Not Found", [("Content-Type", "application/json")])
+                return [b'{"error":{"code":"not_found","message":"no such route"}}']
+            return inner(environ, start_response)
+
+        self.server = make_server(host, port, app, handler_class=_Quiet)
+        self.port = int(self.server.server_port)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics-endpoint", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def start_worker_endpoint(port: int | None, token: str | None) -> WorkerEndpoint | None:
+    """Start the worker's endpoint when ``RECEIPT_WORKER_METRICS_PORT`` is set (needs the token)."""
+    if port is None:
+        return None
+    if not token:
+        raise SystemExit(
+            "RECEIPT_WORKER_METRICS_PORT is set but RECEIPT_METRICS_TOKEN is not: the endpoint would be "
+            "open to anyone; set the token (the scraper sends it as its bearer token)"
+        )
+    return WorkerEndpoint(port, token)
 
 
 def prepare_multiprocess_dir(default: str | None) -> str | None:
