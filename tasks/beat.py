@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> None:
     logs.configure(settings, "beat")
     settings.home_path.mkdir(parents=True, exist_ok=True)
     app = make_celery(settings)
-    app.start(["beat", "--loglevel", "INFO", *(argv or [])])
+    app.start([*logs.quiet_banner_args(settings), "beat", "--loglevel", "INFO", *(argv or [])])
 
 
 if __name__ == "__main__":

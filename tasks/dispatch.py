@@ -36,7 +36,8 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
     """
     started = []
     for job_id in job_ids:
-        decision = start_driver(rt, job_id, job_id, inline=True)
+        with logs.bind_job(jobId=job_id):
+            decision = start_driver(rt, job_id, job_id, inline=True)
         if decision is not None and decision.created:
             started.append(job_id)
     return {"started": started}

@@ -11,7 +11,7 @@ import os
 import socket
 from typing import Any
 
-from app.ops import metrics
+from app.ops import logs, metrics
 from app.storage import delivery, loops
 from app.storage.db import db_now
 from tasks.dispatch import start_driver
@@ -59,7 +59,8 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
             if last is not None and (now - last).total_seconds() * 1000 < s.queued_redrive_cooldown_ms:
                 continue
             try:
-                decision = start_driver(rt, job.id, delivery.redrive_key(job.id, job.seq, job.status))
+                with logs.bind_job(jobId=job.id, org=job.organization_id):
+                    decision = start_driver(rt, job.id, delivery.redrive_key(job.id, job.seq, job.status))
             except Exception:
                 log.exception("redrive of %s failed; next pass retries", job.id)
                 continue
@@ -95,7 +96,8 @@ def dispatch_due_retries(rt: Runtime) -> dict[str, Any]:
         started = []
         for job in rt.queue.due_retries(limit=SCAN_LIMIT):
             try:
-                decision = start_driver(rt, job.id, job.id)
+                with logs.bind_job(jobId=job.id, org=job.organization_id):
+                    decision = start_driver(rt, job.id, job.id)
             except Exception:
                 log.exception("dispatch of due retry %s failed; next pass retries", job.id)
                 continue

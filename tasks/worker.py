@@ -28,6 +28,7 @@ def worker_argv(settings: Settings, raw_role: str | None) -> list[str]:
     if role.name == "api":
         raise SystemExit("role 'api' serves HTTP and consumes no queue: run gunicorn (Procfile 'web')")
     return [
+        *logs.quiet_banner_args(settings),
         "worker",
         "--queues",
         ",".join(role.queues),

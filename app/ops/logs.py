@@ -79,6 +79,10 @@ def job_fields() -> dict[str, Any]:
 class ContextFilter(logging.Filter):
     """Copies the process role and the bound job fields onto each record."""
 
+    def __init__(self, plain: bool = True) -> None:
+        super().__init__()
+        self.plain = plain
+
     def filter(self, record: logging.LogRecord) -> bool:
         record.role = _role
         fields = _job.get() or {}
@@ -88,6 +92,8 @@ class ContextFilter(logging.Filter):
             for name in JOB_FIELDS:
                 if not hasattr(record, name):
                     setattr(record, name, fields.get(name))
+        if not self.plain:
+            return True
         # The plain format shows the job briefly at the end: readable, and greppable by job id.
         if fields:
             shown = " ".join(f"{k}={fields[k]}" for k in ("jobId", "attempt") if k in fields)
@@ -116,7 +122,7 @@ def dict_config(settings: Settings, role: str) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"context": {"()": ContextFilter}},
+        "filters": {"context": {"()": ContextFilter, "plain": log_format(settings) == "plain"}},
         "formatters": {"receipt": formatter},
         "handlers": {
             "stderr": {
@@ -133,6 +139,12 @@ def dict_config(settings: Settings, role: str) -> dict[str, Any]:
             "gunicorn.access": {"level": level, "handlers": [], "propagate": True},
         },
     }
+
+
+def quiet_banner_args(settings: Settings) -> list[str]:
+    """Celery's global ``--quiet`` in JSON mode: its start-up banner is printed, not logged, and
+    would be the only non-JSON lines in the stream. The plain format keeps it (it says what runs)."""
+    return ["--quiet"] if log_format(settings) == "json" else []
 
 
 def configure(settings: Settings, role: str) -> None:

@@ -25,7 +25,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
@@ -158,7 +158,7 @@ def observe(applied: Sequence[Applied]) -> None:
                 if wait is not None:
                     m.queue_wait.labels(group).observe(wait)
             with _lock:
-                _open_leases[(job.id, job.attempt)] = parse_iso(job.updated_at) or as_utc(datetime.now())
+                _open_leases[(job.id, job.attempt)] = parse_iso(job.updated_at) or datetime.now(UTC)
                 while len(_open_leases) > MAX_OPEN_LEASES:
                     _open_leases.popitem(last=False)
         if "job.failed" in types:

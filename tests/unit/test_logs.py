@@ -53,6 +53,7 @@ def test_json_lines_carry_every_job_field_inside_a_job(captured: io.StringIO) ->
         "org": "acme",
     }
     assert inside["role"] == "worker-chat" and inside["logger"] == "receipt.test"
+    assert "job_suffix" not in inside  # the plain format's helper field stays out of JSON
 
 
 def test_a_field_not_known_yet_is_null_not_missing(captured: io.StringIO) -> None:
@@ -86,6 +87,15 @@ def test_plain_lines_are_readable_and_name_the_job(captured: io.StringIO) -> Non
     assert first.endswith("INFO    beat receipt.loops: expired 3 leases")
     assert second.endswith("receipt.loops: settled [jobId=j4 attempt=2]")
     assert not first.startswith("{")
+
+
+def test_celery_banners_are_quiet_in_json_mode_only() -> None:
+    from tasks.worker import worker_argv
+
+    plain = Settings.from_env({})
+    as_json = Settings.from_env({"RECEIPT_LOG_FORMAT": "json"})
+    assert worker_argv(as_json, "driver")[:2] == ["--quiet", "worker"]
+    assert worker_argv(plain, "driver")[0] == "worker"  # plain keeps the banner: it says what runs
 
 
 def test_an_unknown_log_format_is_refused_naming_the_variable_and_values() -> None:
