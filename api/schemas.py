@@ -25,6 +25,7 @@ from app.jobs.vocab import (
     SINGLETON_MODES,
     STATUSES,
 )
+from app.storage.queue import CURSOR_PATTERN
 
 Schema = dict[str, Any]
 
@@ -167,9 +168,7 @@ STREAM_PARAM: Schema = {
     "pattern": NO_NUL,
     "description": "e.g. jobs/<jobId>",
 }
-# nextCursor values are opaque: URL-safe base64 of a position this server encoded. Anything else
-# (a made-up or edited cursor) is refused with 400, so the document gives them their own format.
-CURSOR_FORMAT = "receipt-cursor"
+
 
 # Query parameters: one object schema per operation; integers are coerced from text first.
 LIST_JOBS_QUERY: Schema = {
@@ -182,12 +181,10 @@ LIST_JOBS_QUERY: Schema = {
         "limit": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT},
         "cursor": {
             "type": "string",
-            "format": CURSOR_FORMAT,
-            "pattern": "^[A-Za-z0-9_-]+={0,2}$",
-            "minLength": 1,
-            "maxLength": 1024,
-            "description": "nextCursor from the previous page, exactly as the server sent it: a cursor "
-            "the server did not issue is refused with 400.",
+            "pattern": CURSOR_PATTERN,
+            "description": "nextCursor from the previous page: the position after it, "
+            "`<createdAt in microseconds since the epoch>.<jobId>`. Anything of another shape is not "
+            "a cursor this server issues and is refused with 400.",
         },
         "organizationId": {
             **_text(ORG_ID_MAX),

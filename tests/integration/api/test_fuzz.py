@@ -13,33 +13,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 from sqlalchemy.engine import Engine
 
-from api.schemas import CURSOR_FORMAT
-from app.jobs.ids import JOB_ID_PATTERN
-from app.storage.queue import encode_cursor
 from tests.integration.api.conftest import Api, build_api, make_settings
-
-# A cursor the document allows is one the server issued: generate real ones (any position).
-schemathesis.openapi.format(
-    CURSOR_FORMAT,
-    st.builds(
-        encode_cursor,
-        st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
-        st.from_regex(JOB_ID_PATTERN, fullmatch=True),
-    ),
-)
 
 
 @pytest.fixture
