@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,7 @@ MAX_EXAMPLES = os.environ.get("RECEIPT_TEST_CLI_FUZZ_EXAMPLES", "10")
 TIMEOUT_S = 900
 
 
-def test_schemathesis_run_with_every_check_passes(stack: Stack) -> None:
+def test_schemathesis_run_with_every_check_passes(stack: Stack, tmp_path: Path) -> None:
     # Event streams of jobs that never settle (no workers) end after a second, not five minutes.
     stack.env_overrides["RECEIPT_SSE_MAX_SECONDS"] = "1"
     stack.start("web")
@@ -47,6 +48,7 @@ def test_schemathesis_run_with_every_check_passes(stack: Stack) -> None:
         text=True,
         timeout=TIMEOUT_S,
         env=dict(os.environ),
+        cwd=tmp_path,  # its crash cache (.schemathesis/) stays out of the checkout
     )
     summary = result.stdout[result.stdout.find("SUMMARY") :]
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
