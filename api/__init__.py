@@ -35,8 +35,9 @@ def create_app(
     """Build the API app.
 
     ``settings`` defaults to ``Settings.from_env()``; ``engine`` to one opened on its database;
-    ``on_dispatchable`` (called after commit with jobs that became dispatchable) to the tasks
-    layer's waker when it is installed. Tests pass a recording function so no broker is needed.
+    ``on_dispatchable`` (called after commit with jobs that became dispatchable) to the wake-up
+    publisher (``api.wake``), which raises if it cannot be built. Tests pass a recording function
+    so no broker is needed.
     """
     settings = settings if settings is not None else Settings.from_env()
     engine = engine if engine is not None else make_engine(settings.sqlalchemy_url)
@@ -49,7 +50,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
     app.json.sort_keys = False  # type: ignore[attr-defined]
     queue = Queue(engine, on_dispatchable=on_dispatchable, on_applied=metrics.observe)
-    api_state = ApiState(settings, engine, queue)
+    api_state = ApiState(settings, engine, queue, waker=on_dispatchable)
     app.extensions[EXTENSION] = api_state
 
     for blueprint in (

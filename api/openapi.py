@@ -174,7 +174,7 @@ def document(app: Flask) -> dict[str, Any]:
         path_args = _RULE_ARG.findall(rule.rule)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             paths.setdefault(path, {})[method.lower()] = _operation_object(op, rule.endpoint, path_args)
-    return _as_documented(
+    documented: dict[str, Any] = _as_documented(
         {
             "openapi": "3.1.0",
             "info": {
@@ -197,6 +197,7 @@ def document(app: Flask) -> dict[str, Any]:
             "security": [{"bearer": []}],
         }
     )
+    return documented
 
 
 def _as_documented(node: Any) -> Any:

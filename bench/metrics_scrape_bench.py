@@ -36,7 +36,7 @@ def fill(engine: object, start: int, stop: int) -> None:
 
     now = datetime.now(UTC)
     for base in range(start, stop, BATCH):
-        rows = []
+        rows: list[dict[str, object]] = []
         for i in range(base, min(stop, base + BATCH)):
             rows.append(
                 {

@@ -15,7 +15,8 @@ import pytest
 from app.ops.cli import main as receipt_main
 from receipt.client import Client, InvalidRequest, NotFound, WaitTimeout
 from tests.e2e import handlers
-from tests.e2e.conftest import ORG, Stack, TcpProxy
+from tests.support.services import TcpProxy
+from tests.support.stack import ORG, Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

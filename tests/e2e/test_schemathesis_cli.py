@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import PYTHON, Stack
+from tests.support.processes import PYTHON
+from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

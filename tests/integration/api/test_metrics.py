@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.storage import loops
-from tests.integration.api.conftest import LEASE_MS, WORKER, Api, build_api, make_settings
+from tests.support.api import LEASE_MS, WORKER, Api, build_api, make_settings
 
 SCRAPE_SECRET = "scrape-secret-for-tests"
 
