@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/http_enqueue_bench.py
 	$(BIN)/python -m bench.runtime_bench
 	$(BIN)/python bench/sandbox_bench.py
+	$(BIN)/python bench/metrics_scrape_bench.py
 
 ## Regenerate the README's configuration table from app/config.py.
 docs: $(STAMP)

@@ -12,10 +12,12 @@ from flask import Flask, Response, g, request
 from sqlalchemy.engine import Engine
 
 from api import auth, errors, health, jobs, limits, openapi, streams, ui
+from api import metrics as metrics_view
 from api.context import EXTENSION, ApiState
 from api.wake import default_waker
 from app.config import Settings
 from app.jobs.reducer import Job
+from app.ops import metrics
 from app.storage.db import make_engine
 from app.storage.queue import Queue
 
@@ -47,11 +49,22 @@ def create_app(
     # (api.inputs.raw_body refuses anything past the limit itself, declared or streamed).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    queue = Queue(engine, on_dispatchable=on_dispatchable, max_commands_per_job=settings.max_commands_per_job)
+    queue = Queue(
+        engine,
+        on_dispatchable=on_dispatchable,
+        max_commands_per_job=settings.max_commands_per_job,
+        on_applied=metrics.observe,
+    )
     api_state = ApiState(settings, engine, queue, waker=on_dispatchable)
     app.extensions[EXTENSION] = api_state
 
-    for blueprint in (jobs.blueprint, streams.blueprint, health.blueprint, openapi.blueprint):
+    for blueprint in (
+        jobs.blueprint,
+        streams.blueprint,
+        health.blueprint,
+        openapi.blueprint,
+        metrics_view.blueprint,
+    ):
         app.register_blueprint(blueprint)
     errors.register_error_handlers(app, api_state.count_internal_error)
     ui.register(app)
@@ -66,6 +79,9 @@ def create_app(
             return  # the dashboard authenticates by its own cookie (api/ui/session.py), never Bearer
         op = openapi.operation_of(app, request.endpoint)
         if op is not None and not op.auth:
+            return
+        if metrics_view.presents_metrics_token(settings, request.endpoint):
+            g.identity = metrics_view.SCRAPER
             return
         g.identity = auth.authenticate(engine, auth_disabled=auth_disabled)
 

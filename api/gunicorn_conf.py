@@ -21,7 +21,12 @@ worker (default 1000). Command-line flags (e.g. ``-b 127.0.0.1:9000``) override 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from typing import Any
+
+from app.config import Settings
+from app.ops import logs, metrics
 
 bind = f"0.0.0.0:{os.environ.get('PORT', '8080')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
@@ -34,6 +39,27 @@ keepalive = 5
 preload_app = False
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
+# gunicorn's own lines and the app's share Receipt's one logging configuration (plain or JSON).
+logconfig_dict = logs.dict_config(Settings.from_env(), "web")
+
+
+# Prometheus multiprocess mode: each gunicorn worker writes its counters to files in one folder,
+# and whichever worker answers /metrics adds them up. Set here, in the master, before any worker
+# imports prometheus_client. An operator's (or `receipt up`'s) PROMETHEUS_MULTIPROC_DIR is used
+# as given; otherwise a fresh folder per start, removed at exit, so no stale counts survive.
+_OWN_METRICS_DIR = (
+    None if os.environ.get(metrics.MULTIPROC_ENV) else tempfile.mkdtemp(prefix="receipt-metrics-")
+)
+metrics.prepare_multiprocess_dir(_OWN_METRICS_DIR)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    metrics.mark_process_dead(worker.pid)
+
+
+def on_exit(server: Any) -> None:
+    if _OWN_METRICS_DIR is not None:
+        shutil.rmtree(_OWN_METRICS_DIR, ignore_errors=True)
 
 
 def post_fork(server: Any, worker: Any) -> None:

@@ -27,6 +27,16 @@ from app.storage.queue import decode_cursor, encode_cursor, validate_status_filt
 blueprint = Blueprint("jobs", __name__)
 
 _JOB_PATH = {"jobId": schemas.JOB_ID_PARAM}
+# Where a created job can be followed: every operation on it, fed the id the response carries.
+_CREATED_JOB_ID = {"jobId": "$response.body#/job/id"}
+_FOLLOW_THE_JOB = {
+    "GetJob": ("jobs.get_job", _CREATED_JOB_ID),
+    "SendCommand": ("jobs.send_command", _CREATED_JOB_ID),
+    "CancelJob": ("jobs.cancel", _CREATED_JOB_ID),
+    "FollowJobEvents": ("streams.job_events", _CREATED_JOB_ID),
+    "ReadJobReceipts": ("streams.receipts", {"stream": "$response.body#/job/stream"}),
+    "FollowJobReceipts": ("streams.stream_events", {"stream": "$response.body#/job/stream"}),
+}
 
 
 def visible_job(job_id: str) -> Job:
@@ -49,6 +59,7 @@ def visible_job(job_id: str) -> Job:
         path={"agentId": schemas.AGENT_ID_PARAM},
         responses={202: schemas.ENQUEUE_RESPONSE},
         errors=(403, 409, 429),
+        links=_FOLLOW_THE_JOB,
     )
 )
 def enqueue(agentId: str, body: dict[str, Any]) -> ResponseReturnValue:

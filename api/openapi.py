@@ -61,6 +61,10 @@ class Operation:
     errors: tuple[int, ...] = ()
     auth: bool = True
     streams: bool = False
+    media: str = JSON  # the 200 response's media type (event streams use EVENT_STREAM)
+    # OpenAPI links from the success response: name -> (target endpoint, its parameters as
+    # runtime expressions), so clients and stateful fuzzers can follow what this call created.
+    links: Mapping[str, tuple[str, Mapping[str, str]]] = field(default_factory=dict)
 
     def error_statuses(self) -> list[int]:
         # 400 everywhere: any operation refuses undocumented query parameters.
@@ -104,6 +108,11 @@ def operation_of(app: Flask, endpoint: str | None) -> Operation | None:
     return getattr(view, "openapi", None)
 
 
+def operation_id(endpoint: str) -> str:
+    """The document's operationId for a Flask endpoint (``jobs.get_job`` -> ``jobs_get_job``)."""
+    return endpoint.replace(".", "_")
+
+
 _RULE_ARG = re.compile(r"<(?:[^:<>]+:)?([^<>]+)>")
 
 
@@ -130,7 +139,7 @@ def _parameters(op: Operation, path_args: list[str]) -> list[dict[str, Any]]:
 
 
 def _operation_object(op: Operation, endpoint: str, path_args: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"operationId": endpoint.replace(".", "_"), "summary": op.summary, "tags": [op.tag]}
+    out: dict[str, Any] = {"operationId": operation_id(endpoint), "summary": op.summary, "tags": [op.tag]}
     if op.description:
         out["description"] = op.description
     params = _parameters(op, path_args)
@@ -140,8 +149,13 @@ def _operation_object(op: Operation, endpoint: str, path_args: list[str]) -> dic
         out["requestBody"] = {"required": op.body_required, "content": _content(op.body)}
     responses: dict[str, Any] = {}
     for status, schema in op.responses.items():
-        media = EVENT_STREAM if op.streams and status == 200 else JSON
+        media = EVENT_STREAM if op.streams and status == 200 else op.media if status == 200 else JSON
         responses[str(status)] = {"description": "Success.", "content": _content(schema, media)}
+        if op.links and 200 <= status < 300:
+            responses[str(status)]["links"] = {
+                name: {"operationId": operation_id(target), "parameters": dict(params)}
+                for name, (target, params) in op.links.items()
+            }
     for status in op.error_statuses():
         responses[str(status)] = {
             "description": _ERROR_DESCRIPTIONS[status],
@@ -172,27 +186,46 @@ def document(app: Flask) -> dict[str, Any]:
         path_args = _RULE_ARG.findall(rule.rule)
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             paths.setdefault(path, {})[method.lower()] = _operation_object(op, rule.endpoint, path_args)
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": API_TITLE,
-            "version": API_VERSION,
-            "description": "Durable background jobs: enqueue, read and follow jobs whose state is "
-            "the fold of their receipt stream.",
-        },
-        "paths": paths,
-        "components": {
-            "schemas": schemas.COMPONENTS,
-            "securitySchemes": {
-                "bearer": {
-                    "type": "http",
-                    "scheme": "bearer",
-                    "description": "A token from `receipt token create`.",
-                }
+    documented: dict[str, Any] = _as_documented(
+        {
+            "openapi": "3.1.0",
+            "info": {
+                "title": API_TITLE,
+                "version": API_VERSION,
+                "description": "Durable background jobs: enqueue, read and follow jobs whose state is "
+                "the fold of their receipt stream.",
             },
-        },
-        "security": [{"bearer": []}],
-    }
+            "paths": paths,
+            "components": {
+                "schemas": schemas.COMPONENTS,
+                "securitySchemes": {
+                    "bearer": {
+                        "type": "http",
+                        "scheme": "bearer",
+                        "description": "A token from `receipt token create`.",
+                    }
+                },
+            },
+            "security": [{"bearer": []}],
+        }
+    )
+    return documented
+
+
+def _as_documented(node: Any) -> Any:
+    """A copy of the document in which each free-form JSON slot names the precise ``JsonValue``.
+
+    Validation keeps those slots open (``api.jsonbody`` enforces their rules on the raw body
+    first, naming the field); the document states the rules, so it describes exactly what the
+    server accepts.
+    """
+    if node is schemas.JSON_VALUE:
+        return {"$ref": "#/components/schemas/JsonValue"}
+    if isinstance(node, dict):
+        return {key: _as_documented(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_as_documented(item) for item in node]
+    return node
 
 
 blueprint = Blueprint("openapi", __name__)

@@ -26,6 +26,7 @@ from app.jobs.vocab import (
     SINGLETON_MODES,
     STATUSES,
 )
+from app.storage.queue import CURSOR_PATTERN
 
 Schema = dict[str, Any]
 
@@ -39,7 +40,12 @@ RECEIPTS_LIMIT_DEFAULT = 100
 RECEIPTS_LIMIT_MAX = 1000
 # Stream positions are 32-bit integers in the database.
 SEQ_MAX = 2**31 - 1
-NON_BLANK = r"\S"
+# Every string the API reads — body values and keys, path and query parameters — is refused when
+# it holds U+0000 (api.jsonbody: PostgreSQL text and jsonb cannot store it). The document says so
+# with these patterns, so a client (or a fuzzer) that follows the document is never refused.
+NO_NUL = r"^[^\u0000]*$"
+NON_BLANK = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+MAX_JSON_DEPTH = 64  # api.jsonbody.MAX_DEPTH, stated in the document's descriptions
 
 
 def _ref(name: str) -> Schema:
@@ -48,8 +54,7 @@ def _ref(name: str) -> Schema:
 
 def _text(max_length: int = TEXT_MAX, *, nullable: bool = False, non_blank: bool = True) -> Schema:
     schema: Schema = {"type": ["string", "null"] if nullable else "string", "maxLength": max_length}
-    if non_blank:
-        schema["pattern"] = NON_BLANK
+    schema["pattern"] = NON_BLANK if non_blank else NO_NUL
     return schema
 
 
@@ -60,6 +65,27 @@ def _enum(values: tuple[str, ...], *, nullable: bool = False) -> Schema:
 
 
 # -- requests ---------------------------------------------------------------------------------
+
+# Free-form JSON inside a request (a payload's own fields, a command's payload). Validation lets
+# any value through here — api.jsonbody.check_storable enforces the text and depth rules first —
+# while the document replaces this object with a $ref to the precise, recursive "JsonValue".
+JSON_VALUE: Schema = {
+    "description": "Any JSON value whose strings and object keys contain no U+0000, nested at most "
+    f"{MAX_JSON_DEPTH} levels."
+}
+JSON_VALUE_COMPONENT: Schema = {
+    "description": JSON_VALUE["description"],
+    "anyOf": [
+        {"type": ["null", "boolean", "number"]},
+        {"type": "string", "pattern": NO_NUL},
+        {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
+        {
+            "type": "object",
+            "propertyNames": {"pattern": NO_NUL},
+            "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
+        },
+    ],
+}
 
 AUTH_CONTEXT: Schema = {
     "type": "object",
@@ -82,7 +108,8 @@ PAYLOAD: Schema = {
         "authContext": {**AUTH_CONTEXT, "type": ["object", "null"]},
     },
     "required": ["kind"],
-    "additionalProperties": True,
+    "propertyNames": {"pattern": NO_NUL},
+    "additionalProperties": JSON_VALUE,
     # Spec: every kind except factory.objective.watchdog needs authContext with userId and
     # organizationId; the watchdog may omit it. (Conditioned on the known kinds, so an unknown
     # kind is reported as the kind error — listing the nine — not as a missing authContext.)
@@ -110,6 +137,9 @@ ENQUEUE_REQUEST: Schema = {
     },
     "required": ["payload"],
     "additionalProperties": False,
+    # singletonMode cancel and steer act on a session: they need its key.
+    "if": {"properties": {"singletonMode": {"enum": ["cancel", "steer"]}}, "required": ["singletonMode"]},
+    "then": {"required": ["sessionKey"], "properties": {"sessionKey": {"type": "string"}}},
 }
 
 COMMAND_REQUEST: Schema = {
@@ -117,7 +147,7 @@ COMMAND_REQUEST: Schema = {
     "title": "CommandRequest",
     "properties": {
         "type": _enum(COMMAND_TYPES),
-        "payload": {"description": "Any JSON value, handed to the worker with the command."},
+        "payload": JSON_VALUE,
         "reason": _text(REASON_MAX, nullable=True, non_blank=False),
     },
     "required": ["type"],
@@ -132,8 +162,14 @@ CANCEL_REQUEST: Schema = {
 }
 
 AGENT_ID_PARAM: Schema = {"type": "string", "minLength": 1, "maxLength": AGENT_ID_MAX, "pattern": NON_BLANK}
-JOB_ID_PARAM: Schema = {"type": "string", "minLength": 1}
-STREAM_PARAM: Schema = {"type": "string", "minLength": 1, "description": "e.g. jobs/<jobId>"}
+JOB_ID_PARAM: Schema = {"type": "string", "minLength": 1, "pattern": NO_NUL}
+STREAM_PARAM: Schema = {
+    "type": "string",
+    "minLength": 1,
+    "pattern": NO_NUL,
+    "description": "e.g. jobs/<jobId>",
+}
+
 
 # Query parameters: one object schema per operation; integers are coerced from text first.
 LIST_JOBS_QUERY: Schema = {
@@ -146,9 +182,10 @@ LIST_JOBS_QUERY: Schema = {
         "limit": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT},
         "cursor": {
             "type": "string",
-            "minLength": 1,
-            "maxLength": 1024,
-            "description": "nextCursor from the previous page.",
+            "pattern": CURSOR_PATTERN,
+            "description": "nextCursor from the previous page: the position after it, "
+            "`<createdAt in microseconds since the epoch>.<jobId>`. Anything of another shape is not "
+            "a cursor this server issues and is refused with 400.",
         },
         "organizationId": {
             **_text(ORG_ID_MAX),
@@ -189,7 +226,16 @@ EVENTS_QUERY: Schema = {
     },
 }
 
-LAST_EVENT_ID_HEADER: Schema = {"type": "string", "pattern": r"^[0-9]{1,10}$"}
+# A seq as decimal text, 0 .. 2**31-1 (SEQ_MAX) — the pattern spells the bound out, digit by digit.
+SEQ_TEXT_PATTERN = (
+    r"^(?:[0-9]{1,9}|[01][0-9]{9}|20[0-9]{8}|21[0-3][0-9]{7}|214[0-6][0-9]{6}|2147[0-3][0-9]{5}"
+    r"|21474[0-7][0-9]{4}|214748[0-2][0-9]{3}|2147483[0-5][0-9]{2}|21474836[0-3][0-9]|214748364[0-7])$"
+)
+LAST_EVENT_ID_HEADER: Schema = {
+    "type": "string",
+    "pattern": SEQ_TEXT_PATTERN,
+    "description": f"The seq of the last event received (0..{SEQ_MAX}).",
+}
 
 # -- responses --------------------------------------------------------------------------------
 
@@ -417,6 +463,7 @@ COMPONENTS: dict[str, Schema] = {
     "Receipt": RECEIPT,
     "ReceiptPage": RECEIPT_PAGE,
     "Error": ERROR,
+    "JsonValue": JSON_VALUE_COMPONENT,
     "Health": HEALTH,
     "Ready": READY,
     "JobEvent": JOB_EVENT,

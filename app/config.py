@@ -31,6 +31,13 @@ def _int(text: str) -> int:
     return int(text.strip())
 
 
+def _log_format(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("plain", "json"):
+        raise ValueError("allowed values: plain, json")
+    return value
+
+
 SETTINGS: tuple[Setting, ...] = (
     # -- storage and broker
     Setting(
@@ -365,6 +372,34 @@ SETTINGS: tuple[Setting, ...] = (
         "Writes (POST) one organisation may make, as a Flask-Limiter rate (`600/minute;50/second`); "
         "`disabled` turns it off. Counted in Redis (REDIS_URL); embedded mode counts in memory.",
     ),
+    # -- observability (logs, metrics)
+    Setting(
+        "RECEIPT_LOG_FORMAT",
+        "log_format",
+        "plain",
+        "`plain` (one readable line per record) or `json` (one JSON object per line, with `jobId`, "
+        "`attempt`, `fence`, `workerId`, `role` and `org` on job-related lines). Web, workers and beat.",
+        _log_format,
+    ),
+    Setting(
+        "RECEIPT_LOG_LEVEL", "log_level", "INFO", "Root log level of every process (`DEBUG`, `INFO`, ...)."
+    ),
+    Setting(
+        "RECEIPT_METRICS_TOKEN",
+        "metrics_token",
+        None,
+        "A bearer secret that may read `/metrics` (for a Prometheus scraper). Unset: only system "
+        "tokens may. Organisation tokens never may (metrics span every organisation).",
+    ),
+    Setting(
+        "RECEIPT_WORKER_METRICS_PORT",
+        "worker_metrics_port",
+        None,
+        "When set, each worker process (driver, worker groups) serves its own counters at "
+        "`:PORT/metrics` (all interfaces), for hosts whose web process cannot read them. Needs "
+        "`RECEIPT_METRICS_TOKEN`, which the scraper sends as its bearer token.",
+        _int,
+    ),
 )
 
 
@@ -422,6 +457,10 @@ class Settings:
     sse_max_streams_per_token: int = 10
     sse_max_streams_per_process: int = 200
     rate_limit_writes: str = "600/minute"
+    log_format: str = "plain"
+    log_level: str = "INFO"
+    metrics_token: str | None = None
+    worker_metrics_port: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:

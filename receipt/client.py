@@ -2,7 +2,10 @@
 
     from receipt.client import Client
     client = Client("http://127.0.0.1:8080", token="rcpt_...")
-    job = client.enqueue("codex", {"kind": "factory.task.run", ...})
+    job = client.enqueue("codex", {"kind": "factory.task.run", ...})["job"]
+    for event in client.follow(job["id"]):      # live, resumes after a dropped connection
+        print(event.seq, event.status, event.job["progress"])
+    final = client.wait(job["id"], timeout=60)  # or just block until it is terminal
 
 Every error the API answers with becomes a ``ReceiptError`` (or a subclass) carrying the API's
 error ``code``, ``status`` and ``details``, so callers branch on codes, never on messages.
@@ -10,8 +13,11 @@ error ``code``, ``status`` and ``details``, so callers branch on codes, never on
 
 from __future__ import annotations
 
+import json as _json
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import requests
@@ -52,6 +58,79 @@ class RateLimited(ReceiptError):
     """429: too many requests or streams; ``retry_after`` says when to try again (seconds)."""
 
     retry_after: float | None = None
+
+
+class WaitTimeout(ReceiptError):
+    """``follow``/``wait`` ran out of time before the job became terminal."""
+
+    def __init__(self, job_id: str, timeout: float) -> None:
+        super().__init__(0, "timeout", f"job {job_id} was not terminal within {timeout:g} s")
+        self.job_id = job_id
+
+
+TERMINAL_STATUSES = frozenset({"completed", "failed", "canceled"})
+# The server sends a heartbeat comment every 15 s: a minute of silence means a dead connection.
+STREAM_READ_TIMEOUT_S = 60.0
+RECONNECT_DELAY_S = 1.0
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One event of a followed job: the receipt's ``seq`` and the job's state after it."""
+
+    seq: int
+    job: JsonObject
+
+    @property
+    def status(self) -> str:
+        return str(self.job.get("status"))
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class SseFrame:
+    """One Server-Sent Events frame (``id``/``event``/``data``); comments are dropped."""
+
+    id: str | None
+    event: str | None
+    data: str
+
+
+def parse_sse(lines: Iterable[str]) -> Iterator[SseFrame]:
+    """Frames from an event stream's lines (the WHATWG rules this API uses: one data line each)."""
+    fields: dict[str, str] = {}
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data or fields:
+                yield SseFrame(fields.get("id"), fields.get("event"), "\n".join(data))
+            fields, data = {}, []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name in ("id", "event", "retry"):
+            fields[name] = value
+    if data:
+        yield SseFrame(fields.get("id"), fields.get("event"), "\n".join(data))
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
+    """Lines of a byte stream (LF or CRLF), decoded as UTF-8, as the chunks arrive."""
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+    if buffer:
+        yield buffer.rstrip(b"\r").decode("utf-8", errors="replace")
 
 
 def _error_class(status: int) -> type[ReceiptError]:
@@ -162,3 +241,75 @@ class Client:
     def commands(self, job_id: str, body: Mapping[str, Any]) -> JsonObject:
         """POST /jobs/<jobId>/commands (steer, follow_up, abort)."""
         return self.request("POST", f"/jobs/{job_id}/commands", json=dict(body))
+
+    def follow(
+        self,
+        job_id: str,
+        *,
+        after: int = 0,
+        reconnect_delay: float = RECONNECT_DELAY_S,
+        max_reconnects: int | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[JobEvent]:
+        """The job's state after each change, live, until it is terminal (GET /jobs/<id>/events).
+
+        A dropped connection, or a stream the server ended (it closes each after
+        ``RECEIPT_SSE_MAX_SECONDS``), is resumed with ``Last-Event-ID`` after ``reconnect_delay``,
+        so no state is skipped or repeated. ``max_reconnects`` consecutive failures (``None``:
+        no limit) re-raise the last network error; ``timeout`` bounds the whole follow
+        (``WaitTimeout``). API errors (404, 401, ...) raise at once as ``ReceiptError``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = after
+        failures = 0
+        while True:
+            try:
+                quiet = True
+                for event in self._event_stream(job_id, last, deadline):
+                    failures, quiet = 0, False
+                    last = event.seq
+                    yield event
+                    if event.terminal:
+                        return
+                if quiet and self.get(job_id).get("status") in TERMINAL_STATUSES:
+                    return  # terminal before ``after``: the server has nothing more to send
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError):
+                failures += 1
+                if max_reconnects is not None and failures > max_reconnects:
+                    raise
+            if deadline is not None and time.monotonic() + reconnect_delay >= deadline:
+                raise WaitTimeout(job_id, timeout or 0.0)
+            time.sleep(reconnect_delay)
+
+    def wait(self, job_id: str, *, timeout: float | None = None) -> JsonObject:
+        """Block until the job is terminal and return it (``WaitTimeout`` after ``timeout`` s)."""
+        job = self.get(job_id)
+        if job.get("status") in TERMINAL_STATUSES:
+            return job
+        for event in self.follow(job_id, after=int(job.get("seq", 0)), timeout=timeout):
+            if event.terminal:
+                return event.job
+        return self.get(job_id)  # the stream ended on a terminal event already delivered
+
+    def _event_stream(self, job_id: str, after: int, deadline: float | None) -> Iterator[JobEvent]:
+        headers = self.headers({"Accept": "text/event-stream"})
+        if after:
+            headers["Last-Event-ID"] = str(after)
+        read_timeout = STREAM_READ_TIMEOUT_S
+        if deadline is not None:
+            read_timeout = max(0.1, min(read_timeout, deadline - time.monotonic()))
+        with self.session.get(
+            f"{self.url}/jobs/{job_id}/events",
+            headers=headers,
+            stream=True,
+            timeout=(self.timeout, read_timeout),
+            allow_redirects=False,
+        ) as response:
+            if response.status_code >= 400:
+                self.decode(response)  # raises the typed error
+            # chunk_size=None hands over each chunk as it arrives (a fixed size would wait to fill).
+            for frame in parse_sse(_lines(response.iter_content(chunk_size=None))):
+                if frame.event == "job" and frame.id is not None:
+                    yield JobEvent(int(frame.id), _json.loads(frame.data))
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(job_id, 0.0)

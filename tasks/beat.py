@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from app.config import Settings
+from app.ops import logs
 from app.storage.files import private_dir
 from tasks.celery_app import make_celery
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
+    logs.configure(settings, "beat")
     private_dir(settings.home_path)
     app = make_celery(settings)
-    app.start(["beat", "--loglevel", "INFO", *(argv or [])])
+    app.start([*logs.quiet_banner_args(settings), "beat", "--loglevel", "INFO", *(argv or [])])
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import requests
 
 from app.config import Settings
 from app.jobs.reducer import Job
+from app.ops import metrics
 
 log = logging.getLogger("receipt.callbacks")
 
@@ -59,8 +60,10 @@ class Callbacks:
         try:
             response = requests.post(url, json=body, headers=self.headers, timeout=CALLBACK_TIMEOUT_S)
             if response.status_code >= 400:
+                metrics.registry_metrics().callback_failures.labels(body["event"]).inc()
                 log.warning(
                     "callback %s for %s answered %s", body["event"], body["jobId"], response.status_code
                 )
         except requests.RequestException as exc:
+            metrics.registry_metrics().callback_failures.labels(body["event"]).inc()
             log.warning("callback %s for %s failed: %s", body["event"], body["jobId"], exc)

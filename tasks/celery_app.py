@@ -13,7 +13,7 @@ from celery import Celery, signals
 
 from app.config import Settings
 from app.jobs.routing import MAINTENANCE_QUEUE
-from app.ops import celeryconfig
+from app.ops import celeryconfig, logs
 from tasks import dispatch, execute, loops, redaction
 from tasks.runtime import (
     DISPATCH_TASK,
@@ -77,6 +77,27 @@ def _register(app: Celery) -> None:
         return loops.dispatch_due_retries(get_runtime(self.app))
 
 
+def _keep_receipt_logging(**_: Any) -> None:
+    """Connected, so Celery leaves logging alone: ``app.ops.logs`` configured it (plain or JSON)."""
+
+
+def _bind_job_to_logs(task: Any = None, args: Any = None, **_: Any) -> None:
+    """Job fields on every log line of a driver or worker task, Celery's own "succeeded" line included.
+
+    Bound here rather than inside the task function because Celery logs the task's outcome after
+    the function returns but before ``task_postrun``, in the same thread.
+    """
+    name = getattr(task, "name", None)
+    if name == DRIVER_TASK and args:
+        logs.set_job(jobId=args[0])
+    elif name == EXECUTE_TASK and args and len(args) >= 2:
+        logs.set_job(jobId=args[0], fence=args[1])
+
+
+def _unbind_job_from_logs(**_: Any) -> None:
+    logs.clear_job()  # pool threads are reused: the next task must not inherit this job
+
+
 def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
     """Spec: the queued-job redrive's first pass runs after a 5 000 ms startup delay."""
     beat_app = getattr(sender, "app", None)
@@ -89,6 +110,10 @@ def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
 
 
 signals.beat_init.connect(_first_redrive_after_startup_delay)
+# Connected, so Celery leaves logging alone: app.ops.logs configured it (plain or JSON).
+signals.setup_logging.connect(_keep_receipt_logging)
+signals.task_prerun.connect(_bind_job_to_logs)
+signals.task_postrun.connect(_unbind_job_from_logs)
 
 
 def __getattr__(name: str) -> Celery:

@@ -17,6 +17,7 @@ from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE, route
 from app.jobs.timing import timing_for
 from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
+from app.ops import logs, metrics
 from app.storage import delivery
 from app.storage.db import db_now, parse_iso, transaction
 from app.storage.queue import retry_transient
@@ -43,7 +44,8 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
     """
     started = []
     for job_id in job_ids:
-        decision = start_driver(rt, job_id, job_id, inline=True)
+        with logs.bind_job(jobId=job_id):
+            decision = start_driver(rt, job_id, job_id, inline=True)
         if decision is not None and decision.created:
             started.append(job_id)
     return {"started": started}
@@ -66,12 +68,15 @@ def start_driver(
             decision = delivery.begin(conn, job_id, dispatch_key, now, timing.driver_timeout_ms)
     except DeliveryGenerationsExceeded as exc:
         log.error("%s", exc)
+        metrics.registry_metrics().generations_exhausted.inc()
         out = rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
         if out.applied:
             rt.callbacks.post("failed", out.job)
         return None
     if not decision.created:
         return decision
+    path = "redrive" if ":redrive:" in dispatch_key else "dispatch"
+    metrics.registry_metrics().deliveries.labels(path, str(decision.generation > 0).lower()).inc()
     if inline:
         drive(rt, job_id, dispatch_key, decision.generation)
         return decision
@@ -132,6 +137,7 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> Drive
         settle_delivery(rt, dispatch_key, generation, "backoff")
         return {"outcome": "backoff"}
     fence = delivery.attempt_fence(job_id, job.attempt + 1)
+    logs.update_job(org=job.organization_id, attempt=job.attempt + 1, fence=fence)
     queue_name = route(job.agent_id, job.kind).queue
     try:
         rt.app.send_task(

@@ -11,6 +11,7 @@ import os
 import socket
 from typing import Any
 
+from app.ops import logs, metrics
 from app.storage import delivery, loops
 from app.storage.db import db_now
 from tasks.dispatch import start_driver
@@ -62,7 +63,8 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
             if last is not None and (now - last).total_seconds() * 1000 < s.queued_redrive_cooldown_ms:
                 continue
             try:
-                decision = start_driver(rt, job.id, delivery.redrive_key(job.id, job.seq, job.status))
+                with logs.bind_job(jobId=job.id, org=job.organization_id):
+                    decision = start_driver(rt, job.id, delivery.redrive_key(job.id, job.seq, job.status))
             except Exception:
                 log.exception("redrive of %s failed; next pass retries", job.id)
                 continue
@@ -70,6 +72,7 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
                 started.append(job.id)
         if started:
             log.info("redrive started %d deliveries", len(started))
+            metrics.registry_metrics().redrives.inc(len(started))
         return {"redriven": started}
 
     return _guarded(rt, REDRIVE_LOOP, s.queued_redrive_interval_ms, body)
@@ -97,7 +100,8 @@ def dispatch_due_retries(rt: Runtime) -> dict[str, Any]:
         started = []
         for job in rt.queue.due_retries(limit=SCAN_LIMIT):
             try:
-                decision = start_driver(rt, job.id, job.id)
+                with logs.bind_job(jobId=job.id, org=job.organization_id):
+                    decision = start_driver(rt, job.id, job.id)
             except Exception:
                 log.exception("dispatch of due retry %s failed; next pass retries", job.id)
                 continue

@@ -24,6 +24,7 @@ from app.jobs.routing import EXECUTE_TASK as EXECUTE_TASK
 from app.jobs.routing import EXPIRE_TASK as EXPIRE_TASK
 from app.jobs.routing import REDRIVE_TASK as REDRIVE_TASK
 from app.jobs.routing import RETRY_TASK as RETRY_TASK
+from app.ops import metrics
 from app.storage.db import make_engine
 from app.storage.queue import Queue
 from tasks.callbacks import Callbacks
@@ -59,7 +60,9 @@ def get_runtime(app: Celery) -> Runtime:
         if rt is None:
             settings: Settings = app.receipt_settings
             engine = make_engine(settings.sqlalchemy_url)
-            queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
+            queue = Queue(
+                engine, on_dispatchable=lambda jobs: send_wake(app, jobs), on_applied=metrics.observe
+            )
             registry = default_registry(settings.handler_modules.split(","))
             rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
             app.receipt_runtime = rt

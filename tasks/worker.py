@@ -9,9 +9,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
+
+from celery.exceptions import SecurityWarning
 
 from app.config import Settings
 from app.jobs.routing import QUEUES
+from app.ops import celeryconfig, logs, metrics
 from tasks.celery_app import make_celery
 from workers import sandbox
 from workers.roles import concurrency, resolve_role, unknown_role_warning
@@ -25,6 +29,7 @@ def worker_argv(settings: Settings, raw_role: str | None) -> list[str]:
     if role.name == "api":
         raise SystemExit("role 'api' serves HTTP and consumes no queue: run gunicorn (Procfile 'web')")
     return [
+        *logs.quiet_banner_args(settings),
         "worker",
         "--queues",
         ",".join(role.queues),
@@ -56,14 +61,30 @@ def log_sandbox_protections(settings: Settings) -> list[str]:
     return off
 
 
+def silence_root_warning(settings: Settings) -> None:
+    """Silence Celery's "running as root" SecurityWarning — knowingly, and only when it cannot apply.
+
+    The warning exists because a root worker that accepts pickle executes whatever a broker
+    client sends. Receipt's workers accept JSON only (``accept_content``; asserted here, so a
+    change that adds pickle brings the warning, and Celery's own refusal to start, back).
+    Containers and the sandbox run everything as root, where the warning is noise on every start.
+    """
+    accepted = celeryconfig.build(settings)["accept_content"]
+    if accepted == ["json"]:
+        warnings.filterwarnings("ignore", category=SecurityWarning)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tasks.worker")
     parser.add_argument("--role", help="overrides RECEIPT_PROCESS_ROLE")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
     raw = args.role if args.role is not None else settings.process_role
     role, known = resolve_role(raw)
+    logs.configure(settings, role.name)
+    silence_root_warning(settings)
+    # Only where asked (RECEIPT_WORKER_METRICS_PORT): workers on hosts the web cannot read from.
+    metrics.start_worker_endpoint(settings.worker_metrics_port, settings.metrics_token)
     if not known:
         log.warning(unknown_role_warning(raw))
     if QUEUES["codex"] in role.queues:

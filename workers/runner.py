@@ -9,6 +9,7 @@ is inert. Celery only calls ``run_attempt``; nothing here knows about it.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import socket
@@ -24,6 +25,7 @@ from app.jobs.errors import no_handler_message
 from app.jobs.reducer import Job
 from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
 from app.jobs.vocab import AttemptStatus, FailureStatus
+from app.ops import logs
 from app.storage.queue import Outcome, Queue, retry_transient
 from workers.handler import HandlerError, JobContext
 from workers.registry import HandlerRegistry
@@ -56,8 +58,13 @@ class _HandlerThread(threading.Thread):
         self._ctx = ctx
         self.result: Any = None
         self.error: BaseException | None = None
+        # A thread starts with an empty context: carry the job's log fields into the handler.
+        self._log_context = contextvars.copy_context()
 
     def run(self) -> None:
+        self._log_context.run(self._run)
+
+    def _run(self) -> None:
         try:
             self.result = self._handler(self._ctx)
         except BaseException as exc:  # the attempt settles it; a thread must not die silently
@@ -77,6 +84,7 @@ def run_attempt(
     job = retry_transient(lambda: queue.get(job_id))
     if job is None:
         return AttemptResult("stale_attempt", None, f"no job {job_id}")
+    logs.update_job(org=job.organization_id, workerId=worker_id, attempt=attempt)
     if job.terminal:
         return AttemptResult("terminal_state", job)
     timing = timing_for(job.agent_id, job.kind, job.payload, settings)

@@ -35,8 +35,13 @@ VISIBILITY_TIMEOUT_S = 2 * LONGEST_LEASE_MS // 1000
 EMBEDDED_POLL_S = 0.05
 
 
+# The folder broker ignores the host, but kombu warns "No hostname was supplied" on every
+# connection without one; naming localhost removes the cause instead of hiding the warning.
+EMBEDDED_BROKER_URL = "filesystem://localhost/"
+
+
 def broker_url(settings: Settings) -> str:
-    return settings.redis_url or "filesystem://"
+    return settings.redis_url or EMBEDDED_BROKER_URL
 
 
 def broker_transport_options(settings: Settings) -> dict[str, Any]:

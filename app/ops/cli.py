@@ -1,6 +1,6 @@
 """``receipt``: the operator's command line.
 
-Verbs: migrate, verify, replay, rebuild-projections, token create|list|revoke, config, up.
+Verbs: migrate, verify, replay, rebuild-projections, token create|list|revoke, config, up, logs.
 Every verb reads configuration from the environment through ``Settings`` and nothing else.
 """
 
@@ -180,10 +180,21 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from app.ops.supervisor import run_up
 
-    return run_up(settings, port=args.port, host=args.host)
+    return run_up(settings, port=args.port, host=args.host, verbose=args.verbose)
+
+
+def cmd_logs(args: argparse.Namespace, settings: Settings) -> int:
+    from app.ops.logtail import show
+
+    try:
+        return show(settings, args.role, follow=args.follow, lines=args.lines, out=sys.stdout)
+    except KeyboardInterrupt:
+        return 0
 
 
 DEVELOPER_GROUPS = ("jobs", "objective")
+# The process names `receipt up` supervises (app.ops.supervisor.process_specs), one log file each.
+SUPERVISED_ROLES = ("web", "driver", "chat", "codex", "control", "beat")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -222,7 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("up", help="run the whole system on this machine")
     u.add_argument("--port", type=int, default=8080)
     u.add_argument("--host", default="127.0.0.1")
+    u.add_argument("--verbose", action="store_true", help="stream every process's log, prefixed")
     u.set_defaults(fn=cmd_up)
+    lg = sub.add_parser("logs", help="print (or -f follow) the logs `receipt up` writes")
+    lg.add_argument("role", nargs="?", choices=SUPERVISED_ROLES, help="one process (default: all)")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
+    lg.add_argument("-n", "--lines", type=int, default=50, help="lines of history per file (default 50)")
+    lg.set_defaults(fn=cmd_logs)
     return p
 
 

@@ -3,9 +3,16 @@
 Starts the same processes as the Procfile — web (gunicorn), driver, the three worker groups and
 beat — as child processes, each in its own session so that Ctrl-C reaches only this supervisor,
 which then stops every child by PID (SIGTERM, then SIGKILL after a grace period). A child that
-dies is restarted with a backoff; one that keeps dying stops the whole run. Output is prefixed
-per process, like a Procfile runner. With no DATABASE_URL / REDIS_URL this is the embedded
-default (SQLite file + a folder broker under RECEIPT_HOME); otherwise it is production wiring.
+dies is restarted with a backoff; one that keeps dying stops the whole run. With no DATABASE_URL /
+REDIS_URL this is the embedded default (SQLite file + a folder broker under RECEIPT_HOME);
+otherwise it is production wiring.
+
+Quiet by default: the terminal gets a short banner (URL, dev token, roles, where the logs are)
+and one line per lifecycle event; each child's output goes to ``$RECEIPT_HOME/logs/<role>.log``
+(the previous run's file is kept as ``<role>.log.1``). ``--verbose`` also streams every line to
+the terminal, prefixed with its role, like a Procfile runner; ``receipt logs`` reads the files.
+All children share one Prometheus multiprocess folder, ``$RECEIPT_HOME/metrics``, emptied here
+at start, so the web process's ``/metrics`` adds up the workers' counters too (docs/metrics.md).
 
 This module starts processes by command line only; it imports neither Flask nor Celery.
 """
@@ -70,10 +77,20 @@ def process_specs(host: str, port: int, python: str = sys.executable) -> list[Pr
 
 
 class _Child:
-    def __init__(self, spec: ProcessSpec, base_env: Mapping[str, str], out_lock: threading.Lock) -> None:
+    def __init__(
+        self,
+        spec: ProcessSpec,
+        base_env: Mapping[str, str],
+        out_lock: threading.Lock,
+        log_path: Path,
+        *,
+        verbose: bool = False,
+    ) -> None:
         self.spec = spec
         self.base_env = base_env
         self.out_lock = out_lock
+        self.log_path = log_path
+        self.verbose = verbose
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts: list[float] = []
 
@@ -87,16 +104,23 @@ class _Child:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        threading.Thread(target=self._pump, daemon=True, name=f"out-{self.spec.name}").start()
+        self._pumping = threading.Thread(target=self._pump, daemon=True, name=f"out-{self.spec.name}")
+        self._pumping.start()
 
     def _pump(self) -> None:
         proc = self.proc
         assert proc is not None and proc.stdout is not None
         prefix = f"{self.spec.name:>8} | ".encode()
-        for line in iter(proc.stdout.readline, b""):
-            with self.out_lock:
-                sys.stdout.buffer.write(prefix + line)
-                sys.stdout.buffer.flush()
+        # Appending: a restarted child continues the same file. The pipe is closed at EOF, or each
+        # restart would leak one.
+        with proc.stdout, open(self.log_path, "ab") as log:
+            for line in iter(proc.stdout.readline, b""):
+                log.write(line)
+                log.flush()
+                if self.verbose:
+                    with self.out_lock:
+                        sys.stdout.buffer.write(prefix + line)
+                        sys.stdout.buffer.flush()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -148,16 +172,67 @@ def _wait_ready(url: str, deadline: float) -> bool:
     return False
 
 
-def run_up(settings: Settings, *, port: int = 8080, host: str = "127.0.0.1") -> int:
+def log_dir(settings: Settings) -> Path:
+    """Where ``receipt up`` writes each child's output: ``$RECEIPT_HOME/logs``."""
+    return settings.home_path / "logs"
+
+
+def _fresh_logs(settings: Settings, names: list[str]) -> dict[str, Path]:
+    """One log file per role; the previous run's is kept once as ``<role>.log.1``."""
+    folder = log_dir(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name in names:
+        path = folder / f"{name}.log"
+        if path.exists():
+            path.replace(folder / f"{name}.log.1")
+        path.touch()
+        paths[name] = path
+    return paths
+
+
+def _fresh_metrics_dir(settings: Settings) -> Path:
+    """The run's Prometheus multiprocess folder, emptied: stale files would resurrect old counts."""
+    folder = settings.home_path / "metrics"
+    if folder.exists():
+        for item in folder.iterdir():
+            if item.is_file() and item.suffix == ".db":
+                item.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def banner(settings: Settings, url: str, token: str, roles: list[str], *, verbose: bool = False) -> list[str]:
+    """The first screen of ``receipt up`` (a test keeps it within 15 lines)."""
+    database = "PostgreSQL" if settings.database_url else "SQLite"
+    broker = "Redis" if settings.redis_url else "folder broker"
+    logs = log_dir(settings)
+    return [
+        f"Receipt is up at {url}  ({database}, {broker}; home {settings.home_path})",
+        f"Dev token (organization 'dev'): {token}",
+        f"  export RECEIPT_URL={url} RECEIPT_TOKEN={token}",
+        f"Running: {', '.join(roles)}",
+        f"Logs: {logs}/<role>.log"
+        + ("  (streamed below)" if verbose else "  (receipt logs [ROLE] -f, or receipt up --verbose)"),
+        "Try:  receipt jobs list   ·   receipt jobs enqueue AGENT --kind KIND --payload JSON --follow",
+        f"API:  {url}/openapi.json   metrics: {url}/metrics (system token)",
+        "Press Ctrl-C to stop everything.",
+    ]
+
+
+def run_up(settings: Settings, *, port: int = 8080, host: str = "127.0.0.1", verbose: bool = False) -> int:
     lock = threading.Lock()
     token = _prepare(settings)
     env = dict(os.environ)
     env.setdefault("RECEIPT_HOME", str(settings.home_path))
     env["PYTHONUNBUFFERED"] = "1"
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(_fresh_metrics_dir(settings))
     # Children must import this checkout's packages whatever the current directory is.
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    children = [_Child(spec, env, lock) for spec in process_specs(host, port)]
+    specs = process_specs(host, port)
+    paths = _fresh_logs(settings, [spec.name for spec in specs])
+    children = [_Child(spec, env, lock, paths[spec.name], verbose=verbose) for spec in specs]
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -165,30 +240,18 @@ def run_up(settings: Settings, *, port: int = 8080, host: str = "127.0.0.1") -> 
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    database = "PostgreSQL" if settings.database_url else f"SQLite at {settings.sqlalchemy_url[10:]}"
-    broker = "Redis" if settings.redis_url else f"folder broker under {settings.home_path / 'broker'}"
-    mode = f"{database}, {broker}"
-    _say(lock, f"receipt up: {mode}; home {settings.home_path}")
+    _say(lock, f"receipt up: starting {len(children)} processes (home {settings.home_path})")
     for child in children:
         child.start()
     url = f"http://{host}:{port}"
     if _wait_ready(url, time.monotonic() + READY_TIMEOUT_S):
+        _say(lock, "\n".join(banner(settings, url, token, [c.spec.name for c in children], verbose=verbose)))
+    else:
         _say(
             lock,
-            "\n".join(
-                [
-                    "",
-                    f"Receipt is up at {url}",
-                    f"Dev token (organization 'dev'): {token}",
-                    f"  export RECEIPT_TOKEN={token}",
-                    f'  curl -s {url}/jobs -H "Authorization: Bearer $RECEIPT_TOKEN"',
-                    "Press Ctrl-C to stop everything.",
-                    "",
-                ]
-            ),
+            f"receipt up: web did not answer {url}/healthz within {READY_TIMEOUT_S:.0f} s "
+            f"(see {paths['web']})",
         )
-    else:
-        _say(lock, f"receipt up: web did not answer {url}/healthz within {READY_TIMEOUT_S:.0f} s")
     code = 0
     while not stopping.wait(0.5):
         for child in children:
@@ -198,11 +261,19 @@ def run_up(settings: Settings, *, port: int = 8080, host: str = "127.0.0.1") -> 
             now = time.monotonic()
             child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_S] + [now]
             if len(child.restarts) > MAX_RESTARTS:
-                _say(lock, f"receipt up: {child.spec.name} keeps exiting (code {proc.returncode}); stopping")
+                _say(
+                    lock,
+                    f"receipt up: {child.spec.name} keeps exiting (code {proc.returncode}); stopping "
+                    f"(see {child.log_path})",
+                )
                 stopping.set()
                 code = 1
                 break
-            _say(lock, f"receipt up: {child.spec.name} exited with {proc.returncode}; restarting")
+            _say(
+                lock,
+                f"receipt up: {child.spec.name} exited with {proc.returncode}; restarting "
+                f"(see {child.log_path})",
+            )
             time.sleep(min(5.0, 0.5 * len(child.restarts)))
             child.start()
     _say(lock, "receipt up: stopping")

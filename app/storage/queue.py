@@ -10,12 +10,12 @@ the ``on_dispatchable`` hook, called after commit, so this module never imports 
 
 from __future__ import annotations
 
-import base64
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select
@@ -31,7 +31,7 @@ from app.jobs.errors import (
     TransientStorageError,
     ValidationError,
 )
-from app.jobs.ids import new_id
+from app.jobs.ids import JOB_ID_PATTERN, new_id
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.reducer import Job, reduce
 from app.jobs.validation import EnqueueRequest
@@ -79,12 +79,25 @@ class Page:
     next_cursor: str | None
 
 
+@dataclass(frozen=True)
+class Applied:
+    """Receipts one operation appended to one job: the state before and after, and their types.
+
+    Handed to the ``on_applied`` observer after commit (metrics count from these; nothing decides).
+    """
+
+    before: Job | None
+    after: Job
+    types: tuple[str, ...]
+
+
 @dataclass
 class _Tx:
     """One transaction's view: the connection, its clock, and jobs touched in it."""
 
     conn: Connection
     touched: dict[str, Job] = field(default_factory=dict)
+    applied: list[Applied] = field(default_factory=list)
     _now: datetime | None = None
 
     @property
@@ -120,10 +133,12 @@ class Queue:
         *,
         on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
         max_commands_per_job: int = MAX_COMMANDS_PER_JOB_DEFAULT,
+        on_applied: Callable[[Sequence[Applied]], None] | None = None,
     ) -> None:
         self.engine = engine
         self._on_dispatchable = on_dispatchable
         self.max_commands_per_job = max_commands_per_job
+        self._on_applied = on_applied
 
     # -- the transaction machinery ----------------------------------------------------------
     def _run(self, work: Callable[[_Tx], Any]) -> Any:
@@ -134,6 +149,7 @@ class Queue:
                     tx = _Tx(conn)
                     result = work(tx)
                 self._after_commit(tx.touched.values())
+                self._observe(tx.applied)
                 return result
             except AppendConflict:
                 continue
@@ -146,6 +162,13 @@ class Queue:
                 self._on_dispatchable(ready)
             except Exception:  # delivery is best-effort: the redrive loop re-delivers from receipts
                 log.exception("dispatch wake-up failed; the queued redrive will pick these jobs up")
+
+    def _observe(self, applied: Sequence[Applied]) -> None:
+        if applied and self._on_applied is not None:
+            try:
+                self._on_applied(applied)
+            except Exception:  # observation (metrics) must never fail a committed mutation
+                log.exception("the on_applied observer failed")
 
     def _apply(self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]) -> Job:
         """Append ``events`` to ``jobs/<job_id>`` after ``loaded`` and write the projection."""
@@ -161,6 +184,7 @@ class Queue:
             raise AppendConflict(f"{job_stream(job_id)}: nothing to apply")
         projection.save(tx.conn, state, previous=loaded, last=last)
         tx.touched[job_id] = state
+        tx.applied.append(Applied(loaded.job if loaded else None, state, tuple(t for t, _ in events)))
         return state
 
     def _mutate(self, job_id: str, decide: Callable[[Job, datetime], Sequence[Event]]) -> Outcome:
@@ -611,20 +635,25 @@ def _command_body(
     return body
 
 
+# A list cursor is the keyset position after a page: ``<createdAt in µs since the epoch>.<jobId>``.
+# Every string of this shape is a position the server can resume from, and nothing else is, so
+# the OpenAPI document can state the rule exactly (api.schemas uses this pattern). 17 digits reach
+# past the year 5000; job ids follow their own pattern (app.jobs.ids).
+CURSOR_PATTERN = r"^([0-9]{1,17})\.(" + JOB_ID_PATTERN.pattern[1:-1] + r")$"
+_CURSOR = re.compile(CURSOR_PATTERN)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def encode_cursor(created: datetime, job_id: str) -> str:
-    return base64.urlsafe_b64encode(f"{iso(created)}|{job_id}".encode()).decode().rstrip("=")
+    return f"{(as_utc(created) - _EPOCH) // _MICROSECOND}.{job_id}"
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        created, job_id = raw.split("|", 1)
-        when = parse_iso(created)
-        if when is None:
-            raise ValueError
-        return when, job_id
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValidationError("cursor", "is not a cursor this server issued") from exc
+    match = _CURSOR.fullmatch(cursor)
+    if match is None:
+        raise ValidationError("cursor", "is not a cursor this server issued")
+    return _EPOCH + int(match.group(1)) * _MICROSECOND, match.group(2)
 
 
 def validate_status_filter(status: str | None) -> None:

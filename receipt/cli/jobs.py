@@ -1,12 +1,36 @@
-"""``receipt jobs …``: enqueue, list, show, cancel and follow jobs over HTTP."""
+"""``receipt jobs …``: enqueue, list, show, cancel and follow jobs over HTTP.
+
+``tail`` (and ``enqueue --follow``) exit with the job's end: 0 completed, 1 failed, 2 canceled;
+3 when the job could not be followed (an API error, no such job, a network failure).
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import click
+from rich.console import Console
+from rich.table import Table
 
 from receipt.cli import dev
 from receipt.cli.output import client_from_env, fail, print_json
-from receipt.client import ReceiptError
+from receipt.client import Client, JobEvent, ReceiptError
+
+# Issue 13: the exit status mirrors the job's end.
+EXIT_CODES = {"completed": 0, "failed": 1, "canceled": 2}
+EXIT_NOT_FOLLOWED = 3
+# Consecutive failed reconnects (about a second apart) before tail gives up on the server.
+FOLLOW_RECONNECTS = 30
+STATUS_STYLE = {
+    "queued": "cyan",
+    "leased": "blue",
+    "running": "blue",
+    "completed": "green",
+    "failed": "red",
+    "canceled": "yellow",
+}
 
 
 @dev.group()
@@ -23,3 +47,162 @@ def show(job_id: str) -> int:
     except ReceiptError as exc:
         raise fail(exc) from exc
     return 0
+
+
+def _payload(text: str, kind: str) -> dict[str, Any]:
+    """``--payload``: a JSON object, or ``@file`` holding one; ``--kind`` is set on it."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(
+                f"cannot read {text[1:]}: {exc.strerror}", param_hint="--payload"
+            ) from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not valid JSON ({exc})", param_hint="--payload") from exc
+    if not isinstance(data, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--payload")
+    return {**data, "kind": kind}
+
+
+@jobs.command("enqueue")
+@click.argument("agent_id")
+@click.option("--kind", required=True, help="The payload kind, e.g. factory.run.")
+@click.option("--payload", "payload_text", default="{}", show_default=True, help="JSON object, or @file.")
+@click.option("--job-id", help="Idempotency key: re-posting it returns the existing job.")
+@click.option("--lane", help="chat, collect, steer or follow_up.")
+@click.option("--session-key", help="Session the job belongs to.")
+@click.option("--singleton-mode", help="allow, cancel or steer (with --session-key).")
+@click.option("--max-attempts", type=int, help="1..8 (default 2).")
+@click.option("--follow", is_flag=True, help="Then follow it like `tail` (and exit like it).")
+def enqueue(
+    agent_id: str,
+    kind: str,
+    payload_text: str,
+    job_id: str | None,
+    lane: str | None,
+    session_key: str | None,
+    singleton_mode: str | None,
+    max_attempts: int | None,
+    follow: bool,
+) -> int:
+    """Enqueue a job for AGENT_ID; prints it as JSON (or follows it with --follow)."""
+    payload = _payload(payload_text, kind)
+    fields = {
+        "jobId": job_id,
+        "lane": lane,
+        "sessionKey": session_key,
+        "singletonMode": singleton_mode,
+        "maxAttempts": max_attempts,
+    }
+    client = client_from_env()
+    try:
+        created = client.enqueue(agent_id, payload, **{k: v for k, v in fields.items() if v is not None})
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    job = created["job"]
+    if not follow:
+        print_json(job)
+        return 0
+    Console(stderr=True).print(f"enqueued [bold]{job['id']}[/bold] for {agent_id}")
+    return _tail(client, job["id"])
+
+
+@jobs.command("list")
+@click.option("--status", help="queued, leased, running, completed, failed or canceled.")
+@click.option("--agent", "agent_id", help="Only this agent id.")
+@click.option("--lane", help="Only this lane.")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="The page as JSON instead of a table.")
+def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit: int, as_json: bool) -> int:
+    """List jobs, newest first."""
+    try:
+        page = client_from_env().list(status=status, agentId=agent_id, lane=lane, limit=limit)
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    if as_json:
+        print_json(page)
+        return 0
+    table = Table("id", "agent", "lane", "status", "attempt", "updated")
+    for job in page["jobs"]:
+        style = STATUS_STYLE.get(job["status"], "")
+        table.add_row(
+            job["id"],
+            job["agentId"],
+            job["lane"],
+            f"[{style}]{job['status']}[/{style}]" if style else job["status"],
+            f"{job['attempt']}/{job['maxAttempts']}",
+            job["updatedAt"] or "",
+        )
+    console = Console()
+    console.print(table)
+    if page.get("nextCursor"):
+        console.print("(more: narrow with --status/--agent/--lane, or raise --limit)")
+    return 0
+
+
+@jobs.command("cancel")
+@click.argument("job_id")
+@click.option("--reason", help="Recorded on the cancel (or abort) receipt.")
+def cancel(job_id: str, reason: str | None) -> int:
+    """Cancel a job (a running one is sent an abort); prints the job as JSON."""
+    try:
+        print_json(client_from_env().cancel(job_id, reason)["job"])
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    return 0
+
+
+@jobs.command("tail")
+@click.argument("job_id")
+def tail(job_id: str) -> int:
+    """Follow a job live: status changes and progress as they happen.
+
+    Exits 0 when it completes, 1 when it fails, 2 when it is canceled (3: could not follow).
+    """
+    return _tail(client_from_env(), job_id)
+
+
+def _describe(event: JobEvent) -> str:
+    job = event.job
+    style = STATUS_STYLE.get(event.status, "")
+    lease = job.get("lease") or {}
+    who = f" by {lease['workerId']}" if lease.get("workerId") else ""
+    return f"[{style}]{event.status}[/{style}] attempt {job.get('attempt', 0)}{who}"
+
+
+def _tail(client: Client, job_id: str) -> int:
+    out = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    last_status: str | None = None
+    last_progress: Any = None
+    final: JobEvent | None = None
+    try:
+        # The spinner draws on a terminal only; piped output gets the plain lines.
+        with err.status(f"following {job_id}", spinner="dots") as spinner:
+            for event in client.follow(job_id, max_reconnects=FOLLOW_RECONNECTS):
+                job = event.job
+                if event.status != last_status or event.terminal:
+                    out.print(f"{event.seq:>4}  {_describe(event)}")
+                    last_status = event.status
+                if job.get("progress") is not None and job["progress"] != last_progress:
+                    last_progress = job["progress"]
+                    out.print(f"{event.seq:>4}  progress {json.dumps(last_progress, sort_keys=True)}")
+                spinner.update(f"{job_id}: {event.status} (seq {event.seq})")
+                final = event
+    except ReceiptError as exc:
+        err.print(f"[red]{exc.code}: {exc.message}[/red]")
+        return EXIT_NOT_FOLLOWED
+    except Exception as exc:  # network failure past the client's reconnects
+        err.print(f"[red]could not follow {job_id}: {exc}[/red]")
+        return EXIT_NOT_FOLLOWED
+    if final is None:
+        return EXIT_NOT_FOLLOWED
+    job = final.job
+    if final.status == "completed":
+        out.print(f"result {json.dumps(job.get('result'), sort_keys=True)}")
+    elif job.get("error") is not None:
+        out.print(f"error {json.dumps(job.get('error'), sort_keys=True)}")
+    return EXIT_CODES.get(final.status, EXIT_NOT_FOLLOWED)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,12 @@ def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(
     assert up.alive() and isinstance(match, re.Match), up.tail()
     token = match.group(1)
     assert "SQLite" in up.log() and "folder broker" in up.log()
+    # Issue 13: the first screen (through "Press Ctrl-C") fits in 15 lines, and names the logs.
+    wait_for(lambda: "Press Ctrl-C" in up.log(), 10, what="the end of the banner")
+    first_screen = [*up.log().split("Press Ctrl-C", 1)[0].splitlines(), "Press Ctrl-C ..."]
+    assert len(first_screen) <= 15, "\n".join(first_screen)
+    assert f"Logs: {home.resolve() / 'logs'}/<role>.log" in up.log()
+    assert "Running: web, driver, chat, codex, control, beat" in up.log()
 
     def supervised() -> list[int]:
         found = descendants_of(up.pid)
@@ -76,6 +83,47 @@ def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(
     assert job["status"] == "completed", job
     assert job["result"]["echo"] == "embedded"
     assert (home / "receipt.db").exists() and (home / "broker").is_dir()
+
+    # /metrics adds up every process's counters (one multiprocess folder for the whole run):
+    # the enqueue was counted by the web process, the settlement by the chat worker.
+    def scraped() -> str | None:
+        r = requests.get(f"{base}/metrics", headers={"Authorization": f"Bearer {system}"}, timeout=10)
+        assert r.status_code == 200, r.text
+        return r.text if 'receipt_jobs_settled_total{group="chat",status="completed"} 1.0' in r.text else None
+
+    system = subprocess.run(
+        [str(receipt), "token", "create", "--org", "ops", "--system"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    text = wait_for(scraped, 30, interval=0.5, what="the chat worker's settlement in /metrics")
+    assert 'receipt_jobs_enqueued_total{group="chat",lane="collect"} 1.0' in text
+    assert 'receipt_jobs{agent="e2e-echo",group="chat",lane="collect",status="completed"} 1.0' in text
+    org_scrape = requests.get(f"{base}/metrics", headers=auth, timeout=10)
+    assert org_scrape.status_code == 403
+
+    # Quiet: every child's output went to its own file, without the root or kombu warnings.
+    logs = {p.stem: p.read_text() for p in (home / "logs").glob("*.log")}
+    assert sorted(logs) == ["beat", "chat", "codex", "control", "driver", "web"]
+    assert " ready." in logs["chat"] and "Booting worker" in logs["web"]
+    for name, text in logs.items():
+        assert "SecurityWarning" not in text and "No hostname was supplied" not in text, name
+    assert "celery@" not in up.log() and "Booting worker" not in up.log()  # not on the terminal
+    shown = subprocess.run(
+        [str(receipt), "logs", "chat", "-n", "5"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert len(shown.stdout.splitlines()) == 5
+    assert shown.stdout.splitlines()[-1] in (home / "logs" / "chat.log").read_text()
 
     # Every process alive now must be gone after Ctrl-C, including the children's own children.
     everyone = sorted(set(children) | set(descendants_of(up.pid)))

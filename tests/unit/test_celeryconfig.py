@@ -91,7 +91,7 @@ def test_disable_prefetch_only_with_redis(tmp_path: Path) -> None:
 
 def test_embedded_broker_sets_every_folder_under_receipt_home(tmp_path: Path) -> None:
     conf = build(tmp_path)
-    assert conf["broker_url"] == "filesystem://"
+    assert conf["broker_url"] == "filesystem://localhost/"  # a host: no kombu "No hostname" warning
     options = conf["broker_transport_options"]
     root = tmp_path.resolve()
     for key in ("data_folder_in", "data_folder_out", "control_folder", "processed_folder"):

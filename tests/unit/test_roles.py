@@ -145,7 +145,7 @@ def test_main_with_a_misspelled_role_warns_loudly_and_starts_maintenance_only(
 ) -> None:
     fake = _FakeApp()
     monkeypatch.setattr(worker, "make_celery", lambda _s: fake)
-    monkeypatch.setattr(logging, "basicConfig", lambda **_: None)
+    monkeypatch.setattr("app.ops.logs.configure", lambda *_: None)
     monkeypatch.setenv("RECEIPT_PROCESS_ROLE", "wroker-codex")
     with caplog.at_level(logging.WARNING, logger="receipt.worker"):
         worker.main([])
@@ -162,7 +162,7 @@ def test_main_role_flag_overrides_the_environment(
 ) -> None:
     fake = _FakeApp()
     monkeypatch.setattr(worker, "make_celery", lambda _s: fake)
-    monkeypatch.setattr(logging, "basicConfig", lambda **_: None)
+    monkeypatch.setattr("app.ops.logs.configure", lambda *_: None)
     monkeypatch.setenv("RECEIPT_PROCESS_ROLE", "driver")
     with caplog.at_level(logging.WARNING, logger="receipt.worker"):
         worker.main(["--role", "worker-codex"])
@@ -179,6 +179,6 @@ def test_main_refuses_the_api_role(monkeypatch: pytest.MonkeyPatch) -> None:
         return _FakeApp()
 
     monkeypatch.setattr(worker, "make_celery", make_celery)
-    monkeypatch.setattr(logging, "basicConfig", lambda **_: None)
+    monkeypatch.setattr("app.ops.logs.configure", lambda *_: None)
     with pytest.raises(SystemExit):
         worker.main(["--role", "api"])

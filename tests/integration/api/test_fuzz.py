@@ -1,8 +1,12 @@
 """Schemathesis against /openapi.json through the WSGI app (SQLite; bounded and deterministic).
 
-Fails on any 5xx, on any status code, content type, header or body the document does not
-declare, and on any request the document calls invalid that the server nonetheless accepts.
-The catch-all 500 counter must stay at zero as well.
+Every check ``schemathesis run --checks all`` runs: any 5xx; any status code, content type,
+header or body the document does not declare; any request the document calls invalid that the
+server accepts; and any request the document calls *valid* that the server refuses (so every
+rule the server enforces — no U+0000 in strings, only server-issued cursors, a session key for
+singleton modes — must be in the document). A stateful run follows the document's links from
+enqueue to the created job's get, commands, cancel, events and receipts. The catch-all 500
+counter must stay at zero as well.
 """
 
 from __future__ import annotations
@@ -17,28 +21,11 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    negative_data_rejection,
-    response_headers_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
+from schemathesis.config import SchemathesisConfig
 from sqlalchemy.engine import Engine
 
 from app.storage import tokens
 from tests.support.api import ORG_A, Api, build_api, make_settings
-
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_headers_conformance,
-    response_schema_conformance,
-    negative_data_rejection,
-]
-
 
 # Issue 8's bounds, made tight so the fuzzer meets them (429, 409 too_many_commands, short pages)
 # and checks those responses against the document too.
@@ -104,7 +91,7 @@ def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: 
             suppress_health_check=list(HealthCheck),
         )
         def run(case: Any) -> None:
-            response = case.call_and_validate(checks=CHECKS)
+            response = case.call_and_validate()  # every check, as `schemathesis run --checks all`
             calls.append(response.status_code)
 
         try:
@@ -120,3 +107,66 @@ def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: 
     if fuzz_api.state.settings.rate_limit_writes == TIGHT["rate_limit_writes"]:
         assert 429 in calls, "the tight run must meet the write limit (and validate its 429)"
     print(f"{mode.value}: {len(calls)} requests, statuses {sorted(set(calls))}, no negative: {no_negative}")
+
+
+# Stateful: scenarios of up to STEPS calls, following the document's links from a created job.
+STATEFUL_SCENARIOS = int(os.environ.get("RECEIPT_TEST_FUZZ_SCENARIOS", "15"))
+STATEFUL_STEPS = 6
+
+
+def test_stateful_links_follow_a_created_job_through_every_job_operation(fuzz_api: Api) -> None:
+    headers = fuzz_api.headers("system")
+    document = fuzz_api.client.get("/openapi.json", headers=headers).json
+    assert document is not None
+    links = document["paths"]["/agents/{agentId}/jobs"]["post"]["responses"]["202"]["links"]
+    assert {link["operationId"] for link in links.values()} >= {
+        "jobs_get_job",
+        "jobs_send_command",
+        "jobs_cancel",
+        "streams_job_events",
+    }
+    # The document's own links only (no inferred ones): this run proves *they* lead somewhere.
+    config = SchemathesisConfig.from_dict({"phases": {"stateful": {"inference": {"algorithms": []}}}})
+    schema = schemathesis.openapi.from_wsgi("/openapi.json", fuzz_api.app, headers=headers, config=config)
+    answered: set[str] = set()
+
+    class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case: Any) -> dict[str, Any]:
+            return {"headers": headers}
+
+        def validate_response(
+            self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any
+        ) -> None:
+            # Every check; `headers` tells the auth checks that this token was given, not generated.
+            case.validate_response(
+                response,
+                headers=headers,
+                additional_checks=additional_checks,
+                transport_kwargs=kwargs or None,
+                recorder=self.recorder,
+            )
+
+        def step(self, input: Any) -> Any:
+            output = super().step(input)
+            if output.response.status_code < 300:
+                answered.add(input.case.operation.label)
+            return output
+
+    Workflow.run(
+        settings=settings(
+            max_examples=STATEFUL_SCENARIOS,
+            stateful_step_count=STATEFUL_STEPS,
+            derandomize=DERANDOMIZE,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+    )
+    # Past the 404s: operations on a job created in the scenario answered through the links.
+    assert {
+        "POST /agents/{agentId}/jobs",
+        "POST /jobs/{jobId}/commands",
+        "POST /jobs/{jobId}/cancel",
+        "GET /jobs/{jobId}/events",
+    } <= answered, sorted(answered)
+    print(f"stateful: operations that answered 2xx: {sorted(answered)}")

@@ -11,6 +11,7 @@ from openapi_spec_validator import validate
 from referencing import Registry, Resource
 
 from api import schemas
+from api.openapi import _as_documented
 from app.jobs.vocab import COMMAND_TYPES, LANES, PAYLOAD_KINDS, SINGLETON_MODES, STATUSES
 from tests.support.api import WORKER, Api, json_of
 
@@ -57,7 +58,9 @@ def test_security_and_error_responses(document: dict[str, Any]) -> None:
 
 def test_the_document_uses_the_very_schemas_that_validate(document: dict[str, Any]) -> None:
     components = document["components"]["schemas"]
-    assert components["EnqueueRequest"] == schemas.ENQUEUE_REQUEST
+    # The same schema, except that each free-form JSON slot names the precise JsonValue rule.
+    assert components["EnqueueRequest"] == _as_documented(schemas.ENQUEUE_REQUEST)
+    assert components["JsonValue"] == schemas.JSON_VALUE_COMPONENT
     payload = components["EnqueueRequest"]["properties"]["payload"]
     assert payload["properties"]["kind"]["enum"] == list(PAYLOAD_KINDS)
     assert components["EnqueueRequest"]["properties"]["lane"]["enum"] == [*LANES, None]
@@ -134,3 +137,100 @@ def test_error_codes_are_the_documented_set(sqlite_api: Api) -> None:
         "invalid_json",
         "invalid_field",
     }
+
+
+def _doc_validator(document: dict[str, Any], name: str) -> Draft202012Validator:
+    registry: Registry[Any] = Registry().with_resource(
+        "urn:doc",
+        Resource.from_contents({**document, "$schema": "https://json-schema.org/draft/2020-12/schema"}),
+    )
+    return Draft202012Validator({"$ref": f"urn:doc#/components/schemas/{name}"}, registry=registry)
+
+
+AUTH = {"userId": "u", "organizationId": "org-a"}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        # U+0000 anywhere in a string or key (PostgreSQL cannot store it): issue 13, item 7.
+        ({"payload": {"kind": "factory.run", "authContext": AUTH, "note": {"deep": ["a\u0000b"]}}}, None),
+        ({"payload": {"kind": "factory.run", "authContext": AUTH, "k\u0000": 1}}, None),
+        ({"payload": {"kind": "factory.run", "authContext": {**AUTH, "source": "x\u0000"}}}, None),
+        (
+            {"payload": {"kind": "factory.run", "authContext": {**AUTH, "organizationId": "org-a\u0000"}}},
+            None,
+        ),
+        # singletonMode cancel/steer needs a session key.
+        ({"payload": {"kind": "factory.run", "authContext": AUTH}, "singletonMode": "steer"}, "sessionKey"),
+        ({"payload": {"kind": "factory.run", "authContext": AUTH}, "singletonMode": "cancel"}, "sessionKey"),
+    ],
+    ids=[
+        "nul-deep-value",
+        "nul-key",
+        "nul-auth-context",
+        "nul-after-text",
+        "steer-without-session",
+        "cancel-without-session",
+    ],
+)
+def test_the_document_refuses_what_the_server_refuses(
+    sqlite_api: Api, document: dict[str, Any], body: dict[str, Any], field: str | None
+) -> None:
+    import json
+
+    raw = json.dumps(body)  # NUL is sent escaped (\u0000), as any JSON client sends it
+    response = sqlite_api.client.post(
+        "/agents/factory/jobs", data=raw, headers={**sqlite_api.headers(), "Content-Type": "application/json"}
+    )
+    assert response.status_code == 400, response.json
+    if field is not None:
+        assert response.json["error"]["details"]["field"] == field  # type: ignore[index]
+    assert not _doc_validator(document, "EnqueueRequest").is_valid(json.loads(raw))
+
+
+def test_a_valid_free_form_payload_passes_both(sqlite_api: Api, document: dict[str, Any]) -> None:
+    body = {"payload": {"kind": "factory.run", "authContext": AUTH, "x": [{"y": None, "z": 1.5, "s": "ok"}]}}
+    assert _doc_validator(document, "EnqueueRequest").is_valid(body)
+    assert (
+        sqlite_api.client.post("/agents/factory/jobs", json=body, headers=sqlite_api.headers()).status_code
+        == 202
+    )
+
+
+def test_cursors_and_resume_points_state_their_rules(sqlite_api: Api, document: dict[str, Any]) -> None:
+    params = {p["name"]: p for p in document["paths"]["/jobs"]["get"]["parameters"]}
+    cursor = re.compile(params["cursor"]["schema"]["pattern"])
+    sqlite_api.job()
+    sqlite_api.job()
+    issued = sqlite_api.client.get("/jobs?limit=1", headers=sqlite_api.headers()).json["nextCursor"]  # type: ignore[index]
+    assert issued is not None and cursor.match(issued)  # what the server issues, the document allows
+    assert sqlite_api.client.get(f"/jobs?cursor={issued}", headers=sqlite_api.headers()).status_code == 200
+    assert cursor.match("1796058000123456.any-job-id")  # any such position is one the server resumes from
+    r = sqlite_api.client.get("/jobs?cursor=bm90LWEtY3Vyc29y", headers=sqlite_api.headers())
+    assert not cursor.match("bm90LWEtY3Vyc29y")
+    assert r.status_code == 400 and r.json["error"]["details"]["field"] == "cursor"  # type: ignore[index]
+    events = {p["name"]: p for p in document["paths"]["/jobs/{jobId}/events"]["get"]["parameters"]}
+    pattern = re.compile(events["Last-Event-ID"]["schema"]["pattern"])
+    assert pattern.match(str(schemas.SEQ_MAX)) and not pattern.match(str(schemas.SEQ_MAX + 1))
+
+
+def test_enqueue_links_lead_to_every_operation_on_the_created_job(document: dict[str, Any]) -> None:
+    links = document["paths"]["/agents/{agentId}/jobs"]["post"]["responses"]["202"]["links"]
+    operation_ids = {
+        op["operationId"]: (path, op) for path, item in document["paths"].items() for op in item.values()
+    }
+    targets = set()
+    for name, link in links.items():
+        assert link["operationId"] in operation_ids, name
+        path, _ = operation_ids[link["operationId"]]
+        # Each parameter the link fills is one of the target's path parameters, from the response body.
+        for param, expression in link["parameters"].items():
+            assert "{" + param + "}" in path and expression.startswith("$response.body#/job/"), name
+        targets.add(path)
+    assert {
+        "/jobs/{jobId}",
+        "/jobs/{jobId}/commands",
+        "/jobs/{jobId}/cancel",
+        "/jobs/{jobId}/events",
+    } <= targets

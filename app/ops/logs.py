@@ -1,0 +1,153 @@
+"""Logging for every Receipt process (web, driver, worker groups, beat), configured in one place.
+
+``RECEIPT_LOG_FORMAT=plain`` (default) writes one readable line per record; ``json`` writes one
+JSON object per line (python-json-logger's formatter: a maintained library rather than a
+hand-rolled ``json.dumps`` formatter, and it renders exceptions and ``extra=`` fields for us).
+
+Every record carries the process ``role``. While a worker or driver handles a job it binds the
+job's fields — ``jobId``, ``attempt``, ``fence``, ``workerId``, ``org`` — in a context variable
+(``bind_job``); a filter copies them onto every record logged in that context, by any library,
+so a job-related line is never missing them. Threads start with an empty context, so code that
+hands a job to a thread runs the thread inside ``contextvars.copy_context()``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import logging.config
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Final, Literal
+
+from app.config import Settings
+
+LogFormat = Literal["plain", "json"]
+LOG_FORMATS: Final[tuple[str, ...]] = ("plain", "json")
+# The job fields a job-related line carries (issue 13: jobId, attempt, fence, workerId, org).
+JOB_FIELDS: Final[tuple[str, ...]] = ("jobId", "attempt", "fence", "workerId", "org")
+
+_job: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("receipt_job", default=None)
+_role = "unknown"
+
+PLAIN_FORMAT = "%(asctime)s %(levelname)-7s %(role)s %(name)s: %(message)s%(job_suffix)s"
+JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(role)s %(message)s"
+
+
+def log_format(settings: Settings) -> LogFormat:
+    """The configured format (``Settings`` refuses anything but the two)."""
+    return "json" if settings.log_format == "json" else "plain"
+
+
+@contextmanager
+def bind_job(**fields: Any) -> Iterator[None]:
+    """Attach job fields to every record logged inside the block (nested binds add to the outer)."""
+    current = dict(_job.get() or {})
+    current.update({k: v for k, v in fields.items() if v is not None})
+    token = _job.set(current)
+    try:
+        yield
+    finally:
+        _job.reset(token)
+
+
+def set_job(**fields: Any) -> None:
+    """Bind job fields for the rest of this thread's current task (``clear_job`` ends it).
+
+    For frameworks that announce a task's start and end with signals (Celery's prerun/postrun)
+    rather than wrapping it in a block; ``bind_job`` is the block form.
+    """
+    _job.set({k: v for k, v in fields.items() if v is not None})
+
+
+def clear_job() -> None:
+    _job.set(None)
+
+
+def update_job(**fields: Any) -> None:
+    """Add fields learnt later (the job's org, the lease holder) to the innermost ``bind_job``."""
+    current = _job.get()
+    if isinstance(current, dict):
+        current.update({k: v for k, v in fields.items() if v is not None})
+
+
+def job_fields() -> dict[str, Any]:
+    """The job fields bound in the current context (empty outside a job)."""
+    return dict(_job.get() or {})
+
+
+class ContextFilter(logging.Filter):
+    """Copies the process role and the bound job fields onto each record."""
+
+    def __init__(self, plain: bool = True) -> None:
+        super().__init__()
+        self.plain = plain
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.role = _role
+        fields = _job.get() or {}
+        if fields:
+            # Every job field on every job-related line, null when this step does not know it
+            # (the driver has no lease holder), so a log query never misses a line for a key.
+            for name in JOB_FIELDS:
+                if not hasattr(record, name):
+                    setattr(record, name, fields.get(name))
+        if not self.plain:
+            return True
+        # The plain format shows the job briefly at the end: readable, and greppable by job id.
+        if fields:
+            shown = " ".join(f"{k}={fields[k]}" for k in ("jobId", "attempt") if k in fields)
+            record.job_suffix = f" [{shown}]"
+        else:
+            record.job_suffix = ""
+        return True
+
+
+def dict_config(settings: Settings, role: str) -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` mapping: one stderr handler on the root logger.
+
+    gunicorn takes the same mapping as its ``logconfig_dict``, so its own lines share the format.
+    """
+    global _role
+    _role = role
+    level = settings.log_level.strip().upper() or "INFO"
+    if log_format(settings) == "json":
+        formatter: dict[str, Any] = {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": JSON_FIELDS,
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        }
+    else:
+        formatter = {"format": PLAIN_FORMAT}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"context": {"()": ContextFilter, "plain": log_format(settings) == "plain"}},
+        "formatters": {"receipt": formatter},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "receipt",
+                "filters": ["context"],
+            }
+        },
+        "root": {"level": level, "handlers": ["stderr"]},
+        "loggers": {
+            # gunicorn attaches its own handlers unless told to propagate to ours.
+            "gunicorn.error": {"level": level, "handlers": [], "propagate": True},
+            "gunicorn.access": {"level": level, "handlers": [], "propagate": True},
+        },
+    }
+
+
+def quiet_banner_args(settings: Settings) -> list[str]:
+    """Celery's global ``--quiet`` in JSON mode: its start-up banner is printed, not logged, and
+    would be the only non-JSON lines in the stream. The plain format keeps it (it says what runs)."""
+    return ["--quiet"] if log_format(settings) == "json" else []
+
+
+def configure(settings: Settings, role: str) -> None:
+    """Configure logging for this process (web, a worker role or beat)."""
+    logging.config.dictConfig(dict_config(settings, role))
+    logging.captureWarnings(True)

@@ -1,0 +1,364 @@
+"""Prometheus metrics (``prometheus_client``): process counters, and a collector reading the database.
+
+Two kinds, documented one by one in docs/metrics.md:
+
+- **Process counters and histograms** (enqueues, settlements, failures, lease expiries, redrives,
+  delivery generations, callback failures, queue wait and run time), incremented where the event
+  happens. The job events are counted from ``Queue``'s ``on_applied`` observer (``observe``), so
+  every path that appends a receipt counts the same way. In multiprocess mode
+  (``PROMETHEUS_MULTIPROC_DIR``) every process writes its own files and the web process adds them
+  up; that is why the metrics are created lazily (``registry_metrics``): ``prometheus_client``
+  picks its storage when first imported, which must happen after the entry point set the folder.
+- **State read at scrape time** (``StateCollector``): jobs by status, lane, agent and worker group
+  (one grouped query over the ``jobs`` projection) and each recovery loop's last run (``loop_runs``).
+  These are global: they read the database, so they are right whichever process serves them.
+
+This module is imported by the API, the Celery tasks and the workers; it imports neither Flask nor
+Celery.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+
+from app.jobs.routing import worker_group_for
+from app.jobs.vocab import LEASED_STATUSES
+from app.storage.db import as_utc, jobs, loop_runs, parse_iso
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Histogram
+    from prometheus_client.registry import CollectorRegistry
+
+    from app.storage.queue import Applied
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Queue wait spans milliseconds (a hot system) to minutes (a backlog, a redrive after 30 s).
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
+# Runs span a chat reply (sub-second) to a codex command (up to the one-hour lease cap).
+RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600)
+# Lease starts remembered for the run-time histogram; a lease that never settles here (its
+# worker died, the expiry loop ended it elsewhere) must not leak memory.
+MAX_OPEN_LEASES = 10_000
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The process metrics, created once per process on first use."""
+
+    enqueued: Counter
+    settled: Counter
+    attempt_failures: Counter
+    lease_expiries: Counter
+    redrives: Counter
+    deliveries: Counter
+    generations_exhausted: Counter
+    callback_failures: Counter
+    queue_wait: Histogram
+    run_time: Histogram
+
+
+_lock = threading.Lock()
+_metrics: Metrics | None = None
+
+
+def registry_metrics() -> Metrics:
+    """The process metrics (created on first call, after the entry point chose the storage)."""
+    global _metrics
+    if _metrics is not None:
+        return _metrics
+    with _lock:
+        if _metrics is None:
+            from prometheus_client import Counter, Histogram
+
+            _metrics = Metrics(
+                enqueued=Counter(
+                    "receipt_jobs_enqueued", "Jobs created (job.enqueued receipts).", ["lane", "group"]
+                ),
+                settled=Counter(
+                    "receipt_jobs_settled",
+                    "Jobs that reached a terminal status (completed, failed, canceled).",
+                    ["status", "group"],
+                ),
+                attempt_failures=Counter(
+                    "receipt_attempt_failures",
+                    "Attempts that failed (job.failed receipts); outcome retried or failed (final).",
+                    ["outcome", "group"],
+                ),
+                lease_expiries=Counter(
+                    "receipt_lease_expiries", "Leases ended by the lease-expiry loop.", ["group"]
+                ),
+                redrives=Counter(
+                    "receipt_redrives", "Deliveries the queued-job redrive started for jobs left queued."
+                ),
+                deliveries=Counter(
+                    "receipt_deliveries_started",
+                    "Deliveries (driver runs) started, by path (dispatch: enqueue, retry or requeue; "
+                    "redrive: "
+                    "the queued-job redrive) and whether it is a later generation of its dispatch key "
+                    "(an earlier delivery of the same key ended without settling the job).",
+                    ["path", "regeneration"],
+                ),
+                generations_exhausted=Counter(
+                    "receipt_delivery_generations_exhausted",
+                    "Jobs failed because their dispatch key exceeded 32 delivery generations.",
+                ),
+                callback_failures=Counter(
+                    "receipt_callback_failures",
+                    "Delivery callbacks that failed (network error or an HTTP status >= 400).",
+                    ["event"],
+                ),
+                queue_wait=Histogram(
+                    "receipt_job_queue_wait_seconds",
+                    "From job.enqueued to the first job.leased (database clock).",
+                    ["group"],
+                    buckets=WAIT_BUCKETS,
+                ),
+                run_time=Histogram(
+                    "receipt_job_run_seconds",
+                    "From job.leased to the end of that attempt (completed, failed, canceled), measured "
+                    "by the process that held the lease (database clock).",
+                    ["group", "status"],
+                    buckets=RUN_BUCKETS,
+                ),
+            )
+    return _metrics
+
+
+_open_leases: OrderedDict[tuple[str, int], datetime] = OrderedDict()
+
+
+def _seconds(start: str | None, end: str | None) -> float | None:
+    a, b = parse_iso(start), parse_iso(end)
+    if a is None or b is None:
+        return None
+    return max(0.0, (b - a).total_seconds())
+
+
+def observe(applied: Sequence[Applied]) -> None:
+    """``Queue``'s ``on_applied`` observer: count job events from the receipts just committed."""
+    m = registry_metrics()
+    for item in applied:
+        before, job, types = item.before, item.after, item.types
+        group = worker_group_for(job.agent_id, job.kind)
+        if "job.enqueued" in types:
+            m.enqueued.labels(job.lane, group).inc()
+        if "job.leased" in types and job.lease is not None:
+            if job.attempt == 1:
+                wait = _seconds(job.created_at, job.updated_at)
+                if wait is not None:
+                    m.queue_wait.labels(group).observe(wait)
+            with _lock:
+                _open_leases[(job.id, job.attempt)] = parse_iso(job.updated_at) or datetime.now(UTC)
+                while len(_open_leases) > MAX_OPEN_LEASES:
+                    _open_leases.popitem(last=False)
+        if "job.failed" in types:
+            m.attempt_failures.labels("retried" if job.status == "queued" else "failed", group).inc()
+        if "job.lease_expired" in types:
+            m.lease_expiries.labels(group).inc()
+        if before is not None and before.status in LEASED_STATUSES and job.status not in LEASED_STATUSES:
+            with _lock:
+                started = _open_leases.pop((job.id, before.attempt), None)
+            ended = parse_iso(job.updated_at)
+            if started is not None and ended is not None:
+                outcome = job.status if job.status != "queued" else "retried"
+                m.run_time.labels(group, outcome).observe(max(0.0, (ended - started).total_seconds()))
+        if job.terminal and (before is None or not before.terminal):
+            m.settled.labels(job.status, group).inc()
+
+
+# -- state read at scrape time ---------------------------------------------------------------------
+
+
+class StateCollector:
+    """Jobs by status/lane/agent/group and each loop's last run, read from the database per scrape."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked collector: its families depend on what the database holds
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        by_status = GaugeMetricFamily(
+            "receipt_jobs",
+            "Jobs in the projection, by status, lane, agent id and worker group.",
+            labels=["status", "lane", "agent", "group"],
+        )
+        last_start = GaugeMetricFamily(
+            "receipt_loop_last_started_timestamp_seconds",
+            "When each recovery loop's latest pass started (loop_runs).",
+            labels=["loop"],
+        )
+        last_success = GaugeMetricFamily(
+            "receipt_loop_last_success_timestamp_seconds",
+            "When each recovery loop's latest finished pass finished (loop_runs).",
+            labels=["loop"],
+        )
+        duration = GaugeMetricFamily(
+            "receipt_loop_last_duration_seconds",
+            "How long each recovery loop's latest finished pass took (loop_runs).",
+            labels=["loop"],
+        )
+        with self.engine.connect() as conn:
+            counts: dict[tuple[str, str, str, str], int] = {}
+            rows = conn.execute(
+                select(jobs.c.status, jobs.c.lane, jobs.c.agent_id, jobs.c.kind, func.count()).group_by(
+                    jobs.c.status, jobs.c.lane, jobs.c.agent_id, jobs.c.kind
+                )
+            ).all()
+            for status, lane, agent, kind, n in rows:
+                key: tuple[str, str, str, str] = (status, lane, agent, worker_group_for(agent, kind))
+                counts[key] = counts.get(key, 0) + int(n)
+            loops = conn.execute(
+                select(loop_runs.c.name, loop_runs.c.started_at, loop_runs.c.finished_at)
+            ).all()
+        for key, n in sorted(counts.items()):
+            by_status.add_metric(list(key), n)
+        for name, started, finished in loops:
+            if started is not None:
+                last_start.add_metric([name], as_utc(started).timestamp())
+            # A pass in progress has cleared finished_at; its previous pass is not recorded.
+            if started is not None and finished is not None and finished >= started:
+                last_success.add_metric([name], as_utc(finished).timestamp())
+                duration.add_metric([name], (as_utc(finished) - as_utc(started)).total_seconds())
+        yield from (by_status, last_start, last_success, duration)
+
+
+def exposition(engine: Engine) -> tuple[bytes, str]:
+    """The text exposition: process metrics (every process's, in multiprocess mode) + database state."""
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry_metrics()  # every family appears from the first scrape, at zero
+    registry: CollectorRegistry
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    else:
+        registry = CollectorRegistry()
+        registry.register(_Delegate(REGISTRY))
+    registry.register(StateCollector(engine))
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class _Delegate:
+    """Exposes another registry's metrics inside a per-scrape registry (single-process mode)."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        yield from self.source.collect()
+
+
+def process_registry() -> CollectorRegistry:
+    """This process's metrics: the multiprocess folder's sum when one is set, else its own registry."""
+    from prometheus_client import REGISTRY, CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry_metrics()
+    if os.environ.get(MULTIPROC_ENV):
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return registry
+    return REGISTRY
+
+
+_UNAUTHORIZED = (
+    b'{"error":{"code":"unauthorized","message":"send Authorization: Bearer <RECEIPT_METRICS_TOKEN>"}}'
+)
+
+
+class WorkerEndpoint:
+    """A worker process's own ``/metrics`` on ``RECEIPT_WORKER_METRICS_PORT`` (a daemon thread).
+
+    For deployments whose workers run on hosts the web process cannot read files from. It answers
+    only ``Authorization: Bearer $RECEIPT_METRICS_TOKEN`` (there is no database token check in a
+    worker's hot path), and refuses to start without that token rather than serve metrics openly.
+    """
+
+    # All interfaces by default: the scraper is on another host (the token guards the endpoint).
+    def __init__(self, port: int, token: str, host: str = "0.0.0.0") -> None:
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client import make_wsgi_app
+
+        class _Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return None  # one line per scrape would drown the worker's own log
+
+        inner = make_wsgi_app(process_registry())
+        expected = token.encode()
+
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            scheme, _, secret = str(environ.get("HTTP_AUTHORIZATION", "")).partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(secret.strip().encode(), expected):
+                body = _UNAUTHORIZED
+                start_response(
+                    "401 Unauthorized",
+                    [("Content-Type", "application/json"), ("WWW-Authenticate", 'Bearer realm="receipt"')],
+                )
+                return [body]
+            if environ.get("PATH_INFO") != "/metrics":
+                start_response("404 Not Found", [("Content-Type", "application/json")])
+                return [b'{"error":{"code":"not_found","message":"no such route"}}']
+            return inner(environ, start_response)
+
+        self.server = make_server(host, port, app, handler_class=_Quiet)
+        self.port = int(self.server.server_port)
+        self.thread = threading.Thread(target=self.server.serve_forever, name="metrics-endpoint", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def start_worker_endpoint(port: int | None, token: str | None) -> WorkerEndpoint | None:
+    """Start the worker's endpoint when ``RECEIPT_WORKER_METRICS_PORT`` is set (needs the token)."""
+    if port is None:
+        return None
+    if not token:
+        raise SystemExit(
+            "RECEIPT_WORKER_METRICS_PORT is set but RECEIPT_METRICS_TOKEN is not: the endpoint would be "
+            "open to anyone; set the token (the scraper sends it as its bearer token)"
+        )
+    return WorkerEndpoint(port, token)
+
+
+def prepare_multiprocess_dir(default: str | None) -> str | None:
+    """Make sure ``PROMETHEUS_MULTIPROC_DIR`` names an existing folder when one is wanted.
+
+    Kept (not emptied) when already set: whoever set it owns it (``receipt up`` empties its
+    folder at start). Otherwise ``default`` is created and used. Returns the folder in use.
+    """
+    current = os.environ.get(MULTIPROC_ENV)
+    folder = current or default
+    if folder is None:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    os.environ[MULTIPROC_ENV] = folder
+    return folder
+
+
+def mark_process_dead(pid: int) -> None:
+    """gunicorn ``child_exit``: drop a dead worker's live-gauge files (counters are kept)."""
+    if os.environ.get(MULTIPROC_ENV):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

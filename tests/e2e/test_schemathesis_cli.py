@@ -1,0 +1,59 @@
+"""``schemathesis run --checks all`` against a live web process (issue 13, item 7), on a bounded budget.
+
+The in-process fuzz test (tests/integration/api/test_fuzz.py) runs the same checks through the
+Python API; this runs the command line exactly as a user would — including its coverage phase,
+which generates boundary values from every pattern and length in the document — against real
+gunicorn on PostgreSQL. Workers are not needed: the fuzzer only talks to the API.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import PYTHON
+from tests.support.stack import Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
+
+# Per operation and phase; RECEIPT_TEST_CLI_FUZZ_EXAMPLES raises it for a deeper local run.
+MAX_EXAMPLES = os.environ.get("RECEIPT_TEST_CLI_FUZZ_EXAMPLES", "10")
+TIMEOUT_S = 900
+
+
+def test_schemathesis_run_with_every_check_passes(stack: Stack, tmp_path: Path) -> None:
+    # Event streams of jobs that never settle (no workers) end after a second, not five minutes.
+    stack.env_overrides["RECEIPT_SSE_MAX_SECONDS"] = "1"
+    stack.start("web")
+    result = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "schemathesis.cli",
+            "run",
+            stack.url("/openapi.json"),
+            "--checks",
+            "all",
+            "-H",
+            f"Authorization: Bearer {stack.system_token}",
+            "--max-examples",
+            MAX_EXAMPLES,
+            "--seed",
+            "1",
+            "--no-color",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=dict(os.environ),
+        cwd=tmp_path,  # its crash cache (.schemathesis/) stays out of the checkout
+    )
+    summary = result.stdout[result.stdout.find("SUMMARY") :]
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert "Selected: " in summary and "Tested: " in summary
+    for phase in ("Coverage", "Fuzzing", "Stateful"):
+        assert f"✅ {phase}" in summary, summary
+    print(summary)

@@ -1,0 +1,103 @@
+"""Logging (issue 13, item 6): JSON lines carry the job fields; plain lines stay readable."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from app.config import Settings
+from app.ops import logs
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    """Configure logging like a process does, with the one handler writing to a buffer."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    buf = io.StringIO()
+    yield buf
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])
+
+
+def _configure(buf: io.StringIO, fmt: str, role: str = "worker-chat") -> None:
+    logs.configure(Settings.from_env({"RECEIPT_LOG_FORMAT": fmt}), role)
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.setStream(buf)
+
+
+def test_json_lines_carry_every_job_field_inside_a_job(captured: io.StringIO) -> None:
+    _configure(captured, "json")
+    log = logging.getLogger("receipt.test")
+    log.info("outside")
+    with logs.bind_job(jobId="j1", fence="j1:attempt:2"):
+        logs.update_job(attempt=2, workerId="host:1:ab", org="acme")
+        log.warning("inside %s", "a job")
+    lines = [json.loads(line) for line in captured.getvalue().splitlines()]
+    assert len(lines) == 2
+    outside, inside = lines
+    assert outside["message"] == "outside" and outside["role"] == "worker-chat"
+    assert "jobId" not in outside
+    assert inside["message"] == "inside a job" and inside["level"] == "WARNING"
+    assert {k: inside[k] for k in logs.JOB_FIELDS} == {
+        "jobId": "j1",
+        "attempt": 2,
+        "fence": "j1:attempt:2",
+        "workerId": "host:1:ab",
+        "org": "acme",
+    }
+    assert inside["role"] == "worker-chat" and inside["logger"] == "receipt.test"
+    assert "job_suffix" not in inside  # the plain format's helper field stays out of JSON
+
+
+def test_a_field_not_known_yet_is_null_not_missing(captured: io.StringIO) -> None:
+    _configure(captured, "json", role="driver")
+    with logs.bind_job(jobId="j2"):
+        logging.getLogger("receipt.dispatch").info("driving")
+    line = json.loads(captured.getvalue())
+    assert line["jobId"] == "j2" and line["role"] == "driver"
+    assert line["workerId"] is None and line["fence"] is None
+
+
+def test_a_handler_thread_started_with_the_copied_context_keeps_the_fields(captured: io.StringIO) -> None:
+    import contextvars
+
+    _configure(captured, "json")
+    with logs.bind_job(jobId="j3", attempt=1):
+        ctx = contextvars.copy_context()
+    thread = threading.Thread(target=lambda: ctx.run(logging.getLogger("handler").info, "from the handler"))
+    thread.start()
+    thread.join(5)
+    assert json.loads(captured.getvalue())["jobId"] == "j3"
+
+
+def test_plain_lines_are_readable_and_name_the_job(captured: io.StringIO) -> None:
+    _configure(captured, "plain", role="beat")
+    log = logging.getLogger("receipt.loops")
+    log.info("expired %d leases", 3)
+    with logs.bind_job(jobId="j4", attempt=2):
+        log.info("settled")
+    first, second = captured.getvalue().splitlines()
+    assert first.endswith("INFO    beat receipt.loops: expired 3 leases")
+    assert second.endswith("receipt.loops: settled [jobId=j4 attempt=2]")
+    assert not first.startswith("{")
+
+
+def test_celery_banners_are_quiet_in_json_mode_only() -> None:
+    from tasks.worker import worker_argv
+
+    plain = Settings.from_env({})
+    as_json = Settings.from_env({"RECEIPT_LOG_FORMAT": "json"})
+    assert worker_argv(as_json, "driver")[:2] == ["--quiet", "worker"]
+    assert worker_argv(plain, "driver")[0] == "worker"  # plain keeps the banner: it says what runs
+
+
+def test_an_unknown_log_format_is_refused_naming_the_variable_and_values() -> None:
+    with pytest.raises(ValueError, match=r"RECEIPT_LOG_FORMAT.*plain, json"):
+        Settings.from_env({"RECEIPT_LOG_FORMAT": "xml"})
