@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from flask import current_app
 from sqlalchemy.engine import Connection, Engine
@@ -27,6 +28,8 @@ class ApiState:
     internal_errors: int = 0
     # How often an open event stream sends a comment line, so idle proxies keep it open.
     sse_heartbeat_seconds: float = 15.0
+    # When this app was built: /readyz gives a loop that never ran three intervals from here.
+    started_monotonic: float = field(default_factory=time.monotonic)
 
     def count_internal_error(self) -> None:
         self.internal_errors += 1

@@ -74,6 +74,17 @@ def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
     )
 
 
+@signals.worker_ready.connect
+def _start_local_ticker(sender: Any = None, **_: Any) -> None:
+    """Recovery without beat: a process consuming ``receipt-maintenance`` runs overdue loops itself."""
+    worker_app = getattr(sender, "app", None)
+    if worker_app is None or not getattr(worker_app, "receipt_local_ticker", False):
+        return
+    ticker = loops.LocalTicker(get_runtime(worker_app))
+    worker_app.receipt_ticker = ticker
+    ticker.start()
+
+
 def __getattr__(name: str) -> Celery:
     # ``celery -A tasks.celery_app`` looks up ``app``; building it lazily keeps a plain import
     # (e.g. the API's waker) free of side effects such as creating the embedded broker folders.

@@ -42,7 +42,7 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
 
 
 def start_driver(
-    rt: Runtime, job_id: str, dispatch_key: str, *, inline: bool = False
+    rt: Runtime, job_id: str, dispatch_key: str, *, inline: bool = False, presume_lost: bool = False
 ) -> delivery.StartDecision | None:
     """The driver starter: record a delivery (or learn one is active), then begin the driver —
     by sending the driver task, or, when the caller already runs in the driver role, in-process."""
@@ -50,12 +50,22 @@ def start_driver(
     if job is None or job.status != "queued":
         return None
     timing = timing_for(job.agent_id, job.kind, job.payload, rt.settings)
+    # Read before the message is sent: a flush after this read is then always detected later.
+    epoch = rt.broker.epoch()
     try:
         with transaction(rt.engine) as conn:
             now = db_now(conn)
             if not_before(job) > now:
                 return None  # still backing off: the due-retries pass starts it when its time comes
-            decision = delivery.begin(conn, job_id, dispatch_key, now, timing.driver_timeout_ms)
+            decision = delivery.begin(
+                conn,
+                job_id,
+                dispatch_key,
+                now,
+                timing.driver_timeout_ms,
+                epoch=epoch,
+                presume_lost=presume_lost,
+            )
     except DeliveryGenerationsExceeded as exc:
         log.error("%s", exc)
         out = rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
@@ -77,7 +87,7 @@ def start_driver(
     except Exception:
         # The delivery never left: make it terminal so the next pass may start a new generation.
         log.exception("could not send the driver task for %s", job_id)
-        settle_delivery(rt, dispatch_key, decision.generation, "send_failed")
+        settle_delivery(rt, job_id, dispatch_key, decision.generation, "send_failed")
         raise
     return decision
 
@@ -86,7 +96,7 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
     """The driver: decide what this delivery does, from the job's current receipts."""
     job = retry_transient(lambda: rt.queue.get(job_id))
     if job is None or job.terminal:
-        settle_delivery(rt, dispatch_key, generation, "terminal_state")
+        settle_delivery(rt, job_id, dispatch_key, generation, "terminal_state")
         return {"outcome": "terminal_state"}
     if job.status in LEASED_STATUSES:
         assert job.lease is not None
@@ -96,7 +106,7 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
             # redrive path picks the job up again. The delivery is settled *first*: the requeue's
             # wake-up fires inside the failure, and finding this delivery still pending it would
             # answer active_delivery and leave the retry to the queued redrive (min age 30 s).
-            settle_delivery(rt, dispatch_key, generation, "stale_active_lease")
+            settle_delivery(rt, job_id, dispatch_key, generation, "stale_active_lease")
             out = retry_transient(
                 lambda: rt.queue.fail(
                     job_id,
@@ -110,18 +120,18 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
             if out.applied and out.job.status == "failed":
                 rt.callbacks.post("failed", out.job)
             return {"outcome": "stale_active_lease"}
-        settle_delivery(rt, dispatch_key, generation, "active_lease")
+        settle_delivery(rt, job_id, dispatch_key, generation, "active_lease")
         return {"outcome": "active_lease"}
     if job.abort_requested:
         out = retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
-        settle_delivery(rt, dispatch_key, generation, "canceled")
+        settle_delivery(rt, job_id, dispatch_key, generation, "canceled")
         if out.applied:
             rt.callbacks.post("canceled", out.job)
         return {"outcome": "canceled"}
     # Only a job that is backing off pays for a clock read; every other drive skips it.
     if job.available_at is not None and not_before(job) > db_now_of(rt):
         # A retry still backing off (a redrive raced the due-retries pass): not yet.
-        settle_delivery(rt, dispatch_key, generation, "backoff")
+        settle_delivery(rt, job_id, dispatch_key, generation, "backoff")
         return {"outcome": "backoff"}
     fence = delivery.attempt_fence(job_id, job.attempt + 1)
     queue_name = route(job.agent_id, job.kind).queue
@@ -132,7 +142,7 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
     except Exception:
         # The worker message never left: end this delivery so the next pass may start another.
         log.exception("could not send the worker task for %s", job_id)
-        settle_delivery(rt, dispatch_key, generation, "send_failed")
+        settle_delivery(rt, job_id, dispatch_key, generation, "send_failed")
         raise
     rt.callbacks.post("dispatched", job)
     return {"outcome": "dispatched", "fence": fence, "queue": queue_name}
@@ -148,9 +158,9 @@ def db_now_of(rt: Runtime) -> datetime:
         return db_now(conn)
 
 
-def settle_delivery(rt: Runtime, dispatch_key: str, generation: int, outcome: str) -> None:
+def settle_delivery(rt: Runtime, job_id: str, dispatch_key: str, generation: int, outcome: str) -> None:
     try:
         with transaction(rt.engine) as conn:
-            delivery.settle(conn, dispatch_key, generation, outcome, db_now(conn))
+            delivery.settle(conn, job_id, dispatch_key, generation, outcome, db_now(conn))
     except Exception:  # best-effort bookkeeping: an unsettled delivery only expires later
         log.exception("could not settle delivery %s/%s", dispatch_key, generation)

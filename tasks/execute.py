@@ -24,7 +24,7 @@ def execute(rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation:
     result = run_attempt(rt.queue, rt.settings, rt.registry, job_id, attempt)
     job = result.job
     if result.status not in NOT_OWNED:
-        settle_delivery(rt, dispatch_key, generation, result.status)
+        settle_delivery(rt, job_id, dispatch_key, generation, result.status)
         if job is not None and job.terminal:
             rt.callbacks.post(job.status, job)
         elif job is not None and job.status == "queued":
@@ -37,5 +37,5 @@ def execute(rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation:
             except Exception:  # best-effort, like every wake-up: the queued redrive still delivers it
                 log.exception("could not wake the dispatcher for retry of %s", job_id)
     elif result.status == "terminal_state":
-        settle_delivery(rt, dispatch_key, generation, result.status)
+        settle_delivery(rt, job_id, dispatch_key, generation, result.status)
     return {"status": result.status, "jobStatus": job.status if job else None, "error": result.error}

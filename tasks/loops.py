@@ -1,7 +1,13 @@
-"""The beat-scheduled recovery loops: queued-job redrive and lease expiry.
+"""The recovery loops: queued-job redrive, due retries and lease expiry, and their local ticker.
 
-Both are idempotent (every write is decided from receipts and fenced) and single-flight (a
-``loop_runs`` claim), so two beats running by mistake do no harm.
+Every pass is idempotent (every write is decided from receipts and fenced) and single-flight (a
+``loop_runs`` claim with a renewed deadline), so two beats running by mistake do no harm, and a
+pass that dies frees its loop within about one interval.
+
+Beat schedules the passes. So that recovery does not hang on that one process, every process
+that consumes ``receipt-maintenance`` also runs a ``LocalTicker``: when a loop's last run is
+older than ``STALE_FACTOR`` (3) times its interval -- beat is down, or its ticks are lost -- the
+ticker runs a pass itself, through the same claim.
 """
 
 from __future__ import annotations
@@ -9,56 +15,117 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from app.jobs.routing import DRIVER_QUEUE, route
 from app.storage import delivery, loops
-from app.storage.db import db_now
+from app.storage.db import db_now, transaction
 from tasks.dispatch import start_driver
 from tasks.runtime import Runtime
 
 log = logging.getLogger("receipt.loops")
 
-REDRIVE_LOOP = "queued-redrive"
-RETRY_LOOP = "due-retries"
-EXPIRY_LOOP = "lease-expiry"
+REDRIVE_LOOP = loops.REDRIVE_LOOP
+RETRY_LOOP = loops.RETRY_LOOP
+EXPIRY_LOOP = loops.EXPIRY_LOOP
 SCAN_LIMIT = 500
+STALE_FACTOR = loops.STALE_FACTOR
+overdue = loops.overdue
+MIN_CLAIM_TTL_MS = 1000
+
+
+class LoopClaimLost(Exception):
+    """This pass no longer holds its loop (it stalled past its claim's deadline): stop."""
 
 
 def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
-def _guarded(rt: Runtime, name: str, interval_ms: int, body: Any) -> dict[str, Any]:
+def claim_ttl_ms(interval_ms: int) -> int:
+    """A claim lives one interval (at least a second) unless its pass renews it."""
+    return max(interval_ms, MIN_CLAIM_TTL_MS)
+
+
+class KeepAlive:
+    """Renews a pass's claim when a third of its deadline has gone by; raises once it is lost."""
+
+    def __init__(self, rt: Runtime, name: str, owner: str, ttl_ms: int) -> None:
+        self._rt, self._name, self._owner, self._ttl_ms = rt, name, owner, ttl_ms
+        self._last = _monotonic_ms()
+
+    def __call__(self) -> None:
+        if _monotonic_ms() - self._last < self._ttl_ms / 3:
+            return
+        if not loops.renew(self._rt.engine, self._name, self._owner, self._ttl_ms):
+            raise LoopClaimLost(self._name)
+        self._last = _monotonic_ms()
+
+
+def _monotonic_ms() -> float:
+    import time
+
+    return time.monotonic() * 1000
+
+
+def _guarded(
+    rt: Runtime, name: str, interval_ms: int, body: Callable[[KeepAlive], dict[str, Any]]
+) -> dict[str, Any]:
     owner = _owner()
+    ttl = claim_ttl_ms(interval_ms)
     # Half an interval of spacing: duplicate ticks (two beats) collapse into one pass, while a
-    # normal schedule with jitter still runs every tick. A pass that died is stale after ten intervals.
-    if not loops.claim(rt.engine, name, owner, min_interval_ms=interval_ms // 2, stale_ms=interval_ms * 10):
+    # normal schedule with jitter still runs every tick.
+    if not loops.claim(rt.engine, name, owner, min_interval_ms=interval_ms // 2, ttl_ms=ttl):
         return {"skipped": True}
     try:
-        result: dict[str, Any] = body()
-        return result
+        return body(KeepAlive(rt, name, owner, ttl))
+    except LoopClaimLost:
+        log.warning("%s pass lost its claim (stalled past its deadline); stopping it", name)
+        return {"lost": True}
     finally:
-        loops.release(rt.engine, name, owner)
+        try:
+            loops.release(rt.engine, name, owner)
+        except Exception as exc:  # the database may be what killed the pass: the deadline frees it
+            log.warning("could not release %s (%s); its claim lapses on its deadline", name, exc)
 
 
 def redrive_queued(rt: Runtime) -> dict[str, Any]:
     """Re-deliver queued jobs older than the minimum age, at most once per cooldown per job.
 
     The dispatch key ``<jobId>:redrive:<seq>:<status>`` makes a pass idempotent for one observed
-    queue state: the same state is never delivered twice while its delivery is pending.
+    queue state. A job with a delivery in flight gets no second message, unless that delivery is
+    known lost (sent to an earlier broker epoch) or presumed lost (the broker holds no message in
+    the queues it would be on). The pass also ends delivery records that can no longer matter.
     """
     s = rt.settings
 
-    def body() -> dict[str, Any]:
+    def body(keep: KeepAlive) -> dict[str, Any]:
+        with transaction(rt.engine) as conn:
+            swept = delivery.sweep(conn, db_now(conn))
+        epoch = rt.broker.epoch()
+        drained: dict[str, bool | None] = {}
         started = []
         for job, _since in rt.queue.queued_older_than(s.queued_redrive_min_age_ms, limit=SCAN_LIMIT):
+            keep()
             with rt.engine.connect() as conn:
                 now = db_now(conn)
-                last = delivery.last_started_at(conn, job.id)
+                last = delivery.last_started_at(conn, job.id, epoch)
             if last is not None and (now - last).total_seconds() * 1000 < s.queued_redrive_cooldown_ms:
                 continue
+            queue_name = route(job.agent_id, job.kind).queue
+            if queue_name not in drained:
+                drained[queue_name] = rt.broker.queues_empty([DRIVER_QUEUE, queue_name])
             try:
-                decision = start_driver(rt, job.id, delivery.redrive_key(job.id, job.seq, job.status))
+                decision = start_driver(
+                    rt,
+                    job.id,
+                    delivery.redrive_key(job.id, job.seq, job.status),
+                    presume_lost=drained[queue_name] is True,
+                )
             except Exception:
                 log.exception("redrive of %s failed; next pass retries", job.id)
                 continue
@@ -66,7 +133,7 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
                 started.append(job.id)
         if started:
             log.info("redrive started %d deliveries", len(started))
-        return {"redriven": started}
+        return {"redriven": started, "swept": swept}
 
     return _guarded(rt, REDRIVE_LOOP, s.queued_redrive_interval_ms, body)
 
@@ -74,8 +141,8 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
 def expire_leases(rt: Runtime) -> dict[str, Any]:
     """Append ``job.lease_expired`` for every lease past its deadline (database clock)."""
 
-    def body() -> dict[str, Any]:
-        expired = rt.queue.expire_leases(limit=SCAN_LIMIT)
+    def body(keep: KeepAlive) -> dict[str, Any]:
+        expired = rt.queue.expire_leases(limit=SCAN_LIMIT, between=keep)
         for job in expired:
             if job.status == "failed":
                 rt.callbacks.post("failed", job)
@@ -89,9 +156,10 @@ def expire_leases(rt: Runtime) -> dict[str, Any]:
 def dispatch_due_retries(rt: Runtime) -> dict[str, Any]:
     """Start delivery of every retry whose backoff has passed (``availableAt`` ≤ database now)."""
 
-    def body() -> dict[str, Any]:
+    def body(keep: KeepAlive) -> dict[str, Any]:
         started = []
         for job in rt.queue.due_retries(limit=SCAN_LIMIT):
+            keep()
             try:
                 decision = start_driver(rt, job.id, job.id)
             except Exception:
@@ -102,3 +170,66 @@ def dispatch_due_retries(rt: Runtime) -> dict[str, Any]:
         return {"started": started}
 
     return _guarded(rt, RETRY_LOOP, rt.settings.retry_scan_interval_ms, body)
+
+
+# -- which loops exist, and the local ticker --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """One recovery loop: its ``loop_runs`` name, its interval and its pass."""
+
+    name: str
+    interval_ms: Callable[[Runtime], int]
+    run: Callable[[Runtime], dict[str, Any]]
+
+
+LOOPS: tuple[LoopSpec, ...] = (
+    LoopSpec(REDRIVE_LOOP, lambda rt: loops.loop_intervals(rt.settings)[REDRIVE_LOOP], redrive_queued),
+    LoopSpec(RETRY_LOOP, lambda rt: loops.loop_intervals(rt.settings)[RETRY_LOOP], dispatch_due_retries),
+    LoopSpec(EXPIRY_LOOP, lambda rt: loops.loop_intervals(rt.settings)[EXPIRY_LOOP], expire_leases),
+)
+
+
+class LocalTicker:
+    """A daemon thread that runs any overdue loop's pass in this process (beat need not be alive)."""
+
+    def __init__(self, rt: Runtime, specs: tuple[LoopSpec, ...] = LOOPS) -> None:
+        self.rt = rt
+        self.specs = specs
+        shortest = min(spec.interval_ms(rt) for spec in specs)
+        self.tick_s = min(5.0, max(0.2, shortest / 2000))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="receipt-ticker", daemon=True)
+        self._since: datetime | None = None
+        self.passes = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def tick(self) -> list[str]:
+        """One look at ``loop_runs``; runs each overdue loop's pass and returns their names."""
+        now, runs = loops.last_runs(self.rt.engine)
+        if self._since is None:
+            self._since = now
+        ran = []
+        for spec in self.specs:
+            last = runs.get(spec.name)
+            if overdue(last.started_at if last else None, self._since, now, spec.interval_ms(self.rt)):
+                result = spec.run(self.rt)
+                if not result.get("skipped"):
+                    log.warning("local ticker ran %s: its last run was overdue (beat down?)", spec.name)
+                    ran.append(spec.name)
+                    self.passes += 1
+        return ran
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.tick()
+            except Exception as exc:  # the database may be down: look again next tick
+                log.warning("local ticker could not check the loops: %s", exc)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from celery import Celery
 from sqlalchemy.engine import Engine
@@ -19,6 +19,7 @@ from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE
 from app.storage.db import make_engine
 from app.storage.queue import Queue
+from tasks.broker import BrokerProbe, NullProbe, probe_for
 from tasks.callbacks import Callbacks
 from workers.registry import HandlerRegistry, default_registry
 
@@ -38,6 +39,7 @@ class Runtime:
     queue: Queue
     registry: HandlerRegistry
     callbacks: Callbacks
+    broker: BrokerProbe = field(default_factory=NullProbe)
 
 
 def send_wake(app: Celery, jobs: Sequence[Job]) -> None:
@@ -61,6 +63,6 @@ def get_runtime(app: Celery) -> Runtime:
             engine = make_engine(settings.sqlalchemy_url)
             queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
             registry = default_registry(settings.handler_modules.split(","))
-            rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
+            rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings), probe_for(settings))
             app.receipt_runtime = rt  # type: ignore[attr-defined]
     return rt

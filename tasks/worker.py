@@ -11,6 +11,7 @@ import logging
 import sys
 
 from app.config import Settings
+from app.jobs.routing import MAINTENANCE_QUEUE
 from tasks.celery_app import make_celery
 from workers.roles import concurrency, resolve_role, unknown_role_warning
 
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     if not known:
         log.warning(unknown_role_warning(raw))
     app = make_celery(settings)
+    # Every role that consumes maintenance work also recovers without beat (tasks/loops.py).
+    app.receipt_local_ticker = MAINTENANCE_QUEUE in _role.queues  # type: ignore[attr-defined]
     app.worker_main(worker_argv(settings, raw))
 
 

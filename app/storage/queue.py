@@ -34,7 +34,7 @@ from app.jobs.ids import new_id
 from app.jobs.reducer import Job, reduce
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import ACTIVE_STATUSES, COMMAND_TYPES, LEASED_STATUSES, STATUSES, job_stream
-from app.storage import projection, store
+from app.storage import delivery, projection, store
 from app.storage.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, transaction
 
 log = logging.getLogger("receipt.queue")
@@ -145,6 +145,11 @@ class Queue:
         if state is None or last is None:
             raise AppendConflict(f"jobs/{job_id}: nothing to apply")
         projection.save(tx.conn, state, previous=loaded, last=last)
+        before = loaded.job.status if loaded else None
+        if before is not None and before != state.status and (state.terminal or state.status == "queued"):
+            # This receipt ends the attempt (or the wait) its deliveries were started for: end
+            # them in the same transaction, so no delivery record outlives its purpose.
+            delivery.settle_job(tx.conn, job_id, last.type.removeprefix("job."), tx.now)
         tx.touched[job_id] = state
         return state
 
@@ -222,6 +227,12 @@ class Queue:
                 existing = projection.load(conn, req.job_id)
                 if existing is not None:
                     return EnqueueResult(existing.job, created=False)
+            if singleton and req.singleton_mode == "steer" and req.job_id is not None:
+                # Spec: re-posting the same enqueue never disturbs the first. A steer creates no
+                # job under its jobId, so its command carries that id, and a re-post finds it.
+                prior = self._steered_by(tx, req.organization_id, req.session_key or "", req.job_id)
+                if prior is not None:
+                    return EnqueueResult(prior, created=False, steered=True)
             job_id = req.job_id or new_id()
             canceled: list[str] = []
             aborted: list[str] = []
@@ -243,6 +254,7 @@ class Queue:
                                     tx.now,
                                     fromSessionKey=req.session_key,
                                     fromEnqueue=True,
+                                    **({"fromJobId": req.job_id} if req.job_id is not None else {}),
                                 ),
                             )
                         ],
@@ -284,6 +296,22 @@ class Queue:
 
         result: EnqueueResult = self._run(work)
         return result
+
+    def _steered_by(self, tx: _Tx, org: str | None, session_key: str, job_id: str) -> Job | None:
+        """The job on this session key that an earlier steer enqueue with ``job_id`` steered."""
+        rows = tx.conn.execute(
+            select(jobs.c.state)
+            .where(
+                jobs.c.session_key == session_key,
+                jobs.c.organization_id == org if org is not None else jobs.c.organization_id.is_(None),
+            )
+            .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
+        ).all()
+        for row in rows:
+            job = Job.from_json(row.state)
+            if any(c.extra.get("fromJobId") == job_id for c in job.commands):
+                return job
+        return None
 
     def _active_on_session(self, tx: _Tx, org: str | None, session_key: str) -> list[projection.Loaded]:
         """Active jobs on a session key, newest first — after expiring dead leases among them.
@@ -491,8 +519,10 @@ class Queue:
 
         return self._mutate(job_id, decide)
 
-    def expire_leases(self, limit: int = 500) -> list[Job]:
-        """Expire every lease past its deadline; returns the jobs that were expired."""
+    def expire_leases(self, limit: int = 500, between: Callable[[], None] | None = None) -> list[Job]:
+        """Expire every lease past its deadline; returns the jobs that were expired.
+
+        ``between`` runs before each job (a loop pass renewing its claim)."""
         with self.engine.connect() as conn:
             now = db_now(conn)
             ids = (
@@ -507,6 +537,8 @@ class Queue:
             )
         expired = []
         for job_id in ids:
+            if between is not None:
+                between()
             out = self.expire_lease(job_id)
             if out.applied:
                 expired.append(out.job)

@@ -45,7 +45,16 @@ def fuzz_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
     backend = os.environ.get("RECEIPT_TEST_FUZZ_BACKEND", "sqlite")
     engine: Engine = request.getfixturevalue("pg_engine" if backend == "postgres" else "sqlite_engine")
     # Event streams end at once (max 0 s): the fuzzer checks their headers and errors, not waits.
-    api = build_api(engine, make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024))
+    # No worker runs here, so no recovery loop does: long loop intervals keep /readyz from
+    # (rightly) calling the deployment not ready while the fuzzer runs.
+    loops_idle = {
+        "queued_redrive_interval_ms": 600_000,
+        "retry_scan_interval_ms": 600_000,
+        "lease_expiry_interval_ms": 600_000,
+    }
+    api = build_api(
+        engine, make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024, **loops_idle)
+    )
     api.job("a", jobId="known-job", sessionKey="s")
     yield api
     assert api.state.internal_errors == 0, "a fuzzed request reached the catch-all 500 handler"
