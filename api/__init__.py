@@ -46,7 +46,11 @@ def create_app(
     # (api.inputs.raw_body refuses anything past the limit itself, declared or streamed).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    api_state = ApiState(settings, engine, Queue(engine, on_dispatchable=on_dispatchable))
+    api_state = ApiState(
+        settings,
+        engine,
+        Queue(engine, on_dispatchable=on_dispatchable, callback_targets=settings.callback_targets),
+    )
     app.extensions[EXTENSION] = api_state
 
     for blueprint in (jobs.blueprint, streams.blueprint, health.blueprint, openapi.blueprint):

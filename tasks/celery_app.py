@@ -15,6 +15,7 @@ from app.config import Settings
 from app.jobs.routing import MAINTENANCE_QUEUE
 from tasks import dispatch, execute, loops
 from tasks.runtime import (
+    CALLBACK_TASK,
     DISPATCH_TASK,
     DRIVER_TASK,
     EXECUTE_TASK,
@@ -56,6 +57,10 @@ def _register(app: Celery) -> None:
     @app.task(name=EXPIRE_TASK, bind=True, ignore_result=True, shared=False)
     def expire_task(self: Any) -> dict[str, Any]:
         return loops.expire_leases(get_runtime(self.app))
+
+    @app.task(name=CALLBACK_TASK, bind=True, ignore_result=True, shared=False)
+    def callback_task(self: Any) -> dict[str, Any]:
+        return loops.send_callbacks(get_runtime(self.app))
 
     @app.task(name=RETRY_TASK, bind=True, ignore_result=True, shared=False)
     def retry_task(self: Any) -> dict[str, Any]:

@@ -68,9 +68,7 @@ def start_driver(
             )
     except DeliveryGenerationsExceeded as exc:
         log.error("%s", exc)
-        out = rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
-        if out.applied:
-            rt.callbacks.post("failed", out.job)
+        rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
         return None
     if not decision.created:
         return decision
@@ -107,7 +105,7 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
             # wake-up fires inside the failure, and finding this delivery still pending it would
             # answer active_delivery and leave the retry to the queued redrive (min age 30 s).
             settle_delivery(rt, job_id, dispatch_key, generation, "stale_active_lease")
-            out = retry_transient(
+            retry_transient(
                 lambda: rt.queue.fail(
                     job_id,
                     job.lease.worker_id if job.lease else None,
@@ -117,16 +115,12 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
                     status="lease_lost",
                 )
             )
-            if out.applied and out.job.status == "failed":
-                rt.callbacks.post("failed", out.job)
             return {"outcome": "stale_active_lease"}
         settle_delivery(rt, job_id, dispatch_key, generation, "active_lease")
         return {"outcome": "active_lease"}
     if job.abort_requested:
-        out = retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
+        retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
         settle_delivery(rt, job_id, dispatch_key, generation, "canceled")
-        if out.applied:
-            rt.callbacks.post("canceled", out.job)
         return {"outcome": "canceled"}
     # Only a job that is backing off pays for a clock read; every other drive skips it.
     if job.available_at is not None and not_before(job) > db_now_of(rt):
@@ -135,6 +129,9 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
         return {"outcome": "backoff"}
     fence = delivery.attempt_fence(job_id, job.attempt + 1)
     queue_name = route(job.agent_id, job.kind).queue
+    # Recorded before the message leaves, so "dispatched" is ordered before the job's terminal
+    # event (which the worker's settlement records) for every receiver.
+    evt = rt.callbacks.dispatched(rt.engine, job, fence)
     try:
         rt.app.send_task(
             EXECUTE_TASK, args=[job_id, fence, dispatch_key, generation], task_id=fence, queue=queue_name
@@ -143,8 +140,8 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[
         # The worker message never left: end this delivery so the next pass may start another.
         log.exception("could not send the worker task for %s", job_id)
         settle_delivery(rt, job_id, dispatch_key, generation, "send_failed")
+        rt.callbacks.forget(rt.engine, evt)
         raise
-    rt.callbacks.post("dispatched", job)
     return {"outcome": "dispatched", "fence": fence, "queue": queue_name}
 
 

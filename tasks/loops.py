@@ -32,6 +32,7 @@ log = logging.getLogger("receipt.loops")
 REDRIVE_LOOP = loops.REDRIVE_LOOP
 RETRY_LOOP = loops.RETRY_LOOP
 EXPIRY_LOOP = loops.EXPIRY_LOOP
+CALLBACK_LOOP = loops.CALLBACK_LOOP
 SCAN_LIMIT = 500
 STALE_FACTOR = loops.STALE_FACTOR
 overdue = loops.overdue
@@ -143,9 +144,6 @@ def expire_leases(rt: Runtime) -> dict[str, Any]:
 
     def body(keep: KeepAlive) -> dict[str, Any]:
         expired = rt.queue.expire_leases(limit=SCAN_LIMIT, between=keep)
-        for job in expired:
-            if job.status == "failed":
-                rt.callbacks.post("failed", job)
         if expired:
             log.info("expired %d leases", len(expired))
         return {"expired": [j.id for j in expired]}
@@ -172,6 +170,21 @@ def dispatch_due_retries(rt: Runtime) -> dict[str, Any]:
     return _guarded(rt, RETRY_LOOP, rt.settings.retry_scan_interval_ms, body)
 
 
+def send_callbacks(rt: Runtime) -> dict[str, Any]:
+    """Deliver the callback outbox (tasks/callbacks.py): at least once, signed, in order per job."""
+    from tasks.callbacks import Sender, send_due
+
+    sender: Sender | None = getattr(rt, "_sender", None)
+    if sender is None:
+        sender = Sender(rt.settings)
+        rt._sender = sender  # type: ignore[attr-defined]
+
+    def body(keep: KeepAlive) -> dict[str, Any]:
+        return send_due(rt.engine, sender, keep)
+
+    return _guarded(rt, CALLBACK_LOOP, rt.settings.callback_send_interval_ms, body)
+
+
 # -- which loops exist, and the local ticker --------------------------------------------------------
 
 
@@ -188,16 +201,23 @@ LOOPS: tuple[LoopSpec, ...] = (
     LoopSpec(REDRIVE_LOOP, lambda rt: loops.loop_intervals(rt.settings)[REDRIVE_LOOP], redrive_queued),
     LoopSpec(RETRY_LOOP, lambda rt: loops.loop_intervals(rt.settings)[RETRY_LOOP], dispatch_due_retries),
     LoopSpec(EXPIRY_LOOP, lambda rt: loops.loop_intervals(rt.settings)[EXPIRY_LOOP], expire_leases),
+    LoopSpec(CALLBACK_LOOP, lambda rt: rt.settings.callback_send_interval_ms, send_callbacks),
 )
+
+
+def loop_specs(rt: Runtime) -> tuple[LoopSpec, ...]:
+    """The loops this deployment runs (the callback sender only where callbacks are configured)."""
+    names = loops.loop_intervals(rt.settings)
+    return tuple(spec for spec in LOOPS if spec.name in names)
 
 
 class LocalTicker:
     """A daemon thread that runs any overdue loop's pass in this process (beat need not be alive)."""
 
-    def __init__(self, rt: Runtime, specs: tuple[LoopSpec, ...] = LOOPS) -> None:
+    def __init__(self, rt: Runtime, specs: tuple[LoopSpec, ...] | None = None) -> None:
         self.rt = rt
-        self.specs = specs
-        shortest = min(spec.interval_ms(rt) for spec in specs)
+        self.specs = specs if specs is not None else loop_specs(rt)
+        shortest = min(spec.interval_ms(rt) for spec in self.specs)
         self.tick_s = min(5.0, max(0.2, shortest / 2000))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="receipt-ticker", daemon=True)

@@ -29,6 +29,7 @@ EXECUTE_TASK = "receipt.execute"
 REDRIVE_TASK = "receipt.redrive_queued"
 EXPIRE_TASK = "receipt.expire_leases"
 RETRY_TASK = "receipt.dispatch_due_retries"
+CALLBACK_TASK = "receipt.send_callbacks"
 
 
 @dataclass
@@ -61,7 +62,11 @@ def get_runtime(app: Celery) -> Runtime:
         if rt is None:
             settings: Settings = app.receipt_settings  # type: ignore[attr-defined]
             engine = make_engine(settings.sqlalchemy_url)
-            queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
+            queue = Queue(
+                engine,
+                on_dispatchable=lambda jobs: send_wake(app, jobs),
+                callback_targets=settings.callback_targets,
+            )
             registry = default_registry(settings.handler_modules.split(","))
             rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings), probe_for(settings))
             app.receipt_runtime = rt  # type: ignore[attr-defined]

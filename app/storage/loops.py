@@ -116,13 +116,22 @@ EXPIRY_LOOP = "lease-expiry"
 STALE_FACTOR = 3  # issue 11/13: a loop whose last run is older than 3 intervals is overdue
 
 
+CALLBACK_LOOP = "callbacks"
+
+
 def loop_intervals(settings: Settings) -> dict[str, int]:
-    """Every recovery loop this deployment runs, and its interval in milliseconds."""
-    return {
+    """Every recovery loop this deployment runs, and its interval in milliseconds.
+
+    The callback sender runs only where callbacks are configured.
+    """
+    intervals = {
         REDRIVE_LOOP: settings.queued_redrive_interval_ms,
         RETRY_LOOP: settings.retry_scan_interval_ms,
         EXPIRY_LOOP: settings.lease_expiry_interval_ms,
     }
+    if settings.callback_targets:
+        intervals[CALLBACK_LOOP] = settings.callback_send_interval_ms
+    return intervals
 
 
 def overdue(last: datetime | None, since: datetime, now: datetime, interval_ms: int) -> bool:

@@ -33,8 +33,15 @@ from app.jobs.errors import (
 from app.jobs.ids import new_id
 from app.jobs.reducer import Job, reduce
 from app.jobs.validation import EnqueueRequest
-from app.jobs.vocab import ACTIVE_STATUSES, COMMAND_TYPES, LEASED_STATUSES, STATUSES, job_stream
-from app.storage import delivery, projection, store
+from app.jobs.vocab import (
+    ACTIVE_STATUSES,
+    COMMAND_TYPES,
+    LEASED_STATUSES,
+    STATUSES,
+    TERMINAL_STATUSES,
+    job_stream,
+)
+from app.storage import delivery, outbox, projection, store
 from app.storage.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, transaction
 
 log = logging.getLogger("receipt.queue")
@@ -106,9 +113,12 @@ class Queue:
         engine: Engine,
         *,
         on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
+        callback_targets: Sequence[str] = (),
     ) -> None:
         self.engine = engine
         self._on_dispatchable = on_dispatchable
+        # Terminal receipts write their callback outbox rows in their own transaction.
+        self.callback_targets = tuple(callback_targets)
 
     # -- the transaction machinery ----------------------------------------------------------
     def _run(self, work: Callable[[_Tx], Any]) -> Any:
@@ -150,6 +160,8 @@ class Queue:
             # This receipt ends the attempt (or the wait) its deliveries were started for: end
             # them in the same transaction, so no delivery record outlives its purpose.
             delivery.settle_job(tx.conn, job_id, last.type.removeprefix("job."), tx.now)
+        if state.terminal and before is not None and before not in TERMINAL_STATUSES:
+            outbox.record(tx.conn, self.callback_targets, state.status, state, tx.now)
         tx.touched[job_id] = state
         return state
 

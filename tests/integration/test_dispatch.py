@@ -183,7 +183,7 @@ def test_driver_on_a_live_lease_sends_nothing(runtime: Any) -> None:
     before = types_of(rt.engine, job.id)
     assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "active_lease"}
     assert sent.sent == []
-    assert callbacks.posted == []
+    assert callbacks.events() == []
     assert types_of(rt.engine, job.id) == before  # the driver never leases nor fails a live lease
 
 
@@ -203,7 +203,7 @@ def test_driver_fails_a_stale_active_lease_with_the_exact_error(runtime: Any) ->
     assert requeued is not None and (requeued.status, requeued.attempt) == ("queued", 1)
     # Requeued -> the ordinary path: a wake-up for the scanner, no worker message from this pass.
     assert [t.name for t in sent.sent] == [DISPATCH_TASK]
-    assert callbacks.posted == []
+    assert callbacks.events() == []
     assert delivery_rows(rt.engine, job.id) == [(key, generation, "settled", "stale_active_lease")]
 
 

@@ -282,7 +282,7 @@ def test_expire_leases_appends_lease_expired_and_wakes_dispatch(runtime: Any) ->
     [wake] = sent.named(DISPATCH_TASK)
     assert wake.args == [[dead.id]]
     assert wake.queue == DRIVER_QUEUE
-    assert callbacks.posted == []
+    assert callbacks.events() == []
     # Idempotent: a second pass finds nothing to expire.
     sent.clear()
     assert task_loops.expire_leases(rt) == {"expired": []}
