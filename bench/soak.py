@@ -302,6 +302,7 @@ class Report:
     attempts: dict[int, int]
     faults: list[tuple[float, str]]
     statuses: dict[str, int]
+    slowest: list[tuple[str, float, list[str]]] = field(default_factory=list)
 
     def violations(self) -> list[str]:
         out = []
@@ -337,6 +338,8 @@ class Report:
             f"attempts histogram          {dict(sorted(self.attempts.items()))}",
             f"faults                      {len(self.faults)}",
         ]
+        for job_id, seconds, types in self.slowest:
+            lines.append(f"slow: {seconds:6.1f} s {job_id} {' '.join(t.removeprefix('job.') for t in types)}")
         return "\n".join(lines)
 
 
@@ -386,6 +389,7 @@ def collect(
         ).all()
         streams = {row.id: store.read_stream(conn, job_stream(row.id)) for row in rows}
     zero, multi, superseded, latencies = [], [], [], []
+    per_job: list[tuple[str, float, list[str]]] = []
     for row in rows:
         stream = streams[row.id]
         terminals = terminal_receipts(stream)
@@ -396,6 +400,7 @@ def collect(
         superseded += superseded_writes(stream)
         if terminals and stream:
             latencies.append(_at(terminals[0].at) - _at(stream[0].at))
+            per_job.append((row.id, latencies[-1], [r.type for r in stream]))
     latencies.sort()
     verify = subprocess.run(
         [PYTHON, "-m", "app.ops.cli", "verify"],
@@ -423,6 +428,7 @@ def collect(
         attempts=dict(Counter(r.attempt for r in rows)),
         faults=chaos.log,
         statuses=dict(Counter(r.status for r in rows)),
+        slowest=sorted(per_job, key=lambda j: -j[1])[:5],
     )
 
 
