@@ -60,8 +60,11 @@ def test_after_the_broker_loses_queued_deliveries_every_job_is_delivered_again_a
         broker.close()
     print(f"\n[{loss}] every queued job sent again {recovered_s:.1f} s after the loss")
     for job_id in ids:
-        outcomes = [(d.state, d.outcome) for d in stack.deliveries(job_id)]
-        assert ("settled", "broker_lost") in outcomes, outcomes  # superseded because the epoch changed
+        # Superseded as lost: its broker epoch changed (broker_lost), or -- when a pass still held
+        # the epoch it read just before the loss (cached up to 0.5 s) -- because the broker held no
+        # message it could be (presumed_lost). Either way, at once rather than after 120 s.
+        outcomes = {d.outcome for d in stack.deliveries(job_id) if d.state == "settled"}
+        assert outcomes & {"broker_lost", "presumed_lost"}, outcomes
 
     stack.start("chat")
     for job_id in ids:
