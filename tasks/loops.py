@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from app.jobs.routing import DRIVER_QUEUE, route
+from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.storage import delivery, loops
 from app.storage.db import db_now, transaction
 from tasks.dispatch import start_driver
@@ -109,24 +109,23 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
         with transaction(rt.engine) as conn:
             swept = delivery.sweep(conn, db_now(conn))
         epoch = rt.broker.epoch()
-        drained: dict[str, bool | None] = {}
+        # With every queue empty, no pending delivery can still have a message waiting: each is
+        # presumed lost. Otherwise jobs whose delivery is in flight are left out of the scan.
+        drained = rt.broker.queues_empty([DRIVER_QUEUE, *QUEUES.values()]) is True
         started = []
-        for job, _since in rt.queue.queued_older_than(s.queued_redrive_min_age_ms, limit=SCAN_LIMIT):
+        candidates = rt.queue.queued_older_than(
+            s.queued_redrive_min_age_ms, limit=SCAN_LIMIT, skip_in_flight=not drained, epoch=epoch
+        )
+        for job, _since in candidates:
             keep()
             with rt.engine.connect() as conn:
                 now = db_now(conn)
                 last = delivery.last_started_at(conn, job.id, epoch)
             if last is not None and (now - last).total_seconds() * 1000 < s.queued_redrive_cooldown_ms:
                 continue
-            queue_name = route(job.agent_id, job.kind).queue
-            if queue_name not in drained:
-                drained[queue_name] = rt.broker.queues_empty([DRIVER_QUEUE, queue_name])
             try:
                 decision = start_driver(
-                    rt,
-                    job.id,
-                    delivery.redrive_key(job.id, job.seq, job.status),
-                    presume_lost=drained[queue_name] is True,
+                    rt, job.id, delivery.redrive_key(job.id, job.seq, job.status), presume_lost=drained
                 )
             except Exception:
                 log.exception("redrive of %s failed; next pass retries", job.id)
@@ -157,7 +156,7 @@ def dispatch_due_retries(rt: Runtime) -> dict[str, Any]:
 
     def body(keep: KeepAlive) -> dict[str, Any]:
         started = []
-        for job in rt.queue.due_retries(limit=SCAN_LIMIT):
+        for job in rt.queue.due_retries(limit=SCAN_LIMIT, skip_in_flight=True, epoch=rt.broker.epoch()):
             keep()
             try:
                 decision = start_driver(rt, job.id, job.id)

@@ -239,6 +239,19 @@ def last_started_at(conn: Connection, job_id: str, epoch: str | None = None) -> 
     return as_utc(value) if value is not None else None
 
 
+def in_flight(job_id: Any, now: datetime, epoch: str | None = None) -> Any:
+    """SQL: the job (a column) has a pending delivery within its deadline, sent to this broker epoch.
+
+    The recovery scans leave such jobs out in SQL: a backlog of delivered-but-not-yet-leased jobs
+    would otherwise be re-examined, and fill the scan's limit, on every pass.
+    """
+    c = deliveries.c
+    live = [c.job_id == job_id, c.state == "pending", c.deadline_at > now]
+    if epoch is not None:
+        live.append(or_(c.broker_epoch.is_(None), c.broker_epoch == epoch))
+    return select(c.generation).where(*live).exists()
+
+
 def has_active(conn: Connection, job_id: str, now: datetime) -> bool:
     """True if any delivery of this job is pending and within its deadline."""
     return (

@@ -556,35 +556,41 @@ class Queue:
                 expired.append(out.job)
         return expired
 
-    def due_retries(self, limit: int = 500) -> list[Job]:
-        """Queued jobs whose retry delay has passed (database clock), oldest due first."""
+    def due_retries(
+        self, limit: int = 500, *, skip_in_flight: bool = False, epoch: str | None = None
+    ) -> list[Job]:
+        """Queued jobs whose retry delay has passed (database clock), oldest due first.
+
+        ``skip_in_flight`` leaves out jobs whose delivery is already in flight (``delivery.in_flight``).
+        """
         with self.engine.connect() as conn:
             now = db_now(conn)
-            rows = conn.execute(
-                select(jobs.c.state)
-                .where(
-                    jobs.c.status == "queued", jobs.c.available_at.is_not(None), jobs.c.available_at <= now
-                )
-                .order_by(jobs.c.available_at)
-                .limit(limit)
-            ).all()
+            q = select(jobs.c.state).where(
+                jobs.c.status == "queued", jobs.c.available_at.is_not(None), jobs.c.available_at <= now
+            )
+            if skip_in_flight:
+                q = q.where(~delivery.in_flight(jobs.c.id, now, epoch))
+            rows = conn.execute(q.order_by(jobs.c.available_at).limit(limit)).all()
         return [Job.from_json(r.state) for r in rows]
 
-    def queued_older_than(self, min_age_ms: int, limit: int = 500) -> list[tuple[Job, datetime]]:
+    def queued_older_than(
+        self, min_age_ms: int, limit: int = 500, *, skip_in_flight: bool = False, epoch: str | None = None
+    ) -> list[tuple[Job, datetime]]:
         """Queued jobs that have been deliverable for at least ``min_age_ms`` (oldest first).
 
         Age counts from when the job became deliverable: its requeue, or the end of its retry
         backoff — a retry still backing off is not stuck, and is the due-retries pass's to start.
+        ``skip_in_flight`` leaves out jobs whose delivery is already in flight.
         """
         since = func.coalesce(jobs.c.available_at, jobs.c.status_changed_at)
         with self.engine.connect() as conn:
             now = db_now(conn)
-            rows = conn.execute(
-                select(jobs.c.state, jobs.c.status_changed_at)
-                .where(jobs.c.status == "queued", since <= now - timedelta(milliseconds=min_age_ms))
-                .order_by(since)
-                .limit(limit)
-            ).all()
+            q = select(jobs.c.state, jobs.c.status_changed_at).where(
+                jobs.c.status == "queued", since <= now - timedelta(milliseconds=min_age_ms)
+            )
+            if skip_in_flight:
+                q = q.where(~delivery.in_flight(jobs.c.id, now, epoch))
+            rows = conn.execute(q.order_by(since).limit(limit)).all()
         return [(Job.from_json(r.state), as_utc(r.status_changed_at)) for r in rows]
 
 
