@@ -566,14 +566,19 @@ def main(argv: list[str] | None = None) -> int:
         "--database-url", help="an existing migrated-or-empty database (Postgres is then never restarted)"
     )
     parser.add_argument("--json", help="also write the report here")
+    parser.add_argument("--workdir", help="keep the processes' logs (and the private Postgres) here")
     args = parser.parse_args(argv)
     schedule = tuple(f for f in args.faults.split(",") if f)
     unknown = [f for f in schedule if f not in FAULTS]
     if unknown:
         parser.error(f"unknown faults {unknown}; choose from {sorted(FAULTS)}")
     lo, hi = (float(x) for x in args.kill_every.split(","))
-    with tempfile.TemporaryDirectory(prefix="receipt-soak-") as tmp:
-        workdir = Path(tmp)
+    with contextlib.ExitStack() as cleanup:
+        if args.workdir:
+            workdir = Path(args.workdir).resolve()
+            workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="receipt-soak-")))
         if os.geteuid() == 0:
             os.chmod(workdir, 0o755)
         with deployment(workdir, args.database_url, private_pg=args.database_url is None) as (stack, pg):

@@ -9,7 +9,7 @@ worker message under the attempt fence ``<jobId>:attempt:<n>``.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
@@ -42,7 +42,12 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
 
 
 def start_driver(
-    rt: Runtime, job_id: str, dispatch_key: str, *, inline: bool = False, presume_lost: bool = False
+    rt: Runtime,
+    job_id: str,
+    dispatch_key: str,
+    *,
+    inline: bool = False,
+    presume_lost_after_ms: int | None = None,
 ) -> delivery.StartDecision | None:
     """The driver starter: record a delivery (or learn one is active), then begin the driver —
     by sending the driver task, or, when the caller already runs in the driver role, in-process."""
@@ -64,7 +69,11 @@ def start_driver(
                 now,
                 timing.driver_timeout_ms,
                 epoch=epoch,
-                presume_lost=presume_lost,
+                presume_lost_before=(
+                    now - timedelta(milliseconds=presume_lost_after_ms)
+                    if presume_lost_after_ms is not None
+                    else None
+                ),
             )
     except DeliveryGenerationsExceeded as exc:
         log.error("%s", exc)

@@ -6,8 +6,9 @@ pass that dies frees its loop within about one interval.
 
 Beat schedules the passes. So that recovery does not hang on that one process, every process
 that consumes ``receipt-maintenance`` also runs a ``LocalTicker``: when a loop's last run is
-older than ``STALE_FACTOR`` (3) times its interval -- beat is down, or its ticks are lost -- the
-ticker runs a pass itself, through the same claim.
+older than ``TICKER_FACTOR`` (2) times its interval -- beat is down, or its ticks are lost -- the
+ticker runs a pass itself, through the same claim: so it acts before ``/readyz`` would call the
+loop overdue (3 intervals).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ EXPIRY_LOOP = loops.EXPIRY_LOOP
 CALLBACK_LOOP = loops.CALLBACK_LOOP
 SCAN_LIMIT = 500
 STALE_FACTOR = loops.STALE_FACTOR
+# The ticker steps in at 2 intervals, before /readyz calls a loop overdue at 3: with beat down, a
+# loop's last run then never ages past 3 intervals while a maintenance consumer lives.
+TICKER_FACTOR = 2
 overdue = loops.overdue
 # A claim lives one interval, but never less than 2 s: on a loaded machine one transaction of a
 # sub-second loop (lease expiry every 0.5 s in tests) can outlast a shorter deadline.
@@ -95,6 +99,15 @@ def _guarded(
             log.warning("could not release %s (%s); its claim lapses on its deadline", name, exc)
 
 
+# A pending delivery is presumed lost (the broker holding no message it could be) only once it is
+# this old: between recording a delivery and sending its message, a loaded driver can take seconds.
+PRESUME_LOST_AFTER_MS = 5000
+
+
+def presume_after_ms(cooldown_ms: int) -> int:
+    return max(cooldown_ms, PRESUME_LOST_AFTER_MS)
+
+
 def redrive_queued(rt: Runtime) -> dict[str, Any]:
     """Re-deliver queued jobs older than the minimum age, at most once per cooldown per job.
 
@@ -125,7 +138,10 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
                 continue
             try:
                 decision = start_driver(
-                    rt, job.id, delivery.redrive_key(job.id, job.seq, job.status), presume_lost=drained
+                    rt,
+                    job.id,
+                    delivery.redrive_key(job.id, job.seq, job.status),
+                    presume_lost_after_ms=presume_after_ms(s.queued_redrive_cooldown_ms) if drained else None,
                 )
             except Exception:
                 log.exception("redrive of %s failed; next pass retries", job.id)
@@ -239,7 +255,8 @@ class LocalTicker:
         ran = []
         for spec in self.specs:
             last = runs.get(spec.name)
-            if overdue(last.started_at if last else None, self._since, now, spec.interval_ms(self.rt)):
+            interval = spec.interval_ms(self.rt)
+            if overdue(last.started_at if last else None, self._since, now, interval, TICKER_FACTOR):
                 result = spec.run(self.rt)
                 if not result.get("skipped"):
                     log.warning("local ticker ran %s: its last run was overdue (beat down?)", spec.name)

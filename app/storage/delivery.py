@@ -115,7 +115,7 @@ def begin(
     driver_timeout_ms: int,
     *,
     epoch: str | None = None,
-    presume_lost: bool = False,
+    presume_lost_before: datetime | None = None,
 ) -> StartDecision:
     """The driver starter's bookkeeping: record a new pending delivery unless one is in flight.
 
@@ -124,8 +124,8 @@ def begin(
     restart or flush is known lost, and is superseded here at once instead of blocking the job
     until its deadline (docs/faults.md: a deliberate improvement on the spec's active_delivery
     wait). Any key of the job counts, so a redrive never sends a second message beside a live
-    one. ``presume_lost`` (the redrive, when the broker holds no message that could be it) ends
-    every pending delivery of the job first.
+    one. ``presume_lost_before`` (the redrive, when the broker holds no message that could be it)
+    ends every pending delivery of the job created before that time first.
     """
     key = DeliveryKey.of(job_id, dispatch_key)
     # One starter at a time per job: the in-flight check below reads several rows, which a
@@ -134,7 +134,7 @@ def begin(
     lock_key(conn, f"delivery:{job_id}")
     c = deliveries.c
     pending = conn.execute(
-        select(c.purpose, c.observed, c.generation, c.deadline_at, c.broker_epoch).where(
+        select(c.purpose, c.observed, c.generation, c.created_at, c.deadline_at, c.broker_epoch).where(
             c.job_id == job_id, c.state == "pending"
         )
     ).all()
@@ -145,7 +145,7 @@ def begin(
             _settle_row(conn, row_key, row.generation, "expired", now)
         elif epoch is not None and row.broker_epoch is not None and row.broker_epoch != epoch:
             _settle_row(conn, row_key, row.generation, "broker_lost", now)
-        elif presume_lost:
+        elif presume_lost_before is not None and as_utc(row.created_at) < presume_lost_before:
             _settle_row(conn, row_key, row.generation, "presumed_lost", now)
         else:
             in_flight.append((row_key, row.generation))

@@ -134,11 +134,13 @@ def loop_intervals(settings: Settings) -> dict[str, int]:
     return intervals
 
 
-def overdue(last: datetime | None, since: datetime, now: datetime, interval_ms: int) -> bool:
-    """Pure rule: a loop is overdue when its last pass started more than 3 intervals ago.
+def overdue(
+    last: datetime | None, since: datetime, now: datetime, interval_ms: int, factor: int = STALE_FACTOR
+) -> bool:
+    """Pure rule: a loop is overdue when its last pass started more than 3 (``factor``) intervals ago.
 
     A loop that never ran counts from ``since`` (the observing process's start), so a fresh
     deployment gets the same grace before anything is called overdue.
     """
     reference = last if last is not None else since
-    return now - reference > timedelta(milliseconds=STALE_FACTOR * interval_ms)
+    return now - reference > timedelta(milliseconds=factor * interval_ms)

@@ -33,7 +33,8 @@ def begin(
 ) -> delivery.StartDecision:
     with transaction(engine) as conn:
         now = db_now(conn) + timedelta(milliseconds=skew_ms)
-        return delivery.begin(conn, job_id, key, now, timeout_ms, epoch=epoch, presume_lost=presume_lost)
+        before = now if presume_lost else None
+        return delivery.begin(conn, job_id, key, now, timeout_ms, epoch=epoch, presume_lost_before=before)
 
 
 def settle(
@@ -127,9 +128,15 @@ def test_a_delivery_sent_to_an_earlier_broker_epoch_is_superseded_at_once(engine
         assert newest is None
 
 
-def test_presume_lost_ends_every_pending_delivery_of_the_job(engine: Engine) -> None:
+def test_presume_lost_ends_every_pending_delivery_of_the_job_older_than_the_bound(engine: Engine) -> None:
     begin(engine, "job-1")
-    d = begin(engine, "job-1:redrive:1:queued", presume_lost=True)
+    with transaction(engine) as conn:  # a bound before the delivery was recorded: it is left alone
+        early = db_now(conn) - timedelta(minutes=1)
+        d = delivery.begin(
+            conn, "job-1", "job-1:redrive:1:queued", db_now(conn), 60_000, presume_lost_before=early
+        )
+    assert (d.created, d.reason) == (False, ACTIVE_DELIVERY_REASON)
+    d = begin(engine, "job-1:redrive:1:queued", presume_lost=True, skew_ms=10)
     assert (d.created, d.generation) == (True, 0)
     assert rows(engine)[0][:3] == (0, "settled", "presumed_lost")
 

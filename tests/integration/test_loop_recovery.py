@@ -108,7 +108,9 @@ def test_overdue_is_three_intervals_counting_a_loop_that_never_ran_from_the_proc
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     ms = timedelta(milliseconds=1)
-    assert task_loops.STALE_FACTOR == 3
+    assert task_loops.STALE_FACTOR == 3 and task_loops.TICKER_FACTOR == 2
+    assert not task_loops.overdue(t0, t0, t0 + 2000 * ms, 1000, task_loops.TICKER_FACTOR)
+    assert task_loops.overdue(t0, t0, t0 + 2001 * ms, 1000, task_loops.TICKER_FACTOR)
     assert not task_loops.overdue(t0, t0, t0 + 3000 * ms, 1000)
     assert task_loops.overdue(t0, t0, t0 + 3001 * ms, 1000)
     assert not task_loops.overdue(None, t0, t0 + 2000 * ms, 1000)  # grace after start
