@@ -303,6 +303,7 @@ class Report:
     faults: list[tuple[float, str]]
     statuses: dict[str, int]
     slowest: list[tuple[str, float, list[str]]] = field(default_factory=list)
+    last_post_to_all_terminal_s: float | None = None
 
     def violations(self) -> list[str]:
         out = []
@@ -334,6 +335,7 @@ class Report:
             f"client POST errors          {sum(self.post_errors.values())} {dict(self.post_errors)}",
             f"lost POSTs                  {len(self.lost_posts)}",
             f"last fault -> all terminal  {_fmt(self.last_fault_to_all_terminal_s)}",
+            f"last POST -> all terminal   {_fmt(self.last_post_to_all_terminal_s)}",
             f"enqueue -> terminal         p50 {_fmt(self.p50_s)}  p99 {_fmt(self.p99_s)}",
             f"attempts histogram          {dict(sorted(self.attempts.items()))}",
             f"faults                      {len(self.faults)}",
@@ -382,6 +384,7 @@ def collect(
     posted: list[str],
     chaos: Chaos,
     all_terminal_at: float | None,
+    last_post_at: float | None = None,
 ) -> Report:
     with engine.connect() as conn:
         rows = conn.execute(
@@ -429,6 +432,9 @@ def collect(
         faults=chaos.log,
         statuses=dict(Counter(r.status for r in rows)),
         slowest=sorted(per_job, key=lambda j: -j[1])[:5],
+        last_post_to_all_terminal_s=(all_terminal_at - last_post_at)
+        if all_terminal_at and last_post_at
+        else None,
     )
 
 
@@ -528,6 +534,7 @@ def run(
             futures.append(pool.submit(MIX[kind][1], client, job_id))
         for f in futures:
             f.result()
+    last_post_at = time.monotonic() - t0
     fault_thread.join()
     stop.set()
     # A steer's jobId names no job of its own when its target was still active (it steered).
@@ -549,7 +556,7 @@ def run(
         existing = set(conn.execute(select(jobs.c.id).where(jobs.c.id.like(f"{prefix}%"))).scalars())
     # Steer jobIds that steered an active job are answered with that job: they are not expected to exist.
     expected = [j for j in posted if not j.endswith("-steer") or j in existing]
-    return collect(engine, prefix, client, expected, chaos, all_terminal_at)
+    return collect(engine, prefix, client, expected, chaos, all_terminal_at, last_post_at)
 
 
 def main(argv: list[str] | None = None) -> int:
