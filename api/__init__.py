@@ -33,8 +33,9 @@ def create_app(
     """Build the API app.
 
     ``settings`` defaults to ``Settings.from_env()``; ``engine`` to one opened on its database;
-    ``on_dispatchable`` (called after commit with jobs that became dispatchable) to the tasks
-    layer's waker when it is installed. Tests pass a recording function so no broker is needed.
+    ``on_dispatchable`` (called after commit with jobs that became dispatchable) to the wake-up
+    publisher (``api.wake``), which raises if it cannot be built. Tests pass a recording function
+    so no broker is needed.
     """
     settings = settings if settings is not None else Settings.from_env()
     engine = engine if engine is not None else make_engine(settings.sqlalchemy_url)
@@ -50,6 +51,7 @@ def create_app(
         settings,
         engine,
         Queue(engine, on_dispatchable=on_dispatchable, callback_targets=settings.callback_targets),
+        waker=on_dispatchable,
     )
     app.extensions[EXTENSION] = api_state
 

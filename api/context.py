@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flask import current_app
 from sqlalchemy.engine import Connection, Engine
 
 from app.config import Settings
+from app.jobs.reducer import Job
 from app.storage.queue import Queue
 
 EXTENSION = "receipt"
@@ -28,6 +30,8 @@ class ApiState:
     internal_errors: int = 0
     # How often an open event stream sends a comment line, so idle proxies keep it open.
     sse_heartbeat_seconds: float = 15.0
+    # What wakes the dispatch scanner after a commit (``api.wake``); ``/readyz`` checks it.
+    waker: Callable[[Sequence[Job]], None] | None = None
     # When this app was built: /readyz gives a loop that never ran three intervals from here.
     started_monotonic: float = field(default_factory=time.monotonic)
 

@@ -3,10 +3,11 @@
 ``/healthz`` says the process answers (no auth, no I/O: a probe must not fail because the
 database is slow). ``/readyz`` says this instance can do its job: the database answers
 ``SELECT 1`` and the broker is reachable — Redis answers PING within a second, or, in the
-embedded deployment, the local broker folder exists or can be created — and every recovery loop
-ran within three of its intervals (``loop_runs``): a deployment whose loops stopped (beat down and
-no maintenance consumer left) recovers nothing, so it is not ready. A loop that never ran is
-given the same three intervals from this process's start.
+embedded deployment, the local broker folder exists or can be created — the wake-up publisher
+can publish (``api.wake``: its transport loads and the driver queue is declared), and every
+recovery loop ran within three of its intervals (``loop_runs``): a deployment whose loops stopped
+(beat down and no maintenance consumer left) recovers nothing, so it is not ready. A loop that
+never ran is given the same three intervals from this process's start.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from api import schemas
 from api.context import read_connection, state
 from api.errors import NOT_READY, ApiError
 from api.openapi import Operation, operation
+from api.wake import check_waker
 from app.config import Settings
 from app.storage import loops
 from app.storage.db import iso
@@ -107,14 +109,19 @@ def healthz() -> ResponseReturnValue:
 @blueprint.get("/readyz")
 @operation(
     Operation(
-        summary="Readiness: the database and the broker are reachable; every recovery loop ran lately.",
+        summary="Readiness: the database and the broker are reachable; wake-ups can be published; "
+        "every recovery loop ran lately.",
         tag="health",
         responses={200: schemas.READY},
     )
 )
 def readyz() -> ResponseReturnValue:
     st = state()
-    checks: dict[str, Any] = {"database": check_database(st.engine), "broker": check_broker(st.settings)}
+    checks: dict[str, Any] = {
+        "database": check_database(st.engine),
+        "broker": check_broker(st.settings),
+        "wake": check_waker(st.waker),
+    }
     checks["loops"], checks["loopRuns"] = check_loops(st.engine, st.settings, st.started_monotonic)
     failed = sorted(name for name, result in checks.items() if name != "loopRuns" and result != OK)
     if failed:

@@ -371,6 +371,7 @@ READY: Schema = {
     "properties": {
         "database": {"const": "ok"},
         "broker": {"const": "ok"},
+        "wake": {"const": "ok"},
         "loops": {"const": "ok"},
         "loopRuns": {
             "type": "object",
@@ -387,7 +388,7 @@ READY: Schema = {
             },
         },
     },
-    "required": ["database", "broker", "loops", "loopRuns"],
+    "required": ["database", "broker", "wake", "loops", "loopRuns"],
 }
 
 

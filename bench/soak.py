@@ -57,7 +57,9 @@ from app.storage import store
 from app.storage.db import jobs, make_engine, parse_iso
 from app.storage.migrate import upgrade
 from tests.e2e import handlers
-from tests.e2e.conftest import ORG, PYTHON, REPO_ROOT, Harness, Stack, base_env, free_port, make_stack
+from tests.support.processes import PYTHON, REPO_ROOT, Harness, base_env
+from tests.support.stack import ORG, Stack, make_stack
+from tests.support.waiting import free_port
 
 TERMINAL_TYPES = ("job.completed", "job.failed", "job.canceled")
 FENCED_TYPES = ("job.heartbeat", "job.progress", *TERMINAL_TYPES)
@@ -354,7 +356,7 @@ def terminal_receipts(stream: list[Any]) -> list[Any]:
     out = []
     state = None
     for r in stream:
-        before = state.status if state is not None else None
+        before: str | None = state.status if state is not None else None
         with contextlib.suppress(Exception):  # a refused receipt still counts if it is terminal-typed
             state = reduce(state, r.to_receipt())
         if r.type in TERMINAL_TYPES and (before in TERMINAL_STATUSES or (state and state.terminal)):

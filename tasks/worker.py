@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         log.warning(unknown_role_warning(raw))
     app = make_celery(settings)
     # Every role that consumes maintenance work also recovers without beat (tasks/loops.py).
-    app.receipt_local_ticker = MAINTENANCE_QUEUE in _role.queues  # type: ignore[attr-defined]
+    app.receipt_local_ticker = MAINTENANCE_QUEUE in _role.queues
     app.worker_main(worker_argv(settings, raw))
 
 

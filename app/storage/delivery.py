@@ -24,7 +24,7 @@ from app.jobs.errors import (
     DeliveryGenerationsExceeded,
     generations_exceeded_message,
 )
-from app.jobs.vocab import TERMINAL_STATUSES
+from app.jobs.vocab import TERMINAL_STATUSES, AttemptStatus, DeliveryOutcome, Status
 from app.storage.db import as_utc, deliveries, jobs, lock_key
 
 
@@ -39,7 +39,7 @@ class StartDecision:
     reason: str | None = None
 
 
-def redrive_key(job_id: str, seq: int, status: str) -> str:
+def redrive_key(job_id: str, seq: int, status: Status) -> str:
     """Spec: the redrive dispatch key ``<jobId>:redrive:<a>:<b>`` — one observed queue state."""
     return f"{job_id}:redrive:{seq}:{status}"
 
@@ -187,7 +187,12 @@ def _settle_row(conn: Connection, key: DeliveryKey, generation: int, outcome: st
 
 
 def settle(
-    conn: Connection, job_id: str, dispatch_key: str, generation: int, outcome: str, now: datetime
+    conn: Connection,
+    job_id: str,
+    dispatch_key: str,
+    generation: int,
+    outcome: DeliveryOutcome | AttemptStatus | str,
+    now: datetime,
 ) -> None:
     """Mark a delivery terminal (idempotent: the first outcome wins)."""
     _settle_row(conn, DeliveryKey.of(job_id, dispatch_key), generation, outcome, now)
@@ -250,17 +255,3 @@ def in_flight(job_id: Any, now: datetime, epoch: str | None = None) -> Any:
     if epoch is not None:
         live.append(or_(c.broker_epoch.is_(None), c.broker_epoch == epoch))
     return select(c.generation).where(*live).exists()
-
-
-def has_active(conn: Connection, job_id: str, now: datetime) -> bool:
-    """True if any delivery of this job is pending and within its deadline."""
-    return (
-        conn.execute(
-            select(deliveries.c.generation)
-            .where(
-                deliveries.c.job_id == job_id, deliveries.c.state == "pending", deliveries.c.deadline_at > now
-            )
-            .limit(1)
-        ).first()
-        is not None
-    )

@@ -21,7 +21,8 @@ from standardwebhooks.webhooks import Webhook
 
 from app.storage.db import callback_outbox
 from tests.e2e import handlers
-from tests.e2e.conftest import Stack, free_port, wait_for
+from tests.support.stack import Stack
+from tests.support.waiting import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

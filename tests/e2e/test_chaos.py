@@ -18,7 +18,8 @@ import redis
 from app.jobs.validation import validate_enqueue
 from app.storage.queue import Queue
 from tests.e2e import handlers
-from tests.e2e.conftest import ORG, Stack, terminal_receipts, wait_for, worker_pid
+from tests.support.stack import ORG, Stack, terminal_receipts, worker_pid
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 
@@ -87,8 +88,12 @@ def test_with_beat_killed_and_kept_down_a_killed_workers_job_and_lost_wakeups_st
     q = Queue(stack.engine)
     stuck = []
     for n in range(5):
-        body = {"payload": {"kind": "factory.run", "message": f"stuck {n}"}}
-        body["payload"]["authContext"] = {"userId": "e2e-user", "organizationId": ORG}
+        payload = {"kind": "factory.run", "message": f"stuck {n}"}
+        payload_ctx: dict[str, Any] = {
+            **payload,
+            "authContext": {"userId": "e2e-user", "organizationId": ORG},
+        }
+        body: dict[str, Any] = {"payload": payload_ctx}
         stuck.append(q.enqueue(validate_enqueue(handlers.ECHO, body)).job.id)
 
     done = stack.wait_terminal(job_id, timeout=60)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from bench import soak
-from tests.e2e.conftest import Harness, make_stack
+from tests.support.processes import Harness
+from tests.support.stack import make_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

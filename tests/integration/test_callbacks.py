@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import queue as queue_module
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ from app.storage.queue import Queue
 from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks, Sender, send_due
 from tasks.execute import execute
 from tasks.runtime import Runtime
+from tests.support import queue_ops
+from tests.support.waiting import free_port
 from workers.handler import JobContext
 
 from .runtime_support import enqueue, registry_of, wait_until
@@ -102,12 +103,6 @@ def targets() -> Iterator[Any]:
         server.server_close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def settings(**env: str) -> Settings:
     return Settings.from_env(env)
 
@@ -134,7 +129,7 @@ def test_a_terminal_receipt_writes_one_row_per_target_in_its_own_transaction(sql
     job = enqueue(q, "factory")
     assert outbox_rows(sqlite_engine) == []  # enqueue and lease are no callback events
     assert q.lease(job.id, "w", 60_000, start=True).applied
-    done = q.complete(job.id, "w", 1, {"ok": True}).job
+    done = queue_ops.complete(q, job.id, "w", 1, {"ok": True}).job
     rows = outbox_rows(sqlite_engine, job.id)
     assert [(r.target, r.event, r.seq, r.state) for r in rows] == [
         ("http://a.invalid/1", "completed", done.seq, "pending"),
@@ -259,7 +254,7 @@ def test_a_jobs_events_go_out_in_receipt_order_and_a_failing_head_holds_the_rest
     callbacks = Callbacks(s)
     callbacks.dispatched(sqlite_engine, job, f"{job.id}:attempt:1")
     q.lease(job.id, "w", 60_000, start=True)
-    q.complete(job.id, "w", 1, {})
+    queue_ops.complete(q, job.id, "w", 1, {})
     sender = Sender(s)
     send_due(sqlite_engine, sender)
     assert target.next().body["event"] == "dispatched"
@@ -356,7 +351,7 @@ def test_a_settlement_never_waits_for_the_target(targets: Any, sqlite_engine: En
 def test_an_api_cancel_of_a_queued_job_sends_canceled(
     targets: Any, sqlite_engine: Engine, tmp_path: Any
 ) -> None:
-    from tests.integration.api.conftest import build_api, make_settings
+    from tests.support.api import build_api, make_settings
 
     target = targets()
     s = make_settings(tmp_path, callback_url=target.url)

@@ -17,6 +17,7 @@ from app.jobs.errors import (
 )
 from app.storage import delivery
 from app.storage.db import db_now, deliveries, transaction
+from tests.support.queue_ops import has_active
 
 DRIVER_TIMEOUT_MS = 120_000
 
@@ -71,20 +72,20 @@ def test_begin_while_pending_is_active_delivery_and_writes_nothing(engine: Engin
 
 def test_after_settle_the_next_begin_is_generation_one(engine: Engine) -> None:
     begin(engine)
-    settle(engine, "job-1", 0, "completed")
+    settle(engine, "job-1", 0, "dispatched")
     d = begin(engine)
     assert (d.created, d.generation, d.task_id) == (True, 1, "job-1:driver:1")
     assert rows(engine) == [
-        (0, "settled", "completed", "job-1:driver:0"),
+        (0, "settled", "dispatched", "job-1:driver:0"),
         (1, "pending", None, "job-1:driver:1"),
     ]
 
 
 def test_settle_is_idempotent_first_outcome_wins(engine: Engine) -> None:
     begin(engine)
-    settle(engine, "job-1", 0, "completed")
-    settle(engine, "job-1", 0, "lease_lost")
-    assert rows(engine)[0][2] == "completed"
+    settle(engine, "job-1", 0, "dispatched")
+    settle(engine, "job-1", 0, "send_failed")
+    assert rows(engine)[0][2] == "dispatched"
 
 
 def test_a_delivery_past_its_deadline_no_longer_blocks(engine: Engine) -> None:
@@ -108,7 +109,7 @@ def test_a_redrive_sends_nothing_beside_a_live_delivery_of_another_key(engine: E
     d = begin(engine, "job-1:redrive:1:queued")
     assert (d.created, d.generation) == (True, 0)  # keys keep their own generations
     with engine.connect() as conn:
-        assert delivery.has_active(conn, "job-1", db_now(conn))
+        assert has_active(conn, "job-1", db_now(conn))
         assert delivery.last_started_at(conn, "job-1") is not None
         assert delivery.last_started_at(conn, "job-2") is None
 

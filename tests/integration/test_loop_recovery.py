@@ -19,9 +19,10 @@ from sqlalchemy.exc import OperationalError
 
 from app.storage import loops
 from app.storage.db import loop_runs, make_engine
+from tasks import dispatch
 from tasks import loops as task_loops
 from tasks.runtime import DRIVER_TASK
-from tests.e2e.conftest import TcpProxy
+from tests.support.services import TcpProxy
 
 from .runtime_support import enqueue, recording_runtime, settings_for, wait_until
 
@@ -51,7 +52,7 @@ def test_a_redrive_pass_cut_from_postgres_mid_pass_frees_its_loop_within_about_a
     (rt, sent, _), proxy = proxied
     ids = [enqueue(rt.queue, "factory").id for _ in range(3)]
     sent.clear()
-    real_start = task_loops.start_driver
+    real_start = dispatch.start_driver
     calls = {"n": 0}
 
     def start_then_lose_the_database(*args: Any, **kwargs: Any) -> Any:

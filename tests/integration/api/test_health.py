@@ -9,14 +9,15 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from app.storage.db import make_engine
-from tests.integration.api.conftest import Api, build_api, make_settings
+from tests.support.api import Api, build_api, json_of, make_settings
 
 
 def test_readyz_embedded_broker_folder(api: Api) -> None:
     response = api.client.get("/readyz", headers=api.headers())
     assert response.status_code == 200
-    assert {k: response.json[k] for k in ("database", "broker", "loops")} == dict.fromkeys(  # type: ignore[index]
-        ("database", "broker", "loops"), "ok"
+    body = json_of(response)
+    assert {k: body[k] for k in ("database", "broker", "wake", "loops")} == dict.fromkeys(
+        ("database", "broker", "wake", "loops"), "ok"
     )
     assert (api.state.settings.home_path / "broker").is_dir()
 
@@ -26,7 +27,8 @@ def test_readyz_with_redis(sqlite_api: Api, redis_url: str) -> None:
     sqlite_api.state.settings = replace(sqlite_api.state.settings, redis_url=redis_url)
     response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
     assert response.status_code == 200
-    assert (response.json["database"], response.json["broker"]) == ("ok", "ok")  # type: ignore[index]
+    body = json_of(response)
+    assert (body["database"], body["broker"], body["wake"]) == ("ok", "ok", "ok")
 
 
 def test_readyz_is_503_naming_an_unreachable_redis(sqlite_api: Api) -> None:
@@ -34,7 +36,7 @@ def test_readyz_is_503_naming_an_unreachable_redis(sqlite_api: Api) -> None:
     sqlite_api.state.settings = replace(sqlite_api.state.settings, redis_url="redis://127.0.0.1:1/0")
     response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
     assert response.status_code == 503
-    error = response.json["error"]  # type: ignore[index]
+    error = json_of(response)["error"]
     assert error["code"] == "not_ready"
     assert "broker" in error["message"]
     assert error["details"]["database"] == "ok"
@@ -47,7 +49,7 @@ def test_readyz_is_503_when_the_broker_folder_cannot_be_created(sqlite_api: Api,
     sqlite_api.state.settings = replace(sqlite_api.state.settings, home=str(blocker))
     response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
     assert response.status_code == 503
-    assert "broker" in response.json["error"]["message"]  # type: ignore[index]
+    assert "broker" in json_of(response)["error"]["message"]
 
 
 def test_readyz_is_503_naming_an_unreachable_database(sqlite_engine: Engine, tmp_path: Path) -> None:
@@ -63,7 +65,7 @@ def test_readyz_is_503_naming_an_unreachable_database(sqlite_engine: Engine, tmp
     response = api.client.get("/readyz", headers=headers)
     broken.dispose()
     assert response.status_code == 503
-    error = response.json["error"]  # type: ignore[index]
+    error = json_of(response)["error"]
     assert error["details"]["database"].startswith("unreachable")
     assert error["details"]["broker"] == "ok"
     assert api.state.internal_errors == 0
@@ -77,7 +79,7 @@ def test_database_outage_on_a_normal_request_is_503_not_500(sqlite_engine: Engin
     response = api.client.get("/jobs/some-job", headers=headers)
     broken.dispose()
     assert response.status_code == 503
-    assert response.json["error"]["code"] == "unavailable"  # type: ignore[index]
+    assert json_of(response)["error"]["code"] == "unavailable"
     assert response.headers["Retry-After"] == "1"
     assert api.state.internal_errors == 0
 
@@ -107,7 +109,7 @@ def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_thr
             conn.execute(loop_runs.insert().values(name=name, started_at=now, finished_at=now, owner="t"))
     fresh = api.client.get("/readyz", headers=api.headers())
     assert fresh.status_code == 200
-    runs = fresh.json["loopRuns"]  # type: ignore[index]
+    runs = json_of(fresh)["loopRuns"]
     assert set(runs) == {"queued-redrive", "due-retries", "lease-expiry"}
     assert runs["queued-redrive"]["intervalMs"] == 1000 and runs["queued-redrive"]["overdue"] is False
     assert runs["queued-redrive"]["lastRun"] is not None
@@ -120,7 +122,7 @@ def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_thr
         )
     late = api.client.get("/readyz", headers=api.headers())
     assert late.status_code == 503
-    error = late.json["error"]  # type: ignore[index]
+    error = json_of(late)["error"]
     assert "loops" in error["message"]
     assert error["details"]["loops"].startswith("overdue: queued-redrive")
     assert error["details"]["loopRuns"]["queued-redrive"]["overdue"] is True
