@@ -5,7 +5,7 @@
     make soak                                   # the same as the first line
 
 It starts gunicorn (web), the driver, two chat workers, control, codex and beat on a fresh
-database and a private redis-server (the e2e harness, ``tests/e2e/conftest.py``), posts N jobs at a
+database and a private redis-server (the e2e harness, ``tests/support/``), posts N jobs at a
 steady rate with explicit jobIds (clients retry a failed POST with the same jobId), and meanwhile
 injects faults, each logged with its time: SIGKILL a random chat worker every few seconds and
 restart it; kill the driver and beat (and restart them); FLUSHALL; kill redis-server and restart
