@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test unit lint install bench docs
+.PHONY: run test unit lint install bench docs soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +39,11 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.runtime_bench
 	$(BIN)/python bench/sandbox_bench.py
 	$(BIN)/python bench/metrics_scrape_bench.py
+
+## Chaos soak: the production shape under compound faults (private Postgres + redis-server; ~10 min).
+## SOAK_ARGS="--jobs 1500 --rate 15" for a shorter run; the figures are in docs/faults.md.
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)
 
 ## Regenerate the README's configuration table from app/config.py.
 docs: $(STAMP)

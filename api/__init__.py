@@ -54,6 +54,7 @@ def create_app(
         on_dispatchable=on_dispatchable,
         max_commands_per_job=settings.max_commands_per_job,
         on_applied=metrics.observe,
+        callback_targets=settings.callback_targets,
     )
     api_state = ApiState(settings, engine, queue, waker=on_dispatchable)
     app.extensions[EXTENSION] = api_state

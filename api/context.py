@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +39,9 @@ class ApiState:
         self.stream_slots = StreamSlots(
             self.settings.sse_max_streams_per_token, self.settings.sse_max_streams_per_process
         )
+
+    # When this app was built: /readyz gives a loop that never ran three intervals from here.
+    started_monotonic: float = field(default_factory=time.monotonic)
 
     def count_internal_error(self) -> None:
         self.internal_errors += 1

@@ -3,13 +3,19 @@
 ``/healthz`` says the process answers (no auth, no I/O: a probe must not fail because the
 database is slow). ``/readyz`` says this instance can do its job: the database answers
 ``SELECT 1`` and the broker is reachable — Redis answers PING within a second, or, in the
-embedded deployment, the local broker folder exists or can be created — and the wake-up
-publisher can publish (``api.wake``: its transport loads and the driver queue is declared).
+embedded deployment, the local broker folder exists or can be created — the wake-up publisher
+can publish (``api.wake``: its transport loads and the driver queue is declared), and every
+recovery loop ran within three of its intervals (``loop_runs``): a deployment whose loops stopped
+(beat down and no maintenance consumer left) recovers nothing, so it is not ready. A loop that
+never ran is given the same three intervals from this process's start.
 """
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from flask import Blueprint
 from flask.typing import ResponseReturnValue
@@ -22,6 +28,8 @@ from api.errors import NOT_READY, ApiError
 from api.openapi import Operation, operation
 from api.wake import check_waker
 from app.config import Settings
+from app.storage import loops
+from app.storage.db import iso
 from app.storage.files import private_dir
 
 blueprint = Blueprint("health", __name__)
@@ -64,6 +72,32 @@ def check_broker(settings: Settings) -> str:
     return OK
 
 
+def check_loops(engine: Engine, settings: Settings, started: float) -> tuple[str, dict[str, Any]]:
+    """Each loop's last run, interval and age; "ok" unless one is older than 3 intervals."""
+    try:
+        now, runs = loops.last_runs(engine)
+    except Exception as exc:
+        return f"unreadable ({type(exc).__name__})", {}
+    since = now - timedelta(seconds=time.monotonic() - started)
+    report: dict[str, Any] = {}
+    late = []
+    for name, interval_ms in loops.loop_intervals(settings).items():
+        run = runs.get(name)
+        last = run.started_at if run else None
+        is_late = loops.overdue(last, since, now, interval_ms)
+        report[name] = {
+            "lastRun": iso(last),
+            "ageMs": int((now - last).total_seconds() * 1000) if last else None,
+            "intervalMs": interval_ms,
+            "overdue": is_late,
+        }
+        if is_late:
+            late.append(name)
+    if late:
+        return f"overdue: {', '.join(late)} (no run within {loops.STALE_FACTOR} intervals)", report
+    return OK, report
+
+
 @blueprint.get("/healthz")
 @operation(
     Operation(
@@ -77,19 +111,21 @@ def healthz() -> ResponseReturnValue:
 @blueprint.get("/readyz")
 @operation(
     Operation(
-        summary="Readiness: the database and the broker are reachable; wake-ups can be published.",
+        summary="Readiness: the database and the broker are reachable; wake-ups can be published; "
+        "every recovery loop ran lately.",
         tag="health",
         responses={200: schemas.READY},
     )
 )
 def readyz() -> ResponseReturnValue:
     st = state()
-    checks = {
+    checks: dict[str, Any] = {
         "database": check_database(st.engine),
         "broker": check_broker(st.settings),
         "wake": check_waker(st.waker),
     }
-    failed = sorted(name for name, result in checks.items() if result != OK)
+    checks["loops"], checks["loopRuns"] = check_loops(st.engine, st.settings, st.started_monotonic)
+    failed = sorted(name for name, result in checks.items() if name != "loopRuns" and result != OK)
     if failed:
         raise ApiError(503, NOT_READY, "not ready: " + ", ".join(failed) + " failed", checks)
     return checks

@@ -263,6 +263,10 @@ COMMAND: Schema = {
         "consumed": {"type": "boolean"},
         "fromSessionKey": {"type": ["string", "null"]},
         "fromEnqueue": {"type": "boolean"},
+        "fromJobId": {
+            "type": ["string", "null"],
+            "description": "The jobId of the steer enqueue that sent this command (its idempotency key).",
+        },
     },
     "required": ["id", "type", "payload", "reason", "at", "consumed"],
 }
@@ -423,8 +427,27 @@ HEALTH: Schema = {"type": "object", "properties": {"status": {"const": "ok"}}, "
 
 READY: Schema = {
     "type": "object",
-    "properties": {"database": {"const": "ok"}, "broker": {"const": "ok"}, "wake": {"const": "ok"}},
-    "required": ["database", "broker", "wake"],
+    "properties": {
+        "database": {"const": "ok"},
+        "broker": {"const": "ok"},
+        "wake": {"const": "ok"},
+        "loops": {"const": "ok"},
+        "loopRuns": {
+            "type": "object",
+            "description": "Each recovery loop's last run; a loop is overdue past 3 intervals.",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "lastRun": {"type": ["string", "null"], "format": "date-time"},
+                    "ageMs": {"type": ["integer", "null"]},
+                    "intervalMs": {"type": "integer"},
+                    "overdue": {"type": "boolean"},
+                },
+                "required": ["lastRun", "ageMs", "intervalMs", "overdue"],
+            },
+        },
+    },
+    "required": ["database", "broker", "wake", "loops", "loopRuns"],
 }
 
 

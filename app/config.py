@@ -248,6 +248,43 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "Sent as `Authorization: Bearer` on callbacks when set.",
     ),
+    Setting(
+        "RECEIPT_CALLBACK_SECRET",
+        "callback_secret",
+        None,
+        "Signs every callback (Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature`, "
+        "HMAC-SHA256). `whsec_<base64>` is decoded as the standard says; any other value is used as raw "
+        "UTF-8 bytes. Unset: callbacks go unsigned (logged at start).",
+    ),
+    Setting(
+        "RECEIPT_CALLBACK_SEND_INTERVAL_MS",
+        "callback_send_interval_ms",
+        "500",
+        "Interval of the callback sender loop (delivers the callback outbox).",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_CALLBACK_RETRY_BASE_MS",
+        "callback_retry_base_ms",
+        "1000",
+        "Wait after a callback's first failed attempt; doubles each attempt.",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_CALLBACK_RETRY_MAX_MS",
+        "callback_retry_max_ms",
+        "3600000",
+        "Cap of the wait between two attempts of one callback.",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_CALLBACK_GIVE_UP_MS",
+        "callback_give_up_ms",
+        "86400000",
+        "A callback still failing this long after its event is dead-lettered "
+        "(`receipt callbacks --state dead`).",
+        _int,
+    ),
     # -- handlers
     Setting(
         "RECEIPT_CODEX_COMMANDS",
@@ -439,6 +476,11 @@ class Settings:
     callback_url: str | None = None
     event_callback_url: str | None = None
     callback_token: str | None = None
+    callback_secret: str | None = None
+    callback_send_interval_ms: int = 500
+    callback_retry_base_ms: int = 1000
+    callback_retry_max_ms: int = 3600000
+    callback_give_up_ms: int = 86400000
     codex_commands: str = "disabled"
     celery_events: str = "disabled"
     handler_modules: str = ""
@@ -495,6 +537,11 @@ class Settings:
     @property
     def embedded(self) -> bool:
         return not self.database_url
+
+    @property
+    def callback_targets(self) -> tuple[str, ...]:
+        """Where callback events go (spec step 6): both URLs when set, each once."""
+        return tuple(dict.fromkeys(u for u in (self.callback_url, self.event_callback_url) if u))
 
     @property
     def auth_disabled(self) -> bool:

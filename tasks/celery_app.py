@@ -16,6 +16,7 @@ from app.jobs.routing import MAINTENANCE_QUEUE
 from app.ops import celeryconfig, logs
 from tasks import dispatch, execute, loops, redaction
 from tasks.runtime import (
+    CALLBACK_TASK,
     DISPATCH_TASK,
     DRIVER_TASK,
     EXECUTE_TASK,
@@ -72,6 +73,10 @@ def _register(app: Celery) -> None:
     def expire_task(self: Any) -> dict[str, Any]:
         return loops.expire_leases(get_runtime(self.app))
 
+    @_task(app, CALLBACK_TASK)
+    def callback_task(self: Any) -> dict[str, Any]:
+        return loops.send_callbacks(get_runtime(self.app))
+
     @_task(app, RETRY_TASK)
     def retry_task(self: Any) -> dict[str, Any]:
         return loops.dispatch_due_retries(get_runtime(self.app))
@@ -114,6 +119,19 @@ signals.beat_init.connect(_first_redrive_after_startup_delay)
 signals.setup_logging.connect(_keep_receipt_logging)
 signals.task_prerun.connect(_bind_job_to_logs)
 signals.task_postrun.connect(_unbind_job_from_logs)
+
+
+def _start_local_ticker(sender: Any = None, **_: Any) -> None:
+    """Recovery without beat: a process consuming ``receipt-maintenance`` runs overdue loops itself."""
+    worker_app = getattr(sender, "app", None)
+    if worker_app is None or not getattr(worker_app, "receipt_local_ticker", False):
+        return
+    ticker = loops.LocalTicker(get_runtime(worker_app))
+    worker_app.receipt_ticker = ticker
+    ticker.start()
+
+
+signals.worker_ready.connect(_start_local_ticker)
 
 
 def __getattr__(name: str) -> Celery:

@@ -9,7 +9,7 @@ worker message under the attempt fence ``<jobId>:attempt:<n>``.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NotRequired, TypedDict
 
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
@@ -52,7 +52,12 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
 
 
 def start_driver(
-    rt: Runtime, job_id: str, dispatch_key: str, *, inline: bool = False
+    rt: Runtime,
+    job_id: str,
+    dispatch_key: str,
+    *,
+    inline: bool = False,
+    presume_lost_after_ms: int | None = None,
 ) -> delivery.StartDecision | None:
     """The driver starter: record a delivery (or learn one is active), then begin the driver —
     by sending the driver task, or, when the caller already runs in the driver role, in-process."""
@@ -60,18 +65,30 @@ def start_driver(
     if job is None or job.status != "queued":
         return None
     timing = timing_for(job.agent_id, job.kind, job.payload, rt.settings)
+    # Read before the message is sent: a flush after this read is then always detected later.
+    epoch = rt.broker.epoch()
     try:
         with transaction(rt.engine) as conn:
             now = db_now(conn)
             if not_before(job) > now:
                 return None  # still backing off: the due-retries pass starts it when its time comes
-            decision = delivery.begin(conn, job_id, dispatch_key, now, timing.driver_timeout_ms)
+            decision = delivery.begin(
+                conn,
+                job_id,
+                dispatch_key,
+                now,
+                timing.driver_timeout_ms,
+                epoch=epoch,
+                presume_lost_before=(
+                    now - timedelta(milliseconds=presume_lost_after_ms)
+                    if presume_lost_after_ms is not None
+                    else None
+                ),
+            )
     except DeliveryGenerationsExceeded as exc:
         log.error("%s", exc)
         metrics.registry_metrics().generations_exhausted.inc()
-        out = rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
-        if out.applied:
-            rt.callbacks.post("failed", out.job)
+        rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
         return None
     if not decision.created:
         return decision
@@ -90,7 +107,7 @@ def start_driver(
     except Exception:
         # The delivery never left: make it terminal so the next pass may start a new generation.
         log.exception("could not send the driver task for %s", job_id)
-        settle_delivery(rt, dispatch_key, decision.generation, "send_failed")
+        settle_delivery(rt, job_id, dispatch_key, decision.generation, "send_failed")
         raise
     return decision
 
@@ -99,7 +116,7 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> Drive
     """The driver: decide what this delivery does, from the job's current receipts."""
     job = retry_transient(lambda: rt.queue.get(job_id))
     if job is None or job.terminal:
-        settle_delivery(rt, dispatch_key, generation, "terminal_state")
+        settle_delivery(rt, job_id, dispatch_key, generation, "terminal_state")
         return {"outcome": "terminal_state"}
     if job.status in LEASED_STATUSES:
         assert job.lease is not None
@@ -109,8 +126,8 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> Drive
             # redrive path picks the job up again. The delivery is settled *first*: the requeue's
             # wake-up fires inside the failure, and finding this delivery still pending it would
             # answer active_delivery and leave the retry to the queued redrive (min age 30 s).
-            settle_delivery(rt, dispatch_key, generation, "stale_active_lease")
-            out = retry_transient(
+            settle_delivery(rt, job_id, dispatch_key, generation, "stale_active_lease")
+            retry_transient(
                 lambda: rt.queue.fail(
                     job_id,
                     job.lease.worker_id if job.lease else None,
@@ -120,25 +137,24 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> Drive
                     status="lease_lost",
                 )
             )
-            if out.applied and out.job.status == "failed":
-                rt.callbacks.post("failed", out.job)
             return {"outcome": "stale_active_lease"}
-        settle_delivery(rt, dispatch_key, generation, "active_lease")
+        settle_delivery(rt, job_id, dispatch_key, generation, "active_lease")
         return {"outcome": "active_lease"}
     if job.abort_requested:
-        out = retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
-        settle_delivery(rt, dispatch_key, generation, "canceled")
-        if out.applied:
-            rt.callbacks.post("canceled", out.job)
+        retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
+        settle_delivery(rt, job_id, dispatch_key, generation, "canceled")
         return {"outcome": "canceled"}
     # Only a job that is backing off pays for a clock read; every other drive skips it.
     if job.available_at is not None and not_before(job) > db_now_of(rt):
         # A retry still backing off (a redrive raced the due-retries pass): not yet.
-        settle_delivery(rt, dispatch_key, generation, "backoff")
+        settle_delivery(rt, job_id, dispatch_key, generation, "backoff")
         return {"outcome": "backoff"}
     fence = delivery.attempt_fence(job_id, job.attempt + 1)
     logs.update_job(org=job.organization_id, attempt=job.attempt + 1, fence=fence)
     queue_name = route(job.agent_id, job.kind).queue
+    # Recorded before the message leaves, so "dispatched" is ordered before the job's terminal
+    # event (which the worker's settlement records) for every receiver.
+    evt = rt.callbacks.dispatched(rt.engine, job, fence)
     try:
         rt.app.send_task(
             EXECUTE_TASK, args=[job_id, fence, dispatch_key, generation], task_id=fence, queue=queue_name
@@ -146,9 +162,9 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> Drive
     except Exception:
         # The worker message never left: end this delivery so the next pass may start another.
         log.exception("could not send the worker task for %s", job_id)
-        settle_delivery(rt, dispatch_key, generation, "send_failed")
+        settle_delivery(rt, job_id, dispatch_key, generation, "send_failed")
+        rt.callbacks.forget(rt.engine, evt)
         raise
-    rt.callbacks.post("dispatched", job)
     return {"outcome": "dispatched", "fence": fence, "queue": queue_name}
 
 
@@ -163,10 +179,10 @@ def db_now_of(rt: Runtime) -> datetime:
 
 
 def settle_delivery(
-    rt: Runtime, dispatch_key: str, generation: int, outcome: DeliveryOutcome | AttemptStatus
+    rt: Runtime, job_id: str, dispatch_key: str, generation: int, outcome: DeliveryOutcome | AttemptStatus
 ) -> None:
     try:
         with transaction(rt.engine) as conn:
-            delivery.settle(conn, dispatch_key, generation, outcome, db_now(conn))
+            delivery.settle(conn, job_id, dispatch_key, generation, outcome, db_now(conn))
     except Exception:  # best-effort bookkeeping: an unsettled delivery only expires later
         log.exception("could not settle delivery %s/%s", dispatch_key, generation)

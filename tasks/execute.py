@@ -1,4 +1,7 @@
-"""The worker message: run one attempt, settle its delivery record, post callbacks."""
+"""The worker message: run one attempt and settle its delivery record.
+
+Callbacks need nothing here: a terminal settlement writes its outbox rows in its own transaction.
+"""
 
 from __future__ import annotations
 
@@ -27,10 +30,8 @@ def execute(rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation:
     # outcome, a vocabulary word, is logged here instead, never the job's payload or result.
     log.info("delivery %s: %s", fence, result.status)
     if result.status not in NOT_OWNED:
-        settle_delivery(rt, dispatch_key, generation, result.status)
-        if job is not None and job.terminal:
-            rt.callbacks.post(job.status, job)
-        elif job is not None and job.status == "queued":
+        settle_delivery(rt, job_id, dispatch_key, generation, result.status)
+        if job is not None and job.status == "queued":
             # A retryable failure requeued the job. The queue's own wake-up fired inside that
             # settlement, while this delivery was still pending, so the starter may have answered
             # active_delivery and left the retry to the queued redrive (min age 30 s). Wake again
@@ -40,5 +41,5 @@ def execute(rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation:
             except Exception:  # best-effort, like every wake-up: the queued redrive still delivers it
                 log.exception("could not wake the dispatcher for retry of %s", job_id)
     elif result.status == "terminal_state":
-        settle_delivery(rt, dispatch_key, generation, result.status)
+        settle_delivery(rt, job_id, dispatch_key, generation, result.status)
     return {"status": result.status, "jobStatus": job.status if job else None, "error": result.error}

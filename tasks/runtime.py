@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from celery import Celery
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
 from app.jobs.reducer import Job
+from app.jobs.routing import CALLBACK_TASK as CALLBACK_TASK
 from app.jobs.routing import DISPATCH_TASK as DISPATCH_TASK
 from app.jobs.routing import DRIVER_QUEUE
 from app.jobs.routing import DRIVER_TASK as DRIVER_TASK
@@ -27,6 +28,7 @@ from app.jobs.routing import RETRY_TASK as RETRY_TASK
 from app.ops import metrics
 from app.storage.db import make_engine
 from app.storage.queue import Queue
+from tasks.broker import BrokerProbe, NullProbe, probe_for
 from tasks.callbacks import Callbacks
 from workers.registry import HandlerRegistry, default_registry
 
@@ -39,6 +41,7 @@ class Runtime:
     queue: Queue
     registry: HandlerRegistry
     callbacks: Callbacks
+    broker: BrokerProbe = field(default_factory=NullProbe)
 
 
 def send_wake(app: Celery, jobs: Sequence[Job]) -> None:
@@ -61,9 +64,12 @@ def get_runtime(app: Celery) -> Runtime:
             settings: Settings = app.receipt_settings
             engine = make_engine(settings.sqlalchemy_url)
             queue = Queue(
-                engine, on_dispatchable=lambda jobs: send_wake(app, jobs), on_applied=metrics.observe
+                engine,
+                on_dispatchable=lambda jobs: send_wake(app, jobs),
+                on_applied=metrics.observe,
+                callback_targets=settings.callback_targets,
             )
             registry = default_registry(settings.handler_modules.split(","))
-            rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
+            rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings), probe_for(settings))
             app.receipt_runtime = rt
     return rt

@@ -14,7 +14,7 @@ import warnings
 from celery.exceptions import SecurityWarning
 
 from app.config import Settings
-from app.jobs.routing import QUEUES
+from app.jobs.routing import MAINTENANCE_QUEUE, QUEUES
 from app.ops import celeryconfig, logs, metrics
 from tasks.celery_app import make_celery
 from workers import sandbox
@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     if QUEUES["codex"] in role.queues:
         log_sandbox_protections(settings)
     app = make_celery(settings)
+    # Every role that consumes maintenance work also recovers without beat (tasks/loops.py).
+    app.receipt_local_ticker = MAINTENANCE_QUEUE in role.queues
     app.worker_main(worker_argv(settings, raw))
 
 

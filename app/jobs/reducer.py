@@ -194,7 +194,7 @@ class Job:
 
 
 _COMMAND_KEYS = frozenset({"id", "type", "payload", "reason", "at", "consumed"})
-_COMMAND_EXTRA_KEYS = ("fromSessionKey", "fromEnqueue")
+_COMMAND_EXTRA_KEYS = ("fromSessionKey", "fromEnqueue", "fromJobId")
 
 
 @dataclass(frozen=True)

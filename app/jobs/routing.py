@@ -30,6 +30,7 @@ EXECUTE_TASK: Final = "receipt.execute"
 REDRIVE_TASK: Final = "receipt.redrive_queued"
 EXPIRE_TASK: Final = "receipt.expire_leases"
 RETRY_TASK: Final = "receipt.dispatch_due_retries"
+CALLBACK_TASK: Final = "receipt.send_callbacks"
 
 # Spec: `job.payload.kind startsWith "factory.integration."` -> receipt-codex.
 INTEGRATION_KIND_PREFIX: Final = "factory.integration."

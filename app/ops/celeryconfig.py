@@ -79,7 +79,7 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
     redrive_s = settings.queued_redrive_interval_ms / 1000
     expiry_s = settings.lease_expiry_interval_ms / 1000
     retry_s = settings.retry_scan_interval_ms / 1000
-    return {
+    schedule: dict[str, Any] = {
         "queued-redrive": {
             "task": REDRIVE_TASK,
             "schedule": timedelta(seconds=redrive_s),
@@ -97,6 +97,14 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
             "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, expiry_s)},
         },
     }
+    if settings.callback_targets:
+        callback_s = settings.callback_send_interval_ms / 1000
+        schedule["callbacks"] = {
+            "task": "receipt.send_callbacks",
+            "schedule": timedelta(seconds=callback_s),
+            "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, callback_s)},
+        }
+    return schedule
 
 
 def build(settings: Settings) -> dict[str, Any]:

@@ -177,6 +177,18 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_callbacks(args: argparse.Namespace, settings: Settings) -> int:
+    """The callback outbox: counts by state, then the newest rows (dead letters with --state dead)."""
+    from app.storage import outbox
+
+    engine = _engine(settings)
+    with engine.connect() as conn:
+        counts = outbox.counts(conn)
+        rows = outbox.listing(conn, args.state, args.limit)
+    print(json.dumps({"counts": counts, "rows": rows}, indent=2, default=str))
+    return 0
+
+
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from app.ops.supervisor import run_up
 
@@ -230,6 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="print the configuration")
     c.add_argument("--markdown", action="store_true", help="the README's configuration table")
     c.set_defaults(fn=cmd_config)
+    cb = sub.add_parser(
+        "callbacks", help="list the callback outbox (dead-lettered callbacks with --state dead)"
+    )
+    cb.add_argument("--state", choices=("pending", "delivered", "dead"), help="only rows in this state")
+    cb.add_argument("--limit", type=int, default=100)
+    cb.set_defaults(fn=cmd_callbacks)
     u = sub.add_parser("up", help="run the whole system on this machine")
     u.add_argument("--port", type=int, default=8080)
     u.add_argument("--host", default="127.0.0.1")

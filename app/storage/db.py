@@ -25,6 +25,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     UniqueConstraint,
     create_engine,
     event,
@@ -106,23 +107,32 @@ api_tokens = Table(
 )
 
 # Best-effort delivery records (the spec's driver/execute "promises"). Losing them loses no
-# job: the queued redrive re-delivers from receipts.
+# job: the queued redrive re-delivers from receipts. Keyed by structure -- (job id, purpose,
+# observed queue state, generation) -- never by the spec's key text alone: a client jobId may
+# contain ':', so ``x:redrive:1:queued`` is both a valid jobId and job x's redrive key (migration
+# 0003). ``dispatch_key`` keeps the spec's text for people and logs.
 deliveries = Table(
     "deliveries",
     metadata,
-    Column("dispatch_key", String(256), primary_key=True),
+    Column("job_id", String(128), primary_key=True),
+    Column("purpose", String(16), primary_key=True),  # dispatch | redrive
+    Column("observed", String(64), primary_key=True),  # '' or '<seq>:<status>' for a redrive
     Column("generation", Integer, primary_key=True),
-    Column("job_id", String(128), nullable=False),
-    Column("task_id", String(300), nullable=False),
+    Column("dispatch_key", String(320), nullable=False),
+    Column("task_id", String(400), nullable=False),
     Column("state", String(16), nullable=False),  # pending | settled
     Column("outcome", String(64), nullable=True),
+    Column("broker_epoch", String(64), nullable=True),  # which broker incarnation holds its message
     Column("created_at", _Time, nullable=False),
     Column("deadline_at", _Time, nullable=False),
     Column("settled_at", _Time, nullable=True),
-    Index("ix_deliveries_job", "job_id", "created_at"),
+    Index("ix_deliveries_job_created", "job_id", "created_at"),
+    Index("ix_deliveries_state", "state", "deadline_at"),
 )
 
 # Best-effort loop bookkeeping so duplicate beats are harmless (single-flight + interval guard).
+# ``expires_at`` is the claim's deadline, renewed by a live pass: a pass that died (its process
+# killed, its database connection gone) frees the loop within about one interval (0003).
 loop_runs = Table(
     "loop_runs",
     metadata,
@@ -130,6 +140,32 @@ loop_runs = Table(
     Column("started_at", _Time, nullable=True),
     Column("finished_at", _Time, nullable=True),
     Column("owner", String(256), nullable=True),
+    Column("expires_at", _Time, nullable=True),
+)
+
+
+# The callback outbox: one row per (callback event, target), written in the same transaction as
+# the receipt that caused it (``dispatched``, which has no receipt, just before its message is
+# sent). Bookkeeping, not truth: each row is derived from a receipt; a lost row loses one
+# notification, never a job. The sender (tasks/callbacks.py) marks rows delivered or dead.
+callback_outbox = Table(
+    "callback_outbox",
+    metadata,
+    Column("id", _Id, primary_key=True, autoincrement=True),
+    Column("event_id", String(64), nullable=False),  # stable across retries: the webhook-id
+    Column("target", String(2048), nullable=False),
+    Column("job_id", String(128), nullable=False),
+    Column("event", String(16), nullable=False),
+    Column("seq", Integer, nullable=False),  # the receipt's seq: delivery order per job
+    Column("body", Text(), nullable=False),  # the exact bytes signed and sent
+    Column("state", String(16), nullable=False),  # pending | delivered | dead
+    Column("attempts", Integer, nullable=False),
+    Column("next_attempt_at", _Time, nullable=False),
+    Column("created_at", _Time, nullable=False),
+    Column("delivered_at", _Time, nullable=True),
+    Column("last_error", String(512), nullable=True),
+    UniqueConstraint("target", "event_id", name="uq_callback_outbox_target_event"),
+    Index("ix_callback_outbox_state", "state", "id"),
 )
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -23,8 +24,8 @@ from app.jobs.errors import (
     DeliveryGenerationsExceeded,
     generations_exceeded_message,
 )
-from app.jobs.vocab import AttemptStatus, DeliveryOutcome, Status
-from app.storage.db import as_utc, deliveries
+from app.jobs.vocab import TERMINAL_STATUSES, AttemptStatus, DeliveryOutcome, Status
+from app.storage.db import as_utc, deliveries, jobs, lock_key
 
 
 @dataclass(frozen=True)
@@ -74,30 +75,99 @@ def decide_generation(
     return StartDecision(True, key, nxt, driver_task_id(key, nxt))
 
 
+@dataclass(frozen=True)
+class DeliveryKey:
+    """A dispatch key by structure: (job id, purpose, observed queue state).
+
+    The spec writes keys as text (``<jobId>`` and ``<jobId>:redrive:<a>:<b>``), and a client
+    jobId may itself contain ``:redrive:``; read *together with its job id* the text is
+    unambiguous, and records are stored by structure, so two jobs' keys can never collide.
+    """
+
+    job_id: str
+    purpose: str  # "dispatch" | "redrive"
+    observed: str = ""
+
+    @property
+    def text(self) -> str:
+        return self.job_id if self.purpose == "dispatch" else f"{self.job_id}:redrive:{self.observed}"
+
+    @classmethod
+    def of(cls, job_id: str, text: str) -> DeliveryKey:
+        if text == job_id:
+            return cls(job_id, "dispatch")
+        prefix = f"{job_id}:redrive:"
+        if text.startswith(prefix):
+            return cls(job_id, "redrive", text[len(prefix) :])
+        raise ValueError(f"{text!r} is not a dispatch key of job {job_id!r}")
+
+
+def _of_key(key: DeliveryKey) -> Any:
+    c = deliveries.c
+    return and_(c.job_id == key.job_id, c.purpose == key.purpose, c.observed == key.observed)
+
+
 def begin(
-    conn: Connection, job_id: str, dispatch_key: str, now: datetime, driver_timeout_ms: int
+    conn: Connection,
+    job_id: str,
+    dispatch_key: str,
+    now: datetime,
+    driver_timeout_ms: int,
+    *,
+    epoch: str | None = None,
+    presume_lost_before: datetime | None = None,
 ) -> StartDecision:
-    """The driver starter's bookkeeping: record a new pending delivery unless one is active."""
-    last = conn.execute(
-        select(deliveries.c.generation, deliveries.c.state, deliveries.c.deadline_at)
-        .where(deliveries.c.dispatch_key == dispatch_key)
-        .order_by(deliveries.c.generation.desc())
-        .limit(1)
-    ).first()
-    pending = bool(last and last.state == "pending" and as_utc(last.deadline_at) > now)
-    decision = decide_generation(last.generation if last else None, pending, job_id, dispatch_key)
-    if not decision.created:
-        return decision
+    """The driver starter's bookkeeping: record a new pending delivery unless one is in flight.
+
+    A delivery is in flight while it is pending, within its deadline, and its message went to
+    the broker incarnation that is running now (``epoch``): a delivery recorded before a broker
+    restart or flush is known lost, and is superseded here at once instead of blocking the job
+    until its deadline (docs/faults.md: a deliberate improvement on the spec's active_delivery
+    wait). Any key of the job counts, so a redrive never sends a second message beside a live
+    one. ``presume_lost_before`` (the redrive, when the broker holds no message that could be it)
+    ends every pending delivery of the job created before that time first.
+    """
+    key = DeliveryKey.of(job_id, dispatch_key)
+    # One starter at a time per job: the in-flight check below reads several rows, which a
+    # concurrent starter could otherwise change between the reads (Postgres; SQLite's write lock
+    # already serialises).
+    lock_key(conn, f"delivery:{job_id}")
+    c = deliveries.c
+    pending = conn.execute(
+        select(c.purpose, c.observed, c.generation, c.created_at, c.deadline_at, c.broker_epoch).where(
+            c.job_id == job_id, c.state == "pending"
+        )
+    ).all()
+    in_flight = []
+    for row in pending:
+        row_key = DeliveryKey(job_id, row.purpose, row.observed)
+        if as_utc(row.deadline_at) <= now:
+            _settle_row(conn, row_key, row.generation, "expired", now)
+        elif epoch is not None and row.broker_epoch is not None and row.broker_epoch != epoch:
+            _settle_row(conn, row_key, row.generation, "broker_lost", now)
+        elif presume_lost_before is not None and as_utc(row.created_at) < presume_lost_before:
+            _settle_row(conn, row_key, row.generation, "presumed_lost", now)
+        else:
+            in_flight.append((row_key, row.generation))
+    if in_flight:
+        same = [g for k, g in in_flight if k == key]
+        generation = same[0] if same else in_flight[0][1]
+        return StartDecision(False, dispatch_key, generation, reason=ACTIVE_DELIVERY_REASON)
+    last = conn.execute(select(func.max(c.generation)).where(_of_key(key))).scalar()
+    decision = decide_generation(last, False, job_id, dispatch_key)
     assert decision.task_id is not None
     try:
         with conn.begin_nested():
             conn.execute(
                 deliveries.insert().values(
-                    dispatch_key=dispatch_key,
-                    generation=decision.generation,
                     job_id=job_id,
+                    purpose=key.purpose,
+                    observed=key.observed,
+                    generation=decision.generation,
+                    dispatch_key=dispatch_key[:320],
                     task_id=decision.task_id,
                     state="pending",
+                    broker_epoch=epoch,
                     created_at=now,
                     deadline_at=now + timedelta(milliseconds=driver_timeout_ms),
                 )
@@ -108,28 +178,80 @@ def begin(
     return decision
 
 
-def settle(
-    conn: Connection,
-    dispatch_key: str,
-    generation: int,
-    outcome: DeliveryOutcome | AttemptStatus,
-    now: datetime,
-) -> None:
-    """Mark a delivery terminal (idempotent: the first outcome wins)."""
+def _settle_row(conn: Connection, key: DeliveryKey, generation: int, outcome: str, now: datetime) -> None:
     conn.execute(
         update(deliveries)
-        .where(
-            deliveries.c.dispatch_key == dispatch_key,
-            deliveries.c.generation == generation,
-            deliveries.c.state == "pending",
-        )
+        .where(_of_key(key), deliveries.c.generation == generation, deliveries.c.state == "pending")
         .values(state="settled", outcome=outcome[:64], settled_at=now)
     )
 
 
-def last_started_at(conn: Connection, job_id: str) -> datetime | None:
-    """When the latest delivery of this job (any key) was created: the redrive cooldown's input."""
-    value = conn.execute(
-        select(func.max(deliveries.c.created_at)).where(deliveries.c.job_id == job_id)
-    ).scalar()
+def settle(
+    conn: Connection,
+    job_id: str,
+    dispatch_key: str,
+    generation: int,
+    outcome: DeliveryOutcome | AttemptStatus | str,
+    now: datetime,
+) -> None:
+    """Mark a delivery terminal (idempotent: the first outcome wins)."""
+    _settle_row(conn, DeliveryKey.of(job_id, dispatch_key), generation, outcome, now)
+
+
+def settle_job(conn: Connection, job_id: str, outcome: str, now: datetime) -> None:
+    """End every pending delivery of a job: called in the transaction whose receipt ends the
+    attempt they started (a requeue or a terminal receipt), so none is left pending after it."""
+    conn.execute(
+        update(deliveries)
+        .where(deliveries.c.job_id == job_id, deliveries.c.state == "pending")
+        .values(state="settled", outcome=outcome[:64], settled_at=now)
+    )
+
+
+def sweep(conn: Connection, now: datetime) -> int:
+    """Settle pending deliveries past their deadline or of terminal jobs; returns how many.
+
+    Bookkeeping that ends: whatever path left a record pending (a driver killed between recording
+    and sending, a race with a cancel), no record stays pending once it can no longer matter.
+    """
+    c = deliveries.c
+    expired = conn.execute(
+        update(deliveries)
+        .where(c.state == "pending", c.deadline_at <= now)
+        .values(state="settled", outcome="expired", settled_at=now)
+    ).rowcount
+    ended = conn.execute(
+        update(deliveries)
+        .where(
+            c.state == "pending",
+            c.job_id.in_(select(jobs.c.id).where(jobs.c.status.in_(sorted(TERMINAL_STATUSES)))),
+        )
+        .values(state="settled", outcome="job_terminal", settled_at=now)
+    ).rowcount
+    return int(expired or 0) + int(ended or 0)
+
+
+def last_started_at(conn: Connection, job_id: str, epoch: str | None = None) -> datetime | None:
+    """When the latest delivery of this job (any key) was created: the redrive cooldown's input.
+
+    With ``epoch``, deliveries sent to an earlier broker incarnation do not count: their
+    messages are gone, so they are no reason to wait.
+    """
+    q = select(func.max(deliveries.c.created_at)).where(deliveries.c.job_id == job_id)
+    if epoch is not None:
+        q = q.where(or_(deliveries.c.broker_epoch.is_(None), deliveries.c.broker_epoch == epoch))
+    value = conn.execute(q).scalar()
     return as_utc(value) if value is not None else None
+
+
+def in_flight(job_id: Any, now: datetime, epoch: str | None = None) -> Any:
+    """SQL: the job (a column) has a pending delivery within its deadline, sent to this broker epoch.
+
+    The recovery scans leave such jobs out in SQL: a backlog of delivered-but-not-yet-leased jobs
+    would otherwise be re-examined, and fill the scan's limit, on every pass.
+    """
+    c = deliveries.c
+    live = [c.job_id == job_id, c.state == "pending", c.deadline_at > now]
+    if epoch is not None:
+        live.append(or_(c.broker_epoch.is_(None), c.broker_epoch == epoch))
+    return select(c.generation).where(*live).exists()

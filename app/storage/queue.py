@@ -40,11 +40,12 @@ from app.jobs.vocab import (
     COMMAND_TYPES,
     LEASED_STATUSES,
     STATUSES,
+    TERMINAL_STATUSES,
     EventType,
     FailureStatus,
     job_stream,
 )
-from app.storage import projection, store
+from app.storage import delivery, outbox, projection, store
 from app.storage.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, transaction
 
 log = logging.getLogger("receipt.queue")
@@ -134,11 +135,14 @@ class Queue:
         on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
         max_commands_per_job: int = MAX_COMMANDS_PER_JOB_DEFAULT,
         on_applied: Callable[[Sequence[Applied]], None] | None = None,
+        callback_targets: Sequence[str] = (),
     ) -> None:
         self.engine = engine
         self._on_dispatchable = on_dispatchable
         self.max_commands_per_job = max_commands_per_job
         self._on_applied = on_applied
+        # Terminal receipts write their callback outbox rows in their own transaction.
+        self.callback_targets = tuple(callback_targets)
 
     # -- the transaction machinery ----------------------------------------------------------
     def _run(self, work: Callable[[_Tx], Any]) -> Any:
@@ -183,6 +187,13 @@ class Queue:
         if state is None or last is None:
             raise AppendConflict(f"{job_stream(job_id)}: nothing to apply")
         projection.save(tx.conn, state, previous=loaded, last=last)
+        before = loaded.job.status if loaded else None
+        if before is not None and before != state.status and (state.terminal or state.status == "queued"):
+            # This receipt ends the attempt (or the wait) its deliveries were started for: end
+            # them in the same transaction, so no delivery record outlives its purpose.
+            delivery.settle_job(tx.conn, job_id, last.type.removeprefix("job."), tx.now)
+        if state.terminal and before is not None and before not in TERMINAL_STATUSES:
+            outbox.record(tx.conn, self.callback_targets, state.status, state, tx.now)
         tx.touched[job_id] = state
         tx.applied.append(Applied(loaded.job if loaded else None, state, tuple(t for t, _ in events)))
         return state
@@ -265,6 +276,12 @@ class Queue:
                 existing = projection.load(conn, req.job_id)
                 if existing is not None:
                     return EnqueueResult(existing.job, created=False)
+            if singleton and req.singleton_mode == "steer" and req.job_id is not None:
+                # Spec: re-posting the same enqueue never disturbs the first. A steer creates no
+                # job under its jobId, so its command carries that id, and a re-post finds it.
+                prior = self._steered_by(tx, req.organization_id, req.session_key or "", req.job_id)
+                if prior is not None:
+                    return EnqueueResult(prior, created=False, steered=True)
             job_id = req.job_id or new_id()
             canceled: list[str] = []
             aborted: list[str] = []
@@ -287,6 +304,7 @@ class Queue:
                                     tx.now,
                                     fromSessionKey=req.session_key,
                                     fromEnqueue=True,
+                                    **({"fromJobId": req.job_id} if req.job_id is not None else {}),
                                 ),
                             )
                         ],
@@ -330,6 +348,22 @@ class Queue:
 
         result: EnqueueResult = self._run(work)
         return result
+
+    def _steered_by(self, tx: _Tx, org: str | None, session_key: str, job_id: str) -> Job | None:
+        """The job on this session key that an earlier steer enqueue with ``job_id`` steered."""
+        rows = tx.conn.execute(
+            select(jobs.c.state)
+            .where(
+                jobs.c.session_key == session_key,
+                jobs.c.organization_id == org if org is not None else jobs.c.organization_id.is_(None),
+            )
+            .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
+        ).all()
+        for row in rows:
+            job = Job.from_json(row.state)
+            if any(c.extra.get("fromJobId") == job_id for c in job.commands):
+                return job
+        return None
 
     def _active_on_session(self, tx: _Tx, org: str | None, session_key: str) -> list[projection.Loaded]:
         """Active jobs on a session key, newest first — after expiring dead leases among them.
@@ -545,8 +579,10 @@ class Queue:
 
         return self._mutate(job_id, decide)
 
-    def expire_leases(self, limit: int = 500) -> list[Job]:
-        """Expire every lease past its deadline; returns the jobs that were expired."""
+    def expire_leases(self, limit: int = 500, between: Callable[[], None] | None = None) -> list[Job]:
+        """Expire every lease past its deadline; returns the jobs that were expired.
+
+        ``between`` runs before each job (a loop pass renewing its claim)."""
         with self.engine.connect() as conn:
             now = db_now(conn)
             ids = (
@@ -561,40 +597,48 @@ class Queue:
             )
         expired = []
         for job_id in ids:
+            if between is not None:
+                between()
             out = self.expire_lease(job_id)
             if out.applied:
                 expired.append(out.job)
         return expired
 
-    def due_retries(self, limit: int = 500) -> list[Job]:
-        """Queued jobs whose retry delay has passed (database clock), oldest due first."""
+    def due_retries(
+        self, limit: int = 500, *, skip_in_flight: bool = False, epoch: str | None = None
+    ) -> list[Job]:
+        """Queued jobs whose retry delay has passed (database clock), oldest due first.
+
+        ``skip_in_flight`` leaves out jobs whose delivery is already in flight (``delivery.in_flight``).
+        """
         with self.engine.connect() as conn:
             now = db_now(conn)
-            rows = conn.execute(
-                select(jobs.c.state)
-                .where(
-                    jobs.c.status == "queued", jobs.c.available_at.is_not(None), jobs.c.available_at <= now
-                )
-                .order_by(jobs.c.available_at)
-                .limit(limit)
-            ).all()
+            q = select(jobs.c.state).where(
+                jobs.c.status == "queued", jobs.c.available_at.is_not(None), jobs.c.available_at <= now
+            )
+            if skip_in_flight:
+                q = q.where(~delivery.in_flight(jobs.c.id, now, epoch))
+            rows = conn.execute(q.order_by(jobs.c.available_at).limit(limit)).all()
         return [Job.from_json(r.state) for r in rows]
 
-    def queued_older_than(self, min_age_ms: int, limit: int = 500) -> list[tuple[Job, datetime]]:
+    def queued_older_than(
+        self, min_age_ms: int, limit: int = 500, *, skip_in_flight: bool = False, epoch: str | None = None
+    ) -> list[tuple[Job, datetime]]:
         """Queued jobs that have been deliverable for at least ``min_age_ms`` (oldest first).
 
         Age counts from when the job became deliverable: its requeue, or the end of its retry
         backoff — a retry still backing off is not stuck, and is the due-retries pass's to start.
+        ``skip_in_flight`` leaves out jobs whose delivery is already in flight.
         """
         since = func.coalesce(jobs.c.available_at, jobs.c.status_changed_at)
         with self.engine.connect() as conn:
             now = db_now(conn)
-            rows = conn.execute(
-                select(jobs.c.state, jobs.c.status_changed_at)
-                .where(jobs.c.status == "queued", since <= now - timedelta(milliseconds=min_age_ms))
-                .order_by(since)
-                .limit(limit)
-            ).all()
+            q = select(jobs.c.state, jobs.c.status_changed_at).where(
+                jobs.c.status == "queued", since <= now - timedelta(milliseconds=min_age_ms)
+            )
+            if skip_in_flight:
+                q = q.where(~delivery.in_flight(jobs.c.id, now, epoch))
+            rows = conn.execute(q.order_by(since).limit(limit)).all()
         return [(Job.from_json(r.state), as_utc(r.status_changed_at)) for r in rows]
 
 

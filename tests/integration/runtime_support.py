@@ -105,18 +105,41 @@ class Recorder:
             self.sent.clear()
 
 
+RECORDING_TARGET = "http://callbacks.invalid/hook"
+
+
 @dataclass
 class RecordingCallbacks:
-    """Stands in for ``tasks.callbacks.Callbacks``: records (event, job) pairs."""
+    """Stands in for ``tasks.callbacks.Callbacks``: records ``dispatched`` (event, job) pairs.
+
+    Terminal events are outbox rows the queue writes with their receipt (to ``RECORDING_TARGET``
+    in a recording runtime): ``events(engine, job_id)`` lists both, in order.
+    """
 
     posted: list[tuple[str, Job]] = field(default_factory=list)
+    engine: Engine | None = None
 
-    def post(self, event: str, job: Job) -> list[Any]:
-        self.posted.append((event, job))
-        return []
+    def dispatched(self, engine: Engine, job: Job, fence: str) -> str | None:
+        self.posted.append(("dispatched", job))
+        return None
 
-    def events(self) -> list[str]:
-        return [e for e, _ in self.posted]
+    def forget(self, engine: Engine, evt_id: str | None) -> None:
+        pass
+
+    def events(self, job_id: str | None = None) -> list[str]:
+        """Dispatched events recorded here, then every terminal event in the outbox."""
+        out = [e for e, j in self.posted if job_id is None or j.id == job_id]
+        if self.engine is not None:
+            from sqlalchemy import select
+
+            from app.storage.db import callback_outbox
+
+            q = select(callback_outbox.c.event).order_by(callback_outbox.c.id)
+            if job_id is not None:
+                q = q.where(callback_outbox.c.job_id == job_id)
+            with self.engine.connect() as conn:
+                out += [e for e in conn.execute(q).scalars() if e != "dispatched"]
+        return out
 
 
 def settings_for(redis_url: str | None = None, **env: str) -> Settings:
@@ -133,8 +156,10 @@ def recording_runtime(
     app = app or make_celery(settings)
     recorder = Recorder()
     app.send_task = recorder
-    queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
-    callbacks = RecordingCallbacks()
+    queue = Queue(
+        engine, on_dispatchable=lambda jobs: send_wake(app, jobs), callback_targets=(RECORDING_TARGET,)
+    )
+    callbacks = RecordingCallbacks(engine=engine)
     rt = Runtime(settings, app, engine, queue, registry or HandlerRegistry(), callbacks)  # type: ignore[arg-type]
     app.receipt_runtime = rt
     return rt, recorder, callbacks

@@ -1,34 +1,37 @@
-"""Delivery callbacks (spec step 6, "Callback"): JSON POSTs that never delay or fail a settlement.
+"""Durable, signed callbacks (spec step 6; issue 11 item 3): an outbox written with the receipt,
+a sender that delivers at least once, in order per job, signed with Standard Webhooks headers.
 
 A real HTTP server on 127.0.0.1 receives them. "Slow" is a handler blocked on an Event, so the
-assertions are about ordering (post returned while the target still holds the request), not timing.
+assertions are about ordering (the settlement returned while the target still holds nothing), not timing.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import queue as queue_module
 import threading
 from collections.abc import Iterator
-from concurrent.futures import wait
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from app.config import Settings
-from app.jobs.reducer import Job
+from app.storage import outbox
+from app.storage.db import callback_outbox
 from app.storage.queue import Queue
-from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks
+from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks, Sender, send_due
 from tasks.execute import execute
 from tasks.runtime import Runtime
+from tests.support import queue_ops
 from tests.support.waiting import free_port
 from workers.handler import JobContext
 
-from .runtime_support import enqueue, registry_of
+from .runtime_support import enqueue, registry_of, wait_until
 
 WAIT_S = 10.0
 
@@ -38,6 +41,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: dict[str, Any]
+    raw: bytes = b""
 
 
 @dataclass
@@ -48,6 +52,8 @@ class Target:
     received: queue_module.Queue[Received] = field(default_factory=queue_module.Queue)
     hold: threading.Event | None = None
     entered: threading.Event = field(default_factory=threading.Event)
+    status: int = 204
+    location: str | None = None
 
     def next(self) -> Received:
         return self.received.get(timeout=WAIT_S)
@@ -62,9 +68,12 @@ def _serve(path: str, hold: threading.Event | None = None) -> tuple[ThreadingHTT
             if target.hold is not None:
                 target.hold.wait(WAIT_S * 2)
             length = int(self.headers.get("Content-Length", "0"))
-            body = json.loads(self.rfile.read(length))
-            target.received.put(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-            self.send_response(204)
+            raw = self.rfile.read(length)
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            target.received.put(Received(self.path, headers, json.loads(raw), raw))
+            self.send_response(target.status)
+            if target.location:
+                self.send_header("Location", target.location)
             self.end_headers()
 
         def log_message(self, *_args: Any) -> None:
@@ -98,150 +107,260 @@ def settings(**env: str) -> Settings:
     return Settings.from_env(env)
 
 
-def a_job(sqlite_engine: Engine) -> Job:
-    return enqueue(Queue(sqlite_engine), "factory")
+def outbox_rows(engine: Engine, job_id: str | None = None) -> list[Any]:
+    q = select(callback_outbox).order_by(callback_outbox.c.id)
+    if job_id is not None:
+        q = q.where(callback_outbox.c.job_id == job_id)
+    with engine.connect() as conn:
+        return list(conn.execute(q).all())
 
 
-def test_every_event_reaches_both_urls_with_the_bearer_token(targets: Any, sqlite_engine: Engine) -> None:
-    resonate, events = targets("/resonate"), targets("/events")
-    cb = Callbacks(
-        settings(
-            RECEIPT_RESONATE_CALLBACK_URL=resonate.url,
-            RECEIPT_EVENT_CALLBACK_URL=events.url,
-            RECEIPT_CALLBACK_TOKEN="cb-secret",
-        )
-    )
-    job = a_job(sqlite_engine)
-    for event in ("dispatched", "completed", "failed", "canceled"):
-        futures = cb.post(event, job)
-        assert len(futures) == 2
-        for target, path in ((resonate, "/resonate"), (events, "/events")):
-            got = target.next()
-            assert got.path == path
-            assert got.headers["authorization"] == "Bearer cb-secret"
-            assert got.headers["content-type"] == "application/json"
-            assert got.body["event"] == event
-            assert got.body["jobId"] == job.id
-            assert got.body["agentId"] == "factory"
-            assert got.body["status"] == job.status
-            assert got.body["stream"] == f"jobs/{job.id}"
+def fast(**env: str) -> Settings:
+    return settings(RECEIPT_CALLBACK_RETRY_BASE_MS="50", RECEIPT_CALLBACK_RETRY_MAX_MS="200", **env)
 
 
-def test_only_the_four_spec_events_are_posted(targets: Any, sqlite_engine: Engine) -> None:
+def test_the_four_spec_events_are_the_outbox_events() -> None:
     assert CALLBACK_EVENTS == ("dispatched", "completed", "failed", "canceled")
-    target = targets()
-    cb = Callbacks(settings(RECEIPT_RESONATE_CALLBACK_URL=target.url))
-    assert cb.post("progress", a_job(sqlite_engine)) == []
-    assert cb.post("leased", a_job(sqlite_engine)) == []
-    assert target.received.empty()
-
-
-def test_no_token_means_no_authorization_header(targets: Any, sqlite_engine: Engine) -> None:
-    target = targets()
-    cb = Callbacks(settings(RECEIPT_EVENT_CALLBACK_URL=target.url))
-    cb.post("completed", a_job(sqlite_engine))
-    assert "authorization" not in target.next().headers
-
-
-def test_no_urls_configured_posts_nothing() -> None:
-    cb = Callbacks(settings())
-    assert cb.urls == []
-    assert cb._pool is None
-
-
-def test_a_slow_target_does_not_delay_post(targets: Any, sqlite_engine: Engine) -> None:
-    release = threading.Event()
-    slow = targets(hold=release)
-    cb = Callbacks(settings(RECEIPT_RESONATE_CALLBACK_URL=slow.url))
-    futures = cb.post("completed", a_job(sqlite_engine))
-    # post() has returned; the target is only now (or later) holding the request.
-    assert slow.entered.wait(WAIT_S)
-    assert not release.is_set()
-    assert slow.received.empty()
-    assert not any(f.done() for f in futures)
-    release.set()
-    assert slow.next().body["event"] == "completed"
-    wait(futures, timeout=WAIT_S)
-    assert all(f.done() and f.exception() is None for f in futures)
-
-
-def test_the_request_timeout_is_five_seconds(monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine) -> None:
-    seen: list[dict[str, Any]] = []
-
-    class Response:
-        status_code = 200
-
-    def fake_post(url: str, **kwargs: Any) -> Response:
-        seen.append({"url": url, **kwargs})
-        return Response()
-
-    monkeypatch.setattr("tasks.callbacks.requests.post", fake_post)
-    cb = Callbacks(settings(RECEIPT_RESONATE_CALLBACK_URL="http://127.0.0.1:9/x"))
-    wait(cb.post("failed", a_job(sqlite_engine)), timeout=WAIT_S)
     assert CALLBACK_TIMEOUT_S == 5.0
-    assert [s["timeout"] for s in seen] == [5.0]
 
 
-def test_an_unreachable_url_only_logs(caplog: pytest.LogCaptureFixture, sqlite_engine: Engine) -> None:
-    dead = f"http://127.0.0.1:{free_port()}/gone"
-    cb = Callbacks(settings(RECEIPT_RESONATE_CALLBACK_URL=dead))
-    job = a_job(sqlite_engine)
-    with caplog.at_level(logging.WARNING, logger="receipt.callbacks"):
-        futures = cb.post("failed", job)
-        wait(futures, timeout=WAIT_S)
-    assert all(f.exception() is None for f in futures)
-    messages = [r.getMessage() for r in caplog.records if r.name == "receipt.callbacks"]
-    assert any("failed" in m and job.id in m for m in messages)
+def test_a_terminal_receipt_writes_one_row_per_target_in_its_own_transaction(sqlite_engine: Engine) -> None:
+    q = Queue(sqlite_engine, callback_targets=("http://a.invalid/1", "http://b.invalid/2"))
+    job = enqueue(q, "factory")
+    assert outbox_rows(sqlite_engine) == []  # enqueue and lease are no callback events
+    assert q.lease(job.id, "w", 60_000, start=True).applied
+    done = queue_ops.complete(q, job.id, "w", 1, {"ok": True}).job
+    rows = outbox_rows(sqlite_engine, job.id)
+    assert [(r.target, r.event, r.seq, r.state) for r in rows] == [
+        ("http://a.invalid/1", "completed", done.seq, "pending"),
+        ("http://b.invalid/2", "completed", done.seq, "pending"),
+    ]
+    assert rows[0].event_id == rows[1].event_id == outbox.event_id(job.id, "completed", str(done.seq))
+    assert json.loads(rows[0].body)["eventId"] == rows[0].event_id
+    # A cancel of a queued job (what the API does) writes its "canceled" the same way.
+    other = enqueue(q, "factory")
+    q.cancel(other.id, "no longer needed")
+    assert [r.event for r in outbox_rows(sqlite_engine, other.id)] == ["canceled", "canceled"]
 
 
-def test_an_error_status_only_logs(caplog: pytest.LogCaptureFixture, sqlite_engine: Engine) -> None:
+def test_no_targets_means_no_rows(sqlite_engine: Engine) -> None:
+    q = Queue(sqlite_engine)
+    job = enqueue(q, "factory")
+    q.cancel(job.id)
+    assert outbox_rows(sqlite_engine) == []
+
+
+def test_sent_with_the_bearer_token_and_a_signature_the_receiver_verifies(
+    targets: Any, sqlite_engine: Engine
+) -> None:
+    target = targets()
+    secret = "whsec_" + "c2VjcmV0LWZvci10ZXN0cw=="  # base64 of "secret-for-tests"
+    s = settings(
+        RECEIPT_RESONATE_CALLBACK_URL=target.url,
+        RECEIPT_CALLBACK_TOKEN="cb-token",
+        RECEIPT_CALLBACK_SECRET=secret,
+    )
+    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    job = enqueue(q, "factory")
+    q.cancel(job.id, "stop")
+    assert send_due(sqlite_engine, Sender(s)) == {"delivered": 1, "failed": 0}
+    got = target.next()
+    assert got.headers["authorization"] == "Bearer cb-token"
+    assert got.headers["content-type"] == "application/json"
+    assert got.headers["webhook-id"] == got.body["eventId"]
+    # The receiver's side, with the standard's own library: the signature verifies ...
+    verified = Webhook(secret).verify(got.raw, got.headers)
+    assert (verified["event"], verified["jobId"], verified["status"]) == ("canceled", job.id, "canceled")
+    # ... and would not with another secret, or with a body changed in transit.
+    with pytest.raises(WebhookVerificationError):
+        Webhook("whsec_" + "b3RoZXItc2VjcmV0").verify(got.raw, got.headers)
+    with pytest.raises(WebhookVerificationError):
+        Webhook(secret).verify(got.raw.replace(b"canceled", b"completed"), got.headers)
+    assert [r.state for r in outbox_rows(sqlite_engine)] == ["delivered"]
+
+
+def test_a_plain_secret_signs_with_its_raw_bytes(targets: Any, sqlite_engine: Engine) -> None:
+    target = targets()
+    s = settings(RECEIPT_RESONATE_CALLBACK_URL=target.url, RECEIPT_CALLBACK_SECRET="plain text secret")
+    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q.cancel(enqueue(q, "factory").id)
+    send_due(sqlite_engine, Sender(s))
+    got = target.next()
+    assert Webhook(b"plain text secret").verify(got.raw, got.headers)["event"] == "canceled"
+
+
+def test_redirects_are_not_followed(targets: Any, sqlite_engine: Engine) -> None:
+    elsewhere = targets("/elsewhere")
+    redirecting = targets("/hook")
+    redirecting.status, redirecting.location = 307, elsewhere.url
+    s = fast(RECEIPT_RESONATE_CALLBACK_URL=redirecting.url)
+    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q.cancel(enqueue(q, "factory").id)
+    assert send_due(sqlite_engine, Sender(s)) == {"delivered": 0, "failed": 1}
+    redirecting.next()
+    assert elsewhere.received.empty()
+    [row] = outbox_rows(sqlite_engine)
+    assert (row.state, row.attempts) == ("pending", 1)
+    assert "redirects are not followed" in row.last_error
+
+
+def test_a_target_down_then_up_gets_every_event_once_with_the_same_ids(
+    targets: Any, sqlite_engine: Engine
+) -> None:
+    port = free_port()
+    down_url = f"http://127.0.0.1:{port}/hook"
+    s = fast(RECEIPT_RESONATE_CALLBACK_URL=down_url)
+    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    ids = [enqueue(q, "factory").id for _ in range(3)]
+    for job_id in ids:
+        q.cancel(job_id)
+    expected = {r.event_id for r in outbox_rows(sqlite_engine)}
+    sender = Sender(s)
+    # Down: one connection attempt per pass for the whole target, never one per event.
+    assert send_due(sqlite_engine, sender) == {"delivered": 0, "failed": 1}
+    assert sorted(r.attempts for r in outbox_rows(sqlite_engine)) == [0, 0, 1]
     server, target = _serve("/hook")
+    server.server_close()
+    # Bring a receiver up on the very port that was down.
+    from http.server import ThreadingHTTPServer
 
-    class Failing(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            self.send_response(500)
-            self.end_headers()
-
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    server.RequestHandlerClass = Failing
+    up = ThreadingHTTPServer(("127.0.0.1", port), server.RequestHandlerClass)
+    up.daemon_threads = True
+    threading.Thread(target=up.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        cb = Callbacks(settings(RECEIPT_RESONATE_CALLBACK_URL=target.url))
-        with caplog.at_level(logging.WARNING, logger="receipt.callbacks"):
-            wait(cb.post("completed", a_job(sqlite_engine)), timeout=WAIT_S)
-        assert any("500" in r.getMessage() for r in caplog.records if r.name == "receipt.callbacks")
+        wait_until(
+            lambda: (
+                send_due(sqlite_engine, sender) is not None
+                and all(r.state == "delivered" for r in outbox_rows(sqlite_engine))
+            ),
+            what="every event delivered once the target is up",
+        )
+        got = [target.received.get(timeout=WAIT_S) for _ in expected]
+        assert {g.headers["webhook-id"] for g in got} == {g.body["eventId"] for g in got} == expected
+        assert target.received.empty()
     finally:
-        server.shutdown()
-        server.server_close()
+        up.shutdown()
+        up.server_close()
 
 
-def test_a_slow_target_never_delays_a_settlement(targets: Any, sqlite_engine: Engine, redis_url: str) -> None:
-    """The worker task settles and returns while the callback target is still holding the POST."""
+def test_a_jobs_events_go_out_in_receipt_order_and_a_failing_head_holds_the_rest(
+    targets: Any, sqlite_engine: Engine
+) -> None:
+    target = targets()
+    target.status = 500
+    s = fast(RECEIPT_RESONATE_CALLBACK_URL=target.url)
+    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    job = enqueue(q, "factory")
+    callbacks = Callbacks(s)
+    callbacks.dispatched(sqlite_engine, job, f"{job.id}:attempt:1")
+    q.lease(job.id, "w", 60_000, start=True)
+    queue_ops.complete(q, job.id, "w", 1, {})
+    sender = Sender(s)
+    send_due(sqlite_engine, sender)
+    assert target.next().body["event"] == "dispatched"
+    assert target.received.empty()  # "completed" waits behind the failing "dispatched"
+    target.status = 204
+    wait_until(
+        lambda: (
+            send_due(sqlite_engine, sender)["delivered"] == 0
+            and all(r.state == "delivered" for r in outbox_rows(sqlite_engine))
+        ),
+        what="both delivered",
+    )
+    events = [target.next().body["event"] for _ in range(2)]
+    assert events == ["dispatched", "completed"]
+
+
+def test_an_event_failing_past_the_give_up_time_is_dead_lettered_and_listed(
+    targets: Any, sqlite_engine: Engine, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = fast(
+        RECEIPT_RESONATE_CALLBACK_URL=f"http://127.0.0.1:{free_port()}/x", RECEIPT_CALLBACK_GIVE_UP_MS="0"
+    )
+    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    job = enqueue(q, "factory")
+    q.cancel(job.id)
+    send_due(sqlite_engine, Sender(s))
+    [row] = outbox_rows(sqlite_engine)
+    assert (row.state, row.attempts) == ("dead", 1)
+    from app.ops import cli
+
+    monkeypatch.setenv("DATABASE_URL", str(sqlite_engine.url))
+    assert cli.main(["callbacks", "--state", "dead"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["counts"] == {"dead": 1}
+    assert [(r["job_id"], r["event"], r["state"]) for r in listed["rows"]] == [(job.id, "canceled", "dead")]
+
+
+def test_backoff_doubles_from_the_base_to_the_cap() -> None:
+    assert [outbox.backoff_ms(n, 1000, 3_600_000) for n in (1, 2, 3, 4)] == [1000, 2000, 4000, 8000]
+    assert outbox.backoff_ms(40, 1000, 3_600_000) == 3_600_000
+    # The defaults keep trying for at least 24 h before a dead letter.
+    defaults = Settings()
+    assert defaults.callback_give_up_ms == 24 * 3600 * 1000
+
+
+def test_each_attempt_has_a_five_second_timeout_and_no_redirects(
+    monkeypatch: pytest.MonkeyPatch, sqlite_engine: Engine
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_post(self: Any, url: str, **kwargs: Any) -> Any:
+        seen.update(kwargs)
+        raise callbacks_requests.ConnectionError("refused")
+
+    import requests as callbacks_requests
+
+    monkeypatch.setattr(callbacks_requests.Session, "post", fake_post)
+    s = fast(RECEIPT_RESONATE_CALLBACK_URL="http://127.0.0.1:9/x")
+    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q.cancel(enqueue(q, "factory").id)
+    send_due(sqlite_engine, Sender(s))
+    assert seen["timeout"] == 5.0 and seen["allow_redirects"] is False
+
+
+def test_a_settlement_never_waits_for_the_target(targets: Any, sqlite_engine: Engine, redis_url: str) -> None:
+    """The worker settles and returns while the target would hold the POST: the worker sends nothing."""
     from tasks.celery_app import make_celery
 
     release = threading.Event()
     slow = targets(hold=release)
     s = settings(RECEIPT_RESONATE_CALLBACK_URL=slow.url, REDIS_URL=redis_url, JOB_LEASE_MS="3000")
-    queue = Queue(sqlite_engine)
+    queue = Queue(sqlite_engine, callback_targets=s.callback_targets)
 
     def noop(ctx: JobContext) -> Any:
         return {"done": True}
 
     rt = Runtime(s, make_celery(s), sqlite_engine, queue, registry_of({"factory": noop}), Callbacks(s))
     job = enqueue(queue, "factory")
-    fence = f"{job.id}:attempt:1"
-    out = execute(rt, job.id, fence, job.id, 0)
+    out = execute(rt, job.id, f"{job.id}:attempt:1", job.id, 0)
     assert out["status"] == "completed"
-    settled = queue.get(job.id)
-    assert settled is not None and settled.status == "completed"
-    assert slow.entered.wait(WAIT_S)
-    assert slow.received.empty()  # the POST is still being held by the target
+    assert not slow.entered.is_set()  # nothing was posted from the settling process
+    [row] = outbox_rows(sqlite_engine, job.id)
+    assert (row.event, row.state) == ("completed", "pending")
     release.set()
+    send_due(sqlite_engine, Sender(s))
     got = slow.next()
     assert (got.body["event"], got.body["status"], got.body["result"]) == (
         "completed",
         "completed",
         {"done": True},
     )
+
+
+def test_an_api_cancel_of_a_queued_job_sends_canceled(
+    targets: Any, sqlite_engine: Engine, tmp_path: Any
+) -> None:
+    from tests.support.api import build_api, make_settings
+
+    target = targets()
+    s = make_settings(tmp_path, callback_url=target.url)
+    api = build_api(sqlite_engine, s)
+    job = api.job("a")
+    response = api.client.post(
+        f"/jobs/{job['id']}/cancel", json={"reason": "changed my mind"}, headers=api.headers()
+    )
+    assert response.status_code == 202
+    send_due(sqlite_engine, Sender(s))
+    got = target.next()
+    assert (got.body["event"], got.body["jobId"], got.body["status"]) == ("canceled", job["id"], "canceled")

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic.script import ScriptDirectory
 from sqlalchemy import select, text, update
 from sqlalchemy.engine import Engine
 
@@ -24,7 +23,6 @@ from app.jobs.vocab import job_stream
 from app.ops.cli import main
 from app.storage import store, tokens
 from app.storage.db import api_tokens, jobs, make_engine, receipts
-from app.storage.migrate import alembic_config
 from app.storage.queue import Queue
 from tests.support.queue_ops import complete
 
@@ -65,9 +63,9 @@ def test_migrate_a_fresh_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     monkeypatch.setenv("DATABASE_URL", url)
     assert main(["migrate"]) == 0
-    # The newest migration, whichever branch added it last (the lead re-chains them at merge).
-    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
-    assert f"database at revision {head}" in capsys.readouterr().err
+    from tests.integration.test_migrations import head_revision
+
+    assert f"database at revision {head_revision()}" in capsys.readouterr().err
     engine = make_engine(url)
     try:
         with engine.connect() as conn:

@@ -208,3 +208,46 @@ def test_receipt_time_is_read_after_the_state_it_follows(
     assert types_on(pg_engine, job.id) == ["job.enqueued", "job.leased", "job.heartbeat", "queue.command"]
     assert_stream_times_never_go_back(pg_engine)
     assert_projection_equals_fold(pg_engine, job.id)
+
+
+# -- idempotent enqueue under concurrent identical posts (issue 11 item 6) --------------------------
+
+
+def test_concurrent_identical_steer_posts_leave_exactly_one_steer_and_the_same_answer(
+    pg_queue: Queue, pg_engine: Engine
+) -> None:
+    target = pg_queue.enqueue(validate_enqueue("codex", body(sessionKey="sess-i", singletonMode="steer"))).job
+    same = body(sessionKey="sess-i", singletonMode="steer", jobId="steer-once", p={"text": "go left"})
+    results = race(lambda i: pg_queue.enqueue(validate_enqueue("codex", same)))
+    assert {(r.job.id, r.created, r.steered) for r in results} == {(target.id, False, True)}
+    steers = [t for t in types_on(pg_engine, target.id) if t == "queue.command"]
+    assert len(steers) == 1  # sixteen identical posts, one command
+    [command] = pg_queue.get(target.id).commands  # type: ignore[union-attr]
+    assert command.extra["fromJobId"] == "steer-once" and command.payload["text"] == "go left"
+    # Re-posted later, after the target has ended: still the same answer, still one steer.
+    pg_queue.cancel(target.id, "done")
+    again = pg_queue.enqueue(validate_enqueue("codex", same))
+    assert (again.job.id, again.created, again.steered) == (target.id, False, True)
+    assert types_on(pg_engine, target.id).count("queue.command") == 1
+    with pg_engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(jobs)).scalar() == 1  # no job "steer-once"
+
+
+def test_concurrent_identical_cancel_posts_cancel_once_and_create_one_job(
+    pg_queue: Queue, pg_engine: Engine
+) -> None:
+    old = pg_queue.enqueue(validate_enqueue("codex", body(sessionKey="sess-c", singletonMode="cancel"))).job
+    same = body(sessionKey="sess-c", singletonMode="cancel", jobId="cancel-once")
+    results = race(lambda i: pg_queue.enqueue(validate_enqueue("codex", same)))
+    assert {r.job.id for r in results} == {"cancel-once"}
+    assert sum(r.created for r in results) == 1
+    assert types_on(pg_engine, old.id) == ["job.enqueued", "job.canceled"]
+    assert types_on(pg_engine, "cancel-once") == ["job.enqueued"]
+
+
+def test_concurrent_identical_allow_posts_create_one_job(pg_queue: Queue, pg_engine: Engine) -> None:
+    same = body(sessionKey="sess-a", jobId="allow-once")
+    results = race(lambda i: pg_queue.enqueue(validate_enqueue("codex", same)))
+    assert {r.job.id for r in results} == {"allow-once"} and sum(r.created for r in results) == 1
+    assert types_on(pg_engine, "allow-once") == ["job.enqueued"]
+    assert_projection_equals_fold(pg_engine, "allow-once")

@@ -15,7 +15,6 @@ from app.jobs.errors import (
     DeliveryGenerationsExceeded,
     generations_exceeded_message,
 )
-from app.jobs.vocab import DeliveryOutcome
 from app.storage import delivery
 from app.storage.db import db_now, deliveries, transaction
 from tests.support.queue_ops import has_active
@@ -30,23 +29,30 @@ def begin(
     job_id: str = "job-1",
     timeout_ms: int = DRIVER_TIMEOUT_MS,
     skew_ms: int = 0,
+    epoch: str | None = None,
+    presume_lost: bool = False,
 ) -> delivery.StartDecision:
     with transaction(engine) as conn:
         now = db_now(conn) + timedelta(milliseconds=skew_ms)
-        return delivery.begin(conn, job_id, key, now, timeout_ms)
+        before = now if presume_lost else None
+        return delivery.begin(conn, job_id, key, now, timeout_ms, epoch=epoch, presume_lost_before=before)
 
 
-def settle(engine: Engine, key: str, generation: int, outcome: DeliveryOutcome = "dispatched") -> None:
+def settle(
+    engine: Engine, key: str, generation: int, outcome: str = "completed", *, job_id: str = "job-1"
+) -> None:
     with transaction(engine) as conn:
-        delivery.settle(conn, key, generation, outcome, db_now(conn))
+        delivery.settle(conn, job_id, key, generation, outcome, db_now(conn))
 
 
-def rows(engine: Engine, key: str = "job-1") -> list[tuple[int, str, str | None, str]]:
+def rows(engine: Engine, key: str = "job-1", job_id: str = "job-1") -> list[tuple[int, str, str | None, str]]:
     with engine.connect() as conn:
         return [
             (r.generation, r.state, r.outcome, r.task_id)
             for r in conn.execute(
-                select(deliveries).where(deliveries.c.dispatch_key == key).order_by(deliveries.c.generation)
+                select(deliveries)
+                .where(deliveries.c.job_id == job_id, deliveries.c.dispatch_key == key)
+                .order_by(deliveries.c.generation)
             )
         ]
 
@@ -84,23 +90,99 @@ def test_settle_is_idempotent_first_outcome_wins(engine: Engine) -> None:
 
 def test_a_delivery_past_its_deadline_no_longer_blocks(engine: Engine) -> None:
     """The driver invocation timeout bounds how long a delivery counts as pending."""
-    # A generous deadline, so a loaded machine's own delay never crosses it by accident.
+    # A minute's deadline and clocks skewed forward, so a slow machine cannot blur the two sides.
     begin(engine, timeout_ms=60_000)
     assert begin(engine, skew_ms=10).created is False  # within the deadline
-    later = begin(engine, skew_ms=61_000)
+    later = begin(engine, skew_ms=120_000)
     assert (later.created, later.generation) == (True, 1)
-    # The expired generation is never marked settled by this: it is just no longer pending.
-    assert [r[:2] for r in rows(engine)] == [(0, "pending"), (1, "pending")]
+    # The expired generation is ended on the way: no record stays pending once it cannot matter.
+    assert [r[:3] for r in rows(engine)] == [(0, "settled", "expired"), (1, "pending", None)]
 
 
-def test_keys_are_independent(engine: Engine) -> None:
+def test_a_redrive_sends_nothing_beside_a_live_delivery_of_another_key(engine: Engine) -> None:
+    """Issue 11 item 5: redrive does not send a message for a job with a live delivery in flight."""
     begin(engine, "job-1")
     d = begin(engine, "job-1:redrive:1:queued")
-    assert (d.created, d.generation) == (True, 0)
+    assert (d.created, d.reason) == (False, ACTIVE_DELIVERY_REASON)
+    assert rows(engine, "job-1:redrive:1:queued") == []
+    settle(engine, "job-1", 0)
+    d = begin(engine, "job-1:redrive:1:queued")
+    assert (d.created, d.generation) == (True, 0)  # keys keep their own generations
     with engine.connect() as conn:
         assert has_active(conn, "job-1", db_now(conn))
         assert delivery.last_started_at(conn, "job-1") is not None
         assert delivery.last_started_at(conn, "job-2") is None
+
+
+def test_a_delivery_sent_to_an_earlier_broker_epoch_is_superseded_at_once(engine: Engine) -> None:
+    """Issue 11 item 4: after a broker restart or flush, the pending delivery is known lost."""
+    begin(engine, epoch="epoch-a")
+    assert begin(engine, epoch="epoch-a").created is False
+    d = begin(engine, epoch="epoch-b")
+    assert (d.created, d.generation) == (True, 1)
+    assert [r[:3] for r in rows(engine)] == [(0, "settled", "broker_lost"), (1, "pending", None)]
+    # An unknown epoch (broker unreachable) supersedes nothing.
+    assert begin(engine, epoch=None).created is False
+    with engine.connect() as conn:
+        # The lost delivery no longer counts for the redrive cooldown under the new epoch.
+        newest = delivery.last_started_at(conn, "job-1", "epoch-c")
+        assert newest is None
+
+
+def test_presume_lost_ends_every_pending_delivery_of_the_job_older_than_the_bound(engine: Engine) -> None:
+    begin(engine, "job-1")
+    with transaction(engine) as conn:  # a bound before the delivery was recorded: it is left alone
+        early = db_now(conn) - timedelta(minutes=1)
+        d = delivery.begin(
+            conn, "job-1", "job-1:redrive:1:queued", db_now(conn), 60_000, presume_lost_before=early
+        )
+    assert (d.created, d.reason) == (False, ACTIVE_DELIVERY_REASON)
+    d = begin(engine, "job-1:redrive:1:queued", presume_lost=True, skew_ms=10)
+    assert (d.created, d.generation) == (True, 0)
+    assert rows(engine)[0][:3] == (0, "settled", "presumed_lost")
+
+
+def test_a_job_id_equal_to_another_jobs_redrive_key_does_not_collide(engine: Engine) -> None:
+    """Issue 8 item 6: a client jobId may contain ':'; keys are structured, so no collision."""
+    victim, squatter = "x", "x:redrive:1:queued"
+    d = begin(engine, squatter, job_id=squatter)  # the squatter's own (base) delivery, pending
+    assert d.created
+    redrive = begin(engine, delivery.redrive_key(victim, 1, "queued"), job_id=victim)
+    assert (redrive.created, redrive.generation) == (True, 0)
+    settle(engine, squatter, 0, "completed", job_id=victim)  # settling the victim's key ...
+    assert rows(engine, squatter, job_id=squatter)[0][1] == "pending"  # ... leaves the squatter's alone
+    assert rows(engine, squatter, job_id=victim)[0][1] == "settled"
+    assert delivery.DeliveryKey.of(squatter, squatter) == delivery.DeliveryKey(squatter, "dispatch")
+    assert delivery.DeliveryKey.of(victim, squatter) == delivery.DeliveryKey(victim, "redrive", "1:queued")
+    with pytest.raises(ValueError):
+        delivery.DeliveryKey.of("y", squatter)
+
+
+def test_sweep_ends_expired_deliveries_and_those_of_terminal_jobs(engine: Engine) -> None:
+    from app.jobs.validation import validate_enqueue
+    from app.storage.queue import Queue
+
+    q = Queue(engine)
+    req = validate_enqueue(
+        "factory", {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
+    )
+    job = q.enqueue(req).job
+    begin(engine, job.id, job_id=job.id)
+    begin(engine, "job-1", timeout_ms=1)
+    with transaction(engine) as conn:
+        later = db_now(conn) + timedelta(milliseconds=5)
+        assert delivery.sweep(conn, later) == 1  # only the expired one: job is still queued
+    q.cancel(job.id, "test")  # the cancel itself ends the job's pending deliveries in its transaction
+    assert rows(engine, job.id, job_id=job.id)[0][1:3] == ("settled", "canceled")
+    with engine.begin() as conn:  # a record some other path left pending for the now-terminal job
+        conn.execute(
+            deliveries.update().where(deliveries.c.job_id == job.id).values(state="pending", outcome=None)
+        )
+    with transaction(engine) as conn:
+        assert delivery.sweep(conn, db_now(conn)) == 1
+    assert rows(engine, job.id, job_id=job.id)[0][1:3] == ("settled", "job_terminal")
+    with engine.connect() as conn:
+        assert conn.execute(select(deliveries).where(deliveries.c.state == "pending")).all() == []
 
 
 def test_generations_are_bounded_at_32(engine: Engine) -> None:

@@ -139,6 +139,8 @@ def test_generations_exceeded_fails_the_job_with_the_exact_message(runtime: Any)
             conn.execute(
                 deliveries.insert().values(
                     dispatch_key=job.id,
+                    purpose="dispatch",
+                    observed="",
                     generation=g,
                     job_id=job.id,
                     task_id=f"{job.id}:driver:{g}",
@@ -171,7 +173,8 @@ def test_driver_on_a_terminal_job_only_settles_its_delivery(runtime: Any) -> Non
     sent.clear()
     assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "terminal_state"}
     assert sent.sent == []
-    assert delivery_rows(rt.engine, job.id) == [(key, generation, "settled", "terminal_state")]
+    # The cancel's own transaction ended the delivery it made pointless (its outcome wins).
+    assert delivery_rows(rt.engine, job.id) == [(key, generation, "settled", "canceled")]
 
 
 def test_driver_on_a_live_lease_sends_nothing(runtime: Any) -> None:
@@ -182,7 +185,7 @@ def test_driver_on_a_live_lease_sends_nothing(runtime: Any) -> None:
     before = types_of(rt.engine, job.id)
     assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "active_lease"}
     assert sent.sent == []
-    assert callbacks.posted == []
+    assert callbacks.events() == []
     assert types_of(rt.engine, job.id) == before  # the driver never leases nor fails a live lease
 
 
@@ -202,7 +205,7 @@ def test_driver_fails_a_stale_active_lease_with_the_exact_error(runtime: Any) ->
     assert requeued is not None and (requeued.status, requeued.attempt) == ("queued", 1)
     # Requeued -> the ordinary path: a wake-up for the scanner, no worker message from this pass.
     assert [t.name for t in sent.sent] == [DISPATCH_TASK]
-    assert callbacks.posted == []
+    assert callbacks.events() == []
     assert delivery_rows(rt.engine, job.id) == [(key, generation, "settled", "stale_active_lease")]
 
 

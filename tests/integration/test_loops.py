@@ -18,8 +18,8 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from app.jobs.routing import DRIVER_QUEUE
-from app.storage import loops
-from app.storage.db import deliveries, loop_runs
+from app.storage import delivery, loops
+from app.storage.db import db_now, deliveries, loop_runs, transaction
 from tasks import loops as task_loops
 from tasks.dispatch import dispatch_jobs
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, Runtime
@@ -41,39 +41,44 @@ LONG_MS = 600_000
 
 
 def test_claim_is_single_flight(engine: Engine) -> None:
-    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, stale_ms=LONG_MS) is True
-    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, stale_ms=LONG_MS) is False
-    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, stale_ms=LONG_MS) is False
+    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, ttl_ms=LONG_MS) is True
+    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is False
+    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, ttl_ms=LONG_MS) is False
     loops.release(engine, "loop-a", "owner-1")
-    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, stale_ms=LONG_MS) is True
+    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is True
 
 
 def test_claim_respects_the_interval_after_release(engine: Engine) -> None:
-    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=LONG_MS, stale_ms=LONG_MS)
+    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=LONG_MS, ttl_ms=LONG_MS)
     loops.release(engine, "loop-a", "owner-1")
     # Released, but the previous pass started less than an interval ago: a duplicate tick.
-    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=LONG_MS, stale_ms=LONG_MS) is False
-    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, stale_ms=LONG_MS) is True
+    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=LONG_MS, ttl_ms=LONG_MS) is False
+    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is True
 
 
 def test_release_by_a_non_owner_does_not_free_the_claim(engine: Engine) -> None:
-    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, stale_ms=LONG_MS)
+    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, ttl_ms=LONG_MS)
     loops.release(engine, "loop-a", "intruder")
-    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, stale_ms=LONG_MS) is False
+    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is False
 
 
-def test_a_dead_holder_is_taken_over_once_stale(engine: Engine) -> None:
-    assert loops.claim(engine, "loop-a", "dead", min_interval_ms=0, stale_ms=LONG_MS)
-    assert loops.claim(engine, "loop-a", "alive", min_interval_ms=0, stale_ms=LONG_MS) is False
-    # Stale after 0 ms: any pass that never released is presumed dead.
-    assert loops.claim(engine, "loop-a", "alive", min_interval_ms=0, stale_ms=0) is True
+def test_a_dead_holder_is_taken_over_once_its_deadline_passes(engine: Engine) -> None:
+    assert loops.claim(engine, "loop-a", "live", min_interval_ms=0, ttl_ms=LONG_MS)
+    assert loops.claim(engine, "loop-a", "other", min_interval_ms=0, ttl_ms=LONG_MS) is False
+    loops.release(engine, "loop-a", "live")
+    # A pass that dies never releases; its claim carries a deadline (here: already passed).
+    assert loops.claim(engine, "loop-a", "dead", min_interval_ms=0, ttl_ms=0)
+    assert loops.claim(engine, "loop-a", "alive", min_interval_ms=0, ttl_ms=LONG_MS) is True
     with engine.connect() as conn:
         assert conn.execute(select(loop_runs.c.owner).where(loop_runs.c.name == "loop-a")).scalar() == "alive"
+    # The dead pass cannot renew what it lost; the live one can.
+    assert loops.renew(engine, "loop-a", "dead", LONG_MS) is False
+    assert loops.renew(engine, "loop-a", "alive", LONG_MS) is True
 
 
 def test_loops_do_not_share_claims(engine: Engine) -> None:
-    assert loops.claim(engine, "loop-a", "o", min_interval_ms=0, stale_ms=LONG_MS)
-    assert loops.claim(engine, "loop-b", "o", min_interval_ms=0, stale_ms=LONG_MS)
+    assert loops.claim(engine, "loop-a", "o", min_interval_ms=0, ttl_ms=LONG_MS)
+    assert loops.claim(engine, "loop-b", "o", min_interval_ms=0, ttl_ms=LONG_MS)
 
 
 def _race_claims(engine: Engine, threads: int) -> list[bool]:
@@ -85,7 +90,7 @@ def _race_claims(engine: Engine, threads: int) -> list[bool]:
     def racer(i: int) -> None:
         try:
             barrier.wait(10)
-            ok = loops.claim(engine, "loop-race", f"owner-{i}", min_interval_ms=LONG_MS, stale_ms=LONG_MS)
+            ok = loops.claim(engine, "loop-race", f"owner-{i}", min_interval_ms=LONG_MS, ttl_ms=LONG_MS)
             with lock:
                 results.append(ok)
         except BaseException as exc:
@@ -106,7 +111,7 @@ def test_concurrent_claims_on_postgres_exactly_one_wins_on_a_new_row(pg_engine: 
 
 
 def test_concurrent_claims_on_postgres_exactly_one_wins_on_an_existing_row(pg_engine: Engine) -> None:
-    assert loops.claim(pg_engine, "loop-race", "seed", min_interval_ms=0, stale_ms=LONG_MS)
+    assert loops.claim(pg_engine, "loop-race", "seed", min_interval_ms=0, ttl_ms=LONG_MS)
     loops.release(pg_engine, "loop-race", "seed")
     with pg_engine.begin() as conn:  # make the last pass old enough for the interval guard
         conn.execute(
@@ -148,7 +153,7 @@ def test_redrive_ignores_jobs_younger_than_the_minimum_age(runtime: Any) -> None
     enqueue(rt.queue, "factory")
     sent.clear()
     tune(rt, queued_redrive_min_age_ms=LONG_MS)
-    assert task_loops.redrive_queued(rt) == {"redriven": []}
+    assert task_loops.redrive_queued(rt)["redriven"] == []
     assert sent.sent == []
 
 
@@ -156,7 +161,7 @@ def test_redrive_sends_a_driver_under_the_redrive_key(runtime: Any) -> None:
     rt, sent, _ = runtime
     job = enqueue(rt.queue, "factory")
     sent.clear()
-    assert task_loops.redrive_queued(rt) == {"redriven": [job.id]}
+    assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
     key = f"{job.id}:redrive:{job.seq}:queued"
     [driver] = sent.named(DRIVER_TASK)
     assert driver.args == [job.id, key, 0]
@@ -172,7 +177,7 @@ def test_a_second_pass_over_the_same_state_sends_nothing(runtime: Any) -> None:
     task_loops.redrive_queued(rt)
     assert len(sent.named(DRIVER_TASK)) == 1
     # No cooldown at all: only the redrive key (one delivery per observed state) stops a repeat.
-    assert task_loops.redrive_queued(rt) == {"redriven": []}
+    assert task_loops.redrive_queued(rt)["redriven"] == []
     assert len(sent.named(DRIVER_TASK)) == 1
 
 
@@ -182,6 +187,10 @@ def test_a_new_queue_state_gets_a_new_redrive_key(runtime: Any) -> None:
     task_loops.redrive_queued(rt)
     rt.queue.command(job.id, "steer", payload={"text": "x"})  # the job's stream moves on
     sent.clear()
+    task_loops.redrive_queued(rt)
+    assert sent.named(DRIVER_TASK) == []  # the first redrive's delivery is still in flight
+    with transaction(rt.engine) as conn:  # ... until it ends (here: as if its message were lost)
+        delivery.settle_job(conn, job.id, "lost", db_now(conn))
     task_loops.redrive_queued(rt)
     [driver] = sent.named(DRIVER_TASK)
     current = rt.queue.get(job.id)
@@ -194,10 +203,14 @@ def test_redrive_respects_the_cooldown_after_any_delivery(runtime: Any) -> None:
     dispatch_jobs(rt, [job.id])  # the enqueue wake-up's delivery, just now
     sent.clear()
     tune(rt, queued_redrive_cooldown_ms=LONG_MS)
-    assert task_loops.redrive_queued(rt) == {"redriven": []}
+    assert task_loops.redrive_queued(rt)["redriven"] == []
     assert sent.sent == []
     tune(rt, queued_redrive_cooldown_ms=0)
-    assert task_loops.redrive_queued(rt) == {"redriven": [job.id]}
+    # Past the cooldown, but that delivery is still in flight: no second message beside it.
+    assert task_loops.redrive_queued(rt)["redriven"] == []
+    with transaction(rt.engine) as conn:
+        delivery.settle_job(conn, job.id, "lost", db_now(conn))
+    assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
 
 
 def test_redrive_skips_jobs_that_are_not_queued(runtime: Any) -> None:
@@ -205,7 +218,7 @@ def test_redrive_skips_jobs_that_are_not_queued(runtime: Any) -> None:
     job = enqueue(rt.queue, "factory")
     assert rt.queue.lease(job.id, "w", LONG_MS).applied
     sent.clear()
-    assert task_loops.redrive_queued(rt) == {"redriven": []}
+    assert task_loops.redrive_queued(rt)["redriven"] == []
     assert sent.sent == []
 
 
@@ -214,7 +227,7 @@ def test_a_loop_held_elsewhere_is_skipped(runtime: Any) -> None:
     enqueue(rt.queue, "factory")
     sent.clear()
     tune(rt, queued_redrive_interval_ms=LONG_MS)
-    assert loops.claim(rt.engine, task_loops.REDRIVE_LOOP, "other-beat", min_interval_ms=0, stale_ms=LONG_MS)
+    assert loops.claim(rt.engine, task_loops.REDRIVE_LOOP, "other-beat", min_interval_ms=0, ttl_ms=LONG_MS)
     assert task_loops.redrive_queued(rt) == {"skipped": True}
     assert sent.sent == []
 
@@ -269,7 +282,7 @@ def test_expire_leases_appends_lease_expired_and_wakes_dispatch(runtime: Any) ->
     [wake] = sent.named(DISPATCH_TASK)
     assert wake.args == [[dead.id]]
     assert wake.queue == DRIVER_QUEUE
-    assert callbacks.posted == []
+    assert callbacks.events() == []
     # Idempotent: a second pass finds nothing to expire.
     sent.clear()
     assert task_loops.expire_leases(rt) == {"expired": []}

@@ -44,7 +44,17 @@ def fuzz_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
     engine: Engine = request.getfixturevalue("pg_engine" if backend == "postgres" else "sqlite_engine")
     tight = TIGHT if "tight" in request.node.callspec.id else {}
     # Event streams end at once (max 0 s): the fuzzer checks their headers and errors, not waits.
-    api = build_api(engine, make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024, **tight))
+    # No worker runs here, so no recovery loop does: long loop intervals keep /readyz from
+    # (rightly) calling the deployment not ready while the fuzzer runs.
+    loops_idle = {
+        "queued_redrive_interval_ms": 600_000,
+        "retry_scan_interval_ms": 600_000,
+        "lease_expiry_interval_ms": 600_000,
+    }
+    api = build_api(
+        engine,
+        make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024, **tight, **loops_idle),
+    )
     api.job("a", jobId="known-job", sessionKey="s")
     # A token with the commands scope (issue 8): its codex posts are accepted, others' get 403.
     api.secrets["commands"] = tokens.create(engine, ORG_A, scopes=["commands"])[1]

@@ -15,7 +15,10 @@ from tests.support.api import Api, build_api, json_of, make_settings
 def test_readyz_embedded_broker_folder(api: Api) -> None:
     response = api.client.get("/readyz", headers=api.headers())
     assert response.status_code == 200
-    assert response.json == {"database": "ok", "broker": "ok", "wake": "ok"}
+    body = json_of(response)
+    assert {k: body[k] for k in ("database", "broker", "wake", "loops")} == dict.fromkeys(
+        ("database", "broker", "wake", "loops"), "ok"
+    )
     assert (api.state.settings.home_path / "broker").is_dir()
 
 
@@ -24,7 +27,8 @@ def test_readyz_with_redis(sqlite_api: Api, redis_url: str) -> None:
     sqlite_api.state.settings = replace(sqlite_api.state.settings, redis_url=redis_url)
     response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
     assert response.status_code == 200
-    assert response.json == {"database": "ok", "broker": "ok", "wake": "ok"}
+    body = json_of(response)
+    assert (body["database"], body["broker"], body["wake"]) == ("ok", "ok", "ok")
 
 
 def test_readyz_is_503_naming_an_unreachable_redis(sqlite_api: Api) -> None:
@@ -85,3 +89,41 @@ def test_healthz_does_no_io(sqlite_engine: Engine, tmp_path: Path) -> None:
     sqlite_engine.dispose()
     api.state.engine = make_engine("postgresql+psycopg2://nobody@127.0.0.1:1/none")
     assert api.client.get("/healthz").status_code == 200
+
+
+def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_three_intervals(
+    sqlite_api: Api,
+) -> None:
+    """Issue 13: /readyz reports each recovery loop's last run and fails past 3x its interval."""
+    from datetime import timedelta
+
+    from app.storage import loops
+    from app.storage.db import db_now, loop_runs, transaction
+
+    api = sqlite_api
+    settings = replace(api.state.settings, queued_redrive_interval_ms=1000)
+    api.state.settings = settings
+    with transaction(api.state.engine) as conn:
+        now = db_now(conn)
+        for name in loops.loop_intervals(settings):
+            conn.execute(loop_runs.insert().values(name=name, started_at=now, finished_at=now, owner="t"))
+    fresh = api.client.get("/readyz", headers=api.headers())
+    assert fresh.status_code == 200
+    runs = json_of(fresh)["loopRuns"]
+    assert set(runs) == {"queued-redrive", "due-retries", "lease-expiry"}
+    assert runs["queued-redrive"]["intervalMs"] == 1000 and runs["queued-redrive"]["overdue"] is False
+    assert runs["queued-redrive"]["lastRun"] is not None
+
+    with transaction(api.state.engine) as conn:  # the redrive last ran 3.5 intervals ago
+        conn.execute(
+            loop_runs.update()
+            .where(loop_runs.c.name == "queued-redrive")
+            .values(started_at=now - timedelta(milliseconds=3500))
+        )
+    late = api.client.get("/readyz", headers=api.headers())
+    assert late.status_code == 503
+    error = json_of(late)["error"]
+    assert "loops" in error["message"]
+    assert error["details"]["loops"].startswith("overdue: queued-redrive")
+    assert error["details"]["loopRuns"]["queued-redrive"]["overdue"] is True
+    assert error["details"]["loopRuns"]["due-retries"]["overdue"] is False

@@ -86,7 +86,7 @@ def test_lease_expiry_is_counted(metrics_api: Api) -> None:
 
 def test_loop_runs_are_reported_with_last_success_and_duration(metrics_api: Api) -> None:
     api = metrics_api
-    assert loops.claim(api.engine, "lease-expiry", "me", min_interval_ms=0, stale_ms=1000)
+    assert loops.claim(api.engine, "lease-expiry", "me", min_interval_ms=0, ttl_ms=1000)
     loops.release(api.engine, "lease-expiry", "me")
     samples = scrape(api, SCRAPE_SECRET)
     assert value(samples, "receipt_loop_last_success_timestamp_seconds", loop="lease-expiry") > 1.7e9

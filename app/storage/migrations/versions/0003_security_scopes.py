@@ -4,7 +4,7 @@ Projection columns of ``tokens/<id>`` streams, like the rest of ``api_tokens``: 
 carries ``scopes`` and ``expiresAt``, so ``receipt rebuild-projections`` restores them. Tokens
 created before this migration have no scopes and never expire, exactly what their receipts say.
 
-Revision ID: 0003_security
+Revision ID: 0003
 Revises: 0002
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_security"
+revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None

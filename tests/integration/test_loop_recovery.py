@@ -1,0 +1,142 @@
+"""Loops that survive their own death, and recovery without beat (issue 11, items 2 and 5).
+
+A redrive pass whose database goes away mid-pass cannot release its claim; the claim's deadline
+frees the loop about one interval later (not ten). The local ticker runs a loop whose last run is
+older than three intervals, through the same single-flight claim.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
+
+from app.storage import loops
+from app.storage.db import loop_runs, make_engine
+from tasks import dispatch
+from tasks import loops as task_loops
+from tasks.runtime import DRIVER_TASK
+from tests.support.services import TcpProxy
+
+from .runtime_support import enqueue, recording_runtime, settings_for, wait_until
+
+INTERVAL_MS = 1000
+
+
+@pytest.fixture
+def proxied(pg_database_url: str, redis_url: str) -> Iterator[tuple[Any, TcpProxy]]:
+    proxy = TcpProxy("127.0.0.1", 5432)
+    engine = make_engine(pg_database_url.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/"))
+    settings = settings_for(
+        redis_url,
+        RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS=str(INTERVAL_MS),
+        RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS="0",
+        RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="0",
+    )
+    try:
+        yield recording_runtime(engine, settings), proxy
+    finally:
+        proxy.close()
+        engine.dispose()
+
+
+def test_a_redrive_pass_cut_from_postgres_mid_pass_frees_its_loop_within_about_an_interval(
+    proxied: Any, pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (rt, sent, _), proxy = proxied
+    ids = [enqueue(rt.queue, "factory").id for _ in range(3)]
+    sent.clear()
+    real_start = dispatch.start_driver
+    calls = {"n": 0}
+
+    def start_then_lose_the_database(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            proxy.cut()  # Postgres "restarts" under the pass: every connection dies, none can open
+        return real_start(*args, **kwargs)
+
+    monkeypatch.setattr(task_loops, "start_driver", start_then_lose_the_database)
+    with pytest.raises(OperationalError):  # the pass dies with its database, and so does its release
+        task_loops.redrive_queued(rt)
+    assert sent.named(DRIVER_TASK) == []
+    with pg_engine.connect() as conn:
+        row = conn.execute(select(loop_runs).where(loop_runs.c.name == task_loops.REDRIVE_LOOP)).one()
+    assert row.finished_at is None, "the release reached a dead database, yet the row says released"
+    assert row.expires_at - row.started_at == timedelta(milliseconds=task_loops.claim_ttl_ms(INTERVAL_MS))
+
+    proxy.restore()
+    monkeypatch.setattr(task_loops, "start_driver", real_start)
+    # Right after recovery the dead pass still holds the loop (its deadline has not passed) ...
+    assert task_loops.redrive_queued(rt) == {"skipped": True}
+    freed_at = time.monotonic()
+    # ... and the next tick after the deadline runs (before: only after ten intervals).
+    redriven = wait_until(
+        lambda: task_loops.redrive_queued(rt).get("redriven"), timeout=30, what="a redrive pass to run"
+    )
+    waited = time.monotonic() - freed_at
+    assert sorted(redriven) == sorted(ids)
+    assert waited < 10 * INTERVAL_MS / 1000, f"the loop stayed held {waited:.1f} s"
+
+
+def test_a_long_pass_renews_its_claim_so_no_second_pass_starts_beside_it(
+    engine: Engine, redis_url: str
+) -> None:
+    rt, _, _ = recording_runtime(engine, settings_for(redis_url))
+    owner = "long-pass"
+    assert loops.claim(engine, "loop-long", owner, min_interval_ms=0, ttl_ms=300)
+    keep = task_loops.KeepAlive(rt, "loop-long", owner, 300)
+    deadline = time.monotonic() + 1.5  # five deadlines' worth of work, renewed as it goes
+    while time.monotonic() < deadline:
+        keep()
+        assert loops.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=300) is False
+        time.sleep(0.02)
+    # Once it stops renewing, the claim lapses and the intruder's pass may run; the old pass
+    # learns it lost the loop the next time it tries to renew.
+    time.sleep(0.4)
+    assert loops.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=300) is True
+    with pytest.raises(task_loops.LoopClaimLost):
+        keep()
+
+
+def test_overdue_is_three_intervals_counting_a_loop_that_never_ran_from_the_process_start() -> None:
+    from datetime import UTC, datetime
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    ms = timedelta(milliseconds=1)
+    assert task_loops.STALE_FACTOR == 3 and task_loops.TICKER_FACTOR == 2
+    assert not task_loops.overdue(t0, t0, t0 + 2000 * ms, 1000, task_loops.TICKER_FACTOR)
+    assert task_loops.overdue(t0, t0, t0 + 2001 * ms, 1000, task_loops.TICKER_FACTOR)
+    assert not task_loops.overdue(t0, t0, t0 + 3000 * ms, 1000)
+    assert task_loops.overdue(t0, t0, t0 + 3001 * ms, 1000)
+    assert not task_loops.overdue(None, t0, t0 + 2000 * ms, 1000)  # grace after start
+    assert task_loops.overdue(None, t0, t0 + 3001 * ms, 1000)
+
+
+def test_the_local_ticker_runs_an_overdue_loop_once_and_leaves_a_fresh_one_alone(
+    engine: Engine, redis_url: str
+) -> None:
+    rt, sent, _ = recording_runtime(
+        engine,
+        settings_for(
+            redis_url,
+            RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="200",
+            RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS="0",
+            RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="0",
+            RECEIPT_RETRY_SCAN_INTERVAL_MS="200",
+            RECEIPT_LEASE_EXPIRY_INTERVAL_MS="200",
+        ),
+    )
+    job = enqueue(rt.queue, "factory")
+    sent.clear()
+    ticker = task_loops.LocalTicker(rt)
+    assert ticker.tick() == []  # first look: nothing ran yet, but the grace has not passed
+    ran = wait_until(ticker.tick, timeout=10, what="the ticker to find the loops overdue")
+    assert set(ran) == {task_loops.REDRIVE_LOOP, task_loops.RETRY_LOOP, task_loops.EXPIRY_LOOP}
+    assert [t.args[0] for t in sent.named(DRIVER_TASK)] == [job.id]
+    assert ticker.tick() == []  # they just ran: not overdue
