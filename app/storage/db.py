@@ -128,6 +128,44 @@ loop_runs = Table(
 )
 
 
+# Projection of `objectives/<id>` streams (migration 0003): one row per objective (its state without
+# the tasks) and one per task, so a control step reads and writes only the tasks it touches.
+objectives = Table(
+    "objectives",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("organization_id", String(256), nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("phase", Integer, nullable=False),
+    Column("title", String(256), nullable=False),
+    Column("created_at", _Time, nullable=False),
+    Column("updated_at", _Time, nullable=False),
+    Column("status_changed_at", _Time, nullable=False),
+    # Unconsumed control requests (the outbox): how many, and the seq of the oldest.
+    Column("pending_count", Integer, nullable=False),
+    Column("pending_seq", Integer, nullable=True),
+    Column("audited", Boolean, nullable=False),
+    Column("last_seq", Integer, nullable=False),
+    Column("last_hash", String(64), nullable=False),
+    Column("state", _Json, nullable=False),
+    Index("ix_objectives_org_created", "organization_id", "created_at", "id"),
+    Index("ix_objectives_status", "status", "status_changed_at"),
+    Index("ix_objectives_pending", "pending_count"),
+)
+
+objective_tasks = Table(
+    "objective_tasks",
+    metadata,
+    Column("objective_id", String(64), primary_key=True),
+    Column("task_id", String(64), primary_key=True),
+    Column("status", String(16), nullable=False),
+    Column("job_id", String(128), nullable=True),
+    Column("deps_remaining", Integer, nullable=False),
+    Column("state", _Json, nullable=False),
+    Index("ix_objective_tasks_status", "objective_id", "status"),
+)
+
+
 # -- engines ------------------------------------------------------------------------------
 
 
