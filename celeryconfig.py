@@ -15,9 +15,9 @@ from typing import Any
 from kombu import Exchange, Queue
 
 from app.config import Settings
-from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
 
-ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE)
+ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE, OBJECTIVES_QUEUE)
 LONGEST_LEASE_MS = 3_600_000  # the codex lease cap (app/timing.py); the visibility timeout must exceed it
 VISIBILITY_TIMEOUT_S = 2 * LONGEST_LEASE_MS // 1000
 EMBEDDED_POLL_S = 0.05
@@ -58,7 +58,13 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
     redrive_s = settings.queued_redrive_interval_ms / 1000
     expiry_s = settings.lease_expiry_interval_ms / 1000
     retry_s = settings.retry_scan_interval_ms / 1000
+    outbox_s = settings.objective_control_outbox_redrive_interval_ms / 1000
     return {
+        "objective-outbox-redrive": {
+            "task": "receipt.objective_outbox_redrive",
+            "schedule": timedelta(seconds=outbox_s),
+            "options": {"queue": OBJECTIVES_QUEUE, "expires": max(1.0, outbox_s)},
+        },
         "queued-redrive": {
             "task": "receipt.redrive_queued",
             "schedule": timedelta(seconds=redrive_s),

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from flask import Flask, Response, g, request
 from sqlalchemy.engine import Engine
 
-from api import auth, errors, health, jobs, openapi, streams
+from api import auth, errors, health, jobs, objectives, openapi, streams
 from api.context import EXTENSION, ApiState
 from api.wake import default_waker
 from app.config import Settings
@@ -49,7 +49,13 @@ def create_app(
     api_state = ApiState(settings, engine, Queue(engine, on_dispatchable=on_dispatchable))
     app.extensions[EXTENSION] = api_state
 
-    for blueprint in (jobs.blueprint, streams.blueprint, health.blueprint, openapi.blueprint):
+    for blueprint in (
+        jobs.blueprint,
+        objectives.blueprint,
+        streams.blueprint,
+        health.blueprint,
+        openapi.blueprint,
+    ):
         app.register_blueprint(blueprint)
     errors.register_error_handlers(app, api_state.count_internal_error)
 

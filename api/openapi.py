@@ -30,7 +30,7 @@ _ERROR_DESCRIPTIONS = {
     401: "Missing or invalid credentials.",
     403: "The caller's organisation may not do this.",
     404: "No such job or stream (another organisation's job answers the same way), or no such route.",
-    409: "The job's state does not allow this, or the jobId belongs to someone else.",
+    409: "The job's (or objective's) state does not allow this, or its id belongs to someone else.",
     413: "The request body is larger than the configured limit.",
     500: "An unexpected server error (the same JSON shape).",
     503: "The database or broker is unreachable.",

@@ -32,6 +32,10 @@ def readable_stream(stream: str) -> None:
     if stream.startswith(_JOB_PREFIX):
         visible_job(stream[len(_JOB_PREFIX) :])
         return
+    from api.objectives import readable_objective_stream
+
+    if readable_objective_stream(stream):
+        return  # an objective's stream is readable by its organisation
     if not auth.current().system:
         raise stream_not_found()
     with read_connection(state().engine) as conn:
@@ -51,7 +55,7 @@ def resume_point(query: dict[str, Any]) -> int:
     return after
 
 
-def _timing() -> sse.Timing:
+def sse_timing() -> sse.Timing:
     st = state()
     return sse.Timing(
         poll_ms=st.settings.sse_poll_ms,
@@ -95,7 +99,7 @@ def receipts(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
 def stream_events(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
     readable_stream(stream)
     after = resume_point(query)
-    return sse.event_stream_response(sse.follow(state().engine, stream, after, "receipt", _timing()))
+    return sse.event_stream_response(sse.follow(state().engine, stream, after, "receipt", sse_timing()))
 
 
 @blueprint.get("/jobs/<jobId>/events")
@@ -114,4 +118,6 @@ def stream_events(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
 def job_events(jobId: str, query: dict[str, Any]) -> ResponseReturnValue:
     visible_job(jobId)
     after = resume_point(query)
-    return sse.event_stream_response(sse.follow(state().engine, job_stream(jobId), after, "job", _timing()))
+    return sse.event_stream_response(
+        sse.follow(state().engine, job_stream(jobId), after, "job", sse_timing())
+    )

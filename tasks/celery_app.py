@@ -13,12 +13,13 @@ from celery import Celery, signals
 import celeryconfig
 from app.config import Settings
 from app.jobs.routing import MAINTENANCE_QUEUE
-from tasks import dispatch, execute, loops
+from tasks import dispatch, execute, loops, objectives
 from tasks.runtime import (
     DISPATCH_TASK,
     DRIVER_TASK,
     EXECUTE_TASK,
     EXPIRE_TASK,
+    OUTBOX_TASK,
     REDRIVE_TASK,
     RETRY_TASK,
     get_runtime,
@@ -61,6 +62,11 @@ def _register(app: Celery) -> None:
     def retry_task(self: Any) -> dict[str, Any]:
         return loops.dispatch_due_retries(get_runtime(self.app))
 
+    @app.task(name=OUTBOX_TASK, bind=True, ignore_result=True, shared=False)
+    def outbox_task(self: Any) -> dict[str, Any]:
+        rt = get_runtime(self.app)
+        return objectives.outbox_redrive(rt.queue, rt.settings)
+
 
 @signals.beat_init.connect
 def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
@@ -72,6 +78,18 @@ def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
     beat_app.send_task(
         REDRIVE_TASK, queue=MAINTENANCE_QUEUE, countdown=settings.queued_redrive_startup_delay_ms / 1000
     )
+    # Spec: objective resume runs once in every process role, after RESONATE_STARTUP_SETTLE_MS.
+    objectives.schedule_resume(get_runtime(beat_app).queue, settings, "beat")
+
+
+@signals.worker_ready.connect
+def _resume_objectives_after_settle(sender: Any = None, **_: Any) -> None:
+    """Spec: objective resume at startup runs once in every process role (single-flight)."""
+    worker_app = getattr(sender, "app", None)
+    if worker_app is None or getattr(worker_app, "receipt_settings", None) is None:
+        return
+    rt = get_runtime(worker_app)
+    objectives.schedule_resume(rt.queue, rt.settings, rt.settings.process_role)
 
 
 def __getattr__(name: str) -> Celery:

@@ -28,6 +28,7 @@ EXECUTE_TASK = "receipt.execute"
 REDRIVE_TASK = "receipt.redrive_queued"
 EXPIRE_TASK = "receipt.expire_leases"
 RETRY_TASK = "receipt.dispatch_due_retries"
+OUTBOX_TASK = "receipt.objective_outbox_redrive"
 
 
 @dataclass

@@ -21,6 +21,9 @@ QUEUES: Final[Mapping[WorkerGroup, str]] = MappingProxyType(
 # The driver RPC has its own group (spec: "Driver RPC"); the recovery loops run on beat's queue.
 DRIVER_QUEUE: Final = "receipt-driver"
 MAINTENANCE_QUEUE: Final = "receipt-maintenance"
+# Spec ("Four independent recovery loops"): the objective-control outbox redrive runs on `worker-control`
+# and `all` only, so it has its own beat queue that just those two roles consume.
+OBJECTIVES_QUEUE: Final = "receipt-objectives"
 
 # Spec: `job.payload.kind startsWith "factory.integration."` -> receipt-codex.
 INTEGRATION_KIND_PREFIX: Final = "factory.integration."

@@ -66,7 +66,10 @@ class World:
 
     def append(self, type_: str, body: dict[str, Any]) -> None:
         seq = (self.obj.seq if self.obj else 0) + 1
-        new = reduce(self.obj, Receipt(objective_stream("obj"), seq, type_, body, at=f"2026-01-01T00:00:{seq % 60:02d}.000000Z"))
+        new = reduce(
+            self.obj,
+            Receipt(objective_stream("obj"), seq, type_, body, at=f"2026-01-01T00:00:{seq % 60:02d}.000000Z"),
+        )
         assert new is not None
         self.obj = new
         self.log.append((type_, body))
@@ -75,8 +78,10 @@ class World:
         if self.obj.terminal:
             return  # storage.request_control writes nothing for an ended objective
         self.request_n += 1
-        self.append("objective.control_requested", {"requestId": f"r{self.request_n}", "reason": reason,
-                                                    "jobId": job_id, "taskId": task_id})
+        self.append(
+            "objective.control_requested",
+            {"requestId": f"r{self.request_n}", "reason": reason, "jobId": job_id, "taskId": task_id},
+        )
 
     # -- control
     def decide(self) -> tuple[int, control.Decision]:
@@ -91,7 +96,9 @@ class World:
             task = d.state.tasks[task_id]
             job_id = task.job_id or ""
             if job_id not in self.jobs:
-                payload = control.task_payload(self.obj, task, {k: v.result for k, v in d.state.tasks.items()})
+                payload = control.task_payload(
+                    self.obj, task, {k: v.result for k, v in d.state.tasks.items()}
+                )
                 self.jobs[job_id] = Job(job_id, task.agent_id, "collect", payload, None, "allow", 2, "org")
                 self.created[job_id] = self.created.get(job_id, 0) + 1
         for c in d.cancel:
