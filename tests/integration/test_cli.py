@@ -61,7 +61,7 @@ def test_migrate_a_fresh_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     monkeypatch.setenv("DATABASE_URL", url)
     assert main(["migrate"]) == 0
-    assert "database at revision 0002" in capsys.readouterr().err
+    assert "database at revision 0003" in capsys.readouterr().err
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
@@ -225,7 +225,7 @@ def test_rebuild_projections_reproduces_identical_rows(cli_env: str, engine: Eng
     assert _rows(engine) != before
 
     assert main(["rebuild-projections"]) == 0
-    assert capsys.readouterr().out == "rebuilt 4 jobs and 2 tokens from receipts\n"
+    assert capsys.readouterr().out == "rebuilt 4 jobs, 2 tokens and 0 objectives from receipts\n"
     assert _rows(engine) == before
     assert main(["rebuild-projections"]) == 0  # and again: still identical
     assert _rows(engine) == before
