@@ -65,7 +65,9 @@ def _register(app: Celery) -> None:
     @app.task(name=OUTBOX_TASK, bind=True, ignore_result=True, shared=False)
     def outbox_task(self: Any) -> dict[str, Any]:
         rt = get_runtime(self.app)
-        return objectives.outbox_redrive(rt.queue, rt.settings)
+        return objectives.outbox_redrive(
+            rt.queue, rt.settings, lambda job, age_ms: dispatch.deliver_stale(rt, job, age_ms)
+        )
 
 
 @signals.beat_init.connect

@@ -41,8 +41,12 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
-def outbox_redrive(queue: Queue, settings: Settings) -> dict[str, Any]:
-    """One single-flight outbox redrive pass."""
+def outbox_redrive(queue: Queue, settings: Settings, deliver: Any = None) -> dict[str, Any]:
+    """One single-flight outbox redrive pass.
+
+    ``deliver(job)`` starts delivery of a control job that has waited queued for a whole interval
+    (its wake-up was lost with the broker): the outbox owns its requests end to end.
+    """
     interval = settings.objective_control_outbox_redrive_interval_ms
     timeout = settings.objective_control_outbox_redrive_timeout_ms
     owner = _owner()
@@ -58,6 +62,13 @@ def outbox_redrive(queue: Queue, settings: Settings) -> dict[str, Any]:
     watch.start()
     try:
         result = service.redrive_outbox(queue, limit=SCAN_LIMIT, audit_grace_ms=interval)
+        waiting = result.pop("waiting")
+        kicked = []
+        if deliver is not None:
+            for job in waiting:
+                if deliver(job, interval):
+                    kicked.append(job.id)
+        result["delivered"] = kicked
     finally:
         watch.cancel()
         loops.release(queue.engine, OUTBOX_LOOP, owner)

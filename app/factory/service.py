@@ -177,12 +177,13 @@ def _fast_path(queue: Queue, objective_id: str) -> None:
 
 
 def ensure_control_job(queue: Queue, objective_id: str) -> Job | None:
-    """Make sure a control job exists for the objective's oldest unconsumed request.
+    """Make sure a control job will look at the objective's oldest unconsumed request.
 
-    The job id is derived from that request (its stream seq), so every request that arrives while
-    the job waits maps to the same job (coalescing), a repeat is a no-op, and a request is never
-    without a job once this ran. Only when that job ended without consuming the request (it failed
-    for good) does a later generation get a new id.
+    Job ids are derived from that request (its stream seq) and a generation: every request that
+    arrives while generation g is still *queued* maps to that same job (coalescing, so a burst of
+    settlements costs one step), and a repeat is a no-op. Once generation g has started (it may
+    have read the objective before the newest request) or ended without consuming the request (it
+    failed for good, or its worker died), generation g + 1 is created. Two steps at once are safe.
     """
     with queue.engine.connect() as conn:
         loaded = storage.load(conn, objective_id)
@@ -193,14 +194,14 @@ def ensure_control_job(queue: Queue, objective_id: str) -> Job | None:
     for generation in range(MAX_CONTROL_GENERATIONS):
         job_id = control_job_id(objective_id, oldest.seq, generation)
         job = queue.get(job_id)
-        if job is not None and not job.terminal:
+        if job is not None and job.status == "queued":
             return job
         if job is None:
             payload = {
                 "kind": CONTROL_KIND,
                 "objectiveId": objective_id,
-                "reason": oldest.reason,
-                "requestId": oldest.id,
+                "reason": obj.pending[-1].reason,
+                "requestId": obj.pending[-1].id,
                 "authContext": dict(obj.auth_context),
             }
             req = EnqueueRequest(
@@ -208,7 +209,7 @@ def ensure_control_job(queue: Queue, objective_id: str) -> Job | None:
             )
             return queue.enqueue(req).job
     log.error(
-        "objective %s: request %s has no live control job after %d generations",
+        "objective %s: request %s still unconsumed after %d control jobs",
         objective_id,
         oldest.id,
         MAX_CONTROL_GENERATIONS,
@@ -364,15 +365,21 @@ def control_step(queue: Queue, objective_id: str) -> StepResult:
 
 def redrive_outbox(queue: Queue, *, limit: int = 500, audit_grace_ms: int = 5000) -> dict[str, Any]:
     """Enqueue a control job for every unconsumed request that has none, and the audit of every
-    ended objective whose audit job was lost. Idempotent: existing jobs are left alone."""
+    ended objective whose audit job was lost. Idempotent: existing jobs are left alone.
+
+    ``waiting`` lists the control jobs (existing or new) still queued, for the caller to deliver
+    if their own wake-up was lost."""
     with queue.engine.connect() as conn:
         pending = storage.with_pending(conn, limit)
         unaudited = storage.unaudited(conn, audit_grace_ms, limit)
     controls: list[str] = []
+    waiting: list[Job] = []
     for objective_id in pending:
         job = ensure_control_job(queue, objective_id)
         if job is not None:
             controls.append(job.id)
+            if job.status == "queued":
+                waiting.append(job)
     audits: list[str] = []
     for objective_id in unaudited:
         obj = get(queue.engine, objective_id, all_tasks=False)
@@ -380,7 +387,7 @@ def redrive_outbox(queue: Queue, *, limit: int = 500, audit_grace_ms: int = 5000
             job = ensure_audit_job(queue, obj)
             if job is not None and not job.terminal:
                 audits.append(job.id)
-    return {"objectives": len(pending), "controlJobs": controls, "auditJobs": audits}
+    return {"objectives": len(pending), "controlJobs": controls, "auditJobs": audits, "waiting": waiting}
 
 
 def resume(queue: Queue, *, page_size: int = 200) -> int:
