@@ -10,10 +10,10 @@ it proposes over the state as it goes, so later rules see earlier ones, and retu
 - the jobs to cancel (failFast or an objective cancel);
 - whether the objective ended (the caller then queues the terminal audit).
 
-Rules, in order: consume every pending request; record each settled task job; skip the
+Rules, in order: record each settled task job; skip the
 dependents of a task that did not complete (both policies); under ``failFast`` the first failure
 cancels the pending tasks and the active jobs, and so does an objective cancel; otherwise enqueue
-every pending task whose dependencies all completed; end the objective when nothing is pending or
+every pending task whose dependencies all completed; consume the requests answered; end the objective when nothing is pending or
 active — ``canceled`` after a cancel, ``completed`` when every task completed, else ``failed``.
 
 Every rule is idempotent: a second step over the same state proposes nothing new, and a step
@@ -126,9 +126,9 @@ def decide(obj: Objective, jobs: Mapping[str, Job | None]) -> Decision:
     task recorded as queued whose job is missing is enqueued again); ids not in it were not read.
     """
     d = Decision(state=obj)
-    if obj.pending:
-        _emit(d, "objective.control_consumed", {"requestIds": [r.id for r in obj.pending]})
     if d.state.terminal:
+        if obj.pending:
+            _emit(d, "objective.control_consumed", {"requestIds": [r.id for r in obj.pending]})
         return d
 
     # 1. Record each settled task job (only the task's own job settles it).
@@ -210,6 +210,14 @@ def decide(obj: Objective, jobs: Mapping[str, Job | None]) -> Decision:
                 },
             )
             d.enqueue.extend(t.id for t in ready)
+
+    # Consume the requests this step answered. A request about a task this step is only now
+    # recording as queued stays pending: its job (enqueued by an earlier, concurrent step) may have
+    # settled already, and only a step that sees the task queued can record that settlement.
+    enqueued = set(d.enqueue)
+    consumed = [r.id for r in obj.pending if r.task_id not in enqueued]
+    if consumed:
+        _emit(d, "objective.control_consumed", {"requestIds": consumed})
 
     # 5. The graph is done when nothing is pending or active.
     s = d.state

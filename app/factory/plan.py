@@ -55,7 +55,8 @@ class TaskSpec:
         return {
             "id": self.id,
             "agentId": self.agent_id,
-            "payload": dict(self.payload),
+            "kind": self.kind,
+            "payload": {**self.payload, "kind": self.kind},
             "dependsOn": list(self.depends_on),
             "maxAttempts": self.max_attempts,
             "executionPath": self.execution_path,

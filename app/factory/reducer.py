@@ -263,7 +263,7 @@ def _launched(r: Receipt) -> Objective:
         tasks[t["id"]] = Task(
             id=t["id"],
             agent_id=str(t.get("agentId", "")),
-            kind=str((payload or {}).get("kind", "")) if isinstance(payload, Mapping) else "",
+            kind=str(t.get("kind") or (payload.get("kind") if isinstance(payload, Mapping) else "") or ""),
             payload=payload if isinstance(payload, Mapping) else {},
             depends_on=deps,
             dependents=tuple(dependents[t["id"]]),

@@ -86,6 +86,21 @@ def test_diamond_completes_and_d_receives_b_and_c_results(engine: Engine) -> Non
     assert_projection_equals_fold(engine)
 
 
+def test_a_task_without_a_payload_runs_as_factory_task_run_and_requests_control(engine: Engine) -> None:
+    queue = Queue(engine)
+    body = {
+        "title": "t",
+        "goal": "g",
+        "authContext": AUTH,
+        "plan": {"tasks": [{"id": "A", "agentId": "test-echo"}]},
+    }
+    oid = service.launch(queue, validate_objective(body), launched_by=LAUNCHER).objective.id
+    drain(queue)
+    job = queue.get(task_job_id(oid, 1, "A"))
+    assert job is not None and job.kind == "factory.task.run"
+    assert service.get(engine, oid).status == "completed"  # type: ignore[union-attr]
+
+
 def test_a_repeated_control_step_appends_nothing(engine: Engine) -> None:
     queue = Queue(engine, control_fast_path=False)
     oid = launch(queue, DIAMOND)

@@ -85,13 +85,28 @@ class World:
 
     # -- control
     def decide(self) -> tuple[int, control.Decision]:
-        view = {j: self.jobs.get(j) for t in self.obj.tasks.values() if t.job_id for j in [t.job_id]}
+        """What service.control_step reads: the jobs of the tasks the requests name, or of every
+        unfinished task when a failure, a cancel or a broad request needs the full view."""
+        named = {r.task_id for r in self.obj.pending if r.task_id}
+        unfinished = [t for t in self.obj.tasks.values() if t.status in ("queued", "running") and t.job_id]
+        view = {t.job_id: self.jobs.get(t.job_id) for t in unfinished if t.id in named and t.job_id}
+        if control.needs_full_view(self.obj, view):
+            view = {t.job_id: self.jobs.get(t.job_id) for t in unfinished if t.job_id}
         return self.obj.seq, control.decide(self.obj, view)
 
-    def apply(self, decided_at: int, d: control.Decision) -> bool:
+    def apply(self, decided_at: int, d: control.Decision, *, acted: bool = False) -> bool:
+        # Actions run before the append, as in service.control_step: a step whose append then
+        # conflicts has still enqueued and canceled (idempotently).
+        if not acted:
+            self.act(d)
         newer = self.log[decided_at:]
         if any(t != "objective.control_requested" for t, _ in newer):
             return False  # conflict: the caller re-decides
+        for type_, body in d.events:
+            self.append(type_, body)
+        return True
+
+    def act(self, d: control.Decision) -> None:
         for task_id in d.enqueue:
             task = d.state.tasks[task_id]
             job_id = task.job_id or ""
@@ -108,9 +123,6 @@ class World:
                 self.request("task_settled", c.job_id, job.payload.get("taskId"))
             elif not job.terminal:
                 self.jobs[c.job_id] = replace(job, abort_requested=True)
-        for type_, body in d.events:
-            self.append(type_, body)
-        return True
 
     def step(self) -> None:
         while True:

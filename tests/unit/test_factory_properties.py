@@ -52,7 +52,7 @@ def run(world: World, choices: Any) -> World:
     for _ in range(2000):
         if world.quiet():
             for at, d in stale:
-                world.apply(at, d)  # late stale steps must change nothing that matters
+                world.apply(at, d, acted=True)  # late stale steps must change nothing that matters
             stale.clear()
             if world.quiet():
                 break
@@ -61,10 +61,14 @@ def run(world: World, choices: Any) -> World:
         if action <= 1 and active:
             world.advance(choices.draw(st.sampled_from(active)))
         elif action == 2 and len(stale) < 3:
-            stale.append(world.decide())  # decided now, applied later (a concurrent step)
+            # A concurrent step: decided and acted on now (its jobs exist and may run and settle),
+            # its receipts appended later — only if nothing but control requests came in between.
+            at, d = world.decide()
+            world.act(d)
+            stale.append((at, d))
         elif action == 3 and stale:
             at, d = stale.pop(0)
-            world.apply(at, d)  # applies only if still valid
+            world.apply(at, d, acted=True)
         else:
             world.step()
             if choices.draw(st.booleans()):

@@ -1,0 +1,212 @@
+"""Objectives benchmark: a 1 000-task fan-out plus one fan-in task, and a 100-task chain.
+
+    .venv/bin/python -m bench.objectives_bench [--fanout 1000] [--runs 3] [--chain 100]
+
+A fresh Postgres database, migrated; real processes on Redis with **default settings** —
+gunicorn (the API), ``driver``, ``worker-chat`` (tasks run the ``noop`` agent of
+``bench.handlers``), ``worker-control`` (objective control) and beat. Objectives are launched
+over HTTP; every figure comes from receipt times (the database clock) or /proc.
+
+(1) Fan-out: ``--fanout`` independent tasks and one task depending on all of them. Reported per
+run: control jobs in total and per task (target O(1)), control-worker CPU per task, the time from
+the last task's settlement (the fan-in task's ``job.completed``) to ``objective.completed``
+(target p50 ≤ 1 s), and the wall time.
+
+(2) Chain: ``--chain`` tasks, each depending on the previous one, on an otherwise idle system.
+A hop is one task's ``job.completed`` → the next task's ``job.leased`` (target p50 ≤ 50 ms).
+
+Every process started here is stopped by its PID; the database is dropped; the Redis database is
+flushed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.runtime_bench import (
+    PG_ADMIN_URL,
+    RECEIPT_REDIS_DB,
+    REDIS_BASE,
+    CpuMeter,
+    Processes,
+    child_env,
+    flush_redis,
+    free_port,
+    fresh_database,
+    percentile,
+    wait_for,
+)
+
+ORG = "bench-org"
+AGENT = "noop"
+
+
+def plan_fanout(n: int) -> list[dict[str, Any]]:
+    tasks = [{"id": f"t{i:04d}", "agentId": AGENT} for i in range(n)]
+    return [*tasks, {"id": "fanin", "agentId": AGENT, "dependsOn": [t["id"] for t in tasks]}]
+
+
+def plan_chain(n: int) -> list[dict[str, Any]]:
+    return [
+        {"id": f"c{i:03d}", "agentId": AGENT, "dependsOn": [f"c{i - 1:03d}"] if i else []} for i in range(n)
+    ]
+
+
+def at_ms(text: str) -> float:
+    from app.storage.db import parse_iso
+
+    when = parse_iso(text)
+    assert when is not None
+    return when.timestamp() * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fanout", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--chain", type=int, default=100)
+    args = parser.parse_args()
+
+    import requests
+    from sqlalchemy import select
+
+    from app.factory.vocab import objective_stream, task_job_id
+    from app.storage import store, tokens
+    from app.storage.db import jobs, make_engine, objectives
+    from app.storage.migrate import upgrade
+
+    redis_url = f"{REDIS_BASE}/{RECEIPT_REDIS_DB}"
+    flush_redis(RECEIPT_REDIS_DB)
+    with fresh_database("receipt_objbench") as db_url, tempfile.TemporaryDirectory() as home:
+        engine = make_engine(db_url)
+        upgrade(engine)
+        token = tokens.create(engine, ORG)[1]
+        port = free_port()
+        procs = Processes(Path(home))
+        env = child_env(
+            DATABASE_URL=db_url,
+            REDIS_URL=redis_url,
+            RECEIPT_HOME=home,
+            RECEIPT_HANDLER_MODULES="bench.handlers",
+        )
+        py = sys.executable
+        try:
+            procs.start(
+                "web",
+                [
+                    py,
+                    "-m",
+                    "gunicorn",
+                    "-c",
+                    "python:api.gunicorn_conf",
+                    "--bind",
+                    f"127.0.0.1:{port}",
+                    "api.wsgi:app",
+                ],
+                {**env, "WEB_CONCURRENCY": "1"},
+            )
+            control = procs.start("control", [py, "-m", "tasks.worker", "--role", "worker-control"], env)
+            for role in ("driver", "worker-chat"):
+                procs.start(role, [py, "-m", "tasks.worker", "--role", role], env)
+            procs.start("beat", [py, "-m", "tasks.beat", "--schedule", f"{home}/beat-schedule"], env)
+            url = f"http://127.0.0.1:{port}"
+            http = requests.Session()
+            headers = {"Authorization": f"Bearer {token}"}
+            wait_for(lambda: _ok(http, f"{url}/healthz"), 60, "web", procs)
+            for name in ("control", "driver", "worker-chat"):
+                wait_for(
+                    lambda n=name: " ready." in (Path(home) / f"{n}.log").read_text(errors="replace"),
+                    90,
+                    f"{name} ready",
+                    procs,
+                )
+            time.sleep(3)  # let startup resume and the first beat ticks pass
+
+            def launch(tasks: list[dict[str, Any]], oid: str) -> None:
+                body = {"objectiveId": oid, "title": oid, "goal": "bench", "plan": {"tasks": tasks}}
+                r = http.post(f"{url}/objectives", json=body, headers=headers, timeout=120)
+                assert r.status_code == 202, r.text
+
+            def status(oid: str) -> str | None:
+                with engine.connect() as conn:
+                    return conn.execute(select(objectives.c.status).where(objectives.c.id == oid)).scalar()
+
+            def stream(name: str) -> list[Any]:
+                with engine.connect() as conn:
+                    return store.read_stream(conn, name)
+
+            print(
+                f"# objectives bench: fan-out {args.fanout}+1 x {args.runs}, chain {args.chain}; "
+                "default settings"
+            )
+            settle_to_done: list[float] = []
+            for run in range(args.runs):
+                oid = f"fan{run}"
+                meter = CpuMeter({"control": lambda: [control.pid]})
+                meter.start()
+                t0 = time.monotonic()
+                launch(plan_fanout(args.fanout), oid)
+                wait_for(lambda o=oid: status(o) in ("completed", "failed"), 1800, f"objective {oid}", procs)
+                wall = time.monotonic() - t0
+                cpu = meter.stop()["control"]
+                assert status(oid) == "completed"
+                with engine.connect() as conn:
+                    rows = conn.execute(
+                        select(jobs.c.id, jobs.c.kind).where(jobs.c.agent_id == "factory-control")
+                    ).all()
+                n_control = sum(
+                    1 for r in rows if r.kind == "factory.objective.control" and r.id.startswith(f"{oid}:")
+                )
+                fanin = stream(f"jobs/{task_job_id(oid, 1, 'fanin')}")
+                last = next(r for r in fanin if r.type == "job.completed")
+                done = next(r for r in stream(objective_stream(oid)) if r.type == "objective.completed")
+                gap = at_ms(done.at) - at_ms(last.at)
+                settle_to_done.append(gap)
+                n = args.fanout + 1
+                print(
+                    f"fan-out run {run + 1}: {n} tasks in {wall:.1f} s; control jobs {n_control} "
+                    f"({n_control / n:.3f}/task); control CPU {cpu * 1000 / n:.2f} ms/task; "
+                    f"last settlement -> completed {gap:.0f} ms"
+                )
+            p50 = statistics.median(settle_to_done)
+            runs = ", ".join(f"{g:.0f}" for g in settle_to_done)
+            print(f"fan-out: last settlement -> objective completed p50 {p50:.0f} ms (runs: {runs})")
+
+            time.sleep(2)
+            oid = "chain"
+            launch(plan_chain(args.chain), oid)
+            wait_for(lambda: status(oid) in ("completed", "failed"), 1800, "chain", procs)
+            hops = []
+            for i in range(1, args.chain):
+                before = stream(f"jobs/{task_job_id(oid, 1, f'c{i - 1:03d}')}")
+                prev = next(r for r in before if r.type == "job.completed")
+                after = stream(f"jobs/{task_job_id(oid, 1, f'c{i:03d}')}")
+                nxt = next(r for r in after if r.type == "job.leased")
+                hops.append(at_ms(nxt.at) - at_ms(prev.at))
+            print(
+                f"chain of {args.chain}: hop completion -> next lease p50 {statistics.median(hops):.1f} ms, "
+                f"p90 {percentile(hops, 90):.1f} ms, max {max(hops):.1f} ms"
+            )
+        finally:
+            procs.stop_all()
+            engine.dispose()
+            flush_redis(RECEIPT_REDIS_DB)
+    return 0
+
+
+def _ok(http: Any, url: str) -> bool:
+    try:
+        return bool(http.get(url, timeout=2).status_code == 200)
+    except Exception:
+        return False
+
+
+if __name__ == "__main__":
+    _ = PG_ADMIN_URL
+    sys.exit(main())
