@@ -14,7 +14,8 @@ Rules, in order: record each settled task job; skip the
 dependents of a task that did not complete (both policies); under ``failFast`` the first failure
 cancels the pending tasks and the active jobs, and so does an objective cancel; otherwise enqueue
 every pending task whose dependencies all completed; consume the requests answered; end the
-objective when nothing is pending or active — ``canceled`` after a cancel, ``completed`` when every task completed, else ``failed``.
+objective when nothing is pending or active — ``canceled`` after a cancel, ``completed`` when
+every task completed, else ``failed``.
 
 Every rule is idempotent: a second step over the same state proposes nothing new, and a step
 running twice or beside another is safe because its receipts are appended optimistically (a
