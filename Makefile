@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/append_bench.py
 	$(BIN)/python bench/http_enqueue_bench.py
 	$(BIN)/python -m bench.runtime_bench
+	$(BIN)/python -m bench.objectives_bench
 
 ## Regenerate the README's configuration table from app/config.py.
 docs: $(STAMP)
