@@ -41,12 +41,13 @@ from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import MAX_ATTEMPTS_DEFAULT, job_stream
 from app.storage import store
-from app.storage.db import db_now, jobs, transaction
+from app.storage.db import db_now, jobs, session_lock, transaction
 from app.storage.queue import Queue
 
 log = logging.getLogger("receipt.factory")
 
 MAX_STEP_ROUNDS = 50
+STEP_LOCK_WAIT_S = 60.0
 AUDIT_MAX_ATTEMPTS = 3
 
 
@@ -300,7 +301,20 @@ def _read_for_step(queue: Queue, objective_id: str) -> tuple[storage.Loaded, dic
 
 
 def control_step(queue: Queue, objective_id: str) -> StepResult:
-    """One idempotent control step (the ``factory.objective.control`` job's work)."""
+    """One idempotent control step (the ``factory.objective.control`` job's work).
+
+    Steps on one objective take turns (a per-objective session lock, waited for up to
+    ``STEP_LOCK_WAIT_S``): a step that starts while another runs would decide on the state before
+    the other's receipts and repeat its enqueues. Correctness never depends on the lock — without it
+    (SQLite, or after the wait) the optimistic append still re-reads and re-decides.
+    """
+    with session_lock(queue.engine, f"objective-step:{objective_id}", wait_s=STEP_LOCK_WAIT_S) as taken:
+        if not taken:
+            log.warning("control of %s runs beside another step (lock wait over)", objective_id)
+        return _control_step(queue, objective_id)
+
+
+def _control_step(queue: Queue, objective_id: str) -> StepResult:
     appended = enqueued = canceled = 0
     ended: str | None = None
     for _ in range(MAX_STEP_ROUNDS):

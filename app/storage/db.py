@@ -8,6 +8,7 @@ named function here so that the rest of ``app/`` never branches on the dialect.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -261,3 +262,29 @@ def try_lock_key(conn: Connection, name: str) -> bool:
         return True
     key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
     return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}).scalar_one())
+
+
+@contextmanager
+def session_lock(engine: Engine, name: str, *, wait_s: float, poll_s: float = 0.02) -> Iterator[bool]:
+    """Hold a lock on ``name`` across transactions (Postgres: a session advisory lock on its own
+    connection), waiting up to ``wait_s``; yields whether it was taken. Callers must be safe without
+    it (it saves duplicate work, it does not provide correctness). SQLite: always True, no lock (its
+    write lock already serialises writers)."""
+    if engine.dialect.name == "sqlite":
+        yield True
+        return
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    with engine.connect() as raw:
+        conn = raw.execution_options(isolation_level="AUTOCOMMIT")
+        deadline = time.monotonic() + wait_s
+        taken = False
+        while True:
+            taken = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar_one())
+            if taken or time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
+        try:
+            yield taken
+        finally:
+            if taken:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})

@@ -244,3 +244,21 @@ def test_a_job_of_another_organisation_never_requests_control(engine: Engine) ->
     before = types(engine, oid)
     assert queue.complete(job.id, "w", 1, {}).applied
     assert types(engine, oid) == before
+
+
+def test_control_steps_on_one_objective_take_turns(pg_engine: Engine) -> None:
+    import threading
+
+    from app.storage.db import session_lock
+
+    queue = Queue(pg_engine, control_fast_path=False)
+    oid = launch(queue, DIAMOND)
+    results: list[Any] = []
+    with session_lock(pg_engine, f"objective-step:{oid}", wait_s=1) as taken:
+        assert taken
+        worker = threading.Thread(target=lambda: results.append(service.control_step(queue, oid)))
+        worker.start()
+        worker.join(0.5)
+        assert worker.is_alive() and not results  # waiting for the running step to end
+    worker.join(30)
+    assert results and results[0].enqueued == 1
