@@ -144,3 +144,17 @@ def test_deterministic_task_job_ids() -> None:
     world.step()
     world.step()
     assert world.created == {"obj:p1:a": 1}
+
+
+def test_docs_list_every_objective_receipt_type_and_control_reason() -> None:
+    from pathlib import Path
+
+    from app.factory.reducer import _HANDLERS
+    from app.factory.vocab import CONTROL_REASONS, OBJECTIVE_EVENT_TYPES
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "factory.md").read_text()
+    assert set(_HANDLERS) == set(OBJECTIVE_EVENT_TYPES)
+    for type_ in OBJECTIVE_EVENT_TYPES:
+        assert f"`{type_}`" in doc, type_
+    for reason in CONTROL_REASONS:
+        assert reason in doc, reason
