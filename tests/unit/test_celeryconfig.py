@@ -1,6 +1,6 @@
 """Celery settings chosen for "Postgres receipts decide, Celery delivers" (issue 4, item 6).
 
-Each assertion pins one decision recorded in ``celeryconfig.py`` and ../shared/CELERY-NOTES.md.
+Each assertion pins one decision recorded in ``app/ops/celeryconfig.py`` and docs/design.md.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-import celeryconfig
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
 from app.jobs.timing import CODEX_LEASE_CAP_MS
+from app.ops import celeryconfig
 from tasks.celery_app import make_celery
 from tasks.runtime import (
     DISPATCH_TASK,
@@ -67,8 +67,10 @@ def test_no_result_backend_is_relied_on(conf: dict[str, Any]) -> None:
     assert conf["task_ignore_result"] is True
 
 
-def test_each_queue_has_its_own_direct_exchange_and_routing_key(conf: dict[str, Any]) -> None:
-    queues = conf["task_queues"]
+def test_each_queue_has_its_own_direct_exchange_and_routing_key(tmp_path: Path) -> None:
+    # Read back through Celery, which turns the configuration's mapping into kombu queues.
+    app = make_celery(Settings.from_env({"RECEIPT_HOME": str(tmp_path), "REDIS_URL": REDIS}))
+    queues = list(app.amqp.queues.values())
     assert {q.name for q in queues} == EVERY_QUEUE
     assert len(queues) == len(EVERY_QUEUE)
     for q in queues:
