@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.runtime_bench
 	$(BIN)/python bench/sandbox_bench.py
 	$(BIN)/python bench/metrics_scrape_bench.py
+	$(BIN)/python -m bench.objectives_bench
 
 ## Chaos soak: the production shape under compound faults (private Postgres + redis-server; ~10 min).
 ## SOAK_ARGS="--jobs 1500 --rate 15" for a shorter run; the figures are in docs/faults.md.

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from flask import Flask, Response, g, request
 from sqlalchemy.engine import Engine
 
-from api import auth, errors, health, jobs, limits, openapi, streams, ui
+from api import auth, errors, health, jobs, limits, objectives, openapi, streams, ui
 from api import metrics as metrics_view
 from api.context import EXTENSION, ApiState
 from api.wake import default_waker
@@ -61,6 +61,7 @@ def create_app(
 
     for blueprint in (
         jobs.blueprint,
+        objectives.blueprint,
         streams.blueprint,
         health.blueprint,
         openapi.blueprint,

@@ -16,6 +16,7 @@ from flask import Flask, Response, jsonify
 from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
+from app.factory.service import ObjectiveNotFound
 from app.jobs.errors import (
     ConflictError,
     JobNotFound,
@@ -36,6 +37,7 @@ NOT_FOUND = "not_found"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 CONFLICT = "conflict"
 JOB_ID_UNAVAILABLE = "job_id_unavailable"
+OBJECTIVE_ID_UNAVAILABLE = "objective_id_unavailable"
 PAYLOAD_TOO_LARGE = "payload_too_large"
 NOT_READY = "not_ready"
 UNAVAILABLE = "unavailable"
@@ -59,6 +61,7 @@ ERROR_CODES = (
     METHOD_NOT_ALLOWED,
     CONFLICT,
     JOB_ID_UNAVAILABLE,
+    OBJECTIVE_ID_UNAVAILABLE,
     PAYLOAD_TOO_LARGE,
     NOT_READY,
     UNAVAILABLE,
@@ -150,6 +153,10 @@ def register_error_handlers(app: Flask, on_internal_error: Any) -> None:
     @app.errorhandler(TooManyCommands)
     def _too_many_commands(exc: TooManyCommands) -> Response:
         return error_response(409, TOO_MANY_COMMANDS, str(exc))
+
+    @app.errorhandler(ObjectiveNotFound)
+    def _objective_not_found(exc: ObjectiveNotFound) -> Response:
+        return error_response(404, NOT_FOUND, "no objective with that id")
 
     @app.errorhandler(ConflictError)
     def _conflict(exc: ConflictError) -> Response:

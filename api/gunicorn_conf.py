@@ -69,6 +69,13 @@ def post_fork(server: Any, worker: Any) -> None:
     patch_psycopg()
 
 
+def post_worker_init(worker: Any) -> None:
+    """Spec: objective resume at startup runs in every process role, the API's included."""
+    from api.resume import start_api_resume
+
+    start_api_resume()
+
+
 # gunicorn >= 25.1 opens a control socket at one fixed per-user path ($HOME/.gunicorn/gunicorn.ctl),
 # so two web processes on one machine (receipt up beside tests, or two apps) would share it. The
 # platform (PaaS or `receipt up`) manages the process; the runtime control socket is not needed.

@@ -31,8 +31,8 @@ _ERROR_DESCRIPTIONS = {
     403: "The caller's organisation may not do this, or its token lacks a scope the operation needs "
     "(code missing_scope, details.scope names it: posting a job that runs a command needs 'commands').",
     404: "No such job or stream (another organisation's job answers the same way), or no such route.",
-    409: "The job's state does not allow this, the jobId belongs to someone else, or the job already "
-    "holds RECEIPT_MAX_COMMANDS_PER_JOB queue commands (code too_many_commands).",
+    409: "The job's (or objective's) state does not allow this, its id belongs to someone else, or the "
+    "job already holds RECEIPT_MAX_COMMANDS_PER_JOB queue commands (code too_many_commands).",
     413: "The request body is larger than the configured limit.",
     429: "Too many requests: the organisation's write rate limit (code rate_limited) or this token's or "
     "this server's open event streams (code too_many_streams). Retry-After says when to try again.",

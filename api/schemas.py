@@ -13,6 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.factory.vocab import (
+    EXECUTION_PATHS,
+    FAILURE_POLICIES,
+    GOAL_MAX,
+    OBJECTIVE_STATUSES,
+    TASK_STATUSES,
+    TITLE_MAX,
+)
 from app.jobs.ids import JOB_ID_PATTERN
 from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
@@ -36,6 +44,8 @@ TEXT_MAX = 256
 REASON_MAX = 4096
 LIST_LIMIT_DEFAULT = 50
 LIST_LIMIT_MAX = 500
+# An objective in a list carries its tasks (up to 1 000 each): pages stay smaller than job pages.
+OBJECTIVE_LIMIT_MAX = 100
 RECEIPTS_LIMIT_DEFAULT = 100
 RECEIPTS_LIMIT_MAX = 1000
 # Stream positions are 32-bit integers in the database.
@@ -470,6 +480,163 @@ def _event(name: str, data: str, description: str) -> Schema:
 JOB_EVENT: Schema = _event("job", "Job", "The job's state after one receipt (event: job, id: seq).")
 RECEIPT_EVENT: Schema = _event("receipt", "Receipt", "One raw receipt (event: receipt, id: seq).")
 
+# -- objectives (the Factory) --------------------------------------------------------------------
+# Shape only; app.factory.plan.validate_objective applies the graph rules (cycles, unknown
+# dependencies, duplicate ids, the task cap, kinds, the job validation of each task payload).
+
+PLAN_TASK: Schema = {
+    "type": "object",
+    "description": "One task: a job of its own once its dependencies completed.",
+    "properties": {
+        "id": {
+            "type": "string",
+            "description": "Unique in the plan; 1-56 of letters, digits, '.', '_', '-'.",
+        },
+        "agentId": {"type": ["string", "null"], "description": "Default codex."},
+        "payload": {
+            "type": ["object", "null"],
+            "description": "The job payload; kind defaults to factory.task.run. authContext, objectiveId, "
+            "taskId, phase and inputs (each dependency's result) are set by the objective.",
+        },
+        "dependsOn": {"type": ["array", "null"], "items": {"type": "string"}},
+        "maxAttempts": {"type": ["integer", "null"]},
+        "executionPath": _enum(EXECUTION_PATHS, nullable=True),
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+}
+
+OBJECTIVE_REQUEST: Schema = {
+    "type": "object",
+    "title": "ObjectiveRequest",
+    "properties": {
+        "objectiveId": {
+            "type": ["string", "null"],
+            "description": "Idempotency key: re-posting an existing objectiveId returns it unchanged.",
+        },
+        "title": _text(TITLE_MAX),
+        "goal": _text(GOAL_MAX),
+        "plan": {
+            "type": "object",
+            "properties": {"tasks": {"type": "array", "items": PLAN_TASK}},
+            "required": ["tasks"],
+            "additionalProperties": False,
+        },
+        "failurePolicy": _enum(FAILURE_POLICIES, nullable=True),
+        "authContext": {**AUTH_CONTEXT, "type": ["object", "null"]},
+    },
+    "required": ["title", "goal", "plan"],
+    "additionalProperties": False,
+}
+
+OBJECTIVE_TASK: Schema = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "agentId": {"type": "string"},
+        "kind": {"type": "string"},
+        "dependsOn": {"type": "array", "items": {"type": "string"}},
+        "status": {"type": "string", "enum": list(TASK_STATUSES)},
+        "jobId": {"type": ["string", "null"]},
+        "attempt": {"type": "integer"},
+        "result": _ANY,
+        "error": _ANY,
+        "phase": {"type": "integer"},
+    },
+    "required": [
+        "id",
+        "agentId",
+        "kind",
+        "dependsOn",
+        "status",
+        "jobId",
+        "attempt",
+        "result",
+        "error",
+        "phase",
+    ],
+}
+
+OBJECTIVE: Schema = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "title": {"type": "string"},
+        "goal": {"type": "string"},
+        "status": {"type": "string", "enum": list(OBJECTIVE_STATUSES)},
+        "phase": {"type": "integer"},
+        "failurePolicy": {"type": "string", "enum": list(FAILURE_POLICIES)},
+        "tasks": {"type": "array", "items": _ref("ObjectiveTask")},
+        "audit": {"description": "The terminal audit report, once the objective ended and was audited."},
+        "createdAt": _TIME,
+        "updatedAt": _TIME,
+    },
+    "required": [
+        "id",
+        "title",
+        "goal",
+        "status",
+        "phase",
+        "failurePolicy",
+        "tasks",
+        "audit",
+        "createdAt",
+        "updatedAt",
+    ],
+}
+
+OBJECTIVE_ASYNC: Schema = {
+    "type": "object",
+    "properties": {
+        "objectiveId": {"type": "string"},
+        "stream": {"type": "string"},
+        "eventsUrl": {"type": "string"},
+    },
+    "required": ["objectiveId", "stream", "eventsUrl"],
+}
+
+OBJECTIVE_LAUNCH_RESPONSE: Schema = {
+    "type": "object",
+    "properties": {"objective": _ref("Objective"), "async": _ref("ObjectiveAsync")},
+    "required": ["objective", "async"],
+}
+
+OBJECTIVE_RESPONSE: Schema = {
+    "type": "object",
+    "properties": {"objective": _ref("Objective")},
+    "required": ["objective"],
+}
+
+OBJECTIVE_PAGE: Schema = {
+    "type": "object",
+    "properties": {
+        "objectives": {"type": "array", "items": _ref("Objective")},
+        "nextCursor": {"type": ["string", "null"]},
+    },
+    "required": ["objectives", "nextCursor"],
+}
+
+OBJECTIVE_ID_PARAM: Schema = {"type": "string", "minLength": 1, "maxLength": 56}
+
+LIST_OBJECTIVES_QUERY: Schema = {
+    "type": "object",
+    "properties": {
+        "status": _enum(OBJECTIVE_STATUSES),
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": OBJECTIVE_LIMIT_MAX,
+            "default": LIST_LIMIT_DEFAULT,
+        },
+        "cursor": LIST_JOBS_QUERY["properties"]["cursor"],
+        "organizationId": LIST_JOBS_QUERY["properties"]["organizationId"],
+    },
+}
+
+OBJECTIVE_EVENT: Schema = _event(
+    "objective", "Objective", "The objective's state after one receipt (event: objective, id: seq)."
+)
+
 # The document's components: every named schema, so responses can $ref them.
 COMPONENTS: dict[str, Schema] = {
     "Job": JOB,
@@ -491,6 +658,14 @@ COMPONENTS: dict[str, Schema] = {
     "Ready": READY,
     "JobEvent": JOB_EVENT,
     "ReceiptEvent": RECEIPT_EVENT,
+    "ObjectiveRequest": OBJECTIVE_REQUEST,
+    "Objective": OBJECTIVE,
+    "ObjectiveTask": OBJECTIVE_TASK,
+    "ObjectiveAsync": OBJECTIVE_ASYNC,
+    "ObjectiveLaunchResponse": OBJECTIVE_LAUNCH_RESPONSE,
+    "ObjectiveResponse": OBJECTIVE_RESPONSE,
+    "ObjectivePage": OBJECTIVE_PAGE,
+    "ObjectiveEvent": OBJECTIVE_EVENT,
 }
 
 

@@ -7,6 +7,7 @@ the caller may not read answers 404, like one that does not exist.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from flask import Blueprint, Response, request
@@ -32,6 +33,10 @@ def readable_stream(stream: str) -> None:
     if is_job_stream(stream):
         visible_job(job_id_of(stream))
         return
+    from api.objectives import readable_objective_stream
+
+    if readable_objective_stream(stream):
+        return  # an objective's stream is readable by its organisation
     if not auth.current().system:
         raise stream_not_found()
     with read_connection(state().engine) as conn:
@@ -51,8 +56,16 @@ def resume_point(query: dict[str, Any]) -> int:
     return after
 
 
-def _follow(stream: str, after: int, kind: sse.EventKind) -> Response:
-    """An event-stream response holding one of the caller's stream slots until it closes."""
+# An event stream's frames, given the per-poll "is the caller's token still live" check.
+Frames = Callable[[Callable[[Connection], bool] | None], Iterator[str]]
+
+
+def held_stream(frames: Frames) -> Response:
+    """An event-stream response holding one of the caller's stream slots until it closes.
+
+    Every event stream (jobs, receipts, objectives) goes through here, so the per-token and
+    per-process caps and the end-on-revocation rule hold for all of them.
+    """
     identity = auth.current()
     st = state()
     release = st.stream_slots.acquire(identity.token_id or "anonymous")
@@ -64,9 +77,7 @@ def _follow(stream: str, after: int, kind: sse.EventKind) -> Response:
             def still_allowed(conn: Connection) -> bool:
                 return tokens.is_live(conn, token_id)
 
-        response = sse.event_stream_response(
-            sse.follow(st.engine, stream, after, kind, _timing(), still_allowed)
-        )
+        response = sse.event_stream_response(frames(still_allowed))
     except BaseException:
         release()
         raise
@@ -74,7 +85,12 @@ def _follow(stream: str, after: int, kind: sse.EventKind) -> Response:
     return response
 
 
-def _timing() -> sse.Timing:
+def _follow(stream: str, after: int, kind: sse.EventKind) -> Response:
+    engine = state().engine
+    return held_stream(lambda allowed: sse.follow(engine, stream, after, kind, sse_timing(), allowed))
+
+
+def sse_timing() -> sse.Timing:
     st = state()
     return sse.Timing(
         poll_ms=st.settings.sse_poll_ms,

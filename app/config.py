@@ -183,34 +183,35 @@ SETTINGS: tuple[Setting, ...] = (
         "RESONATE_STARTUP_SETTLE_MS",
         "startup_settle_ms",
         "1000",
-        "Settle time before startup recovery runs.",
+        "Settle time before objective resume runs at startup (every process role, once, single-flight).",
         _int,
     ),
     Setting(
         "RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS",
         "objective_control_outbox_redrive_interval_ms",
         "5000",
-        "Interval of the objective-control outbox redrive (Factory layer).",
+        "Interval of the objective-control outbox redrive (celery beat; runs on `worker-control` and `all`).",
         _int,
     ),
     Setting(
         "RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_TIMEOUT_MS",
         "objective_control_outbox_redrive_timeout_ms",
         "15000",
-        "Observational deadline of one outbox redrive pass (Factory layer).",
+        "Observational deadline of one outbox redrive pass: a slower pass keeps running and logs "
+        "`factory.control_outbox_redrive_slow`.",
         _int,
     ),
     Setting(
         "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON",
         "objective_watchdog_cron",
         "* * * * *",
-        "Cron schedule of the objective watchdog (Factory layer).",
+        "Cron schedule of the objective watchdog (not built yet: issue 10; nothing reads it).",
     ),
     Setting(
         "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED",
         "objective_watchdog_enabled",
         "1",
-        "`0` turns the objective watchdog off (Factory layer).",
+        "`0` turns the objective watchdog off (not built yet: issue 10; nothing reads it).",
     ),
     # -- processes
     Setting(
@@ -303,6 +304,13 @@ SETTINGS: tuple[Setting, ...] = (
         "handler_modules",
         "",
         "Comma-separated modules, each with `register(registry)`, adding agent handlers to every worker.",
+    ),
+    Setting(
+        "RECEIPT_PLANNER_MODULE",
+        "planner_module",
+        "app.factory.planner",
+        "Module whose `make_planner(settings)` turns a `factory.run` goal into a plan. The built-in one "
+        "accepts only a goal that carries an explicit plan.",
     ),
     Setting(
         "RECEIPT_CODEX_OUTPUT_TAIL_BYTES",
@@ -484,6 +492,7 @@ class Settings:
     codex_commands: str = "disabled"
     celery_events: str = "disabled"
     handler_modules: str = ""
+    planner_module: str = "app.factory.planner"
     codex_output_tail_bytes: int = 4096
     codex_user: str = "nobody"
     codex_network: str = "none"

@@ -313,3 +313,25 @@ class Client:
                     yield JobEvent(int(frame.id), _json.loads(frame.data))
                 if deadline is not None and time.monotonic() >= deadline:
                     raise WaitTimeout(job_id, 0.0)
+
+    # -- objectives ------------------------------------------------------------------------------
+
+    def launch_objective(self, body: Mapping[str, Any]) -> JsonObject:
+        """POST /objectives with ``{title, goal, plan, objectiveId?, failurePolicy?, authContext?}``:
+        the response as sent (``{"objective": ..., "async": {...}}``)."""
+        return self.request("POST", "/objectives", json=dict(body))
+
+    def objective(self, objective_id: str) -> JsonObject:
+        """The objective (``{"objective": {...}}`` unwrapped), every task with its status and result."""
+        obj: JsonObject = self.request("GET", f"/objectives/{objective_id}")["objective"]
+        return obj
+
+    def objectives(self, **filters: Any) -> JsonObject:
+        """GET /objectives with filters (status, limit, cursor, organizationId): the page as sent."""
+        return self.request("GET", "/objectives", params=filters)
+
+    def cancel_objective(self, objective_id: str, reason: str | None = None) -> JsonObject:
+        """POST /objectives/<id>/cancel; the objective (unwrapped). A terminal one raises ``Conflict``."""
+        body = {"reason": reason} if reason else {}
+        obj: JsonObject = self.request("POST", f"/objectives/{objective_id}/cancel", json=body)["objective"]
+        return obj

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from celery import Celery, signals
 
 from app.config import Settings
+from app.factory import loops as objectives
 from app.jobs.routing import MAINTENANCE_QUEUE
 from app.ops import celeryconfig, logs
 from tasks import dispatch, execute, loops, redaction
@@ -21,6 +22,7 @@ from tasks.runtime import (
     DRIVER_TASK,
     EXECUTE_TASK,
     EXPIRE_TASK,
+    OUTBOX_TASK,
     REDRIVE_TASK,
     RETRY_TASK,
     get_runtime,
@@ -81,6 +83,13 @@ def _register(app: Celery) -> None:
     def retry_task(self: Any) -> dict[str, Any]:
         return loops.dispatch_due_retries(get_runtime(self.app))
 
+    @_task(app, OUTBOX_TASK)
+    def outbox_task(self: Any) -> dict[str, Any]:
+        rt = get_runtime(self.app)
+        return objectives.outbox_redrive(
+            rt.queue, rt.settings, lambda job, age_ms: dispatch.deliver_stale(rt, job, age_ms)
+        )
+
 
 def _keep_receipt_logging(**_: Any) -> None:
     """Connected, so Celery leaves logging alone: ``app.ops.logs`` configured it (plain or JSON)."""
@@ -112,6 +121,17 @@ def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
     beat_app.send_task(
         REDRIVE_TASK, queue=MAINTENANCE_QUEUE, countdown=settings.queued_redrive_startup_delay_ms / 1000
     )
+    # Spec: objective resume runs once in every process role, after RESONATE_STARTUP_SETTLE_MS.
+    objectives.schedule_resume(get_runtime(beat_app).queue, settings, "beat")
+
+
+def _resume_objectives_after_settle(sender: Any = None, **_: Any) -> None:
+    """Spec: objective resume at startup runs once in every process role (single-flight)."""
+    worker_app = getattr(sender, "app", None)
+    if worker_app is None or getattr(worker_app, "receipt_settings", None) is None:
+        return
+    rt = get_runtime(worker_app)
+    objectives.schedule_resume(rt.queue, rt.settings, rt.settings.process_role)
 
 
 signals.beat_init.connect(_first_redrive_after_startup_delay)
@@ -132,6 +152,7 @@ def _start_local_ticker(sender: Any = None, **_: Any) -> None:
 
 
 signals.worker_ready.connect(_start_local_ticker)
+signals.worker_ready.connect(_resume_objectives_after_settle)
 
 
 def __getattr__(name: str) -> Celery:

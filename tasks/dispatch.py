@@ -168,6 +168,19 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> Drive
     return {"outcome": "dispatched", "fence": fence, "queue": queue_name}
 
 
+def deliver_stale(rt: Runtime, job: Job, min_age_ms: int) -> bool:
+    """Start a delivery of a job that has stayed queued ``min_age_ms`` (its wake-up was lost).
+
+    The key ``<jobId>:outbox:<seq>`` names one observed queue state, like the redrive key, so a
+    repeated pass over the same state starts nothing new. True when a delivery was started.
+    """
+    changed = parse_iso(job.updated_at)
+    if changed is None or (db_now_of(rt) - changed).total_seconds() * 1000 < min_age_ms:
+        return False
+    decision = start_driver(rt, job.id, f"{job.id}:outbox:{job.seq}")
+    return decision is not None and decision.created
+
+
 def not_before(job: Job) -> datetime:
     """The earliest time the job may be delivered (its retry backoff), or the epoch."""
     return parse_iso(job.available_at) or EPOCH

@@ -42,22 +42,16 @@ STALE_FACTOR = loops.STALE_FACTOR
 # loop's last run then never ages past 3 intervals while a maintenance consumer lives.
 TICKER_FACTOR = 2
 overdue = loops.overdue
+
+
 # A claim lives one interval, but never less than 2 s: on a loaded machine one transaction of a
 # sub-second loop (lease expiry every 0.5 s in tests) can outlast a shorter deadline.
-MIN_CLAIM_TTL_MS = 2000
-
-
 class LoopClaimLost(Exception):
     """This pass no longer holds its loop (it stalled past its claim's deadline): stop."""
 
 
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
-
-
-def claim_ttl_ms(interval_ms: int) -> int:
-    """A claim lives one interval (at least ``MIN_CLAIM_TTL_MS``) unless its pass renews it."""
-    return max(interval_ms, MIN_CLAIM_TTL_MS)
 
 
 class KeepAlive:
@@ -83,7 +77,7 @@ def _guarded(
     rt: Runtime, name: str, interval_ms: int, body: Callable[[KeepAlive], dict[str, Any]]
 ) -> dict[str, Any]:
     owner = _owner()
-    ttl = claim_ttl_ms(interval_ms)
+    ttl = loops.claim_ttl_ms(interval_ms)
     # Half an interval of spacing: duplicate ticks (two beats) collapse into one pass, while a
     # normal schedule with jitter still runs every tick.
     if not loops.claim(rt.engine, name, owner, min_interval_ms=interval_ms // 2, ttl_ms=ttl):

@@ -23,6 +23,7 @@ from app.jobs.routing import DRIVER_QUEUE
 from app.jobs.routing import DRIVER_TASK as DRIVER_TASK
 from app.jobs.routing import EXECUTE_TASK as EXECUTE_TASK
 from app.jobs.routing import EXPIRE_TASK as EXPIRE_TASK
+from app.jobs.routing import OUTBOX_TASK as OUTBOX_TASK
 from app.jobs.routing import REDRIVE_TASK as REDRIVE_TASK
 from app.jobs.routing import RETRY_TASK as RETRY_TASK
 from app.ops import metrics

@@ -62,6 +62,11 @@ class JobContext:
     def payload(self) -> Mapping[str, Any]:
         return self.job.payload
 
+    @property
+    def queue(self) -> Queue:
+        """The queue this attempt runs under (the Factory handlers enqueue and read jobs through it)."""
+        return self._queue
+
     def progress(self, value: Any) -> bool:
         """Append ``job.progress``; False if this attempt no longer holds the lease."""
         return self._queue.progress(self.job.id, self.worker_id, self.attempt, value).applied

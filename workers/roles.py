@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
 
 ROLE_NAMES = ("api", "driver", "worker-chat", "worker-codex", "worker-control")
 
@@ -30,8 +30,8 @@ ROLES: dict[str, Role] = {
     "worker-chat": Role("worker-chat", (QUEUES["chat"],), 8),
     # Codex jobs run subprocesses for up to an hour: few at a time per machine.
     "worker-codex": Role("worker-codex", (QUEUES["codex"],), 2),
-    "worker-control": Role("worker-control", (QUEUES["control"], MAINTENANCE_QUEUE), 4),
-    "all": Role("all", (MAINTENANCE_QUEUE,), 1),
+    "worker-control": Role("worker-control", (QUEUES["control"], MAINTENANCE_QUEUE, OBJECTIVES_QUEUE), 4),
+    "all": Role("all", (MAINTENANCE_QUEUE, OBJECTIVES_QUEUE), 1),
 }
 
 

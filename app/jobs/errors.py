@@ -41,6 +41,7 @@ class ValidationError(ReceiptError):
 
     def __init__(self, field: str, message: str, allowed: Sequence[Any] | None = None) -> None:
         self.field = field
+        self.reason = message  # the message without the field name (for callers that re-prefix it)
         self.allowed = list(allowed) if allowed is not None else None
         text = f"{field}: {message}"
         if self.allowed is not None:

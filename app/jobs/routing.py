@@ -21,6 +21,9 @@ QUEUES: Final[Mapping[WorkerGroup, str]] = MappingProxyType(
 # The driver RPC has its own group (spec: "Driver RPC"); the recovery loops run on beat's queue.
 DRIVER_QUEUE: Final = "receipt-driver"
 MAINTENANCE_QUEUE: Final = "receipt-maintenance"
+# Spec ("Four independent recovery loops"): the objective-control outbox redrive runs on `worker-control`
+# and `all` only, so it has its own beat queue that just those two roles consume.
+OBJECTIVES_QUEUE: Final = "receipt-objectives"
 
 # Celery task names, each spelled once: the worker registers them (tasks/celery_app.py), beat
 # schedules them (app/ops/celeryconfig.py) and the API publishes a wake-up by name (api/wake.py).
@@ -31,6 +34,7 @@ REDRIVE_TASK: Final = "receipt.redrive_queued"
 EXPIRE_TASK: Final = "receipt.expire_leases"
 RETRY_TASK: Final = "receipt.dispatch_due_retries"
 CALLBACK_TASK: Final = "receipt.send_callbacks"
+OUTBOX_TASK: Final = "receipt.objective_outbox_redrive"
 
 # Spec: `job.payload.kind startsWith "factory.integration."` -> receipt-codex.
 INTEGRATION_KIND_PREFIX: Final = "factory.integration."

@@ -18,9 +18,12 @@ from typing import Any
 
 from app.config import Settings
 from app.jobs.routing import (
+    CALLBACK_TASK,
     DRIVER_QUEUE,
     EXPIRE_TASK,
     MAINTENANCE_QUEUE,
+    OBJECTIVES_QUEUE,
+    OUTBOX_TASK,
     QUEUES,
     REDRIVE_TASK,
     RETRY_TASK,
@@ -28,7 +31,7 @@ from app.jobs.routing import (
 from app.jobs.timing import CODEX_LEASE_CAP_MS
 from app.storage.files import private_dir
 
-ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE)
+ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE, OBJECTIVES_QUEUE)
 # The codex lease cap is the longest lease; the Redis visibility timeout must exceed it.
 LONGEST_LEASE_MS = CODEX_LEASE_CAP_MS
 VISIBILITY_TIMEOUT_S = 2 * LONGEST_LEASE_MS // 1000
@@ -79,7 +82,13 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
     redrive_s = settings.queued_redrive_interval_ms / 1000
     expiry_s = settings.lease_expiry_interval_ms / 1000
     retry_s = settings.retry_scan_interval_ms / 1000
+    outbox_s = settings.objective_control_outbox_redrive_interval_ms / 1000
     schedule: dict[str, Any] = {
+        "objective-outbox-redrive": {
+            "task": OUTBOX_TASK,
+            "schedule": timedelta(seconds=outbox_s),
+            "options": {"queue": OBJECTIVES_QUEUE, "expires": max(1.0, outbox_s)},
+        },
         "queued-redrive": {
             "task": REDRIVE_TASK,
             "schedule": timedelta(seconds=redrive_s),
@@ -100,7 +109,7 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
     if settings.callback_targets:
         callback_s = settings.callback_send_interval_ms / 1000
         schedule["callbacks"] = {
-            "task": "receipt.send_callbacks",
+            "task": CALLBACK_TASK,
             "schedule": timedelta(seconds=callback_s),
             "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, callback_s)},
         }

@@ -86,22 +86,35 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     except (ValueError, OSError) as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    from app.factory.reducer import fold as fold_objective
+    from app.factory.vocab import OBJECTIVE_STREAM_PREFIX
+
     try:
-        job = fold(receipts)
+        if receipts and receipts[0].stream.startswith(OBJECTIVE_STREAM_PREFIX):
+            # An objectives/<id> stream folds with the objective reducer.
+            obj = fold_objective(receipts)
+            out = None
+            if obj is not None:
+                out = {**obj.header_json(), "tasks": [obj.tasks[t].to_json() for t in obj.task_order]}
+        else:
+            job = fold(receipts)
+            out = job.to_json() if job else None
     except InvariantError as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    print(json.dumps(job.to_json() if job else None, indent=2, sort_keys=True))
+    print(json.dumps(out, indent=2, sort_keys=True))
     return 0
 
 
 def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    from app.factory import storage as objective_storage
     from app.storage import projection, tokens
 
     with transaction(_engine(settings)) as conn:
         n_jobs = projection.rebuild(conn)
         n_tokens = tokens.rebuild(conn)
-    print(f"rebuilt {n_jobs} jobs and {n_tokens} tokens from receipts")
+        n_objectives = objective_storage.rebuild(conn)
+    print(f"rebuilt {n_jobs} jobs, {n_tokens} tokens and {n_objectives} objectives from receipts")
     return 0
 
 
@@ -216,11 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="recompute every receipt hash chain")
     v.add_argument("--stream", help="verify only this stream")
     v.set_defaults(fn=cmd_verify)
-    r = sub.add_parser("replay", help="fold receipts (JSON lines) and print the job")
+    r = sub.add_parser(
+        "replay",
+        help="fold receipts (JSON lines) and print the job (or the objective, for objectives/ streams)",
+    )
     r.add_argument("file", nargs="?", help="file of JSON lines (default: stdin)")
     r.set_defaults(fn=cmd_replay)
     sub.add_parser(
-        "rebuild-projections", help="rebuild the jobs and token tables from receipts"
+        "rebuild-projections", help="rebuild the jobs, token and objective tables from receipts"
     ).set_defaults(fn=cmd_rebuild)
     t = sub.add_parser("token", help="create, list or revoke API tokens")
     tsub = t.add_subparsers(dest="token_cmd", required=True)

@@ -8,6 +8,7 @@ named function here so that the rest of ``app/`` never branches on the dialect.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -169,6 +170,44 @@ callback_outbox = Table(
 )
 
 
+# Projection of `objectives/<id>` streams (migration 0003): one row per objective (its state without
+# the tasks) and one per task, so a control step reads and writes only the tasks it touches.
+objectives = Table(
+    "objectives",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("organization_id", String(256), nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("phase", Integer, nullable=False),
+    Column("title", String(256), nullable=False),
+    Column("created_at", _Time, nullable=False),
+    Column("updated_at", _Time, nullable=False),
+    Column("status_changed_at", _Time, nullable=False),
+    # Unconsumed control requests (the outbox): how many, and the seq of the oldest.
+    Column("pending_count", Integer, nullable=False),
+    Column("pending_seq", Integer, nullable=True),
+    Column("audited", Boolean, nullable=False),
+    Column("last_seq", Integer, nullable=False),
+    Column("last_hash", String(64), nullable=False),
+    Column("state", _Json, nullable=False),
+    Index("ix_objectives_org_created", "organization_id", "created_at", "id"),
+    Index("ix_objectives_status", "status", "status_changed_at"),
+    Index("ix_objectives_pending", "pending_count"),
+)
+
+objective_tasks = Table(
+    "objective_tasks",
+    metadata,
+    Column("objective_id", String(64), primary_key=True),
+    Column("task_id", String(64), primary_key=True),
+    Column("status", String(16), nullable=False),
+    Column("job_id", String(128), nullable=True),
+    Column("deps_remaining", Integer, nullable=False),
+    Column("state", _Json, nullable=False),
+    Index("ix_objective_tasks_status", "objective_id", "status"),
+)
+
+
 # -- engines ------------------------------------------------------------------------------
 
 
@@ -271,3 +310,29 @@ def try_lock_key(conn: Connection, name: str) -> bool:
         return True
     key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
     return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}).scalar_one())
+
+
+@contextmanager
+def session_lock(engine: Engine, name: str, *, wait_s: float, poll_s: float = 0.02) -> Iterator[bool]:
+    """Hold a lock on ``name`` across transactions (Postgres: a session advisory lock on its own
+    connection), waiting up to ``wait_s``; yields whether it was taken. Callers must be safe without
+    it (it saves duplicate work, it does not provide correctness). SQLite: always True, no lock (its
+    write lock already serialises writers)."""
+    if engine.dialect.name == "sqlite":
+        yield True
+        return
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    with engine.connect() as raw:
+        conn = raw.execution_options(isolation_level="AUTOCOMMIT")
+        deadline = time.monotonic() + wait_s
+        taken = False
+        while True:
+            taken = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar_one())
+            if taken or time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
+        try:
+            yield taken
+        finally:
+            if taken:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})

@@ -15,8 +15,11 @@ They also say when each loop last ran, which ``/readyz`` and the local ticker re
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import TracebackType
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.engine import Engine
@@ -24,6 +27,16 @@ from sqlalchemy.exc import IntegrityError
 
 from app.config import Settings
 from app.storage.db import as_utc, db_now, loop_runs, transaction
+
+log = logging.getLogger("receipt.loops")
+
+# A claim's shortest life: long enough for a loaded pass to renew it before it lapses.
+MIN_CLAIM_TTL_MS = 2000
+
+
+def claim_ttl_ms(interval_ms: int) -> int:
+    """A claim lives one interval (at least ``MIN_CLAIM_TTL_MS``) unless its pass renews it."""
+    return max(interval_ms, MIN_CLAIM_TTL_MS)
 
 
 def claim(engine: Engine, name: str, owner: str, *, min_interval_ms: int, ttl_ms: int) -> bool:
@@ -82,6 +95,45 @@ def release(engine: Engine, name: str, owner: str) -> None:
             .where(loop_runs.c.name == name, loop_runs.c.owner == owner)
             .values(finished_at=now)
         )
+
+
+class Renewal:
+    """Renews a held claim from a background thread while a pass with no keep-alive hook runs.
+
+    The thread dies with its process, so a SIGKILLed pass stops renewing and its claim lapses on
+    its deadline; a pass whose database went away cannot renew either, with the same result.
+    """
+
+    def __init__(self, engine: Engine, name: str, owner: str, ttl_ms: int) -> None:
+        self._engine, self._name, self._owner, self._ttl_ms = engine, name, owner, ttl_ms
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"renew-{name}", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._ttl_ms / 3000):
+            try:
+                if not renew(self._engine, self._name, self._owner, self._ttl_ms):
+                    log.warning("%s: the pass lost its claim; it is no longer renewed", self._name)
+                    return
+            except Exception as exc:  # the claim lapses on its deadline; the pass itself decides
+                log.warning("%s: could not renew the claim (%s)", self._name, exc)
+
+    def __enter__(self) -> Renewal:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            release(self._engine, self._name, self._owner)
+        except Exception as error:  # the database may be what ended the pass: the deadline frees it
+            log.warning("could not release %s (%s); its claim lapses on its deadline", self._name, error)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,8 @@ class _Tx:
     conn: Connection
     touched: dict[str, Job] = field(default_factory=dict)
     applied: list[Applied] = field(default_factory=list)
+    # Objectives that received a control request in this transaction (the outbox fast path's input).
+    objectives: set[str] = field(default_factory=set)
     _now: datetime | None = None
 
     @property
@@ -136,6 +138,7 @@ class Queue:
         max_commands_per_job: int = MAX_COMMANDS_PER_JOB_DEFAULT,
         on_applied: Callable[[Sequence[Applied]], None] | None = None,
         callback_targets: Sequence[str] = (),
+        control_fast_path: bool = True,
     ) -> None:
         self.engine = engine
         self._on_dispatchable = on_dispatchable
@@ -143,6 +146,9 @@ class Queue:
         self._on_applied = on_applied
         # Terminal receipts write their callback outbox rows in their own transaction.
         self.callback_targets = tuple(callback_targets)
+        # After a commit that wrote objective control requests, enqueue their control jobs at once
+        # (the outbox redrive catches whatever this misses). Off only in tests of the redrive.
+        self.control_fast_path = control_fast_path
 
     # -- the transaction machinery ----------------------------------------------------------
     def _run(self, work: Callable[[_Tx], Any]) -> Any:
@@ -154,6 +160,7 @@ class Queue:
                     result = work(tx)
                 self._after_commit(tx.touched.values())
                 self._observe(tx.applied)
+                self._after_commit_objectives(tx.objectives)
                 return result
             except AppendConflict:
                 continue
@@ -166,6 +173,40 @@ class Queue:
                 self._on_dispatchable(ready)
             except Exception:  # delivery is best-effort: the redrive loop re-delivers from receipts
                 log.exception("dispatch wake-up failed; the queued redrive will pick these jobs up")
+
+    def _after_commit_objectives(self, objective_ids: Iterable[str]) -> None:
+        if not self.control_fast_path:
+            return
+        from app.factory import service
+
+        for objective_id in sorted(objective_ids):
+            try:
+                service.ensure_control_job(self, objective_id)
+            except Exception:  # best-effort: the outbox redrive enqueues what this misses
+                log.exception(
+                    "control fast path for %s failed; the outbox redrive will catch it", objective_id
+                )
+
+    def _request_objective_control(
+        self, tx: _Tx, before: Job | None, after: Job, events: Sequence[Event]
+    ) -> None:
+        """The control outbox: write the objective's control request in this job's transaction."""
+        from app.factory import outbox, storage
+
+        body = outbox.control_request_for(before, after, [t for t, _ in events])
+        if body is None:
+            return
+        objective_id = str(after.payload["objectiveId"])
+        written = storage.request_control(
+            tx.conn,
+            objective_id,
+            body,
+            # Its own clock read, after the objective's lock: the objective stream's times never go back.
+            organization_id=after.organization_id,
+            check_organization=True,
+        )
+        if written is not None:
+            tx.objectives.add(objective_id)
 
     def _observe(self, applied: Sequence[Applied]) -> None:
         if applied and self._on_applied is not None:
@@ -196,6 +237,7 @@ class Queue:
             outbox.record(tx.conn, self.callback_targets, state.status, state, tx.now)
         tx.touched[job_id] = state
         tx.applied.append(Applied(loaded.job if loaded else None, state, tuple(t for t, _ in events)))
+        self._request_objective_control(tx, loaded.job if loaded else None, state, events)
         return state
 
     def _mutate(self, job_id: str, decide: Callable[[Job, datetime], Sequence[Event]]) -> Outcome:

@@ -24,6 +24,7 @@ GATE = "e2e-gate"
 WAIT_CANCEL = "e2e-wait-cancel"
 COMMANDS = "e2e-commands"
 FAIL = "e2e-fail"
+TASK = "e2e-task"
 
 POLL_S = 0.05
 
@@ -90,6 +91,22 @@ def fail(ctx: JobContext) -> Any:
     )
 
 
+def task(ctx: JobContext) -> Any:
+    """An objective's task: optionally gated (``gate``/``gateAttempts``), slow (``seconds``) or failing
+    (``fail``); completes with its task id and the ``inputs`` its dependencies passed it."""
+    attempts = ctx.payload.get("gateAttempts")
+    if ctx.payload.get("gate") and (attempts is None or ctx.attempt in attempts):
+        path = Path(str(ctx.payload["gate"]))
+        while not path.exists():
+            if ctx.wait_cancelled(POLL_S):
+                return {"stopped": ctx.cancel_reason, **_who(ctx)}
+    if ctx.payload.get("seconds") and ctx.wait_cancelled(float(ctx.payload["seconds"])):
+        return {"stopped": ctx.cancel_reason, **_who(ctx)}
+    if ctx.payload.get("fail"):
+        raise HandlerError(f"task {ctx.payload.get('taskId')} failed on purpose", retryable=False)
+    return {"task": ctx.payload.get("taskId"), "inputs": ctx.payload.get("inputs", {}), **_who(ctx)}
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register(ECHO, echo)
     registry.register(SLEEP, sleep)
@@ -97,3 +114,4 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(WAIT_CANCEL, wait_cancel)
     registry.register(COMMANDS, commands)
     registry.register(FAIL, fail)
+    registry.register(TASK, task)

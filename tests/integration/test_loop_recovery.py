@@ -68,7 +68,7 @@ def test_a_redrive_pass_cut_from_postgres_mid_pass_frees_its_loop_within_about_a
     with pg_engine.connect() as conn:
         row = conn.execute(select(loop_runs).where(loop_runs.c.name == task_loops.REDRIVE_LOOP)).one()
     assert row.finished_at is None, "the release reached a dead database, yet the row says released"
-    assert row.expires_at - row.started_at == timedelta(milliseconds=task_loops.claim_ttl_ms(INTERVAL_MS))
+    assert row.expires_at - row.started_at == timedelta(milliseconds=loops.claim_ttl_ms(INTERVAL_MS))
 
     proxy.restore()
     monkeypatch.setattr(task_loops, "start_driver", real_start)

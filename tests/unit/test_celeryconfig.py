@@ -11,14 +11,22 @@ from typing import Any
 import pytest
 
 from app.config import Settings
-from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
 from app.jobs.timing import CODEX_LEASE_CAP_MS
 from app.ops import celeryconfig
 from tasks.celery_app import make_celery
-from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, EXPIRE_TASK, REDRIVE_TASK, RETRY_TASK
+from tasks.runtime import (
+    DISPATCH_TASK,
+    DRIVER_TASK,
+    EXECUTE_TASK,
+    EXPIRE_TASK,
+    OUTBOX_TASK,
+    REDRIVE_TASK,
+    RETRY_TASK,
+)
 
 REDIS = "redis://127.0.0.1:6379/9"
-EVERY_QUEUE = {DRIVER_QUEUE, MAINTENANCE_QUEUE, *QUEUES.values()}
+EVERY_QUEUE = {DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, *QUEUES.values()}
 
 
 def build(tmp_path: Path, **env: str) -> dict[str, Any]:
@@ -111,8 +119,13 @@ def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> N
         RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="7000",
         RECEIPT_LEASE_EXPIRY_INTERVAL_MS="3000",
         RECEIPT_RETRY_SCAN_INTERVAL_MS="500",
+        RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS="2500",
     )
-    schedule = conf["beat_schedule"]
+    schedule = dict(conf["beat_schedule"])
+    # The objective-control outbox redrive has its own queue: only worker-control and all consume it.
+    outbox = schedule.pop("objective-outbox-redrive")
+    assert outbox["task"] == OUTBOX_TASK and outbox["options"]["queue"] == OBJECTIVES_QUEUE
+    assert outbox["schedule"].total_seconds() == 2.5
     assert {e["task"] for e in schedule.values()} == {REDRIVE_TASK, EXPIRE_TASK, RETRY_TASK}
     by_task = {e["task"]: e for e in schedule.values()}
     assert by_task[REDRIVE_TASK]["schedule"].total_seconds() == 7.0
@@ -128,7 +141,15 @@ def test_make_celery_applies_the_configuration_and_registers_every_task(tmp_path
     assert app.conf.worker_prefetch_multiplier == 1
     assert app.conf.worker_consumer == "tasks.consumer:BackoffConsumer"
     assert app.conf.broker_transport_options["visibility_timeout"] * 1000 > CODEX_LEASE_CAP_MS
-    for name in (DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, REDRIVE_TASK, EXPIRE_TASK, RETRY_TASK):
+    for name in (
+        DISPATCH_TASK,
+        DRIVER_TASK,
+        EXECUTE_TASK,
+        REDRIVE_TASK,
+        EXPIRE_TASK,
+        RETRY_TASK,
+        OUTBOX_TASK,
+    ):
         assert name in app.tasks
 
 

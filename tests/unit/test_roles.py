@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.config import Settings
-from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
 from tasks import worker
 from tasks.worker import worker_argv
 from workers.roles import ROLE_NAMES, ROLES, concurrency, resolve_role, unknown_role_warning
@@ -21,14 +21,15 @@ SPEC_ROLES = ("api", "driver", "worker-chat", "worker-codex", "worker-control")
 WORKER_ROLES = [r for r in SPEC_ROLES if r != "api"]
 
 # Which queues each role consumes: each worker group its own queue; the beat-scheduled loops on
-# receipt-maintenance, consumed by driver, worker-control and all (issue 4).
+# receipt-maintenance, consumed by driver, worker-control and all (issue 4); the objective-control
+# outbox redrive on receipt-objectives, consumed by worker-control and all only (spec, issue 9).
 EXPECTED_QUEUES = {
     "api": (),
     "driver": (DRIVER_QUEUE, MAINTENANCE_QUEUE),
     "worker-chat": (QUEUES["chat"],),
     "worker-codex": (QUEUES["codex"],),
-    "worker-control": (QUEUES["control"], MAINTENANCE_QUEUE),
-    "all": (MAINTENANCE_QUEUE,),
+    "worker-control": (QUEUES["control"], MAINTENANCE_QUEUE, OBJECTIVES_QUEUE),
+    "all": (MAINTENANCE_QUEUE, OBJECTIVES_QUEUE),
 }
 
 
@@ -67,12 +68,12 @@ def test_misspelled_role_resolves_to_all_consuming_only_maintenance(raw: str | N
     role, known = resolve_role(raw)
     assert role.name == "all"
     assert known is False
-    assert role.queues == (MAINTENANCE_QUEUE,)
+    assert role.queues == (MAINTENANCE_QUEUE, OBJECTIVES_QUEUE)
 
 
 def test_all_spelled_out_is_recognised_but_still_maintenance_only() -> None:
     role, known = resolve_role("all")
-    assert (role.name, known, role.queues) == ("all", True, (MAINTENANCE_QUEUE,))
+    assert (role.name, known, role.queues) == ("all", True, (MAINTENANCE_QUEUE, OBJECTIVES_QUEUE))
 
 
 def test_unknown_role_warning_names_the_value_and_all_five_roles() -> None:
@@ -122,7 +123,7 @@ def test_worker_argv_concurrency_comes_from_the_environment_override(name: str) 
 
 def test_worker_argv_for_a_misspelled_role_consumes_only_maintenance() -> None:
     argv = worker_argv(settings(), "worker-chats")
-    assert arg(argv, "--queues") == MAINTENANCE_QUEUE
+    assert arg(argv, "--queues") == f"{MAINTENANCE_QUEUE},{OBJECTIVES_QUEUE}"
     assert arg(argv, "--hostname").startswith("all@")
 
 
@@ -154,7 +155,7 @@ def test_main_with_a_misspelled_role_warns_loudly_and_starts_maintenance_only(
     for name in SPEC_ROLES:
         assert name in warnings[0].getMessage()
     assert fake.argv is not None
-    assert arg(fake.argv, "--queues") == MAINTENANCE_QUEUE
+    assert arg(fake.argv, "--queues") == f"{MAINTENANCE_QUEUE},{OBJECTIVES_QUEUE}"
 
 
 def test_main_role_flag_overrides_the_environment(

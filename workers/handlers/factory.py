@@ -1,34 +1,87 @@
-"""The three ``factory*`` handlers, until the Factory layer gives them their real behaviour.
+"""The ``factory``, ``factory-control`` and ``factory-monitor`` handlers: thin adapters over
+``app.factory.service``.
 
-They do the minimum their kinds need and never pretend success: a kind whose work belongs to
-the Factory layer (objectives, task graphs) fails non-retryably with a message saying so.
-The watchdog is the exception: with no objective ledger yet there is nothing to reconcile, and
-reporting a scan of zero objectives is the truth.
+- ``factory`` runs ``factory.dispatch`` (launch ``payload.objective``, idempotent by objectiveId) and
+  ``factory.run`` (a planner turns the goal into a plan, then the same launch).
+- ``factory-control`` runs ``factory.objective.control`` (one control step) and
+  ``factory.objective.audit`` (the terminal audit).
+- What is not built yet — the objective watchdog and the task monitor (issue 10) — fails
+  non-retryably with a message saying so: no stub reports success.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from app.factory import service
+from app.factory.plan import validate_objective
+from app.factory.planner import PlannerRefused, load_planner
+from app.jobs.errors import ConflictError, ValidationError
 from workers.handler import HandlerError, JobContext
 
+NOT_BUILT = "is not built yet (issue 10: watchdog, task monitor, phases)"
 
-def _not_available(ctx: JobContext, agent: str) -> HandlerError:
-    return HandlerError(
-        f"agent '{agent}' cannot run kind '{ctx.job.kind}' yet: the Factory layer is not installed",
-        retryable=False,
-    )
+
+def _refuse(message: str) -> HandlerError:
+    return HandlerError(message, retryable=False)
+
+
+def _launch(ctx: JobContext, body: Any) -> dict[str, Any]:
+    auth = ctx.payload.get("authContext")
+    auth_context = auth if isinstance(auth, Mapping) else None
+    try:
+        spec = validate_objective(body, auth_context=auth_context)
+    except ValidationError as exc:
+        raise _refuse(f"invalid objective: {exc.message}") from None
+    org = ctx.job.organization_id
+    if spec.organization_id != org:
+        raise _refuse("objective.authContext.organizationId must be the job's organisation")
+    result = service.launch(ctx.queue, spec, launched_by=service.launcher_from(ctx.job.enqueued_by))
+    obj = result.objective
+    if obj.organization_id != org:
+        raise _refuse("that objectiveId cannot be used; choose another")
+    return {"objectiveId": obj.id, "created": result.created, "status": obj.status, "stream": obj.stream}
 
 
 def handle_factory(ctx: JobContext) -> Any:
-    raise _not_available(ctx, "factory")
+    kind = ctx.job.kind
+    if kind == "factory.dispatch":
+        objective = ctx.payload.get("objective")
+        if not isinstance(objective, Mapping):
+            raise _refuse("factory.dispatch needs payload.objective: the same shape as POST /objectives")
+        return _launch(ctx, objective)
+    if kind == "factory.run":
+        try:
+            body = load_planner(ctx.settings).plan(ctx.payload)
+        except PlannerRefused as exc:
+            raise _refuse(str(exc)) from None
+        return _launch(ctx, body)
+    raise _refuse(f"agent 'factory' does not run kind '{kind}'")
+
+
+def _objective_id(ctx: JobContext) -> str:
+    objective_id = ctx.payload.get("objectiveId")
+    if not isinstance(objective_id, str) or not objective_id:
+        raise _refuse(f"{ctx.job.kind} needs payload.objectiveId")
+    return objective_id
 
 
 def handle_factory_control(ctx: JobContext) -> Any:
-    if ctx.job.kind == "factory.objective.watchdog":
-        return {"objectivesScanned": 0, "reconciled": [], "note": "no objective ledger installed"}
-    raise _not_available(ctx, "factory-control")
+    kind = ctx.job.kind
+    try:
+        if kind == "factory.objective.control":
+            return service.control_step(ctx.queue, _objective_id(ctx)).to_json()
+        if kind == "factory.objective.audit":
+            return service.run_audit(ctx.queue, _objective_id(ctx))
+    except service.ObjectiveNotFound:
+        raise _refuse(f"no objective {ctx.payload.get('objectiveId')!r}") from None
+    except ConflictError as exc:
+        raise _refuse(str(exc)) from None
+    if kind == "factory.objective.watchdog":
+        raise _refuse(f"the objective watchdog {NOT_BUILT}")
+    raise _refuse(f"agent 'factory-control' does not run kind '{kind}'")
 
 
 def handle_factory_monitor(ctx: JobContext) -> Any:
-    raise _not_available(ctx, "factory-monitor")
+    raise _refuse(f"the task monitor ('factory-monitor', kind '{ctx.job.kind}') {NOT_BUILT}")

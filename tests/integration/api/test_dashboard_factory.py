@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from api.ui import objectives as ui_objectives
+from app.storage import tokens
 from tests.integration.api.test_dashboard import sign_in, text
-from tests.support.api import Api
+from tests.support.api import ORG_A, ORG_B, Api
 
 pytest.importorskip("app.factory.service", reason="the Factory (issue 9) is not in this build")
 
@@ -32,7 +33,10 @@ def launch(api: Api, objective_id: str, who: str = "a") -> dict[str, Any]:
         "goal": "Fetch, check twice, report.",
         "plan": {"tasks": [_task("A"), _task("B", "A"), _task("C", "A"), _task("D", "B", "C")]},
     }
-    r = api.client.post("/objectives", json=body, headers=api.headers(who))
+    # Codex tasks run commands: launching them needs the `commands` scope (issue 8).
+    org = ORG_B if who == "b" else ORG_A
+    secret = tokens.create(api.engine, org, scopes=("commands",))[1]
+    r = api.client.post("/objectives", json=body, headers={"Authorization": f"Bearer {secret}"})
     assert r.status_code == 202, r.json
     objective: dict[str, Any] = r.json["objective"]  # type: ignore[index]
     return objective

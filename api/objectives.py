@@ -1,0 +1,295 @@
+"""Objective endpoints (the Factory): launch, read, list, cancel, follow.
+
+Same auth, tenancy, error shape and OpenAPI as jobs: an objective belongs to its
+``authContext.organizationId``; another organisation's objective answers exactly like an unknown
+one (404), and an ``objectiveId`` another organisation holds is refused (409) without saying more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from flask import Blueprint, request
+from flask.typing import ResponseReturnValue
+from sqlalchemy.engine import Connection, Engine
+
+from api import auth, schemas, sse
+from api.context import read_connection, state
+from api.errors import ApiError, forbidden
+from api.jsonbody import check_param
+from api.openapi import Operation, operation
+from api.streams import held_stream, resume_point, sse_timing
+from app.factory import service, storage
+from app.factory.plan import validate_objective
+from app.factory.reducer import Objective, reduce
+from app.factory.vocab import OBJECTIVE_STREAM_PREFIX, objective_stream
+from app.jobs.errors import ValidationError
+from app.jobs.reducer import Job
+from app.jobs.vocab import LEASED_STATUSES
+from app.storage import store
+from app.storage.queue import decode_cursor
+
+log = logging.getLogger("receipt.api")
+blueprint = Blueprint("objectives", __name__)
+
+OBJECTIVE_NOT_FOUND_MESSAGE = "no objective with that id"
+OBJECTIVE_ID_UNAVAILABLE = "objective_id_unavailable"
+OBJECTIVE_ID_UNAVAILABLE_MESSAGE = "that objectiveId cannot be used; choose another"
+_PATH = {"objectiveId": schemas.OBJECTIVE_ID_PARAM}
+
+
+def objective_not_found() -> ApiError:
+    return ApiError(404, "not_found", OBJECTIVE_NOT_FOUND_MESSAGE)
+
+
+def task_json(task: Any, job: Job | None = None) -> dict[str, Any]:
+    """One task as the API shows it; ``running`` and the live attempt come from its job's lease."""
+    status = task.status
+    attempt = task.attempt
+    if job is not None and status in ("queued", "running"):
+        attempt = job.attempt
+        status = "running" if job.status in LEASED_STATUSES else "queued"
+    return {
+        "id": task.id,
+        "agentId": task.agent_id,
+        "kind": task.kind,
+        "dependsOn": list(task.depends_on),
+        "status": status,
+        "jobId": task.job_id,
+        "attempt": attempt,
+        "result": task.result,
+        "error": task.error,
+        "phase": task.phase,
+    }
+
+
+def objective_json(obj: Objective, jobs: Mapping[str, Job | None] | None = None) -> dict[str, Any]:
+    jobs = jobs or {}
+    return {
+        "id": obj.id,
+        "title": obj.title,
+        "goal": obj.goal,
+        "status": obj.status,
+        "phase": obj.phase,
+        "failurePolicy": obj.failure_policy,
+        "tasks": [
+            task_json(obj.tasks[t], jobs.get(obj.tasks[t].job_id or ""))
+            for t in obj.task_order
+            if t in obj.tasks
+        ],
+        "audit": obj.audit,
+        "createdAt": obj.created_at,
+        "updatedAt": obj.updated_at,
+    }
+
+
+def live_json(obj: Objective) -> dict[str, Any]:
+    """The objective with its unfinished tasks' live job state overlaid (one query)."""
+    active = [t.job_id for t in obj.tasks.values() if t.status in ("queued", "running") and t.job_id]
+    return objective_json(obj, service.read_jobs(state().engine, active) if active else {})
+
+
+def visible_objective(objective_id: str) -> Objective:
+    """The objective (every task), if the caller may see it; otherwise the one 404."""
+    obj = service.get(state().engine, objective_id)
+    if obj is None or not auth.current().may_act_for(obj.organization_id):
+        raise objective_not_found()
+    return obj
+
+
+def _events_path(objective_id: str) -> str:
+    return f"{request.script_root}/objectives/{objective_id}/events"
+
+
+@blueprint.post("/objectives")
+@operation(
+    Operation(
+        summary="Launch an objective: a plan (a DAG of tasks) run as jobs by objective control.",
+        description="Validates the whole plan before writing anything (a cycle, an unknown dependency, a "
+        "duplicate task id, an empty plan, more than 1000 tasks, a kind that cannot be a task, or a task "
+        "payload the job validation refuses are each a 400 naming the problem). Re-posting an existing "
+        "objectiveId returns that objective unchanged.",
+        tag="objectives",
+        body=schemas.OBJECTIVE_REQUEST,
+        responses={202: schemas.OBJECTIVE_LAUNCH_RESPONSE},
+        errors=(403, 409),
+    )
+)
+def launch(body: dict[str, Any]) -> ResponseReturnValue:
+    identity = auth.current()
+    ctx = body.get("authContext")
+    default_ctx = None
+    if ctx is None:
+        # Unset: the objective belongs to the token's own organisation (a system token's too).
+        if identity.organization_id is None:
+            raise ValidationError(
+                "authContext", "is required without a token and must carry userId and organizationId"
+            )
+        default_ctx = {"userId": f"token:{identity.token_id}", "organizationId": identity.organization_id}
+    spec = validate_objective(body, auth_context=default_ctx)
+    if not identity.may_act_for(spec.organization_id):
+        raise forbidden("authContext.organizationId is not the organisation of this token")
+    for task in spec.tasks:
+        # A task that runs a command needs the same right as posting that job directly (issue 8).
+        auth.require_enqueue_allowed(identity, task.agent_id, task.kind, spec.organization_id)
+    result = service.launch(state().queue, spec, launched_by=identity.enqueuer().to_json())
+    obj = result.objective
+    if not result.created and obj.organization_id != spec.organization_id:
+        raise ApiError(
+            409, OBJECTIVE_ID_UNAVAILABLE, OBJECTIVE_ID_UNAVAILABLE_MESSAGE, {"field": "objectiveId"}
+        )
+    if not result.created:
+        obj = visible_objective(obj.id)
+    headers = {"Location": f"{request.script_root}/objectives/{obj.id}"}
+    out = {
+        "objective": live_json(obj),
+        "async": {"objectiveId": obj.id, "stream": obj.stream, "eventsUrl": _events_path(obj.id)},
+    }
+    return out, 202, headers
+
+
+@blueprint.get("/objectives/<objectiveId>")
+@operation(
+    Operation(
+        summary="Read one objective with every task's status, job, attempt, result and error.",
+        tag="objectives",
+        path=_PATH,
+        responses={200: schemas.OBJECTIVE_RESPONSE},
+    )
+)
+def get_objective(objectiveId: str) -> ResponseReturnValue:
+    return {"objective": live_json(visible_objective(objectiveId))}
+
+
+@blueprint.get("/objectives")
+@operation(
+    Operation(
+        summary="List objectives, newest first.",
+        description="A system token lists every organisation unless organizationId is given.",
+        tag="objectives",
+        query=schemas.LIST_OBJECTIVES_QUERY,
+        responses={200: schemas.OBJECTIVE_PAGE},
+        errors=(403,),
+    )
+)
+def list_objectives(query: dict[str, Any]) -> ResponseReturnValue:
+    identity = auth.current()
+    org = query.get("organizationId")
+    if org is not None and not identity.may_act_for(org):
+        raise forbidden("organizationId is not the organisation of this token")
+    cursor = query.get("cursor")
+    if cursor is not None:
+        _, last_id = decode_cursor(cursor)
+        check_param(last_id, "cursor")
+    if identity.system:
+        scope: dict[str, Any] = {"organization_id": org, "all_organizations": org is None}
+    else:
+        scope = {"organization_id": identity.organization_id, "all_organizations": False}
+    engine = state().engine
+    with read_connection(engine) as conn:
+        page = storage.list_page(
+            conn, **scope, status=query.get("status"), limit=query["limit"], cursor=cursor
+        )
+    out = []
+    for header in page.objectives:
+        full = service.get(engine, header.id)
+        if full is not None:
+            out.append(live_json(full))
+    return {"objectives": out, "nextCursor": page.next_cursor}
+
+
+@blueprint.post("/objectives/<objectiveId>/cancel")
+@operation(
+    Operation(
+        summary="Cancel an objective.",
+        description="Pending tasks never start; running task jobs get an abort command; the objective "
+        "ends canceled once none is running. A terminal objective answers 409.",
+        tag="objectives",
+        path=_PATH,
+        body=schemas.CANCEL_REQUEST,
+        body_required=False,
+        responses={202: schemas.OBJECTIVE_RESPONSE},
+        errors=(409,),
+    )
+)
+def cancel(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
+    visible_objective(objectiveId)
+    service.cancel(state().queue, objectiveId, body.get("reason"))
+    return {"objective": live_json(visible_objective(objectiveId))}, 202
+
+
+def follow(
+    engine: Engine,
+    objective_id: str,
+    after: int,
+    timing: sse.Timing,
+    still_allowed: Callable[[Connection], bool] | None = None,
+) -> Iterator[str]:
+    """SSE frames: the objective's state after each receipt, until it ended and was audited.
+
+    Runs after the view returned (no request or app context): everything comes in as arguments.
+    """
+    obj: Objective | None = None
+    seq = 0
+    start = timing.clock()
+    deadline = start + timing.max_seconds
+    next_heartbeat = start + timing.heartbeat_seconds
+    yield f"retry: {max(timing.poll_ms, 1000)}\n\n"
+    while True:
+        try:
+            with read_connection(engine) as conn:
+                if still_allowed is not None and not still_allowed(conn):
+                    yield ": credentials revoked or expired\n\n"
+                    return
+                batch = store.read_stream(conn, objective_stream(objective_id), after=seq, limit=sse.BATCH)
+        except Exception:
+            log.warning("objective event stream %s ended: storage read failed", objective_id, exc_info=True)
+            yield ": storage unavailable, reconnect\n\n"
+            return
+        for receipt in batch:
+            obj = reduce(obj, receipt.to_receipt())
+            seq = receipt.seq
+            if seq > after and obj is not None:
+                yield sse.format_event("objective", seq, objective_json(obj))
+        if len(batch) == sse.BATCH:
+            continue
+        if obj is not None and obj.terminal and obj.audit is not None:
+            return
+        now = timing.clock()
+        if now >= deadline:
+            return
+        if now >= next_heartbeat:
+            yield ": heartbeat\n\n"
+            next_heartbeat = now + timing.heartbeat_seconds
+        timing.sleep(min(timing.poll_ms / 1000, max(deadline - now, 0.0)))
+
+
+@blueprint.get("/objectives/<objectiveId>/events")
+@operation(
+    Operation(
+        summary="Follow an objective as Server-Sent Events: its state after each receipt "
+        "(event: objective, id: seq).",
+        description="Ends once the objective ended and its audit was appended. Resume with Last-Event-ID.",
+        tag="objectives",
+        path=_PATH,
+        query=schemas.EVENTS_QUERY,
+        headers={"Last-Event-ID": schemas.LAST_EVENT_ID_HEADER},
+        responses={200: schemas.OBJECTIVE_EVENT},
+        streams=True,
+    )
+)
+def objective_events(objectiveId: str, query: dict[str, Any]) -> ResponseReturnValue:
+    visible_objective(objectiveId)
+    after = resume_point(query)
+    engine = state().engine
+    return held_stream(lambda allowed: follow(engine, objectiveId, after, sse_timing(), allowed))
+
+
+def readable_objective_stream(stream: str) -> bool:
+    """For ``/streams/objectives/<id>/...``: True (after the 404 check) when it is an objective stream."""
+    if not stream.startswith(OBJECTIVE_STREAM_PREFIX):
+        return False
+    visible_objective(stream[len(OBJECTIVE_STREAM_PREFIX) :])
+    return True

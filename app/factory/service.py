@@ -1,0 +1,473 @@
+"""Factory operations: the I/O around the pure rules, each a short transaction over the store.
+
+``launch`` and ``cancel`` write their control request in their own transaction; ``control_step``
+reads the objective and the jobs of the tasks it must look at, lets ``control.decide`` choose,
+performs the idempotent actions (enqueue under deterministic job ids, cancel), then appends the
+receipts optimistically — a conflict with anything but a newer control request re-reads and
+re-decides. ``ensure_control_job`` is the outbox's fast path (after every commit that wrote a
+request) and also what the outbox redrive calls; ``resume`` writes a request per active
+objective; ``run_audit`` is the terminal audit job. Nothing here imports Celery or Flask.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from app.factory import audit, control, storage
+from app.factory.plan import ObjectiveSpec
+from app.factory.reducer import Objective, Task
+from app.factory.vocab import (
+    AUDIT_KIND,
+    CONTROL_AGENT,
+    CONTROL_KIND,
+    CONTROL_MAX_ATTEMPTS,
+    FIRST_PHASE,
+    MAX_CONTROL_GENERATIONS,
+    audit_job_id,
+    control_job_id,
+    objective_stream,
+    task_job_id,
+)
+from app.jobs.contracts import contract_for
+from app.jobs.errors import AppendConflict, ConflictError, ReceiptError, TransientStorageError
+from app.jobs.ids import new_id
+from app.jobs.privilege import Enqueuer
+from app.jobs.reducer import Job
+from app.jobs.validation import EnqueueRequest
+from app.jobs.vocab import MAX_ATTEMPTS_DEFAULT, job_stream
+from app.storage import store
+from app.storage.db import db_now, jobs, session_lock, transaction
+from app.storage.queue import Queue
+
+log = logging.getLogger("receipt.factory")
+
+MAX_STEP_ROUNDS = 50
+STEP_LOCK_WAIT_S = 60.0
+AUDIT_MAX_ATTEMPTS = 3
+
+
+class ObjectiveNotFound(ReceiptError):
+    """No objective with that id (or not one the caller may see)."""
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    objective: Objective
+    created: bool
+
+
+def system_launcher() -> dict[str, Any]:
+    """``launchedBy`` of an objective Receipt itself launches with every right (operators, tests)."""
+    return Enqueuer(token_id=None, scopes=(), system=True).to_json()
+
+
+def launcher_from(enqueuer: Enqueuer | None) -> dict[str, Any]:
+    """``launchedBy`` for an objective a job launches (``factory.dispatch``/``run``): that job's own
+    enqueuer, so an objective never holds more rights than whoever asked for it (no enqueuer: none)."""
+    return (enqueuer or Enqueuer(token_id=None, scopes=(), system=False)).to_json()
+
+
+# -- reads --------------------------------------------------------------------------------------
+
+
+def get(engine: Engine, objective_id: str, *, all_tasks: bool = True) -> Objective | None:
+    with engine.connect() as conn:
+        loaded = storage.load(conn, objective_id, all_tasks=all_tasks)
+    return loaded.objective if loaded else None
+
+
+def read_jobs(engine: Engine, job_ids: Iterable[str]) -> dict[str, Job | None]:
+    """The jobs with these ids from the projection, None for each that does not exist (one query)."""
+    ids = sorted({j for j in job_ids if j})
+    out: dict[str, Job | None] = dict.fromkeys(ids)
+    if not ids:
+        return out
+    with engine.connect() as conn:
+        for i in range(0, len(ids), 500):
+            for row in conn.execute(select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(ids[i : i + 500]))):
+                out[row.id] = Job.from_json(row.state)
+    return out
+
+
+# -- launch and cancel ----------------------------------------------------------------------------
+
+
+def launch(queue: Queue, spec: ObjectiveSpec, *, launched_by: Mapping[str, Any]) -> LaunchResult:
+    """Write ``objective.launched`` and its ``launch`` control request in one transaction.
+
+    Idempotent by objectiveId: an existing objective is returned unchanged (the caller checks that
+    it belongs to the same organisation).
+    """
+    objective_id = spec.objective_id or new_id("obj_")
+    body = {
+        "objectiveId": objective_id,
+        "title": spec.title,
+        "goal": spec.goal,
+        "failurePolicy": spec.failure_policy,
+        "authContext": dict(spec.auth_context),
+        "launchedBy": dict(launched_by),
+        "phase": FIRST_PHASE,
+        "tasks": [t.to_json() for t in spec.tasks],
+    }
+    for _ in range(MAX_STEP_ROUNDS):
+        try:
+            with transaction(queue.engine) as conn:
+                storage.lock(conn, objective_id)
+                existing = storage.load(conn, objective_id)
+                if existing is not None:
+                    return LaunchResult(existing.objective, created=False)
+                events: list[storage.Event] = [
+                    ("objective.launched", body),
+                    ("objective.control_requested", {"requestId": "launch", "reason": "launch"}),
+                ]
+                loaded = storage.apply(conn, None, objective_id, events, at=db_now(conn))
+            break
+        except AppendConflict:
+            continue
+    else:
+        raise TransientStorageError(f"gave up launching {objective_id} after {MAX_STEP_ROUNDS} conflicts")
+    _fast_path(queue, objective_id)
+    return LaunchResult(loaded.objective, created=True)
+
+
+def cancel(queue: Queue, objective_id: str, reason: str | None) -> Objective:
+    """Request cancellation (``objective.cancel_requested`` + a ``cancel`` control request).
+
+    The objective ends ``canceled`` once control has stopped every task. A terminal objective
+    refuses (ConflictError); a second cancel while one is pending changes nothing.
+    """
+    with transaction(queue.engine) as conn:
+        storage.lock(conn, objective_id)
+        loaded = storage.load(conn, objective_id)
+        if loaded is None:
+            raise ObjectiveNotFound(objective_id)
+        obj = loaded.objective
+        if obj.terminal:
+            raise ConflictError(f"objective {objective_id} is already {obj.status}")
+        if obj.cancel is not None:
+            return obj
+        events: list[storage.Event] = [
+            ("objective.cancel_requested", {"reason": reason}),
+            ("objective.control_requested", {"requestId": f"cancel-{obj.seq + 1}", "reason": "cancel"}),
+        ]
+        obj = storage.apply(conn, loaded, objective_id, events, at=db_now(conn)).objective
+    _fast_path(queue, objective_id)
+    return obj
+
+
+def request(queue: Queue, objective_id: str, reason: str) -> bool:
+    """Write a control request (resume, redrive, reconcile) for an active objective; False if none."""
+    with transaction(queue.engine) as conn:
+        written = storage.request_control(
+            conn, objective_id, {"requestId": f"{reason}-{new_id()}", "reason": reason}
+        )
+    if written is not None:
+        _fast_path(queue, objective_id)
+    return written is not None
+
+
+# -- the outbox fast path -------------------------------------------------------------------------
+
+
+def _fast_path(queue: Queue, objective_id: str) -> None:
+    if not queue.control_fast_path:
+        return
+    try:
+        ensure_control_job(queue, objective_id)
+    except Exception:  # best-effort: the outbox redrive enqueues what this misses
+        log.exception("control fast path for %s failed; the outbox redrive will catch it", objective_id)
+
+
+def ensure_control_job(queue: Queue, objective_id: str) -> Job | None:
+    """Make sure a control job will look at the objective's oldest unconsumed request.
+
+    Job ids are derived from that request (its stream seq) and a generation: every request that
+    arrives while generation g is still *queued* maps to that same job (coalescing, so a burst of
+    settlements costs one step), and a repeat is a no-op. Once generation g has started (it may
+    have read the objective before the newest request) or ended without consuming the request (it
+    failed for good, or its worker died), generation g + 1 is created. Two steps at once are safe.
+    """
+    with queue.engine.connect() as conn:
+        loaded = storage.load(conn, objective_id)
+    if loaded is None or not loaded.objective.pending:
+        return None
+    obj = loaded.objective
+    oldest = obj.pending[0]
+    for generation in range(MAX_CONTROL_GENERATIONS):
+        job_id = control_job_id(objective_id, oldest.seq, generation)
+        job = queue.get(job_id)
+        if job is not None and job.status == "queued":
+            return job
+        if job is None:
+            payload = {
+                "kind": CONTROL_KIND,
+                "objectiveId": objective_id,
+                "reason": obj.pending[-1].reason,
+                "requestId": obj.pending[-1].id,
+                "authContext": dict(obj.auth_context),
+            }
+            req = EnqueueRequest(
+                agent_id=CONTROL_AGENT, payload=payload, job_id=job_id, max_attempts=CONTROL_MAX_ATTEMPTS
+            )
+            return queue.enqueue(req).job
+    log.error(
+        "objective %s: request %s still unconsumed after %d control jobs",
+        objective_id,
+        oldest.id,
+        MAX_CONTROL_GENERATIONS,
+    )
+    return None
+
+
+def ensure_audit_job(queue: Queue, obj: Objective) -> Job | None:
+    """The terminal audit job (deterministic id), when the control kind's contract asks for one."""
+    if not contract_for(CONTROL_KIND).terminal_objective_audit or obj.audit is not None:
+        return None
+    payload = {"kind": AUDIT_KIND, "objectiveId": obj.id, "authContext": dict(obj.auth_context)}
+    req = EnqueueRequest(
+        agent_id=CONTROL_AGENT, payload=payload, job_id=audit_job_id(obj.id), max_attempts=AUDIT_MAX_ATTEMPTS
+    )
+    return queue.enqueue(req).job
+
+
+# -- the control step -------------------------------------------------------------------------------
+
+
+def enqueue_task_job(queue: Queue, obj: Objective, task: Task, payload: Mapping[str, Any]) -> Job:
+    """The one place a task's job is enqueued (deterministic id: objective, phase, task).
+
+    Launcher identity: the objective's ``launchedBy`` ({tokenId, scopes, system}) is recorded as
+    the job's ``enqueuedBy``, so the codex handler's re-check (issue 8) applies to task jobs exactly
+    as to jobs posted over HTTP.
+    """
+    req = EnqueueRequest(
+        agent_id=task.agent_id,
+        payload=dict(payload),
+        job_id=task_job_id(obj.id, task.phase, task.id),
+        max_attempts=task.max_attempts or MAX_ATTEMPTS_DEFAULT,
+    )
+    return queue.enqueue(req, enqueued_by=launcher_identity(obj)).job
+
+
+def launcher_identity(obj: Objective) -> Enqueuer:
+    """Who the objective's task jobs act for; a missing or malformed record grants nothing."""
+    return Enqueuer.from_json(obj.launched_by) or Enqueuer(token_id=None, scopes=(), system=False)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    objective: Objective
+    appended: int
+    enqueued: int
+    canceled: int
+    ended: str | None
+    cpu_ms: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "objectiveId": self.objective.id,
+            "status": self.objective.status,
+            "appended": self.appended,
+            "enqueued": self.enqueued,
+            "canceled": self.canceled,
+            "ended": self.ended,
+            "cpuMs": self.cpu_ms,
+        }
+
+
+def _read_for_step(queue: Queue, objective_id: str) -> tuple[storage.Loaded, dict[str, Job | None]]:
+    """The header, the tasks this step must look at, and their jobs — O(tasks named by requests)
+    unless a failure, a cancel or a broad request needs every unfinished task."""
+    with queue.engine.connect() as conn:
+        loaded = storage.load(conn, objective_id)
+        if loaded is None:
+            raise ObjectiveNotFound(objective_id)
+        named = [r.task_id for r in loaded.objective.pending if r.task_id]
+        loaded = storage.with_tasks(conn, loaded, task_ids=named)
+        dependents = [
+            d for t in named if t in loaded.objective.tasks for d in loaded.objective.tasks[t].dependents
+        ]
+        loaded = storage.with_tasks(conn, loaded, task_ids=dependents)
+    job_ids = [
+        t.job_id for t in loaded.objective.tasks.values() if t.status in ("queued", "running") and t.job_id
+    ]
+    found = read_jobs(queue.engine, job_ids)
+    if control.needs_full_view(loaded.objective, found):
+        with queue.engine.connect() as conn:
+            loaded = storage.with_tasks(conn, loaded, statuses=("pending", "queued", "running"))
+        more = [
+            t.job_id
+            for t in loaded.objective.tasks.values()
+            if t.status in ("queued", "running") and t.job_id and t.job_id not in found
+        ]
+        found.update(read_jobs(queue.engine, more))
+    return loaded, found
+
+
+def control_step(queue: Queue, objective_id: str) -> StepResult:
+    """One idempotent control step (the ``factory.objective.control`` job's work).
+
+    Steps on one objective take turns (a per-objective session lock, waited for up to
+    ``STEP_LOCK_WAIT_S``): a step that starts while another runs would decide on the state before
+    the other's receipts and repeat its enqueues. Correctness never depends on the lock — without it
+    (SQLite, or after the wait) the optimistic append still re-reads and re-decides.
+    """
+    with session_lock(queue.engine, f"objective-step:{objective_id}", wait_s=STEP_LOCK_WAIT_S) as taken:
+        if not taken:
+            log.warning("control of %s runs beside another step (lock wait over)", objective_id)
+        started = time.thread_time()
+        result = _control_step(queue, objective_id)
+        # This thread's CPU for the step (the control job's result: what the bench sums per task).
+        return replace(result, cpu_ms=round((time.thread_time() - started) * 1000, 3))
+
+
+def _control_step(queue: Queue, objective_id: str) -> StepResult:
+    appended = enqueued = canceled = 0
+    ended: str | None = None
+    for _ in range(MAX_STEP_ROUNDS):
+        loaded, found = _read_for_step(queue, objective_id)
+        obj = loaded.objective
+        decision = control.decide(obj, found)
+        if not decision.events:
+            return StepResult(obj, appended, enqueued, canceled, ended)
+        # Actions first: each is idempotent, so a re-decided step may repeat them harmlessly.
+        adopted_foreign = False
+        if decision.enqueue:
+            deps = sorted({d for t in decision.enqueue for d in decision.state.tasks[t].depends_on})
+            # A dependency settled in this very decision is not stored yet: take its result from the
+            # decided state; the rest (settled earlier) from their rows.
+            known = {d: decision.state.tasks[d].result for d in deps if d in decision.state.tasks}
+            with queue.engine.connect() as conn:
+                results = storage.task_results(conn, objective_id, [d for d in deps if d not in known])
+            results.update(known)
+            for task_id in decision.enqueue:
+                task = decision.state.tasks[task_id]
+                job = enqueue_task_job(queue, obj, task, control.task_payload(obj, task, results))
+                adopted_foreign = adopted_foreign or not control.owns(obj, task, job)
+                enqueued += 1
+        for c in decision.cancel:
+            try:
+                queue.cancel(c.job_id, c.reason)
+                canceled += 1
+            except ConflictError:
+                pass  # settled meanwhile; its settlement requests control again
+        try:
+            with transaction(queue.engine) as conn:
+                storage.lock(conn, objective_id)
+                fresh = storage.load(conn, objective_id)
+                if fresh is None:
+                    raise ObjectiveNotFound(objective_id)
+                base = loaded
+                if fresh.objective.seq != obj.seq:
+                    newer = storage.receipts_after(conn, objective_id, obj.seq)
+                    # Only new control requests arrived: the decision still holds; append on top of them.
+                    if any(r.type != "objective.control_requested" for r in newer):
+                        raise AppendConflict(f"objectives/{objective_id} moved past seq {obj.seq}")
+                    base = replace(fresh, objective=replace(fresh.objective, tasks=obj.tasks))
+                after = storage.apply(conn, base, objective_id, decision.events, at=db_now(conn))
+        except AppendConflict:
+            continue
+        appended += len(decision.events)
+        ended = ended or decision.ended
+        if decision.ended is not None:
+            try:
+                ensure_audit_job(queue, after.objective)
+            except Exception:  # the outbox redrive queues audits that were missed
+                log.exception("could not queue the audit of %s", objective_id)
+        if after.objective.pending:
+            _fast_path(queue, objective_id)
+        if not adopted_foreign:
+            return StepResult(after.objective, appended, enqueued, canceled, ended)
+    raise TransientStorageError(f"control of {objective_id} gave up after {MAX_STEP_ROUNDS} rounds")
+
+
+# -- recovery passes ----------------------------------------------------------------------------------
+
+
+def redrive_outbox(queue: Queue, *, limit: int = 500, audit_grace_ms: int = 5000) -> dict[str, Any]:
+    """Enqueue a control job for every unconsumed request that has none, and the audit of every
+    ended objective whose audit job was lost. Idempotent: existing jobs are left alone.
+
+    ``waiting`` lists the control jobs (existing or new) still queued, for the caller to deliver
+    if their own wake-up was lost."""
+    with queue.engine.connect() as conn:
+        pending = storage.with_pending(conn, limit)
+        unaudited = storage.unaudited(conn, audit_grace_ms, limit)
+    controls: list[str] = []
+    waiting: list[Job] = []
+    for objective_id in pending:
+        job = ensure_control_job(queue, objective_id)
+        if job is not None:
+            controls.append(job.id)
+            if job.status == "queued":
+                waiting.append(job)
+    audits: list[str] = []
+    for objective_id in unaudited:
+        obj = get(queue.engine, objective_id, all_tasks=False)
+        if obj is not None:
+            job = ensure_audit_job(queue, obj)
+            if job is not None and not job.terminal:
+                audits.append(job.id)
+    return {"objectives": len(pending), "controlJobs": controls, "auditJobs": audits, "waiting": waiting}
+
+
+def resume(queue: Queue, *, page_size: int = 200) -> int:
+    """Write a ``resume`` control request for every active objective, a page at a time."""
+    after: str | None = None
+    count = 0
+    while True:
+        with queue.engine.connect() as conn:
+            ids = storage.active_ids(conn, after, page_size)
+        if not ids:
+            return count
+        for objective_id in ids:
+            if request(queue, objective_id, "resume"):
+                count += 1
+        after = ids[-1]
+
+
+def run_audit(queue: Queue, objective_id: str) -> dict[str, Any]:
+    """Compute the terminal audit and append it as ``objective.audited`` (once)."""
+    obj = get(queue.engine, objective_id)
+    if obj is None:
+        raise ObjectiveNotFound(objective_id)
+    if not obj.terminal:
+        raise ConflictError(f"objective {objective_id} is still {obj.status}; it is audited once it ends")
+    if obj.audit is not None:
+        report: dict[str, Any] = obj.audit
+        return report
+    job_ids = [t.job_id for t in obj.tasks.values() if t.job_id]
+    found = read_jobs(queue.engine, job_ids)
+    streams = [objective_stream(objective_id)] + [
+        job_stream(j) for j in sorted(found) if found[j] is not None
+    ]
+    broken: dict[str, str] = {}
+    with queue.engine.connect() as conn:
+        for stream in streams:
+            _checked, brk = store.verify(conn, stream=stream)
+            if brk is not None:
+                broken[stream] = brk.reason
+    report = audit.report(obj, found, broken, len(streams))
+    for _ in range(MAX_STEP_ROUNDS):
+        try:
+            with transaction(queue.engine) as conn:
+                storage.lock(conn, objective_id)
+                loaded = storage.load(conn, objective_id)
+                assert loaded is not None
+                if loaded.objective.audit is not None:
+                    existing: dict[str, Any] = loaded.objective.audit
+                    return existing
+                storage.apply(
+                    conn, loaded, objective_id, [("objective.audited", {"report": report})], at=db_now(conn)
+                )
+            return report
+        except AppendConflict:
+            continue
+    raise TransientStorageError(f"could not append the audit of {objective_id}")
