@@ -114,7 +114,7 @@ def _events_path(objective_id: str) -> str:
         tag="objectives",
         body=schemas.OBJECTIVE_REQUEST,
         responses={202: schemas.OBJECTIVE_LAUNCH_RESPONSE},
-        errors=(403, 409),
+        errors=(403, 409, 429),
     )
 )
 def launch(body: dict[str, Any]) -> ResponseReturnValue:
@@ -211,7 +211,7 @@ def list_objectives(query: dict[str, Any]) -> ResponseReturnValue:
         body=schemas.CANCEL_REQUEST,
         body_required=False,
         responses={202: schemas.OBJECTIVE_RESPONSE},
-        errors=(409,),
+        errors=(409, 429),
     )
 )
 def cancel(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
