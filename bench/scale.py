@@ -357,11 +357,22 @@ def main(argv: list[str] | None = None) -> int:
             sizes = conn.execute(
                 text("SELECT (SELECT count(*) FROM receipts), (SELECT count(*) FROM jobs)")
             ).one()
+            disk = conn.execute(
+                text(
+                    "SELECT pg_total_relation_size('receipts'), pg_total_relation_size('jobs'), "
+                    "pg_total_relation_size('deliveries')"
+                )
+            ).one()
         print()
         print(
             f"Scale benchmark: small = {args.small_queued} queued, no history; large = {args.finished} "
             f"finished + {args.queued} queued ({sizes[0]} receipts, {sizes[1]} jobs rows); "
             f"load average before the run {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}"
+        )
+        per_job = [b / max(sizes[1], 1) for b in disk]
+        print(
+            f"  on disk per job (tables + indexes): receipts {per_job[0]:.0f} B, jobs {per_job[1]:.0f} B, "
+            f"deliveries {per_job[2]:.0f} B; total {sum(disk) / 2**20:.0f} MiB"
         )
         print_table("with migration 0005's indexes", medians)
         if args.before_0005:
