@@ -51,6 +51,7 @@ Every wait is bounded; ``--budget-s`` stops starting new rounds. Processes are s
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -497,7 +498,7 @@ def producer_main(system: str, mode: str, prefix: str, n: int, clients: int, rat
     else:
         for job_id in ids:
             key = one(job_id)
-            wait_for(lambda k=key: is_done(k), 60, interval=IDLE_POLL_S, what=f"idle job {key}")
+            wait_for(functools.partial(is_done, key), 60, interval=IDLE_POLL_S, what=f"idle job {key}")
     end = time.time()
     cpu = time.process_time() - cpu0
     print(
@@ -584,7 +585,7 @@ def _sender(system: str, prefix: str) -> tuple[Callable[[str], str], Callable[[s
 
     def done_c(k: str) -> bool:
         try:
-            return scalar("SELECT status FROM celery_taskmeta WHERE task_id = :k", k) == "SUCCESS"
+            return bool(scalar("SELECT status FROM celery_taskmeta WHERE task_id = :k", k) == "SUCCESS")
         except Exception:
             return False
 

@@ -72,8 +72,10 @@ WORKER = "bench-host:1:0"
 SPREAD = timedelta(days=30)
 CHUNK = 20_000
 RECEIPT_COLUMNS = ("stream", "seq", "type", "body", "at", "prev_hash", "hash")
-DELIVERY_COLUMNS = ("dispatch_key", "generation", "job_id", "task_id", "state", "outcome", "created_at")
-DELIVERY_COLUMNS += ("deadline_at", "settled_at")
+DELIVERY_COLUMNS: tuple[str, ...] = (
+    *("dispatch_key", "generation", "job_id", "task_id", "state", "outcome", "created_at"),
+    *("deadline_at", "settled_at"),
+)
 NULL = "\\N"
 
 
