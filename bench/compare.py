@@ -742,9 +742,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick", action="store_true", help="--jobs 200 --idle 10 --loaded-s 3 --count-jobs 50"
     )
+    if "--quick" in argv:  # smaller defaults; flags given explicitly still win
+        parser.set_defaults(jobs=200, idle=10, loaded_s=3.0, count_jobs=50)
     args = parser.parse_args(argv)
-    if args.quick:
-        args.jobs, args.idle, args.loaded_s, args.count_jobs = 200, 10, 3.0, 50
     try:
         import procrastinate  # noqa: F401
     except ImportError:
