@@ -132,7 +132,6 @@ class Deployment:
     database: str
     cpu_groups: dict[str, Callable[[], list[int]]]
     producer_env: dict[str, str] = field(default_factory=dict)
-    celery_before: int = 0
 
 
 def _pids(*pids: int) -> Callable[[], list[int]]:
