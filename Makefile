@@ -33,9 +33,12 @@ unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 ## Print every benchmark's figures (needs PostgreSQL and Redis on 127.0.0.1; a few minutes).
+## The comparison with Procrastinate and Celery (issue 12) first; `make bench BENCH_ARGS=--quick` for a short run.
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
+	$(BIN)/python -m bench.compare $(BENCH_ARGS)
+	$(BIN)/python -m bench.scale
 	$(BIN)/python bench/append_bench.py
-	$(BIN)/python bench/http_enqueue_bench.py
 	$(BIN)/python -m bench.runtime_bench
 	$(BIN)/python bench/sandbox_bench.py
 	$(BIN)/python bench/metrics_scrape_bench.py

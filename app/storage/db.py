@@ -30,6 +30,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    func,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -90,7 +91,19 @@ jobs = Table(
     Index("ix_jobs_org_created", "organization_id", "created_at", "id"),
     Index("ix_jobs_lease_expiry", "status", "lease_expires_at"),
     Index("ix_jobs_available", "status", "available_at"),
+    # Migration 0006 (issue 12): the status-filtered list, and the queued redrive's ordered batch.
+    Index("ix_jobs_org_status_created", "organization_id", "status", "created_at", "id"),
 )
+# The queued redrive reads queued jobs in the order they became deliverable: a partial
+# expression index over the backlog only, so its size follows the backlog, not the history.
+# Postgres only (migration 0006): SQLAlchemy cannot reflect SQLite expression indexes, and the
+# embedded SQLite deployment never holds a history large enough to need it.
+Index(
+    "ix_jobs_queued_since",
+    func.coalesce(jobs.c.available_at, jobs.c.status_changed_at),
+    postgresql_where=jobs.c.status == "queued",
+).ddl_if(dialect="postgresql")
+POSTGRES_ONLY_INDEXES = frozenset({"ix_jobs_queued_since"})
 
 # Projection of `tokens/<id>` streams: API tokens, stored as SHA-256 hashes only.
 api_tokens = Table(

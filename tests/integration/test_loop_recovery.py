@@ -125,11 +125,12 @@ def test_the_local_ticker_runs_an_overdue_loop_once_and_leaves_a_fresh_one_alone
         engine,
         settings_for(
             redis_url,
-            RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="200",
+            # One second: long enough that "they just ran" holds on a loaded machine too.
+            RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="1000",
             RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS="0",
             RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="0",
-            RECEIPT_RETRY_SCAN_INTERVAL_MS="200",
-            RECEIPT_LEASE_EXPIRY_INTERVAL_MS="200",
+            RECEIPT_RETRY_SCAN_INTERVAL_MS="1000",
+            RECEIPT_LEASE_EXPIRY_INTERVAL_MS="1000",
         ),
     )
     job = enqueue(rt.queue, "factory")

@@ -12,11 +12,25 @@ from sqlalchemy import Column, Index, Integer, MetaData, inspect
 from sqlalchemy.engine import Engine
 
 from app.ops import cli
-from app.storage.db import make_engine, metadata
+from app.storage.db import POSTGRES_ONLY_INDEXES, make_engine, metadata
 from app.storage.migrate import alembic_config, current, upgrade
 
 
+def declared_on(engine: Engine, target: MetaData) -> MetaData:
+    """The schema declared for this backend: migration 0006's expression index is PostgreSQL only."""
+    if engine.dialect.name == "postgresql":
+        return target
+    copy = MetaData()
+    for table in target.tables.values():
+        table.to_metadata(copy)
+    for table in copy.tables.values():
+        for index in [i for i in table.indexes if i.name in POSTGRES_ONLY_INDEXES]:
+            table.indexes.discard(index)
+    return copy
+
+
 def schema_diff(engine: Engine, target: MetaData) -> list[Any]:
+    target = declared_on(engine, target)
     with engine.connect() as conn:
         context = MigrationContext.configure(
             conn, opts={"compare_type": True, "compare_server_default": True}

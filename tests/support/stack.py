@@ -92,7 +92,7 @@ class Stack:
             ready(proc)
         return proc
 
-    def start_web(self, name: str = "web", wait: bool = True) -> Proc:
+    def start_web(self, name: str = "web", wait: bool = True, **extra_env: str) -> Proc:
         self.web_port = self.web_port or free_port()
         return self._launch(
             name,
@@ -106,7 +106,8 @@ class Stack:
                 f"127.0.0.1:{self.web_port}",
                 "api.wsgi:app",
             ],
-            self.env(RECEIPT_PROCESS_ROLE="api", WEB_CONCURRENCY="1"),
+            # One gevent worker unless told otherwise (bench/compare.py runs the default two).
+            self.env(**{"RECEIPT_PROCESS_ROLE": "api", "WEB_CONCURRENCY": "1", **extra_env}),
             (lambda _proc: self.wait_web()) if wait else None,
         )
 

@@ -34,7 +34,8 @@ def test_the_worker_group_filter_is_exactly_the_routing_rule(api: Api) -> None:
     expected: dict[str, set[str]] = {g: set() for g in WORKER_GROUPS}
     for agent in AGENTS:
         for kind in KINDS:
-            job = api.job(agent=agent, payload=payload(kind))
+            # A system token: codex task runs need the `commands` scope (issue 8).
+            job = api.job("system", agent=agent, payload=payload(kind))
             expected[worker_group_for(agent, kind)].add(job["id"])
     scope = overview.Scope(ORG_A)
     with api.engine.connect() as conn:

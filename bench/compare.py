@@ -1,0 +1,862 @@
+"""Receipt against Procrastinate and Celery, no-op jobs end to end, in one run (issue 12).
+
+    .venv/bin/python -m bench.compare [--jobs 1000] [--rounds 3] [--idle 50] [--count-jobs 200]
+    .venv/bin/python -m bench.compare --quick        # small counts: proves it runs (~5 min)
+
+Needs the ``bench`` extra (``pip install -e '.[bench]'``; ``make bench`` does it), PostgreSQL on
+127.0.0.1:5432 (``BENCH_PG_ADMIN_URL``) and ``redis-server`` on PATH. Four systems; in every round
+each is deployed afresh — a new database (created and dropped here) and, where it needs a broker,
+its own private redis-server on a free port — and only one system runs at a time:
+
+* **Receipt, Python enqueue** — the real processes (gunicorn, a ``driver``, a ``worker-chat`` with
+  the ``noop`` agent of ``bench.handlers``, execute concurrency 8); the producer calls
+  ``Queue.enqueue`` in-process with the API's own wake-up publisher (``api.wake.default_waker``).
+* **Receipt, HTTP enqueue** — the same deployment (started again); the producer posts ``/agents/noop/jobs`` to
+  gunicorn (its default two gevent workers) over keep-alive connections.
+* **Procrastinate** — ``procrastinate worker --concurrency 8`` (``bench.peers``: the default
+  ``PsycopgConnector``, LISTEN/NOTIFY on); the producer calls ``noop.defer()`` from Python.
+* **Celery** — ``bench.runtime_bench:baseline_app`` (a no-op task), ``--pool prefork
+  --concurrency 2``, Redis broker, Postgres result backend through psycopg2.
+
+Every producer runs in its own process with ``--clients`` threads. Per round and system: a burst
+of ``--jobs`` jobs (throughput), then ``--idle`` jobs one at a time (idle latency), then jobs sent
+at a steady 50 % of that round's measured rate for ``--loaded-s`` seconds (loaded latency). The
+systems take turns within a round, in a rotated order each round; the table shows the medians
+over the rounds.
+
+Definitions (the same for everyone as far as each system records it):
+
+* jobs/s = jobs / (first enqueue → last completion), both from what the system stores: Receipt's
+  ``job.enqueued`` / ``job.completed`` receipt times (database clock); Procrastinate's
+  ``deferred`` / ``succeeded`` events (database ``now()``); for Celery, which stores no enqueue
+  time, the producer's clock before the first send → the latest ``date_done``.
+* latency = the same two times per job.
+* CPU ms per job = CPU time (``/proc``) of each process over the burst phase ÷ jobs. Process trees
+  count (gunicorn's workers, Celery's prefork children); the producer reports its own CPU over
+  its send loop; Postgres = the backends connected to that system's database (including the
+  producer's and this script's polling, both small).
+* Statements, round trips and commits per job: ``pg_stat_statements`` is not loaded on the shared
+  server (and ``shared_preload_libraries`` cannot change without a restart), so each system gets
+  one more short deployment on a database with ``log_statement = 'all'`` (set on that database
+  only) and the statements the server logged for that database name (``%u@%d`` in
+  ``log_line_prefix``) are counted, together with the ``xact_commit`` / ``xact_rollback`` deltas
+  of ``pg_stat_database`` (read after the backends went idle long enough to flush them, ~11 s).
+  Every logged statement is one client→server round trip (BEGIN, COMMIT and pool pre-pings
+  included); the count includes what the processes do while idle during that window.
+
+Every wait is bounded; ``--budget-s`` stops starting new rounds. Processes are stopped by PID
+(``tests.support.processes.Harness``), databases dropped, redis-servers stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from bench.runtime_bench import (
+    AGENT,
+    BASELINE_QUEUE,
+    BASELINE_TASK,
+    CpuMeter,
+    backend_pids,
+    child_env,
+    fresh_database,
+    latencies_ms,
+    log,
+    make_baseline_app,
+    percentile,
+)
+from tests.support.processes import PYTHON, Harness
+from tests.support.services import RedisServer
+from tests.support.stack import ORG, make_stack
+from tests.support.waiting import wait_for
+
+SYSTEMS = ("receipt-python", "receipt-http", "procrastinate", "celery")
+LABELS = {
+    "receipt-python": "Receipt, Python enqueue",
+    "receipt-http": "Receipt, HTTP enqueue",
+    "procrastinate": "Procrastinate 3, c=8, defer",
+    "celery": "Celery prefork c=2, PG results",
+}
+POLL_S = 0.05
+IDLE_POLL_S = 0.002
+DONE_TIMEOUT_S = 300.0
+BOOT_TIMEOUT_S = 120.0
+STATS_FLUSH_S = 11.0  # PostgreSQL 15 flushes an idle backend's pending counters within 10 s
+
+
+def job_body(job_id: str) -> dict[str, Any]:
+    """A no-op job of the deployment's organisation (the one its API token belongs to)."""
+    return {
+        "jobId": job_id,
+        "payload": {"kind": "factory.run", "authContext": {"userId": "bench", "organizationId": ORG}},
+    }
+
+
+def kind_of(system: str) -> str:
+    return "receipt" if system.startswith("receipt") else system
+
+
+def sa_to_libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg2://", "postgresql://", 1)
+
+
+# -- deployments ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Deployment:
+    """One running system on its own database: how to produce into it and what to measure."""
+
+    kind: str  # receipt | procrastinate | celery
+    url: str
+    engine: Engine
+    database: str
+    cpu_groups: dict[str, Callable[[], list[int]]]
+    producer_env: dict[str, str] = field(default_factory=dict)
+
+
+def _pids(*pids: int) -> Callable[[], list[int]]:
+    return lambda: list(pids)
+
+
+@contextmanager
+def deploy(kind: str, harness: Harness, home: Path, *, log_all: bool = False) -> Iterator[Deployment]:
+    """A fresh database and the system's processes, warmed up; everything stopped/dropped on exit."""
+    from app.storage.db import make_engine
+
+    with ExitStack() as stack:
+        url = stack.enter_context(fresh_database(f"cmp_{kind}"))
+        database = url.rsplit("/", 1)[1]
+        if log_all:
+            setup = make_engine(url)
+            with setup.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.execute(text(f"ALTER DATABASE {database} SET log_statement = 'all'"))
+            setup.dispose()
+        # This script's own connections (polling, CPU sampling) never log their statements.
+        engine = make_engine(url, connect_args={"options": "-c log_statement=none"})
+        stack.callback(engine.dispose)
+        postgres = lambda: backend_pids(engine)  # noqa: E731
+        if kind == "receipt":
+            dep = _deploy_receipt(stack, harness, home, url, engine, database, postgres)
+        elif kind == "procrastinate":
+            dep = _deploy_procrastinate(stack, harness, url, engine, database, postgres)
+        else:
+            dep = _deploy_celery(stack, harness, url, engine, database, postgres)
+        yield dep
+
+
+def _deploy_receipt(
+    stack: ExitStack, harness: Harness, home: Path, url: str, engine: Engine, database: str, postgres: Any
+) -> Deployment:
+    from app.storage.migrate import upgrade
+
+    upgrade(engine)
+    deployment = make_stack(
+        harness,
+        url,
+        home / f"receipt-{database}",
+        RECEIPT_HANDLER_MODULES="bench.handlers",
+        RECEIPT_RESONATE_EXECUTE_CONCURRENCY="8",
+    )
+    stack.callback(deployment.close)
+    stack.callback(harness.stop_all)
+    web = deployment.start_web(WEB_CONCURRENCY=os.environ.get("BENCH_WEB_CONCURRENCY", "2"))
+    driver = deployment.start_worker("driver")
+    worker = deployment.start_worker("worker-chat")
+    assert deployment.redis_server is not None and deployment.redis_server.proc is not None
+    dep = Deployment(
+        "receipt",
+        url,
+        engine,
+        database,
+        {
+            "api (gunicorn)": _pids(web.pid),
+            "driver": _pids(driver.pid),
+            "worker": _pids(worker.pid),
+            "redis": _pids(deployment.redis_server.proc.pid),
+            "postgres": postgres,
+        },
+        {
+            "BENCH_DB": url,
+            "BENCH_REDIS": deployment.redis_url,
+            "BENCH_WEB": deployment.url(""),
+            "BENCH_TOKEN": deployment.token,
+        },
+    )
+    warm(dep, "receipt-python", "warm-")
+    return dep
+
+
+def _deploy_procrastinate(
+    stack: ExitStack, harness: Harness, url: str, engine: Engine, database: str, postgres: Any
+) -> Deployment:
+    dsn = sa_to_libpq(url)
+    env = child_env(BENCH_PROCRASTINATE_DSN=dsn)
+    subprocess.run(
+        [PYTHON, "-m", "procrastinate", "--app=bench.peers.procrastinate_app", "schema", "--apply"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=BOOT_TIMEOUT_S,
+    )
+    stack.callback(harness.stop_all)
+    worker = harness.start(
+        "procrastinate",
+        [
+            PYTHON,
+            "-m",
+            "procrastinate",
+            "--app=bench.peers.procrastinate_app",
+            "worker",
+            "--concurrency",
+            "8",
+            "--queues",
+            "bench",
+        ],
+        env,
+    )
+    dep = Deployment(
+        "procrastinate",
+        url,
+        engine,
+        database,
+        {"worker": _pids(worker.pid), "postgres": postgres},
+        {"BENCH_PROCRASTINATE_DSN": dsn, "BENCH_DB": url},
+    )
+    warm(dep, "procrastinate", "warm-", harness)
+    return dep
+
+
+def _deploy_celery(
+    stack: ExitStack, harness: Harness, url: str, engine: Engine, database: str, postgres: Any
+) -> Deployment:
+    stack.callback(harness.stop_all)
+    redis = RedisServer(harness)
+    redis.start()
+    assert redis.proc is not None
+    env = child_env(BENCH_CELERY_BROKER=redis.url, BENCH_CELERY_BACKEND=f"db+{url}")
+    worker = harness.start(
+        "celery",
+        [
+            PYTHON,
+            "-m",
+            "celery",
+            "-A",
+            "bench.runtime_bench:baseline_app",
+            "worker",
+            "--pool",
+            "prefork",
+            "--concurrency",
+            "2",
+            "--queues",
+            BASELINE_QUEUE,
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "WARNING",
+        ],
+        env,
+    )
+    dep = Deployment(
+        "celery",
+        url,
+        engine,
+        database,
+        {
+            "worker (+ prefork children)": _pids(worker.pid),
+            "redis": _pids(redis.proc.pid),
+            "postgres": postgres,
+        },
+        {"BENCH_CELERY_BROKER": redis.url, "BENCH_CELERY_BACKEND": f"db+{url}", "BENCH_DB": url},
+    )
+    warm(dep, "celery", "warm-", harness)
+    return dep
+
+
+def warm(dep: Deployment, system: str, prefix: str, harness: Harness | None = None, n: int = 20) -> None:
+    """Send ``n`` jobs and wait for them: proves the consumers run and fills every pool."""
+    result = produce(dep, system, "burst", prefix, n, clients=2)
+    wait_done(dep, prefix, n, result, harness)
+    log(f"{system}: up, {n} warm-up jobs done")
+
+
+# -- counting what is done ----------------------------------------------------------------------------
+
+
+POLLS = [0]  # transactions this script ran on the systems' databases (subtracted from the counts)
+
+
+def done_count(dep: Deployment, prefix: str, result: dict[str, Any]) -> int:
+    """Jobs of this batch completed so far; one transaction (a rollback) per call."""
+    POLLS[0] += 1
+    with dep.engine.connect() as conn:
+        if dep.kind == "receipt":
+            rows = conn.execute(
+                text("SELECT status, count(*) FROM jobs WHERE id LIKE :p GROUP BY status"),
+                {"p": f"{prefix}%"},
+            ).all()
+            counts = {str(k): int(v) for k, v in rows}
+            if counts.get("failed") or counts.get("canceled"):
+                raise RuntimeError(f"jobs ended badly: {counts}")
+            return counts.get("completed", 0)
+        if dep.kind == "procrastinate":
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded' "
+                        "AND args->>'tag' = :p"
+                    ),
+                    {"p": prefix},
+                ).scalar_one()
+            )
+        try:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM celery_taskmeta "
+                        "WHERE status = 'SUCCESS' AND task_id = ANY(:ids)"
+                    ),
+                    {"ids": list(result["sent"])},
+                ).scalar_one()
+            )
+        except Exception:  # the worker creates the table with its first result
+            return 0
+
+
+def wait_done(
+    dep: Deployment,
+    prefix: str,
+    n: int,
+    result: dict[str, Any],
+    harness: Harness | None,
+    interval: float = POLL_S,
+) -> None:
+    wait_for(
+        lambda: done_count(dep, prefix, result) >= n,
+        DONE_TIMEOUT_S,
+        interval=interval,
+        what=f"{n} {dep.kind} jobs ({prefix}) to complete",
+        check=harness.check_alive if harness else None,
+    )
+
+
+def timings(dep: Deployment, prefix: str, result: dict[str, Any]) -> tuple[list[float], float]:
+    """(latencies in ms, span in s from the first enqueue to the last completion)."""
+    with dep.engine.connect() as conn:
+        if dep.kind == "receipt":
+            lat = latencies_ms(dep.engine, prefix)
+            span = conn.execute(
+                text(
+                    "SELECT EXTRACT(EPOCH FROM (max(c.at) - min(e.at))) FROM receipts e JOIN receipts c "
+                    "ON c.stream = e.stream AND c.type = 'job.completed' "
+                    "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"
+                ),
+                {"p": f"jobs/{prefix}%"},
+            ).scalar_one()
+            return lat, float(span)
+        if dep.kind == "procrastinate":
+            rows = conn.execute(
+                text(
+                    "SELECT d.at, s.at FROM procrastinate_jobs j "
+                    "JOIN procrastinate_events d ON d.job_id = j.id AND d.type = 'deferred' "
+                    "JOIN procrastinate_events s ON s.job_id = j.id AND s.type = 'succeeded' "
+                    "WHERE j.args->>'tag' = :p"
+                ),
+                {"p": prefix},
+            ).all()
+            lat = [(s - d).total_seconds() * 1000 for d, s in rows]
+            return lat, (max(s for _, s in rows) - min(d for d, _ in rows)).total_seconds()
+        sent: dict[str, float] = result["sent"]
+        rows = conn.execute(
+            text("SELECT task_id, date_done FROM celery_taskmeta WHERE task_id = ANY(:ids)"),
+            {"ids": list(sent)},
+        ).all()
+        done = {tid: (d if d.tzinfo else d.replace(tzinfo=UTC)).timestamp() for tid, d in rows}
+        lat = [(done[t] - sent[t]) * 1000 for t in done]
+        return lat, max(done.values()) - min(sent.values())
+
+
+# -- the producer (a separate process) -----------------------------------------------------------------
+
+
+def produce(
+    dep: Deployment,
+    system: str,
+    mode: str,
+    prefix: str,
+    n: int,
+    *,
+    clients: int = 1,
+    rate: float = 0.0,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run the producer process; ``on_result`` runs while it is still alive (its backends too)."""
+    argv = [PYTHON, "-m", "bench.compare", "produce", system, mode, prefix, str(n), str(clients), str(rate)]
+    proc = subprocess.Popen(
+        argv,
+        env=child_env(**dep.producer_env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(timeout=30)
+            raise RuntimeError(f"producer failed: {proc.stderr.read() if proc.stderr else ''}")
+        result: dict[str, Any] = json.loads(line)
+        if result.get("errors"):
+            raise RuntimeError(f"producer errors: {result['errors']}")
+        if result.get("retried"):
+            log(f"  {system}: {result['retried']} sends retried: the server's connection limit was reached")
+        if on_result is not None:
+            on_result(result)
+        return result
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def producer_main(system: str, mode: str, prefix: str, n: int, clients: int, rate: float) -> None:
+    """Send ``n`` jobs: ``burst`` (``clients`` threads, flat out), ``rate`` (one thread, ``rate``/s),
+    ``idle`` (one at a time, each after the previous completed). Prints one JSON line, then waits
+    for stdin to close so the caller can sample its database backends."""
+    send, is_done = _sender(system, prefix)
+    ids = [f"{prefix}{i:06d}" for i in range(n)]
+    sent: dict[str, float] = {}
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    retried = [0]
+
+    def one(job_id: str) -> str:
+        at = time.time()
+        for attempt in range(5):
+            try:
+                key = send(job_id)
+                break
+            except Exception as exc:
+                # The shared server's connection limit, reached by other work on the machine: a
+                # retry, counted and reported. Anything else fails the run.
+                if "too many clients" not in str(exc) or attempt == 4:
+                    raise
+                retried[0] += 1
+                time.sleep(0.5)
+        with lock:
+            sent[key] = at
+        return key
+
+    cpu0 = time.process_time()
+    start = time.time()
+    if mode == "burst":
+
+        def client(share: list[str]) -> None:
+            for job_id in share:
+                try:
+                    one(job_id)
+                except Exception as exc:  # reported, and the run fails
+                    errors.append(f"{job_id}: {exc!r}"[:300])
+
+        threads = [threading.Thread(target=client, args=(ids[i::clients],)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    elif mode == "rate":
+        for i, job_id in enumerate(ids):
+            delay = start + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            one(job_id)
+    else:
+        for job_id in ids:
+            key = one(job_id)
+            wait_for(functools.partial(is_done, key), 60, interval=IDLE_POLL_S, what=f"idle job {key}")
+    end = time.time()
+    cpu = time.process_time() - cpu0
+    print(
+        json.dumps(
+            {
+                "start": start,
+                "end": end,
+                "cpu_s": cpu,
+                "sent": sent,
+                "errors": errors[:5],
+                "retried": retried[0],
+            }
+        ),
+        flush=True,
+    )
+    sys.stdin.read()
+
+
+def _sender(system: str, prefix: str) -> tuple[Callable[[str], str], Callable[[str], bool]]:
+    """(send one job → its key, is that key's job done?) for one system, from the environment."""
+    from app.storage.db import make_engine
+
+    engine = make_engine(os.environ["BENCH_DB"], pool_size=16)
+
+    def scalar(sql: str, key: Any) -> Any:
+        with engine.connect() as conn:
+            return conn.execute(text(sql), {"k": key}).scalar()
+
+    if system in ("receipt-python", "receipt-http"):
+        done = lambda k: scalar("SELECT status FROM jobs WHERE id = :k", k) == "completed"  # noqa: E731
+        if system == "receipt-python":
+            from api.wake import default_waker
+            from app.config import Settings
+            from app.jobs.validation import validate_enqueue
+            from app.storage.queue import Queue
+
+            settings = Settings.from_env(
+                {"REDIS_URL": os.environ["BENCH_REDIS"], "DATABASE_URL": os.environ["BENCH_DB"]}
+            )
+            queue = Queue(engine, on_dispatchable=default_waker(settings))
+
+            def send_python(job_id: str) -> str:
+                queue.enqueue(validate_enqueue(AGENT, job_body(job_id)))
+                return job_id
+
+            return send_python, done
+        import requests
+
+        local = threading.local()
+        base, token = os.environ["BENCH_WEB"], os.environ["BENCH_TOKEN"]
+
+        def send_http(job_id: str) -> str:
+            if not hasattr(local, "session"):
+                local.session = requests.Session()
+            r = local.session.post(
+                f"{base}/agents/{AGENT}/jobs",
+                json=job_body(job_id),
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=30,
+            )
+            if r.status_code != 202:
+                raise RuntimeError(f"{r.status_code} {r.text[:200]}")
+            return job_id
+
+        return send_http, done
+    if system == "procrastinate":
+        from bench.peers import noop, procrastinate_app
+
+        procrastinate_app.open()
+
+        def send_procrastinate(job_id: str) -> str:
+            return str(noop.defer(tag=prefix))
+
+        def done_p(k: str) -> bool:
+            return bool(
+                scalar("SELECT status::text FROM procrastinate_jobs WHERE id = :k", int(k)) == "succeeded"
+            )
+
+        return send_procrastinate, done_p
+    app = make_baseline_app(os.environ["BENCH_CELERY_BROKER"], os.environ["BENCH_CELERY_BACKEND"])
+
+    def send_celery(job_id: str) -> str:
+        return str(app.send_task(BASELINE_TASK, queue=BASELINE_QUEUE).id)
+
+    def done_c(k: str) -> bool:
+        try:
+            return bool(scalar("SELECT status FROM celery_taskmeta WHERE task_id = :k", k) == "SUCCESS")
+        except Exception:
+            return False
+
+    return send_celery, done_c
+
+
+# -- one round of one system ----------------------------------------------------------------------------
+
+
+@dataclass
+class RoundFigures:
+    throughput: float
+    idle: list[float]
+    loaded: list[float]
+    loaded_rate: float
+    cpu_ms: dict[str, float]
+
+
+def run_round(
+    dep: Deployment, system: str, tag: str, args: argparse.Namespace, harness: Harness
+) -> RoundFigures:
+    meter = CpuMeter(dep.cpu_groups)
+    producer_cpu: dict[str, float] = {}
+    prefix = f"{tag}-b-"
+
+    def finish(result: dict[str, Any]) -> None:
+        wait_done(dep, prefix, args.jobs, result, harness)
+        producer_cpu["producer"] = result["cpu_s"]
+        meter.stop()
+
+    meter.start()
+    burst = produce(dep, system, "burst", prefix, args.jobs, clients=args.clients, on_result=finish)
+    _, span = timings(dep, prefix, burst)
+    throughput = args.jobs / span
+    cpu = {k: v * 1000 / args.jobs for k, v in {**producer_cpu, **meter.used}.items()}
+    if dep.kind == "receipt" and system == "receipt-python":
+        cpu.pop("api (gunicorn)", None)  # idle in this variant
+
+    idle_prefix = f"{tag}-i-"
+    idle = produce(dep, system, "idle", idle_prefix, args.idle)
+    idle_lat, _ = timings(dep, idle_prefix, idle)
+
+    rate = throughput / 2
+    n_loaded = max(20, min(args.jobs, int(rate * args.loaded_s)))
+    loaded_prefix = f"{tag}-l-"
+    loaded = produce(dep, system, "rate", loaded_prefix, n_loaded, rate=rate)
+    wait_done(dep, loaded_prefix, n_loaded, loaded, harness)
+    loaded_lat, _ = timings(dep, loaded_prefix, loaded)
+    achieved = n_loaded / max(loaded["end"] - loaded["start"], 1e-9)
+    log(
+        f"  {system}: {throughput:.1f} jobs/s; idle p50 {statistics.median(idle_lat):.1f} ms; "
+        f"loaded p99 {percentile(loaded_lat, 99):.1f} ms at {achieved:.1f}/s"
+    )
+    return RoundFigures(throughput, idle_lat, loaded_lat, achieved, cpu)
+
+
+# -- statements, round trips and commits per job ---------------------------------------------------------
+
+
+def server_log_path(engine: Engine) -> Path | None:
+    """The server's stderr log (the machine's Postgres logs to a file; no logging collector)."""
+    configured = os.environ.get("BENCH_PG_LOG")
+    if configured:
+        return Path(configured)
+    with engine.connect() as conn:
+        pid = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+        try:
+            return Path(os.readlink(f"/proc/{pid}/fd/2"))
+        except OSError:
+            return None
+
+
+STATEMENT = re.compile(r"@(\S+) LOG:  (?:statement|execute [^:]*): (.*)")
+
+
+def count_statements(args: argparse.Namespace, home: Path, wanted: list[str]) -> dict[str, dict[str, float]]:
+    """Per system: statements logged per job, of which transaction control, and commits per job."""
+    out: dict[str, dict[str, float]] = {}
+    for kind, every in (
+        ("receipt", ("receipt-python", "receipt-http")),
+        ("procrastinate", ("procrastinate",)),
+        ("celery", ("celery",)),
+    ):
+        systems = [s for s in every if s in wanted]
+        if not systems:
+            continue
+        harness = Harness(home / f"count-{kind}-logs")
+        try:
+            with deploy(kind, harness, home, log_all=True) as dep:
+                path = server_log_path(dep.engine)
+                if path is None or not path.exists():
+                    log("the server log is not readable here: statements not counted")
+                    return out
+                for system in systems:
+                    prefix = f"count-{system}-"
+                    offset = path.stat().st_size
+                    before = xacts(dep.engine)
+                    polls = POLLS[0]
+                    result = produce(dep, system, "burst", prefix, args.count_jobs, clients=args.clients)
+                    wait_done(dep, prefix, args.count_jobs, result, harness, interval=0.5)
+                    time.sleep(STATS_FLUSH_S)
+                    after = xacts(dep.engine)
+                    # Each poll above, and the first xacts() read, ended in a rollback of ours.
+                    ours = POLLS[0] - polls + 1
+                    with path.open("rb") as f:
+                        f.seek(offset)
+                        lines = f.read().decode("utf-8", "replace").splitlines()
+                    stmts = [
+                        m.group(2) for m in map(STATEMENT.search, lines) if m and m.group(1) == dep.database
+                    ]
+                    control = sum(
+                        1 for s in stmts if s.strip().upper().split(" ")[0] in ("BEGIN", "COMMIT", "ROLLBACK")
+                    )
+                    n = args.count_jobs
+                    out[system] = {
+                        "statements": len(stmts) / n,
+                        "transaction control": control / n,
+                        "commits": (after[0] - before[0]) / n,
+                        "rollbacks": (after[1] - before[1] - ours) / n,
+                    }
+                    log(f"  {system}: {out[system]}")
+        finally:
+            harness.stop_all()
+    return out
+
+
+def xacts(engine: Engine) -> tuple[int, int]:
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+        row = conn.execute(
+            text("SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+        ).one()
+    return int(row[0]), int(row[1])
+
+
+# -- main --------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["produce"]:
+        system, mode, prefix, n, clients, rate = argv[1:7]
+        producer_main(system, mode, prefix, int(n), int(clients), float(rate))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m bench.compare")
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs in each throughput burst")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--idle", type=int, default=50, help="jobs sent one at a time (idle latency)")
+    parser.add_argument("--loaded-s", type=float, default=10.0, help="seconds at 50 %% of the max rate")
+    parser.add_argument("--clients", type=int, default=4, help="producer threads in a burst")
+    parser.add_argument("--count-jobs", type=int, default=200, help="jobs in the statement count (0: skip)")
+    parser.add_argument("--budget-s", type=float, default=1800, help="start no round after this")
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument(
+        "--quick", action="store_true", help="--jobs 200 --idle 10 --loaded-s 3 --count-jobs 50"
+    )
+    if "--quick" in argv:  # smaller defaults; flags given explicitly still win
+        parser.set_defaults(jobs=200, idle=10, loaded_s=3.0, count_jobs=50)
+    args = parser.parse_args(argv)
+    try:
+        import procrastinate  # noqa: F401
+    except ImportError:
+        print("bench/compare.py needs the bench extra: .venv/bin/pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    systems = [s for s in args.systems.split(",") if s]
+    load_start = os.getloadavg()
+    deadline = time.monotonic() + args.budget_s
+    figures: dict[str, list[RoundFigures]] = {s: [] for s in systems}
+    with tempfile.TemporaryDirectory(prefix="receipt-compare-") as tmp:
+        home = Path(tmp)
+        for r in range(args.rounds):
+            if time.monotonic() > deadline:
+                log(f"budget reached: {r} rounds done")
+                break
+            order = systems[r % len(systems) :] + systems[: r % len(systems)]
+            log(f"round {r + 1}/{args.rounds}: {', '.join(order)}")
+            for system in order:
+                # One system's processes at a time, each on a fresh database: the machine's
+                # PostgreSQL has a connection limit shared with everything else running on it.
+                harness = Harness(home / f"logs-{r}-{system}")
+                try:
+                    with deploy(kind_of(system), harness, home) as dep:
+                        figures[system].append(run_round(dep, system, f"r{r}-{system}", args, harness))
+                finally:
+                    harness.stop_all()
+        counted = count_statements(args, home, systems) if args.count_jobs else {}
+    load_end = os.getloadavg()
+    report(args, figures, counted, load_start, load_end)
+    return 0
+
+
+def report(
+    args: argparse.Namespace,
+    figures: dict[str, list[RoundFigures]],
+    counted: dict[str, dict[str, float]],
+    load_start: tuple[float, float, float],
+    load_end: tuple[float, float, float],
+) -> None:
+    rounds = min(len(v) for v in figures.values())
+    med = {s: statistics.median(f.throughput for f in v) for s, v in figures.items() if v}
+    print()
+    print(
+        f"Comparison, no-op jobs: {args.jobs} per burst, {rounds} rounds alternated (medians), "
+        f"{args.clients} producer threads, {os.cpu_count()} CPUs, "
+        f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end "
+        f"({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)"
+    )
+    head = f"  {'system':<32} {'jobs/s':>8} {'/Procr.':>8} {'/Celery':>8} {'idle p50':>9} {'idle p99':>9}"
+    print(head + f" {'loaded p50':>11} {'loaded p99':>11} {'at jobs/s':>10}")
+    for s, v in figures.items():
+        if not v:
+            continue
+        idle = [x for f in v for x in f.idle]
+        loaded = [x for f in v for x in f.loaded]
+        vs_p = f"{med[s] / med['procrastinate']:8.2f}" if "procrastinate" in med else f"{'-':>8}"
+        vs_c = f"{med[s] / med['celery']:8.2f}" if "celery" in med else f"{'-':>8}"
+        print(
+            f"  {LABELS[s]:<32} {med[s]:8.1f} {vs_p} {vs_c} {statistics.median(idle):9.1f} "
+            f"{percentile(idle, 99):9.1f} {statistics.median(loaded):11.1f} {percentile(loaded, 99):11.1f} "
+            f"{statistics.median(f.loaded_rate for f in v):10.1f}"
+        )
+    print("  (latencies in ms over every round's jobs; jobs/s per round:", end="")
+    print("; ".join(f" {s} " + "/".join(f"{f.throughput:.0f}" for f in v) for s, v in figures.items()) + ")")
+    if "procrastinate" in med and "celery" in med:
+        print("  issue 12 targets (measured here, on this machine's load):")
+        checks = []
+        if "receipt-python" in med:
+            checks.append(
+                ("Python enqueue >= 1.0x Procrastinate", med["receipt-python"] / med["procrastinate"], 1.0)
+            )
+            checks.append(("Python enqueue >= 2x Celery", med["receipt-python"] / med["celery"], 2.0))
+        if "receipt-http" in med:
+            checks.append(
+                ("HTTP enqueue >= 0.7x Procrastinate", med["receipt-http"] / med["procrastinate"], 0.7)
+            )
+        for name, value, target in checks:
+            print(f"    {name:<40} {value:6.2f}  {'met' if value >= target else 'NOT met'}")
+    for s in ("receipt-python", "receipt-http"):
+        if figures.get(s):
+            idle = [x for f in figures[s] for x in f.idle]
+            loaded = [x for f in figures[s] for x in f.loaded]
+            p50, p99 = statistics.median(idle), percentile(loaded, 99)
+            print(
+                f"    {s}: idle p50 {p50:.1f} ms (<= 8: {'met' if p50 <= 8 else 'NOT met'}); "
+                f"loaded p99 {p99:.1f} ms (<= 100: {'met' if p99 <= 100 else 'NOT met'})"
+            )
+    print("  CPU ms per job during the burst (median over rounds; 'postgres' = that database's backends):")
+    for s, v in figures.items():
+        if not v:
+            continue
+        keys = list(v[0].cpu_ms)
+        parts = {k: statistics.median(f.cpu_ms.get(k, 0.0) for f in v) for k in keys}
+        print(
+            f"    {LABELS[s]:<32} "
+            + ", ".join(f"{k} {x:.2f}" for k, x in parts.items())
+            + f"; total {sum(parts.values()):.2f}"
+        )
+    if counted:
+        print(
+            f"  per job, from a separate deployment per system with log_statement='all' on its database "
+            f"({args.count_jobs} jobs; every logged statement is one round trip):"
+        )
+        print(
+            f"    {'system':<32} {'statements':>11} {'of which BEGIN/COMMIT/ROLLBACK':>31}"
+            f" {'commits':>8} {'rollbacks':>10}"
+        )
+        for s, c in counted.items():
+            print(
+                f"    {LABELS[s]:<32} {c['statements']:11.1f} {c['transaction control']:31.1f} "
+                f"{c['commits']:8.1f} {c['rollbacks']:10.1f}"
+            )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
