@@ -24,7 +24,7 @@ MAX_EXAMPLES = os.environ.get("RECEIPT_TEST_CLI_FUZZ_EXAMPLES", "10")
 TIMEOUT_S = 900
 GRAPH_RULED_CONFIG = """
 [[operations]]
-include-path-regex = "^/objectives(/\\{objectiveId\\}/plan)?$"
+include-path-regex = "^/objectives(/[^/]+/plan)?$"
 include-method = "POST"
 checks.positive_data_acceptance.enabled = false
 """
