@@ -15,7 +15,9 @@ from typing import Any
 from kombu import Exchange, Queue
 
 from app.config import Settings
+from app.factory import watchdog
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
+from tasks.cron import CronSchedule
 
 ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE, OBJECTIVES_QUEUE)
 LONGEST_LEASE_MS = 3_600_000  # the codex lease cap (app/timing.py); the visibility timeout must exceed it
@@ -59,7 +61,7 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
     expiry_s = settings.lease_expiry_interval_ms / 1000
     retry_s = settings.retry_scan_interval_ms / 1000
     outbox_s = settings.objective_control_outbox_redrive_interval_ms / 1000
-    return {
+    schedule: dict[str, Any] = {
         "objective-outbox-redrive": {
             "task": "receipt.objective_outbox_redrive",
             "schedule": timedelta(seconds=outbox_s),
@@ -81,6 +83,27 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
             "schedule": timedelta(seconds=expiry_s),
             "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, expiry_s)},
         },
+    }
+    entry = watchdog_entry(settings)
+    if entry is not None:
+        schedule["objective-watchdog"] = entry
+    return schedule
+
+
+def watchdog_entry(settings: Settings) -> dict[str, Any] | None:
+    """The objective watchdog's crontab entry, or None when it is off or its cron is invalid (beat
+    refuses to start on an invalid cron: tasks/beat.py; other processes never run the schedule)."""
+    if not watchdog.enabled(settings):
+        return None
+    try:
+        expr = watchdog.cron_expression(settings)
+    except watchdog.CronError:
+        return None
+    return {
+        "task": "receipt.objective_watchdog_tick",
+        "schedule": CronSchedule(expr),
+        # A tick nobody consumed within a minute is dropped: the next tick scans anyway.
+        "options": {"queue": OBJECTIVES_QUEUE, "expires": 60.0},
     }
 
 

@@ -12,6 +12,7 @@ from celery import Celery, signals
 
 import celeryconfig
 from app.config import Settings
+from app.factory import watchdog
 from app.jobs.routing import MAINTENANCE_QUEUE
 from tasks import dispatch, execute, loops, objectives
 from tasks.runtime import (
@@ -22,6 +23,7 @@ from tasks.runtime import (
     OUTBOX_TASK,
     REDRIVE_TASK,
     RETRY_TASK,
+    WATCHDOG_TASK,
     get_runtime,
 )
 
@@ -69,6 +71,23 @@ def _register(app: Celery) -> None:
             rt.queue, rt.settings, lambda job, age_ms: dispatch.deliver_stale(rt, job, age_ms)
         )
 
+    @app.task(name=WATCHDOG_TASK, bind=True, ignore_result=True, shared=False)
+    def watchdog_tick_task(self: Any, published: str | None = None) -> dict[str, Any]:
+        rt = get_runtime(self.app)
+        return objectives.watchdog_tick(rt.queue, rt.settings, published)
+
+
+@signals.before_task_publish.connect
+def _stamp_watchdog_tick(sender: Any = None, body: Any = None, **_: Any) -> None:
+    """Beat's watchdog message carries its publish time, so the tick is named by when beat fired
+    (at or just after the cron tick), not by when a worker got round to it: two beats firing for
+    one tick name the same tick however late their messages are consumed."""
+    if sender != WATCHDOG_TASK or not isinstance(body, tuple) or len(body) < 2:
+        return
+    kwargs = body[1]
+    if isinstance(kwargs, dict) and "published" not in kwargs:
+        kwargs["published"] = objectives.utcnow_iso()
+
 
 @signals.beat_init.connect
 def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
@@ -77,6 +96,11 @@ def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
     settings: Settings | None = getattr(beat_app, "receipt_settings", None)
     if beat_app is None or settings is None:
         return
+    if watchdog.enabled(settings):
+        try:
+            watchdog.cron_expression(settings)
+        except watchdog.CronError as exc:  # `celery beat` started without tasks.beat's check
+            raise SystemExit(f"beat: {exc}") from None
     beat_app.send_task(
         REDRIVE_TASK, queue=MAINTENANCE_QUEUE, countdown=settings.queued_redrive_startup_delay_ms / 1000
     )

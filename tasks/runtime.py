@@ -29,6 +29,7 @@ REDRIVE_TASK = "receipt.redrive_queued"
 EXPIRE_TASK = "receipt.expire_leases"
 RETRY_TASK = "receipt.dispatch_due_retries"
 OUTBOX_TASK = "receipt.objective_outbox_redrive"
+WATCHDOG_TASK = "receipt.objective_watchdog_tick"
 
 
 @dataclass

@@ -154,12 +154,15 @@ def cancel(queue: Queue, objective_id: str, reason: str | None) -> Objective:
     return obj
 
 
-def request(queue: Queue, objective_id: str, reason: str) -> bool:
-    """Write a control request (resume, redrive, reconcile) for an active objective; False if none."""
+def request(queue: Queue, objective_id: str, reason: str, detail: Mapping[str, Any] | None = None) -> bool:
+    """Write a control request (resume, redrive, reconcile) for an active objective; False if none.
+
+    ``detail`` (the watchdog's finding) is recorded on the request receipt for the operator."""
+    body: dict[str, Any] = {"requestId": f"{reason}-{new_id()}", "reason": reason}
+    if detail:
+        body["detail"] = dict(detail)
     with transaction(queue.engine) as conn:
-        written = storage.request_control(
-            conn, objective_id, {"requestId": f"{reason}-{new_id()}", "reason": reason}
-        )
+        written = storage.request_control(conn, objective_id, body)
     if written is not None:
         _fast_path(queue, objective_id)
     return written is not None

@@ -67,10 +67,7 @@ def test_factory_run_launches_an_explicit_plan_and_refuses_a_written_goal(sqlite
     assert "built-in planner" in no.error and "RECEIPT_PLANNER_MODULE" in no.error
 
 
-@pytest.mark.parametrize(
-    ("agent", "kind"),
-    [("factory-control", "factory.objective.watchdog"), ("factory-monitor", "factory.task.monitor")],
-)
+@pytest.mark.parametrize(("agent", "kind"), [("factory-monitor", "factory.task.monitor")])
 def test_unbuilt_handlers_fail_loudly_and_never_retry(sqlite_engine: Engine, agent: str, kind: str) -> None:
     queue = Queue(sqlite_engine)
     job_id = post(queue, agent, kind)

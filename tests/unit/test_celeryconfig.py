@@ -15,6 +15,7 @@ from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
 from app.jobs.timing import CODEX_LEASE_CAP_MS
 from tasks.celery_app import make_celery
+from tasks.cron import CronSchedule
 from tasks.runtime import (
     DISPATCH_TASK,
     DRIVER_TASK,
@@ -23,6 +24,7 @@ from tasks.runtime import (
     OUTBOX_TASK,
     REDRIVE_TASK,
     RETRY_TASK,
+    WATCHDOG_TASK,
 )
 
 REDIS = "redis://127.0.0.1:6379/9"
@@ -124,6 +126,10 @@ def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> N
     outbox = schedule.pop("objective-outbox-redrive")
     assert outbox["task"] == OUTBOX_TASK and outbox["options"]["queue"] == OBJECTIVES_QUEUE
     assert outbox["schedule"].total_seconds() == 2.5
+    # So does the objective watchdog's crontab tick (issue 10).
+    tick = schedule.pop("objective-watchdog")
+    assert tick["task"] == WATCHDOG_TASK and tick["options"]["queue"] == OBJECTIVES_QUEUE
+    assert tick["schedule"] == CronSchedule("* * * * *")
     assert {e["task"] for e in schedule.values()} == {REDRIVE_TASK, EXPIRE_TASK, RETRY_TASK}
     by_task = {e["task"]: e for e in schedule.values()}
     assert by_task[REDRIVE_TASK]["schedule"].total_seconds() == 7.0

@@ -3,10 +3,11 @@
 
 - ``factory`` runs ``factory.dispatch`` (launch ``payload.objective``, idempotent by objectiveId) and
   ``factory.run`` (a planner turns the goal into a plan, then the same launch).
-- ``factory-control`` runs ``factory.objective.control`` (one control step) and
-  ``factory.objective.audit`` (the terminal audit).
-- What is not built yet — the objective watchdog and the task monitor (issue 10) — fails
-  non-retryably with a message saying so: no stub reports success.
+- ``factory-control`` runs ``factory.objective.control`` (one control step),
+  ``factory.objective.audit`` (the terminal audit) and ``factory.objective.watchdog`` (one
+  watchdog pass: ``app.factory.sweep``).
+- What is not built yet — the task monitor (issue 10) — fails non-retryably with a message saying
+  so: no stub reports success.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.factory import service
+from app.factory import service, sweep
 from app.factory.plan import validate_objective
 from app.factory.planner import PlannerRefused, load_planner
 from app.jobs.errors import ConflictError, ValidationError
 from workers.handler import HandlerError, JobContext
 
-NOT_BUILT = "is not built yet (issue 10: watchdog, task monitor, phases)"
+NOT_BUILT = "is not built yet (issue 10: task monitor)"
 
 
 def _refuse(message: str) -> HandlerError:
@@ -79,7 +80,7 @@ def handle_factory_control(ctx: JobContext) -> Any:
     except ConflictError as exc:
         raise _refuse(str(exc)) from None
     if kind == "factory.objective.watchdog":
-        raise _refuse(f"the objective watchdog {NOT_BUILT}")
+        return sweep.watchdog_pass(ctx.queue, ctx.settings)
     raise _refuse(f"agent 'factory-control' does not run kind '{kind}'")
 
 
