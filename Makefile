@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/http_enqueue_bench.py
 	$(BIN)/python -m bench.runtime_bench
 	$(BIN)/python -m bench.objectives_bench
+	$(BIN)/python -m bench.watchdog_bench
 
 ## Regenerate the README's configuration table from app/config.py.
 docs: $(STAMP)
