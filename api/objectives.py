@@ -65,6 +65,12 @@ def task_json(task: Any, job: Job | None = None) -> dict[str, Any]:
     }
 
 
+def _every_phase(obj: Objective) -> list[Any]:
+    """Earlier phases' tasks first (by phase, then id), then the current plan in its own order."""
+    earlier = sorted((t for t in obj.tasks.values() if t.phase < obj.phase), key=lambda t: (t.phase, t.id))
+    return earlier + [obj.tasks[t] for t in obj.task_order if t in obj.tasks]
+
+
 def objective_json(obj: Objective, jobs: Mapping[str, Job | None] | None = None) -> dict[str, Any]:
     jobs = jobs or {}
     return {
@@ -74,11 +80,7 @@ def objective_json(obj: Objective, jobs: Mapping[str, Job | None] | None = None)
         "status": obj.status,
         "phase": obj.phase,
         "failurePolicy": obj.failure_policy,
-        "tasks": [
-            task_json(obj.tasks[t], jobs.get(obj.tasks[t].job_id or ""))
-            for t in obj.task_order
-            if t in obj.tasks
-        ],
+        "tasks": [task_json(t, jobs.get(t.job_id or "")) for t in _every_phase(obj)],
         "audit": obj.audit,
         "createdAt": obj.created_at,
         "updatedAt": obj.updated_at,
@@ -218,6 +220,27 @@ def list_objectives(query: dict[str, Any]) -> ResponseReturnValue:
 def cancel(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
     visible_objective(objectiveId)
     service.cancel(state().queue, objectiveId, body.get("reason"))
+    return {"objective": live_json(visible_objective(objectiveId))}, 202
+
+
+@blueprint.post("/objectives/<objectiveId>/plan")
+@operation(
+    Operation(
+        summary="Replan an objective: start phase n+1 with a new plan.",
+        description="The plan is validated as at launch (400 naming the field, nothing written); its task "
+        "ids must be new to the objective. Control cancels the earlier phases' queued jobs, sends their "
+        "running jobs an abort command (reason `phase superseded`), then runs the new phase. Earlier "
+        "phases' tasks stay in GET with their phase. A terminal or canceling objective answers 409.",
+        tag="objectives",
+        path=_PATH,
+        body=schemas.REPLAN_REQUEST,
+        responses={202: schemas.OBJECTIVE_RESPONSE},
+        errors=(400, 409),
+    )
+)
+def replan(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
+    visible_objective(objectiveId)
+    service.replan(state().queue, objectiveId, body.get("tasks"), body.get("reason"))
     return {"objective": live_json(visible_objective(objectiveId))}, 202
 
 

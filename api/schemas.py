@@ -447,6 +447,18 @@ OBJECTIVE_REQUEST: Schema = {
     "additionalProperties": False,
 }
 
+REPLAN_REQUEST: Schema = {
+    "type": "object",
+    "title": "ReplanRequest",
+    "description": "Phase n+1's plan: validated as at launch; task ids must be new to the objective.",
+    "properties": {
+        "tasks": {"type": "array", "items": PLAN_TASK},
+        "reason": _text(REASON_MAX, nullable=True, non_blank=False),
+    },
+    "required": ["tasks"],
+    "additionalProperties": False,
+}
+
 OBJECTIVE_TASK: Schema = {
     "type": "object",
     "properties": {
@@ -576,6 +588,7 @@ COMPONENTS: dict[str, Schema] = {
     "JobEvent": JOB_EVENT,
     "ReceiptEvent": RECEIPT_EVENT,
     "ObjectiveRequest": OBJECTIVE_REQUEST,
+    "ReplanRequest": REPLAN_REQUEST,
     "Objective": OBJECTIVE,
     "ObjectiveTask": OBJECTIVE_TASK,
     "ObjectiveAsync": OBJECTIVE_ASYNC,

@@ -11,7 +11,7 @@ error ``code``, ``status`` and ``details``, so callers branch on codes, never on
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import requests
@@ -178,6 +178,17 @@ class Client:
     def objectives(self, **filters: Any) -> JsonObject:
         """GET /objectives with filters (status, limit, cursor, organizationId): the page as sent."""
         return self.request("GET", "/objectives", params=filters)
+
+    def replan_objective(
+        self, objective_id: str, tasks: Sequence[Mapping[str, Any]], reason: str | None = None
+    ) -> JsonObject:
+        """POST /objectives/<id>/plan: phase n+1 with ``tasks``; the objective (unwrapped).
+        A terminal objective raises ``Conflict``; a bad plan ``BadRequest`` naming the field."""
+        body: dict[str, Any] = {"tasks": [dict(t) for t in tasks]}
+        if reason:
+            body["reason"] = reason
+        obj: JsonObject = self.request("POST", f"/objectives/{objective_id}/plan", json=body)["objective"]
+        return obj
 
     def cancel_objective(self, objective_id: str, reason: str | None = None) -> JsonObject:
         """POST /objectives/<id>/cancel; the objective (unwrapped). A terminal one raises ``Conflict``."""

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from app.factory import audit, control, storage
-from app.factory.plan import ObjectiveSpec
+from app.factory.plan import ObjectiveSpec, TaskSpec, validate_plan
 from app.factory.reducer import Objective, Task
 from app.factory.vocab import (
     AUDIT_KIND,
@@ -35,7 +35,13 @@ from app.factory.vocab import (
     task_job_id,
 )
 from app.jobs.contracts import contract_for
-from app.jobs.errors import AppendConflict, ConflictError, ReceiptError, TransientStorageError
+from app.jobs.errors import (
+    AppendConflict,
+    ConflictError,
+    ReceiptError,
+    TransientStorageError,
+    ValidationError,
+)
 from app.jobs.ids import new_id
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest
@@ -152,6 +158,71 @@ def cancel(queue: Queue, objective_id: str, reason: str | None) -> Objective:
         obj = storage.apply(conn, loaded, objective_id, events, at=db_now(conn)).objective
     _fast_path(queue, objective_id)
     return obj
+
+
+def replan(queue: Queue, objective_id: str, raw_tasks: Any, reason: str | None) -> Objective:
+    """Start phase n+1 with a new plan (``objective.replanned`` + a ``replan`` request, one transaction).
+
+    The plan is validated exactly as at launch (under the objective's authContext); its task ids
+    must also be new to the objective, so every earlier phase's task stays visible under its own id.
+    A terminal objective, or one being canceled, refuses (ConflictError). Control then stops the
+    earlier phases (queued jobs canceled, running ones sent ``abort`` with reason ``phase
+    superseded``) and runs the new one.
+    """
+    with queue.engine.connect() as conn:
+        current = storage.load(conn, objective_id, all_tasks=True)
+    if current is None:
+        raise ObjectiveNotFound(objective_id)
+    _check_replannable(current.objective)  # 409 once terminal, whatever the body
+    tasks = _replan_tasks(raw_tasks, current.objective)
+    for _ in range(MAX_STEP_ROUNDS):
+        try:
+            with transaction(queue.engine) as conn:
+                storage.lock(conn, objective_id)
+                loaded = storage.load(conn, objective_id, all_tasks=True)
+                if loaded is None:
+                    raise ObjectiveNotFound(objective_id)
+                obj = loaded.objective
+                _check_replannable(obj)
+                tasks = _replan_tasks(raw_tasks, obj)
+                body = {"phase": obj.phase + 1, "reason": reason, "tasks": [t.to_json() for t in tasks]}
+                events: list[storage.Event] = [
+                    ("objective.replanned", body),
+                    (
+                        "objective.control_requested",
+                        {"requestId": f"replan-{obj.phase + 1}", "reason": "replan"},
+                    ),
+                ]
+                after = storage.apply(conn, loaded, objective_id, events, at=db_now(conn)).objective
+            break
+        except AppendConflict:
+            continue
+    else:
+        raise TransientStorageError(f"gave up replanning {objective_id} after {MAX_STEP_ROUNDS} conflicts")
+    _fast_path(queue, objective_id)
+    return after
+
+
+def _check_replannable(obj: Objective) -> None:
+    if obj.terminal:
+        raise ConflictError(f"objective {obj.id} is already {obj.status}")
+    if obj.cancel is not None:
+        raise ConflictError(f"objective {obj.id} is being canceled")
+
+
+def _replan_tasks(raw_tasks: Any, obj: Objective) -> tuple[TaskSpec, ...]:
+    try:
+        tasks = validate_plan({"tasks": raw_tasks}, obj.auth_context)
+    except ValidationError as exc:  # the replan body's field is ``tasks``, not ``plan.tasks``
+        raise ValidationError(exc.field.removeprefix("plan."), exc.reason, exc.allowed) from None
+    for index, task in enumerate(tasks):
+        if task.id in obj.tasks:
+            phase = obj.tasks[task.id].phase
+            raise ValidationError(
+                f"tasks[{index}].id",
+                f"task id {task.id!r} is already used by phase {phase} of this objective",
+            )
+    return tasks
 
 
 def request(queue: Queue, objective_id: str, reason: str, detail: Mapping[str, Any] | None = None) -> bool:

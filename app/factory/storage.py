@@ -269,10 +269,19 @@ def _save(conn: Connection, obj: Objective, previous: Loaded | None, last: store
     changed = [
         {"b_objective": obj.id, "b_task": t.id, **_task_columns(t)}
         for tid, t in obj.tasks.items()
-        if before.tasks.get(tid) is not t
+        if tid in before.tasks and before.tasks[tid] is not t
     ]
     if changed:
         conn.execute(_UPDATE_TASK, changed)
+    if obj.phase != before.phase:
+        # A replan: the new phase's tasks get their rows (task ids are unique across phases).
+        rows = [
+            {"objective_id": obj.id, "task_id": t.id, **_task_columns(t)}
+            for t in obj.tasks.values()
+            if t.phase == obj.phase and t.id not in before.tasks
+        ]
+        if rows:
+            conn.execute(objective_tasks.insert(), rows)
     return Loaded(obj, last.hash, changed_at)
 
 
