@@ -172,12 +172,15 @@ def main() -> int:
                 cpu = max(0.0, meter.stop()["control"] - idle_rate * wall)
                 assert status(oid) == "completed"
                 with engine.connect() as conn:
-                    rows = conn.execute(
-                        select(jobs.c.id, jobs.c.kind).where(jobs.c.agent_id == "factory-control")
-                    ).all()
-                n_control = sum(
-                    1 for r in rows if r.kind == "factory.objective.control" and r.id.startswith(f"{oid}:")
-                )
+                    q = select(jobs.c.id, jobs.c.kind, jobs.c.state).where(
+                        jobs.c.agent_id == "factory-control"
+                    )
+                    rows = conn.execute(q).all()
+                kind = "factory.objective.control"
+                mine = [r for r in rows if r.kind == kind and r.id.startswith(f"{oid}:")]
+                n_control = len(mine)
+                # Each control job reports its own thread CPU (StepResult.cpuMs): the step's cost alone.
+                step_cpu_ms = sum(float((r.state.get("result") or {}).get("cpuMs", 0.0)) for r in mine)
                 fanin = stream(f"jobs/{task_job_id(oid, 1, 'fanin')}")
                 last = next(r for r in fanin if r.type == "job.completed")
                 done = next(r for r in stream(objective_stream(oid)) if r.type == "objective.completed")
@@ -186,10 +189,11 @@ def main() -> int:
                 n = args.fanout + 1
                 print(
                     f"fan-out run {run + 1}: {n} tasks in {wall:.1f} s; control jobs {n_control} "
-                    f"({n_control / n:.3f}/task); control CPU {cpu * 1000 / n:.2f} ms/task; "
+                    f"({n_control / n:.3f}/task); control step CPU {step_cpu_ms / n:.2f} ms/task "
+                    f"(control worker process, net of idle: {cpu * 1000 / n:.2f} ms/task); "
                     f"last settlement -> completed {gap:.0f} ms"
                 )
-            p50 = statistics.median(settle_to_done)
+            p50 = statistics.median(settle_to_done) if settle_to_done else float("nan")
             runs = ", ".join(f"{g:.0f}" for g in settle_to_done)
             print(f"fan-out: last settlement -> objective completed p50 {p50:.0f} ms (runs: {runs})")
 

@@ -12,6 +12,7 @@ objective; ``run_audit`` is the terminal audit job. Nothing here imports Celery 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -333,6 +334,7 @@ class StepResult:
     enqueued: int
     canceled: int
     ended: str | None
+    cpu_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -342,6 +344,7 @@ class StepResult:
             "enqueued": self.enqueued,
             "canceled": self.canceled,
             "ended": self.ended,
+            "cpuMs": self.cpu_ms,
         }
 
 
@@ -385,7 +388,10 @@ def control_step(queue: Queue, objective_id: str) -> StepResult:
     with session_lock(queue.engine, f"objective-step:{objective_id}", wait_s=STEP_LOCK_WAIT_S) as taken:
         if not taken:
             log.warning("control of %s runs beside another step (lock wait over)", objective_id)
-        return _control_step(queue, objective_id)
+        started = time.thread_time()
+        result = _control_step(queue, objective_id)
+        # This thread's CPU for the step (the control job's result: what the bench sums per task).
+        return replace(result, cpu_ms=round((time.thread_time() - started) * 1000, 3))
 
 
 def _control_step(queue: Queue, objective_id: str) -> StepResult:

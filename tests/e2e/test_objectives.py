@@ -227,7 +227,9 @@ def test_broker_flushed_while_a_control_request_waits_the_outbox_redrive_finishe
     import redis
 
     client = redis.Redis.from_url(dstack.redis_url)
-    client.flushdb()  # the control job's worker message is gone
+    # The worker message is waiting in the control queue (nobody consumes it): now lose it.
+    wait_for(lambda: client.llen("receipt-control") >= 1, 30, what="the control message in Redis")
+    client.flushdb()
     client.close()
     dstack.start_worker("worker-control", "control")
     obj2 = wait_objective(dstack, oid, "completed", timeout=90)
