@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from app.factory import audit, control, storage
+from app.factory import audit, control, monitor, storage
 from app.factory.plan import ObjectiveSpec, TaskSpec, validate_plan
 from app.factory.reducer import Objective, Task
 from app.factory.vocab import (
@@ -54,6 +54,9 @@ from app.storage.queue import Queue
 log = logging.getLogger("receipt.factory")
 
 MAX_STEP_ROUNDS = 50
+COMPUTER_PATH = "computer"
+# A monitor that dies is restarted by lease expiry once; after that the watchdog covers the task.
+MONITOR_MAX_ATTEMPTS = 2
 STEP_LOCK_WAIT_S = 60.0
 AUDIT_MAX_ATTEMPTS = 3
 
@@ -319,6 +322,30 @@ def enqueue_task_job(queue: Queue, obj: Objective, task: Task, payload: Mapping[
         payload=dict(payload),
         job_id=task_job_id(obj.id, task.phase, task.id),
         max_attempts=task.max_attempts or MAX_ATTEMPTS_DEFAULT,
+    )
+    job = queue.enqueue(req).job
+    if task.execution_path == COMPUTER_PATH:
+        ensure_monitor(queue, obj, task, job.id)
+    return job
+
+
+def ensure_monitor(queue: Queue, obj: Objective, task: Task, job_id: str) -> Job:
+    """A sandboxed task's ``factory.task.monitor`` job (deterministic id: one per task job)."""
+    payload = {
+        "kind": monitor.MONITOR_KIND,
+        "objectiveId": obj.id,
+        "taskId": task.id,
+        "phase": task.phase,
+        "taskJobId": job_id,
+        # Selects the spec's lease row: max(JOB_LEASE_MS, CODEX_JOB_LEASE_MS).
+        "executionPath": COMPUTER_PATH,
+        "authContext": dict(obj.auth_context),
+    }
+    req = EnqueueRequest(
+        agent_id=monitor.MONITOR_AGENT,
+        payload=payload,
+        job_id=monitor.monitor_job_id(job_id),
+        max_attempts=MONITOR_MAX_ATTEMPTS,
     )
     return queue.enqueue(req).job
 

@@ -199,3 +199,32 @@ def test_two_beats_give_one_watchdog_job_per_tick(wstack: Stack) -> None:
     assert len(created) == len(set(created))
     assert repeated and set(repeated) <= {j.id for j in watchdog_jobs(wstack)}
     assert {j.id for j in watchdog_jobs(wstack)} == set(created)
+
+
+def test_a_computer_task_is_followed_by_its_monitor_until_it_ends(wstack: Stack, tmp_path: Path) -> None:
+    wstack.start(*PROCS)
+    gate = tmp_path / "gate"
+    body = {"objectiveId": "wd-mon", "title": "t", "goal": "g", "plan": plan("A", gate=str(gate))}
+    body["plan"]["tasks"][0]["executionPath"] = "computer"
+    q = Queue(wstack.engine)
+    service.launch(q, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
+    task_job = task_job_id("wd-mon", 1, "A")
+    mon = f"{task_job}:monitor"
+    wstack.wait_running(task_job, timeout=60)
+
+    def reported_running() -> Any:
+        bodies = [r.body.get("progress") for r in wstack.receipts(mon) if r.type == "job.progress"]
+        return [b for b in bodies if b and b.get("status") == "running"]
+
+    seen = wait_for(reported_running, 60, interval=0.2, what="the monitor's liveness report")[0]
+    assert seen["taskJobId"] == task_job and seen["attempt"] == 1
+    assert seen["stallThresholdMs"] == 900_000 and seen["sinceHeartbeatMs"] >= 0
+    gate.touch()
+    done = wstack.wait_status(mon, "completed", timeout=60)
+    assert done.result["outcome"] == "terminal" and done.result["status"] == "completed"
+    wait_for(
+        lambda: (o := service.get(wstack.engine, "wd-mon")) is not None and o.status == "completed",
+        60,
+        what="wd-mon to complete",
+    )
+    assert reconciles(wstack, "wd-mon") == []
