@@ -28,7 +28,7 @@ from app.factory.vocab import OBJECTIVE_STREAM_PREFIX, objective_stream
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.vocab import LEASED_STATUSES
-from app.storage import store
+from app.storage import ledger, store
 from app.storage.queue import decode_cursor
 
 log = logging.getLogger("receipt.api")
@@ -163,7 +163,14 @@ def launch(body: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def get_objective(objectiveId: str) -> ResponseReturnValue:
-    return {"objective": live_json(visible_objective(objectiveId))}
+    obj = live_json(visible_objective(objectiveId))
+    try:
+        with read_connection(state().engine) as conn:
+            obj["ledger"] = ledger.summary(conn, objectiveId)
+    except Exception:  # the ledger is best effort: its absence never fails the read
+        log.warning("ledger summary of %s unavailable", objectiveId, exc_info=True)
+        obj["ledger"] = None
+    return {"objective": obj}
 
 
 @blueprint.get("/objectives")

@@ -498,6 +498,11 @@ OBJECTIVE: Schema = {
         "failurePolicy": {"type": "string", "enum": list(FAILURE_POLICIES)},
         "tasks": {"type": "array", "items": _ref("ObjectiveTask")},
         "audit": {"description": "The terminal audit report, once the objective ended and was audited."},
+        "ledger": {
+            "type": ["object", "null"],
+            "description": "GET only: the durable ledger's summary (workflows; activities by status and "
+            "total duration); null when the ledger could not be read.",
+        },
         "createdAt": _TIME,
         "updatedAt": _TIME,
     },

@@ -66,6 +66,12 @@ class Page:
     next_cursor: str | None
 
 
+def _ledger_changes(kind: str, events: Sequence[Event]) -> bool:
+    from app.storage.ledger import LEDGER_EVENTS, tracked
+
+    return tracked(kind) and any(t in LEDGER_EVENTS for t, _ in events)
+
+
 @dataclass
 class _Tx:
     """One transaction's view: the connection, its clock, and jobs touched in it."""
@@ -74,6 +80,8 @@ class _Tx:
     touched: dict[str, Job] = field(default_factory=dict)
     # Objectives that received a control request in this transaction (the outbox fast path's input).
     objectives: set[str] = field(default_factory=set)
+    # Jobs whose durable-ledger rows this transaction changed (written after commit, best effort).
+    ledger: set[str] = field(default_factory=set)
     _now: datetime | None = None
 
     @property
@@ -125,6 +133,7 @@ class Queue:
                     tx = _Tx(conn)
                     result = work(tx)
                 self._after_commit(tx.touched.values())
+                self._after_commit_ledger(tx.ledger)
                 self._after_commit_objectives(tx.objectives)
                 return result
             except AppendConflict:
@@ -138,6 +147,13 @@ class Queue:
                 self._on_dispatchable(ready)
             except Exception:  # delivery is best-effort: the redrive loop re-delivers from receipts
                 log.exception("dispatch wake-up failed; the queued redrive will pick these jobs up")
+
+    def _after_commit_ledger(self, job_ids: Iterable[str]) -> None:
+        if not job_ids:
+            return
+        from app.storage import ledger
+
+        ledger.after_commit(self.engine, job_ids)  # logs and swallows its own failures
 
     def _after_commit_objectives(self, objective_ids: Iterable[str]) -> None:
         if not self.control_fast_path:
@@ -187,6 +203,8 @@ class Queue:
             raise AppendConflict(f"jobs/{job_id}: nothing to apply")
         projection.save(tx.conn, state, previous=loaded, last=last)
         tx.touched[job_id] = state
+        if _ledger_changes(state.kind, events):
+            tx.ledger.add(job_id)
         self._request_objective_control(tx, loaded.job if loaded else None, state, events)
         return state
 

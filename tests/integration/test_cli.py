@@ -61,7 +61,7 @@ def test_migrate_a_fresh_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     monkeypatch.setenv("DATABASE_URL", url)
     assert main(["migrate"]) == 0
-    assert "database at revision 0003" in capsys.readouterr().err
+    assert "database at revision 0004" in capsys.readouterr().err
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
