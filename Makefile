@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint install bench docs
+.PHONY: run test unit lint install bench docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,8 +24,13 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 ## Lint, type-check and run every test (unit, integration on real Postgres + Redis, end-to-end).
+## PostgreSQL and Redis: the machine's on 5432/6379 if they answer, else private throwaway ones.
 test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+## The pure tier only: tests/unit (no database server, broker or processes); seconds.
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 
 ## Print every benchmark's figures (needs PostgreSQL and Redis on 127.0.0.1; a few minutes).
 bench: $(STAMP)

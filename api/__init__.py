@@ -33,8 +33,9 @@ def create_app(
     """Build the API app.
 
     ``settings`` defaults to ``Settings.from_env()``; ``engine`` to one opened on its database;
-    ``on_dispatchable`` (called after commit with jobs that became dispatchable) to the tasks
-    layer's waker when it is installed. Tests pass a recording function so no broker is needed.
+    ``on_dispatchable`` (called after commit with jobs that became dispatchable) to the wake-up
+    publisher (``api.wake``), which raises if it cannot be built. Tests pass a recording function
+    so no broker is needed.
     """
     settings = settings if settings is not None else Settings.from_env()
     engine = engine if engine is not None else make_engine(settings.sqlalchemy_url)
@@ -46,7 +47,9 @@ def create_app(
     # (api.inputs.raw_body refuses anything past the limit itself, declared or streamed).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    api_state = ApiState(settings, engine, Queue(engine, on_dispatchable=on_dispatchable))
+    api_state = ApiState(
+        settings, engine, Queue(engine, on_dispatchable=on_dispatchable), waker=on_dispatchable
+    )
     app.extensions[EXTENSION] = api_state
 
     for blueprint in (

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from flask import current_app
 from sqlalchemy.engine import Connection, Engine
 
 from app.config import Settings
+from app.jobs.reducer import Job
 from app.storage.queue import Queue
 
 EXTENSION = "receipt"
@@ -27,6 +29,8 @@ class ApiState:
     internal_errors: int = 0
     # How often an open event stream sends a comment line, so idle proxies keep it open.
     sse_heartbeat_seconds: float = 15.0
+    # What wakes the dispatch scanner after a commit (``api.wake``); ``/readyz`` checks it.
+    waker: Callable[[Sequence[Job]], None] | None = None
 
     def count_internal_error(self) -> None:
         self.internal_errors += 1

@@ -45,7 +45,7 @@ def post_fork(server: Any, worker: Any) -> None:
 
 def post_worker_init(worker: Any) -> None:
     """Spec: objective resume at startup runs in every process role, the API's included."""
-    from tasks.objectives import start_api_resume
+    from api.resume import start_api_resume
 
     start_api_resume()
 

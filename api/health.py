@@ -3,7 +3,8 @@
 ``/healthz`` says the process answers (no auth, no I/O: a probe must not fail because the
 database is slow). ``/readyz`` says this instance can do its job: the database answers
 ``SELECT 1`` and the broker is reachable — Redis answers PING within a second, or, in the
-embedded deployment, the local broker folder exists or can be created.
+embedded deployment, the local broker folder exists or can be created — and the wake-up
+publisher can publish (``api.wake``: its transport loads and the driver queue is declared).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from api import schemas
 from api.context import read_connection, state
 from api.errors import NOT_READY, ApiError
 from api.openapi import Operation, operation
+from api.wake import check_waker
 from app.config import Settings
 
 blueprint = Blueprint("health", __name__)
@@ -73,14 +75,18 @@ def healthz() -> ResponseReturnValue:
 @blueprint.get("/readyz")
 @operation(
     Operation(
-        summary="Readiness: the database and the broker are reachable.",
+        summary="Readiness: the database and the broker are reachable; wake-ups can be published.",
         tag="health",
         responses={200: schemas.READY},
     )
 )
 def readyz() -> ResponseReturnValue:
     st = state()
-    checks = {"database": check_database(st.engine), "broker": check_broker(st.settings)}
+    checks = {
+        "database": check_database(st.engine),
+        "broker": check_broker(st.settings),
+        "wake": check_waker(st.waker),
+    }
     failed = sorted(name for name, result in checks.items() if result != OK)
     if failed:
         raise ApiError(503, NOT_READY, "not ready: " + ", ".join(failed) + " failed", checks)

@@ -374,8 +374,8 @@ HEALTH: Schema = {"type": "object", "properties": {"status": {"const": "ok"}}, "
 
 READY: Schema = {
     "type": "object",
-    "properties": {"database": {"const": "ok"}, "broker": {"const": "ok"}},
-    "required": ["database", "broker"],
+    "properties": {"database": {"const": "ok"}, "broker": {"const": "ok"}, "wake": {"const": "ok"}},
+    "required": ["database", "broker", "wake"],
 }
 
 

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Engine
 from api.context import read_connection
 from api.present import job_json
 from app.jobs.reducer import Job, reduce
+from app.jobs.vocab import is_job_stream
 from app.storage import store
 
 log = logging.getLogger("receipt.api")
@@ -55,7 +56,7 @@ def format_event(event: str, seq: int, data: Any) -> str:
 
 def follow(engine: Engine, stream: str, after: int, kind: EventKind, timing: Timing) -> Iterator[str]:
     """Yield SSE frames for ``stream`` after seq ``after`` until terminal, or until time is up."""
-    is_job_stream = stream.startswith("jobs/")
+    following_a_job = is_job_stream(stream)
     state: Job | None = None
     seq = 0
     start = timing.clock()
@@ -75,7 +76,7 @@ def follow(engine: Engine, stream: str, after: int, kind: EventKind, timing: Tim
             yield ": storage unavailable, reconnect\n\n"
             return
         for receipt in batch:
-            if is_job_stream:
+            if following_a_job:
                 state = reduce(state, receipt.to_receipt())
             seq = receipt.seq
             if seq <= after:

@@ -17,20 +17,19 @@ from api.context import read_connection, state
 from api.errors import stream_not_found
 from api.jobs import visible_job
 from api.openapi import Operation, operation
-from app.jobs.vocab import job_stream
+from app.jobs.vocab import is_job_stream, job_id_of, job_stream
 from app.storage import store
 
 blueprint = Blueprint("streams", __name__)
 
 _STREAM_PATH = {"stream": schemas.STREAM_PARAM}
 _RESUME_HEADERS = {"Last-Event-ID": schemas.LAST_EVENT_ID_HEADER}
-_JOB_PREFIX = "jobs/"
 
 
 def readable_stream(stream: str) -> None:
     """Raise the 404 unless the caller may read ``stream`` and it exists."""
-    if stream.startswith(_JOB_PREFIX):
-        visible_job(stream[len(_JOB_PREFIX) :])
+    if is_job_stream(stream):
+        visible_job(job_id_of(stream))
         return
     from api.objectives import readable_objective_stream
 

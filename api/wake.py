@@ -1,29 +1,81 @@
-"""The thin hook by which an enqueue wakes the dispatch scanner (``tasks.wake``), if installed.
+"""The API's wake-up publisher: after an enqueue commits, one small message to the dispatch scanner.
 
-``app/`` never imports Celery: the queue calls ``on_dispatchable(jobs)`` after commit, and the
-API passes it the waker that ``tasks.wake.build_waker`` makes. Without ``tasks`` (or without
-that module yet) there is no waker and the queued-job redrive delivers the jobs instead.
+Publish-only: a Celery producer configured from the shared configuration
+(``app.ops.celeryconfig``) sends the dispatch task *by name*; the API imports no worker code
+(``tasks``, ``workers``), so a web process never loads handlers or task modules to send one
+message. ``app/`` never imports Celery: the queue calls ``on_dispatchable(jobs)`` after commit.
+
+Nothing here falls back quietly. A publisher that cannot be built — a missing or broken import,
+a transport that cannot load — stops start-up with an error, and ``/readyz`` reports the same
+check as ``wake``. (Were it quiet, every job would wait for the queued redrive, up to 30 s.)
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from app.config import Settings
 from app.jobs.reducer import Job
+from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE
 
 log = logging.getLogger("receipt.api")
 
 Waker = Callable[[Sequence[Job]], None]
+OK = "ok"
 
 
-def default_waker(settings: Settings) -> Waker | None:
-    """``tasks.wake.build_waker(settings)``, or None when the tasks layer is not importable."""
-    try:
-        from tasks.wake import build_waker
-    except ImportError:
-        log.info("tasks.wake is not available: enqueues will be delivered by the queued redrive")
-        return None
-    waker: Waker = build_waker(settings)
-    return waker
+class WakeUnavailable(RuntimeError):
+    """The wake-up publisher cannot be built or cannot load its transport."""
+
+
+class WakePublisher:
+    """Sends ``receipt.dispatch`` with the ids of newly dispatchable jobs to the driver queue."""
+
+    def __init__(self, settings: Settings) -> None:
+        try:
+            from celery import Celery
+
+            from app.ops import celeryconfig
+        except ImportError as exc:
+            raise WakeUnavailable(f"the wake-up publisher cannot be imported: {exc}") from exc
+        self.celery: Any = Celery("receipt-api", set_as_current=False)
+        self.celery.config_from_object(celeryconfig.build(settings))
+
+    def __call__(self, jobs: Sequence[Job]) -> None:
+        ids = [j.id for j in jobs]
+        if ids:
+            self.celery.send_task(DISPATCH_TASK, args=[ids], queue=DRIVER_QUEUE)
+
+    def check(self) -> str:
+        """``ok``, or why a wake-up could not be published (no network I/O: the broker has its own check).
+
+        Loads the broker transport (kombu imports it on first use, e.g. the redis client library)
+        and confirms the driver queue is declared.
+        """
+        try:
+            with self.celery.connection_for_write() as conn:
+                conn.transport  # noqa: B018 - loading the transport class is the check
+            if DRIVER_QUEUE not in self.celery.amqp.queues:
+                return f"queue {DRIVER_QUEUE} is not configured"
+        except Exception as exc:
+            return f"unavailable ({type(exc).__name__}: {exc})"
+        return OK
+
+
+def default_waker(settings: Settings) -> WakePublisher:
+    """The production waker, checked once: a broken publisher fails start-up, never silently."""
+    publisher = WakePublisher(settings)
+    problem = publisher.check()
+    if problem != OK:
+        raise WakeUnavailable(f"the wake-up publisher is not usable: {problem}")
+    return publisher
+
+
+def check_waker(waker: Waker | None) -> str:
+    """The ``wake`` readiness check: the publisher's own check, or ``ok`` for an injected callable."""
+    if waker is None:
+        return "no wake-up publisher"
+    check: Callable[[], str] | None = getattr(waker, "check", None)
+    return check() if check is not None else OK

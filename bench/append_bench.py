@@ -15,11 +15,11 @@ dropped at the end.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +47,7 @@ from app.storage import projection, store
 from app.storage.db import make_engine
 from app.storage.migrate import upgrade
 from app.storage.queue import Queue
+from tests.support.databases import new_database
 
 ADMIN_URL = os.environ.get("RECEIPT_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 APPENDS = int(os.environ.get("RECEIPT_BENCH_APPENDS", "3000"))
@@ -70,16 +71,6 @@ plain = Table(
     Column("hash", String(64), nullable=False),
     UniqueConstraint("stream", "seq"),
 )
-
-
-def _db_url(name: str) -> str:
-    base, _, _ = ADMIN_URL.rpartition("/")
-    return f"{base}/{name}"
-
-
-def _autocommit(admin: Engine, sql: str) -> None:
-    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(sql))
 
 
 def _body(i: int) -> dict[str, object]:
@@ -182,14 +173,11 @@ def time_per_call(fn: Callable[[], object], n: int) -> float:
 
 
 def main() -> int:
-    name = f"receipt_bench_{uuid.uuid4().hex[:10]}"
     admin = make_engine(ADMIN_URL)
-    print(
-        f"$ {os.path.relpath(sys.executable)} {' '.join(sys.argv)}  "
-        f"(database {name} on {ADMIN_URL.rsplit('/', 1)[0]})"
-    )
-    _autocommit(admin, f"CREATE DATABASE {name}")
-    engine = make_engine(_db_url(name))
+    cleanup = contextlib.ExitStack()
+    url = cleanup.enter_context(new_database(admin, "receipt_bench"))
+    print(f"$ {os.path.relpath(sys.executable)} {' '.join(sys.argv)}  (database {url})")
+    engine = make_engine(url)
     try:
         upgrade(engine)
         plain_metadata.create_all(engine)  # the bench's own control table, not part of the schema
@@ -247,7 +235,7 @@ def main() -> int:
         print(f"  ratio longest/shortest: {flat:.2f}  (target <= 1.5: {'met' if flat <= 1.5 else 'MISSED'})")
     finally:
         engine.dispose()
-        _autocommit(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        cleanup.close()  # drops the database
         admin.dispose()
     return 0
 

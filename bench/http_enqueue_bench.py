@@ -9,7 +9,7 @@
    on and a real token, then a load generator **in a second process** (keep-alive
    connections, bounded in count and time) posts enqueues.
 4. Prints raw appends/s, HTTP enqueues/s, their ratio (target >= 0.5), p50/p99 latency, and
-   whether the Celery waker (``tasks.wake``) was in the path; then stops gunicorn by PID and
+   the wake-up publisher's broker (``api/wake.py``); then stops gunicorn by PID and
    drops the database.
 
 Every request goes to loopback only, and every loop is bounded.
@@ -18,23 +18,25 @@ Every request goes to loopback only, and every loop is bounded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from tests.support.databases import new_database  # noqa: E402  (after the path is set)
+from tests.support.waiting import free_port, wait_for  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get(
     "RECEIPT_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
@@ -100,26 +102,18 @@ def load_generator(
 # -- orchestration ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"gunicorn exited with {proc.returncode}")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             conn.request("GET", "/healthz")
-            if conn.getresponse().status == 200:
-                conn.close()
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("gunicorn did not become healthy")
+            return conn.getresponse().status == 200
+        finally:
+            conn.close()
+
+    wait_for(healthy, timeout, what="gunicorn to become healthy", ignore=(OSError,))
 
 
 def raw_append_rate(engine: Any, count: int, tag: str) -> float:
@@ -166,17 +160,15 @@ def main() -> int:
         json.dump(result, sys.stdout)
         return 0
 
-    from sqlalchemy import func, select, text
+    from sqlalchemy import func, select
 
     from app.storage import tokens
     from app.storage.db import jobs, make_engine
     from app.storage.migrate import upgrade
 
-    name = f"receipt_bench_{uuid.uuid4().hex[:10]}"
     admin = make_engine(PG_ADMIN_URL)
-    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    db_url = PG_ADMIN_URL.rpartition("/")[0] + "/" + name
+    cleanup = contextlib.ExitStack()
+    db_url = cleanup.enter_context(new_database(admin, "receipt_bench"))
     engine = make_engine(db_url)
     gunicorn: subprocess.Popen[bytes] | None = None
     try:
@@ -187,14 +179,9 @@ def main() -> int:
         raw_before = raw_append_rate(engine, args.appends // 2, "before")
         _, token = tokens.create(engine, ORG)
 
-        try:
-            import tasks.wake  # noqa: F401  (only to report whether the waker is in the path)
+        waker = f"api.wake publisher, REDIS_URL={REDIS_URL}"
 
-            waker = f"tasks.wake waker, REDIS_URL={REDIS_URL}"
-        except ImportError:
-            waker = "none (tasks/wake.py not present yet): enqueue does no broker round trip"
-
-        port = _free_port()
+        port = free_port()
         home = tempfile.mkdtemp(prefix="receipt-bench-")
         env = {
             **os.environ,
@@ -281,8 +268,7 @@ def main() -> int:
                 gunicorn.kill()
                 gunicorn.wait()
         engine.dispose()
-        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        cleanup.close()  # drops the database
         admin.dispose()
 
 

@@ -27,22 +27,24 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench.runtime_bench import (
-    PG_ADMIN_URL,
     RECEIPT_REDIS_DB,
     REDIS_BASE,
+    STOP_GRACE_S,
     CpuMeter,
-    Processes,
     child_env,
     flush_redis,
-    free_port,
     fresh_database,
     percentile,
-    wait_for,
+    wait_until,
 )
+from tests.support.processes import Harness, Proc
+from tests.support.waiting import free_port
 
 ORG = "bench-org"
 IDLE_SAMPLE_S = 10.0
@@ -97,7 +99,7 @@ def main() -> int:
         upgrade(engine)
         token = tokens.create(engine, ORG)[1]
         port = free_port()
-        procs = Processes(Path(home))
+        procs = Harness(Path(home) / "logs", grace=STOP_GRACE_S)
         env = child_env(
             DATABASE_URL=db_url,
             REDIS_URL=redis_url,
@@ -121,24 +123,25 @@ def main() -> int:
                 {**env, "WEB_CONCURRENCY": "1"},
             )
             control = procs.start("control", [py, "-m", "tasks.worker", "--role", "worker-control"], env)
+            workers = [control]
             for role in ("driver", "worker-chat"):
-                procs.start(role, [py, "-m", "tasks.worker", "--role", role], env)
+                workers.append(procs.start(role, [py, "-m", "tasks.worker", "--role", role], env))
             procs.start("beat", [py, "-m", "tasks.beat", "--schedule", f"{home}/beat-schedule"], env)
             url = f"http://127.0.0.1:{port}"
             http = requests.Session()
             headers = {"Authorization": f"Bearer {token}"}
-            wait_for(lambda: _ok(http, f"{url}/healthz"), 60, "web", procs)
-            for name in ("control", "driver", "worker-chat"):
-                wait_for(
-                    lambda n=name: " ready." in (Path(home) / f"{n}.log").read_text(errors="replace"),
-                    90,
-                    f"{name} ready",
-                    procs,
-                )
+            wait_until(lambda: _ok(http, f"{url}/healthz"), 60, "web", procs)
+            for proc in workers:
+                wait_until(partial(_ready, proc), 90, f"{proc.name} ready", procs)
             time.sleep(3)  # let startup resume and the first beat ticks pass
 
             def launch(tasks: list[dict[str, Any]], oid: str) -> None:
-                body = {"objectiveId": oid, "title": oid, "goal": "bench", "plan": {"tasks": tasks}}
+                body: dict[str, Any] = {
+                    "objectiveId": oid,
+                    "title": oid,
+                    "goal": "bench",
+                    "plan": {"tasks": tasks},
+                }
                 r = http.post(f"{url}/objectives", json=body, headers=headers, timeout=120)
                 assert r.status_code == 202, r.text
 
@@ -167,7 +170,7 @@ def main() -> int:
                 meter.start()
                 t0 = time.monotonic()
                 launch(plan_fanout(args.fanout), oid)
-                wait_for(lambda o=oid: status(o) in ("completed", "failed"), 1800, f"objective {oid}", procs)
+                wait_until(partial(_ended, status, oid), 1800, f"objective {oid}", procs)
                 wall = time.monotonic() - t0
                 cpu = max(0.0, meter.stop()["control"] - idle_rate * wall)
                 assert status(oid) == "completed"
@@ -200,7 +203,7 @@ def main() -> int:
             time.sleep(2)
             oid = "chain"
             launch(plan_chain(args.chain), oid)
-            wait_for(lambda: status(oid) in ("completed", "failed"), 1800, "chain", procs)
+            wait_until(lambda: status(oid) in ("completed", "failed"), 1800, "chain", procs)
             hops: list[float] = []
             parts: dict[str, list[float]] = {k: [] for k in STEPS}
             with engine.connect() as conn:
@@ -235,6 +238,14 @@ def main() -> int:
     return 0
 
 
+def _ready(proc: Proc) -> bool:
+    return " ready." in proc.log()
+
+
+def _ended(status: Callable[[str], str | None], oid: str) -> bool:
+    return status(oid) in ("completed", "failed")
+
+
 def _ok(http: Any, url: str) -> bool:
     try:
         return bool(http.get(url, timeout=2).status_code == 200)
@@ -243,5 +254,4 @@ def _ok(http: Any, url: str) -> bool:
 
 
 if __name__ == "__main__":
-    _ = PG_ADMIN_URL
     sys.exit(main())

@@ -27,24 +27,27 @@ databases used (6 and 7 by default) are flushed before and after.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from celery import Celery
+
+from app.jobs.vocab import job_stream
+from tests.support.databases import new_database
+from tests.support.processes import Harness, base_env
+from tests.support.waiting import free_port, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get("BENCH_PG_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
@@ -72,9 +75,10 @@ def make_baseline_app(broker: str, backend: str) -> Celery:
         worker_hijack_root_logger=False,
     )
 
-    @app.task(name=BASELINE_TASK, shared=False)
     def noop() -> dict[str, Any]:
         return {}
+
+    app.task(name=BASELINE_TASK, shared=False)(noop)
 
     return app
 
@@ -88,30 +92,31 @@ baseline_app = make_baseline_app(
 # -- helpers ------------------------------------------------------------------------------------------
 
 
-def pg_url(database: str) -> str:
-    base, _, _ = PG_ADMIN_URL.rpartition("/")
-    return f"{base}/{database}"
-
-
-def admin_sql(sql: str) -> None:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with engine.connect() as conn:
-            conn.execute(text(sql))
-    finally:
-        engine.dispose()
-
-
 @contextmanager
 def fresh_database(prefix: str) -> Iterator[str]:
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin_sql(f"CREATE DATABASE {name}")
+    """A new, empty database on the benchmark's server, dropped afterwards."""
+    from app.storage.db import make_engine
+
+    admin = make_engine(PG_ADMIN_URL)
     try:
-        yield pg_url(name)
+        with new_database(admin, prefix) as url:
+            yield url
     finally:
-        admin_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.dispose()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, procs: Harness | None = None) -> Any:
+    """``wait_for`` at the benchmark's 10 ms poll, giving up early if a process it started died."""
+    return wait_for(
+        predicate, timeout, interval=POLL_S, what=what, check=procs.check_alive if procs else None
+    )
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """A benchmark process's environment: the harness's, without the benchmark's own variables."""
+    env = {k: v for k, v in base_env(handlers="bench.handlers").items() if not k.startswith("BENCH_")}
+    env.update(extra)
+    return env
 
 
 def flush_redis(db: int) -> None:
@@ -122,12 +127,6 @@ def flush_redis(db: int) -> None:
         client.flushdb()
     finally:
         client.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -210,74 +209,6 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[rank - 1]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, procs: Processes | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if procs is not None:
-            procs.check_alive()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(POLL_S)
-
-
-@dataclass
-class Processes:
-    """Child processes started by this benchmark, each stopped by its PID."""
-
-    log_dir: Path
-    children: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = field(default_factory=list)
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop_all
-        proc = subprocess.Popen(
-            argv,
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self.children.append((name, proc, log))
-        return proc
-
-    def check_alive(self) -> None:
-        for name, proc, _ in self.children:
-            if proc.poll() is not None:
-                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{name} (pid {proc.pid}) exited with {proc.returncode}:\n{tail}")
-
-    def stop_all(self) -> None:
-        for _name, proc, _ in reversed(self.children):
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for _name, proc, log in reversed(self.children):
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                # The group was created for this child alone (start_new_session): its id is the pid.
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
-        self.children.clear()
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("RECEIPT_", "RESONATE_", "BENCH_")) and k not in ("DATABASE_URL", "REDIS_URL")
-    }
-    env["PYTHONPATH"] = str(REPO)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
 # -- the load generator (a second process) --------------------------------------------------------------
 
 
@@ -349,7 +280,7 @@ def latencies_ms(engine: Any, prefix: str) -> list[float]:
                     "ON c.stream = e.stream AND c.type = 'job.completed' "
                     "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"
                 ),
-                {"p": f"jobs/{prefix}%"},
+                {"p": job_stream(f"{prefix}%")},
             )
             .scalars()
             .all()
@@ -379,7 +310,7 @@ def segments_ms(engine: Any, prefix: str) -> list[float]:
                 "JOIN receipts c ON c.stream = e.stream AND c.type = 'job.completed' "
                 "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"
             ),
-            {"p": f"jobs/{prefix}%"},
+            {"p": job_stream(f"{prefix}%")},
         ).all()
     if not rows:
         return []
@@ -396,7 +327,7 @@ def count_status(engine: Any, prefix: str) -> dict[str, int]:
     return {str(s): int(n) for s, n in rows}
 
 
-def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> ReceiptFigures:
+def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> ReceiptFigures:
     import requests
 
     from app.storage import tokens
@@ -414,7 +345,6 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
                 DATABASE_URL=url,
                 REDIS_URL=f"{REDIS_BASE}/{RECEIPT_REDIS_DB}",
                 RECEIPT_HOME=str(home),
-                RECEIPT_HANDLER_MODULES="bench.handlers",
                 RECEIPT_RESONATE_EXECUTE_CONCURRENCY=str(args.concurrency),
             )
             py = sys.executable
@@ -441,7 +371,7 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
                 except requests.RequestException:
                     return False
 
-            wait_for(healthy, 60, "the API", procs)
+            wait_until(healthy, 60, "the API", procs)
             session = requests.Session()
             headers = {"Authorization": f"Bearer {token}"}
 
@@ -455,7 +385,7 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
             # Warm-up: proves driver and worker consume, and fills every connection pool.
             for i in range(args.warmup):
                 post(f"warm-{i:04d}")
-            wait_for(
+            wait_until(
                 lambda: count_status(engine, "warm-").get("completed", 0) == args.warmup,
                 60,
                 "the warm-up jobs",
@@ -464,7 +394,7 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
             log(f"receipt: processes up, {args.warmup} warm-up jobs completed")
 
             # Load: N jobs from a second process with a few keep-alive clients.
-            pids = {name: proc.pid for name, proc, _ in procs.children}
+            pids = {proc.name: proc.pid for proc in procs.procs}
             meter = CpuMeter(
                 {
                     "api (gunicorn)": lambda: [pids["api"]],
@@ -509,9 +439,9 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
                 bad = {k: v for k, v in counts.items() if k in ("failed", "canceled")}
                 if bad:
                     raise RuntimeError(f"jobs ended badly: {counts}")
-                return counts.get("completed", 0) == args.jobs
+                return bool(counts.get("completed", 0) == args.jobs)
 
-            wait_for(all_done, 300, f"{args.jobs} jobs to complete", procs)
+            wait_until(all_done, 300, f"{args.jobs} jobs to complete", procs)
             done_wall = time.time()
             cpu = meter.stop()
             lat = latencies_ms(engine, "load-")
@@ -533,7 +463,8 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
             for i in range(args.idle):
                 job_id = f"idle-{i:04d}"
                 post(job_id)
-                wait_for(lambda j=job_id: _status(engine, j) == "completed", 30, f"idle job {job_id}", procs)
+                done = functools.partial(_is_completed, engine, job_id)
+                wait_until(done, 30, f"idle job {job_id}", procs)
             idle = latencies_ms(engine, "idle-")
             return ReceiptFigures(
                 throughput=args.jobs / (done_wall - sent["start"]),
@@ -552,6 +483,10 @@ def run_receipt(args: argparse.Namespace, procs: Processes, home: Path) -> Recei
             engine.dispose()
 
 
+def _is_completed(engine: Any, job_id: str) -> bool:
+    return _status(engine, job_id) == "completed"
+
+
 def _status(engine: Any, job_id: str) -> str | None:
     from sqlalchemy import text
 
@@ -563,7 +498,7 @@ def _status(engine: Any, job_id: str) -> str | None:
 # -- (B) plain Celery ---------------------------------------------------------------------------------
 
 
-def run_baseline(args: argparse.Namespace, procs: Processes) -> tuple[float, dict[str, float]]:
+def run_baseline(args: argparse.Namespace, procs: Harness) -> tuple[float, dict[str, float]]:
     from sqlalchemy import create_engine, text
 
     with fresh_database("celery_bench") as url:
@@ -609,9 +544,9 @@ def run_baseline(args: argparse.Namespace, procs: Processes) -> tuple[float, dic
 
             for _ in range(args.warmup):
                 app.send_task(BASELINE_TASK, queue=BASELINE_QUEUE)
-            wait_for(lambda: stored() >= args.warmup, 60, "the baseline warm-up", procs)
+            wait_until(lambda: stored() >= args.warmup, 60, "the baseline warm-up", procs)
             log(f"celery: worker up, {args.warmup} warm-up tasks stored")
-            worker_pid = procs.children[-1][1].pid
+            worker_pid = procs.procs[-1].pid
             meter = CpuMeter(
                 {
                     "worker": lambda: [worker_pid],
@@ -623,7 +558,7 @@ def run_baseline(args: argparse.Namespace, procs: Processes) -> tuple[float, dic
             start = time.time()
             for _ in range(args.jobs):
                 app.send_task(BASELINE_TASK, queue=BASELINE_QUEUE)
-            wait_for(lambda: stored() >= args.warmup + args.jobs, 300, f"{args.jobs} baseline tasks", procs)
+            wait_until(lambda: stored() >= args.warmup + args.jobs, 300, f"{args.jobs} baseline tasks", procs)
             tps = args.jobs / (time.time() - start)
             cpu = meter.stop()
             return tps, {k: v * 1000 / args.jobs for k, v in cpu.items()}
@@ -678,7 +613,7 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
             event.listen(engine.pool, "checkout", bump("checkouts"))
             settings = Settings.from_env({"REDIS_URL": f"{REDIS_BASE}/{RECEIPT_REDIS_DB}"})
             app = make_celery(settings)
-            app.send_task = lambda name, args=None, **kw: sent.append((name, list(args or [])))  # type: ignore[method-assign]
+            app.send_task = lambda name, args=None, **kw: sent.append((name, list(args or [])))
             registry = HandlerRegistry()
             handlers.register(registry)
             queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
@@ -704,11 +639,11 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
                 job_id = f"profile-{i}"
                 req = validate_enqueue(AGENT, job_body(job_id))
                 sent.clear()
-                step(names[0], lambda req=req: queue.enqueue(req))
-                step(names[1], lambda j=job_id: dispatch.dispatch_jobs(rt, [j]))
+                step(names[0], functools.partial(queue.enqueue, req))
+                step(names[1], functools.partial(dispatch.dispatch_jobs, rt, [job_id]))
                 # The wake-up's scan drives in-process: the worker message is its only send.
                 _, fence, key, generation = next(a for n, a in sent if n == EXECUTE_TASK)
-                step(names[2], lambda j=job_id, f=fence, k=key, g=generation: execute.execute(rt, j, f, k, g))
+                step(names[2], functools.partial(execute.execute, rt, job_id, fence, key, generation))
             return [(n, {**deltas[n], "cpu_ms": statistics.median(cpu[n])}) for n in names]
         finally:
             engine.dispose()
@@ -750,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
         flush_redis(db)
     with tempfile.TemporaryDirectory(prefix="receipt-bench-") as tmp:
         home = Path(tmp)
-        procs = Processes(home)
+        procs = Harness(home / "logs", grace=STOP_GRACE_S)
         try:
             log("profiling one job in-process")
             steps = profile_one_job()

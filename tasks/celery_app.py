@@ -6,15 +6,18 @@ module attribute ``app`` exists only for ``celery -A tasks.celery_app`` (Flower,
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from celery import Celery, signals
 
-import celeryconfig
 from app.config import Settings
+from app.factory import loops as objectives
 from app.factory import watchdog
 from app.jobs.routing import MAINTENANCE_QUEUE
-from tasks import dispatch, execute, loops, objectives
+from app.ops import celeryconfig
+from tasks import dispatch, execute, loops
+from tasks.cron import CronSchedule
 from tasks.runtime import (
     DISPATCH_TASK,
     DRIVER_TASK,
@@ -32,52 +35,69 @@ def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or Settings.from_env()
     app = Celery("receipt", set_as_current=False)
     app.config_from_object(celeryconfig.build(settings))
-    app.receipt_settings = settings  # type: ignore[attr-defined]
+    entry = celeryconfig.watchdog_entry(settings)
+    if entry is not None:
+        cron = entry.pop("cron")
+        schedule = {**entry, "schedule": CronSchedule(cron)}
+        app.conf.beat_schedule = {**app.conf.beat_schedule, "objective-watchdog": schedule}
+    app.receipt_settings = settings
     _register(app)
     return app
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _task(app: Celery, name: str) -> Callable[[_F], _F]:
+    """``app.task`` with Receipt's options, typed (Celery ships no type information).
+
+    Bound, no result stored, and ``shared=False`` so two apps in one process (the tests build
+    several) never share a task object.
+    """
+    decorator: Callable[[_F], _F] = app.task(name=name, bind=True, ignore_result=True, shared=False)
+    return decorator
+
+
 def _register(app: Celery) -> None:
-    @app.task(name=DISPATCH_TASK, bind=True, ignore_result=True, shared=False)
+    @_task(app, DISPATCH_TASK)
     def dispatch_task(self: Any, job_ids: list[str]) -> dict[str, Any]:
         return dispatch.dispatch_jobs(get_runtime(self.app), job_ids)
 
-    @app.task(name=DRIVER_TASK, bind=True, ignore_result=True, shared=False)
-    def driver_task(self: Any, job_id: str, dispatch_key: str, generation: int) -> dict[str, Any]:
+    @_task(app, DRIVER_TASK)
+    def driver_task(self: Any, job_id: str, dispatch_key: str, generation: int) -> dispatch.DriveResult:
         return dispatch.drive(get_runtime(self.app), job_id, dispatch_key, generation)
 
-    @app.task(name=EXECUTE_TASK, bind=True, ignore_result=True, shared=False)
+    @_task(app, EXECUTE_TASK)
     def execute_task(
         self: Any, job_id: str, fence: str, dispatch_key: str, generation: int
     ) -> dict[str, Any]:
         return execute.execute(get_runtime(self.app), job_id, fence, dispatch_key, generation)
 
-    @app.task(name=REDRIVE_TASK, bind=True, ignore_result=True, shared=False)
+    @_task(app, REDRIVE_TASK)
     def redrive_task(self: Any) -> dict[str, Any]:
         return loops.redrive_queued(get_runtime(self.app))
 
-    @app.task(name=EXPIRE_TASK, bind=True, ignore_result=True, shared=False)
+    @_task(app, EXPIRE_TASK)
     def expire_task(self: Any) -> dict[str, Any]:
         return loops.expire_leases(get_runtime(self.app))
 
-    @app.task(name=RETRY_TASK, bind=True, ignore_result=True, shared=False)
+    @_task(app, RETRY_TASK)
     def retry_task(self: Any) -> dict[str, Any]:
         return loops.dispatch_due_retries(get_runtime(self.app))
 
-    @app.task(name=OUTBOX_TASK, bind=True, ignore_result=True, shared=False)
+    @_task(app, OUTBOX_TASK)
     def outbox_task(self: Any) -> dict[str, Any]:
         rt = get_runtime(self.app)
         return objectives.outbox_redrive(
             rt.queue, rt.settings, lambda job, age_ms: dispatch.deliver_stale(rt, job, age_ms)
         )
 
-    @app.task(name=WATCHDOG_TASK, bind=True, ignore_result=True, shared=False)
+    @_task(app, WATCHDOG_TASK)
     def watchdog_tick_task(self: Any, published: str | None = None) -> dict[str, Any]:
         rt = get_runtime(self.app)
         return objectives.watchdog_tick(rt.queue, rt.settings, published)
 
 
-@signals.before_task_publish.connect
 def _stamp_watchdog_tick(sender: Any = None, body: Any = None, **_: Any) -> None:
     """Beat's watchdog message carries its publish time, so the tick is named by when beat fired
     (at or just after the cron tick), not by when a worker got round to it: two beats firing for
@@ -89,7 +109,9 @@ def _stamp_watchdog_tick(sender: Any = None, body: Any = None, **_: Any) -> None
         kwargs["published"] = objectives.utcnow_iso()
 
 
-@signals.beat_init.connect
+signals.before_task_publish.connect(_stamp_watchdog_tick)
+
+
 def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
     """Spec: the queued-job redrive's first pass runs after a 5 000 ms startup delay."""
     beat_app = getattr(sender, "app", None)
@@ -108,7 +130,6 @@ def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
     objectives.schedule_resume(get_runtime(beat_app).queue, settings, "beat")
 
 
-@signals.worker_ready.connect
 def _resume_objectives_after_settle(sender: Any = None, **_: Any) -> None:
     """Spec: objective resume at startup runs once in every process role (single-flight)."""
     worker_app = getattr(sender, "app", None)
@@ -116,6 +137,10 @@ def _resume_objectives_after_settle(sender: Any = None, **_: Any) -> None:
         return
     rt = get_runtime(worker_app)
     objectives.schedule_resume(rt.queue, rt.settings, rt.settings.process_role)
+
+
+signals.beat_init.connect(_first_redrive_after_startup_delay)
+signals.worker_ready.connect(_resume_objectives_after_settle)
 
 
 def __getattr__(name: str) -> Celery:

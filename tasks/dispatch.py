@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
 from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE, route
 from app.jobs.timing import timing_for
-from app.jobs.vocab import LEASED_STATUSES
+from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
 from app.storage import delivery
 from app.storage.db import db_now, parse_iso, transaction
 from app.storage.queue import retry_transient
@@ -25,6 +25,14 @@ from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime
 log = logging.getLogger("receipt.dispatch")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class DriveResult(TypedDict):
+    """What one driver pass did (the driver task's return value, for logs and tests)."""
+
+    outcome: DeliveryOutcome
+    fence: NotRequired[str]  # when dispatched: the attempt fence the worker message carries
+    queue: NotRequired[str]  # when dispatched: the worker group's queue
 
 
 def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
@@ -82,7 +90,7 @@ def start_driver(
     return decision
 
 
-def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> dict[str, Any]:
+def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> DriveResult:
     """The driver: decide what this delivery does, from the job's current receipts."""
     job = retry_transient(lambda: rt.queue.get(job_id))
     if job is None or job.terminal:
@@ -161,7 +169,9 @@ def db_now_of(rt: Runtime) -> datetime:
         return db_now(conn)
 
 
-def settle_delivery(rt: Runtime, dispatch_key: str, generation: int, outcome: str) -> None:
+def settle_delivery(
+    rt: Runtime, dispatch_key: str, generation: int, outcome: DeliveryOutcome | AttemptStatus
+) -> None:
     try:
         with transaction(rt.engine) as conn:
             delivery.settle(conn, dispatch_key, generation, outcome, db_now(conn))

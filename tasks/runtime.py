@@ -3,6 +3,7 @@
 Built lazily, once per process, from the Celery app it is attached to (wiring by construction:
 no module-level engine or queue). The queue's dispatch hook sends a wake-up to the scanner, so
 every job that becomes queued (enqueue, retry, lease expiry) takes the one delivery path.
+The task names are defined in ``app/jobs/routing.py`` and re-exported here (``X as X``).
 """
 
 from __future__ import annotations
@@ -16,20 +17,19 @@ from sqlalchemy.engine import Engine
 
 from app.config import Settings
 from app.jobs.reducer import Job
+from app.jobs.routing import DISPATCH_TASK as DISPATCH_TASK
 from app.jobs.routing import DRIVER_QUEUE
+from app.jobs.routing import DRIVER_TASK as DRIVER_TASK
+from app.jobs.routing import EXECUTE_TASK as EXECUTE_TASK
+from app.jobs.routing import EXPIRE_TASK as EXPIRE_TASK
+from app.jobs.routing import OUTBOX_TASK as OUTBOX_TASK
+from app.jobs.routing import REDRIVE_TASK as REDRIVE_TASK
+from app.jobs.routing import RETRY_TASK as RETRY_TASK
+from app.jobs.routing import WATCHDOG_TASK as WATCHDOG_TASK
 from app.storage.db import make_engine
 from app.storage.queue import Queue
 from tasks.callbacks import Callbacks
 from workers.registry import HandlerRegistry, default_registry
-
-DISPATCH_TASK = "receipt.dispatch"
-DRIVER_TASK = "receipt.driver"
-EXECUTE_TASK = "receipt.execute"
-REDRIVE_TASK = "receipt.redrive_queued"
-EXPIRE_TASK = "receipt.expire_leases"
-RETRY_TASK = "receipt.dispatch_due_retries"
-OUTBOX_TASK = "receipt.objective_outbox_redrive"
-WATCHDOG_TASK = "receipt.objective_watchdog_tick"
 
 
 @dataclass
@@ -59,10 +59,10 @@ def get_runtime(app: Celery) -> Runtime:
     with _lock:
         rt = getattr(app, "receipt_runtime", None)
         if rt is None:
-            settings: Settings = app.receipt_settings  # type: ignore[attr-defined]
+            settings: Settings = app.receipt_settings
             engine = make_engine(settings.sqlalchemy_url)
             queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
             registry = default_registry(settings.handler_modules.split(","))
             rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
-            app.receipt_runtime = rt  # type: ignore[attr-defined]
+            app.receipt_runtime = rt
     return rt

@@ -1,18 +1,19 @@
 """Shared fixtures: one suite over every backend.
 
 - ``engine`` is parametrised over SQLite and PostgreSQL: the same test body runs on both.
-- PostgreSQL tests get a fresh database cloned from a migrated template (fast, isolated, and
-  the append-only trigger stays on: tests never need to delete receipts).
-- A service that is missing locally skips its tests; in CI (``CI=true``) it fails them.
+- PostgreSQL tests get a fresh database cloned from a migrated template.
+- PostgreSQL and Redis are the machine's when they answer on their usual ports, or private
+  throwaway instances started for the session (``tests/support/services.py``); a service that
+  is missing altogether skips its tests, and fails them in CI (``CI=true``).
 """
 
 from __future__ import annotations
 
+# Some names below (noqa: F401) are re-exported for tests written before tests/support existed;
+# new tests import them from tests.support.
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -22,85 +23,61 @@ from sqlalchemy.engine import Engine
 from app.storage.db import make_engine
 from app.storage.migrate import upgrade
 from app.storage.queue import Queue
-
-PG_ADMIN_URL = os.environ.get("RECEIPT_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
-REDIS_TEST_BASE = os.environ.get("RECEIPT_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-# Variables a test must never inherit from the developer's shell.
-_ISOLATED_PREFIXES = ("RECEIPT_", "RESONATE_", "JOB_LEASE_MS", "CODEX_JOB_LEASE_MS", "FACTORY_CONTROL_JOB_")
-_ISOLATED_NAMES = ("DATABASE_URL", "REDIS_URL")
+from tests.support import services
+from tests.support.databases import (  # noqa: F401
+    IN_CI,
+    assert_projection_equals_fold,
+    new_database,
+    pg_url_for,
+    unavailable,
+    worker_suffix,
+)
+from tests.support.processes import is_isolated
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
-        if name.startswith(_ISOLATED_PREFIXES) or name in _ISOLATED_NAMES:
-            if name.startswith("RECEIPT_TEST_"):
-                continue
+        if is_isolated(name):
             monkeypatch.delenv(name, raising=False)
 
 
-def _unavailable(what: str, exc: Exception) -> None:
-    message = f"{what} is not reachable: {exc}"
-    if IN_CI:
-        pytest.fail(message + " (CI=true: services must be up)")
-    pytest.skip(message)
-
-
-def _worker_suffix() -> str:
-    return os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-
-
-def pg_url_for(database: str) -> str:
-    base, _, _ = PG_ADMIN_URL.rpartition("/")
-    return f"{base}/{database}"
+@pytest.fixture(scope="session")
+def pg_admin_url() -> Iterator[str]:
+    """The maintenance-database URL of this session's PostgreSQL (the machine's or a private one)."""
+    try:
+        with services.postgres_admin_url() as url:
+            yield url
+    except Exception as exc:  # a private server that cannot start: the same as an absent one
+        unavailable("PostgreSQL (private instance)", exc)
 
 
 @pytest.fixture(scope="session")
-def pg_admin() -> Iterator[Engine]:
-    engine = make_engine(PG_ADMIN_URL)
+def pg_admin(pg_admin_url: str) -> Iterator[Engine]:
+    engine = make_engine(pg_admin_url)
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
     except Exception as exc:
         engine.dispose()
-        _unavailable("PostgreSQL", exc)
+        unavailable("PostgreSQL", exc)
     yield engine
     engine.dispose()
 
 
-def _autocommit(admin: Engine, sql: str) -> None:
-    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(sql))
-
-
 @pytest.fixture(scope="session")
 def pg_template(pg_admin: Engine) -> Iterator[str]:
-    name = f"receipt_tpl_{_worker_suffix()}_{uuid.uuid4().hex[:8]}"
-    _autocommit(pg_admin, f"CREATE DATABASE {name}")
-    engine = make_engine(pg_url_for(name))
-    upgrade(engine)
-    engine.dispose()
-    yield name
-    _autocommit(pg_admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
-@contextmanager
-def cloned_database(admin: Engine, template: str, prefix: str) -> Iterator[str]:
-    """A fresh database cloned from the migrated template; dropped (forcibly) on exit."""
-    name = f"{prefix}_{_worker_suffix()}_{uuid.uuid4().hex[:10]}"
-    _autocommit(admin, f"CREATE DATABASE {name} TEMPLATE {template}")
-    try:
-        yield pg_url_for(name)
-    finally:
-        _autocommit(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with new_database(pg_admin, "receipt_tpl") as url:
+        engine = make_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        yield url.rpartition("/")[2]
 
 
 @pytest.fixture
 def pg_database_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
     """URL of a fresh, migrated PostgreSQL database for this test alone."""
-    with cloned_database(pg_admin, pg_template, "receipt_t") as url:
+    with new_database(pg_admin, "receipt_t", pg_template) as url:
         yield url
 
 
@@ -158,88 +135,33 @@ def queue(engine: Engine) -> Queue:
     return Queue(engine)
 
 
+@pytest.fixture(scope="session")
+def redis_base_url() -> Iterator[str]:
+    """This session's Redis, without a database number (the machine's or a private one)."""
+    try:
+        with services.redis_base_url() as url:
+            yield url
+    except Exception as exc:
+        unavailable("Redis (private instance)", exc)
+
+
 @pytest.fixture
-def redis_url() -> Iterator[str]:
+def redis_url(redis_base_url: str) -> Iterator[str]:
     """A dedicated, flushed Redis database for this test."""
     import redis
 
     # One Redis database per xdist worker (8..15), so parallel workers never flush each other.
-    index = int(_worker_suffix().lstrip("gw") or 0)
-    url = f"{REDIS_TEST_BASE}/{8 + index % 8}"
+    index = int(worker_suffix().lstrip("gw") or 0)
+    url = f"{redis_base_url}/{8 + index % 8}"
     client = redis.Redis.from_url(url)
     try:
         client.ping()
     except Exception as exc:
-        _unavailable("Redis", exc)
+        unavailable("Redis", exc)
     client.flushdb()
     yield url
     client.flushdb()
     client.close()
-
-
-# -- projection == fold (added for the queue, concurrency and property tests) --------------------
-
-
-def assert_projection_equals_fold(engine: Engine, job_id: str) -> None:
-    """The ``jobs`` row of ``job_id`` must equal the fold of its receipt stream, column by column.
-
-    Folds ``jobs/<job_id>`` with the pure reducer and compares it with ``Queue.get`` (the stored
-    snapshot) and with every scan column the later issues query (status, attempt, lease_*,
-    last_seq, last_hash, status_changed_at, ...).
-    """
-    from sqlalchemy import select
-
-    from app.jobs.reducer import Job, fold
-    from app.jobs.vocab import job_stream
-    from app.storage import store
-    from app.storage.db import as_utc, jobs, parse_iso
-
-    with engine.connect() as conn:
-        stream = store.read_stream(conn, job_stream(job_id))
-        row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
-    folded: Job | None = None
-    changed_at: str | None = None
-    for r in stream:
-        before = folded.status if folded is not None else None
-        folded = fold([r.to_receipt()], folded)
-        if folded is not None and folded.status != before:
-            changed_at = r.at
-    if folded is None:
-        assert row is None, f"{job_id}: projection row exists but the stream folds to no job"
-        return
-    assert row is not None, f"{job_id}: stream folds to a job but there is no projection row"
-    got = Queue(engine).get(job_id)
-    assert got == folded, f"{job_id}: Queue.get differs from the fold"
-    assert row.state == folded.to_json()
-    last = stream[-1]
-    lease = folded.lease
-    expected = {
-        "status": folded.status,
-        "attempt": folded.attempt,
-        "max_attempts": folded.max_attempts,
-        "lease_worker_id": lease.worker_id if lease else None,
-        "lease_attempt": lease.attempt if lease else None,
-        "lease_expires_at": parse_iso(lease.expires_at) if lease else None,
-        "abort_requested": folded.abort_requested,
-        "organization_id": folded.organization_id,
-        "agent_id": folded.agent_id,
-        "lane": folded.lane,
-        "kind": folded.kind,
-        "session_key": folded.session_key,
-        "created_at": parse_iso(folded.created_at),
-        "updated_at": parse_iso(folded.updated_at),
-        "status_changed_at": parse_iso(changed_at),
-        "last_seq": last.seq,
-        "last_hash": last.hash,
-    }
-    actual = {}
-    for name in expected:
-        value = getattr(row, name)
-        if hasattr(value, "tzinfo") and value is not None:
-            value = as_utc(value)
-        actual[name] = value
-    assert actual == expected, f"{job_id}: projection columns differ from the fold"
-    assert folded.seq == last.seq
 
 
 @pytest.fixture

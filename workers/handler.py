@@ -14,6 +14,7 @@ from typing import Any
 
 from app.config import Settings
 from app.jobs.reducer import Command, Job
+from app.jobs.vocab import FailureStatus
 from app.storage.queue import Queue
 
 
@@ -25,7 +26,7 @@ class HandlerError(Exception):
         message: str,
         *,
         retryable: bool = True,
-        status: str = "failed",
+        status: FailureStatus = "failed",
         result: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(message)

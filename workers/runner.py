@@ -23,6 +23,7 @@ from app.config import Settings
 from app.jobs.errors import no_handler_message
 from app.jobs.reducer import Job
 from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
+from app.jobs.vocab import AttemptStatus, FailureStatus
 from app.storage.queue import Outcome, Queue, retry_transient
 from workers.handler import HandlerError, JobContext
 from workers.registry import HandlerRegistry
@@ -37,7 +38,7 @@ CANCEL_GRACE_S = 5.0  # how long a cancelled handler gets to stop before the att
 class AttemptResult:
     """What an attempt ended as: ``completed`` or one of the spec's failure statuses."""
 
-    status: str
+    status: AttemptStatus
     job: Job | None
     error: str | None = None
 
@@ -212,7 +213,7 @@ def _settle(
     result: Any = None,
     error: str | None = None,
     retryable: bool = True,
-    status: str | None = None,
+    status: FailureStatus | None = None,
 ) -> AttemptResult:
     """Settle under the fence; the attempt's status follows what the receipt actually did."""
     delay = retry_delay_ms(attempt, settings) if status is not None and retryable else 0

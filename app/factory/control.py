@@ -55,10 +55,6 @@ class Decision:
     cancel: list[CancelJob] = field(default_factory=list)
     ended: str | None = None
 
-    @property
-    def changes_state(self) -> bool:
-        return any(t != "objective.control_consumed" for t, _ in self.events)
-
 
 def _emit(d: Decision, type_: str, body: dict[str, Any]) -> None:
     d.events.append((type_, body))

@@ -12,9 +12,6 @@ TERMINAL_OBJECTIVE_STATUSES: Final[frozenset[str]] = frozenset({"completed", "fa
 
 TaskStatus = Literal["pending", "queued", "running", "completed", "failed", "canceled", "skipped"]
 TASK_STATUSES: Final[tuple[str, ...]] = get_args(TaskStatus)
-TERMINAL_TASK_STATUSES: Final[frozenset[str]] = frozenset({"completed", "failed", "canceled", "skipped"})
-# Statuses of a task whose job exists and has not settled (``running`` is derived from its job).
-ACTIVE_TASK_STATUSES: Final[frozenset[str]] = frozenset({"queued", "running"})
 
 FailurePolicy = Literal["failFast", "continue"]
 FAILURE_POLICIES: Final[tuple[str, ...]] = get_args(FailurePolicy)

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.jobs.errors import InvariantError, no_job_message
-from app.jobs.vocab import LEASED_STATUSES, MAX_ATTEMPTS_DEFAULT, TERMINAL_STATUSES
+from app.jobs.vocab import (
+    LEASED_STATUSES,
+    MAX_ATTEMPTS_DEFAULT,
+    TERMINAL_STATUSES,
+    Status,
+    job_stream,
+)
+from app.jobs.vocab import job_id_of as job_id_of  # re-exported: callers import it from here
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ class Job:
     singleton_mode: str
     max_attempts: int
     organization_id: str | None
-    status: str = "queued"
+    status: Status = "queued"
     attempt: int = 0
     lease: Lease | None = None
     abort_requested: bool = False
@@ -86,7 +93,7 @@ class Job:
 
     @property
     def stream(self) -> str:
-        return f"jobs/{self.id}"
+        return job_stream(self.id)
 
     @property
     def terminal(self) -> bool:
@@ -202,10 +209,6 @@ def _org_of(payload: Mapping[str, Any]) -> str | None:
         org = ctx.get("organizationId")
         return org if isinstance(org, str) else None
     return None
-
-
-def job_id_of(stream: str) -> str:
-    return stream[len("jobs/") :] if stream.startswith("jobs/") else stream
 
 
 def reduce(state: Job | None, receipt: Receipt) -> Job | None:

@@ -25,6 +25,17 @@ MAINTENANCE_QUEUE: Final = "receipt-maintenance"
 # and `all` only, so it has its own beat queue that just those two roles consume.
 OBJECTIVES_QUEUE: Final = "receipt-objectives"
 
+# Celery task names, each spelled once: the worker registers them (tasks/celery_app.py), beat
+# schedules them (app/ops/celeryconfig.py) and the API publishes a wake-up by name (api/wake.py).
+DISPATCH_TASK: Final = "receipt.dispatch"
+DRIVER_TASK: Final = "receipt.driver"
+EXECUTE_TASK: Final = "receipt.execute"
+REDRIVE_TASK: Final = "receipt.redrive_queued"
+EXPIRE_TASK: Final = "receipt.expire_leases"
+RETRY_TASK: Final = "receipt.dispatch_due_retries"
+OUTBOX_TASK: Final = "receipt.objective_outbox_redrive"
+WATCHDOG_TASK: Final = "receipt.objective_watchdog_tick"
+
 # Spec: `job.payload.kind startsWith "factory.integration."` -> receipt-codex.
 INTEGRATION_KIND_PREFIX: Final = "factory.integration."
 

@@ -73,6 +73,21 @@ FailureStatus = Literal[
 ]
 FAILURE_STATUSES: Final[tuple[str, ...]] = get_args(FailureStatus)
 
+# How one delivery (a driver pass) ended: what ``drive()`` returns and ``deliveries.outcome`` stores.
+DeliveryOutcome = Literal[
+    "dispatched",  # the worker message was sent under the attempt fence
+    "terminal_state",  # the job is already completed/failed/canceled (or gone)
+    "stale_active_lease",  # a lease past its deadline: that attempt failed as lease_lost
+    "active_lease",  # a live lease: another attempt is running
+    "canceled",  # an abort was pending: the queued job was canceled
+    "backoff",  # a retry still backing off: the due-retries pass starts it later
+    "send_failed",  # the driver or worker message could not be sent
+]
+DELIVERY_OUTCOMES: Final[tuple[str, ...]] = get_args(DeliveryOutcome)
+
+# How one worker attempt ended: completed, or one of the spec's failure statuses.
+AttemptStatus = Literal["completed"] | FailureStatus
+
 # The four agent ids with registered handlers (spec: "The trap").
 HANDLED_AGENT_IDS: Final[tuple[str, ...]] = ("factory", "factory-control", "factory-monitor", "codex")
 
@@ -81,9 +96,22 @@ MAX_ATTEMPTS_MIN: Final = 1
 MAX_ATTEMPTS_MAX: Final = 8
 
 
+# Spec: each job's receipts live on the stream ``jobs/<jobId>``.
+JOB_STREAM_PREFIX: Final = "jobs/"
+
+
 def job_stream(job_id: str) -> str:
     """The stream a job's receipts live on: ``jobs/<jobId>``."""
-    return f"jobs/{job_id}"
+    return f"{JOB_STREAM_PREFIX}{job_id}"
+
+
+def is_job_stream(stream: str) -> bool:
+    return stream.startswith(JOB_STREAM_PREFIX)
+
+
+def job_id_of(stream: str) -> str:
+    """The job id of a ``jobs/<jobId>`` stream (any other stream name is returned unchanged)."""
+    return stream[len(JOB_STREAM_PREFIX) :] if is_job_stream(stream) else stream
 
 
 # The agent ids that routing and lease rules name, each spelled once (spec: "Actual Resonate

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from app.config import Settings, settings_markdown_table
 from app.jobs.errors import InvariantError
 from app.jobs.reducer import Receipt, fold
+from app.jobs.vocab import job_stream
 from app.storage.db import make_engine, transaction
 
 
@@ -61,7 +62,7 @@ def read_receipts(source: TextIO) -> list[Receipt]:
                 raise TypeError(f"body must be an object, not {type(body).__name__}")
             out.append(
                 Receipt(
-                    stream=str(data.get("stream", "jobs/unknown")),
+                    stream=str(data.get("stream", job_stream("unknown"))),
                     seq=int(data.get("seq", n)),
                     type=str(data["type"]),
                     body=body,

@@ -23,6 +23,7 @@ from app.jobs.errors import (
     DeliveryGenerationsExceeded,
     generations_exceeded_message,
 )
+from app.jobs.vocab import AttemptStatus, DeliveryOutcome, Status
 from app.storage.db import as_utc, deliveries
 
 
@@ -37,7 +38,7 @@ class StartDecision:
     reason: str | None = None
 
 
-def redrive_key(job_id: str, seq: int, status: str) -> str:
+def redrive_key(job_id: str, seq: int, status: Status) -> str:
     """Spec: the redrive dispatch key ``<jobId>:redrive:<a>:<b>`` — one observed queue state."""
     return f"{job_id}:redrive:{seq}:{status}"
 
@@ -107,7 +108,13 @@ def begin(
     return decision
 
 
-def settle(conn: Connection, dispatch_key: str, generation: int, outcome: str, now: datetime) -> None:
+def settle(
+    conn: Connection,
+    dispatch_key: str,
+    generation: int,
+    outcome: DeliveryOutcome | AttemptStatus,
+    now: datetime,
+) -> None:
     """Mark a delivery terminal (idempotent: the first outcome wins)."""
     conn.execute(
         update(deliveries)
@@ -126,17 +133,3 @@ def last_started_at(conn: Connection, job_id: str) -> datetime | None:
         select(func.max(deliveries.c.created_at)).where(deliveries.c.job_id == job_id)
     ).scalar()
     return as_utc(value) if value is not None else None
-
-
-def has_active(conn: Connection, job_id: str, now: datetime) -> bool:
-    """True if any delivery of this job is pending and within its deadline."""
-    return (
-        conn.execute(
-            select(deliveries.c.generation)
-            .where(
-                deliveries.c.job_id == job_id, deliveries.c.state == "pending", deliveries.c.deadline_at > now
-            )
-            .limit(1)
-        ).first()
-        is not None
-    )

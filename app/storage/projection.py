@@ -14,7 +14,8 @@ from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.engine import Connection
 
 from app.jobs.errors import AppendConflict
-from app.jobs.reducer import Job, fold, job_id_of
+from app.jobs.reducer import Job, fold
+from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
 from app.storage.db import as_utc, jobs, parse_iso
 from app.storage.store import StoredReceipt, read_stream, streams
 
@@ -83,7 +84,7 @@ def save(conn: Connection, job: Job, *, previous: Loaded | None, last: StoredRec
             _UPDATE, {"b_id": job.id, "b_seq": previous.job.seq, **_columns(job, last.hash, changed_at)}
         )
         if result.rowcount != 1:
-            raise AppendConflict(f"jobs/{job.id}: projection moved past seq {previous.job.seq}")
+            raise AppendConflict(f"{job_stream(job.id)}: projection moved past seq {previous.job.seq}")
     return Loaded(job, last.hash, changed_at)
 
 
@@ -91,7 +92,7 @@ def rebuild(conn: Connection) -> int:
     """Drop every projection row and re-fold every ``jobs/`` stream. Returns the job count."""
     conn.execute(delete(jobs))
     count = 0
-    for stream in streams(conn, "jobs/"):
+    for stream in streams(conn, JOB_STREAM_PREFIX):
         state: Job | None = None
         changed_at: datetime | None = None
         last: StoredReceipt | None = None

@@ -33,14 +33,22 @@ from app.jobs.errors import (
 from app.jobs.ids import new_id
 from app.jobs.reducer import Job, reduce
 from app.jobs.validation import EnqueueRequest
-from app.jobs.vocab import ACTIVE_STATUSES, COMMAND_TYPES, LEASED_STATUSES, STATUSES, job_stream
+from app.jobs.vocab import (
+    ACTIVE_STATUSES,
+    COMMAND_TYPES,
+    LEASED_STATUSES,
+    STATUSES,
+    EventType,
+    FailureStatus,
+    job_stream,
+)
 from app.storage import projection, store
 from app.storage.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, transaction
 
 log = logging.getLogger("receipt.queue")
 
 MAX_CONFLICT_RETRIES = 50
-Event = tuple[str, dict[str, Any]]
+Event = tuple[EventType, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -200,7 +208,7 @@ class Queue:
             state = reduce(state, last.to_receipt())
             seq, prev_hash = last.seq, last.hash
         if state is None or last is None:
-            raise AppendConflict(f"jobs/{job_id}: nothing to apply")
+            raise AppendConflict(f"{job_stream(job_id)}: nothing to apply")
         projection.save(tx.conn, state, previous=loaded, last=last)
         tx.touched[job_id] = state
         if _ledger_changes(state.kind, events):
@@ -426,9 +434,6 @@ class Queue:
     def progress(self, job_id: str, worker_id: str, attempt: int, progress: Any) -> Outcome:
         return self._fenced(job_id, worker_id, attempt, "job.progress", {"progress": progress})
 
-    def complete(self, job_id: str, worker_id: str, attempt: int, result: Any = None) -> Outcome:
-        return self._fenced(job_id, worker_id, attempt, "job.completed", {"result": result})
-
     def fail(
         self,
         job_id: str,
@@ -437,7 +442,7 @@ class Queue:
         error: Any,
         *,
         retryable: bool,
-        status: str = "failed",
+        status: FailureStatus = "failed",
         result: Any = None,
     ) -> Outcome:
         """Fail an attempt. ``worker_id=None`` fails a queued job at system level (not leased)."""
@@ -461,7 +466,7 @@ class Queue:
         result: Any = None,
         error: Any = None,
         retryable: bool = True,
-        status: str | None = None,
+        status: FailureStatus | None = None,
         retry_delay_ms: int = 0,
     ) -> Outcome:
         """The worker's settlement: re-read under the attempt fence, then in one transaction
@@ -485,12 +490,8 @@ class Queue:
 
         return self._mutate(job_id, decide)
 
-    def settle_canceled(self, job_id: str, worker_id: str, attempt: int, reason: str | None) -> Outcome:
-        """The lease holder stops work in flight after an abort."""
-        return self._fenced(job_id, worker_id, attempt, "job.canceled", {"reason": reason})
-
     def _fenced(
-        self, job_id: str, worker_id: str, attempt: int | None, type_: str, extra: dict[str, Any]
+        self, job_id: str, worker_id: str, attempt: int | None, type_: EventType, extra: dict[str, Any]
     ) -> Outcome:
         def decide(job: Job, now: datetime) -> list[Event]:
             if not job.holds_lease(worker_id, attempt):

@@ -8,6 +8,7 @@ Receipts are read straight from the database to count them exactly.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 import pytest
 
@@ -16,12 +17,20 @@ from app.jobs.errors import no_handler_message
 from app.jobs.routing import QUEUES
 from app.storage.db import parse_iso
 from app.storage.delivery import attempt_fence
+from app.storage.store import StoredReceipt
 from tasks.celery_app import make_celery
 from tasks.runtime import EXECUTE_TASK
 from tests.e2e import handlers
-from tests.e2e.conftest import Stack, terminal_receipts, wait_for, worker_pid
+from tests.support.stack import Stack, terminal_receipts, worker_pid
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
+
+
+def _at(receipt: StoredReceipt) -> datetime:
+    at = parse_iso(receipt.at)
+    assert at is not None
+    return at
 
 
 def test_chat_group_runs_a_registered_handler_to_completed(module_stack: Stack) -> None:
@@ -163,8 +172,8 @@ def test_retryable_failure_is_retried_until_max_attempts_then_failed(module_stac
     assert [r.type for r in receipts].count("job.enqueued") == 1
     # Retries back off exponentially (RECEIPT_RETRY_BACKOFF_MS=300 here: 300 ms, then 600 ms),
     # measured on the database clock from the failure to the next lease.
-    failed_at = [parse_iso(r.at) for r in receipts if r.type == "job.failed"]
-    leased_at = [parse_iso(r.at) for r in receipts if r.type == "job.leased"]
+    failed_at = [_at(r) for r in receipts if r.type == "job.failed"]
+    leased_at = [_at(r) for r in receipts if r.type == "job.leased"]
     waits_ms = [(leased_at[i + 1] - failed_at[i]).total_seconds() * 1000 for i in range(2)]
     assert waits_ms[0] >= 300 and waits_ms[1] >= 600, waits_ms
     # Only a failure that a retry follows carries retryAt; the last one ends the job.

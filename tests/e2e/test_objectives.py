@@ -20,7 +20,9 @@ from app.jobs.vocab import TERMINAL_STATUSES
 from app.storage import store
 from app.storage.db import jobs
 from app.storage.queue import Queue
-from tests.e2e.conftest import Harness, Stack, make_stack, wait_for, worker_pid
+from tests.support.processes import Harness
+from tests.support.stack import Stack, make_stack, worker_pid
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

@@ -11,13 +11,15 @@ import re
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
 from app.ops.supervisor import STOP_GRACE_S
 from tests.e2e import handlers
-from tests.e2e.conftest import REPO_ROOT, Harness, base_env, descendants_of, free_port, pid_alive, wait_for
+from tests.support.processes import REPO_ROOT, Harness, base_env, descendants_of, pid_alive
+from tests.support.waiting import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 
@@ -55,7 +57,7 @@ def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(
     base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {token}"}
     with requests.Session() as http:
-        body = {
+        body: dict[str, Any] = {
             "payload": {
                 "kind": "factory.run",
                 "message": "embedded",
@@ -66,8 +68,8 @@ def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(
         assert r.status_code == 202, r.text
         job_id = r.json()["job"]["id"]
 
-        def settled() -> dict[str, object] | None:
-            job = http.get(f"{base}/jobs/{job_id}", headers=auth, timeout=10).json()["job"]
+        def settled() -> dict[str, Any] | None:
+            job: dict[str, Any] = http.get(f"{base}/jobs/{job_id}", headers=auth, timeout=10).json()["job"]
             return job if job["status"] in ("completed", "failed", "canceled") else None
 
         job = wait_for(settled, 60, interval=0.2, what="the embedded job to settle")

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from app.factory.vocab import task_job_id
-from tests.e2e.conftest import Harness, Stack, make_stack
 from tests.e2e.test_objectives import ALL, FACTORY_ENV, get, launch, task, wait_objective
+from tests.support.processes import Harness
+from tests.support.stack import Stack, make_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

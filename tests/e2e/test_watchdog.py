@@ -21,11 +21,14 @@ from sqlalchemy import select
 
 from app.factory import service, storage
 from app.factory.plan import validate_objective
+from app.factory.reducer import Objective
 from app.factory.vocab import objective_stream, task_job_id
 from app.storage import store
 from app.storage.db import db_now, jobs, transaction
 from app.storage.queue import Queue
-from tests.e2e.conftest import Harness, Stack, make_stack, wait_for
+from tests.support.processes import Harness
+from tests.support.stack import Stack, make_stack
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 
@@ -116,12 +119,12 @@ def test_a_lost_objective_is_reconciled_within_one_tick_and_completes(wstack: St
     assert {"objectiveId": "wd-lost", "reason": "no_active_objective_work"} in first.state["result"][
         "reconciled"
     ]
-    obj = wait_for(
-        lambda: (o := service.get(wstack.engine, "wd-lost")) is not None and o.status == "completed" and o,
-        90,
-        interval=0.2,
-        what="wd-lost to complete",
-    )
+
+    def completed() -> Objective | None:
+        o = service.get(wstack.engine, "wd-lost")
+        return o if o is not None and o.status == "completed" else None
+
+    obj = wait_for(completed, 90, interval=0.2, what="wd-lost to complete")
     assert {t.status for t in obj.tasks.values()} == {"completed"}
     assert reconciles(wstack, "wd-lost") == [{"objectiveId": "wd-lost", "reason": "no_active_objective_work"}]
 
@@ -135,7 +138,7 @@ def test_a_stalled_task_is_flagged_past_its_threshold_and_computer_work_is_not(
     gate = str(tmp_path / "gate")
     q = Queue(wstack.engine)
     for oid, path in (("wd-local", "local"), ("wd-computer", "computer")):
-        body = {"objectiveId": oid, "title": "t", "goal": "g", "plan": plan("A", gate=gate)}
+        body: dict[str, Any] = {"objectiveId": oid, "title": "t", "goal": "g", "plan": plan("A", gate=gate)}
         body["plan"]["tasks"][0]["executionPath"] = path
         service.launch(q, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
     for oid in ("wd-local", "wd-computer"):
@@ -204,7 +207,12 @@ def test_two_beats_give_one_watchdog_job_per_tick(wstack: Stack) -> None:
 def test_a_computer_task_is_followed_by_its_monitor_until_it_ends(wstack: Stack, tmp_path: Path) -> None:
     wstack.start(*PROCS)
     gate = tmp_path / "gate"
-    body = {"objectiveId": "wd-mon", "title": "t", "goal": "g", "plan": plan("A", gate=str(gate))}
+    body: dict[str, Any] = {
+        "objectiveId": "wd-mon",
+        "title": "t",
+        "goal": "g",
+        "plan": plan("A", gate=str(gate)),
+    }
     body["plan"]["tasks"][0]["executionPath"] = "computer"
     q = Queue(wstack.engine)
     service.launch(q, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from app.storage.db import db_now, parse_iso
 from app.storage.queue import Queue
 from tasks.celery_app import make_celery
 from tasks.runtime import Runtime, send_wake
+from tests.support.waiting import wait_for
 from workers.registry import HandlerRegistry
 
 ORG = "org-test"
@@ -48,15 +48,8 @@ def types_of(engine: Engine, job_id: str) -> list[str]:
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = WAIT_S, what: str = "condition") -> Any:
-    """Poll ``predicate`` until truthy (bounded); returns its value. Polling, not a sleep-as-sync."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
+    """``wait_for`` with the in-process tests' defaults: a short poll and a 10 s bound."""
+    return wait_for(predicate, timeout, interval=0.01, what=what)
 
 
 def wait_lease_past_deadline(engine: Engine, queue: Queue, job_id: str) -> None:
@@ -128,11 +121,11 @@ def recording_runtime(
     """A Runtime on a real Celery app whose ``send_task`` only records (no worker, no broker I/O)."""
     app = app or make_celery(settings)
     recorder = Recorder()
-    app.send_task = recorder  # type: ignore[method-assign]
+    app.send_task = recorder
     queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
     callbacks = RecordingCallbacks()
     rt = Runtime(settings, app, engine, queue, registry or HandlerRegistry(), callbacks)  # type: ignore[arg-type]
-    app.receipt_runtime = rt  # type: ignore[attr-defined]
+    app.receipt_runtime = rt
     return rt, recorder, callbacks
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import queue as queue_module
-import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import wait
@@ -23,10 +22,10 @@ from sqlalchemy.engine import Engine
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.storage.queue import Queue
-from tasks import callbacks as callbacks_module
 from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks
 from tasks.execute import execute
 from tasks.runtime import Runtime
+from tests.support.waiting import free_port
 from workers.handler import JobContext
 
 from .runtime_support import enqueue, registry_of
@@ -93,12 +92,6 @@ def targets() -> Iterator[Any]:
             target.hold.set()
         server.shutdown()
         server.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def settings(**env: str) -> Settings:
@@ -182,7 +175,7 @@ def test_the_request_timeout_is_five_seconds(monkeypatch: pytest.MonkeyPatch, sq
         seen.append({"url": url, **kwargs})
         return Response()
 
-    monkeypatch.setattr(callbacks_module.requests, "post", fake_post)
+    monkeypatch.setattr("tasks.callbacks.requests.post", fake_post)
     cb = Callbacks(settings(RECEIPT_RESONATE_CALLBACK_URL="http://127.0.0.1:9/x"))
     wait(cb.post("failed", a_job(sqlite_engine)), timeout=WAIT_S)
     assert CALLBACK_TIMEOUT_S == 5.0

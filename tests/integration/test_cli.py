@@ -23,6 +23,7 @@ from app.ops.cli import main
 from app.storage import store, tokens
 from app.storage.db import api_tokens, jobs, make_engine, receipts
 from app.storage.queue import Queue
+from tests.support.queue_ops import complete
 
 Capture = pytest.CaptureFixture[str]
 
@@ -51,7 +52,7 @@ def some_jobs(engine: Engine) -> list[str]:
     q.progress(done, "w1", 1, {"pct": 10})
     q.fail(done, "w1", 1, "flaky", retryable=True)
     q.lease(done, "w2", 60_000)
-    q.complete(done, "w2", 2, {"ok": True})
+    complete(q, done, "w2", 2, {"ok": True})
     canceled = enqueue(q)
     q.cancel(canceled, "no")
     return [queued, running, done, canceled]

@@ -20,6 +20,7 @@ from sqlalchemy.engine import Engine
 
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, generations_exceeded_message
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, route
+from app.jobs.vocab import job_stream
 from app.storage.db import db_now, deliveries, parse_iso, transaction
 from app.storage.delivery import redrive_key
 from app.storage.queue import Queue
@@ -125,7 +126,8 @@ def test_a_send_failure_settles_the_delivery_so_the_next_pass_can_retry(runtime:
         dispatch.start_driver(rt, job.id, job.id)
     assert delivery_rows(rt.engine, job.id) == [(job.id, 0, "settled", "send_failed")]
     rt.app.send_task = sent
-    assert dispatch.start_driver(rt, job.id, job.id).generation == 1
+    again = dispatch.start_driver(rt, job.id, job.id)
+    assert again is not None and again.generation == 1
 
 
 def test_generations_exceeded_fails_the_job_with_the_exact_message(runtime: Any) -> None:
@@ -295,7 +297,7 @@ def test_a_job_completes_through_a_real_worker(
         app,
         pg_engine,
         queue,
-        registry_of({"bench-noop": noop}),  # type: ignore[attr-defined]
+        registry_of({"bench-noop": noop}),
         Callbacks(settings),
     )
     queues = [DRIVER_QUEUE, MAINTENANCE_QUEUE, *QUEUES.values()]
@@ -345,10 +347,11 @@ def test_a_saturated_threads_worker_without_prefetch_keeps_fetching(redis_url: s
     app.conf.task_send_sent_event = False
     finished = threading.Semaphore(0)
 
-    @app.task(name="test.short", shared=False)
     def short() -> None:
         threading.Event().wait(0.05)
         finished.release()
+
+    app.task(name="test.short", shared=False)(short)
 
     tasks_n = 30
     with start_worker(
@@ -448,7 +451,9 @@ def test_a_retry_backs_off_then_the_due_retries_pass_delivers_it(runtime: Any) -
     requeued = rt.queue.get(job.id)
     assert requeued is not None and requeued.available_at is not None
     [failed] = [r for r in read_stream_of(rt.engine, job.id) if r.type == "job.failed"]
-    waited = parse_iso(failed.body["retryAt"]) - parse_iso(failed.at)
+    retry_at, failed_at = parse_iso(failed.body["retryAt"]), parse_iso(failed.at)
+    assert retry_at is not None and failed_at is not None
+    waited = retry_at - failed_at
     assert waited.total_seconds() * 1000 == 400
     # Backing off: the requeue's own wake-up, a redrive and the due pass all start nothing yet.
     assert sent.named(EXECUTE_TASK) == []
@@ -469,7 +474,7 @@ def read_stream_of(engine: Engine, job_id: str) -> list[Any]:
     from app.storage import store
 
     with engine.connect() as conn:
-        return store.read_stream(conn, f"jobs/{job_id}")
+        return store.read_stream(conn, job_stream(job_id))
 
 
 def wait_until_db_time(engine: Engine, when: Any, timeout: float = 10.0) -> None:

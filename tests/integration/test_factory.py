@@ -20,6 +20,7 @@ from app.storage import store
 from app.storage.db import objective_tasks, objectives, transaction
 from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, FAIL, HOLD, drain, plan
+from tests.support import queue_ops
 
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 LAUNCHER = {"tokenId": "tok_test", "scopes": [], "system": False}
@@ -157,7 +158,7 @@ def test_cancel_mid_flight_aborts_running_tasks_and_never_starts_the_rest(engine
     assert job_a is not None and job_a.abort_requested and job_a.status == "running"
     assert service.get(engine, oid).status == "active"  # type: ignore[union-attr]
     # The worker holding A stops it; the objective then ends canceled with nothing running.
-    assert queue.settle_canceled(a, "w1", 1, job_a.abort_reason).applied
+    assert queue_ops.settle_canceled(queue, a, "w1", 1, job_a.abort_reason).applied
     drain(queue, skip_agents=(HOLD,))
     obj = service.get(engine, oid)
     assert obj is not None and obj.status == "canceled"
@@ -181,7 +182,7 @@ def test_the_outbox_request_commits_with_the_task_settlement_and_the_redrive_enq
     a = task_job_id(oid, 1, "A")
     assert queue.lease(a, "w1", 60_000, start=True).applied
     before = types(engine, oid)
-    assert queue.complete(a, "w1", 1, {"ok": True}).applied
+    assert queue_ops.complete(queue, a, "w1", 1, {"ok": True}).applied
     after = types(engine, oid)
     assert after == [*before, "objective.control_requested"]
     with engine.connect() as conn:
@@ -242,7 +243,7 @@ def test_a_job_of_another_organisation_never_requests_control(engine: Engine) ->
     job = queue.enqueue(foreign).job
     assert queue.lease(job.id, "w", 60_000, start=True).applied
     before = types(engine, oid)
-    assert queue.complete(job.id, "w", 1, {}).applied
+    assert queue_ops.complete(queue, job.id, "w", 1, {}).applied
     assert types(engine, oid) == before
 
 

@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
+from app.factory import loops as loops_objectives
 from app.factory import service
 from app.jobs.validation import validate_enqueue
 from app.storage import loops
 from app.storage.queue import Queue
-from tasks import objectives as loops_objectives
 from tests.factory_support import DIAMOND, drain, plan
 
 AUTH = {"userId": "u1", "organizationId": "org-a"}

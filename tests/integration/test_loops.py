@@ -139,7 +139,7 @@ def runtime(engine: Engine, redis_url: str) -> Iterator[tuple[Runtime, Recorder,
     yield recording_runtime(engine, settings)
 
 
-def tune(rt: Runtime, **changes: int) -> None:
+def tune(rt: Runtime, **changes: Any) -> None:
     rt.settings = dataclasses.replace(rt.settings, **changes)
 
 

@@ -84,21 +84,13 @@ def test_migrate_creates_the_embedded_sqlite_under_receipt_home(
 
 def test_upgrade_of_a_fresh_postgres_database(pg_admin: Engine) -> None:
     """Not from the template: a brand-new empty database migrates to exactly the metadata."""
-    import uuid
+    from tests.support.databases import new_database
 
-    from sqlalchemy import text
-
-    from tests.conftest import pg_url_for
-
-    name = f"receipt_mig_{uuid.uuid4().hex[:10]}"
-    with pg_admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    engine = make_engine(pg_url_for(name))
-    try:
-        upgrade(engine)
-        upgrade(engine)
-        assert schema_diff(engine, metadata) == []
-    finally:
-        engine.dispose()
-        with pg_admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    with new_database(pg_admin, "receipt_mig") as url:
+        engine = make_engine(url)
+        try:
+            upgrade(engine)
+            upgrade(engine)
+            assert schema_diff(engine, metadata) == []
+        finally:
+            engine.dispose()

@@ -17,13 +17,14 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, JobNotFound, ValidationError
-from app.jobs.reducer import Job, job_id_of
+from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, validate_enqueue
-from app.jobs.vocab import job_stream
+from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
 from app.storage import store
 from app.storage.db import db_now, parse_iso, receipts
 from app.storage.queue import Queue, decode_cursor, validate_status_filter
-from tests.conftest import assert_projection_equals_fold
+from tests.support.databases import assert_projection_equals_fold
+from tests.support.queue_ops import complete, settle_canceled
 
 ORG_A = "org-a"
 ORG_B = "org-b"
@@ -41,7 +42,7 @@ def req(agent: str = "codex", org: str = ORG_A, **body: Any) -> EnqueueRequest:
 
 def check_all(engine: Engine) -> None:
     with engine.connect() as conn:
-        ids = [job_id_of(s) for s in store.streams(conn, "jobs/")]
+        ids = [job_id_of(s) for s in store.streams(conn, JOB_STREAM_PREFIX)]
     for job_id in ids:
         assert_projection_equals_fold(engine, job_id)
 
@@ -87,7 +88,7 @@ def receipt_count(engine: Engine) -> int:
 
 def job_count(engine: Engine) -> int:
     with engine.connect() as conn:
-        return len(store.streams(conn, "jobs/"))
+        return len(store.streams(conn, JOB_STREAM_PREFIX))
 
 
 def wait_for_db_clock_past(engine: Engine, moment: str | None, timeout_s: float = 5.0) -> None:
@@ -184,7 +185,7 @@ def test_singleton_cancel_stops_every_active_job_on_the_session(q: Any, engine: 
     leased = leased_job(q, sessionKey="s1")
     running = running_job(q, sessionKey="s1")
     done = running_job(q, sessionKey="s1")
-    q.complete(done.id, "w1", 1, {"ok": True})
+    complete(q, done.id, "w1", 1, {"ok": True})
     other_session = q.enqueue(req(sessionKey="s2")).job
     no_session = q.enqueue(req()).job
     mark = receipt_count(engine)
@@ -335,7 +336,8 @@ def test_heartbeat_promotes_and_renews_only_for_the_lease_holder(q: Any, engine:
     out = q.heartbeat(job.id, "w1", 1, LONG)
     assert out.applied and out.job.status == "running"
     assert out.job.lease is not None and job.lease is not None
-    assert parse_iso(out.job.lease.expires_at) > parse_iso(job.lease.expires_at)  # type: ignore[operator]
+    later, earlier = parse_iso(out.job.lease.expires_at), parse_iso(job.lease.expires_at)
+    assert later is not None and earlier is not None and later > earlier
     again = q.heartbeat(job.id, "w1", 1, LONG)
     assert again.applied and again.job.status == "running"
     assert types_of(engine, job.id)[-2:] == ["job.heartbeat", "job.heartbeat"]
@@ -351,8 +353,8 @@ def test_progress_is_recorded_for_the_lease_holder_only(q: Any, engine: Engine) 
 
 def test_complete(q: Any, engine: Engine) -> None:
     job = running_job(q)
-    assert not q.complete(job.id, "w1", 2, {"x": 0}).applied
-    out = q.complete(job.id, "w1", 1, {"answer": 42})
+    assert not complete(q, job.id, "w1", 2, {"x": 0}).applied
+    out = complete(q, job.id, "w1", 1, {"answer": 42})
     assert out.applied and out.job.status == "completed" and out.job.result == {"answer": 42}
     assert out.job.lease is None and out.job.terminal
     # Terminal is absorbing: nothing further takes effect.
@@ -414,8 +416,8 @@ def test_cancel_leased_job_sends_abort_then_holder_settles(q: Any, engine: Engin
     [cmd] = out.job.pending_commands
     assert (cmd.type, cmd.reason) == ("abort", "stop")
     assert not q.cancel_queued(job.id, "too late").applied  # only while queued
-    assert not q.settle_canceled(job.id, "w9", 1, "stop").applied  # not the holder
-    done = q.settle_canceled(job.id, "w1", 1, "stop")
+    assert not settle_canceled(q, job.id, "w9", 1, "stop").applied  # not the holder
+    done = settle_canceled(q, job.id, "w1", 1, "stop")
     assert done.applied and done.job.status == "canceled" and done.job.lease is None
     assert types_of(engine, job.id)[-2:] == ["queue.command", "job.canceled"]
 
@@ -449,7 +451,7 @@ def test_consuming_a_command_of_a_terminal_job_is_inert(q: Any, engine: Engine) 
     """Terminal states are absorbing: a command left pending at settlement stays as it was."""
     job = running_job(q)
     cmd = q.command(job.id, "follow_up", payload={"more": 1}).job.pending_commands[0]
-    done = q.complete(job.id, "w1", 1, {"ok": True}).job
+    done = complete(q, job.id, "w1", 1, {"ok": True}).job
     before = receipt_count(engine)
     out = q.consume_command(job.id, cmd.id)
     assert not out.applied and out.job == done and receipt_count(engine) == before
@@ -474,13 +476,13 @@ def test_unknown_job_raises_not_found_and_writes_nothing(q: Any, engine: Engine)
         lambda: q.lease("nope", "w", 1000),
         lambda: q.heartbeat("nope", "w", 1, 1000),
         lambda: q.progress("nope", "w", 1, {}),
-        lambda: q.complete("nope", "w", 1),
+        lambda: complete(q, "nope", "w", 1),
         lambda: q.fail("nope", "w", 1, "e", retryable=True),
         lambda: q.cancel("nope"),
         lambda: q.command("nope", "steer"),
         lambda: q.consume_command("nope", "c"),
         lambda: q.expire_lease("nope"),
-        lambda: q.settle_canceled("nope", "w", 1, None),
+        lambda: settle_canceled(q, "nope", "w", 1, None),
         lambda: q.cancel_queued("nope", None),
     ]
     for op in ops:
@@ -499,18 +501,18 @@ def test_superseded_attempt_settlements_are_inert(q: Any, engine: Engine) -> Non
     stale: list[Callable[[], Any]] = [
         lambda: q.heartbeat(job.id, "w1", 1, LONG),
         lambda: q.progress(job.id, "w1", 1, {"pct": 100}),
-        lambda: q.complete(job.id, "w1", 1, {"stale": True}),
+        lambda: complete(q, job.id, "w1", 1, {"stale": True}),
         lambda: q.fail(job.id, "w1", 1, "stale", retryable=False),
         lambda: q.fail(job.id, "w1", 1, "stale", retryable=True),
-        lambda: q.settle_canceled(job.id, "w1", 1, "stale"),
+        lambda: settle_canceled(q, job.id, "w1", 1, "stale"),
         # The current worker with the old attempt number is just as stale.
-        lambda: q.complete(job.id, "w2", 1, {"stale": True}),
+        lambda: complete(q, job.id, "w2", 1, {"stale": True}),
     ]
     for op in stale:
         out = op()
         assert not out.applied and out.job == current
     assert receipt_count(engine) == before  # no receipt written for a superseded attempt
-    assert q.complete(job.id, "w2", 2, {"ok": 1}).job.status == "completed"
+    assert complete(q, job.id, "w2", 2, {"ok": 1}).job.status == "completed"
 
 
 def test_expire_lease_only_after_the_deadline(q: Any, engine: Engine) -> None:
@@ -620,7 +622,7 @@ def test_on_dispatchable_is_called_after_commit_with_queued_jobs(engine: Engine)
     queue.fail(job.id, "w1", 1, "retry me", retryable=True)
     assert calls[-1] == (["queued"], [job.id])  # requeued → dispatchable again
     queue.lease(job.id, "w1", LONG)
-    queue.complete(job.id, "w1", 2)
+    complete(queue, job.id, "w1", 2)
     assert len(calls) == 2
     check_all(engine)
 

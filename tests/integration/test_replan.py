@@ -15,6 +15,7 @@ from app.storage import store
 from app.storage.db import transaction
 from app.storage.queue import Queue
 from tests.factory_support import ECHO, drain, plan
+from tests.support.queue_ops import settle_canceled
 
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 
@@ -74,7 +75,7 @@ def test_a_running_earlier_job_gets_an_abort_with_reason_phase_superseded(queue:
     assert mid is not None and mid.status == "active"  # C is queued, A still stopping
     drain(queue)  # C completes; A's worker is "gone": the objective waits for A to stop
     assert service.get(queue.engine, "rp-2").status == "active"  # type: ignore[union-attr]
-    queue.settle_canceled(a_job, "w-test", 1, "phase superseded")
+    settle_canceled(queue, a_job, "w-test", 1, "phase superseded")
     drain(queue)
     final = service.get(queue.engine, "rp-2")
     assert final is not None and final.status == "completed"

@@ -144,8 +144,8 @@ def test_beat_refuses_to_start_on_an_invalid_cron(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import celeryconfig; from app.config import Settings; "
-            "print(sorted(celeryconfig.beat_schedule(Settings.from_env())))",
+            "from app.config import Settings; from tasks.celery_app import make_celery; "
+            "print(sorted(make_celery(Settings.from_env()).conf.beat_schedule))",
         ],
         env={**env, "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED": "0"},
         capture_output=True,

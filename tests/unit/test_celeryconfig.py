@@ -1,6 +1,6 @@
 """Celery settings chosen for "Postgres receipts decide, Celery delivers" (issue 4, item 6).
 
-Each assertion pins one decision recorded in ``celeryconfig.py`` and ../shared/CELERY-NOTES.md.
+Each assertion pins one decision recorded in ``app/ops/celeryconfig.py`` and docs/design.md.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-import celeryconfig
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
 from app.jobs.timing import CODEX_LEASE_CAP_MS
+from app.ops import celeryconfig
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
 from tasks.runtime import (
@@ -69,8 +69,10 @@ def test_no_result_backend_is_relied_on(conf: dict[str, Any]) -> None:
     assert conf["task_ignore_result"] is True
 
 
-def test_each_queue_has_its_own_direct_exchange_and_routing_key(conf: dict[str, Any]) -> None:
-    queues = conf["task_queues"]
+def test_each_queue_has_its_own_direct_exchange_and_routing_key(tmp_path: Path) -> None:
+    # Read back through Celery, which turns the configuration's mapping into kombu queues.
+    app = make_celery(Settings.from_env({"RECEIPT_HOME": str(tmp_path), "REDIS_URL": REDIS}))
+    queues = list(app.amqp.queues.values())
     assert {q.name for q in queues} == EVERY_QUEUE
     assert len(queues) == len(EVERY_QUEUE)
     for q in queues:
@@ -126,10 +128,6 @@ def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> N
     outbox = schedule.pop("objective-outbox-redrive")
     assert outbox["task"] == OUTBOX_TASK and outbox["options"]["queue"] == OBJECTIVES_QUEUE
     assert outbox["schedule"].total_seconds() == 2.5
-    # So does the objective watchdog's crontab tick (issue 10).
-    tick = schedule.pop("objective-watchdog")
-    assert tick["task"] == WATCHDOG_TASK and tick["options"]["queue"] == OBJECTIVES_QUEUE
-    assert tick["schedule"] == CronSchedule("* * * * *")
     assert {e["task"] for e in schedule.values()} == {REDRIVE_TASK, EXPIRE_TASK, RETRY_TASK}
     by_task = {e["task"]: e for e in schedule.values()}
     assert by_task[REDRIVE_TASK]["schedule"].total_seconds() == 7.0
@@ -164,3 +162,13 @@ def test_two_apps_in_one_process_each_register_their_own_tasks(tmp_path: Path) -
     for app in (first, second):
         task = app.tasks[EXECUTE_TASK]
         assert task.app is app
+
+
+def test_the_watchdog_crontab_tick_is_added_to_beat_on_the_objectives_queue(tmp_path: Path) -> None:
+    # Plain data in app/ops/celeryconfig.py (no Celery there); the Celery app makes it a schedule.
+    beat = make_celery(Settings(home=str(tmp_path))).conf.beat_schedule
+    tick = beat["objective-watchdog"]
+    assert tick["task"] == WATCHDOG_TASK and tick["options"]["queue"] == OBJECTIVES_QUEUE
+    assert tick["schedule"] == CronSchedule("* * * * *")
+    off = make_celery(Settings(home=str(tmp_path), objective_watchdog_enabled="0")).conf.beat_schedule
+    assert "objective-watchdog" not in off

@@ -46,7 +46,7 @@ def test_ensure_connected_sleeps_the_doubling_delays_until_the_broker_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(consumer.time, "sleep", slept.append)
+    monkeypatch.setattr("tasks.consumer.time.sleep", slept.append)
     conn = _FlakyConnection(failures=7)
     fake_self: Any = SimpleNamespace(first_connection_attempt=True, broker_connection_retry_attempt=0)
     assert BackoffConsumer.ensure_connected(fake_self, conn) is conn
@@ -58,7 +58,7 @@ def test_ensure_connected_sleeps_the_doubling_delays_until_the_broker_answers(
 
 
 def test_ensure_connected_does_not_swallow_non_connection_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(consumer.time, "sleep", lambda _s: None)
+    monkeypatch.setattr("tasks.consumer.time.sleep", lambda _s: None)
 
     class Broken(_FlakyConnection):
         def connect(self) -> None:

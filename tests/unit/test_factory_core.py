@@ -12,6 +12,7 @@ from app.factory.reducer import fold, reduce
 from app.factory.vocab import MAX_PLAN_TASKS, no_objective_message, task_job_id
 from app.jobs.errors import InvariantError, ValidationError
 from app.jobs.reducer import Job, Receipt
+from app.jobs.vocab import Status
 from tests.unit.factory_sim import AUTH, World, plan_body
 
 
@@ -118,7 +119,7 @@ def test_a_thousand_task_chain_validates_without_recursion() -> None:
     assert spec.tasks[0].agent_id == "codex"
 
 
-def _job(kind: str, status: str, **payload: Any) -> Job:
+def _job(kind: str, status: Status, **payload: Any) -> Job:
     return Job(
         "j1", "codex", "collect", {"kind": kind, **payload}, None, "allow", 2, "org", status=status, seq=5
     )
@@ -144,3 +145,17 @@ def test_deterministic_task_job_ids() -> None:
     world.step()
     world.step()
     assert world.created == {"obj:p1:a": 1}
+
+
+def test_docs_list_every_objective_receipt_type_and_control_reason() -> None:
+    from pathlib import Path
+
+    from app.factory.reducer import _HANDLERS
+    from app.factory.vocab import CONTROL_REASONS, OBJECTIVE_EVENT_TYPES
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "factory.md").read_text()
+    assert set(_HANDLERS) == set(OBJECTIVE_EVENT_TYPES)
+    for type_ in OBJECTIVE_EVENT_TYPES:
+        assert f"`{type_}`" in doc, type_
+    for reason in CONTROL_REASONS:
+        assert reason in doc, reason

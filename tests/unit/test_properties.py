@@ -48,7 +48,8 @@ from app.jobs.vocab import (
 )
 from app.storage.db import db_now, parse_iso
 from app.storage.queue import Queue
-from tests.conftest import assert_projection_equals_fold
+from tests.support.databases import assert_projection_equals_fold
+from tests.support.queue_ops import complete, settle_canceled
 
 JOB_ID = "j1"
 STREAM = f"jobs/{JOB_ID}"
@@ -523,9 +524,9 @@ class QueueMachine(RuleBasedStateMachine):
         elif op == "progress":
             out = self.q.progress(job, w, a, {"step": a})
         elif op == "complete":
-            out = self.q.complete(job, w, a, {"by": w})
+            out = complete(self.q, job, w, a, {"by": w})
         elif op == "settle_canceled":
-            out = self.q.settle_canceled(job, w, a, "stopped")
+            out = settle_canceled(self.q, job, w, a, "stopped")
         else:
             out = self.q.fail(job, w, a, "boom", retryable=op == "fail_retryable", status="execution_timeout")
         assert out.applied == before.holds_lease(w, a)  # invariant 2: superseded attempts are inert

@@ -174,7 +174,12 @@ def test_main_role_flag_overrides_the_environment(
 
 def test_main_refuses_the_api_role(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[Any] = []
-    monkeypatch.setattr(worker, "make_celery", lambda s: calls.append(s) or _FakeApp())
+
+    def make_celery(settings: Any) -> _FakeApp:
+        calls.append(settings)
+        return _FakeApp()
+
+    monkeypatch.setattr(worker, "make_celery", make_celery)
     monkeypatch.setattr(logging, "basicConfig", lambda **_: None)
     with pytest.raises(SystemExit):
         worker.main(["--role", "api"])

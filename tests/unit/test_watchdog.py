@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -11,7 +12,7 @@ from app.config import Settings
 from app.factory import watchdog
 from app.factory.reducer import Objective, Request, Task
 from app.jobs.reducer import Job, Lease
-from celeryconfig import beat_schedule
+from app.ops.celeryconfig import watchdog_entry
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 S = Settings()
@@ -69,14 +70,16 @@ def job(
         singleton_mode="allow",
         max_attempts=2,
         organization_id="org",
-        status=status,
+        status=status,  # type: ignore[arg-type]
         attempt=1 if lease else 0,
         lease=lease,
         updated_at=iso(NOW - quiet),
     )
 
 
-def assess(obj: Objective, jobs: list[Job], controls: tuple[Job, ...] = (), settings: Settings = S) -> Any:
+def assess(
+    obj: Objective, jobs: Sequence[Job], controls: tuple[Job, ...] = (), settings: Settings = S
+) -> Any:
     return watchdog.assess(obj, {j.id: j for j in jobs}, controls, NOW, settings)
 
 
@@ -217,8 +220,9 @@ def test_scan_limit_default_200_clamped_1_to_2000(given: int, used: int) -> None
 def test_enabled_0_turns_the_watchdog_off_and_beat_schedules_no_tick(value: str) -> None:
     off = Settings(objective_watchdog_enabled=value)
     assert not watchdog.enabled(off)
-    assert "objective-watchdog" not in beat_schedule(off)
-    assert "objective-watchdog" in beat_schedule(S)
+    assert watchdog_entry(off) is None
+    entry = watchdog_entry(S)
+    assert entry is not None and entry["cron"] == "* * * * *"
 
 
 @pytest.mark.parametrize("expr", ["* * * *", "* * * * * *", "61 * * * *", "every minute", ""])

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -121,12 +122,13 @@ def handle(ctx: JobContext) -> Any:
     output = _Output(ctx.settings.codex_output_tail_bytes)
 
     def pump() -> None:
-        assert proc.stdout is not None
+        stdout = proc.stdout
+        assert isinstance(stdout, io.BufferedReader)  # Popen(stdout=PIPE), unbuffered=False: read1 exists
         # The reader owns the pipe and closes it at EOF: a worker runs many commands, and each
         # unclosed pipe would leak a file descriptor (closing it from another thread mid-read
         # would block on the reader's buffer lock instead).
-        with proc.stdout:
-            for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+        with stdout:
+            for chunk in iter(lambda: stdout.read1(65536), b""):
                 output.feed(chunk)
 
     reader = threading.Thread(target=pump, name=f"codex-output-{proc.pid}", daemon=True)

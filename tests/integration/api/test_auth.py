@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine
 
 from api import create_app
 from app.storage import tokens
-from tests.integration.api.conftest import Api, make_settings, payload
+from tests.support.api import Api, json_of, make_settings, payload
 
 # One request per endpoint (path parameters need not exist: auth is checked first).
 EVERY_AUTHENTICATED_REQUEST = [
@@ -33,7 +33,7 @@ def test_missing_credentials_are_401_with_a_challenge(api: Api, method: str, url
     response = api.client.open(url, method=method, json={"type": "steer"})
     assert response.status_code == 401
     assert response.headers["WWW-Authenticate"].startswith("Bearer")
-    assert response.json["error"]["code"] == "unauthorized"  # type: ignore[index]
+    assert json_of(response)["error"]["code"] == "unauthorized"
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,7 @@ def test_invalid_credentials_are_401(sqlite_api: Api, header: str) -> None:
     response = sqlite_api.client.get("/jobs", headers={"Authorization": header})
     assert response.status_code == 401
     assert 'error="invalid_token"' in response.headers["WWW-Authenticate"]
-    assert response.json["error"]["code"] == "invalid_token"  # type: ignore[index]
+    assert json_of(response)["error"]["code"] == "invalid_token"
 
 
 def test_scheme_is_case_insensitive(sqlite_api: Api) -> None:
@@ -99,6 +99,6 @@ def test_auth_disabled_allows_anonymous_with_a_warning_on_every_response(
         "/agents/factory-control/jobs", json={"payload": {"kind": "factory.objective.watchdog"}}
     )
     assert watchdog.status_code == 202
-    assert len(client.get("/jobs").json["jobs"]) == 2  # type: ignore[index]
+    assert len(json_of(client.get("/jobs"))["jobs"]) == 2
     # A token that is sent is still checked.
     assert client.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401

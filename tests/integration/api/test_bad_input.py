@@ -15,7 +15,7 @@ import pytest
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from app.jobs.vocab import LANES, PAYLOAD_KINDS, SINGLETON_MODES
-from tests.integration.api.conftest import Api, auth_context, payload
+from tests.support.api import Api, auth_context, json_of, payload
 
 ENQUEUE = "/agents/factory/jobs"
 OK = payload()
@@ -181,7 +181,8 @@ def test_broken_requests_are_4xx_json_naming_the_field_and_write_nothing(api: Ap
     assert api.receipt_count() == before
     assert len(CORPUS) >= 30
     # The job the commands and cancels aimed at is untouched.
-    assert api.queue.get(job["id"]).seq == 1  # type: ignore[union-attr]
+    stored = api.queue.get(job["id"])
+    assert stored is not None and stored.seq == 1
 
 
 def test_closed_sets_name_their_allowed_values(sqlite_api: Api) -> None:
@@ -192,7 +193,7 @@ def test_closed_sets_name_their_allowed_values(sqlite_api: Api) -> None:
     ]
     for body, field, allowed in cases:
         response = sqlite_api.client.post(ENQUEUE, json=body, headers=sqlite_api.headers())
-        assert response.json["error"]["details"] == {"field": field, "allowed": allowed}  # type: ignore[index]
+        assert json_of(response)["error"]["details"] == {"field": field, "allowed": allowed}
 
 
 def test_body_over_the_limit_is_413_by_content_length(api: Api) -> None:
@@ -201,7 +202,7 @@ def test_body_over_the_limit_is_413_by_content_length(api: Api) -> None:
     big = _json({"payload": {**OK, "blob": "x" * limit}})
     response = api.client.post(ENQUEUE, data=big, headers=api.headers(), content_type="application/json")
     assert response.status_code == 413
-    assert response.json["error"]["code"] == "payload_too_large"  # type: ignore[index]
+    assert json_of(response)["error"]["code"] == "payload_too_large"
     assert api.receipt_count() == before
 
 
@@ -212,7 +213,7 @@ def _post_streamed(api: Api, body: bytes) -> tuple[str, bytes]:
         method="POST",
         input_stream=io.BytesIO(body),
         content_type="application/json",
-        headers=api.headers(),
+        headers=list(api.headers().items()),
     )
     environ = builder.get_environ()
     environ.pop("CONTENT_LENGTH", None)
@@ -251,10 +252,10 @@ def test_body_at_the_limit_is_accepted(sqlite_api: Api) -> None:
 def test_unknown_routes_and_methods_are_json(sqlite_api: Api) -> None:
     missing = sqlite_api.client.get("/nope", headers=sqlite_api.headers())
     assert missing.status_code == 404
-    assert missing.json["error"]["code"] == "not_found"  # type: ignore[index]
+    assert json_of(missing)["error"]["code"] == "not_found"
     wrong = sqlite_api.client.delete("/jobs", headers=sqlite_api.headers())
     assert wrong.status_code == 405
-    assert wrong.json["error"]["code"] == "method_not_allowed"  # type: ignore[index]
+    assert json_of(wrong)["error"]["code"] == "method_not_allowed"
     assert "GET" in wrong.headers["Allow"]
 
 
@@ -266,7 +267,7 @@ def test_body_without_json_content_type_is_still_parsed(sqlite_api: Api) -> None
 
 
 def test_an_unexpected_error_still_answers_in_the_json_shape(sqlite_api: Api) -> None:
-    def explode() -> None:
+    def explode() -> str:
         raise RuntimeError("boom")
 
     sqlite_api.app.add_url_rule("/explode", "explode", explode)

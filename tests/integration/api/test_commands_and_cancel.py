@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.jobs.vocab import COMMAND_TYPES
-from tests.integration.api.conftest import Api
+from tests.support.api import Api, json_of
+from tests.support.queue_ops import complete
 
 
 @pytest.mark.parametrize("type_", COMMAND_TYPES)
@@ -17,7 +18,7 @@ def test_command_is_202_with_the_job(api: Api, type_: str) -> None:
         json={"type": type_, "payload": {"text": "hi"}, "reason": "because"},
     )
     assert response.status_code == 202
-    got = response.json["job"]  # type: ignore[index]
+    got = json_of(response)["job"]
     (command,) = got["commands"]
     assert (command["type"], command["payload"], command["reason"]) == (type_, {"text": "hi"}, "because")
     assert command["consumed"] is False
@@ -30,10 +31,10 @@ def test_command_type_must_be_known(api: Api) -> None:
     before = api.receipt_count()
     response = api.client.post(f"/jobs/{job['id']}/commands", headers=api.headers(), json={"type": "nudge"})
     assert response.status_code == 400
-    assert response.json["error"]["details"] == {"field": "type", "allowed": list(COMMAND_TYPES)}  # type: ignore[index]
+    assert json_of(response)["error"]["details"] == {"field": "type", "allowed": list(COMMAND_TYPES)}
     missing = api.client.post(f"/jobs/{job['id']}/commands", headers=api.headers(), json={})
     assert missing.status_code == 400
-    assert missing.json["error"]["details"]["field"] == "type"  # type: ignore[index]
+    assert json_of(missing)["error"]["details"]["field"] == "type"
     assert api.receipt_count() == before
 
 
@@ -42,7 +43,7 @@ def test_command_to_terminal_job_is_409(api: Api) -> None:
     api.queue.cancel(job["id"])
     response = api.client.post(f"/jobs/{job['id']}/commands", headers=api.headers(), json={"type": "steer"})
     assert response.status_code == 409
-    assert response.json["error"]["code"] == "conflict"  # type: ignore[index]
+    assert json_of(response)["error"]["code"] == "conflict"
 
 
 def test_command_to_unknown_job_is_404(api: Api) -> None:
@@ -56,7 +57,7 @@ def test_cancel_queued_job_cancels_it(api: Api) -> None:
         f"/jobs/{job['id']}/cancel", headers=api.headers(), json={"reason": "no longer needed"}
     )
     assert response.status_code == 202
-    got = response.json["job"]  # type: ignore[index]
+    got = json_of(response)["job"]
     assert got["status"] == "canceled"
     assert got["error"] == "no longer needed"
 
@@ -65,7 +66,7 @@ def test_cancel_without_a_body(api: Api) -> None:
     job = api.job()
     response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers())
     assert response.status_code == 202
-    assert response.json["job"]["status"] == "canceled"  # type: ignore[index]
+    assert json_of(response)["job"]["status"] == "canceled"
 
 
 def test_cancel_running_job_sends_abort(api: Api) -> None:
@@ -73,7 +74,7 @@ def test_cancel_running_job_sends_abort(api: Api) -> None:
     api.lease_and_start(job["id"])
     response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers(), json={"reason": "stop"})
     assert response.status_code == 202
-    got = response.json["job"]  # type: ignore[index]
+    got = json_of(response)["job"]
     assert got["status"] == "running"
     assert got["abortRequested"] is True
     assert [(c["type"], c["reason"]) for c in got["commands"]] == [("abort", "stop")]
@@ -82,7 +83,7 @@ def test_cancel_running_job_sends_abort(api: Api) -> None:
 def test_cancel_terminal_job_is_409(api: Api) -> None:
     job = api.job()
     attempt = api.lease_and_start(job["id"])
-    api.queue.complete(job["id"], "worker-1", attempt, None)
+    complete(api.queue, job["id"], "worker-1", attempt, None)
     before = api.receipt_count()
     response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers())
     assert response.status_code == 409
@@ -95,4 +96,4 @@ def test_cancel_rejects_unknown_fields(sqlite_api: Api) -> None:
         f"/jobs/{job['id']}/cancel", headers=sqlite_api.headers(), json={"why": "x"}
     )
     assert response.status_code == 400
-    assert response.json["error"]["details"] == {"field": "why", "allowed": ["reason"]}  # type: ignore[index]
+    assert json_of(response)["error"]["details"] == {"field": "why", "allowed": ["reason"]}

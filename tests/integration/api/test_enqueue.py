@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.jobs.vocab import PAYLOAD_KINDS
-from tests.integration.api.conftest import ORG_A, ORG_B, Api, auth_context, payload
+from tests.support.api import ORG_A, ORG_B, Api, auth_context, json_of, payload
 
 
 def test_enqueue_returns_202_with_job_route_and_async_block(api: Api) -> None:
@@ -80,7 +80,7 @@ def test_unknown_kind_is_400_listing_the_nine_kinds_and_writes_nothing(api: Api)
     before = api.receipt_count()
     response = api.enqueue(payload={"kind": "factory.nope", "authContext": auth_context()})
     assert response.status_code == 400
-    error = response.json["error"]  # type: ignore[index]
+    error = json_of(response)["error"]
     assert error["code"] == "invalid_field"
     assert error["details"] == {"field": "payload.kind", "allowed": list(PAYLOAD_KINDS)}
     for kind in PAYLOAD_KINDS:
@@ -93,8 +93,8 @@ def test_repost_same_job_id_returns_existing_job_unchanged(api: Api) -> None:
     before = api.receipt_count()
     again = api.enqueue(jobId="order-42", lane="steer", payload=payload(note="different"))
     assert again.status_code == 202
-    assert again.json["job"] == first  # type: ignore[index]
-    assert again.json["async"]["jobId"] == "order-42"  # type: ignore[index]
+    assert json_of(again)["job"] == first
+    assert json_of(again)["async"]["jobId"] == "order-42"
     assert api.receipt_count() == before
 
 
@@ -103,7 +103,7 @@ def test_same_job_id_from_another_organisation_is_409_and_reveals_nothing(api: A
     before = api.receipt_count()
     response = api.enqueue("b", jobId="shared-id")
     assert response.status_code == 409
-    error = response.json["error"]  # type: ignore[index]
+    error = json_of(response)["error"]
     assert error["code"] == "job_id_unavailable"
     text = response.get_data(as_text=True)
     for leak in ("queued", "factory", "secret", ORG_A, "s3cr3t", "createdAt", "jobs/"):
@@ -120,9 +120,9 @@ def test_singleton_steer_returns_the_steered_job(api: Api) -> None:
     first = api.job(sessionKey="chat-1")
     response = api.enqueue(sessionKey="chat-1", singletonMode="steer", payload=payload(text="more"))
     assert response.status_code == 202
-    steered = response.json["job"]  # type: ignore[index]
+    steered = json_of(response)["job"]
     assert steered["id"] == first["id"]
-    assert response.json["async"]["jobId"] == first["id"]  # type: ignore[index]
+    assert json_of(response)["async"]["jobId"] == first["id"]
     (command,) = steered["commands"]
     assert command["type"] == "steer"
     assert command["fromEnqueue"] is True
@@ -134,7 +134,7 @@ def test_singleton_steer_does_not_cross_organisations(api: Api) -> None:
     theirs = api.job("b", sessionKey="same-key")
     mine = api.job(sessionKey="same-key", singletonMode="steer")
     assert mine["id"] != theirs["id"]
-    assert api.client.get(f"/jobs/{theirs['id']}", headers=api.headers("b")).json["job"]["commands"] == []  # type: ignore[index]
+    assert json_of(api.client.get(f"/jobs/{theirs['id']}", headers=api.headers("b")))["job"]["commands"] == []
 
 
 def test_singleton_cancel_stops_queued_and_aborts_running(api: Api) -> None:
@@ -143,7 +143,8 @@ def test_singleton_cancel_stops_queued_and_aborts_running(api: Api) -> None:
     api.lease_and_start(running["id"])
     new = api.job(sessionKey="k", singletonMode="cancel")
     assert new["status"] == "queued"
-    assert api.queue.get(queued["id"]).status == "canceled"  # type: ignore[union-attr]
+    canceled = api.queue.get(queued["id"])
+    assert canceled is not None and canceled.status == "canceled"
     aborted = api.queue.get(running["id"])
     assert aborted is not None and aborted.abort_requested and aborted.status == "running"
 
@@ -151,14 +152,14 @@ def test_singleton_cancel_stops_queued_and_aborts_running(api: Api) -> None:
 def test_singleton_mode_needs_a_session_key(api: Api) -> None:
     response = api.enqueue(singletonMode="cancel")
     assert response.status_code == 400
-    assert response.json["error"]["details"]["field"] == "sessionKey"  # type: ignore[index]
+    assert json_of(response)["error"]["details"]["field"] == "sessionKey"
 
 
 def test_authcontext_for_another_organisation_is_403(api: Api) -> None:
     before = api.receipt_count()
     response = api.enqueue("a", payload=payload(org=ORG_B))
     assert response.status_code == 403
-    assert response.json["error"]["code"] == "forbidden"  # type: ignore[index]
+    assert json_of(response)["error"]["code"] == "forbidden"
     assert api.receipt_count() == before
 
 
@@ -184,10 +185,10 @@ def test_system_repost_for_a_different_organisation_is_409(api: Api) -> None:
     assert api.enqueue("system", jobId="sys-1", payload=payload(org=ORG_B)).status_code == 409
     same = api.enqueue("system", jobId="sys-1", payload=payload(org=ORG_A))
     assert same.status_code == 202
-    assert same.json["job"]["id"] == "sys-1"  # type: ignore[index]
+    assert json_of(same)["job"]["id"] == "sys-1"
 
 
 def test_trailing_newline_job_id_is_refused(api: Api) -> None:
     response = api.enqueue(jobId="abc\n")
     assert response.status_code == 400
-    assert response.json["error"]["details"]["field"] == "jobId"  # type: ignore[index]
+    assert json_of(response)["error"]["details"]["field"] == "jobId"

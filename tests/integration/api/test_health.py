@@ -9,13 +9,13 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from app.storage.db import make_engine
-from tests.integration.api.conftest import Api, build_api, make_settings
+from tests.support.api import Api, build_api, json_of, make_settings
 
 
 def test_readyz_embedded_broker_folder(api: Api) -> None:
     response = api.client.get("/readyz", headers=api.headers())
     assert response.status_code == 200
-    assert response.json == {"database": "ok", "broker": "ok"}
+    assert response.json == {"database": "ok", "broker": "ok", "wake": "ok"}
     assert (api.state.settings.home_path / "broker").is_dir()
 
 
@@ -24,7 +24,7 @@ def test_readyz_with_redis(sqlite_api: Api, redis_url: str) -> None:
     sqlite_api.state.settings = replace(sqlite_api.state.settings, redis_url=redis_url)
     response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
     assert response.status_code == 200
-    assert response.json == {"database": "ok", "broker": "ok"}
+    assert response.json == {"database": "ok", "broker": "ok", "wake": "ok"}
 
 
 def test_readyz_is_503_naming_an_unreachable_redis(sqlite_api: Api) -> None:
@@ -32,7 +32,7 @@ def test_readyz_is_503_naming_an_unreachable_redis(sqlite_api: Api) -> None:
     sqlite_api.state.settings = replace(sqlite_api.state.settings, redis_url="redis://127.0.0.1:1/0")
     response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
     assert response.status_code == 503
-    error = response.json["error"]  # type: ignore[index]
+    error = json_of(response)["error"]
     assert error["code"] == "not_ready"
     assert "broker" in error["message"]
     assert error["details"]["database"] == "ok"
@@ -45,7 +45,7 @@ def test_readyz_is_503_when_the_broker_folder_cannot_be_created(sqlite_api: Api,
     sqlite_api.state.settings = replace(sqlite_api.state.settings, home=str(blocker))
     response = sqlite_api.client.get("/readyz", headers=sqlite_api.headers())
     assert response.status_code == 503
-    assert "broker" in response.json["error"]["message"]  # type: ignore[index]
+    assert "broker" in json_of(response)["error"]["message"]
 
 
 def test_readyz_is_503_naming_an_unreachable_database(sqlite_engine: Engine, tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ def test_readyz_is_503_naming_an_unreachable_database(sqlite_engine: Engine, tmp
     response = api.client.get("/readyz", headers=headers)
     broken.dispose()
     assert response.status_code == 503
-    error = response.json["error"]  # type: ignore[index]
+    error = json_of(response)["error"]
     assert error["details"]["database"].startswith("unreachable")
     assert error["details"]["broker"] == "ok"
     assert api.state.internal_errors == 0
@@ -75,7 +75,7 @@ def test_database_outage_on_a_normal_request_is_503_not_500(sqlite_engine: Engin
     response = api.client.get("/jobs/some-job", headers=headers)
     broken.dispose()
     assert response.status_code == 503
-    assert response.json["error"]["code"] == "unavailable"  # type: ignore[index]
+    assert json_of(response)["error"]["code"] == "unavailable"
     assert response.headers["Retry-After"] == "1"
     assert api.state.internal_errors == 0
 

@@ -8,7 +8,7 @@ import pytest
 
 from app.factory.vocab import MAX_PLAN_TASKS
 from tests.factory_support import DIAMOND, drain, plan
-from tests.integration.api.conftest import ORG_A, ORG_B, Api, auth_context
+from tests.support.api import ORG_A, ORG_B, Api, auth_context, json_of
 
 
 def body(deps: dict[str, list[str]] | None = None, **extra: Any) -> dict[str, Any]:
@@ -17,8 +17,8 @@ def body(deps: dict[str, list[str]] | None = None, **extra: Any) -> dict[str, An
 
 def launch(api: Api, who: str = "a", **extra: Any) -> dict[str, Any]:
     r = api.client.post("/objectives", json=body(**extra), headers=api.headers(who))
-    assert r.status_code == 202, r.json
-    data: dict[str, Any] = r.json  # type: ignore[assignment]
+    assert r.status_code == 202, json_of(r)
+    data: dict[str, Any] = json_of(r)
     return data
 
 
@@ -66,7 +66,7 @@ def test_launch_answers_202_with_the_objective_and_where_to_follow_it(api: Api) 
     again = launch(api, objectiveId="obj-1", title="Other title")
     assert again["objective"]["title"] == "Ship it" and api.receipt_count() == count
     r = api.client.post("/objectives", json=body(objectiveId="obj-1"), headers=api.headers("b"))
-    assert r.status_code == 409 and r.json["error"]["code"] == "objective_id_unavailable"  # type: ignore[index]
+    assert r.status_code == 409 and json_of(r)["error"]["code"] == "objective_id_unavailable"
 
 
 def test_an_objective_runs_to_completion_and_get_shows_every_task(api: Api) -> None:
@@ -74,7 +74,7 @@ def test_an_objective_runs_to_completion_and_get_shows_every_task(api: Api) -> N
     drain(api.queue)
     r = api.client.get(f"/objectives/{oid}", headers=api.headers())
     assert r.status_code == 200
-    obj = r.json["objective"]  # type: ignore[index]
+    obj = json_of(r)["objective"]
     assert obj["status"] == "completed"
     assert {t["status"] for t in obj["tasks"]} == {"completed"}
     d = obj["tasks"][3]
@@ -87,35 +87,35 @@ def test_another_organisation_sees_nothing(api: Api) -> None:
     unknown = api.client.get("/objectives/nope", headers=api.headers("b"))
     for path in (f"/objectives/{oid}", f"/streams/objectives/{oid}/receipts", f"/objectives/{oid}/events"):
         r = api.client.get(path, headers=api.headers("b"))
-        assert r.status_code == 404 and r.json == unknown.json, path
+        assert r.status_code == 404 and json_of(r) == json_of(unknown), path
     assert api.client.post(f"/objectives/{oid}/cancel", json={}, headers=api.headers("b")).status_code == 404
-    assert api.client.get("/objectives", headers=api.headers("b")).json["objectives"] == []  # type: ignore[index]
+    assert json_of(api.client.get("/objectives", headers=api.headers("b")))["objectives"] == []
     mine = api.client.get(f"/streams/objectives/{oid}/receipts", headers=api.headers("a"))
     assert mine.status_code == 200
-    assert [r["type"] for r in mine.json["receipts"]][:2] == [
+    assert [r["type"] for r in json_of(mine)["receipts"]][:2] == [
         "objective.launched",
         "objective.control_requested",
-    ]  # type: ignore[index]
+    ]
     assert api.client.get(f"/objectives/{oid}", headers=api.headers("system")).status_code == 200
 
 
 def test_list_pages_newest_first_and_filters_by_status(api: Api) -> None:
     ids = [launch(api)["objective"]["id"] for _ in range(3)]
     r = api.client.get("/objectives?limit=2", headers=api.headers())
-    page = r.json  # type: ignore[assignment]
+    page = json_of(r)
     assert [o["id"] for o in page["objectives"]] == ids[::-1][:2]
     r2 = api.client.get(f"/objectives?limit=2&cursor={page['nextCursor']}", headers=api.headers())
-    assert [o["id"] for o in r2.json["objectives"]] == [ids[0]]  # type: ignore[index]
-    assert r2.json["nextCursor"] is None  # type: ignore[index]
-    done = api.client.get("/objectives?status=completed", headers=api.headers()).json
-    assert done["objectives"] == []  # type: ignore[index]
+    assert [o["id"] for o in json_of(r2)["objectives"]] == [ids[0]]
+    assert json_of(r2)["nextCursor"] is None
+    done = json_of(api.client.get("/objectives?status=completed", headers=api.headers()))
+    assert done["objectives"] == []
     bad = api.client.get("/objectives?status=running", headers=api.headers())
-    assert bad.status_code == 400 and bad.json["error"]["details"]["allowed"] == [
+    assert bad.status_code == 400 and json_of(bad)["error"]["details"]["allowed"] == [
         "active",
         "completed",
         "failed",
         "canceled",
-    ]  # type: ignore[index]
+    ]
 
 
 def test_cancel_answers_202_then_409_once_terminal(api: Api) -> None:
@@ -123,11 +123,11 @@ def test_cancel_answers_202_then_409_once_terminal(api: Api) -> None:
     r = api.client.post(f"/objectives/{oid}/cancel", json={"reason": "stop"}, headers=api.headers())
     assert r.status_code == 202
     drain(api.queue)
-    obj = api.client.get(f"/objectives/{oid}", headers=api.headers()).json["objective"]  # type: ignore[index]
+    obj = json_of(api.client.get(f"/objectives/{oid}", headers=api.headers()))["objective"]
     assert obj["status"] == "canceled"
     assert all(t["status"] in ("canceled", "skipped") for t in obj["tasks"])
     r = api.client.post(f"/objectives/{oid}/cancel", json={}, headers=api.headers())
-    assert r.status_code == 409 and r.json["error"]["code"] == "conflict"  # type: ignore[index]
+    assert r.status_code == 409 and json_of(r)["error"]["code"] == "conflict"
 
 
 def _tasks(n: int) -> list[dict[str, Any]]:
@@ -220,11 +220,11 @@ def test_bad_input_is_a_400_naming_the_problem_and_writes_nothing(
     name, override, field, text = case
     count = sqlite_api.receipt_count()
     r = sqlite_api.client.post("/objectives", json={**body(), **override}, headers=sqlite_api.headers())
-    error = r.json["error"]  # type: ignore[index]
+    error = json_of(r)["error"]
     if name == "other org":
         assert r.status_code == 403
     else:
-        assert r.status_code == 400, r.json
+        assert r.status_code == 400, json_of(r)
         assert error["details"]["field"] == field, error
     assert text in error["message"], error
     assert sqlite_api.receipt_count() == count
@@ -232,7 +232,7 @@ def test_bad_input_is_a_400_naming_the_problem_and_writes_nothing(
 
 def test_a_system_token_must_name_the_organisation(sqlite_api: Api) -> None:
     r = sqlite_api.client.post("/objectives", json=body(), headers=sqlite_api.headers("system"))
-    assert r.status_code == 400 and r.json["error"]["details"]["field"] == "authContext"  # type: ignore[index]
+    assert r.status_code == 400 and json_of(r)["error"]["details"]["field"] == "authContext"
     r = sqlite_api.client.post(
         "/objectives", json=body(authContext=auth_context(ORG_A)), headers=sqlite_api.headers("system")
     )
@@ -256,8 +256,8 @@ def test_events_stream_the_objective_after_each_receipt_and_resume(sqlite_api: A
 
 
 def test_openapi_documents_the_objective_routes(sqlite_api: Api) -> None:
-    doc = sqlite_api.client.get("/openapi.json", headers=sqlite_api.headers()).json
-    paths = doc["paths"]  # type: ignore[index]
+    doc = json_of(sqlite_api.client.get("/openapi.json", headers=sqlite_api.headers()))
+    paths = doc["paths"]
     assert set(paths["/objectives"]) == {"get", "post"}
     assert "get" in paths["/objectives/{objectiveId}"]
     assert "post" in paths["/objectives/{objectiveId}/cancel"]

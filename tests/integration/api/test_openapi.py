@@ -12,14 +12,14 @@ from referencing import Registry, Resource
 
 from api import schemas
 from app.jobs.vocab import COMMAND_TYPES, LANES, PAYLOAD_KINDS, SINGLETON_MODES, STATUSES
-from tests.integration.api.conftest import WORKER, Api
+from tests.support.api import WORKER, Api, json_of
 
 
 @pytest.fixture
 def document(sqlite_api: Api) -> dict[str, Any]:
     response = sqlite_api.client.get("/openapi.json", headers=sqlite_api.headers())
     assert response.status_code == 200
-    body: dict[str, Any] = response.json  # type: ignore[assignment]
+    body: dict[str, Any] = json_of(response)
     return body
 
 
@@ -89,7 +89,8 @@ def test_real_responses_match_their_documented_schemas(sqlite_api: Api, document
         },
     ).json
     check(created, "EnqueueResponse")
-    job_id = created["job"]["id"]  # type: ignore[index]
+    assert created is not None
+    job_id = created["job"]["id"]
     attempt = sqlite_api.lease_and_start(job_id)
     sqlite_api.client.post(f"/jobs/{job_id}/commands", headers=h, json={"type": "steer", "payload": [1]})
     steered = sqlite_api.client.post(
@@ -117,12 +118,12 @@ def test_error_codes_are_the_documented_set(sqlite_api: Api) -> None:
 
     h = sqlite_api.headers()
     seen = {
-        sqlite_api.client.get("/jobs/nope", headers=h).json["error"]["code"],  # type: ignore[index]
-        sqlite_api.client.get("/jobs").json["error"]["code"],  # type: ignore[index]
-        sqlite_api.client.get("/jobs", headers={"Authorization": "Bearer x"}).json["error"]["code"],  # type: ignore[index]
-        sqlite_api.client.delete("/jobs", headers=h).json["error"]["code"],  # type: ignore[index]
-        sqlite_api.client.post("/agents/a/jobs", data=b"{", headers=h).json["error"]["code"],  # type: ignore[index]
-        sqlite_api.client.post("/agents/a/jobs", json={}, headers=h).json["error"]["code"],  # type: ignore[index]
+        json_of(sqlite_api.client.get("/jobs/nope", headers=h))["error"]["code"],
+        json_of(sqlite_api.client.get("/jobs"))["error"]["code"],
+        json_of(sqlite_api.client.get("/jobs", headers={"Authorization": "Bearer x"}))["error"]["code"],
+        json_of(sqlite_api.client.delete("/jobs", headers=h))["error"]["code"],
+        json_of(sqlite_api.client.post("/agents/a/jobs", data=b"{", headers=h))["error"]["code"],
+        json_of(sqlite_api.client.post("/agents/a/jobs", json={}, headers=h))["error"]["code"],
     }
     assert seen <= set(ERROR_CODES)
     assert seen == {

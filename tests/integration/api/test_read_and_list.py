@@ -6,8 +6,10 @@ import base64
 
 import pytest
 
+from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import STATUSES
-from tests.integration.api.conftest import ORG_A, Api, payload
+from tests.support.api import ORG_A, Api, json_of, payload
+from tests.support.queue_ops import complete
 
 
 def test_get_job(api: Api) -> None:
@@ -21,20 +23,20 @@ def test_get_reflects_worker_progress(api: Api) -> None:
     job = api.job()
     attempt = api.lease_and_start(job["id"])
     api.queue.progress(job["id"], "worker-1", attempt, {"pct": 50})
-    got = api.client.get(f"/jobs/{job['id']}", headers=api.headers()).json["job"]  # type: ignore[index]
+    got = json_of(api.client.get(f"/jobs/{job['id']}", headers=api.headers()))["job"]
     assert got["status"] == "running"
     assert got["lease"]["workerId"] == "worker-1"
     assert got["lease"]["attempt"] == 1
     assert got["progress"] == {"pct": 50}
-    api.queue.complete(job["id"], "worker-1", attempt, {"ok": True})
-    done = api.client.get(f"/jobs/{job['id']}", headers=api.headers()).json["job"]  # type: ignore[index]
+    complete(api.queue, job["id"], "worker-1", attempt, {"ok": True})
+    done = json_of(api.client.get(f"/jobs/{job['id']}", headers=api.headers()))["job"]
     assert (done["status"], done["result"], done["lease"]) == ("completed", {"ok": True}, None)
 
 
 def test_unknown_job_is_404(api: Api) -> None:
     response = api.client.get("/jobs/no-such-job", headers=api.headers())
     assert response.status_code == 404
-    assert response.json["error"]["code"] == "not_found"  # type: ignore[index]
+    assert json_of(response)["error"]["code"] == "not_found"
 
 
 def test_list_is_newest_first_with_a_cursor(api: Api) -> None:
@@ -66,7 +68,7 @@ def test_list_filters(api: Api) -> None:
     def ids(**query: str) -> list[str]:
         response = api.client.get("/jobs", query_string=query, headers=api.headers())
         assert response.status_code == 200, response.json
-        return [j["id"] for j in response.json["jobs"]]  # type: ignore[index]
+        return [j["id"] for j in json_of(response)["jobs"]]
 
     assert ids(lane="chat") == [chat["id"]]
     assert ids(agentId="codex") == [running["id"], codex["id"]]
@@ -85,7 +87,7 @@ def test_list_default_limit_is_50(api: Api) -> None:
     assert body["nextCursor"] is not None
 
 
-def _request():  # type: ignore[no-untyped-def]
+def _request() -> EnqueueRequest:
     from app.jobs.validation import validate_enqueue
 
     return validate_enqueue("factory", {"payload": payload()})
@@ -107,14 +109,14 @@ def _request():  # type: ignore[no-untyped-def]
 def test_list_rejects_bad_query_parameters(sqlite_api: Api, query: dict[str, str], field: str) -> None:
     response = sqlite_api.client.get("/jobs", query_string=query, headers=sqlite_api.headers())
     assert response.status_code == 400
-    error = response.json["error"]  # type: ignore[index]
+    error = json_of(response)["error"]
     assert error["code"] == "invalid_field"
     assert error["details"]["field"] == field
 
 
 def test_list_status_error_names_the_allowed_statuses(sqlite_api: Api) -> None:
     response = sqlite_api.client.get("/jobs?status=done", headers=sqlite_api.headers())
-    assert response.json["error"]["details"]["allowed"] == list(STATUSES)  # type: ignore[index]
+    assert json_of(response)["error"]["details"]["allowed"] == list(STATUSES)
 
 
 def test_forged_cursor_with_a_nul_is_400(sqlite_api: Api) -> None:
@@ -126,8 +128,8 @@ def test_forged_cursor_with_a_nul_is_400(sqlite_api: Api) -> None:
 def test_list_is_scoped_to_the_callers_organisation(api: Api) -> None:
     mine = api.job("a")
     theirs = api.job("b")
-    a_ids = [j["id"] for j in api.client.get("/jobs", headers=api.headers("a")).json["jobs"]]  # type: ignore[index]
-    b_ids = [j["id"] for j in api.client.get("/jobs", headers=api.headers("b")).json["jobs"]]  # type: ignore[index]
+    a_ids = [j["id"] for j in json_of(api.client.get("/jobs", headers=api.headers("a")))["jobs"]]
+    b_ids = [j["id"] for j in json_of(api.client.get("/jobs", headers=api.headers("b")))["jobs"]]
     assert a_ids == [mine["id"]]
     assert b_ids == [theirs["id"]]
 
@@ -136,10 +138,10 @@ def test_system_token_lists_every_organisation_or_one(api: Api) -> None:
     mine = api.job("a")
     theirs = api.job("b")
     watchdog = api.job("system", payload={"kind": "factory.objective.watchdog"})
-    every = api.client.get("/jobs", headers=api.headers("system")).json["jobs"]  # type: ignore[index]
+    every = json_of(api.client.get("/jobs", headers=api.headers("system")))["jobs"]
     assert [j["id"] for j in every] == [watchdog["id"], theirs["id"], mine["id"]]
     only_a = api.client.get("/jobs", query_string={"organizationId": ORG_A}, headers=api.headers("system"))
-    assert [j["id"] for j in only_a.json["jobs"]] == [mine["id"]]  # type: ignore[index]
+    assert [j["id"] for j in json_of(only_a)["jobs"]] == [mine["id"]]
 
 
 def test_normal_token_may_not_list_another_organisation(api: Api) -> None:
@@ -159,6 +161,6 @@ def test_undocumented_query_parameters_are_400_naming_them(sqlite_api: Api) -> N
     ):
         response = sqlite_api.client.get(url, headers=sqlite_api.headers())
         assert response.status_code == 400, url
-        assert response.json["error"]["details"]["field"] in ("stauts", "verbose", "from")  # type: ignore[index]
-    listed = sqlite_api.client.get("/jobs?stauts=queued", headers=sqlite_api.headers()).json
-    assert "status" in listed["error"]["details"]["allowed"]  # type: ignore[index]
+        assert json_of(response)["error"]["details"]["field"] in ("stauts", "verbose", "from")
+    listed = json_of(sqlite_api.client.get("/jobs?stauts=queued", headers=sqlite_api.headers()))
+    assert "status" in listed["error"]["details"]["allowed"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.factory_support import drain, plan
-from tests.integration.api.conftest import Api
+from tests.support.api import Api
 
 
 def launch(api: Api) -> str:
@@ -36,7 +36,7 @@ def test_replan_answers_202_and_get_shows_every_phase(api: Api) -> None:
         "C": (2, "completed"),
     }
     again = replan(api, oid, {"tasks": [{"id": "D", "agentId": "test-echo"}]})
-    assert again.status_code == 409 and again.json["error"]["code"] == "conflict"  # type: ignore[index]
+    assert again.status_code == 409 and again.json["error"]["code"] == "conflict"
 
 
 def test_bad_replans_are_400_naming_the_field_and_write_nothing(api: Api) -> None:
@@ -56,7 +56,7 @@ def test_bad_replans_are_400_naming_the_field_and_write_nothing(api: Api) -> Non
     for body, field in cases:
         r = replan(api, oid, body)
         assert r.status_code == 400, (body, r.json)
-        assert r.json["error"]["details"]["field"] == field, (body, r.json)  # type: ignore[index]
+        assert r.json["error"]["details"]["field"] == field, (body, r.json)
     after = api.client.get(f"/streams/objectives/{oid}/receipts", headers=api.headers()).json["receipts"]  # type: ignore[index]
     assert after == before
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tests.integration.api.conftest import WORKER, Api
+from tests.support.api import WORKER, Api, json_of
+from tests.support.queue_ops import complete
 
 
 def _drive_to_completion(api: Api, job_id: str) -> None:
     attempt = api.lease_and_start(job_id)
     api.queue.progress(job_id, WORKER, attempt, {"step": 1})
-    api.queue.complete(job_id, WORKER, attempt, {"answer": 42})
+    complete(api.queue, job_id, WORKER, attempt, {"answer": 42})
 
 
 # -- raw receipts -------------------------------------------------------------------------------
@@ -48,11 +49,11 @@ def test_receipts_after_and_limit_page_through(api: Api) -> None:
     assert first is not None
     assert [r["seq"] for r in first["receipts"]] == [1, 2]
     assert first["nextAfter"] == 2
-    second = api.client.get(url, query_string={"after": 2, "limit": 2}, headers=api.headers()).json
-    assert [r["seq"] for r in second["receipts"]] == [3, 4]  # type: ignore[index]
-    last = api.client.get(url, query_string={"after": 4, "limit": 2}, headers=api.headers()).json
-    assert [r["seq"] for r in last["receipts"]] == [5]  # type: ignore[index]
-    assert last["nextAfter"] is None  # type: ignore[index]
+    second = json_of(api.client.get(url, query_string={"after": 2, "limit": 2}, headers=api.headers()))
+    assert [r["seq"] for r in second["receipts"]] == [3, 4]
+    last = json_of(api.client.get(url, query_string={"after": 4, "limit": 2}, headers=api.headers()))
+    assert [r["seq"] for r in last["receipts"]] == [5]
+    assert last["nextAfter"] is None
 
 
 def test_receipts_bad_parameters_are_400(sqlite_api: Api) -> None:
@@ -66,7 +67,7 @@ def test_receipts_bad_parameters_are_400(sqlite_api: Api) -> None:
     ):
         response = sqlite_api.client.get(url, query_string=query, headers=sqlite_api.headers())
         assert response.status_code == 400, query
-        assert response.json["error"]["details"]["field"] == field  # type: ignore[index]
+        assert json_of(response)["error"]["details"]["field"] == field
 
 
 def test_unknown_streams_are_404(api: Api) -> None:
@@ -85,7 +86,7 @@ def test_token_streams_are_system_only(api: Api) -> None:
     assert api.client.get(f"/streams/{token_stream}/events", headers=api.headers("a")).status_code == 404
     response = api.client.get(f"/streams/{token_stream}/receipts", headers=api.headers("system"))
     assert response.status_code == 200
-    assert response.json["receipts"][0]["type"] == "token.created"  # type: ignore[index]
+    assert json_of(response)["receipts"][0]["type"] == "token.created"
 
 
 # -- job events ------------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def test_job_events_resume_with_last_event_id_misses_nothing(api: Api, open_even
     seen.append(reader.next_event())
     reader.close()  # the client drops after event 2 (leased)
     api.queue.progress(job["id"], WORKER, attempt, {"step": 1})
-    api.queue.complete(job["id"], WORKER, attempt, "done")
+    complete(api.queue, job["id"], WORKER, attempt, "done")
     resumed = open_events(
         api.client, f"/jobs/{job['id']}/events", api.headers(**{"Last-Event-ID": str(seen[-1].id)})
     )
@@ -171,7 +172,7 @@ def test_bad_last_event_id_is_400(sqlite_api: Api) -> None:
             f"/jobs/{job['id']}/events", headers=sqlite_api.headers(**{"Last-Event-ID": value})
         )
         assert response.status_code == 400, value
-        assert response.json["error"]["details"]["field"] == "Last-Event-ID"  # type: ignore[index]
+        assert json_of(response)["error"]["details"]["field"] == "Last-Event-ID"
 
 
 def _with(api: Api, **changes: Any) -> Any:
@@ -192,7 +193,7 @@ def test_stream_events_emit_raw_receipts_and_resume(api: Api, open_events: Any) 
     attempt = api.lease_and_start(job["id"])
     assert [reader.next_event().data["type"] for _ in range(2)] == ["job.leased", "job.heartbeat"]
     reader.close()
-    api.queue.complete(job["id"], WORKER, attempt, None)
+    complete(api.queue, job["id"], WORKER, attempt, None)
     resumed = open_events(api.client, url, api.headers(**{"Last-Event-ID": "3"}))
     rest = resumed.rest()
     assert [(f.id, f.data["type"]) for f in rest] == [(4, "job.completed")]

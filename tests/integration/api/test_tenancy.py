@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.api.conftest import Api, payload
+from tests.support.api import Api, json_of, payload
 
 
 def _snapshot(api: Api, job_id: str) -> Any:
@@ -58,7 +58,7 @@ def test_another_organisation_can_neither_see_nor_touch_a_job(api: Api) -> None:
         },
     )
     assert steer.status_code == 202
-    assert steer.json["job"]["id"] != job_id  # type: ignore[index]
+    assert json_of(steer)["job"]["id"] != job_id
     cancel_all = api.client.post(
         "/agents/factory/jobs",
         headers=b,
@@ -79,8 +79,8 @@ def test_another_organisation_can_neither_see_nor_touch_a_job(api: Api) -> None:
     # B's cancel-singleton canceling B's first job on that session key.
     assert _snapshot(api, job_id) == before_job
     assert api.receipt_count() == before_receipts + 3
-    b_first = api.client.get(f"/jobs/{steer.json['job']['id']}", headers=b).json  # type: ignore[index]
-    assert b_first["job"]["status"] == "canceled"  # type: ignore[index]
+    b_first = json_of(api.client.get(f"/jobs/{json_of(steer)['job']['id']}", headers=b))
+    assert b_first["job"]["status"] == "canceled"
 
 
 def test_owner_and_system_can_see_it(api: Api) -> None:

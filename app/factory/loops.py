@@ -1,4 +1,7 @@
-"""The Factory's recovery loops, as Celery sees them: the control outbox redrive and resume at startup.
+"""The Factory's recovery loops: the control outbox redrive and resume at startup.
+
+Celery-free (``tasks/celery_app.py`` registers the beat task and the worker hook; the web process
+starts resume from gunicorn's ``post_worker_init`` through ``api/resume.py``).
 
 Both only ever *write requests or enqueue control jobs*; objective control decides. Both are
 single-flight through ``loop_runs`` claims (``app.storage.loops``), so duplicate beats and six
@@ -129,17 +132,3 @@ def schedule_resume(queue: Queue, settings: Settings, role: str) -> threading.Ti
     timer.name = "objective-resume"
     timer.start()
     return timer
-
-
-def start_api_resume() -> threading.Timer | None:
-    """The API role's resume: its own engine and a queue that wakes the dispatcher (gunicorn hook)."""
-    from app.storage.db import make_engine
-    from tasks.wake import build_waker
-
-    settings = Settings.from_env()
-    try:
-        queue = Queue(make_engine(settings.sqlalchemy_url), on_dispatchable=build_waker(settings))
-    except Exception:
-        log.exception("objective resume at startup (api) could not start")
-        return None
-    return schedule_resume(queue, settings, "api")

@@ -4,7 +4,11 @@ The governing decision: Celery *delivers*; Postgres receipts *decide*. A worker 
 fenced lease before doing any work and every write passes that fence, so a redelivered, lost
 or duplicated message is harmless — recovery comes from the lease-expiry and queued-redrive
 loops reading receipts, never from the broker's redelivery. The settings below are chosen for
-that design (measured facts: ../shared/CELERY-NOTES.md).
+that design (the measured facts behind each are in docs/design.md, "Delivery over Celery").
+
+It lives in an installed package so a non-editable install can load it, and it is plain data:
+it imports neither Celery nor kombu, so the API can configure its publish-only producer from it
+without importing any worker code (``api/wake.py``).
 """
 
 from __future__ import annotations
@@ -12,15 +16,24 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from kombu import Exchange, Queue
-
 from app.config import Settings
 from app.factory import watchdog
-from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
-from tasks.cron import CronSchedule
+from app.jobs.routing import (
+    DRIVER_QUEUE,
+    EXPIRE_TASK,
+    MAINTENANCE_QUEUE,
+    OBJECTIVES_QUEUE,
+    OUTBOX_TASK,
+    QUEUES,
+    REDRIVE_TASK,
+    RETRY_TASK,
+    WATCHDOG_TASK,
+)
+from app.jobs.timing import CODEX_LEASE_CAP_MS
 
 ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE, OBJECTIVES_QUEUE)
-LONGEST_LEASE_MS = 3_600_000  # the codex lease cap (app/timing.py); the visibility timeout must exceed it
+# The codex lease cap is the longest lease; the Redis visibility timeout must exceed it.
+LONGEST_LEASE_MS = CODEX_LEASE_CAP_MS
 VISIBILITY_TIMEOUT_S = 2 * LONGEST_LEASE_MS // 1000
 EMBEDDED_POLL_S = 0.05
 
@@ -50,10 +63,13 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def task_queues() -> list[Queue]:
-    # Each queue gets its own direct exchange and routing key: a bare Queue(name) list bound
-    # every queue to one exchange/key in a measured test.
-    return [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in ALL_QUEUES]
+def task_queues() -> dict[str, dict[str, str]]:
+    """Each queue with its own direct exchange and routing key, in Celery's mapping form.
+
+    A bare ``Queue(name)`` list bound every queue to one exchange/key in a measured test. Celery
+    turns each entry into ``Queue(name, Exchange(name, type="direct"), routing_key=name)``.
+    """
+    return {name: {"exchange": name, "exchange_type": "direct", "routing_key": name} for name in ALL_QUEUES}
 
 
 def beat_schedule(settings: Settings) -> dict[str, Any]:
@@ -63,36 +79,35 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
     outbox_s = settings.objective_control_outbox_redrive_interval_ms / 1000
     schedule: dict[str, Any] = {
         "objective-outbox-redrive": {
-            "task": "receipt.objective_outbox_redrive",
+            "task": OUTBOX_TASK,
             "schedule": timedelta(seconds=outbox_s),
             "options": {"queue": OBJECTIVES_QUEUE, "expires": max(1.0, outbox_s)},
         },
         "queued-redrive": {
-            "task": "receipt.redrive_queued",
+            "task": REDRIVE_TASK,
             "schedule": timedelta(seconds=redrive_s),
             # A tick nobody consumed in time is dropped, not piled up behind a dead consumer.
             "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, redrive_s)},
         },
         "due-retries": {
-            "task": "receipt.dispatch_due_retries",
+            "task": RETRY_TASK,
             "schedule": timedelta(seconds=retry_s),
             "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, retry_s)},
         },
         "lease-expiry": {
-            "task": "receipt.expire_leases",
+            "task": EXPIRE_TASK,
             "schedule": timedelta(seconds=expiry_s),
             "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, expiry_s)},
         },
     }
-    entry = watchdog_entry(settings)
-    if entry is not None:
-        schedule["objective-watchdog"] = entry
     return schedule
 
 
 def watchdog_entry(settings: Settings) -> dict[str, Any] | None:
-    """The objective watchdog's crontab entry, or None when it is off or its cron is invalid (beat
-    refuses to start on an invalid cron: tasks/beat.py; other processes never run the schedule)."""
+    """The objective watchdog's crontab entry as plain data (``cron``: its croniter expression;
+    ``tasks/celery_app.py`` turns it into a beat schedule), or None when it is off or its cron is
+    invalid (beat refuses to start on an invalid cron: tasks/beat.py; other processes never run
+    the schedule)."""
     if not watchdog.enabled(settings):
         return None
     try:
@@ -100,8 +115,8 @@ def watchdog_entry(settings: Settings) -> dict[str, Any] | None:
     except watchdog.CronError:
         return None
     return {
-        "task": "receipt.objective_watchdog_tick",
-        "schedule": CronSchedule(expr),
+        "task": WATCHDOG_TASK,
+        "cron": expr,
         # A tick nobody consumed within a minute is dropped: the next tick scans anyway.
         "options": {"queue": OBJECTIVES_QUEUE, "expires": 60.0},
     }

@@ -1,0 +1,116 @@
+"""The wake-up path is publish-only and loud: no worker code in the API, no quiet fallback."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import kombu.transport
+import pytest
+import redis
+from sqlalchemy.engine import Engine
+
+from api import create_app
+from api.wake import WakePublisher, WakeUnavailable, default_waker
+from app.config import Settings
+from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE
+from app.jobs.validation import validate_enqueue
+from app.storage import tokens
+from app.storage.queue import Queue
+from tests.support.api import json_of, payload
+from tests.support.processes import PYTHON, REPO_ROOT, base_env
+
+BROKEN = "receipt-broken"
+
+
+@pytest.fixture
+def broken_transport(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A broker URL whose kombu transport module cannot be imported."""
+    monkeypatch.setitem(kombu.transport.TRANSPORT_ALIASES, BROKEN, "receipt_no_such_module:Transport")
+    return f"{BROKEN}://127.0.0.1:1/0"
+
+
+def test_building_the_api_imports_no_worker_code(tmp_path: Path) -> None:
+    """In a fresh interpreter: create the app with its real publisher, publish, count modules."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from api import create_app
+        from app.config import Settings
+        app = create_app(Settings.from_env({"RECEIPT_HOME": sys.argv[1]}))
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("tasks", "workers", "celeryconfig"))
+        print(",".join(loaded))
+        """
+    )
+    env = base_env(RECEIPT_HOME=str(tmp_path))
+    out = subprocess.run(
+        [PYTHON, "-c", script, str(tmp_path)],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"the API imported worker code: {out.stdout}"
+
+
+@pytest.mark.redis
+def test_an_enqueue_publishes_the_dispatch_task_by_name_to_the_driver_queue(
+    sqlite_engine: Engine, redis_url: str
+) -> None:
+    publisher = WakePublisher(Settings.from_env({"REDIS_URL": redis_url}))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        publisher([])  # nothing dispatchable: nothing sent
+        assert client.llen(DRIVER_QUEUE) == 0
+        queue = Queue(sqlite_engine, on_dispatchable=publisher)
+        job = queue.enqueue(validate_enqueue("factory", {"payload": payload()})).job
+        [raw] = client.lrange(DRIVER_QUEUE, 0, -1)
+    finally:
+        client.close()
+        publisher.celery.close()
+    message = json.loads(raw)
+    assert message["headers"]["task"] == DISPATCH_TASK
+    args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+    assert args == [[job.id]] and kwargs == {}
+
+
+def test_a_publisher_that_cannot_be_imported_stops_start_up(
+    sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "celery", None)  # "import celery" now raises ImportError
+    settings = Settings.from_env({"RECEIPT_HOME": str(tmp_path)})
+    with pytest.raises(WakeUnavailable, match="cannot be imported"):
+        create_app(settings, engine=sqlite_engine)
+
+
+def test_a_transport_that_cannot_load_stops_start_up(
+    sqlite_engine: Engine, tmp_path: Path, broken_transport: str
+) -> None:
+    settings = Settings.from_env({"RECEIPT_HOME": str(tmp_path), "REDIS_URL": broken_transport})
+    with pytest.raises(WakeUnavailable, match="receipt_no_such_module"):
+        create_app(settings, engine=sqlite_engine)
+
+
+def test_readyz_fails_naming_wake_when_the_publisher_breaks(
+    sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken_transport: str
+) -> None:
+    settings = Settings.from_env({"RECEIPT_HOME": str(tmp_path)})
+    publisher = default_waker(settings)  # healthy at start-up (embedded folder broker)
+    app = create_app(settings, engine=sqlite_engine, on_dispatchable=publisher)
+    headers = {"Authorization": f"Bearer {tokens.create(sqlite_engine, 'org-a')[1]}"}
+    client = app.test_client()
+    assert client.get("/readyz", headers=headers).json == {"database": "ok", "broker": "ok", "wake": "ok"}
+
+    # The transport module goes missing under a running app (a broken install, a bad upgrade).
+    monkeypatch.setattr(publisher.celery.conf, "broker_url", broken_transport)
+    response = client.get("/readyz", headers=headers)
+    assert response.status_code == 503
+    error = json_of(response)["error"]
+    assert "wake" in error["message"]
+    assert "receipt_no_such_module" in error["details"]["wake"]

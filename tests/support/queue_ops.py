@@ -1,0 +1,41 @@
+"""Queue transitions and delivery reads that only tests use directly: the worker path settles through
+``Queue.settle_attempt`` (which also honours a pending abort), never through these.
+
+Each appends one receipt under the attempt fence, exactly as a lease holder would, so tests can
+reach a state (completed, canceled in flight) or race a stale holder without running a worker.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from app.storage.db import deliveries
+from app.storage.queue import Outcome, Queue
+
+
+def complete(queue: Queue, job_id: str, worker_id: str, attempt: int, result: Any = None) -> Outcome:
+    """``job.completed`` under the fence (no abort check: the raw transition)."""
+    return queue._fenced(job_id, worker_id, attempt, "job.completed", {"result": result})
+
+
+def settle_canceled(queue: Queue, job_id: str, worker_id: str, attempt: int, reason: str | None) -> Outcome:
+    """``job.canceled`` by the lease holder: work in flight stopped after an abort."""
+    return queue._fenced(job_id, worker_id, attempt, "job.canceled", {"reason": reason})
+
+
+def has_active(conn: Connection, job_id: str, now: datetime) -> bool:
+    """True if any delivery of this job is pending and within its deadline."""
+    return (
+        conn.execute(
+            select(deliveries.c.generation)
+            .where(
+                deliveries.c.job_id == job_id, deliveries.c.state == "pending", deliveries.c.deadline_at > now
+            )
+            .limit(1)
+        ).first()
+        is not None
+    )
