@@ -237,7 +237,7 @@ def request(queue: Queue, objective_id: str, reason: str, detail: Mapping[str, A
     if detail:
         body["detail"] = dict(detail)
     with transaction(queue.engine) as conn:
-        written = storage.request_control(conn, objective_id, body)
+        written = storage.request_control(conn, objective_id, body, unless_pending=reason == "reconcile")
     if written is not None:
         _fast_path(queue, objective_id)
     return written is not None

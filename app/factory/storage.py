@@ -293,6 +293,7 @@ def request_control(
     at: datetime | None = None,
     organization_id: str | None = None,
     check_organization: bool = False,
+    unless_pending: bool = False,
 ) -> Objective | None:
     """Append ``objective.control_requested`` in the caller's transaction (the outbox write).
 
@@ -306,6 +307,8 @@ def request_control(
         return None
     if check_organization and loaded.objective.organization_id != organization_id:
         return None
+    if unless_pending and loaded.objective.pending:
+        return None  # control is already due (the watchdog's concurrent passes write one request)
     when = at if at is not None else db_now(conn)
     return apply(conn, loaded, objective_id, [("objective.control_requested", dict(body))], at=when).objective
 

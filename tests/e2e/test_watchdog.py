@@ -12,7 +12,7 @@ import os
 import re
 import signal
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -105,20 +105,19 @@ def wstack(harness: Harness, pg_database_url: str, tmp_path: Path) -> Iterator[S
 def test_a_lost_objective_is_reconciled_within_one_tick_and_completes(wstack: Stack) -> None:
     wstack.start(*PROCS)
     lost_at = lost(wstack, "wd-lost")
+    finding = {"objectiveId": "wd-lost", "reason": "no_active_objective_work"}
 
-    def reconciled_by_first_tick() -> Any:
-        after = [
-            j for j in watchdog_jobs(wstack) if datetime.fromisoformat(j.state["payload"]["tick"]) > lost_at
-        ]
-        return after[0] if after and after[0].status == "completed" else None
+    def reconciler() -> Any:
+        done = [j for j in watchdog_jobs(wstack) if j.status == "completed"]
+        return next((j for j in done if finding in j.state["result"]["reconciled"]), None)
 
-    first = wait_for(
-        reconciled_by_first_tick, 60, interval=0.2, what="the first watchdog tick after the loss"
-    )
-    # The first tick after the loss found it: nothing else could have (no outbox redrive, no resume).
-    assert {"objectiveId": "wd-lost", "reason": "no_active_objective_work"} in first.state["result"][
-        "reconciled"
-    ]
+    by = wait_for(reconciler, 60, interval=0.2, what="a watchdog pass to reconcile wd-lost")
+    ticks = sorted(datetime.fromisoformat(j.state["payload"]["tick"]) for j in watchdog_jobs(wstack))
+    first_after = next(t for t in ticks if t > lost_at)
+    # Found at the first tick after the loss. (Passes run concurrently on the control worker, so the
+    # next tick's pass may get there first; then the first one sees control due and skips it.)
+    assert datetime.fromisoformat(by.state["payload"]["tick"]) - first_after <= timedelta(seconds=TICK_S)
+    assert reconciles(wstack, "wd-lost") == [finding]  # exactly one request: nothing else wrote one
 
     def completed() -> Objective | None:
         o = service.get(wstack.engine, "wd-lost")

@@ -155,3 +155,13 @@ def test_beat_refuses_to_start_on_an_invalid_cron(tmp_path: Path) -> None:
         cwd=REPO,
     )
     assert "objective-watchdog" not in off.stdout
+
+
+def test_a_reconcile_is_not_written_while_a_request_is_pending(queue: Queue) -> None:
+    # Two watchdog passes at once (overlapping ticks) must not both write one.
+    lost(queue.engine, "w-twice")
+    quiet = Queue(queue.engine, control_fast_path=False)
+    assert service.request(quiet, "w-twice", "reconcile", {"reason": "no_active_objective_work"})
+    assert not service.request(quiet, "w-twice", "reconcile", {"reason": "no_active_objective_work"})
+    obj = service.get(queue.engine, "w-twice", all_tasks=False)
+    assert obj is not None and [r.reason for r in obj.pending] == ["reconcile"]
