@@ -221,6 +221,18 @@ SETTINGS: tuple[Setting, ...] = (
         _int,
     ),
     Setting(
+        "RECEIPT_INTEGRATION_PUBLISH_URL",
+        "integration_publish_url",
+        None,
+        "Where a `factory.integration.publish` job without a command POSTs the objective's task results.",
+    ),
+    Setting(
+        "RECEIPT_INTEGRATION_PUBLISH_SECRET",
+        "integration_publish_secret",
+        None,
+        "Signs those POSTs (Standard Webhooks headers, HMAC-SHA256); `whsec_…` base64 or plain text.",
+    ),
+    Setting(
         "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TEST_TICK_S",
         "objective_watchdog_test_tick_s",
         None,
@@ -332,6 +344,8 @@ class Settings:
     objective_watchdog_timeout_ms: int = 60000
     objective_watchdog_scan_limit: int = 200
     objective_watchdog_test_tick_s: int | None = None
+    integration_publish_url: str | None = None
+    integration_publish_secret: str | None = None
     process_role: str = "all"
     execute_concurrency: int | None = None
     worker_id: str | None = None

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers.handler import HandlerError, JobContext
+from workers.handlers import integration
 
 BASE_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 PROGRESS_EVERY_S = 0.5
@@ -93,7 +94,9 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def handle(ctx: JobContext) -> Any:
-    if ctx.job.kind != "factory.task.run":
+    if ctx.job.kind in integration.KINDS and not integration.runs_command(ctx.job.kind, ctx.payload):
+        return integration.publish(ctx)  # a signed POST, not a command
+    if ctx.job.kind not in ("factory.task.run", *integration.KINDS):
         raise HandlerError(
             f"agent 'codex' cannot run kind '{ctx.job.kind}' yet: the Factory layer is not installed",
             retryable=False,
