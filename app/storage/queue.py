@@ -141,8 +141,9 @@ class Queue:
                     tx = _Tx(conn)
                     result = work(tx)
                 self._after_commit(tx.touched.values())
-                self._after_commit_ledger(tx.ledger)
                 self._after_commit_objectives(tx.objectives)
+                # Last: the ledger is bookkeeping, never on the path to the next job or control step.
+                self._after_commit_ledger(tx.ledger)
                 return result
             except AppendConflict:
                 continue
