@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/sandbox_bench.py
 	$(BIN)/python bench/metrics_scrape_bench.py
 	$(BIN)/python -m bench.objectives_bench
+	$(BIN)/python -m bench.watchdog_bench
 
 ## Chaos soak: the production shape under compound faults (private Postgres + redis-server; ~10 min).
 ## SOAK_ARGS="--jobs 1500 --rate 15" for a shorter run; the figures are in docs/faults.md.

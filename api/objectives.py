@@ -24,11 +24,16 @@ from api.streams import held_stream, resume_point, sse_timing
 from app.factory import service, storage
 from app.factory.plan import validate_objective
 from app.factory.reducer import Objective, reduce
-from app.factory.vocab import OBJECTIVE_STREAM_PREFIX, objective_stream
+from app.factory.vocab import (
+    DEFAULT_TASK_AGENT,
+    DEFAULT_TASK_KIND,
+    OBJECTIVE_STREAM_PREFIX,
+    objective_stream,
+)
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.vocab import LEASED_STATUSES
-from app.storage import store
+from app.storage import ledger, store
 from app.storage.queue import decode_cursor
 
 log = logging.getLogger("receipt.api")
@@ -65,6 +70,12 @@ def task_json(task: Any, job: Job | None = None) -> dict[str, Any]:
     }
 
 
+def _every_phase(obj: Objective) -> list[Any]:
+    """Earlier phases' tasks first (by phase, then id), then the current plan in its own order."""
+    earlier = sorted((t for t in obj.tasks.values() if t.phase < obj.phase), key=lambda t: (t.phase, t.id))
+    return earlier + [obj.tasks[t] for t in obj.task_order if t in obj.tasks]
+
+
 def objective_json(obj: Objective, jobs: Mapping[str, Job | None] | None = None) -> dict[str, Any]:
     jobs = jobs or {}
     return {
@@ -74,11 +85,7 @@ def objective_json(obj: Objective, jobs: Mapping[str, Job | None] | None = None)
         "status": obj.status,
         "phase": obj.phase,
         "failurePolicy": obj.failure_policy,
-        "tasks": [
-            task_json(obj.tasks[t], jobs.get(obj.tasks[t].job_id or ""))
-            for t in obj.task_order
-            if t in obj.tasks
-        ],
+        "tasks": [task_json(t, jobs.get(t.job_id or "")) for t in _every_phase(obj)],
         "audit": obj.audit,
         "createdAt": obj.created_at,
         "updatedAt": obj.updated_at,
@@ -160,7 +167,14 @@ def launch(body: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def get_objective(objectiveId: str) -> ResponseReturnValue:
-    return {"objective": live_json(visible_objective(objectiveId))}
+    obj = live_json(visible_objective(objectiveId))
+    try:
+        with read_connection(state().engine) as conn:
+            obj["ledger"] = ledger.summary(conn, objectiveId)
+    except Exception:  # the ledger is best effort: its absence never fails the read
+        log.warning("ledger summary of %s unavailable", objectiveId, exc_info=True)
+        obj["ledger"] = None
+    return {"objective": obj}
 
 
 @blueprint.get("/objectives")
@@ -217,6 +231,41 @@ def list_objectives(query: dict[str, Any]) -> ResponseReturnValue:
 def cancel(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
     visible_objective(objectiveId)
     service.cancel(state().queue, objectiveId, body.get("reason"))
+    return {"objective": live_json(visible_objective(objectiveId))}, 202
+
+
+@blueprint.post("/objectives/<objectiveId>/plan")
+@operation(
+    Operation(
+        summary="Replan an objective: start phase n+1 with a new plan.",
+        description="The plan is validated as at launch (400 naming the field, nothing written); its task "
+        "ids must be new to the objective. Control cancels the earlier phases' queued jobs, sends their "
+        "running jobs an abort command (reason `phase superseded`), then runs the new phase. Earlier "
+        "phases' tasks stay in GET with their phase. A terminal or canceling objective answers 409.",
+        tag="objectives",
+        path=_PATH,
+        body=schemas.REPLAN_REQUEST,
+        responses={202: schemas.OBJECTIVE_RESPONSE},
+        errors=(400, 403, 409, 429),
+    )
+)
+def replan(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
+    current = visible_objective(objectiveId)
+    identity = auth.current()
+    tasks = body.get("tasks")
+    for task in tasks if isinstance(tasks, list) else []:
+        # A new task that runs a command needs the same right as at launch (issue 8); the plan's
+        # defaults apply (agent codex, kind factory.task.run). Shape errors are the service's 400.
+        if isinstance(task, dict):
+            payload = task.get("payload")
+            kind = payload.get("kind") if isinstance(payload, dict) else None
+            auth.require_enqueue_allowed(
+                identity,
+                str(task.get("agentId") or DEFAULT_TASK_AGENT),
+                str(kind or DEFAULT_TASK_KIND),
+                current.organization_id,
+            )
+    service.replan(state().queue, objectiveId, body.get("tasks"), body.get("reason"))
     return {"objective": live_json(visible_objective(objectiveId))}, 202
 
 

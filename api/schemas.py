@@ -529,6 +529,18 @@ OBJECTIVE_REQUEST: Schema = {
     "additionalProperties": False,
 }
 
+REPLAN_REQUEST: Schema = {
+    "type": "object",
+    "title": "ReplanRequest",
+    "description": "Phase n+1's plan: validated as at launch; task ids must be new to the objective.",
+    "properties": {
+        "tasks": {"type": "array", "items": PLAN_TASK},
+        "reason": _text(REASON_MAX, nullable=True, non_blank=False),
+    },
+    "required": ["tasks"],
+    "additionalProperties": False,
+}
+
 OBJECTIVE_TASK: Schema = {
     "type": "object",
     "properties": {
@@ -568,6 +580,11 @@ OBJECTIVE: Schema = {
         "failurePolicy": {"type": "string", "enum": list(FAILURE_POLICIES)},
         "tasks": {"type": "array", "items": _ref("ObjectiveTask")},
         "audit": {"description": "The terminal audit report, once the objective ended and was audited."},
+        "ledger": {
+            "type": ["object", "null"],
+            "description": "GET only: the durable ledger's summary (workflows; activities by status and "
+            "total duration); null when the ledger could not be read.",
+        },
         "createdAt": _TIME,
         "updatedAt": _TIME,
     },
@@ -659,6 +676,7 @@ COMPONENTS: dict[str, Schema] = {
     "JobEvent": JOB_EVENT,
     "ReceiptEvent": RECEIPT_EVENT,
     "ObjectiveRequest": OBJECTIVE_REQUEST,
+    "ReplanRequest": REPLAN_REQUEST,
     "Objective": OBJECTIVE,
     "ObjectiveTask": OBJECTIVE_TASK,
     "ObjectiveAsync": OBJECTIVE_ASYNC,

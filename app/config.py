@@ -205,13 +205,47 @@ SETTINGS: tuple[Setting, ...] = (
         "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON",
         "objective_watchdog_cron",
         "* * * * *",
-        "Cron schedule of the objective watchdog (not built yet: issue 10; nothing reads it).",
+        "Cron schedule of the objective watchdog (celery beat; standard 5 fields; an invalid expression "
+        "stops beat at start). Each tick enqueues one `factory.objective.watchdog` job on `factory-control`.",
     ),
     Setting(
         "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED",
         "objective_watchdog_enabled",
         "1",
-        "`0` turns the objective watchdog off (not built yet: issue 10; nothing reads it).",
+        "`0` turns the objective watchdog off (beat schedules no tick).",
+    ),
+    Setting(
+        "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TIMEOUT_MS",
+        "objective_watchdog_timeout_ms",
+        "60000",
+        "Deadline of one watchdog pass (floor 10 000 ms): paging stops there and the result says `timedOut`.",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT",
+        "objective_watchdog_scan_limit",
+        "200",
+        "Active objectives the watchdog reads per page, oldest first (clamped to 1..2000).",
+        _int,
+    ),
+    Setting(
+        "RECEIPT_INTEGRATION_PUBLISH_URL",
+        "integration_publish_url",
+        None,
+        "Where a `factory.integration.publish` job without a command POSTs the objective's task results.",
+    ),
+    Setting(
+        "RECEIPT_INTEGRATION_PUBLISH_SECRET",
+        "integration_publish_secret",
+        None,
+        "Signs those POSTs (Standard Webhooks headers, HMAC-SHA256); `whsec_…` base64 or plain text.",
+    ),
+    Setting(
+        "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TEST_TICK_S",
+        "objective_watchdog_test_tick_s",
+        None,
+        "Tests only: replaces the watchdog cron with a tick every N seconds (1..59, wall-clock aligned).",
+        _int,
     ),
     # -- processes
     Setting(
@@ -478,6 +512,11 @@ class Settings:
     objective_control_outbox_redrive_timeout_ms: int = 15000
     objective_watchdog_cron: str = "* * * * *"
     objective_watchdog_enabled: str = "1"
+    objective_watchdog_timeout_ms: int = 60000
+    objective_watchdog_scan_limit: int = 200
+    objective_watchdog_test_tick_s: int | None = None
+    integration_publish_url: str | None = None
+    integration_publish_secret: str | None = None
     process_role: str = "all"
     execute_concurrency: int | None = None
     worker_id: str | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json as _json
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -329,6 +329,17 @@ class Client:
     def objectives(self, **filters: Any) -> JsonObject:
         """GET /objectives with filters (status, limit, cursor, organizationId): the page as sent."""
         return self.request("GET", "/objectives", params=filters)
+
+    def replan_objective(
+        self, objective_id: str, tasks: Sequence[Mapping[str, Any]], reason: str | None = None
+    ) -> JsonObject:
+        """POST /objectives/<id>/plan: phase n+1 with ``tasks``; the objective (unwrapped).
+        A terminal objective raises ``Conflict``; a bad plan ``BadRequest`` naming the field."""
+        body: dict[str, Any] = {"tasks": [dict(t) for t in tasks]}
+        if reason:
+            body["reason"] = reason
+        obj: JsonObject = self.request("POST", f"/objectives/{objective_id}/plan", json=body)["objective"]
+        return obj
 
     def cancel_objective(self, objective_id: str, reason: str | None = None) -> JsonObject:
         """POST /objectives/<id>/cancel; the objective (unwrapped). A terminal one raises ``Conflict``."""

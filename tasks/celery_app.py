@@ -13,9 +13,11 @@ from celery import Celery, signals
 
 from app.config import Settings
 from app.factory import loops as objectives
+from app.factory import watchdog
 from app.jobs.routing import MAINTENANCE_QUEUE
 from app.ops import celeryconfig, logs
 from tasks import dispatch, execute, loops, redaction
+from tasks.cron import CronSchedule
 from tasks.runtime import (
     CALLBACK_TASK,
     DISPATCH_TASK,
@@ -25,6 +27,7 @@ from tasks.runtime import (
     OUTBOX_TASK,
     REDRIVE_TASK,
     RETRY_TASK,
+    WATCHDOG_TASK,
     get_runtime,
 )
 
@@ -34,6 +37,11 @@ def make_celery(settings: Settings | None = None) -> Celery:
     redaction.install()
     app = Celery("receipt", set_as_current=False)
     app.config_from_object(celeryconfig.build(settings))
+    entry = celeryconfig.watchdog_entry(settings)
+    if entry is not None:
+        cron = entry.pop("cron")
+        schedule = {**entry, "schedule": CronSchedule(cron)}
+        app.conf.beat_schedule = {**app.conf.beat_schedule, "objective-watchdog": schedule}
     app.receipt_settings = settings
     _register(app)
     return app
@@ -90,6 +98,25 @@ def _register(app: Celery) -> None:
             rt.queue, rt.settings, lambda job, age_ms: dispatch.deliver_stale(rt, job, age_ms)
         )
 
+    @_task(app, WATCHDOG_TASK)
+    def watchdog_tick_task(self: Any, published: str | None = None) -> dict[str, Any]:
+        rt = get_runtime(self.app)
+        return objectives.watchdog_tick(rt.queue, rt.settings, published)
+
+
+def _stamp_watchdog_tick(sender: Any = None, body: Any = None, **_: Any) -> None:
+    """Beat's watchdog message carries its publish time, so the tick is named by when beat fired
+    (at or just after the cron tick), not by when a worker got round to it: two beats firing for
+    one tick name the same tick however late their messages are consumed."""
+    if sender != WATCHDOG_TASK or not isinstance(body, tuple) or len(body) < 2:
+        return
+    kwargs = body[1]
+    if isinstance(kwargs, dict) and "published" not in kwargs:
+        kwargs["published"] = objectives.utcnow_iso()
+
+
+signals.before_task_publish.connect(_stamp_watchdog_tick)
+
 
 def _keep_receipt_logging(**_: Any) -> None:
     """Connected, so Celery leaves logging alone: ``app.ops.logs`` configured it (plain or JSON)."""
@@ -118,6 +145,11 @@ def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
     settings: Settings | None = getattr(beat_app, "receipt_settings", None)
     if beat_app is None or settings is None:
         return
+    if watchdog.enabled(settings):
+        try:
+            watchdog.cron_expression(settings)
+        except watchdog.CronError as exc:  # `celery beat` started without tasks.beat's check
+            raise SystemExit(f"beat: {exc}") from None
     beat_app.send_task(
         REDRIVE_TASK, queue=MAINTENANCE_QUEUE, countdown=settings.queued_redrive_startup_delay_ms / 1000
     )

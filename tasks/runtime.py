@@ -26,6 +26,7 @@ from app.jobs.routing import EXPIRE_TASK as EXPIRE_TASK
 from app.jobs.routing import OUTBOX_TASK as OUTBOX_TASK
 from app.jobs.routing import REDRIVE_TASK as REDRIVE_TASK
 from app.jobs.routing import RETRY_TASK as RETRY_TASK
+from app.jobs.routing import WATCHDOG_TASK as WATCHDOG_TASK
 from app.ops import metrics
 from app.storage.db import make_engine
 from app.storage.queue import Queue

@@ -30,7 +30,7 @@ from typing import Any
 
 from app.factory.plan import TaskSpec, stamp_payload
 from app.factory.reducer import Objective, Task, reduce
-from app.factory.vocab import task_job_id
+from app.factory.vocab import FIRST_PHASE, PHASE_SUPERSEDED, task_job_id
 from app.jobs.reducer import Job, Receipt
 from app.jobs.vocab import ACTIVE_STATUSES
 
@@ -67,6 +67,14 @@ def _emit(d: Decision, type_: str, body: dict[str, Any]) -> None:
 def _ordered(obj: Objective, statuses: Sequence[str]) -> list[Task]:
     """Loaded tasks in one of ``statuses``, in plan order (decisions must not depend on dict order)."""
     return [obj.tasks[t] for t in obj.task_order if t in obj.tasks and obj.tasks[t].status in statuses]
+
+
+def _superseded(obj: Objective) -> list[Task]:
+    """Loaded tasks of earlier phases that still hold a job, in a stable order."""
+    return sorted(
+        (t for t in obj.tasks.values() if t.phase < obj.phase and t.status in ("queued", "running")),
+        key=lambda t: (t.phase, t.id),
+    )
 
 
 def settlement(task: Task, job: Job | None, obj: Objective) -> dict[str, Any] | None:
@@ -111,6 +119,8 @@ def needs_full_view(obj: Objective, jobs: Mapping[str, Job | None]) -> bool:
 
     if obj.failing is not None or obj.cancel is not None:
         return True
+    if obj.phase > FIRST_PHASE:
+        return True  # a replanned objective: earlier phases' unfinished tasks must be seen too
     if any(r.reason in BROAD_REASONS for r in obj.pending):
         return True
     return any(j is None or j.status in ("failed", "canceled") for j in jobs.values())
@@ -127,6 +137,26 @@ def decide(obj: Objective, jobs: Mapping[str, Job | None]) -> Decision:
         if obj.pending:
             _emit(d, "objective.control_consumed", {"requestIds": [r.id for r in obj.pending]})
         return d
+
+    # 0. Earlier phases (a replan): record what settled, stop what is still active.
+    superseded = _superseded(d.state)
+    for task in superseded:
+        job = jobs.get(task.job_id or "")
+        if job is None and task.job_id in jobs:
+            body: dict[str, Any] | None = {
+                "taskId": task.id,
+                "jobId": task.job_id,
+                "status": "canceled",
+                "attempt": 0,
+                "result": None,
+                "error": PHASE_SUPERSEDED,
+            }
+        else:
+            body = settlement(task, job, obj)
+        if body is not None:
+            _emit(d, "objective.task_settled", body)
+        elif job is not None and job.status in ACTIVE_STATUSES and not job.abort_requested:
+            d.cancel.append(CancelJob(job.id, PHASE_SUPERSEDED))
 
     # 1. Record each settled task job (only the task's own job settles it).
     for task in _ordered(d.state, ("queued", "running")):
@@ -218,7 +248,8 @@ def decide(obj: Objective, jobs: Mapping[str, Job | None]) -> Decision:
 
     # 5. The graph is done when nothing is pending or active.
     s = d.state
-    if s.count("pending", "queued", "running") == 0 and not d.enqueue:
+    # An earlier phase's job still stopping keeps the objective open, so it never ends with work running.
+    if s.count("pending", "queued", "running") == 0 and not d.enqueue and not _superseded(s):
         if s.cancel is not None:
             d.ended = "canceled"
             _emit(d, "objective.canceled", {"reason": s.cancel.get("reason") or "cancel requested"})

@@ -23,10 +23,11 @@ import os
 import socket
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from app.config import Settings
-from app.factory import service
+from app.factory import service, sweep, watchdog
 from app.storage import loops
 from app.storage.queue import Queue
 
@@ -84,6 +85,20 @@ def outbox_redrive(queue: Queue, settings: Settings, deliver: Any = None) -> dic
             len(result["auditJobs"]),
         )
     return {**result, "elapsedMs": elapsed_ms}
+
+
+def utcnow_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def watchdog_tick(queue: Queue, settings: Settings, published: str | None) -> dict[str, Any]:
+    """Beat's watchdog tick: enqueue the tick's ``factory.objective.watchdog`` job (one per tick)."""
+    if not watchdog.enabled(settings):
+        return {"skipped": True}
+    at = datetime.fromisoformat(published) if published else None
+    result = sweep.enqueue_tick(queue, settings, at)
+    log.info("objective watchdog tick: job %s (created=%s)", result.job.id, result.created)
+    return {"jobId": result.job.id, "created": result.created}
 
 
 def resume_once(queue: Queue, settings: Settings) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 from app.factory.vocab import (
     DEFAULT_FAILURE_POLICY,
     FIRST_PHASE,
+    PHASE_SUPERSEDED,
     TASK_STATUSES,
     TERMINAL_OBJECTIVE_STATUSES,
     no_objective_message,
@@ -246,16 +247,14 @@ def _strs(value: Any) -> tuple[str, ...]:
     return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list) else ()
 
 
-def _launched(r: Receipt) -> Objective:
-    b = r.body
-    raw_tasks = [t for t in b.get("tasks") or [] if isinstance(t, Mapping) and isinstance(t.get("id"), str)]
+def _build_tasks(raw: Any, phase: int) -> dict[str, Task]:
+    """The tasks of one phase's plan, with their dependents and dependency counters."""
+    raw_tasks = [t for t in raw or [] if isinstance(t, Mapping) and isinstance(t.get("id"), str)]
     dependents: dict[str, list[str]] = {t["id"]: [] for t in raw_tasks}
     for t in raw_tasks:
         for dep in _strs(t.get("dependsOn")):
             if dep in dependents:
                 dependents[dep].append(t["id"])
-    phase = b.get("phase", FIRST_PHASE)
-    phase = phase if isinstance(phase, int) and not isinstance(phase, bool) else FIRST_PHASE
     tasks: dict[str, Task] = {}
     for t in raw_tasks:
         deps = tuple(d for d in _strs(t.get("dependsOn")) if d in dependents)
@@ -272,6 +271,14 @@ def _launched(r: Receipt) -> Objective:
             phase=phase,
             deps_remaining=len(deps),
         )
+    return tasks
+
+
+def _launched(r: Receipt) -> Objective:
+    b = r.body
+    phase = b.get("phase", FIRST_PHASE)
+    phase = phase if isinstance(phase, int) and not isinstance(phase, bool) else FIRST_PHASE
+    tasks = _build_tasks(b.get("tasks"), phase)
     auth = b.get("authContext")
     launched_by = b.get("launchedBy")
     return Objective(
@@ -288,6 +295,31 @@ def _launched(r: Receipt) -> Objective:
         created_at=r.at,
         updated_at=r.at,
         seq=r.seq,
+    )
+
+
+def _replanned(s: Objective, b: Mapping[str, Any], r: Receipt) -> Objective | None:
+    """Phase n+1: its tasks become the plan (``task_order``, ``counts``); every earlier task stays
+    visible with its phase. Earlier tasks never started are canceled here; earlier jobs still
+    active are stopped by control (and their settlement recorded without touching ``counts``)."""
+    phase = b.get("phase")
+    if s.terminal or s.cancel is not None or phase != s.phase + 1:
+        return None
+    new = _build_tasks(b.get("tasks"), phase)
+    if not new or any(t in s.tasks for t in new):
+        return None  # task ids are unique across the objective's phases
+    tasks = dict(s.tasks)
+    for tid, task in s.tasks.items():
+        if task.status == "pending":
+            tasks[tid] = replace(task, status="canceled", error=PHASE_SUPERSEDED, settled_at=r.at)
+    tasks.update(new)
+    return replace(
+        s,
+        tasks=tasks,
+        task_order=tuple(new),
+        phase=phase,
+        counts={"pending": len(new)},
+        failing=None,
     )
 
 
@@ -358,6 +390,8 @@ def _task_settled(s: Objective, b: Mapping[str, Any], r: Receipt) -> Objective |
         error=b.get("error"),
         settled_at=r.at,
     )
+    if task.phase < s.phase:  # a superseded phase's task: recorded, outside the current plan's counts
+        return replace(s, tasks=tasks)
     if status == "completed":
         for dep_id in task.dependents:
             dependent = tasks.get(dep_id)
@@ -415,6 +449,7 @@ def _audited(s: Objective, b: Mapping[str, Any], r: Receipt) -> Objective | None
 
 _HANDLERS: dict[str, _Handler] = {
     "objective.launched": _duplicate_launch,
+    "objective.replanned": _replanned,
     "objective.control_requested": _control_requested,
     "objective.control_consumed": _control_consumed,
     "objective.tasks_queued": _tasks_queued,

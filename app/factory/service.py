@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from app.factory import audit, control, storage
-from app.factory.plan import ObjectiveSpec
+from app.factory import audit, control, monitor, storage
+from app.factory.plan import ObjectiveSpec, TaskSpec, validate_plan
 from app.factory.reducer import Objective, Task
 from app.factory.vocab import (
     AUDIT_KIND,
@@ -36,7 +36,13 @@ from app.factory.vocab import (
     task_job_id,
 )
 from app.jobs.contracts import contract_for
-from app.jobs.errors import AppendConflict, ConflictError, ReceiptError, TransientStorageError
+from app.jobs.errors import (
+    AppendConflict,
+    ConflictError,
+    ReceiptError,
+    TransientStorageError,
+    ValidationError,
+)
 from app.jobs.ids import new_id
 from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
@@ -49,6 +55,9 @@ from app.storage.queue import Queue
 log = logging.getLogger("receipt.factory")
 
 MAX_STEP_ROUNDS = 50
+COMPUTER_PATH = "computer"
+# A monitor that dies is restarted by lease expiry once; after that the watchdog covers the task.
+MONITOR_MAX_ATTEMPTS = 2
 STEP_LOCK_WAIT_S = 60.0
 AUDIT_MAX_ATTEMPTS = 3
 
@@ -162,12 +171,80 @@ def cancel(queue: Queue, objective_id: str, reason: str | None) -> Objective:
     return obj
 
 
-def request(queue: Queue, objective_id: str, reason: str) -> bool:
-    """Write a control request (resume, redrive, reconcile) for an active objective; False if none."""
+def replan(queue: Queue, objective_id: str, raw_tasks: Any, reason: str | None) -> Objective:
+    """Start phase n+1 with a new plan (``objective.replanned`` + a ``replan`` request, one transaction).
+
+    The plan is validated exactly as at launch (under the objective's authContext); its task ids
+    must also be new to the objective, so every earlier phase's task stays visible under its own id.
+    A terminal objective, or one being canceled, refuses (ConflictError). Control then stops the
+    earlier phases (queued jobs canceled, running ones sent ``abort`` with reason ``phase
+    superseded``) and runs the new one.
+    """
+    with queue.engine.connect() as conn:
+        current = storage.load(conn, objective_id, all_tasks=True)
+    if current is None:
+        raise ObjectiveNotFound(objective_id)
+    _check_replannable(current.objective)  # 409 once terminal, whatever the body
+    tasks = _replan_tasks(raw_tasks, current.objective)
+    for _ in range(MAX_STEP_ROUNDS):
+        try:
+            with transaction(queue.engine) as conn:
+                storage.lock(conn, objective_id)
+                loaded = storage.load(conn, objective_id, all_tasks=True)
+                if loaded is None:
+                    raise ObjectiveNotFound(objective_id)
+                obj = loaded.objective
+                _check_replannable(obj)
+                tasks = _replan_tasks(raw_tasks, obj)
+                body = {"phase": obj.phase + 1, "reason": reason, "tasks": [t.to_json() for t in tasks]}
+                events: list[storage.Event] = [
+                    ("objective.replanned", body),
+                    (
+                        "objective.control_requested",
+                        {"requestId": f"replan-{obj.phase + 1}", "reason": "replan"},
+                    ),
+                ]
+                after = storage.apply(conn, loaded, objective_id, events, at=db_now(conn)).objective
+            break
+        except AppendConflict:
+            continue
+    else:
+        raise TransientStorageError(f"gave up replanning {objective_id} after {MAX_STEP_ROUNDS} conflicts")
+    _fast_path(queue, objective_id)
+    return after
+
+
+def _check_replannable(obj: Objective) -> None:
+    if obj.terminal:
+        raise ConflictError(f"objective {obj.id} is already {obj.status}")
+    if obj.cancel is not None:
+        raise ConflictError(f"objective {obj.id} is being canceled")
+
+
+def _replan_tasks(raw_tasks: Any, obj: Objective) -> tuple[TaskSpec, ...]:
+    try:
+        tasks = validate_plan({"tasks": raw_tasks}, obj.auth_context)
+    except ValidationError as exc:  # the replan body's field is ``tasks``, not ``plan.tasks``
+        raise ValidationError(exc.field.removeprefix("plan."), exc.reason, exc.allowed) from None
+    for index, task in enumerate(tasks):
+        if task.id in obj.tasks:
+            phase = obj.tasks[task.id].phase
+            raise ValidationError(
+                f"tasks[{index}].id",
+                f"task id {task.id!r} is already used by phase {phase} of this objective",
+            )
+    return tasks
+
+
+def request(queue: Queue, objective_id: str, reason: str, detail: Mapping[str, Any] | None = None) -> bool:
+    """Write a control request (resume, redrive, reconcile) for an active objective; False if none.
+
+    ``detail`` (the watchdog's finding) is recorded on the request receipt for the operator."""
+    body: dict[str, Any] = {"requestId": f"{reason}-{new_id()}", "reason": reason}
+    if detail:
+        body["detail"] = dict(detail)
     with transaction(queue.engine) as conn:
-        written = storage.request_control(
-            conn, objective_id, {"requestId": f"{reason}-{new_id()}", "reason": reason}
-        )
+        written = storage.request_control(conn, objective_id, body, unless_pending=reason == "reconcile")
     if written is not None:
         _fast_path(queue, objective_id)
     return written is not None
@@ -253,7 +330,31 @@ def enqueue_task_job(queue: Queue, obj: Objective, task: Task, payload: Mapping[
         job_id=task_job_id(obj.id, task.phase, task.id),
         max_attempts=task.max_attempts or MAX_ATTEMPTS_DEFAULT,
     )
-    return queue.enqueue(req, enqueued_by=launcher_identity(obj)).job
+    job = queue.enqueue(req, enqueued_by=launcher_identity(obj)).job
+    if task.execution_path == COMPUTER_PATH:
+        ensure_monitor(queue, obj, task, job.id)
+    return job
+
+
+def ensure_monitor(queue: Queue, obj: Objective, task: Task, job_id: str) -> Job:
+    """A sandboxed task's ``factory.task.monitor`` job (deterministic id: one per task job)."""
+    payload = {
+        "kind": monitor.MONITOR_KIND,
+        "objectiveId": obj.id,
+        "taskId": task.id,
+        "phase": task.phase,
+        "taskJobId": job_id,
+        # Selects the spec's lease row: max(JOB_LEASE_MS, CODEX_JOB_LEASE_MS).
+        "executionPath": COMPUTER_PATH,
+        "authContext": dict(obj.auth_context),
+    }
+    req = EnqueueRequest(
+        agent_id=monitor.MONITOR_AGENT,
+        payload=payload,
+        job_id=monitor.monitor_job_id(job_id),
+        max_attempts=MONITOR_MAX_ATTEMPTS,
+    )
+    return queue.enqueue(req).job
 
 
 def launcher_identity(obj: Objective) -> Enqueuer:

@@ -269,10 +269,19 @@ def _save(conn: Connection, obj: Objective, previous: Loaded | None, last: store
     changed = [
         {"b_objective": obj.id, "b_task": t.id, **_task_columns(t)}
         for tid, t in obj.tasks.items()
-        if before.tasks.get(tid) is not t
+        if tid in before.tasks and before.tasks[tid] is not t
     ]
     if changed:
         conn.execute(_UPDATE_TASK, changed)
+    if obj.phase != before.phase:
+        # A replan: the new phase's tasks get their rows (task ids are unique across phases).
+        rows = [
+            {"objective_id": obj.id, "task_id": t.id, **_task_columns(t)}
+            for t in obj.tasks.values()
+            if t.phase == obj.phase and t.id not in before.tasks
+        ]
+        if rows:
+            conn.execute(objective_tasks.insert(), rows)
     return Loaded(obj, last.hash, changed_at)
 
 
@@ -284,6 +293,7 @@ def request_control(
     at: datetime | None = None,
     organization_id: str | None = None,
     check_organization: bool = False,
+    unless_pending: bool = False,
 ) -> Objective | None:
     """Append ``objective.control_requested`` in the caller's transaction (the outbox write).
 
@@ -297,6 +307,8 @@ def request_control(
         return None
     if check_organization and loaded.objective.organization_id != organization_id:
         return None
+    if unless_pending and loaded.objective.pending:
+        return None  # control is already due (the watchdog's concurrent passes write one request)
     when = at if at is not None else db_now(conn)
     return apply(conn, loaded, objective_id, [("objective.control_requested", dict(body))], at=when).objective
 

@@ -20,6 +20,7 @@ DEFAULT_FAILURE_POLICY: Final = "failFast"
 # Every receipt type on an ``objectives/<id>`` stream (listed in docs/factory.md).
 ObjectiveEventType = Literal[
     "objective.launched",
+    "objective.replanned",
     "objective.control_requested",
     "objective.control_consumed",
     "objective.tasks_queued",
@@ -36,10 +37,17 @@ ObjectiveEventType = Literal[
 OBJECTIVE_EVENT_TYPES: Final[tuple[str, ...]] = get_args(ObjectiveEventType)
 
 # Why a control request was written (the cause in the same transaction, or a recovery pass).
-ControlReason = Literal["launch", "task_settled", "lease_expired", "cancel", "resume", "redrive", "reconcile"]
+ControlReason = Literal[
+    "launch", "task_settled", "lease_expired", "cancel", "resume", "redrive", "reconcile", "replan"
+]
 CONTROL_REASONS: Final[tuple[str, ...]] = get_args(ControlReason)
 # Requests that need a look at every unfinished task, not only the ones they name.
-BROAD_REASONS: Final[frozenset[str]] = frozenset({"launch", "cancel", "resume", "redrive", "reconcile"})
+BROAD_REASONS: Final[frozenset[str]] = frozenset(
+    {"launch", "cancel", "resume", "redrive", "reconcile", "replan"}
+)
+# Issue 10: a replan's earlier phases are stopped with this reason (queued jobs canceled, running
+# ones sent an abort command; never-started tasks canceled).
+PHASE_SUPERSEDED: Final = "phase superseded"
 
 # Plan defaults and bounds (issue 9: default kind factory.task.run on codex; at most 1 000 tasks).
 DEFAULT_TASK_KIND: Final = "factory.task.run"

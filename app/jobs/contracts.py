@@ -107,6 +107,8 @@ _ALL: Final[tuple[KindContract, ...]] = (
     _contract(
         "factory.integration.publish",
         "codex",
+        # Issue 10: publish may run a command (the codex runner), so posting it needs `commands`.
+        runs_command=True,
         objective_scoped=True,
         reconcile=True,
         live_execution=True,
@@ -116,6 +118,8 @@ _ALL: Final[tuple[KindContract, ...]] = (
     _contract(
         "factory.integration.validate",
         "codex",
+        # Issue 10: validate runs a command through the codex runner.
+        runs_command=True,
         objective_scoped=True,
         reconcile=True,
         live_execution=True,
@@ -141,8 +145,8 @@ _ALL: Final[tuple[KindContract, ...]] = (
         reconcile=True,
         live_execution=True,
     ),
-    # Spec: only factory.task.run sets hasDurableActivity. It is the one kind whose handler runs a
-    # command today (the codex handler's argv), hence runs_command.
+    # Spec: only factory.task.run sets hasDurableActivity. Its handler runs a command (the codex
+    # handler's argv), hence runs_command, like the two integration kinds.
     _contract(
         "factory.task.run",
         "codex",

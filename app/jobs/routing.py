@@ -35,6 +35,7 @@ EXPIRE_TASK: Final = "receipt.expire_leases"
 RETRY_TASK: Final = "receipt.dispatch_due_retries"
 CALLBACK_TASK: Final = "receipt.send_callbacks"
 OUTBOX_TASK: Final = "receipt.objective_outbox_redrive"
+WATCHDOG_TASK: Final = "receipt.objective_watchdog_tick"
 
 # Spec: `job.payload.kind startsWith "factory.integration."` -> receipt-codex.
 INTEGRATION_KIND_PREFIX: Final = "factory.integration."

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from app.config import Settings
+from app.factory import watchdog
 from app.jobs.routing import (
     CALLBACK_TASK,
     DRIVER_QUEUE,
@@ -27,6 +28,7 @@ from app.jobs.routing import (
     QUEUES,
     REDRIVE_TASK,
     RETRY_TASK,
+    WATCHDOG_TASK,
 )
 from app.jobs.timing import CODEX_LEASE_CAP_MS
 from app.storage.files import private_dir
@@ -114,6 +116,25 @@ def beat_schedule(settings: Settings) -> dict[str, Any]:
             "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, callback_s)},
         }
     return schedule
+
+
+def watchdog_entry(settings: Settings) -> dict[str, Any] | None:
+    """The objective watchdog's crontab entry as plain data (``cron``: its croniter expression;
+    ``tasks/celery_app.py`` turns it into a beat schedule), or None when it is off or its cron is
+    invalid (beat refuses to start on an invalid cron: tasks/beat.py; other processes never run
+    the schedule)."""
+    if not watchdog.enabled(settings):
+        return None
+    try:
+        expr = watchdog.cron_expression(settings)
+    except watchdog.CronError:
+        return None
+    return {
+        "task": WATCHDOG_TASK,
+        "cron": expr,
+        # A tick nobody consumed within a minute is dropped: the next tick scans anyway.
+        "options": {"queue": OBJECTIVES_QUEUE, "expires": 60.0},
+    }
 
 
 def build(settings: Settings) -> dict[str, Any]:

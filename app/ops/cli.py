@@ -1,6 +1,7 @@
 """``receipt``: the operator's command line.
 
-Verbs: migrate, verify, replay, rebuild-projections, token create|list|revoke, config, up, logs.
+Verbs: migrate, verify, replay, rebuild-projections, rebuild-ledger, token create|list|revoke, config,
+up, logs.
 Every verb reads configuration from the environment through ``Settings`` and nothing else.
 """
 
@@ -131,6 +132,17 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=int(value) * _DURATION_UNITS[unit])
 
 
+def cmd_rebuild_ledger(args: argparse.Namespace, settings: Settings) -> int:
+    from app.storage import ledger
+
+    counts = ledger.rebuild(_engine(settings))
+    print(
+        f"rebuilt the durable ledger from receipts: {counts['workflows']} workflows and "
+        f"{counts['activities']} activities over {counts['jobs']} jobs"
+    )
+    return 0
+
+
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     from app.storage import tokens
 
@@ -238,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "rebuild-projections", help="rebuild the jobs, token and objective tables from receipts"
     ).set_defaults(fn=cmd_rebuild)
+    sub.add_parser(
+        "rebuild-ledger", help="rebuild the durable ledger (workflows, activities) from receipts"
+    ).set_defaults(fn=cmd_rebuild_ledger)
     t = sub.add_parser("token", help="create, list or revoke API tokens")
     tsub = t.add_subparsers(dest="token_cmd", required=True)
     tc = tsub.add_parser("create", help="create a token; prints it alone on stdout")

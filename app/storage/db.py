@@ -221,6 +221,40 @@ objective_tasks = Table(
 )
 
 
+# The durable ledger beside receipts (migration 0007, issue 10): rebuildable from receipts
+# (`receipt rebuild-ledger`), written after the receipt commits and best effort.
+durable_workflows = Table(
+    "durable_workflows",
+    metadata,
+    Column("id", String(200), primary_key=True),  # "<durableWorkflow>:<objectiveId or jobId>"
+    Column("name", String(64), nullable=False),  # the kind contract's durableWorkflow
+    Column("objective_id", String(64), nullable=True),
+    Column("job_id", String(128), nullable=True),
+    Column("organization_id", String(256), nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("steps", Integer, nullable=False),
+    Column("started_at", _Time, nullable=True),
+    Column("ended_at", _Time, nullable=True),
+    Column("updated_at", _Time, nullable=False),
+    Index("ix_durable_workflows_objective", "objective_id"),
+)
+
+durable_activities = Table(
+    "durable_activities",
+    metadata,
+    Column("job_id", String(128), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("kind", String(64), nullable=False),
+    Column("objective_id", String(64), nullable=True),
+    Column("status", String(16), nullable=False),  # running | completed | failed | canceled | expired
+    Column("worker_id", String(256), nullable=True),
+    Column("started_at", _Time, nullable=False),
+    Column("ended_at", _Time, nullable=True),
+    Column("duration_ms", Integer, nullable=True),
+    Index("ix_durable_activities_objective", "objective_id"),
+)
+
+
 # -- engines ------------------------------------------------------------------------------
 
 

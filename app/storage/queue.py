@@ -92,6 +92,12 @@ class Applied:
     types: tuple[str, ...]
 
 
+def _ledger_changes(kind: str, events: Sequence[Event]) -> bool:
+    from app.storage.ledger import LEDGER_EVENTS, tracked
+
+    return tracked(kind) and any(t in LEDGER_EVENTS for t, _ in events)
+
+
 @dataclass
 class _Tx:
     """One transaction's view: the connection, its clock, and jobs touched in it."""
@@ -101,6 +107,8 @@ class _Tx:
     applied: list[Applied] = field(default_factory=list)
     # Objectives that received a control request in this transaction (the outbox fast path's input).
     objectives: set[str] = field(default_factory=set)
+    # Jobs whose durable-ledger rows this transaction changed (written after commit, best effort).
+    ledger: set[str] = field(default_factory=set)
     _now: datetime | None = None
 
     @property
@@ -161,6 +169,8 @@ class Queue:
                 self._after_commit(tx.touched.values())
                 self._observe(tx.applied)
                 self._after_commit_objectives(tx.objectives)
+                # Last: the ledger is bookkeeping, never on the path to the next job or control step.
+                self._after_commit_ledger(tx.ledger)
                 return result
             except AppendConflict:
                 continue
@@ -173,6 +183,13 @@ class Queue:
                 self._on_dispatchable(ready)
             except Exception:  # delivery is best-effort: the redrive loop re-delivers from receipts
                 log.exception("dispatch wake-up failed; the queued redrive will pick these jobs up")
+
+    def _after_commit_ledger(self, job_ids: Iterable[str]) -> None:
+        if not job_ids:
+            return
+        from app.storage import ledger
+
+        ledger.after_commit(self.engine, job_ids)  # logs and swallows its own failures
 
     def _after_commit_objectives(self, objective_ids: Iterable[str]) -> None:
         if not self.control_fast_path:
@@ -237,6 +254,8 @@ class Queue:
             outbox.record(tx.conn, self.callback_targets, state.status, state, tx.now)
         tx.touched[job_id] = state
         tx.applied.append(Applied(loaded.job if loaded else None, state, tuple(t for t, _ in events)))
+        if _ledger_changes(state.kind, events):
+            tx.ledger.add(job_id)
         self._request_objective_control(tx, loaded.job if loaded else None, state, events)
         return state
 

@@ -133,6 +133,37 @@ def list_(status: str | None, limit: int, cursor: str | None) -> int:
     return 0
 
 
+@objective.command("replan")
+@click.argument("objective_id")
+@click.argument("plan_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--reason")
+@click.option("--follow", "follow_", is_flag=True, help="Show the graph's progress until it ends.")
+@click.option("--interval", default=0.5, show_default=True, help="Seconds between polls with --follow.")
+def replan(objective_id: str, plan_file: Path, reason: str | None, follow_: bool, interval: float) -> int:
+    """Start the next phase of OBJECTIVE_ID with the plan in PLAN_FILE ({"tasks": [...]}, or a launch
+    body whose "plan" holds them). The earlier phases' jobs are canceled or aborted."""
+    try:
+        body = json.loads(plan_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise click.UsageError(f"{plan_file}: not a JSON file ({exc})") from exc
+    source = body.get("plan", body) if isinstance(body, dict) else None
+    if not isinstance(source, dict) or not isinstance(source.get("tasks"), list):
+        raise click.UsageError(f'{plan_file}: expected {{"tasks": [...]}} or a launch body with "plan"')
+    client = client_from_env()
+    try:
+        obj = client.replan_objective(objective_id, source["tasks"], reason)
+        if not follow_:
+            click.echo(f"{obj['id']}\t{obj['status']}\tphase {obj['phase']}")
+            return 0
+        console = Console(stderr=True)
+        console.print(f"replanned [bold]{objective_id}[/]: phase {obj['phase']}")
+        final = follow(client, objective_id, interval, console)
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    click.echo(json.dumps({"objectiveId": objective_id, "status": final["status"], "phase": final["phase"]}))
+    return 0 if final["status"] == "completed" else 1
+
+
 @objective.command("cancel")
 @click.argument("objective_id")
 @click.option("--reason")

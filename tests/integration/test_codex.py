@@ -283,7 +283,8 @@ def test_a_missing_executable_fails_non_retryably(queue: Queue) -> None:
 
 
 def test_codex_only_runs_factory_task_run(queue: Queue) -> None:
-    job = enqueue(queue, "codex", kind="factory.integration.validate", command=["echo", "hi"])
+    # (and, since issue 10, the integration kinds: tests/integration/test_integration_kinds.py)
+    job = enqueue(queue, "codex", kind="factory.run", command=["echo", "hi"])
     with pytest.raises(HandlerError) as info:
         codex.handle(leased_context(queue, job))
     assert info.value.retryable is False

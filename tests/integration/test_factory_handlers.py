@@ -67,19 +67,6 @@ def test_factory_run_launches_an_explicit_plan_and_refuses_a_written_goal(sqlite
     assert "built-in planner" in no.error and "RECEIPT_PLANNER_MODULE" in no.error
 
 
-@pytest.mark.parametrize(
-    ("agent", "kind"),
-    [("factory-control", "factory.objective.watchdog"), ("factory-monitor", "factory.task.monitor")],
-)
-def test_unbuilt_handlers_fail_loudly_and_never_retry(sqlite_engine: Engine, agent: str, kind: str) -> None:
-    queue = Queue(sqlite_engine)
-    job_id = post(queue, agent, kind)
-    drain(queue)
-    job = queue.get(job_id)
-    assert job is not None and job.status == "failed" and job.attempt == 1
-    assert "not built yet" in job.error
-
-
 def test_outbox_redrive_is_single_flight_and_its_timeout_only_observes(
     sqlite_engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -113,3 +100,28 @@ def test_resume_once_is_single_flight(sqlite_engine: Engine) -> None:
     first = loops_objectives.resume_once(queue, settings)
     assert first == {"resumed": 0}
     assert loops_objectives.resume_once(queue, settings) == {"skipped": True}  # spaced: coalesced
+
+
+def test_control_starts_a_monitor_for_a_computer_task_which_ends_with_its_task(sqlite_engine: Engine) -> None:
+    from app.factory.plan import validate_objective
+    from app.jobs import timing
+    from tests.factory_support import ECHO
+
+    queue = Queue(sqlite_engine)
+    body = objective_body(objectiveId="mon-1", plan=plan({"A": [], "B": ["A"]}))
+    body["plan"]["tasks"][0]["executionPath"] = "computer"
+    service.launch(queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
+    drain(queue, skip_agents=(ECHO, "factory-monitor"))
+    mon = queue.get("mon-1:p1:A:monitor")
+    assert mon is not None and mon.agent_id == "factory-monitor" and mon.kind == "factory.task.monitor"
+    assert mon.payload["taskJobId"] == "mon-1:p1:A" and mon.payload["executionPath"] == "computer"
+    settings = Settings()
+    assert timing.lease_ms(mon.agent_id, mon.kind, mon.payload, settings) == max(
+        settings.job_lease_ms, settings.codex_job_lease_ms
+    )
+    assert queue.get("mon-1:p1:B:monitor") is None  # B is local: no monitor
+    drain(queue)  # the task job runs first, so the monitor finds it terminal and ends at once
+    done = queue.get("mon-1:p1:A:monitor")
+    assert done is not None and done.status == "completed"
+    assert done.result["outcome"] == "terminal" and done.result["status"] == "completed"
+    assert service.get(sqlite_engine, "mon-1").status == "completed"  # type: ignore[union-attr]

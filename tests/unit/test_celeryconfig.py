@@ -15,6 +15,7 @@ from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, 
 from app.jobs.timing import CODEX_LEASE_CAP_MS
 from app.ops import celeryconfig
 from tasks.celery_app import make_celery
+from tasks.cron import CronSchedule
 from tasks.runtime import (
     DISPATCH_TASK,
     DRIVER_TASK,
@@ -23,6 +24,7 @@ from tasks.runtime import (
     OUTBOX_TASK,
     REDRIVE_TASK,
     RETRY_TASK,
+    WATCHDOG_TASK,
 )
 
 REDIS = "redis://127.0.0.1:6379/9"
@@ -160,3 +162,13 @@ def test_two_apps_in_one_process_each_register_their_own_tasks(tmp_path: Path) -
     for app in (first, second):
         task = app.tasks[EXECUTE_TASK]
         assert task.app is app
+
+
+def test_the_watchdog_crontab_tick_is_added_to_beat_on_the_objectives_queue(tmp_path: Path) -> None:
+    # Plain data in app/ops/celeryconfig.py (no Celery there); the Celery app makes it a schedule.
+    beat = make_celery(Settings(home=str(tmp_path))).conf.beat_schedule
+    tick = beat["objective-watchdog"]
+    assert tick["task"] == WATCHDOG_TASK and tick["options"]["queue"] == OBJECTIVES_QUEUE
+    assert tick["schedule"] == CronSchedule("* * * * *")
+    off = make_celery(Settings(home=str(tmp_path), objective_watchdog_enabled="0")).conf.beat_schedule
+    assert "objective-watchdog" not in off

@@ -29,7 +29,7 @@ EXPECTED = [
 def test_every_kind_declares_its_contract(row: tuple[object, ...]) -> None:
     """Spec: "Each kind also declares a contract: a workerGroup ..., an optional durable workflow, and
     flags"."""
-    # runs_command (issue 8, not a spec flag) is its own test: only factory.task.run sets it.
+    # runs_command (issue 8, not a spec flag) is its own test (test_scopes.py).
     declared = dataclasses.replace(contract_for(str(row[0])), runs_command=False)
     assert declared == KindContract(*row)  # type: ignore[arg-type]
 

@@ -29,6 +29,7 @@ from typing import Any
 from app.jobs.privilege import COMMANDS_SCOPE
 from workers import sandbox
 from workers.handler import HandlerError, JobContext
+from workers.handlers import integration
 
 BASE_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 PROGRESS_EVERY_S = 0.5
@@ -113,7 +114,9 @@ def _check_executable(argv0: str, env: Mapping[str, str], workdir: Path) -> None
 
 
 def handle(ctx: JobContext) -> Any:
-    if ctx.job.kind != "factory.task.run":
+    if ctx.job.kind in integration.KINDS and not integration.runs_command(ctx.job.kind, ctx.payload):
+        return integration.publish(ctx)  # a signed POST, not a command
+    if ctx.job.kind not in ("factory.task.run", *integration.KINDS):
         raise HandlerError(
             f"agent 'codex' cannot run kind '{ctx.job.kind}' yet: the Factory layer is not installed",
             retryable=False,

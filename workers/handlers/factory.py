@@ -3,24 +3,25 @@
 
 - ``factory`` runs ``factory.dispatch`` (launch ``payload.objective``, idempotent by objectiveId) and
   ``factory.run`` (a planner turns the goal into a plan, then the same launch).
-- ``factory-control`` runs ``factory.objective.control`` (one control step) and
-  ``factory.objective.audit`` (the terminal audit).
-- What is not built yet — the objective watchdog and the task monitor (issue 10) — fails
-  non-retryably with a message saying so: no stub reports success.
+- ``factory-control`` runs ``factory.objective.control`` (one control step),
+  ``factory.objective.audit`` (the terminal audit) and ``factory.objective.watchdog`` (one
+  watchdog pass: ``app.factory.sweep``).
+- ``factory-monitor`` runs ``factory.task.monitor`` (``app.factory.monitor``): it follows a
+  computer-path task's job until it is terminal, reporting liveness as ``job.progress``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
-from app.factory import service
+from app.factory import monitor, service, sweep
 from app.factory.plan import validate_objective
 from app.factory.planner import PlannerRefused, load_planner
 from app.jobs.errors import ConflictError, ValidationError
+from app.storage.db import db_now
 from workers.handler import HandlerError, JobContext
-
-NOT_BUILT = "is not built yet (issue 10: watchdog, task monitor, phases)"
 
 
 def _refuse(message: str) -> HandlerError:
@@ -79,9 +80,28 @@ def handle_factory_control(ctx: JobContext) -> Any:
     except ConflictError as exc:
         raise _refuse(str(exc)) from None
     if kind == "factory.objective.watchdog":
-        raise _refuse(f"the objective watchdog {NOT_BUILT}")
+        return sweep.watchdog_pass(ctx.queue, ctx.settings)
     raise _refuse(f"agent 'factory-control' does not run kind '{kind}'")
 
 
 def handle_factory_monitor(ctx: JobContext) -> Any:
-    raise _refuse(f"the task monitor ('factory-monitor', kind '{ctx.job.kind}') {NOT_BUILT}")
+    if ctx.job.kind != monitor.MONITOR_KIND:
+        raise _refuse(f"agent 'factory-monitor' does not run kind '{ctx.job.kind}'")
+    objective_id = _objective_id(ctx)
+    task_job_id = ctx.payload.get("taskJobId")
+    if not isinstance(task_job_id, str) or not task_job_id:
+        raise _refuse("factory.task.monitor needs payload.taskJobId")
+
+    def now() -> datetime:
+        with ctx.queue.engine.connect() as conn:
+            return db_now(conn)
+
+    return monitor.follow(
+        task_job_id,
+        ctx.settings,
+        get_job=ctx.queue.get,
+        now=now,
+        report=ctx.progress,
+        wait=ctx.wait_cancelled,
+        request_reconcile=lambda detail: service.request(ctx.queue, objective_id, "reconcile", detail),
+    )

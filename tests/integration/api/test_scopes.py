@@ -86,12 +86,15 @@ def test_enqueued_by_is_never_taken_from_the_request(api: Api) -> None:
 
 
 def test_which_posts_run_a_command_is_decided_from_the_kind_contracts() -> None:
-    """Today: factory.task.run to the codex group. Flip ``runs_command`` on a contract to add a kind."""
-    running = {
-        (a, k) for a in ("codex", "factory", "factory-control") for k in PAYLOAD_KINDS if runs_command(a, k)
-    }
-    assert running == {("codex", "factory.task.run")}
-    assert [k for k, c in CONTRACTS.items() if c.runs_command] == ["factory.task.run"]
+    """factory.task.run to the codex group, and the integration kinds (issue 10: they run a command,
+    and routing sends every factory.integration.* job to codex whatever its agent)."""
+    agents = ("codex", "factory", "factory-control")
+    running = {(a, k) for a in agents for k in PAYLOAD_KINDS if runs_command(a, k)}
+    integration = {"factory.integration.publish", "factory.integration.validate"}
+    assert running == {("codex", "factory.task.run")} | {(a, k) for a in agents for k in integration}
+    assert sorted(k for k, c in CONTRACTS.items() if c.runs_command) == sorted(
+        ["factory.task.run", *integration]
+    )
 
 
 def test_a_task_run_for_a_non_codex_agent_needs_no_scope(api: Api) -> None:

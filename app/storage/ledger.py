@@ -1,0 +1,262 @@
+"""The durable ledger beside receipts (spec: "The durable ledger is beside receipts, not above them").
+
+Two tables, both derived from receipts only, so ``rebuild`` recreates them exactly:
+
+- ``durable_workflows``: one row per workflow a kind contract names in ``durableWorkflow`` — one
+  ``objective-control:<objectiveId>`` per objective whose control ran (status, start and end from
+  the objective stream; ``steps`` = control steps that consumed requests), and one
+  ``run:<jobId>`` per ``factory.run`` job (status from its stream; ``steps`` = attempts);
+- ``durable_activities``: one row per attempt of a kind whose contract sets
+  ``hasDurableActivity`` (only ``factory.task.run``): start (its ``job.leased``), end (its
+  completion, failure, cancel or lease expiry), status, worker and duration.
+
+Every write happens **after** the receipt's transaction commits (``Queue`` calls ``after_commit``)
+and is best effort: a failure is logged and never fails, retries or rolls back the mutation that
+already committed. Each sync re-derives the job's (or objective's) rows from its whole stream, so
+a missed write is repaired by the next one, or by ``receipt rebuild-ledger``. Queue commands
+(steer, follow_up, abort) never touch the ledger: they stay a straight pass-through.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy import delete, select
+from sqlalchemy.engine import Connection, Engine
+
+from app.factory.reducer import fold as fold_objective
+from app.factory.vocab import objective_stream
+from app.jobs.contracts import CONTRACTS, contract_for
+from app.jobs.reducer import fold as fold_job
+from app.jobs.vocab import job_stream
+from app.storage import store
+from app.storage.db import (
+    as_utc,
+    durable_activities,
+    durable_workflows,
+    jobs,
+    parse_iso,
+    transaction,
+)
+
+log = logging.getLogger("receipt.ledger")
+
+# Receipt types that change a ledger row (heartbeats, progress and queue commands never do).
+LEDGER_EVENTS: Final[frozenset[str]] = frozenset(
+    {"job.enqueued", "job.leased", "job.completed", "job.failed", "job.canceled", "job.lease_expired"}
+)
+ENDINGS: Final[Mapping[str, str]] = {
+    "job.completed": "completed",
+    "job.failed": "failed",
+    "job.canceled": "canceled",
+    "job.lease_expired": "expired",
+}
+OBJECTIVE_CONTROL: Final = "objective-control"
+CONTROL_MOVES: Final[frozenset[str]] = frozenset(
+    {
+        "objective.launched",
+        "objective.control_consumed",
+        "objective.completed",
+        "objective.failed",
+        "objective.canceled",
+    }
+)
+RUN: Final = "run"
+
+
+def tracked(kind: str) -> bool:
+    """Whether jobs of this kind have ledger rows (read from the kind contract, never hard-coded)."""
+    contract = CONTRACTS.get(kind)
+    return contract is not None and (contract.has_durable_activity or contract.durable_workflow is not None)
+
+
+def _at(text: str | None) -> datetime | None:
+    return parse_iso(text) if text else None
+
+
+def _ms(start: datetime | None, end: datetime | None) -> int | None:
+    return None if start is None or end is None else int((end - start).total_seconds() * 1000)
+
+
+# -- derivations (pure over receipts) ------------------------------------------------------------
+
+
+def activities(
+    job_id: str, kind: str, objective_id: str | None, receipts: Sequence[store.StoredReceipt]
+) -> list[dict[str, Any]]:
+    """One row per attempt: opened by its ``job.leased``, closed by the attempt's own ending."""
+    rows: dict[int, dict[str, Any]] = {}
+    current: int | None = None
+    for r in receipts:
+        if r.type == "job.leased" and isinstance(r.body.get("attempt"), int):
+            current = int(r.body["attempt"])
+            rows[current] = {
+                "job_id": job_id,
+                "attempt": current,
+                "kind": kind,
+                "objective_id": objective_id,
+                "status": "running",
+                "worker_id": r.body.get("workerId"),
+                "started_at": _at(r.at),
+                "ended_at": None,
+                "duration_ms": None,
+            }
+        elif r.type in ENDINGS and current is not None and rows[current]["ended_at"] is None:
+            attempt = r.body.get("attempt", current)
+            if attempt != current:
+                continue  # a superseded attempt's event (the reducer ignores it too)
+            row = rows[current]
+            row["status"] = ENDINGS[r.type]
+            row["ended_at"] = _at(r.at)
+            row["duration_ms"] = _ms(row["started_at"], row["ended_at"])
+    return [rows[a] for a in sorted(rows)]
+
+
+def run_workflow(job_id: str, receipts: Sequence[store.StoredReceipt]) -> dict[str, Any] | None:
+    job = fold_job(r.to_receipt() for r in receipts)
+    if job is None:
+        return None
+    ended = next((r.at for r in reversed(receipts) if r.type in ENDINGS), None) if job.terminal else None
+    return {
+        "id": f"{RUN}:{job_id}",
+        "name": RUN,
+        "objective_id": job.payload.get("objectiveId")
+        if isinstance(job.payload.get("objectiveId"), str)
+        else None,
+        "job_id": job_id,
+        "organization_id": job.organization_id,
+        "status": job.status,
+        "steps": job.attempt,
+        "started_at": _at(receipts[0].at),
+        "ended_at": _at(ended),
+        "updated_at": _at(receipts[-1].at),
+    }
+
+
+def control_workflow(objective_id: str, receipts: Sequence[store.StoredReceipt]) -> dict[str, Any] | None:
+    obj = fold_objective(r.to_receipt() for r in receipts)
+    if obj is None:
+        return None
+    return {
+        "id": f"{OBJECTIVE_CONTROL}:{objective_id}",
+        "name": OBJECTIVE_CONTROL,
+        "objective_id": objective_id,
+        "job_id": None,
+        "organization_id": obj.organization_id,
+        "status": obj.status,
+        "steps": sum(1 for r in receipts if r.type == "objective.control_consumed"),
+        "started_at": _at(obj.created_at),
+        "ended_at": _at(obj.ended_at),
+        # The workflow's own last move (the terminal audit and new requests are not steps of it).
+        "updated_at": _at(next(r.at for r in reversed(receipts) if r.type in CONTROL_MOVES)),
+    }
+
+
+# -- writes ----------------------------------------------------------------------------------------
+
+
+def _replace_workflow(conn: Connection, row: dict[str, Any] | None) -> None:
+    if row is None:
+        return
+    conn.execute(delete(durable_workflows).where(durable_workflows.c.id == row["id"]))
+    conn.execute(durable_workflows.insert().values(**row))
+
+
+def sync_objective(conn: Connection, objective_id: str) -> None:
+    _replace_workflow(
+        conn, control_workflow(objective_id, store.read_stream(conn, objective_stream(objective_id)))
+    )
+
+
+def sync_job(engine: Engine, job_id: str) -> None:
+    """Re-derive the ledger rows of one job (and its objective's control workflow) from receipts."""
+    with transaction(engine) as conn:
+        receipts = store.read_stream(conn, job_stream(job_id))
+        if not receipts:
+            return
+        job = fold_job(r.to_receipt() for r in receipts)
+        if job is None:
+            return
+        contract = contract_for(job.kind)
+        objective_id = job.payload.get("objectiveId")
+        objective_id = objective_id if isinstance(objective_id, str) else None
+        if contract.has_durable_activity:
+            conn.execute(delete(durable_activities).where(durable_activities.c.job_id == job_id))
+            rows = activities(job_id, job.kind, objective_id, receipts)
+            if rows:
+                conn.execute(durable_activities.insert(), rows)
+        if contract.durable_workflow == RUN:
+            _replace_workflow(conn, run_workflow(job_id, receipts))
+        elif contract.durable_workflow == OBJECTIVE_CONTROL and objective_id is not None:
+            sync_objective(conn, objective_id)
+
+
+def after_commit(engine: Engine, job_ids: Iterable[str]) -> None:
+    """Best effort, after the receipts committed: a failure is logged, never raised."""
+    for job_id in sorted(set(job_ids)):
+        try:
+            sync_job(engine, job_id)
+        except Exception:
+            log.exception(
+                "durable ledger write for job %s failed; receipts are unaffected (rebuild-ledger)", job_id
+            )
+
+
+def rebuild(engine: Engine) -> dict[str, int]:
+    """Recreate both tables from receipts: every tracked job, every objective whose control ran."""
+    kinds = [k for k in CONTRACTS if tracked(k)]
+    with transaction(engine) as conn:
+        conn.execute(delete(durable_activities))
+        conn.execute(delete(durable_workflows))
+        job_ids = list(
+            conn.execute(select(jobs.c.id).where(jobs.c.kind.in_(kinds)).order_by(jobs.c.id)).scalars()
+        )
+    for job_id in job_ids:
+        sync_job(engine, job_id)
+    with engine.connect() as conn:
+        workflows = len(conn.execute(select(durable_workflows.c.id)).all())
+        acts = len(conn.execute(select(durable_activities.c.job_id)).all())
+    return {"jobs": len(job_ids), "workflows": workflows, "activities": acts}
+
+
+# -- reads -----------------------------------------------------------------------------------------
+
+
+def _iso(at: Any) -> str | None:
+    return as_utc(at).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if at is not None else None
+
+
+def summary(conn: Connection, objective_id: str) -> dict[str, Any]:
+    """The objective's ledger: its workflows and its activities by status, with their total duration."""
+    flows = conn.execute(
+        select(durable_workflows)
+        .where(durable_workflows.c.objective_id == objective_id)
+        .order_by(durable_workflows.c.id)
+    ).all()
+    acts = conn.execute(
+        select(durable_activities.c.status, durable_activities.c.duration_ms).where(
+            durable_activities.c.objective_id == objective_id
+        )
+    ).all()
+    return {
+        "workflows": [
+            {
+                "id": f.id,
+                "name": f.name,
+                "status": f.status,
+                "steps": f.steps,
+                "startedAt": _iso(f.started_at),
+                "endedAt": _iso(f.ended_at),
+            }
+            for f in flows
+        ],
+        "activities": {
+            "total": len(acts),
+            "byStatus": dict(sorted(Counter(a.status for a in acts).items())),
+            "durationMs": sum(a.duration_ms or 0 for a in acts),
+        },
+    }

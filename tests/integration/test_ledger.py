@@ -1,0 +1,132 @@
+"""The durable ledger on a real database (SQLite and Postgres): rows derived from receipts, written
+after commit and best effort (an injected failure leaves jobs and objectives unaffected), rebuilt
+exactly by ``receipt rebuild-ledger``, summarised by ``GET /objectives/<id>``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.engine import Engine
+
+from app.config import Settings
+from app.factory import service
+from app.factory.plan import validate_objective
+from app.jobs.validation import EnqueueRequest
+from app.storage import ledger
+from app.storage.db import durable_activities, durable_workflows
+from app.storage.queue import Queue
+from tests.factory_support import DIAMOND, drain, plan
+
+AUTH = {"userId": "u1", "organizationId": "org-a"}
+
+
+def launch(queue: Queue, oid: str) -> None:
+    body = {"objectiveId": oid, "title": "t", "goal": "g", "plan": plan(DIAMOND)}
+    service.launch(queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
+
+
+def rows(engine: Engine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    with engine.connect() as conn:
+        flows = [
+            dict(r._mapping) for r in conn.execute(select(durable_workflows).order_by(durable_workflows.c.id))
+        ]
+        acts = [
+            dict(r._mapping)
+            for r in conn.execute(
+                select(durable_activities).order_by(durable_activities.c.job_id, durable_activities.c.attempt)
+            )
+        ]
+    return flows, acts
+
+
+def test_an_objective_leaves_one_control_workflow_and_one_activity_per_task_attempt(queue: Queue) -> None:
+    launch(queue, "lg-1")
+    drain(queue)
+    flows, acts = rows(queue.engine)
+    assert [(f["id"], f["name"], f["status"]) for f in flows] == [
+        ("objective-control:lg-1", "objective-control", "completed")
+    ]
+    assert flows[0]["steps"] >= 1 and flows[0]["ended_at"] is not None
+    assert [(a["job_id"], a["attempt"], a["status"]) for a in acts] == [
+        (f"lg-1:p1:{t}", 1, "completed") for t in ("A", "B", "C", "D")
+    ]
+    for a in acts:
+        assert a["kind"] == "factory.task.run" and a["objective_id"] == "lg-1" and a["worker_id"]
+        assert a["duration_ms"] is not None and a["duration_ms"] >= 0 and a["ended_at"] >= a["started_at"]
+    # Only factory.task.run has activities: control and audit jobs ran but have none.
+    assert {a["kind"] for a in acts} == {"factory.task.run"}
+
+
+def test_a_factory_run_job_is_its_own_run_workflow(queue: Queue) -> None:
+    body = {"kind": "factory.run", "authContext": AUTH, "goal": "no plan: refused"}
+    job = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="run-1")).job
+    drain(queue)
+    flows, _ = rows(queue.engine)
+    run = next(f for f in flows if f["id"] == "run:run-1")
+    assert (run["name"], run["job_id"], run["status"], run["steps"]) == ("run", job.id, "failed", 1)
+
+
+def test_a_ledger_write_failure_never_fails_the_mutation_and_rebuild_repairs_it(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(_engine: Engine, _job_id: str) -> None:
+        raise RuntimeError("ledger database is down")
+
+    monkeypatch.setattr(ledger, "sync_job", broken)
+    launch(queue, "lg-2")
+    with caplog.at_level(logging.ERROR, logger="receipt.ledger"):
+        drain(queue)
+    obj = service.get(queue.engine, "lg-2")
+    assert obj is not None and obj.status == "completed"  # the objective is unaffected
+    job = queue.get("lg-2:p1:D")
+    assert job is not None and job.status == "completed" and job.attempt == 1  # and so is each job
+    assert rows(queue.engine) == ([], [])
+    assert "durable ledger write for job lg-2:p1:A failed" in caplog.text
+    monkeypatch.undo()
+    counts = ledger.rebuild(queue.engine)
+    assert counts["activities"] == 4 and counts["workflows"] == 1
+    flows, acts = rows(queue.engine)
+    assert flows[0]["status"] == "completed" and [a["status"] for a in acts] == ["completed"] * 4
+
+
+def test_rebuild_recreates_exactly_what_was_written(queue: Queue) -> None:
+    launch(queue, "lg-3")
+    drain(queue)
+    before = rows(queue.engine)
+    ledger.rebuild(queue.engine)
+    assert rows(queue.engine) == before
+
+
+def test_get_objective_includes_the_ledger_summary(sqlite_engine: Engine) -> None:
+    from api import create_app
+    from app.storage import tokens
+
+    queue = Queue(sqlite_engine)
+    launch(queue, "lg-4")
+    drain(queue)
+    app = create_app(
+        Settings(database_url=str(sqlite_engine.url)), engine=sqlite_engine, on_dispatchable=lambda j: None
+    )
+    token = tokens.create(sqlite_engine, "org-a")[1]
+    r = app.test_client().get("/objectives/lg-4", headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.json
+    summary = r.json["objective"]["ledger"]  # type: ignore[index]
+    assert [w["id"] for w in summary["workflows"]] == ["objective-control:lg-4"]
+    assert summary["workflows"][0]["status"] == "completed"
+    assert summary["activities"]["total"] == 4 and summary["activities"]["byStatus"] == {"completed": 4}
+
+
+def test_the_cli_verb_rebuilds_the_ledger(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.ops.cli import main
+
+    queue = Queue(sqlite_engine)
+    launch(queue, "lg-5")
+    drain(queue)
+    monkeypatch.setenv("DATABASE_URL", str(sqlite_engine.url))
+    assert main(["rebuild-ledger"]) == 0
+    assert "1 workflows and 4 activities" in capsys.readouterr().out
