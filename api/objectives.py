@@ -8,7 +8,7 @@ one (404), and an ``objectiveId`` another organisation holds is refused (409) wi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from flask import Blueprint, request
@@ -22,11 +22,9 @@ from api.jsonbody import check_param
 from api.openapi import Operation, operation
 from api.streams import held_stream, resume_point, sse_timing
 from app.factory import service, storage
-from app.factory.plan import validate_objective
+from app.factory.plan import TaskSpec, validate_objective
 from app.factory.reducer import Objective, reduce
 from app.factory.vocab import (
-    DEFAULT_TASK_AGENT,
-    DEFAULT_TASK_KIND,
     OBJECTIVE_STREAM_PREFIX,
     objective_stream,
 )
@@ -252,20 +250,13 @@ def cancel(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
 def replan(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
     current = visible_objective(objectiveId)
     identity = auth.current()
-    tasks = body.get("tasks")
-    for task in tasks if isinstance(tasks, list) else []:
-        # A new task that runs a command needs the same right as at launch (issue 8); the plan's
-        # defaults apply (agent codex, kind factory.task.run). Shape errors are the service's 400.
-        if isinstance(task, dict):
-            payload = task.get("payload")
-            kind = payload.get("kind") if isinstance(payload, dict) else None
-            auth.require_enqueue_allowed(
-                identity,
-                str(task.get("agentId") or DEFAULT_TASK_AGENT),
-                str(kind or DEFAULT_TASK_KIND),
-                current.organization_id,
-            )
-    service.replan(state().queue, objectiveId, body.get("tasks"), body.get("reason"))
+
+    def authorize(tasks: Sequence[TaskSpec]) -> None:
+        # A new task that runs a command needs the same right as at launch (issue 8).
+        for task in tasks:
+            auth.require_enqueue_allowed(identity, task.agent_id, task.kind, current.organization_id)
+
+    service.replan(state().queue, objectiveId, body.get("tasks"), body.get("reason"), authorize)
     return {"objective": live_json(visible_objective(objectiveId))}, 202
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -171,7 +171,13 @@ def cancel(queue: Queue, objective_id: str, reason: str | None) -> Objective:
     return obj
 
 
-def replan(queue: Queue, objective_id: str, raw_tasks: Any, reason: str | None) -> Objective:
+def replan(
+    queue: Queue,
+    objective_id: str,
+    raw_tasks: Any,
+    reason: str | None,
+    authorize: Callable[[Sequence[TaskSpec]], None] | None = None,
+) -> Objective:
     """Start phase n+1 with a new plan (``objective.replanned`` + a ``replan`` request, one transaction).
 
     The plan is validated exactly as at launch (under the objective's authContext); its task ids
@@ -186,6 +192,8 @@ def replan(queue: Queue, objective_id: str, raw_tasks: Any, reason: str | None) 
         raise ObjectiveNotFound(objective_id)
     _check_replannable(current.objective)  # 409 once terminal, whatever the body
     tasks = _replan_tasks(raw_tasks, current.objective)
+    if authorize is not None:
+        authorize(tasks)  # after validation, as at launch: a bad plan is a 400 before any 403
     for _ in range(MAX_STEP_ROUNDS):
         try:
             with transaction(queue.engine) as conn:

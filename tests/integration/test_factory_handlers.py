@@ -40,7 +40,9 @@ def test_factory_dispatch_launches_once_by_objective_id(sqlite_engine: Engine) -
     assert b is not None and b.status == "completed" and b.result["created"] is False
     obj = service.get(sqlite_engine, "disp-1")
     assert obj is not None and obj.status == "completed" and obj.title == "t"
-    assert obj.launched_by == {"tokenId": None, "scopes": [], "system": True}
+    # The dispatch job was enqueued with no recorded enqueuer: the objective it launched holds no
+    # rights (a launch never acts with more rights than whoever asked for it).
+    assert obj.launched_by == {"tokenId": None, "scopes": [], "system": False}
 
 
 def test_factory_dispatch_refuses_a_bad_objective_without_retrying(sqlite_engine: Engine) -> None:

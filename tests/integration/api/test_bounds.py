@@ -200,8 +200,10 @@ def test_resuming_with_last_event_id_reads_from_that_seq_not_from_1(
         reads.append(after)
         return real(conn, stream, after=after, limit=limit)
 
-    monkeypatch.setattr(store, "read_stream", spy)
     complete(api.queue, job["id"], "worker-1", attempt, "done")
+    # Spy from here on: settling reads the stream for the durable ledger (after commit), and that
+    # read is not the follower's.
+    monkeypatch.setattr(store, "read_stream", spy)
     head = 9  # enqueued, leased, heartbeat, 5 progress, completed
     caught_up = open_events(
         api.client, f"/jobs/{job['id']}/events", api.headers(**{"Last-Event-ID": str(head)})

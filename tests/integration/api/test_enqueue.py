@@ -55,7 +55,8 @@ def test_routing_is_agent_first(api: Api) -> None:
     assert codex["route"]["workerGroup"] == "codex"
     control = api.job(agent="factory-control", payload=payload("factory.objective.control"))
     assert control["route"]["queue"] == "receipt-control"
-    integration = api.job(agent="factory", payload=payload("factory.integration.publish"))
+    # Integration kinds run commands (issue 10): the system token may post them.
+    integration = api.job("system", agent="factory", payload=payload("factory.integration.publish"))
     assert integration["route"]["workerGroup"] == "codex"
     dispatch = api.job(agent="factory", payload=payload("factory.dispatch"))
     assert dispatch["route"]["workerGroup"] == "chat"
