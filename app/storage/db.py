@@ -129,7 +129,7 @@ deliveries = Table(
     "deliveries",
     metadata,
     Column("job_id", String(128), primary_key=True),
-    Column("purpose", String(16), primary_key=True),  # dispatch | redrive
+    Column("purpose", String(16), primary_key=True),  # dispatch | redrive | outbox
     Column("observed", String(64), primary_key=True),  # '' or '<seq>:<status>' for a redrive
     Column("generation", Integer, primary_key=True),
     Column("dispatch_key", String(320), nullable=False),

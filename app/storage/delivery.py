@@ -75,6 +75,11 @@ def decide_generation(
     return StartDecision(True, key, nxt, driver_task_id(key, nxt))
 
 
+# Deliveries started for one observed queue state: the queued redrive's, and the objective-control
+# outbox redrive's for a control job whose wake-up was lost (``<jobId>:outbox:<seq>``).
+OBSERVED_PURPOSES = ("redrive", "outbox")
+
+
 @dataclass(frozen=True)
 class DeliveryKey:
     """A dispatch key by structure: (job id, purpose, observed queue state).
@@ -85,20 +90,21 @@ class DeliveryKey:
     """
 
     job_id: str
-    purpose: str  # "dispatch" | "redrive"
+    purpose: str  # "dispatch", or one of OBSERVED_PURPOSES
     observed: str = ""
 
     @property
     def text(self) -> str:
-        return self.job_id if self.purpose == "dispatch" else f"{self.job_id}:redrive:{self.observed}"
+        return self.job_id if self.purpose == "dispatch" else f"{self.job_id}:{self.purpose}:{self.observed}"
 
     @classmethod
     def of(cls, job_id: str, text: str) -> DeliveryKey:
         if text == job_id:
             return cls(job_id, "dispatch")
-        prefix = f"{job_id}:redrive:"
-        if text.startswith(prefix):
-            return cls(job_id, "redrive", text[len(prefix) :])
+        for purpose in OBSERVED_PURPOSES:
+            prefix = f"{job_id}:{purpose}:"
+            if text.startswith(prefix):
+                return cls(job_id, purpose, text[len(prefix) :])
         raise ValueError(f"{text!r} is not a dispatch key of job {job_id!r}")
 
 

@@ -233,3 +233,11 @@ def test_concurrent_begins_on_postgres_create_exactly_one(pg_engine: Engine, set
     expected_generation = 1 if settled_first else 0
     assert created[0].generation == expected_generation
     assert [r[:2] for r in rows(pg_engine)][-1] == (expected_generation, "pending")
+
+
+def test_an_outbox_key_is_its_own_purpose(engine: Engine) -> None:
+    """The objective outbox redrive delivers a stuck control job under ``<jobId>:outbox:<seq>``."""
+    first = begin(engine, "job-1:outbox:3")
+    assert (first.created, first.generation) == (True, 0)
+    assert delivery.DeliveryKey.of("job-1", "job-1:outbox:3") == delivery.DeliveryKey("job-1", "outbox", "3")
+    assert delivery.DeliveryKey("job-1", "outbox", "3").text == "job-1:outbox:3"
