@@ -288,6 +288,7 @@ def test_codex_only_runs_factory_task_run(queue: Queue) -> None:
     with pytest.raises(HandlerError) as info:
         codex.handle(leased_context(queue, job))
     assert info.value.retryable is False
+    assert "runs only command kinds" in str(info.value) and "'factory.run'" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from app.jobs.contracts import CONTRACTS
 from app.jobs.privilege import COMMANDS_SCOPE
 from workers import sandbox
 from workers.handler import HandlerError, JobContext
@@ -116,9 +117,12 @@ def _check_executable(argv0: str, env: Mapping[str, str], workdir: Path) -> None
 def handle(ctx: JobContext) -> Any:
     if ctx.job.kind in integration.KINDS and not integration.runs_command(ctx.job.kind, ctx.payload):
         return integration.publish(ctx)  # a signed POST, not a command
-    if ctx.job.kind not in ("factory.task.run", *integration.KINDS):
+    contract = CONTRACTS.get(ctx.job.kind)
+    if contract is None or not contract.runs_command:
+        # The kind contracts say which kinds run a command; only those belong on codex.
+        runnable = ", ".join(k for k, c in CONTRACTS.items() if c.runs_command)
         raise HandlerError(
-            f"agent 'codex' cannot run kind '{ctx.job.kind}' yet: the Factory layer is not installed",
+            f"agent 'codex' runs only command kinds ({runnable}), not '{ctx.job.kind}'",
             retryable=False,
         )
     if not ctx.settings.codex_commands_enabled:
