@@ -19,6 +19,7 @@ from typing import Any
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE
+from app.ops.wakes import wake, wake_list_for
 
 log = logging.getLogger("receipt.api")
 
@@ -31,7 +32,9 @@ class WakeUnavailable(RuntimeError):
 
 
 class WakePublisher:
-    """Sends ``receipt.dispatch`` with the ids of newly dispatchable jobs to the driver queue."""
+    """Wakes the dispatch scanner for newly dispatchable jobs: their ids go onto the coalescing
+    wake list and ``receipt.dispatch`` is sent when no scan is armed (``app/ops/wakes.py``), or,
+    without Redis, the message carries the ids."""
 
     def __init__(self, settings: Settings) -> None:
         try:
@@ -42,11 +45,13 @@ class WakePublisher:
             raise WakeUnavailable(f"the wake-up publisher cannot be imported: {exc}") from exc
         self.celery: Any = Celery("receipt-api", set_as_current=False)
         self.celery.config_from_object(celeryconfig.build(settings))
+        self.wakes = wake_list_for(settings.redis_url, self.celery.conf.broker_transport_options)
 
     def __call__(self, jobs: Sequence[Job]) -> None:
-        ids = [j.id for j in jobs]
-        if ids:
-            self.celery.send_task(DISPATCH_TASK, args=[ids], queue=DRIVER_QUEUE)
+        wake(self._send, self.wakes, [j.id for j in jobs])
+
+    def _send(self, ids: list[str]) -> None:
+        self.celery.send_task(DISPATCH_TASK, args=[ids], queue=DRIVER_QUEUE)
 
     def check(self) -> str:
         """``ok``, or why a wake-up could not be published (no network I/O: the broker has its own check).

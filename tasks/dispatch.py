@@ -18,7 +18,7 @@ from app.jobs.routing import DRIVER_QUEUE, route
 from app.jobs.timing import timing_for
 from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
 from app.ops import logs, metrics
-from app.storage import delivery
+from app.storage import delivery, projection
 from app.storage.db import db_now, parse_iso, transaction
 from app.storage.queue import retry_transient
 from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime
@@ -36,19 +36,72 @@ class DriveResult(TypedDict):
     queue: NotRequired[str]  # when dispatched: the worker group's queue
 
 
-def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
-    """One scanner pass over the given jobs: start a driver for each (base dispatch key = job id).
+# The most jobs one scan transaction claims (its lock statement, read and insert cover them all).
+CLAIM_BATCH = 100
 
-    The scan runs on ``receipt-driver`` in the driver role, so the driver it starts runs right
-    here (``inline``) instead of costing another broker hop back to the same queue.
+
+def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
+    """One scanner pass: start a driver for each job woken (base dispatch key = job id).
+
+    The jobs come from the wake-up message itself and, with a Redis broker, from the coalesced
+    wake list (``app/ops/wakes.py``), drained here in batches. Each batch is claimed in one
+    transaction (``delivery.begin_many``). The scan runs on ``receipt-driver`` in the driver role,
+    so the driver of every claimed job runs right here instead of costing another broker hop back
+    to the same queue; it decides from the job as the claim read it.
     """
-    started = []
-    for job_id in job_ids:
-        with logs.bind_job(jobId=job_id):
-            decision = start_driver(rt, job_id, job_id, inline=True)
-        if decision is not None and decision.created:
-            started.append(job_id)
+    started: list[str] = []
+    if job_ids:
+        started += _dispatch_batch(rt, job_ids)
+    if rt.wakes is not None:
+        rt.wakes.disarm()  # from here on, a new enqueue arms (and sends) the next wake-up
+        while batch := rt.wakes.take(CLAIM_BATCH):
+            started += _dispatch_batch(rt, batch)
     return {"started": started}
+
+
+def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
+    # Read before the messages are sent: a flush after this read is then always detected later.
+    epoch = rt.broker.epoch()
+    claimed = retry_transient(lambda: _claim(rt, sorted(set(job_ids)), epoch))
+    started = []
+    for job, decision in claimed:
+        with logs.bind_job(jobId=job.id):
+            if isinstance(decision, DeliveryGenerationsExceeded):
+                _generations_exhausted(rt, job.id, decision)
+                continue
+            if not decision.created:
+                continue
+            _count_delivery(decision, "dispatch")
+            started.append(job.id)
+            deliver(rt, job, job.id, decision.generation)
+    return started
+
+
+def _claim(
+    rt: Runtime, job_ids: list[str], epoch: str | None
+) -> list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]]:
+    """The driver starter for a batch of woken jobs, in one transaction: read them, and record a
+    delivery for each that is queued and not backing off (or learn one is active)."""
+    with transaction(rt.engine) as conn:
+        now = db_now(conn)
+        ready = [
+            job
+            for job in projection.load_jobs(conn, job_ids)
+            if job.status == "queued" and not_before(job) <= now
+        ]
+        requests = [
+            delivery.StartRequest(
+                job.id, job.id, timing_for(job.agent_id, job.kind, job.payload, rt.settings).driver_timeout_ms
+            )
+            for job in ready
+        ]
+        return list(zip(ready, delivery.begin_many(conn, requests, now, epoch=epoch), strict=True))
+
+
+def _generations_exhausted(rt: Runtime, job_id: str, exc: DeliveryGenerationsExceeded) -> None:
+    log.error("%s", exc)
+    metrics.registry_metrics().generations_exhausted.inc()
+    rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
 
 
 def start_driver(
@@ -56,11 +109,10 @@ def start_driver(
     job_id: str,
     dispatch_key: str,
     *,
-    inline: bool = False,
     presume_lost_after_ms: int | None = None,
 ) -> delivery.StartDecision | None:
-    """The driver starter: record a delivery (or learn one is active), then begin the driver —
-    by sending the driver task, or, when the caller already runs in the driver role, in-process."""
+    """The driver starter for one job (the recovery loops): record a delivery (or learn one is
+    active), then begin the driver by sending the driver task."""
     job = rt.queue.get(job_id)
     if job is None or job.status != "queued":
         return None
@@ -86,17 +138,11 @@ def start_driver(
                 ),
             )
     except DeliveryGenerationsExceeded as exc:
-        log.error("%s", exc)
-        metrics.registry_metrics().generations_exhausted.inc()
-        rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
+        _generations_exhausted(rt, job_id, exc)
         return None
     if not decision.created:
         return decision
-    path = "redrive" if ":redrive:" in dispatch_key else "dispatch"
-    metrics.registry_metrics().deliveries.labels(path, str(decision.generation > 0).lower()).inc()
-    if inline:
-        drive(rt, job_id, dispatch_key, decision.generation)
-        return decision
+    _count_delivery(decision, "redrive" if ":redrive:" in dispatch_key else "dispatch")
     try:
         rt.app.send_task(
             DRIVER_TASK,
@@ -110,6 +156,10 @@ def start_driver(
         settle_delivery(rt, job_id, dispatch_key, decision.generation, "send_failed")
         raise
     return decision
+
+
+def _count_delivery(decision: delivery.StartDecision, path: str) -> None:
+    metrics.registry_metrics().deliveries.labels(path, str(decision.generation > 0).lower()).inc()
 
 
 def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> DriveResult:
@@ -140,15 +190,22 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> Drive
             return {"outcome": "stale_active_lease"}
         settle_delivery(rt, job_id, dispatch_key, generation, "active_lease")
         return {"outcome": "active_lease"}
+    # Only a job that is backing off pays for a clock read; every other drive skips it.
+    if not job.abort_requested and job.available_at is not None and not_before(job) > db_now_of(rt):
+        # A retry still backing off (a redrive raced the due-retries pass): not yet.
+        settle_delivery(rt, job_id, dispatch_key, generation, "backoff")
+        return {"outcome": "backoff"}
+    return deliver(rt, job, dispatch_key, generation)
+
+
+def deliver(rt: Runtime, job: Job, dispatch_key: str, generation: int) -> DriveResult:
+    """The driver's last step for a queued job: honour ``abortRequested``, else send the worker
+    message under a fresh attempt fence."""
+    job_id = job.id
     if job.abort_requested:
         retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
         settle_delivery(rt, job_id, dispatch_key, generation, "canceled")
         return {"outcome": "canceled"}
-    # Only a job that is backing off pays for a clock read; every other drive skips it.
-    if job.available_at is not None and not_before(job) > db_now_of(rt):
-        # A retry still backing off (a redrive raced the due-retries pass): not yet.
-        settle_delivery(rt, job_id, dispatch_key, generation, "backoff")
-        return {"outcome": "backoff"}
     fence = delivery.attempt_fence(job_id, job.attempt + 1)
     logs.update_job(org=job.organization_id, attempt=job.attempt + 1, fence=fence)
     queue_name = route(job.agent_id, job.kind).queue
@@ -157,7 +214,10 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> Drive
     evt = rt.callbacks.dispatched(rt.engine, job, fence)
     try:
         rt.app.send_task(
-            EXECUTE_TASK, args=[job_id, fence, dispatch_key, generation], task_id=fence, queue=queue_name
+            EXECUTE_TASK,
+            args=[job_id, fence, dispatch_key, generation],
+            task_id=fence,
+            queue=queue_name,
         )
     except Exception:
         # The worker message never left: end this delivery so the next pass may start another.

@@ -30,14 +30,18 @@ def execute(rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation:
     # outcome, a vocabulary word, is logged here instead, never the job's payload or result.
     log.info("delivery %s: %s", fence, result.status)
     if result.status not in NOT_OWNED:
-        settle_delivery(rt, job_id, dispatch_key, generation, result.status)
+        # A receipt that takes the job to a terminal state or back to queued settles every pending
+        # delivery of the job in its own transaction (Queue._apply): only an attempt that ended
+        # without one (a settlement conflict) still has its delivery to settle here.
+        if job is None or not (job.terminal or job.status == "queued"):
+            settle_delivery(rt, job_id, dispatch_key, generation, result.status)
         if job is not None and job.status == "queued":
             # A retryable failure requeued the job. The queue's own wake-up fired inside that
             # settlement, while this delivery was still pending, so the starter may have answered
             # active_delivery and left the retry to the queued redrive (min age 30 s). Wake again
             # now that the delivery is settled; if the first wake won, this one is a no-op.
             try:
-                send_wake(rt.app, [job])
+                send_wake(rt.app, [job], rt.wakes)
             except Exception:  # best-effort, like every wake-up: the queued redrive still delivers it
                 log.exception("could not wake the dispatcher for retry of %s", job_id)
     elif result.status == "terminal_state":

@@ -28,6 +28,7 @@ from app.jobs.routing import REDRIVE_TASK as REDRIVE_TASK
 from app.jobs.routing import RETRY_TASK as RETRY_TASK
 from app.jobs.routing import WATCHDOG_TASK as WATCHDOG_TASK
 from app.ops import metrics
+from app.ops.wakes import WakeList, wake, wake_list_for
 from app.storage.db import make_engine
 from app.storage.queue import Queue
 from tasks.broker import BrokerProbe, NullProbe, probe_for
@@ -44,13 +45,16 @@ class Runtime:
     registry: HandlerRegistry
     callbacks: Callbacks
     broker: BrokerProbe = field(default_factory=NullProbe)
+    # The coalescing wake list (Redis brokers only): the scanner drains it (app/ops/wakes.py).
+    wakes: WakeList | None = None
 
 
-def send_wake(app: Celery, jobs: Sequence[Job]) -> None:
-    """Ask the dispatch scanner to start drivers for these jobs (a small message of ids)."""
-    ids = [j.id for j in jobs]
-    if ids:
-        app.send_task(DISPATCH_TASK, args=[ids], queue=DRIVER_QUEUE)
+def send_wake(app: Celery, jobs: Sequence[Job], wakes: WakeList | None = None) -> None:
+    """Ask the dispatch scanner to start drivers for these jobs: through the wake list, so one
+    message wakes one scan for many jobs, or a small message of ids (no list)."""
+    wake(
+        lambda ids: app.send_task(DISPATCH_TASK, args=[ids], queue=DRIVER_QUEUE), wakes, [j.id for j in jobs]
+    )
 
 
 _lock = threading.Lock()
@@ -65,13 +69,16 @@ def get_runtime(app: Celery) -> Runtime:
         if rt is None:
             settings: Settings = app.receipt_settings
             engine = make_engine(settings.sqlalchemy_url)
+            wakes = wake_list_for(settings.redis_url, app.conf.broker_transport_options)
             queue = Queue(
                 engine,
-                on_dispatchable=lambda jobs: send_wake(app, jobs),
+                on_dispatchable=lambda jobs: send_wake(app, jobs, wakes),
                 on_applied=metrics.observe,
                 callback_targets=settings.callback_targets,
             )
             registry = default_registry(settings.handler_modules.split(","))
-            rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings), probe_for(settings))
+            rt = Runtime(
+                settings, app, engine, queue, registry, Callbacks(settings), probe_for(settings), wakes
+            )
             app.receipt_runtime = rt
     return rt

@@ -26,7 +26,7 @@ from app.jobs.reducer import Job
 from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
 from app.jobs.vocab import AttemptStatus, FailureStatus
 from app.ops import logs
-from app.storage.queue import Outcome, Queue, retry_transient
+from app.storage.queue import Queue, retry_transient
 from workers.handler import HandlerError, JobContext
 from workers.registry import HandlerRegistry
 
@@ -81,30 +81,23 @@ def run_attempt(
     worker_id: str | None = None,
 ) -> AttemptResult:
     worker_id = worker_id or new_worker_id(settings)
-    job = retry_transient(lambda: queue.get(job_id))
-    if job is None:
-        return AttemptResult("stale_attempt", None, f"no job {job_id}")
-    logs.update_job(org=job.organization_id, workerId=worker_id, attempt=attempt)
-    if job.terminal:
-        return AttemptResult("terminal_state", job)
-    timing = timing_for(job.agent_id, job.kind, job.payload, settings)
+    logs.update_job(workerId=worker_id, attempt=attempt)
 
-    if job.status == "queued":
-        if job.attempt + 1 != attempt:
-            return AttemptResult(
-                "stale_attempt", job, f"fence is for attempt {attempt}, job is at {job.attempt}"
-            )
-        # Lease and first heartbeat in one commit: queued → leased → running.
-        out: Outcome = retry_transient(lambda: queue.lease(job_id, worker_id, timing.lease_ms, start=True))
-        if not out.applied or out.job.attempt != attempt:
-            return AttemptResult("lease_lost", out.job)
-    else:
-        # Redelivered rather than leased here: the start-fence heartbeat checks the lease is ours,
-        # and a mismatch ends the attempt as lease_lost.
-        out = retry_transient(lambda: queue.heartbeat(job_id, worker_id, attempt, timing.lease_ms))
-        if not out.applied:
-            return AttemptResult("lease_lost", out.job)
-    job = out.job
+    def lease_ms(job: Job) -> int:
+        return timing_for(job.agent_id, job.kind, job.payload, settings).lease_ms
+
+    # One transaction reads the job and leases it (queued → leased → running in one commit), or
+    # takes the start-fence heartbeat of redelivered work; it says why when it did neither.
+    start = retry_transient(lambda: queue.start_attempt(job_id, worker_id, attempt, lease_ms))
+    if start.job is None:
+        return AttemptResult("stale_attempt", None, f"no job {job_id}")
+    job = start.job
+    logs.update_job(org=job.organization_id)
+    if start.status == "stale_attempt":
+        return AttemptResult("stale_attempt", job, f"fence is for attempt {attempt}, job is at {job.attempt}")
+    if start.status != "started":
+        return AttemptResult(start.status, job)
+    timing = timing_for(job.agent_id, job.kind, job.payload, settings)
 
     handler = registry.get(job.agent_id)
     if job.abort_requested or handler is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -347,16 +347,25 @@ def lock_key(conn: Connection, name: str) -> None:
     """
     if is_sqlite(conn):
         return
-    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
+    conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _advisory_key(name)})
 
 
-def try_lock_key(conn: Connection, name: str) -> bool:
-    """Like ``lock_key`` but gives up at once when another transaction holds it."""
-    if is_sqlite(conn):
-        return True
-    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-    return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": key}).scalar_one())
+def lock_keys(conn: Connection, names: Sequence[str]) -> None:
+    """``lock_key`` for many names in one round trip, taken in one global order (no deadlock
+    between two callers locking overlapping sets)."""
+    if is_sqlite(conn) or not names:
+        return
+    keys = sorted({_advisory_key(n) for n in names})
+    conn.execute(_LOCK_MANY, {"keys": keys})
+
+
+_LOCK_MANY = text(
+    "SELECT pg_advisory_xact_lock(k) FROM (SELECT unnest(CAST(:keys AS bigint[])) AS k ORDER BY 1) AS ks"
+)
+
+
+def _advisory_key(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
 
 @contextmanager
@@ -368,7 +377,7 @@ def session_lock(engine: Engine, name: str, *, wait_s: float, poll_s: float = 0.
     if engine.dialect.name == "sqlite":
         yield True
         return
-    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    key = _advisory_key(name)
     with engine.connect() as raw:
         conn = raw.execution_options(isolation_level="AUTOCOMMIT")
         deadline = time.monotonic() + wait_s

@@ -10,13 +10,13 @@ queued redrive re-delivers from receipts. Celery task ids are derived from key +
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from app.jobs.errors import (
     ACTIVE_DELIVERY_REASON,
@@ -25,7 +25,7 @@ from app.jobs.errors import (
     generations_exceeded_message,
 )
 from app.jobs.vocab import TERMINAL_STATUSES, AttemptStatus, DeliveryOutcome, Status
-from app.storage.db import as_utc, deliveries, jobs, lock_key
+from app.storage.db import as_utc, deliveries, jobs, lock_keys
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,16 @@ def _of_key(key: DeliveryKey) -> Any:
     return and_(c.job_id == key.job_id, c.purpose == key.purpose, c.observed == key.observed)
 
 
+@dataclass(frozen=True)
+class StartRequest:
+    """One job the driver starter is asked to deliver, under ``dispatch_key``."""
+
+    job_id: str
+    dispatch_key: str
+    driver_timeout_ms: int
+    presume_lost_before: datetime | None = None
+
+
 def begin(
     conn: Connection,
     job_id: str,
@@ -123,6 +133,18 @@ def begin(
     epoch: str | None = None,
     presume_lost_before: datetime | None = None,
 ) -> StartDecision:
+    """The driver starter's bookkeeping for one job (``begin_many`` of one request)."""
+    [decision] = begin_many(
+        conn, [StartRequest(job_id, dispatch_key, driver_timeout_ms, presume_lost_before)], now, epoch=epoch
+    )
+    if isinstance(decision, DeliveryGenerationsExceeded):
+        raise decision
+    return decision
+
+
+def begin_many(
+    conn: Connection, requests: Sequence[StartRequest], now: datetime, *, epoch: str | None = None
+) -> list[StartDecision | DeliveryGenerationsExceeded]:
     """The driver starter's bookkeeping: record a new pending delivery unless one is in flight.
 
     A delivery is in flight while it is pending, within its deadline, and its message went to
@@ -132,56 +154,103 @@ def begin(
     wait). Any key of the job counts, so a redrive never sends a second message beside a live
     one. ``presume_lost_before`` (the redrive, when the broker holds no message that could be it)
     ends every pending delivery of the job created before that time first.
+
+    Many jobs in one transaction and a fixed number of round trips (the dispatch scan claims a
+    batch): one lock statement, one read of the jobs' delivery records, one multi-row insert.
+    One decision per request, in order; a job past its generation bound gets the exception.
     """
-    key = DeliveryKey.of(job_id, dispatch_key)
     # One starter at a time per job: the in-flight check below reads several rows, which a
     # concurrent starter could otherwise change between the reads (Postgres; SQLite's write lock
-    # already serialises).
-    lock_key(conn, f"delivery:{job_id}")
+    # already serialises). Held to commit, so no concurrent starter inserts the same generation.
+    lock_keys(conn, [f"delivery:{r.job_id}" for r in requests])
     c = deliveries.c
-    pending = conn.execute(
-        select(c.purpose, c.observed, c.generation, c.created_at, c.deadline_at, c.broker_epoch).where(
-            c.job_id == job_id, c.state == "pending"
-        )
+    rows = conn.execute(
+        select(
+            c.job_id,
+            c.purpose,
+            c.observed,
+            c.generation,
+            c.state,
+            c.created_at,
+            c.deadline_at,
+            c.broker_epoch,
+        ).where(c.job_id.in_(sorted({r.job_id for r in requests})))
     ).all()
-    in_flight = []
-    for row in pending:
-        row_key = DeliveryKey(job_id, row.purpose, row.observed)
-        if as_utc(row.deadline_at) <= now:
-            _settle_row(conn, row_key, row.generation, "expired", now)
-        elif epoch is not None and row.broker_epoch is not None and row.broker_epoch != epoch:
-            _settle_row(conn, row_key, row.generation, "broker_lost", now)
-        elif presume_lost_before is not None and as_utc(row.created_at) < presume_lost_before:
-            _settle_row(conn, row_key, row.generation, "presumed_lost", now)
-        else:
-            in_flight.append((row_key, row.generation))
-    if in_flight:
-        same = [g for k, g in in_flight if k == key]
-        generation = same[0] if same else in_flight[0][1]
-        return StartDecision(False, dispatch_key, generation, reason=ACTIVE_DELIVERY_REASON)
-    last = conn.execute(select(func.max(c.generation)).where(_of_key(key))).scalar()
-    decision = decide_generation(last, False, job_id, dispatch_key)
-    assert decision.task_id is not None
-    try:
-        with conn.begin_nested():
-            conn.execute(
-                deliveries.insert().values(
-                    job_id=job_id,
-                    purpose=key.purpose,
-                    observed=key.observed,
-                    generation=decision.generation,
-                    dispatch_key=dispatch_key[:320],
-                    task_id=decision.task_id,
-                    state="pending",
-                    broker_epoch=epoch,
-                    created_at=now,
-                    deadline_at=now + timedelta(milliseconds=driver_timeout_ms),
-                )
+    pending: dict[str, list[tuple[DeliveryKey, int, Any]]] = {}
+    newest: dict[DeliveryKey, int] = {}
+    for row in rows:
+        row_key = DeliveryKey(row.job_id, row.purpose, row.observed)
+        newest[row_key] = max(newest.get(row_key, -1), row.generation)
+        if row.state == "pending":
+            pending.setdefault(row.job_id, []).append((row_key, row.generation, row))
+    decisions: list[StartDecision | DeliveryGenerationsExceeded] = []
+    inserts: list[dict[str, Any]] = []
+    for req in requests:
+        key = DeliveryKey.of(req.job_id, req.dispatch_key)
+        in_flight = []
+        for row_key, generation, row in pending.get(req.job_id, []):
+            outcome = _lost_because(row, now, epoch, req.presume_lost_before)
+            if outcome is not None:
+                _settle_row(conn, row_key, generation, outcome, now)
+            else:
+                in_flight.append((row_key, generation, row))
+        pending[req.job_id] = in_flight
+        if in_flight:
+            same = [g for k, g, _ in in_flight if k == key]
+            generation = same[0] if same else in_flight[0][1]
+            decisions.append(
+                StartDecision(False, req.dispatch_key, generation, reason=ACTIVE_DELIVERY_REASON)
             )
-    except IntegrityError:
-        # A concurrent starter created this generation first: that delivery is the active one.
-        return StartDecision(False, dispatch_key, decision.generation, reason=ACTIVE_DELIVERY_REASON)
-    return decision
+            continue
+        try:
+            decision = decide_generation(newest.get(key), False, req.job_id, req.dispatch_key)
+        except DeliveryGenerationsExceeded as exc:
+            decisions.append(exc)
+            continue
+        assert decision.task_id is not None
+        deadline = now + timedelta(milliseconds=req.driver_timeout_ms)
+        row_values = {
+            "job_id": req.job_id,
+            "purpose": key.purpose,
+            "observed": key.observed,
+            "generation": decision.generation,
+            "dispatch_key": req.dispatch_key[:320],
+            "task_id": decision.task_id,
+            "state": "pending",
+            "broker_epoch": epoch,
+            "created_at": now,
+            "deadline_at": deadline,
+        }
+        inserts.append(row_values)
+        # A second request for the same job in this batch finds this one in flight.
+        newest[key] = decision.generation
+        pending[req.job_id] = [(key, decision.generation, _Pending(now, deadline, epoch))]
+        decisions.append(decision)
+    if inserts:
+        conn.execute(deliveries.insert(), inserts)
+    return decisions
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A delivery recorded earlier in the same ``begin_many`` (it has no row read yet)."""
+
+    created_at: datetime
+    deadline_at: datetime
+    broker_epoch: str | None
+
+
+def _lost_because(
+    row: Any, now: datetime, epoch: str | None, presume_lost_before: datetime | None
+) -> str | None:
+    """Why a pending delivery can no longer be in flight (its outcome), or None if it may be."""
+    if as_utc(row.deadline_at) <= now:
+        return "expired"
+    if epoch is not None and row.broker_epoch is not None and row.broker_epoch != epoch:
+        return "broker_lost"
+    if presume_lost_before is not None and as_utc(row.created_at) < presume_lost_before:
+        return "presumed_lost"
+    return None
 
 
 def _settle_row(conn: Connection, key: DeliveryKey, generation: int, outcome: str, now: datetime) -> None:

@@ -26,11 +26,14 @@ from datetime import datetime
 from typing import Any, Final
 
 from sqlalchemy import delete, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
 from app.factory.reducer import fold as fold_objective
 from app.factory.vocab import objective_stream
 from app.jobs.contracts import CONTRACTS, contract_for
+from app.jobs.reducer import Job
 from app.jobs.reducer import fold as fold_job
 from app.jobs.vocab import job_stream
 from app.storage import store
@@ -118,22 +121,28 @@ def activities(
 
 def run_workflow(job_id: str, receipts: Sequence[store.StoredReceipt]) -> dict[str, Any] | None:
     job = fold_job(r.to_receipt() for r in receipts)
-    if job is None:
-        return None
-    ended = next((r.at for r in reversed(receipts) if r.type in ENDINGS), None) if job.terminal else None
+    return run_row(job) if job is not None else None
+
+
+def run_row(job: Job) -> dict[str, Any]:
+    """A ``run`` workflow's row, from the job's fold alone (no stream read).
+
+    Started by ``job.enqueued`` (the job's creation), ended by its terminal receipt, which is the
+    last receipt of a terminal job (nothing is appended after one), so its time is the fold's
+    ``updatedAt``; steps are attempts.
+    """
+    objective_id = job.payload.get("objectiveId")
     return {
-        "id": f"{RUN}:{job_id}",
+        "id": f"{RUN}:{job.id}",
         "name": RUN,
-        "objective_id": job.payload.get("objectiveId")
-        if isinstance(job.payload.get("objectiveId"), str)
-        else None,
-        "job_id": job_id,
+        "objective_id": objective_id if isinstance(objective_id, str) else None,
+        "job_id": job.id,
         "organization_id": job.organization_id,
         "status": job.status,
         "steps": job.attempt,
-        "started_at": _at(receipts[0].at),
-        "ended_at": _at(ended),
-        "updated_at": _at(receipts[-1].at),
+        "started_at": _at(job.created_at),
+        "ended_at": _at(job.updated_at) if job.terminal else None,
+        "updated_at": _at(job.updated_at),
     }
 
 
@@ -195,9 +204,47 @@ def sync_job(engine: Engine, job_id: str) -> None:
             sync_objective(conn, objective_id)
 
 
-def after_commit(engine: Engine, job_ids: Iterable[str]) -> None:
-    """Best effort, after the receipts committed: a failure is logged, never raised."""
-    for job_id in sorted(set(job_ids)):
+def _fold_only(job: Job) -> bool:
+    """A job whose ledger rows follow from its fold alone: a ``run`` workflow with no activities."""
+    contract = CONTRACTS.get(job.kind)
+    return contract is not None and contract.durable_workflow == RUN and not contract.has_durable_activity
+
+
+def _upsert_statement(conn: Connection) -> Any:
+    insert = sqlite_insert if conn.dialect.name == "sqlite" else pg_insert
+    stmt = insert(durable_workflows)
+    return stmt.on_conflict_do_update(
+        index_elements=[durable_workflows.c.id],
+        set_={c.name: stmt.excluded[c.name] for c in durable_workflows.c if c.name != "id"},
+        # After-commit writes of one job from two processes may land out of order: a fold never
+        # replaces a later one (a stream's receipt times never go back).
+        where=durable_workflows.c.updated_at <= stmt.excluded.updated_at,
+    )
+
+
+def write_run_rows(engine: Engine, jobs_: Sequence[Job]) -> None:
+    """Upsert the ``run`` workflow rows of these jobs, from their folds, in one transaction."""
+    with transaction(engine) as conn:
+        conn.execute(_upsert_statement(conn), [run_row(job) for job in jobs_])
+
+
+def after_commit(engine: Engine, changed: Iterable[Job]) -> None:
+    """Best effort, after the receipts committed: a failure is logged, never raised.
+
+    ``run`` workflows are upserted from the folds just committed (one statement); rows that
+    need a stream (activities per attempt, an objective's control workflow) re-derive from it.
+    """
+    by_id = {job.id: job for job in changed}
+    fold_only = [by_id[i] for i in sorted(by_id) if _fold_only(by_id[i])]
+    if fold_only:
+        try:
+            write_run_rows(engine, fold_only)
+        except Exception:
+            log.exception(
+                "durable ledger write for jobs %s failed; receipts are unaffected (rebuild-ledger)",
+                ", ".join(j.id for j in fold_only),
+            )
+    for job_id in sorted(i for i in by_id if not _fold_only(by_id[i])):
         try:
             sync_job(engine, job_id)
         except Exception:

@@ -6,17 +6,18 @@ receipts alone (``receipt rebuild-projections``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy import bindparam, delete, func, literal, select, update
 from sqlalchemy.engine import Connection
 
 from app.jobs.errors import AppendConflict
 from app.jobs.reducer import Job, fold
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
-from app.storage.db import as_utc, jobs, parse_iso
+from app.storage.db import as_utc, db_now, is_sqlite, jobs, parse_iso
 from app.storage.store import StoredReceipt, read_stream, streams
 
 
@@ -37,6 +38,37 @@ def load(conn: Connection, job_id: str, *, for_update: bool = False) -> Loaded |
     if row is None:
         return None
     return Loaded(Job.from_json(row.state), row.last_hash, as_utc(row.status_changed_at))
+
+
+def load_jobs(conn: Connection, job_ids: Sequence[str]) -> list[Job]:
+    """The jobs among ``job_ids`` that exist, in one read (a dispatch scan's batch)."""
+    if not job_ids:
+        return []
+    rows = conn.execute(select(jobs.c.state).where(jobs.c.id.in_(list(job_ids))).order_by(jobs.c.id)).all()
+    return [Job.from_json(r.state) for r in rows]
+
+
+# Built once (hot path): the projection row and the database clock in one round trip. The clock is
+# evaluated after the statement's snapshot is taken, so it is later than every receipt that
+# snapshot shows; a receipt committed after it makes the caller's append conflict (and re-read).
+_ONE = select(literal(1).label("one")).subquery()
+_LOAD_AT_CLOCK = select(
+    func.clock_timestamp().label("now"), jobs.c.state, jobs.c.last_hash, jobs.c.status_changed_at
+).select_from(_ONE.outerjoin(jobs, jobs.c.id == bindparam("job_id")))
+
+
+def load_at_clock(conn: Connection, job_id: str) -> tuple[Loaded | None, datetime]:
+    """``load`` and the database clock, read together (Postgres: one statement).
+
+    For a transaction that decides from this one job only: its receipts may take this time.
+    """
+    if is_sqlite(conn):
+        return load(conn, job_id), db_now(conn)
+    row = conn.execute(_LOAD_AT_CLOCK, {"job_id": job_id}).one()
+    now = as_utc(row.now)
+    if row.state is None:
+        return None, now
+    return Loaded(Job.from_json(row.state), row.last_hash, as_utc(row.status_changed_at)), now
 
 
 # Built once (hot path): an optimistic update of one job's row at the seq it was read at.

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection, Engine
@@ -65,6 +65,17 @@ class Outcome:
     applied: bool
 
 
+AttemptStartStatus = Literal["started", "terminal_state", "stale_attempt", "lease_lost"]
+
+
+@dataclass(frozen=True)
+class AttemptStart:
+    """What the worker's first write did: ``started`` (it holds the lease now) or why not."""
+
+    status: AttemptStartStatus
+    job: Job | None
+
+
 @dataclass(frozen=True)
 class EnqueueResult:
     job: Job
@@ -108,7 +119,7 @@ class _Tx:
     # Objectives that received a control request in this transaction (the outbox fast path's input).
     objectives: set[str] = field(default_factory=set)
     # Jobs whose durable-ledger rows this transaction changed (written after commit, best effort).
-    ledger: set[str] = field(default_factory=set)
+    ledger: dict[str, Job] = field(default_factory=dict)
     _now: datetime | None = None
 
     @property
@@ -184,12 +195,12 @@ class Queue:
             except Exception:  # delivery is best-effort: the redrive loop re-delivers from receipts
                 log.exception("dispatch wake-up failed; the queued redrive will pick these jobs up")
 
-    def _after_commit_ledger(self, job_ids: Iterable[str]) -> None:
-        if not job_ids:
+    def _after_commit_ledger(self, changed: dict[str, Job]) -> None:
+        if not changed:
             return
         from app.storage import ledger
 
-        ledger.after_commit(self.engine, job_ids)  # logs and swallows its own failures
+        ledger.after_commit(self.engine, changed.values())  # logs and swallows its own failures
 
     def _after_commit_objectives(self, objective_ids: Iterable[str]) -> None:
         if not self.control_fast_path:
@@ -255,7 +266,7 @@ class Queue:
         tx.touched[job_id] = state
         tx.applied.append(Applied(loaded.job if loaded else None, state, tuple(t for t, _ in events)))
         if _ledger_changes(state.kind, events):
-            tx.ledger.add(job_id)
+            tx.ledger[job_id] = state
         self._request_objective_control(tx, loaded.job if loaded else None, state, events)
         return state
 
@@ -263,7 +274,8 @@ class Queue:
         """Load a job, let ``decide`` choose receipts from its state, append them."""
 
         def work(tx: _Tx) -> Outcome:
-            loaded = projection.load(tx.conn, job_id)
+            # One job decides: its row and the clock come in one round trip (projection.load_at_clock).
+            loaded, tx._now = projection.load_at_clock(tx.conn, job_id)
             if loaded is None:
                 raise JobNotFound(job_id)
             events = decide(loaded.job, tx.now)
@@ -334,7 +346,12 @@ class Queue:
                 # Serialise singleton enqueues per (organisation, session key).
                 lock_key(conn, f"session:{req.organization_id}:{req.session_key}")
             if req.job_id is not None:
-                existing = projection.load(conn, req.job_id)
+                if singleton:
+                    existing = projection.load(conn, req.job_id)
+                else:
+                    # Only this job decides: read the clock with it (the singleton path reads the
+                    # session's other jobs first, so its clock must come after those reads).
+                    existing, tx._now = projection.load_at_clock(conn, req.job_id)
                 if existing is not None:
                     return EnqueueResult(existing.job, created=False)
             if singleton and req.singleton_mode == "steer" and req.job_id is not None:
@@ -484,6 +501,43 @@ class Queue:
             return events
 
         return self._mutate(job_id, decide)
+
+    def start_attempt(
+        self, job_id: str, worker_id: str, attempt: int, lease_ms: Callable[[Job], int]
+    ) -> AttemptStart:
+        """The worker's first write for a delivered attempt, decided on the job as read, in one commit.
+
+        Spec step 5: a ``queued`` job is leased (with the first heartbeat, so queued → leased →
+        running); work that was redelivered rather than leased here takes a start-fence heartbeat
+        instead, and one that does not match the current fence ends the attempt as ``lease_lost``.
+        ``lease_ms`` gives the lease for the job read (its timing depends on kind and payload).
+        """
+        verdict: list[AttemptStartStatus] = []
+
+        def decide(job: Job, now: datetime) -> list[Event]:
+            verdict.clear()
+            if job.terminal:
+                verdict.append("terminal_state")
+                return []
+            ms = lease_ms(job)
+            fence = {"workerId": worker_id, "attempt": attempt, "expiresAt": _deadline(now, ms)}
+            if job.status == "queued":
+                if job.attempt + 1 != attempt:
+                    verdict.append("stale_attempt")
+                    return []
+                verdict.append("started")
+                return [("job.leased", fence), ("job.heartbeat", dict(fence))]
+            if not job.holds_lease(worker_id, attempt):
+                verdict.append("lease_lost")
+                return []
+            verdict.append("started")
+            return [("job.heartbeat", fence)]
+
+        try:
+            out = self._mutate(job_id, decide)
+        except JobNotFound:
+            return AttemptStart("stale_attempt", None)
+        return AttemptStart(verdict[0], out.job)
 
     def heartbeat(self, job_id: str, worker_id: str, attempt: int, lease_ms: int) -> Outcome:
         """Renew the lease (and promote leased → running); inert for a superseded attempt."""

@@ -21,6 +21,7 @@ from sqlalchemy.engine import Engine
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, generations_exceeded_message
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, route
 from app.jobs.vocab import job_stream
+from app.ops import wakes
 from app.storage.db import db_now, deliveries, parse_iso, transaction
 from app.storage.delivery import redrive_key
 from app.storage.queue import Queue
@@ -102,6 +103,40 @@ def test_scanner_pass_starts_one_driver_per_job_and_a_second_pass_sends_nothing(
     # Both deliveries still pending: created False, reason active_delivery, nothing sent.
     assert dispatch.dispatch_jobs(rt, [a.id, b.id]) == {"started": []}
     assert sent.sent == []
+
+
+def test_coalesced_wake_ups_one_message_one_scan_one_claim_transaction(
+    engine: Engine, redis_url: str
+) -> None:
+    """Issue 12: with the Redis wake list, five enqueues send one wake-up; its scan claims all five
+    in one transaction (one commit) and sends their five worker messages."""
+    from sqlalchemy import event
+
+    rt, sent, _ = recording_runtime(engine, settings_for(redis_url))
+    rt.wakes = wakes.WakeList(redis_url)
+    rt.queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(rt.app, jobs, rt.wakes))
+    jobs = [enqueue(rt.queue, "factory") for _ in range(5)]
+    [wake] = sent.sent
+    assert (wake.name, wake.args) == (DISPATCH_TASK, [[]])
+    sent.clear()
+    commits: list[int] = []
+
+    def count(_conn: Any) -> None:
+        commits.append(1)
+
+    event.listen(engine, "commit", count)
+    try:
+        assert dispatch.dispatch_jobs(rt, []) == {"started": sorted(j.id for j in jobs)}
+    finally:
+        event.remove(engine, "commit", count)
+    assert len(commits) == 1
+    assert sorted(t.task_id for t in sent.named(EXECUTE_TASK)) == sorted(f"{j.id}:attempt:1" for j in jobs)
+    # Drained and disarmed: the next enqueue arms (and sends) a new wake-up.
+    assert rt.wakes.take(10) == []
+    sent.clear()
+    late = enqueue(rt.queue, "factory")
+    assert [t.args for t in sent.named(DISPATCH_TASK)] == [[[]]]
+    assert dispatch.dispatch_jobs(rt, [])["started"] == [late.id]
 
 
 def test_starter_ignores_jobs_that_are_not_queued(runtime: Any) -> None:

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 
 import kombu.transport
@@ -19,6 +20,7 @@ from api.wake import WakePublisher, WakeUnavailable, default_waker
 from app.config import Settings
 from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE
 from app.jobs.validation import validate_enqueue
+from app.ops import wakes
 from app.storage import tokens
 from app.storage.queue import Queue
 from tests.support.api import json_of, payload
@@ -71,13 +73,75 @@ def test_an_enqueue_publishes_the_dispatch_task_by_name_to_the_driver_queue(
         queue = Queue(sqlite_engine, on_dispatchable=publisher)
         job = queue.enqueue(validate_enqueue("factory", {"payload": payload()})).job
         [raw] = client.lrange(DRIVER_QUEUE, 0, -1)
+        # The id waits on the coalescing wake list; the message only wakes a scan (app/ops/wakes.py).
+        assert client.lrange(wakes.IDS_KEY, 0, -1) == [job.id.encode()]
     finally:
         client.close()
         publisher.celery.close()
     message = json.loads(raw)
     assert message["headers"]["task"] == DISPATCH_TASK
     args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-    assert args == [[job.id]] and kwargs == {}
+    assert args == [[]] and kwargs == {}
+
+
+@pytest.mark.redis
+def test_enqueues_while_a_scan_is_armed_send_no_more_messages_and_the_scan_takes_every_id(
+    sqlite_engine: Engine, redis_url: str
+) -> None:
+    publisher = WakePublisher(Settings.from_env({"REDIS_URL": redis_url}))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        queue = Queue(sqlite_engine, on_dispatchable=publisher)
+        ids = [queue.enqueue(validate_enqueue("factory", {"payload": payload()})).job.id for _ in range(5)]
+        assert client.llen(DRIVER_QUEUE) == 1  # one scan armed for all five
+        wake_list = wakes.WakeList(redis_url)
+        wake_list.disarm()  # the scan starts: from here a new enqueue arms the next one
+        assert wake_list.take(3) + wake_list.take(3) == ids and wake_list.take(3) == []
+        late = queue.enqueue(validate_enqueue("factory", {"payload": payload()})).job.id
+        assert client.llen(DRIVER_QUEUE) == 2 and wake_list.take(10) == [late]
+    finally:
+        client.close()
+        publisher.celery.close()
+
+
+def test_without_redis_the_wake_up_carries_its_ids() -> None:
+    sent: list[list[str]] = []
+    wakes.wake(sent.append, None, ["a", "b"])
+    wakes.wake(sent.append, None, [])
+    assert sent == [["a", "b"]]
+
+
+def test_a_wake_list_that_cannot_be_reached_falls_back_to_ids_in_the_message() -> None:
+    class Down(wakes.WakeList):
+        def __init__(self) -> None:
+            pass
+
+        def push(self, ids: Sequence[str]) -> bool:
+            raise ConnectionError("redis is down")
+
+    sent: list[list[str]] = []
+    wakes.wake(sent.append, Down(), ["a"])
+    assert sent == [["a"]]
+
+
+def test_a_wake_up_that_cannot_be_sent_disarms_so_the_next_enqueue_sends_again() -> None:
+    class Recording(wakes.WakeList):
+        def __init__(self) -> None:
+            self.disarmed = 0
+
+        def push(self, ids: Sequence[str]) -> bool:
+            return True
+
+        def disarm(self) -> None:
+            self.disarmed += 1
+
+    def broken(ids: list[str]) -> None:
+        raise OSError("broker down")
+
+    recording = Recording()
+    with pytest.raises(OSError, match="broker down"):
+        wakes.wake(broken, recording, ["a"])
+    assert recording.disarmed == 1
 
 
 def test_a_publisher_that_cannot_be_imported_stops_start_up(

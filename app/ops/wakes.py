@@ -1,0 +1,95 @@
+"""Coalesced wake-ups of the dispatch scanner (issue 12): one message per scan, not per job.
+
+Spec step 2: enqueue does not deliver the job it just created; it wakes a scanner pass. With a
+Redis broker the ids of newly dispatchable jobs go onto one Redis list, and a wake-up *message* is
+sent only when no scan is already armed (``SET NX`` on an "armed" key, in the same MULTI as the
+push). The scanner disarms first, then drains the list in batches; so every id pushed is drained
+by a scan that starts after the push:
+
+* the push found the key unset → it armed it and sends the message that starts such a scan;
+* the push found it set → a scan is armed and has not disarmed yet; it disarms, then drains.
+
+Nothing here is truth. A flushed or restarted Redis loses the list and the armed key together,
+exactly like a lost wake-up message: the queued redrive re-delivers from receipts. The armed key
+carries a short TTL, so a wake-up message lost while armed holds later ones back at most that long.
+
+Without Redis (the embedded folder broker) there is no list: each wake-up carries its ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+log = logging.getLogger("receipt.wakes")
+
+IDS_KEY = "receipt:wake:ids"
+ARMED_KEY = "receipt:wake:armed"
+ARMED_TTL_MS = 2_000
+
+
+class WakeList:
+    """The coalescing wake list on the broker's Redis."""
+
+    def __init__(self, url: str, prefix: str = "") -> None:
+        import redis
+
+        self._client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        # The broker's own key prefix (kombu's ``global_keyprefix``), so deployments that share one
+        # Redis under different prefixes never drain each other's ids.
+        self.ids_key = prefix + IDS_KEY
+        self.armed_key = prefix + ARMED_KEY
+
+    def push(self, ids: Sequence[str]) -> bool:
+        """Add ids; True when this push armed the scan, so the caller must send the wake-up message."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.rpush(self.ids_key, *ids)
+        pipe.set(self.armed_key, b"1", nx=True, px=ARMED_TTL_MS)
+        _, armed = pipe.execute()
+        return bool(armed)
+
+    def disarm(self) -> None:
+        self._client.delete(self.armed_key)
+
+    def take(self, count: int) -> list[str]:
+        """Up to ``count`` ids, oldest first (an empty list when drained)."""
+        raw = self._client.lpop(self.ids_key, count)
+        return [r.decode() if isinstance(r, bytes) else str(r) for r in (raw or [])]
+
+
+def wake(send: Callable[[list[str]], None], wakes: WakeList | None, ids: Sequence[str]) -> None:
+    """Wake the scanner for ``ids``: through the wake list when there is one, else in the message.
+
+    ``send(ids)`` publishes the wake-up message. When the list cannot be reached the ids travel
+    in the message itself, as without Redis; when the message cannot be sent after arming, the
+    key is dropped so the next enqueue arms (and sends) again, and the error propagates.
+    """
+    if not ids:
+        return
+    if wakes is not None:
+        try:
+            armed = wakes.push(ids)
+        except Exception as exc:  # the list is an optimisation: fall back to carrying the ids
+            log.warning("wake list unavailable (%s); the wake-up carries its ids", exc)
+        else:
+            if not armed:
+                return
+            try:
+                send([])
+            except Exception:
+                with contextlib.suppress(Exception):
+                    wakes.disarm()
+                raise
+            return
+    send(list(ids))
+
+
+def wake_list_for(
+    redis_url: str | None, transport_options: Mapping[str, Any] | None = None
+) -> WakeList | None:
+    """The wake list on the broker's Redis (under its key prefix), or None when it is not Redis."""
+    if not redis_url or not redis_url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    return WakeList(redis_url, str((transport_options or {}).get("global_keyprefix", "")))
