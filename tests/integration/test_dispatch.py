@@ -130,7 +130,9 @@ def test_coalesced_wake_ups_one_message_one_scan_one_claim_transaction(
     finally:
         event.remove(engine, "commit", count)
     assert len(commits) == 1
-    assert sorted(t.task_id for t in sent.named(EXECUTE_TASK)) == sorted(f"{j.id}:attempt:1" for j in jobs)
+    assert sorted(str(t.task_id) for t in sent.named(EXECUTE_TASK)) == sorted(
+        f"{j.id}:attempt:1" for j in jobs
+    )
     # Drained and disarmed: the next enqueue arms (and sends) a new wake-up.
     assert rt.wakes.take(10) == []
     sent.clear()
