@@ -55,6 +55,7 @@ def create_app(
         max_commands_per_job=settings.max_commands_per_job,
         on_applied=metrics.observe,
         callback_targets=settings.callback_targets,
+        ledger_in_background=True,
     )
     api_state = ApiState(settings, engine, queue, waker=on_dispatchable)
     app.extensions[EXTENSION] = api_state

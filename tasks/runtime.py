@@ -73,6 +73,7 @@ def get_runtime(app: Celery) -> Runtime:
             queue = Queue(
                 engine,
                 on_dispatchable=lambda jobs: send_wake(app, jobs, wakes),
+                ledger_in_background=True,
                 on_applied=metrics.observe,
                 callback_targets=settings.callback_targets,
             )

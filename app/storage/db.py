@@ -35,6 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DisconnectionError
 
 from app.storage.files import create_private_file, private_dir
 
@@ -290,10 +291,36 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    if not kwargs.get("pool_pre_ping"):
+        _ping_when_idle(engine)
+    return engine
+
+
+# Issue 12: a pooled connection is pinged at checkout only when it sat idle this long. A busy
+# process reuses its connections within milliseconds, so it skips the round trip that a ping on
+# every checkout costs (one statement and one server transaction per checkout); a connection that
+# sat idle through a database restart is still found dead here, and replaced before use.
+IDLE_PING_AFTER_S = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    @event.listens_for(engine.pool, "checkin")
+    def _stamp(_dbapi_conn: Any, record: Any) -> None:
+        record.info["receipt_checked_in"] = time.monotonic()
+
+    @event.listens_for(engine.pool, "checkout")
+    def _ping(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("receipt_checked_in")
+        if idle_since is None or time.monotonic() - idle_since < IDLE_PING_AFTER_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            # The pool discards this connection and checks out (or opens) another one.
+            raise DisconnectionError(f"pooled connection failed its idle ping: {exc}") from exc
 
 
 def is_sqlite(conn: Connection | Engine) -> bool:

@@ -20,6 +20,7 @@ a missed write is repaired by the next one, or by ``receipt rebuild-ledger``. Qu
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -228,7 +229,52 @@ def write_run_rows(engine: Engine, jobs_: Sequence[Job]) -> None:
         conn.execute(_upsert_statement(conn), [run_row(job) for job in jobs_])
 
 
-def after_commit(engine: Engine, changed: Iterable[Job]) -> None:
+class BackgroundWriter:
+    """Writes fold-derived ``run`` rows off the caller's path, batched (issue 12).
+
+    ``submit`` only records the newest fold per job and wakes one daemon thread, which drains
+    everything pending into one upsert; under load the batches grow by themselves. Best effort
+    like every ledger write: rows not yet written when the process dies are repaired by the
+    job's next write or by ``receipt rebuild-ledger``. ``flush`` writes what is pending now.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._pending: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, jobs_: Iterable[Job]) -> None:
+        with self._lock:
+            for job in jobs_:
+                self._pending[job.id] = job
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="receipt-ledger", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def flush(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, {}
+        if not batch:
+            return
+        try:
+            write_run_rows(self.engine, [batch[i] for i in sorted(batch)])
+        except Exception:
+            log.exception(
+                "durable ledger write for jobs %s failed; receipts are unaffected (rebuild-ledger)",
+                ", ".join(sorted(batch)),
+            )
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            self.flush()
+
+
+def after_commit(engine: Engine, changed: Iterable[Job], writer: BackgroundWriter | None = None) -> None:
     """Best effort, after the receipts committed: a failure is logged, never raised.
 
     ``run`` workflows are upserted from the folds just committed (one statement); rows that
@@ -236,7 +282,9 @@ def after_commit(engine: Engine, changed: Iterable[Job]) -> None:
     """
     by_id = {job.id: job for job in changed}
     fold_only = [by_id[i] for i in sorted(by_id) if _fold_only(by_id[i])]
-    if fold_only:
+    if fold_only and writer is not None:
+        writer.submit(fold_only)
+    elif fold_only:
         try:
             write_run_rows(engine, fold_only)
         except Exception:

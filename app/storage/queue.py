@@ -158,6 +158,7 @@ class Queue:
         on_applied: Callable[[Sequence[Applied]], None] | None = None,
         callback_targets: Sequence[str] = (),
         control_fast_path: bool = True,
+        ledger_in_background: bool = False,
     ) -> None:
         self.engine = engine
         self._on_dispatchable = on_dispatchable
@@ -168,6 +169,13 @@ class Queue:
         # After a commit that wrote objective control requests, enqueue their control jobs at once
         # (the outbox redrive catches whatever this misses). Off only in tests of the redrive.
         self.control_fast_path = control_fast_path
+        # Long-lived processes (workers, the API) write fold-derived ledger rows off the path of
+        # the mutation, batched (app/storage/ledger.py); tests and tools write them before returning.
+        self.ledger_writer: Any = None
+        if ledger_in_background:
+            from app.storage.ledger import BackgroundWriter
+
+            self.ledger_writer = BackgroundWriter(engine)
 
     # -- the transaction machinery ----------------------------------------------------------
     def _run(self, work: Callable[[_Tx], Any]) -> Any:
@@ -200,7 +208,8 @@ class Queue:
             return
         from app.storage import ledger
 
-        ledger.after_commit(self.engine, changed.values())  # logs and swallows its own failures
+        # Logs and swallows its own failures.
+        ledger.after_commit(self.engine, changed.values(), self.ledger_writer)
 
     def _after_commit_objectives(self, objective_ids: Iterable[str]) -> None:
         if not self.control_fast_path:

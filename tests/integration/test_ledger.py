@@ -130,3 +130,25 @@ def test_the_cli_verb_rebuilds_the_ledger(
     monkeypatch.setenv("DATABASE_URL", str(sqlite_engine.url))
     assert main(["rebuild-ledger"]) == 0
     assert "1 workflows and 4 activities" in capsys.readouterr().out
+
+
+def test_the_background_writer_batches_run_rows_and_an_older_fold_never_replaces_a_newer_one(
+    engine: Engine,
+) -> None:
+    """Issue 12: long-lived processes write fold-derived ``run`` rows off the mutation's path."""
+    queue = Queue(engine, ledger_in_background=True)
+    body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
+    enqueued = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-1")).job
+    leased = queue.lease("bg-1", "w", 60_000, start=True).job
+    done = queue.settle_attempt("bg-1", "w", 1, result={"ok": True}).job
+    queue.ledger_writer.flush()
+    run = next(f for f in rows(engine)[0] if f["id"] == "run:bg-1")
+    assert (run["status"], run["steps"], run["ended_at"] is not None) == ("completed", 1, True)
+    # Writes from two processes may land out of order: the guard keeps the newest fold.
+    ledger.write_run_rows(engine, [leased])
+    ledger.write_run_rows(engine, [enqueued])
+    run = next(f for f in rows(engine)[0] if f["id"] == "run:bg-1")
+    assert (run["status"], run["steps"]) == (done.status, 1)
+    before = rows(engine)
+    ledger.rebuild(engine)
+    assert rows(engine) == before  # and rebuilding from receipts gives the same rows
