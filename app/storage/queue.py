@@ -258,10 +258,10 @@ class Queue:
         seq = state.seq if state else 0
         prev_hash = loaded.last_hash if loaded else None
         last = None
-        for type_, body in events:
-            last = store.append(tx.conn, job_stream(job_id), seq, type_, body, prev_hash=prev_hash, at=tx.now)
+        for last in store.append_many(
+            tx.conn, job_stream(job_id), seq, events, prev_hash=prev_hash, at=tx.now
+        ):
             state = reduce(state, last.to_receipt())
-            seq, prev_hash = last.seq, last.hash
         if state is None or last is None:
             raise AppendConflict(f"{job_stream(job_id)}: nothing to apply")
         projection.save(tx.conn, state, previous=loaded, last=last)

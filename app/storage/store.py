@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -116,6 +116,60 @@ def append(
     except IntegrityError as exc:
         raise AppendConflict(f"{stream}: seq {seq} already taken") from exc
     return StoredReceipt(int(new_id), stream, seq, type_, body_dict, at_text, prev_hash, digest)
+
+
+def append_many(
+    conn: Connection,
+    stream: str,
+    expected_seq: int,
+    events: Sequence[tuple[str, Mapping[str, Any]]],
+    *,
+    prev_hash: str | None,
+    at: datetime,
+) -> list[StoredReceipt]:
+    """Append several receipts after ``expected_seq`` in one statement (one round trip), chained.
+
+    The caller holds the stream head (``prev_hash``) and the time; the hashes chain in order.
+    """
+    if len(events) == 1 or (expected_seq > 0 and prev_hash is None):
+        out = []
+        for type_, body in events:
+            stored = append(conn, stream, expected_seq, type_, body, prev_hash=prev_hash, at=at)
+            expected_seq, prev_hash = stored.seq, stored.hash
+            out.append(stored)
+        return out
+    when = as_utc(at)
+    at_text = iso(when)
+    assert at_text is not None
+    rows, pending = [], []
+    for type_, body in events:
+        seq = expected_seq + 1
+        body_dict = dict(body)
+        digest = receipt_hash(stream, seq, type_, body_dict, at_text, prev_hash)
+        rows.append(
+            {
+                "stream": stream,
+                "seq": seq,
+                "type": type_,
+                "body": body_dict,
+                "at": when,
+                "prev_hash": prev_hash,
+                "hash": digest,
+            }
+        )
+        pending.append((seq, type_, body_dict, prev_hash, digest))
+        expected_seq, prev_hash = seq, digest
+    try:
+        ids = conn.execute(_INSERT_MANY, rows).scalars().all()
+    except IntegrityError as exc:
+        raise AppendConflict(f"{stream}: seq {pending[0][0]} already taken") from exc
+    return [
+        StoredReceipt(int(new_id), stream, seq, type_, body_dict, at_text, prev, digest)
+        for new_id, (seq, type_, body_dict, prev, digest) in zip(ids, pending, strict=True)
+    ]
+
+
+_INSERT_MANY = receipts.insert().returning(receipts.c.id, sort_by_parameter_order=True)
 
 
 def _row(r: Any) -> StoredReceipt:
