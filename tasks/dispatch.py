@@ -53,9 +53,12 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
     if job_ids:
         started += _dispatch_batch(rt, job_ids)
     if rt.wakes is not None:
-        rt.wakes.disarm()  # from here on, a new enqueue arms (and sends) the next wake-up
-        while batch := rt.wakes.take(CLAIM_BATCH):
+        # Disarmed first: from here on, a new enqueue arms (and sends) the next wake-up. A batch
+        # shorter than asked for drained the list; an id pushed after that armed a new scan.
+        batch = rt.wakes.disarm_and_take(CLAIM_BATCH)
+        while batch:
             started += _dispatch_batch(rt, batch)
+            batch = rt.wakes.take(CLAIM_BATCH) if len(batch) == CLAIM_BATCH else []
     return {"started": started}
 
 

@@ -53,10 +53,21 @@ class WakeList:
     def disarm(self) -> None:
         self._client.delete(self.armed_key)
 
+    def disarm_and_take(self, count: int) -> list[str]:
+        """``disarm`` then ``take``, in one round trip (a scan's start)."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.delete(self.armed_key)
+        pipe.lpop(self.ids_key, count)
+        _, raw = pipe.execute()
+        return _decoded(raw)
+
     def take(self, count: int) -> list[str]:
         """Up to ``count`` ids, oldest first (an empty list when drained)."""
-        raw = self._client.lpop(self.ids_key, count)
-        return [r.decode() if isinstance(r, bytes) else str(r) for r in (raw or [])]
+        return _decoded(self._client.lpop(self.ids_key, count))
+
+
+def _decoded(raw: Any) -> list[str]:
+    return [r.decode() if isinstance(r, bytes) else str(r) for r in (raw or [])]
 
 
 def wake(send: Callable[[list[str]], None], wakes: WakeList | None, ids: Sequence[str]) -> None:

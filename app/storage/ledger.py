@@ -230,25 +230,29 @@ def write_run_rows(engine: Engine, jobs_: Sequence[Job]) -> None:
 
 
 class BackgroundWriter:
-    """Writes fold-derived ``run`` rows off the caller's path, batched (issue 12).
+    """Writes ledger rows off the caller's path, batched (issue 12).
 
-    ``submit`` only records the newest fold per job and wakes one daemon thread, which drains
-    everything pending into one upsert; under load the batches grow by themselves. Best effort
-    like every ledger write: rows not yet written when the process dies are repaired by the
-    job's next write or by ``receipt rebuild-ledger``. ``flush`` writes what is pending now.
+    ``submit`` records the newest fold per ``run`` job, and the jobs whose rows must be re-derived
+    from their streams (activities, an objective's control workflow), then wakes one daemon thread,
+    which drains everything pending: the folds in one upsert, each re-derivation in its own
+    transaction. Under load the batches grow by themselves. Best effort like every ledger write:
+    rows not yet written when the process dies are repaired by the job's next write or by
+    ``receipt rebuild-ledger``. ``flush`` writes what is pending now.
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._pending: dict[str, Job] = {}
+        self._folds: dict[str, Job] = {}
+        self._syncs: set[str] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def submit(self, jobs_: Iterable[Job]) -> None:
+    def submit(self, folds: Iterable[Job], syncs: Iterable[str] = ()) -> None:
         with self._lock:
-            for job in jobs_:
-                self._pending[job.id] = job
+            for job in folds:
+                self._folds[job.id] = job
+            self._syncs.update(syncs)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="receipt-ledger", daemon=True)
                 self._thread.start()
@@ -256,16 +260,9 @@ class BackgroundWriter:
 
     def flush(self) -> None:
         with self._lock:
-            batch, self._pending = self._pending, {}
-        if not batch:
-            return
-        try:
-            write_run_rows(self.engine, [batch[i] for i in sorted(batch)])
-        except Exception:
-            log.exception(
-                "durable ledger write for jobs %s failed; receipts are unaffected (rebuild-ledger)",
-                ", ".join(sorted(batch)),
-            )
+            folds, self._folds = self._folds, {}
+            syncs, self._syncs = self._syncs, set()
+        _write(self.engine, [folds[i] for i in sorted(folds)], sorted(syncs))
 
     def _run(self) -> None:
         while True:
@@ -274,31 +271,39 @@ class BackgroundWriter:
             self.flush()
 
 
-def after_commit(engine: Engine, changed: Iterable[Job], writer: BackgroundWriter | None = None) -> None:
-    """Best effort, after the receipts committed: a failure is logged, never raised.
-
-    ``run`` workflows are upserted from the folds just committed (one statement); rows that
-    need a stream (activities per attempt, an objective's control workflow) re-derive from it.
-    """
-    by_id = {job.id: job for job in changed}
-    fold_only = [by_id[i] for i in sorted(by_id) if _fold_only(by_id[i])]
-    if fold_only and writer is not None:
-        writer.submit(fold_only)
-    elif fold_only:
+def _write(engine: Engine, folds: Sequence[Job], syncs: Sequence[str]) -> None:
+    """Write run rows from folds and re-derive the others; log each failure, never raise."""
+    if folds:
         try:
-            write_run_rows(engine, fold_only)
+            write_run_rows(engine, folds)
         except Exception:
             log.exception(
                 "durable ledger write for jobs %s failed; receipts are unaffected (rebuild-ledger)",
-                ", ".join(j.id for j in fold_only),
+                ", ".join(j.id for j in folds),
             )
-    for job_id in sorted(i for i in by_id if not _fold_only(by_id[i])):
+    for job_id in syncs:
         try:
             sync_job(engine, job_id)
         except Exception:
             log.exception(
                 "durable ledger write for job %s failed; receipts are unaffected (rebuild-ledger)", job_id
             )
+
+
+def after_commit(engine: Engine, changed: Iterable[Job], writer: BackgroundWriter | None = None) -> None:
+    """Best effort, after the receipts committed: a failure is logged, never raised.
+
+    ``run`` workflows are upserted from the folds just committed (one statement); rows that
+    need a stream (activities per attempt, an objective's control workflow) re-derive from it.
+    With a ``writer`` both happen on its thread, off the caller's path.
+    """
+    by_id = {job.id: job for job in changed}
+    folds = [by_id[i] for i in sorted(by_id) if _fold_only(by_id[i])]
+    syncs = [i for i in sorted(by_id) if not _fold_only(by_id[i])]
+    if writer is not None:
+        writer.submit(folds, syncs)
+    else:
+        _write(engine, folds, syncs)
 
 
 def rebuild(engine: Engine) -> dict[str, int]:
