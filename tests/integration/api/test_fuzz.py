@@ -119,7 +119,7 @@ def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: 
             # The token passed here too, so schemathesis counts it as explicit (valid) auth and
             # probes the operation without it and with a wrong one (ignored_auth), instead of
             # taking a 200 answered to the real token for acceptance of a generated one.
-            response = case.call_and_validate(headers=headers, excluded_checks=excluded)  # noqa: B023
+            response = case.call_and_validate(headers=headers, excluded_checks=excluded)
             calls.append(response.status_code)
 
         try:
