@@ -308,10 +308,9 @@ def chunk_text(plan: Plan, templates: dict[bool, Template], first: int, last: in
     return "".join(receipts_), "".join(job_rows_), "".join(deliveries_)
 
 
-def _produce(out: Any, plan: Plan, chunk: int) -> None:
+def _produce(out: Any, plan: Plan, templates: dict[bool, Template], chunk: int) -> None:
     """The generator process: chunks of COPY text into ``out``, then ``None`` (or a traceback)."""
     try:
-        templates = {kind: Template(kind) for kind in (True, False)}
         for first in range(0, len(plan), chunk):
             out.put(chunk_text(plan, templates, first, min(first + chunk, len(plan))))
         out.put(None)
@@ -323,8 +322,9 @@ def _produce(out: Any, plan: Plan, chunk: int) -> None:
 def seed(engine: Engine, finished: int, queued: int, rng: random.Random, *, chunk: int = CHUNK) -> Plan:
     """Bulk-load ``finished`` completed and ``queued`` queued jobs, interleaved over 30 days.
 
-    A separate process renders the rows (``_produce``) while this one COPYs the previous chunk in,
-    one transaction per chunk."""
+    A separate process renders the rows from the templates checked here (``_produce``) while this
+    one COPYs the previous chunk in: one transaction per chunk on each of two connections."""
+
     plan = Plan(finished, queued, rng)
     templates = {kind: Template(kind) for kind in (True, False)}
     for template in templates.values():
@@ -338,7 +338,9 @@ def seed(engine: Engine, finished: int, queued: int, rng: random.Random, *, chun
     opts = f"WITH (FORMAT csv, NULL '{NULL}')"
     ctx = multiprocessing.get_context("spawn")
     chunks = ctx.Queue(maxsize=2)
-    producer = ctx.Process(target=_produce, args=(chunks, plan, chunk), name="scale-seed", daemon=True)
+    producer = ctx.Process(
+        target=_produce, args=(chunks, plan, templates, chunk), name="scale-seed", daemon=True
+    )
     started = time.monotonic()
     producer.start()
     # Two connections: the receipts (half the bytes) go in on one, from a thread, while the
@@ -347,6 +349,7 @@ def seed(engine: Engine, finished: int, queued: int, rng: random.Random, *, chun
     conns = [engine.raw_connection() for _ in lanes]
     copied = 0
     waited = 0.0
+    done = False
 
     def copy_lane(n: int, item: tuple[str, str, str]) -> None:
         cur = conns[n].cursor()
@@ -367,6 +370,7 @@ def seed(engine: Engine, finished: int, queued: int, rng: random.Random, *, chun
                 item = chunks.get(timeout=600)
                 waited += time.monotonic() - t0
                 if item is None:
+                    done = True
                     break
                 if isinstance(item, str):
                     raise RuntimeError(f"the seed generator failed:\n{item}")
@@ -379,9 +383,10 @@ def seed(engine: Engine, finished: int, queued: int, rng: random.Random, *, chun
     finally:
         for raw in conns:
             raw.close()
-        producer.join(timeout=60)
-        if producer.is_alive():
+        producer.join(timeout=30 if done else 0)
+        if producer.is_alive():  # this side failed: the generator may be blocked on a full queue
             producer.terminate()
+            producer.join()
     loaded = time.monotonic() - started
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         # VACUUM too: autovacuum may be off, and would otherwise work on the tables while timed.
