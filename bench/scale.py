@@ -74,15 +74,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import String, any_, bindparam, func, select, text
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
 from app.jobs.reducer import Job, Receipt, fold
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
-from app.storage import projection, store
-from app.storage.db import db_now, deliveries, iso, jobs, lock_key, make_engine, parse_iso
+from app.storage import delivery, projection, store
+from app.storage.db import db_now, iso, jobs, make_engine, parse_iso
 from app.storage.delivery import driver_task_id
 from app.storage.migrate import current, upgrade
 from app.storage.queue import Queue
@@ -439,17 +438,10 @@ def check_sample(engine: Engine, rng: random.Random, plan: Plan, n: int = CHECKE
 CLAIM_BATCH = 50
 
 
-def delivery_lock_number(job_id: str) -> int:
-    """The advisory-lock number ``lock_key(conn, f"delivery:{job_id}")`` takes."""
-    digest = hashlib.sha256(f"delivery:{job_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
 def operations(
     engine: Engine, queue: Queue, total: int, queued: list[str], rng: random.Random
 ) -> dict[str, Callable[[], Any]]:
     counter = iter(range(10**9))
-    c = deliveries.c
 
     def enqueue() -> None:
         i = next(counter)
@@ -467,64 +459,26 @@ def operations(
         )
 
     def dispatch_scan() -> None:
-        # tasks.dispatch.start_driver's reads for one queued job: the job, then in one transaction
-        # the clock, the job's delivery lock, its pending deliveries and the key's last generation
-        # (delivery.begin); rolled back instead of inserting.
+        # tasks.dispatch.start_driver for one queued job: the job, then in one transaction its
+        # delivery bookkeeping (delivery.begin: the lock, the job's delivery records, the insert);
+        # rolled back.
         job_id = rng.choice(queued)
         queue.get(job_id)
         with engine.connect() as conn:
-            db_now(conn)
-            lock_key(conn, f"delivery:{job_id}")
-            conn.execute(
-                select(
-                    c.purpose, c.observed, c.generation, c.created_at, c.deadline_at, c.broker_epoch
-                ).where(c.job_id == job_id, c.state == "pending")
-            ).all()
-            conn.execute(
-                select(func.max(c.generation)).where(
-                    c.job_id == job_id, c.purpose == "dispatch", c.observed == ""
-                )
-            ).scalar()
+            delivery.begin(conn, job_id, job_id, db_now(conn), 120_000, epoch="bench")
             conn.rollback()
 
     def dispatch_claim() -> None:
-        # The batched claim: in one transaction, the projection rows of 50 queued jobs by
-        # ``id = ANY``, every job's delivery lock (one statement, in lock-number order), their
-        # pending deliveries and last generations, and one multi-row insert of the new deliveries;
-        # rolled back.
+        # The scan's batched claim (tasks.dispatch._claim): 50 queued jobs read in one statement,
+        # then delivery.begin_many (one lock statement, one read of their delivery records, one
+        # multi-row insert); rolled back.
         ids = rng.sample(queued, min(CLAIM_BATCH, len(queued)))
-        batch = any_(bindparam("ids", ids, type_=ARRAY(String())))
         with engine.connect() as conn:
             now = db_now(conn)
-            rows = conn.execute(select(jobs.c.state).where(jobs.c.id == batch)).all()
-            assert len(rows) == len(ids)
-            [Job.from_json(r.state) for r in rows]
-            conn.execute(
-                text("SELECT pg_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"),
-                {"keys": sorted(delivery_lock_number(i) for i in ids)},
-            )
-            conn.execute(
-                select(c.job_id, c.purpose, c.observed, c.generation, c.deadline_at, c.broker_epoch).where(
-                    c.job_id == batch, c.state == "pending"
-                )
-            ).all()
-            conn.execute(
-                select(c.job_id, func.max(c.generation))
-                .where(c.job_id == batch, c.purpose == "dispatch", c.observed == "")
-                .group_by(c.job_id)
-            ).all()
-            conn.execute(
-                deliveries.insert(),
-                [
-                    {
-                        **{"job_id": i, "purpose": "dispatch", "observed": "", "generation": 0},
-                        **{"dispatch_key": i, "task_id": driver_task_id(i, 0), "state": "pending"},
-                        **{"broker_epoch": "bench", "created_at": now},
-                        "deadline_at": now + timedelta(minutes=2),
-                    }
-                    for i in ids
-                ],
-            )
+            claimed = projection.load_jobs(conn, ids)
+            assert len(claimed) == len(ids)
+            requests = [delivery.StartRequest(j.id, j.id, 120_000) for j in claimed]
+            delivery.begin_many(conn, requests, now, epoch="bench")
             conn.rollback()
 
     return {
