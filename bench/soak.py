@@ -352,14 +352,18 @@ def _fmt(seconds: float | None) -> str:
 
 
 def terminal_receipts(stream: list[Any]) -> list[Any]:
-    """Receipts that ended the job, or tried to end it again (a retryable failure only requeues)."""
+    """Receipts that ended the job, or tried to end it again (a retryable failure only requeues).
+
+    Whatever its type: a ``job.lease_expired`` with no attempt left ends the job ``failed`` too.
+    """
     out = []
     state = None
     for r in stream:
         before: str | None = state.status if state is not None else None
         with contextlib.suppress(Exception):  # a refused receipt still counts if it is terminal-typed
             state = reduce(state, r.to_receipt())
-        if r.type in TERMINAL_TYPES and (before in TERMINAL_STATUSES or (state and state.terminal)):
+        ended_it = state is not None and state.terminal and before not in TERMINAL_STATUSES
+        if ended_it or (r.type in TERMINAL_TYPES and before in TERMINAL_STATUSES):
             out.append(r)
     return out
 
