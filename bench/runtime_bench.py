@@ -620,9 +620,9 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
             queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
             rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
             names = (
-                "api: enqueue (+ wake message)",
+                "api: enqueue (+ wake message; + 1 ledger write)",
                 "driver: dispatch scan -> start_driver -> drive -> worker message",
-                "worker: execute (lease+start, run, settle, settle delivery)",
+                "worker: execute (lease+start, run, settle; + 2 ledger writes)",
             )
             deltas: dict[str, dict[str, int]] = {}
             cpu: dict[str, list[float]] = {n: [] for n in names}
