@@ -17,7 +17,9 @@ import redis
 
 from app.jobs.validation import validate_enqueue
 from app.storage.queue import Queue
+from tasks import fetches
 from tests.e2e import handlers
+from tests.support.services import TcpProxy
 from tests.support.stack import ORG, Stack, terminal_receipts, worker_pid
 from tests.support.waiting import wait_for
 
@@ -134,3 +136,74 @@ def test_readyz_fails_when_no_process_runs_the_loops(stack: Stack) -> None:
     details = body["error"]["details"]
     assert details["loops"].startswith("overdue:")
     assert {"queued-redrive", "due-retries", "lease-expiry"} <= set(details["loopRuns"])
+
+
+def test_a_message_whose_fetcher_is_killed_before_it_acts_is_delivered_again_within_seconds(
+    stack: Stack,
+) -> None:
+    """Early acks: a worker that fetched the execute message and is SIGKILLed before its lease
+    receipt took the message with it. Its delivery is known lost (tasks/fetches.py) as soon as
+    the worker's liveness key lapses, not after the 120 s driver timeout; while the fetcher lives,
+    or while the message may still wait in the broker, nothing is sent beside it."""
+    observe_s = fetches.LIVENESS_TTL_MS / 1000 + 2.5  # the liveness TTL plus two redrive intervals
+    proxy = TcpProxy("127.0.0.1", 5432)
+    broker = redis.Redis.from_url(stack.redis_url)
+
+    def record(task_id: str) -> str:
+        raw = broker.get(fetches.FETCH_PREFIX + task_id)
+        return raw.decode() if isinstance(raw, bytes) else str(raw or "")
+
+    try:
+        # (1) The driver that sent a worker message dies while the message waits (no chat worker).
+        stack.start("web", "driver", "beat")
+        first = stack.post_job(handlers.ECHO, message="waits")["id"]
+        wait_for(lambda: broker.llen("receipt-chat") == 1, 30, what="the worker message to wait")
+        (sent,) = stack.deliveries(first)
+        assert record(sent.task_id).startswith("sent ")
+        stack.harness.kill(stack.procs.pop("driver"))
+        stack.start("driver")
+        time.sleep(observe_s)  # the fault's duration: the dead driver's liveness key has lapsed
+        assert [d.state for d in stack.deliveries(first)] == ["pending"]
+        assert broker.llen("receipt-chat") == 1
+
+        # (2) A chat worker whose database stalls fetches a message and cannot lease: it is alive.
+        via_proxy = stack.database_url.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/")
+        assert via_proxy != stack.database_url
+        held = stack.start_worker("worker-chat", "chat", DATABASE_URL=via_proxy)
+        done = stack.wait_terminal(first)
+        assert (done.status, done.attempt) == ("completed", 1)
+        assert [d.outcome for d in stack.deliveries(first)] == ["completed"]
+        proxy.hold()
+        job_id = stack.post_job(handlers.ECHO, message="fetched then killed")["id"]
+
+        def fetched_by_held() -> bool:
+            rows = stack.deliveries(job_id)
+            value = record(rows[0].task_id) if rows else ""
+            return value.startswith("worker ") and f":{held.pid}:" in value
+
+        wait_for(fetched_by_held, 30, what="the held chat worker to fetch the message")
+        time.sleep(observe_s)  # the fault's duration: a live fetcher's message is never superseded
+        assert [d.state for d in stack.deliveries(job_id)] == ["pending"]
+        assert stack.types(job_id) == ["job.enqueued"]
+
+        # (3) SIGKILL it before it leases; a new chat worker takes the job's next generation.
+        stack.harness.kill(stack.procs.pop("chat"))
+        killed_at = time.monotonic()
+        stack.start_worker("worker-chat", "chat-2")
+        done = stack.wait_terminal(job_id, timeout=60)
+        recovered_s = time.monotonic() - killed_at
+    finally:
+        proxy.release()
+        broker.close()
+        proxy.close()
+    print(f"\n[fetcher killed] completed {recovered_s:.1f} s after the SIGKILL (driver timeout 120 s)")
+    assert recovered_s < 20, recovered_s
+    assert (done.status, done.attempt) == ("completed", 1)
+    receipts = stack.receipts(job_id)
+    assert [r.type for r in receipts].count("job.leased") == 1  # the killed worker never leased
+    assert [r.type for r in terminal_receipts(receipts)] == ["job.completed"]
+    assert done.result["pid"] == stack.procs["chat-2"].pid
+    assert [(d.purpose, d.outcome) for d in stack.deliveries(job_id)] == [
+        ("dispatch", "fetcher_lost"),
+        ("redrive", "completed"),
+    ]
