@@ -8,19 +8,23 @@ at least 1 s). What each proves is written up in ``docs/faults.md``.
 from __future__ import annotations
 
 import signal
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+import requests
+from sqlalchemy.engine import Engine
 
 from app.jobs.validation import validate_enqueue
 from app.storage.queue import Queue
 from tasks import fetches
 from tests.e2e import handlers
 from tests.support.services import TcpProxy
-from tests.support.stack import ORG, Stack, terminal_receipts, worker_pid
+from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, worker_pid
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
@@ -207,3 +211,63 @@ def test_a_message_whose_fetcher_is_killed_before_it_acts_is_delivered_again_wit
         ("dispatch", "fetcher_lost"),
         ("redrive", "completed"),
     ]
+
+
+def test_enqueues_over_gunicorn_while_postgres_drops_the_apis_connections_answer_202_or_503(
+    stack: Stack, pg_admin: Engine
+) -> None:
+    """The soak's PostgreSQL restarts, on the deployed web process: every enqueue answers 202 or
+    503 ``unavailable`` with Retry-After (never another 5xx), and every 202 job exists."""
+    stack.start_web(RECEIPT_RATE_LIMIT_WRITES="disabled")  # the write limit is not under test
+    outcomes: dict[str, tuple[int, str, str | None]] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client(n: int) -> None:
+        with requests.Session() as http:
+            i = 0
+            while not stop.is_set():
+                job_id = f"pg-drop-{n}-{i}"
+                i += 1
+                body: dict[str, Any] = {
+                    "jobId": job_id,
+                    "payload": {
+                        "kind": "factory.run",
+                        "message": "x",
+                        "authContext": {"userId": "e2e-user", "organizationId": ORG},
+                    },
+                }
+                r = http.post(
+                    stack.url(f"/agents/{handlers.ECHO}/jobs"), json=body, headers=stack.headers(), timeout=30
+                )
+                code = r.json().get("error", {}).get("code", "") if r.status_code >= 400 else ""
+                with lock:
+                    outcomes[job_id] = (r.status_code, code, r.headers.get("Retry-After"))
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    terminated = 0
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:  # the fault: a restart's worth of dropped connections
+            terminated += terminate_backends(pg_admin, stack.database_url)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    counts = Counter(status for status, _, _ in outcomes.values())
+    print(f"\n[gunicorn, backends dropped] {dict(counts)}, {terminated} backends terminated")
+    assert terminated > 0 and counts[202] > 0, counts
+    assert set(counts) <= {202, 503}, counts
+    for job_id, (status, code, retry_after) in outcomes.items():
+        if status == 503:
+            assert code == "unavailable" and retry_after is not None and int(retry_after) >= 1
+        job = stack.job(job_id)
+        if status == 202:
+            assert job is not None, f"{job_id} answered 202 but does not exist"
+        if job is not None:  # whole, never partial: its projection and its one enqueued receipt
+            assert stack.types(job_id) == ["job.enqueued"]
+        else:
+            assert stack.receipts(job_id) == []
