@@ -127,9 +127,7 @@ def test_a_dead_pooled_connection_without_pre_ping_is_503_not_500(
 
 
 @pytest.mark.parametrize("path", ["/agents/factory/jobs", "/jobs/some-job"])
-def test_an_app_pointed_at_a_closed_port_answers_503(
-    pg_engine: Engine, tmp_path: Path, path: str
-) -> None:
+def test_an_app_pointed_at_a_closed_port_answers_503(pg_engine: Engine, tmp_path: Path, path: str) -> None:
     api = build_api(pg_engine, make_settings(tmp_path))  # tokens are created on the real database
     dead = make_engine(f"postgresql+psycopg2://postgres@127.0.0.1:{free_port()}/receipt")
     try:
