@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from flask import current_app
@@ -12,6 +13,7 @@ from sqlalchemy.engine import Connection, Engine
 from api.limits import StreamSlots
 from app.config import Settings
 from app.jobs.reducer import Job
+from app.storage.db import autocommit_connection
 from app.storage.queue import Queue
 
 EXTENSION = "receipt"
@@ -53,15 +55,13 @@ def state() -> ApiState:
     return value
 
 
-def read_connection(engine: Engine) -> Connection:
+def read_connection(engine: Engine) -> AbstractContextManager[Connection]:
     """A connection for single-statement reads (token lookup, stream polls, readiness).
 
-    On PostgreSQL it runs in AUTOCOMMIT: psycopg2 otherwise wraps every read in its own
+    On PostgreSQL it runs in autocommit: psycopg2 otherwise wraps every read in its own
     BEGIN ... ROLLBACK, three round trips where one will do — and an event-stream follower
     polls several times a second. SQLite keeps its ordinary connection (its engine issues
-    ``BEGIN IMMEDIATE`` on begin, which must stay paired with a commit or rollback).
+    ``BEGIN IMMEDIATE`` on begin, which must stay paired with a commit or rollback). How the
+    flag is set matters when the server drops the connection: ``app.storage.db.autocommit_connection``.
     """
-    conn = engine.connect()
-    if engine.dialect.name == "postgresql":
-        return conn.execution_options(isolation_level="AUTOCOMMIT")
-    return conn
+    return autocommit_connection(engine)

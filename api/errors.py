@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import Flask, Response, jsonify
-from sqlalchemy.exc import DBAPIError, OperationalError
 from werkzeug.exceptions import HTTPException
 
 from app.factory.service import ObjectiveNotFound
@@ -21,9 +20,9 @@ from app.jobs.errors import (
     ConflictError,
     JobNotFound,
     TooManyCommands,
-    TransientStorageError,
     ValidationError,
 )
+from app.storage.db import is_storage_outage
 
 log = logging.getLogger("receipt.api")
 
@@ -191,6 +190,5 @@ def register_error_handlers(app: Flask, on_internal_error: Any) -> None:
 
 
 def _is_storage_outage(exc: BaseException) -> bool:
-    if isinstance(exc, TransientStorageError | OperationalError):
-        return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+    """The one mapping of storage outages to 503 (``app.storage.db.is_storage_outage``)."""
+    return is_storage_outage(exc)

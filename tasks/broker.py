@@ -13,6 +13,9 @@ key alike: there the run id changes but nothing was lost.
 the job's worker queue holds any message (a driver or worker killed after taking it, before acting
 on it). A wrong guess only sends a duplicate, which the attempt fence makes harmless.
 
+**Fetch records.** ``client()`` gives tasks/fetches.py the broker's Redis, where consumers record
+which message they fetched and keep a liveness key.
+
 The embedded filesystem broker has neither: ``NullProbe`` answers "unknown", and deliveries wait
 for their deadline as the spec describes.
 """
@@ -24,7 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.config import Settings
 
@@ -39,6 +42,8 @@ class BrokerProbe(Protocol):
 
     def queues_empty(self, names: Iterable[str]) -> bool | None: ...
 
+    def client(self) -> Any | None: ...
+
 
 class NullProbe:
     """A broker that tells nothing (the embedded folder broker)."""
@@ -47,6 +52,9 @@ class NullProbe:
         return None
 
     def queues_empty(self, names: Iterable[str]) -> bool | None:
+        return None
+
+    def client(self) -> Any | None:
         return None
 
 
@@ -86,6 +94,10 @@ class RedisProbe:
         except Exception as exc:
             log.warning("could not read queue lengths: %s", exc)
             return None
+
+    def client(self) -> Any | None:
+        """The broker's Redis, for the fetch records (tasks/fetches.py)."""
+        return self._client
 
 
 def probe_for(settings: Settings) -> BrokerProbe:

@@ -16,7 +16,7 @@ from app.factory import loops as objectives
 from app.factory import watchdog
 from app.jobs.routing import MAINTENANCE_QUEUE
 from app.ops import celeryconfig, logs
-from tasks import dispatch, execute, loops, redaction
+from tasks import dispatch, execute, fetches, loops, redaction
 from tasks.cron import CronSchedule
 from tasks.runtime import (
     CALLBACK_TASK,
@@ -184,6 +184,12 @@ def _start_local_ticker(sender: Any = None, **_: Any) -> None:
 
 
 signals.worker_ready.connect(_start_local_ticker)
+# Who fetched which message, and which consumers are alive (tasks/fetches.py): a delivery whose
+# message died with its fetcher is redelivered within seconds instead of the driver timeout.
+signals.worker_init.connect(fetches.on_worker_init)
+signals.task_received.connect(fetches.on_task_received)
+signals.before_task_publish.connect(fetches.on_before_task_publish)
+signals.task_failure.connect(fetches.on_task_failure)
 signals.worker_ready.connect(_resume_objectives_after_settle)
 
 

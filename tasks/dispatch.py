@@ -21,6 +21,7 @@ from app.ops import logs, metrics
 from app.storage import delivery, projection
 from app.storage.db import db_now, parse_iso, transaction
 from app.storage.queue import retry_transient
+from tasks import fetches
 from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime
 
 log = logging.getLogger("receipt.dispatch")
@@ -57,7 +58,14 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
         # shorter than asked for drained the list; an id pushed after that armed a new scan.
         batch = rt.wakes.disarm_and_take(CLAIM_BATCH)
         while batch:
-            started += _dispatch_batch(rt, batch)
+            # The message named none of these jobs: record that this process holds them, so a
+            # delivery it claims and then dies with is known lost (tasks/fetches.py).
+            fetches.record_scan(batch)
+            try:
+                started += _dispatch_batch(rt, batch)
+            except Exception:
+                fetches.record_scan(batch, failed=True)
+                raise
             batch = rt.wakes.take(CLAIM_BATCH) if len(batch) == CLAIM_BATCH else []
     return {"started": started}
 

@@ -27,6 +27,7 @@ from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.ops import logs, metrics
 from app.storage import delivery, loops
 from app.storage.db import db_now, transaction
+from tasks import fetches
 from tasks.dispatch import start_driver
 from tasks.runtime import Runtime
 
@@ -121,6 +122,9 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
         with transaction(rt.engine) as conn:
             swept = delivery.sweep(conn, db_now(conn))
         epoch = rt.broker.epoch()
+        # Deliveries whose message died with the process that fetched it end first, so the scan
+        # below starts their next generation in this very pass (tasks/fetches.py).
+        lost, held = settle_lost_fetches(rt, epoch)
         # With every queue empty, no pending delivery can still have a message waiting: each is
         # presumed lost. Otherwise jobs whose delivery is in flight are left out of the scan.
         drained = rt.broker.queues_empty([DRIVER_QUEUE, *QUEUES.values()]) is True
@@ -132,7 +136,7 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
             keep()
             with rt.engine.connect() as conn:
                 now = db_now(conn)
-                last = delivery.last_started_at(conn, job.id, epoch)
+                last = delivery.last_live_start(conn, job.id, epoch)
             if last is not None and (now - last).total_seconds() * 1000 < s.queued_redrive_cooldown_ms:
                 continue
             try:
@@ -141,8 +145,11 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
                         rt,
                         job.id,
                         delivery.redrive_key(job.id, job.seq, job.status),
+                        # A delivery a live consumer holds is not lost, however empty the queues.
                         presume_lost_after_ms=(
-                            presume_after_ms(s.queued_redrive_cooldown_ms) if drained else None
+                            presume_after_ms(s.queued_redrive_cooldown_ms)
+                            if drained and job.id not in held
+                            else None
                         ),
                     )
             except Exception:
@@ -153,9 +160,47 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
         if started:
             log.info("redrive started %d deliveries", len(started))
             metrics.registry_metrics().redrives.inc(len(started))
-        return {"redriven": started, "swept": swept}
+        return {"redriven": started, "swept": swept, "fetcherLost": lost}
 
     return _guarded(rt, REDRIVE_LOOP, s.queued_redrive_interval_ms, body)
+
+
+def settle_lost_fetches(rt: Runtime, epoch: str | None) -> tuple[list[str], set[str]]:
+    """Settle ``fetcher_lost`` every pending delivery of a queued job whose message was fetched by
+    a process that is no longer alive, or that gave up on it (tasks/fetches.py). Returns those job
+    ids, and the jobs whose delivery a live consumer holds right now (never presumed lost). Best
+    effort: on a broker error nothing is known and the earlier rules (epoch, presumption, deadline)
+    apply."""
+    client = rt.broker.client()
+    if client is None:
+        return [], set()
+    with rt.engine.connect() as conn:
+        now = db_now(conn)
+        rows = delivery.pending_of_queued(conn, now, epoch, SCAN_LIMIT)
+    pending = [
+        fetches.Pending(r.job_id, r.purpose, r.observed, r.generation, r.task_id, _age_ms(now, r.created_at))
+        for r in rows
+    ]
+    try:
+        found = fetches.verdicts(client, pending)
+    except Exception as exc:
+        log.warning("could not read the fetch records: %s", exc)
+        return [], set()
+    held = {r.job_id for r, v in zip(rows, found, strict=True) if v == fetches.HELD_ALIVE}
+    lost = [r for r, v in zip(rows, found, strict=True) if v == fetches.LOST]
+    if lost:
+        with transaction(rt.engine) as conn:
+            now = db_now(conn)
+            for row in lost:
+                delivery.settle_fetcher_lost(conn, row, now)
+    ids = [r.job_id for r in lost]
+    if ids:
+        log.warning("%d deliveries lost with their fetcher: %s", len(ids), ", ".join(ids[:20]))
+    return ids, held
+
+
+def _age_ms(now: datetime, then: datetime) -> float:
+    return (now - then).total_seconds() * 1000
 
 
 def expire_leases(rt: Runtime) -> dict[str, Any]:

@@ -82,6 +82,7 @@ DeliveryOutcome = Literal[
     "canceled",  # an abort was pending: the queued job was canceled
     "backoff",  # a retry still backing off: the due-retries pass starts it later
     "send_failed",  # the driver or worker message could not be sent
+    "fetcher_lost",  # the process that fetched its message died before acting on it (tasks/fetches.py)
 ]
 DELIVERY_OUTCOMES: Final[tuple[str, ...]] = get_args(DeliveryOutcome)
 

@@ -396,6 +396,96 @@ def _advisory_key(name: str) -> int:
 
 
 @contextmanager
+def autocommit_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection whose statements each commit on their own (PostgreSQL: psycopg2 autocommit).
+
+    Not ``execution_options(isolation_level="AUTOCOMMIT")``: SQLAlchemy restores such a
+    connection's isolation level when it is checked back in, and if the server dropped the
+    connection meanwhile (a restart, ``pg_terminate_backend``) that restore raises the raw
+    psycopg2 error out of ``close()`` *and never returns the connection to the pool* (SQLAlchemy
+    2.1.9, ``_ConnectionRecord.checkin``): each such failure leaked a pool slot until checkouts
+    timed out, and surfaced as a 500. Here the flag is set and cleared on the DBAPI connection
+    directly; a connection whose flag cannot be cleared is invalidated (discarded), never
+    returned to the pool in autocommit mode. SQLite connections are returned unchanged.
+    """
+    with engine.connect() as conn:
+        if conn.dialect.name != "postgresql":
+            yield conn
+            return
+        dbapi = conn.connection.dbapi_connection
+        try:
+            dbapi.autocommit = True  # type: ignore[union-attr]
+        except Exception:
+            conn.invalidate()
+            raise
+        try:
+            yield conn
+        finally:
+            try:
+                if not conn.invalidated:
+                    conn.rollback()  # ends SQLAlchemy's autobegun transaction (no round trip)
+                    dbapi.autocommit = False  # type: ignore[union-attr]
+            except Exception:
+                conn.invalidate()
+
+
+# -- what counts as a storage outage (one classifier: the API's 503, retries) -------------------------
+
+# SQLSTATE classes of a server going away: 08 connection exception, 57P operator intervention
+# (57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now), 53 insufficient resources.
+_OUTAGE_SQLSTATE_PREFIXES = ("08", "57P", "53")
+
+
+def _raw_dbapi_outage_types() -> tuple[type[BaseException], ...]:
+    try:
+        import psycopg2
+    except ImportError:  # an embedded-only install
+        return ()
+    return (psycopg2.OperationalError, psycopg2.InterfaceError)
+
+
+_RAW_OUTAGE_TYPES = _raw_dbapi_outage_types()
+
+
+def is_storage_outage(exc: BaseException) -> bool:
+    """True when ``exc`` (or an exception it was raised from) means the database is unreachable,
+    restarting, overloaded or dropped the connection -- a retryable condition, not a bug.
+
+    Covers SQLAlchemy's ``OperationalError``/``InterfaceError``, any ``DBAPIError`` that
+    invalidated its connection, a pool checkout that timed out (``sqlalchemy.exc.TimeoutError``)
+    or failed (``DisconnectionError``), a psycopg2 ``OperationalError``/``InterfaceError`` raised
+    raw (outside a statement: pool reset, connection setup), and any SQLSTATE of class 08, 57P
+    or 53 (AdminShutdown, CannotConnectNow, "server closed the connection unexpectedly").
+    """
+    from sqlalchemy import exc as sa_exc
+
+    from app.jobs.errors import TransientStorageError
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(
+            current,
+            TransientStorageError
+            | sa_exc.OperationalError
+            | sa_exc.InterfaceError
+            | sa_exc.TimeoutError
+            | sa_exc.DisconnectionError,
+        ):
+            return True
+        if isinstance(current, sa_exc.DBAPIError) and current.connection_invalidated:
+            return True
+        if _RAW_OUTAGE_TYPES and isinstance(current, _RAW_OUTAGE_TYPES):
+            return True
+        code = getattr(current, "pgcode", None) or getattr(getattr(current, "orig", None), "pgcode", None)
+        if isinstance(code, str) and code.startswith(_OUTAGE_SQLSTATE_PREFIXES):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+@contextmanager
 def session_lock(engine: Engine, name: str, *, wait_s: float, poll_s: float = 0.02) -> Iterator[bool]:
     """Hold a lock on ``name`` across transactions (Postgres: a session advisory lock on its own
     connection), waiting up to ``wait_s``; yields whether it was taken. Callers must be safe without
@@ -405,8 +495,7 @@ def session_lock(engine: Engine, name: str, *, wait_s: float, poll_s: float = 0.
         yield True
         return
     key = _advisory_key(name)
-    with engine.connect() as raw:
-        conn = raw.execution_options(isolation_level="AUTOCOMMIT")
+    with autocommit_connection(engine) as conn:
         deadline = time.monotonic() + wait_s
         taken = False
         while True:

@@ -330,3 +330,58 @@ def in_flight(job_id: Any, now: datetime, epoch: str | None = None) -> Any:
     if epoch is not None:
         live.append(or_(c.broker_epoch.is_(None), c.broker_epoch == epoch))
     return select(c.generation).where(*live).exists()
+
+
+# -- deliveries whose fetcher died (tasks/fetches.py) --------------------------------------------------
+
+FETCHER_LOST: DeliveryOutcome = "fetcher_lost"
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    """A pending, live delivery of a queued job: what the fetch records are checked for."""
+
+    job_id: str
+    purpose: str
+    observed: str
+    generation: int
+    task_id: str
+    created_at: datetime
+
+
+def pending_of_queued(conn: Connection, now: datetime, epoch: str | None, limit: int) -> list[PendingRow]:
+    """Pending deliveries within their deadline, sent to this broker epoch, of queued jobs (oldest
+    first): the ones that block a redrive and may have lost their message with their fetcher."""
+    c = deliveries.c
+    live = [c.state == "pending", c.deadline_at > now, jobs.c.status == "queued"]
+    if epoch is not None:
+        live.append(or_(c.broker_epoch.is_(None), c.broker_epoch == epoch))
+    rows = conn.execute(
+        select(c.job_id, c.purpose, c.observed, c.generation, c.task_id, c.created_at)
+        .join(jobs, jobs.c.id == c.job_id)
+        .where(*live)
+        .order_by(c.created_at)
+        .limit(limit)
+    ).all()
+    return [
+        PendingRow(r.job_id, r.purpose, r.observed, r.generation, r.task_id, as_utc(r.created_at))
+        for r in rows
+    ]
+
+
+def settle_fetcher_lost(conn: Connection, row: PendingRow, now: datetime) -> None:
+    """End a delivery whose message died with the process that fetched it (idempotent)."""
+    _settle_row(conn, DeliveryKey(row.job_id, row.purpose, row.observed), row.generation, FETCHER_LOST, now)
+
+
+def last_live_start(conn: Connection, job_id: str, epoch: str | None = None) -> datetime | None:
+    """``last_started_at``, leaving out deliveries known lost with their fetcher: like a delivery
+    sent to an earlier broker epoch, such a delivery is no reason for the redrive cooldown to wait."""
+    c = deliveries.c
+    q = select(func.max(c.created_at)).where(
+        c.job_id == job_id, or_(c.outcome.is_(None), c.outcome != FETCHER_LOST)
+    )
+    if epoch is not None:
+        q = q.where(or_(c.broker_epoch.is_(None), c.broker_epoch == epoch))
+    value = conn.execute(q).scalar()
+    return as_utc(value) if value is not None else None

@@ -20,7 +20,6 @@ from typing import Any, Literal
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.jobs.errors import (
     SINGLETON_CANCEL_REASON,
@@ -46,7 +45,7 @@ from app.jobs.vocab import (
     job_stream,
 )
 from app.storage import delivery, outbox, projection, store
-from app.storage.db import as_utc, db_now, iso, jobs, lock_key, parse_iso, transaction
+from app.storage.db import as_utc, db_now, is_storage_outage, iso, jobs, lock_key, parse_iso, transaction
 
 log = logging.getLogger("receipt.queue")
 
@@ -135,15 +134,12 @@ class _Tx:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Storage errors worth retrying: lost connections, serialization failures, deadlocks."""
-    if isinstance(exc, TransientStorageError):
-        return True
-    if isinstance(exc, OperationalError):
-        return True
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+    """Storage errors worth retrying: the database unreachable or restarting (the one outage
+    classifier, ``db.is_storage_outage``), serialization failures and deadlocks."""
+    if is_storage_outage(exc):
         return True
     code = getattr(getattr(exc, "orig", None), "pgcode", None)
-    return code in {"40001", "40P01", "57P01", "57P02", "57P03", "08000", "08003", "08006"}
+    return code in {"40001", "40P01"}
 
 
 class Queue:

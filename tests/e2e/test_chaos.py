@@ -8,17 +8,23 @@ at least 1 s). What each proves is written up in ``docs/faults.md``.
 from __future__ import annotations
 
 import signal
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+import requests
+from sqlalchemy.engine import Engine
 
 from app.jobs.validation import validate_enqueue
 from app.storage.queue import Queue
+from tasks import fetches
 from tests.e2e import handlers
-from tests.support.stack import ORG, Stack, terminal_receipts, worker_pid
+from tests.support.services import TcpProxy
+from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, worker_pid
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
@@ -134,3 +140,134 @@ def test_readyz_fails_when_no_process_runs_the_loops(stack: Stack) -> None:
     details = body["error"]["details"]
     assert details["loops"].startswith("overdue:")
     assert {"queued-redrive", "due-retries", "lease-expiry"} <= set(details["loopRuns"])
+
+
+def test_a_message_whose_fetcher_is_killed_before_it_acts_is_delivered_again_within_seconds(
+    stack: Stack,
+) -> None:
+    """Early acks: a worker that fetched the execute message and is SIGKILLed before its lease
+    receipt took the message with it. Its delivery is known lost (tasks/fetches.py) as soon as
+    the worker's liveness key lapses, not after the 120 s driver timeout; while the fetcher lives,
+    or while the message may still wait in the broker, nothing is sent beside it."""
+    observe_s = fetches.LIVENESS_TTL_MS / 1000 + 2.5  # the liveness TTL plus two redrive intervals
+    proxy = TcpProxy("127.0.0.1", 5432)
+    broker = redis.Redis.from_url(stack.redis_url)
+
+    def record(task_id: str) -> str:
+        raw = broker.get(fetches.FETCH_PREFIX + task_id)
+        return raw.decode() if isinstance(raw, bytes) else str(raw or "")
+
+    try:
+        # (1) The driver that sent a worker message dies while the message waits (no chat worker).
+        stack.start("web", "driver", "beat")
+        first = stack.post_job(handlers.ECHO, message="waits")["id"]
+        wait_for(lambda: broker.llen("receipt-chat") == 1, 30, what="the worker message to wait")
+        (sent,) = stack.deliveries(first)
+        assert record(sent.task_id).startswith("sent ")
+        stack.harness.kill(stack.procs.pop("driver"))
+        stack.start("driver")
+        time.sleep(observe_s)  # the fault's duration: the dead driver's liveness key has lapsed
+        assert [d.state for d in stack.deliveries(first)] == ["pending"]
+        assert broker.llen("receipt-chat") == 1
+
+        # (2) A chat worker whose database stalls fetches a message and cannot lease: it is alive.
+        via_proxy = stack.database_url.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/")
+        assert via_proxy != stack.database_url
+        held = stack.start_worker("worker-chat", "chat", DATABASE_URL=via_proxy)
+        done = stack.wait_terminal(first)
+        assert (done.status, done.attempt) == ("completed", 1)
+        assert [d.outcome for d in stack.deliveries(first)] == ["completed"]
+        proxy.hold()
+        job_id = stack.post_job(handlers.ECHO, message="fetched then killed")["id"]
+
+        def fetched_by_held() -> bool:
+            rows = stack.deliveries(job_id)
+            value = record(rows[0].task_id) if rows else ""
+            return value.startswith("worker ") and f":{held.pid}:" in value
+
+        wait_for(fetched_by_held, 30, what="the held chat worker to fetch the message")
+        time.sleep(observe_s)  # the fault's duration: a live fetcher's message is never superseded
+        assert [d.state for d in stack.deliveries(job_id)] == ["pending"]
+        assert stack.types(job_id) == ["job.enqueued"]
+
+        # (3) SIGKILL it before it leases; a new chat worker takes the job's next generation.
+        stack.harness.kill(stack.procs.pop("chat"))
+        killed_at = time.monotonic()
+        stack.start_worker("worker-chat", "chat-2")
+        done = stack.wait_terminal(job_id, timeout=60)
+        recovered_s = time.monotonic() - killed_at
+    finally:
+        proxy.release()
+        broker.close()
+        proxy.close()
+    print(f"\n[fetcher killed] completed {recovered_s:.1f} s after the SIGKILL (driver timeout 120 s)")
+    assert recovered_s < 20, recovered_s
+    assert (done.status, done.attempt) == ("completed", 1)
+    receipts = stack.receipts(job_id)
+    assert [r.type for r in receipts].count("job.leased") == 1  # the killed worker never leased
+    assert [r.type for r in terminal_receipts(receipts)] == ["job.completed"]
+    assert done.result["pid"] == stack.procs["chat-2"].pid
+    assert [(d.purpose, d.outcome) for d in stack.deliveries(job_id)] == [
+        ("dispatch", "fetcher_lost"),
+        ("redrive", "completed"),
+    ]
+
+
+def test_enqueues_over_gunicorn_while_postgres_drops_the_apis_connections_answer_202_or_503(
+    stack: Stack, pg_admin: Engine
+) -> None:
+    """The soak's PostgreSQL restarts, on the deployed web process: every enqueue answers 202 or
+    503 ``unavailable`` with Retry-After (never another 5xx), and every 202 job exists."""
+    stack.start_web(RECEIPT_RATE_LIMIT_WRITES="disabled")  # the write limit is not under test
+    outcomes: dict[str, tuple[int, str, str | None]] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def client(n: int) -> None:
+        with requests.Session() as http:
+            i = 0
+            while not stop.is_set():
+                job_id = f"pg-drop-{n}-{i}"
+                i += 1
+                body: dict[str, Any] = {
+                    "jobId": job_id,
+                    "payload": {
+                        "kind": "factory.run",
+                        "message": "x",
+                        "authContext": {"userId": "e2e-user", "organizationId": ORG},
+                    },
+                }
+                r = http.post(
+                    stack.url(f"/agents/{handlers.ECHO}/jobs"), json=body, headers=stack.headers(), timeout=30
+                )
+                code = r.json().get("error", {}).get("code", "") if r.status_code >= 400 else ""
+                with lock:
+                    outcomes[job_id] = (r.status_code, code, r.headers.get("Retry-After"))
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    terminated = 0
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 4.0
+        while time.monotonic() < deadline:  # the fault: a restart's worth of dropped connections
+            terminated += terminate_backends(pg_admin, stack.database_url)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    counts = Counter(status for status, _, _ in outcomes.values())
+    print(f"\n[gunicorn, backends dropped] {dict(counts)}, {terminated} backends terminated")
+    assert terminated > 0 and counts[202] > 0, counts
+    assert set(counts) <= {202, 503}, counts
+    for job_id, (status, code, retry_after) in outcomes.items():
+        if status == 503:
+            assert code == "unavailable" and retry_after is not None and int(retry_after) >= 1
+        job = stack.job(job_id)
+        if status == 202:
+            assert job is not None, f"{job_id} answered 202 but does not exist"
+        if job is not None:  # whole, never partial: its projection and its one enqueued receipt
+            assert stack.types(job_id) == ["job.enqueued"]
+        else:
+            assert stack.receipts(job_id) == []

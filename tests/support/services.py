@@ -292,6 +292,8 @@ class TcpProxy:
         self._pairs: set[tuple[socket.socket, socket.socket]] = set()
         self._cut = False
         self._closed = False
+        self._flowing = threading.Event()  # cleared by ``hold``: connections stay open, nothing moves
+        self._flowing.set()
         self.refused = 0
         self.accepted = 0
         self._thread = threading.Thread(target=self._accept_loop, name="pg-proxy", daemon=True)
@@ -331,6 +333,9 @@ class TcpProxy:
                 data = src.recv(65536)
                 if not data:
                     break
+                while not self._flowing.wait(0.2):
+                    if self._closed:
+                        return
                 dst.sendall(data)
         except OSError:
             pass
@@ -362,8 +367,18 @@ class TcpProxy:
         with self._lock:
             self._cut = False
 
+    def hold(self) -> None:
+        """Stall the database without closing anything: connections (old and new) stay open but no
+        byte is forwarded until ``release``, so a client's next statement blocks -- a frozen or
+        unreachable server, not a refused one."""
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
+
     def close(self) -> None:
         self._closed = True
+        self._flowing.set()
         self.cut()
         _close_quietly(self._listener)
         self._thread.join(timeout=2)

@@ -1,0 +1,134 @@
+"""Deliveries lost with the process that fetched their message (tasks/fetches.py), on the real
+database and Redis: the redrive settles them ``fetcher_lost`` and starts the next generation in the
+same pass; a delivery a live consumer holds is never superseded, not even by the presumption."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy import update
+from sqlalchemy.engine import Engine
+
+from app.storage.db import db_now, deliveries, transaction
+from tasks import fetches
+from tasks import loops as task_loops
+from tasks.broker import RedisProbe
+from tasks.runtime import DRIVER_TASK
+
+from .runtime_support import enqueue, recording_runtime, settings_for
+
+
+@pytest.fixture
+def runtime(engine: Engine, redis_url: str) -> Iterator[Any]:
+    settings = settings_for(
+        redis_url,
+        RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="0",
+        RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS="0",
+        RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="0",
+    )
+    rt, sent, _ = recording_runtime(engine, settings)
+    rt.broker = RedisProbe(redis_url)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield rt, sent, client
+    finally:
+        client.close()
+
+
+def _first_delivery(rt: Any, sent: Any) -> tuple[str, str]:
+    job = enqueue(rt.queue, "factory")
+    sent.clear()
+    assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
+    [driver] = sent.named(DRIVER_TASK)
+    sent.clear()
+    return job.id, str(driver.task_id)
+
+
+def _states(rt: Any, job_id: str) -> list[tuple[int, str, str | None]]:
+    with rt.engine.connect() as conn:
+        rows = conn.execute(
+            deliveries.select().where(deliveries.c.job_id == job_id).order_by(deliveries.c.generation)
+        ).all()
+    return [(r.generation, r.state, r.outcome) for r in rows]
+
+
+def _age(rt: Any, job_id: str, seconds: int) -> None:
+    """Backdate the job's deliveries, so the presumption (>= 5 s old, queues empty) would apply."""
+    with transaction(rt.engine) as conn:
+        conn.execute(
+            update(deliveries)
+            .where(deliveries.c.job_id == job_id)
+            .values(created_at=db_now(conn) - timedelta(seconds=seconds))
+        )
+
+
+@pytest.mark.parametrize("stage", ["driver", "worker"])
+def test_a_delivery_fetched_by_a_dead_consumer_is_settled_and_redriven_in_the_same_pass(
+    runtime: Any, stage: str
+) -> None:
+    rt, sent, client = runtime
+    job_id, task_id = _first_delivery(rt, sent)
+    client.set(fetches.FETCH_PREFIX + task_id, f"{stage} host:1:dead")  # no liveness key: gone
+    result = task_loops.redrive_queued(rt)
+    assert result["fetcherLost"] == [job_id] and result["redriven"] == [job_id]
+    [driver] = sent.named(DRIVER_TASK)
+    assert driver.args[2] == 1  # the next generation of the same key, within the 32 bound
+    assert _states(rt, job_id) == [(0, "settled", "fetcher_lost"), (1, "pending", None)]
+
+
+def test_a_delivery_held_by_a_live_consumer_is_not_superseded_even_with_every_queue_empty(
+    runtime: Any,
+) -> None:
+    rt, sent, client = runtime
+    job_id, task_id = _first_delivery(rt, sent)
+    _age(rt, job_id, 60)
+    client.set(fetches.FETCH_PREFIX + task_id, "worker host:2:live")
+    client.set(fetches.LIVE_PREFIX + "host:2:live", b"1", px=fetches.LIVENESS_TTL_MS)
+    assert rt.broker.queues_empty(["receipt-driver", "receipt-chat"]) is True
+    result = task_loops.redrive_queued(rt)
+    assert result["redriven"] == [] and result["fetcherLost"] == []
+    assert sent.sent == [] and _states(rt, job_id) == [(0, "pending", None)]
+    client.delete(fetches.LIVE_PREFIX + "host:2:live")  # ... until that consumer's key lapses
+    assert task_loops.redrive_queued(rt)["fetcherLost"] == [job_id]
+    assert _states(rt, job_id) == [(0, "settled", "fetcher_lost"), (1, "pending", None)]
+
+
+def test_a_message_recorded_as_sent_is_left_to_the_earlier_rules(runtime: Any) -> None:
+    rt, sent, client = runtime
+    job_id, task_id = _first_delivery(rt, sent)
+    client.set(fetches.FETCH_PREFIX + task_id, "sent host:3:dead")  # its sender died after sending
+    assert task_loops.redrive_queued(rt)["redriven"] == []
+    assert _states(rt, job_id) == [(0, "pending", None)]
+    _age(rt, job_id, 60)  # the presumption still applies once it is old and every queue is empty
+    assert task_loops.redrive_queued(rt)["redriven"] == [job_id]
+    assert _states(rt, job_id) == [(0, "settled", "presumed_lost"), (1, "pending", None)]
+
+
+def test_a_task_that_raised_gave_up_its_delivery_though_its_consumer_lives(runtime: Any) -> None:
+    rt, sent, client = runtime
+    job_id, task_id = _first_delivery(rt, sent)
+    client.set(fetches.FETCH_PREFIX + task_id, "failed")
+    assert task_loops.redrive_queued(rt)["fetcherLost"] == [job_id]
+
+
+def test_the_recorder_keeps_its_liveness_and_writes_one_pipeline_per_message(redis_url: str) -> None:
+    settings = settings_for(redis_url)
+    recorder = fetches.Recorder(settings)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        recorder.start()
+        live = fetches.LIVE_PREFIX + recorder.consumer
+        assert 0 < client.pttl(live) <= fetches.LIVENESS_TTL_MS
+        recorder.write(fetches.fetched_entries(DRIVER_TASK, ["j", "j", 0], recorder.consumer))
+        key = fetches.FETCH_PREFIX + "j:driver:0"
+        assert client.get(key) == f"driver {recorder.consumer}".encode()
+        assert fetches.LIVENESS_TTL_MS < client.pttl(key) <= fetches.record_ttl_ms(settings)
+    finally:
+        recorder.stop()
+        client.close()
+    dead = fetches.Recorder(settings_for("redis://127.0.0.1:1/0"))
+    dead.write([("k", "v")])  # an unreachable broker: logged, never raised

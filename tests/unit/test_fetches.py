@@ -1,0 +1,92 @@
+"""The rule that decides a pending delivery lost with the process that fetched its message."""
+
+from __future__ import annotations
+
+from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK
+from app.storage.delivery import driver_task_id
+from tasks.fetches import (
+    DISPATCHING_PREFIX,
+    FETCH_PREFIX,
+    HELD_ALIVE,
+    INLINE_MIN_AGE_MS,
+    LOST,
+    UNKNOWN,
+    Pending,
+    Record,
+    failed_entries,
+    fetched_entries,
+    lost,
+    published_entries,
+    scan_entries,
+    verdict,
+)
+
+BASE = Pending("j1", "dispatch", "", 0, "j1:driver:0", age_ms=INLINE_MIN_AGE_MS)
+REDRIVE = Pending("j1", "redrive", "1:queued", 0, "j1:redrive:1:queued:driver:0", age_ms=10_000)
+
+
+def test_a_held_message_is_lost_only_when_its_fetcher_is_gone() -> None:
+    for stage in ("driver", "worker"):
+        assert lost(REDRIVE, Record(stage, "c1"), None, alive=set())
+        assert not lost(REDRIVE, Record(stage, "c1"), None, alive={"c1"})
+
+
+def test_a_message_recorded_as_sent_may_still_wait_in_the_broker_whoever_died() -> None:
+    # The driver that sent the worker message died; the message waits for a worker: not lost.
+    assert not lost(BASE, Record("sent", "c1"), "c1", alive=set())
+    assert not lost(REDRIVE, Record("queued", None), None, alive=set())
+
+
+def test_a_task_that_raised_gave_up_on_its_message_though_its_consumer_lives() -> None:
+    assert lost(REDRIVE, Record("failed", None), None, alive={"c1"})
+    assert lost(BASE, None, "failed", alive={"c1"})
+    assert failed_entries(DRIVER_TASK, ["j1", "j1:redrive:1:queued", 0]) == [
+        (FETCH_PREFIX + REDRIVE.task_id, "failed")
+    ]
+    assert failed_entries(DISPATCH_TASK, [["j1"]]) == [(DISPATCHING_PREFIX + "j1", "failed")]
+
+
+def test_a_message_held_by_a_live_consumer_is_held_not_unknown() -> None:
+    assert verdict(REDRIVE, Record("worker", "c1"), None, alive={"c1"}) == HELD_ALIVE
+    assert verdict(REDRIVE, Record("sent", "c1"), None, alive={"c1"}) == UNKNOWN
+    assert verdict(REDRIVE, None, None, alive=set()) == UNKNOWN
+    assert verdict(REDRIVE, Record("worker", "c1"), None, alive=set()) == LOST
+
+
+def test_no_record_is_unknown_except_for_a_scan_whose_consumer_died() -> None:
+    assert not lost(REDRIVE, None, None, alive=set())
+    assert not lost(REDRIVE, None, "c1", alive=set())  # only base-key deliveries are scan-created
+    assert lost(BASE, None, "c1", alive=set())
+    assert not lost(BASE, None, "c1", alive={"c1"})
+    young = Pending("j1", "dispatch", "", 0, "j1:driver:0", age_ms=INLINE_MIN_AGE_MS - 1)
+    assert not lost(young, None, "c1", alive=set())  # a live driver may be between record and send
+
+
+def test_what_each_message_records() -> None:
+    key = "j1:redrive:3:queued"
+    assert fetched_entries(DRIVER_TASK, ["j1", key, 2], "c1") == [
+        (FETCH_PREFIX + driver_task_id(key, 2), "driver c1")
+    ]
+    assert fetched_entries(EXECUTE_TASK, ["j1", "j1:attempt:1", key, 2], "c2") == [
+        (FETCH_PREFIX + driver_task_id(key, 2), "worker c2")
+    ]
+    assert fetched_entries(DISPATCH_TASK, [["a", "b"]], "c3") == [
+        (DISPATCHING_PREFIX + "a", "c3"),
+        (DISPATCHING_PREFIX + "b", "c3"),
+    ]
+    assert fetched_entries("receipt.loops.redrive", [], "c1") == []
+    assert fetched_entries(EXECUTE_TASK, ["malformed"], "c1") == []
+    assert published_entries(DRIVER_TASK, driver_task_id(key, 2), ["j1", key, 2], "c1") == [
+        (FETCH_PREFIX + driver_task_id(key, 2), "queued")
+    ]
+    assert published_entries(EXECUTE_TASK, "j1:attempt:1", ["j1", "j1:attempt:1", key, 2], "c1") == [
+        (FETCH_PREFIX + driver_task_id(key, 2), "sent c1")
+    ]
+    assert published_entries(DISPATCH_TASK, "x", [["j1"]], "c1") == []
+
+
+def test_a_scan_batch_from_the_wake_list_is_recorded_like_a_message_that_named_its_jobs() -> None:
+    # The coalesced wake-up names no jobs (app/ops/wakes.py): the scan records its batch itself.
+    assert fetched_entries(DISPATCH_TASK, [[]], "c3") == []
+    assert scan_entries(["a", "b"], "c3") == fetched_entries(DISPATCH_TASK, [["a", "b"]], "c3")
+    assert scan_entries(["a"], "failed") == [(DISPATCHING_PREFIX + "a", "failed")]
