@@ -383,3 +383,17 @@ def session_lock(engine: Engine, name: str, *, wait_s: float, poll_s: float = 0.
         finally:
             if taken:
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+
+
+def read_connection(engine: Engine) -> Connection:
+    """A connection for single-statement reads (token lookup, stream polls, readiness).
+
+    On PostgreSQL it runs in AUTOCOMMIT: psycopg2 otherwise wraps every read in its own
+    BEGIN ... ROLLBACK, three round trips where one will do — and an event-stream follower
+    polls several times a second. SQLite keeps its ordinary connection (its engine issues
+    ``BEGIN IMMEDIATE`` on begin, which must stay paired with a commit or rollback).
+    """
+    conn = engine.connect()
+    if engine.dialect.name == "postgresql":
+        return conn.execution_options(isolation_level="AUTOCOMMIT")
+    return conn
