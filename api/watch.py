@@ -17,12 +17,13 @@ psycogreen makes its database round trip yield to the hub.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Mapping
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from app.storage import heads
 from app.storage.db import read_connection
@@ -90,6 +91,7 @@ class StreamPoller:
         self.lock = threading.Lock()
         self._subscribers: set[Subscription] = set()
         self._running = False
+        self._conn: Connection | None = None  # the poller thread's own (see ``_connection``)
         self.ticks = 0
 
     def subscribe(self, streams: Mapping[str, int], token_id: str | None) -> Subscription:
@@ -117,9 +119,22 @@ class StreamPoller:
             with self.lock:
                 if not self._subscribers:
                     self._running = False
-                    return
+                    conn, self._conn = self._conn, None
+                    break
             self.tick()
             time.sleep(self.poll_ms / 1000)
+        if conn is not None:
+            # Back to the pool: an idle process holds no connection. A server gone meanwhile
+            # only loses this connection.
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _connection(self) -> Connection:
+        # Held while any stream is open: a checkout per tick would add the pool's pre-ping and
+        # two isolation-level statements (AUTOCOMMIT on, then reset) to every tick.
+        if self._conn is None:
+            self._conn = read_connection(self.engine)
+        return self._conn
 
     def tick(self) -> None:
         """One read for every subscriber; wake those with something to do."""
@@ -131,11 +146,17 @@ class StreamPoller:
             return
         try:
             self.ticks += 1
-            with read_connection(self.engine) as conn:
-                found = heads.read(conn, streams, token_ids)
+            conn = self._connection()
+            found = heads.read(conn, streams, token_ids)
+            conn.rollback()  # ends SQLite's read transaction; nothing to end under AUTOCOMMIT
         except Exception:
-            # Every follower ends its stream; its client reconnects with Last-Event-ID.
+            # Every follower ends its stream; its client reconnects with Last-Event-ID. The
+            # connection is discarded: the next tick (new subscribers) opens a fresh one.
             log.warning("event streams ended: the shared poll failed", exc_info=True)
+            broken, self._conn = self._conn, None
+            if broken is not None:
+                with contextlib.suppress(Exception):
+                    broken.invalidate()
             for sub in subs:
                 sub.failed = True
                 sub._wake()
