@@ -322,9 +322,12 @@ def _rewatch(sub: Subscription, by_job: Mapping[str, str], jobs: dict[str, Job |
 @blueprint.get("/objectives/<objectiveId>/events")
 @operation(
     Operation(
-        summary="Follow an objective as Server-Sent Events: its state after each receipt "
-        "(event: objective, id: seq).",
-        description="Ends once the objective ended and its audit was appended. Resume with Last-Event-ID.",
+        summary="Follow an objective as Server-Sent Events: a snapshot, then what changed.",
+        description="The first event is the objective as GET shows it, live running overlay included "
+        "(event: objective, id: seq). Then one small event per objective receipt (event: delta, id: seq: "
+        "its type, the tasks that changed, and status, phase or audit when they changed), and event: task "
+        "(no id) when a queued task's job starts running. Resuming with Last-Event-ID sends a fresh "
+        "snapshot at the current head. Ends once the objective ended and its audit was sent.",
         tag="objectives",
         path=_PATH,
         query=schemas.EVENTS_QUERY,
