@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from flask import current_app
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from api.limits import StreamSlots
+from api.watch import StreamPoller
 from app.config import Settings
 from app.jobs.reducer import Job
-from app.storage.db import autocommit_connection
+from app.storage.db import read_connection as read_connection
 from app.storage.queue import Queue
 
 EXTENSION = "receipt"
@@ -36,11 +36,14 @@ class ApiState:
     # What wakes the dispatch scanner after a commit (``api.wake``); ``/readyz`` checks it.
     waker: Callable[[Sequence[Job]], None] | None = None
     stream_slots: StreamSlots = field(init=False)
+    # The one poller of this process's event streams (``api.watch``).
+    poller: StreamPoller = field(init=False)
 
     def __post_init__(self) -> None:
         self.stream_slots = StreamSlots(
             self.settings.sse_max_streams_per_token, self.settings.sse_max_streams_per_process
         )
+        self.poller = StreamPoller(self.engine, self.settings.sse_poll_ms)
 
     # When this app was built: /readyz gives a loop that never ran three intervals from here.
     started_monotonic: float = field(default_factory=time.monotonic)
@@ -53,15 +56,3 @@ def state() -> ApiState:
     """The current app's ``ApiState``."""
     value: ApiState = current_app.extensions[EXTENSION]
     return value
-
-
-def read_connection(engine: Engine) -> AbstractContextManager[Connection]:
-    """A connection for single-statement reads (token lookup, stream polls, readiness).
-
-    On PostgreSQL it runs in autocommit: psycopg2 otherwise wraps every read in its own
-    BEGIN ... ROLLBACK, three round trips where one will do — and an event-stream follower
-    polls several times a second. SQLite keeps its ordinary connection (its engine issues
-    ``BEGIN IMMEDIATE`` on begin, which must stay paired with a commit or rollback). How the
-    flag is set matters when the server drops the connection: ``app.storage.db.autocommit_connection``.
-    """
-    return autocommit_connection(engine)

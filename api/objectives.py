@@ -8,19 +8,22 @@ one (404), and an ``objectiveId`` another organisation holds is refused (409) wi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from flask import Blueprint, request
 from flask.typing import ResponseReturnValue
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from api import auth, schemas, sse
 from api.context import read_connection, state
 from api.errors import ApiError, forbidden
 from api.jsonbody import check_param
+from api.objective_view import ObjectiveView, objective_json, overlaid_jobs
+from api.objective_view import task_json as task_json
 from api.openapi import Operation, operation
 from api.streams import held_stream, resume_point, sse_timing
+from api.watch import StreamPoller, Subscription
 from app.factory import service, storage
 from app.factory.plan import TaskSpec, validate_objective
 from app.factory.reducer import Objective, reduce
@@ -30,7 +33,7 @@ from app.factory.vocab import (
 )
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
-from app.jobs.vocab import LEASED_STATUSES
+from app.jobs.vocab import job_id_of, job_stream
 from app.storage import ledger, store
 from app.storage.queue import decode_cursor
 
@@ -47,52 +50,9 @@ def objective_not_found() -> ApiError:
     return ApiError(404, "not_found", OBJECTIVE_NOT_FOUND_MESSAGE)
 
 
-def task_json(task: Any, job: Job | None = None) -> dict[str, Any]:
-    """One task as the API shows it; ``running`` and the live attempt come from its job's lease."""
-    status = task.status
-    attempt = task.attempt
-    if job is not None and status in ("queued", "running"):
-        attempt = job.attempt
-        status = "running" if job.status in LEASED_STATUSES else "queued"
-    return {
-        "id": task.id,
-        "agentId": task.agent_id,
-        "kind": task.kind,
-        "dependsOn": list(task.depends_on),
-        "status": status,
-        "jobId": task.job_id,
-        "attempt": attempt,
-        "result": task.result,
-        "error": task.error,
-        "phase": task.phase,
-    }
-
-
-def _every_phase(obj: Objective) -> list[Any]:
-    """Earlier phases' tasks first (by phase, then id), then the current plan in its own order."""
-    earlier = sorted((t for t in obj.tasks.values() if t.phase < obj.phase), key=lambda t: (t.phase, t.id))
-    return earlier + [obj.tasks[t] for t in obj.task_order if t in obj.tasks]
-
-
-def objective_json(obj: Objective, jobs: Mapping[str, Job | None] | None = None) -> dict[str, Any]:
-    jobs = jobs or {}
-    return {
-        "id": obj.id,
-        "title": obj.title,
-        "goal": obj.goal,
-        "status": obj.status,
-        "phase": obj.phase,
-        "failurePolicy": obj.failure_policy,
-        "tasks": [task_json(t, jobs.get(t.job_id or "")) for t in _every_phase(obj)],
-        "audit": obj.audit,
-        "createdAt": obj.created_at,
-        "updatedAt": obj.updated_at,
-    }
-
-
 def live_json(obj: Objective) -> dict[str, Any]:
     """The objective with its unfinished tasks' live job state overlaid (one query)."""
-    active = [t.job_id for t in obj.tasks.values() if t.status in ("queued", "running") and t.job_id]
+    active = list(overlaid_jobs(obj))
     return objective_json(obj, service.read_jobs(state().engine, active) if active else {})
 
 
@@ -262,56 +222,112 @@ def replan(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
 
 def follow(
     engine: Engine,
+    poller: StreamPoller,
     objective_id: str,
     after: int,
     timing: sse.Timing,
-    still_allowed: Callable[[Connection], bool] | None = None,
+    token_id: str | None = None,
 ) -> Iterator[str]:
-    """SSE frames: the objective's state after each receipt, until it ended and was audited.
+    """SSE frames: a snapshot, then one small delta per objective receipt and the live overlay.
 
-    Runs after the view returned (no request or app context): everything comes in as arguments.
+    Ends once the objective ended and its audit was sent. A client that resumes (Last-Event-ID)
+    gets a fresh snapshot at the current head first (nothing between is lost: the snapshot is
+    the state after it), unless it already saw the end. Runs after the view returned (no request
+    or app context): everything comes in as arguments.
     """
-    obj: Objective | None = None
-    seq = 0
-    start = timing.clock()
-    deadline = start + timing.max_seconds
-    next_heartbeat = start + timing.heartbeat_seconds
-    yield f"retry: {max(timing.poll_ms, 1000)}\n\n"
-    while True:
-        try:
-            with read_connection(engine) as conn:
-                if still_allowed is not None and not still_allowed(conn):
-                    yield ": credentials revoked or expired\n\n"
-                    return
-                batch = store.read_stream(conn, objective_stream(objective_id), after=seq, limit=sse.BATCH)
-        except Exception:
-            log.warning("objective event stream %s ended: storage read failed", objective_id, exc_info=True)
-            yield ": storage unavailable, reconnect\n\n"
-            return
-        for receipt in batch:
-            obj = reduce(obj, receipt.to_receipt())
-            seq = receipt.seq
-            if seq > after and obj is not None:
-                yield sse.format_event("objective", seq, objective_json(obj))
-        if len(batch) == sse.BATCH:
-            continue
-        if obj is not None and obj.terminal and obj.audit is not None:
-            return
-        now = timing.clock()
-        if now >= deadline:
-            return
-        if now >= next_heartbeat:
-            yield ": heartbeat\n\n"
-            next_heartbeat = now + timing.heartbeat_seconds
-        timing.sleep(min(timing.poll_ms / 1000, max(deadline - now, 0.0)))
+    stream = objective_stream(objective_id)
+    pacer = sse.Pacer(timing)
+    yield pacer.retry_frame()
+    try:
+        obj = service.get(engine, objective_id)
+        jobs: dict[str, Job | None] = service.read_jobs(engine, overlaid_jobs(obj)) if obj else {}
+    except Exception:
+        log.warning(
+            "objective event stream %s could not start: storage read failed", objective_id, exc_info=True
+        )
+        yield sse.STORAGE_UNAVAILABLE
+        return
+    if obj is None or (_finished(obj) and after >= obj.seq):
+        return
+    view = ObjectiveView()
+    yield sse.format_event("objective", obj.seq, view.snapshot(obj, jobs))
+    if _finished(obj):
+        return
+    watched = {job_stream(j.id): j.seq for j in jobs.values() if j is not None}
+    watched.update({job_stream(j): 0 for j in overlaid_jobs(obj) if job_stream(j) not in watched})
+    with sse.subscribed(poller, {stream: obj.seq, **watched}, token_id) as sub:
+        backlog = False
+        while True:
+            if sub.revoked:
+                yield sse.REVOKED
+                return
+            if sub.failed:
+                yield sse.STORAGE_UNAVAILABLE
+                return
+            advanced = sub.advanced()
+            started = [job_id_of(s) for s in advanced if s != stream]
+            try:
+                batch = []
+                if backlog or stream in advanced:
+                    with read_connection(engine) as conn:
+                        batch = store.read_stream(conn, stream, after=obj.seq, limit=sse.BATCH)
+                    backlog = len(batch) == sse.BATCH
+                if started:
+                    jobs.update(service.read_jobs(engine, started))
+            except Exception:
+                log.warning(
+                    "objective event stream %s ended: storage read failed", objective_id, exc_info=True
+                )
+                yield sse.STORAGE_UNAVAILABLE
+                return
+            for receipt in batch:
+                before = obj
+                obj = reduce(obj, receipt.to_receipt()) or before
+                yield sse.format_event("delta", obj.seq, view.after_receipt(before, obj, receipt.type, jobs))
+            sub.read_up_to(stream, obj.seq)
+            for job_id in started:
+                job = jobs.get(job_id)
+                if job is not None:
+                    sub.read_up_to(job_stream(job_id), job.seq)
+            # Follow exactly the jobs whose lease the overlay shows (only queued/running tasks).
+            by_job = overlaid_jobs(obj)
+            _rewatch(sub, by_job, jobs)
+            changed = view.overlay(obj, [by_job[j] for j in started if j in by_job], jobs)
+            if changed:
+                yield sse.format_event("task", None, {"tasks": changed})
+            if _finished(obj):
+                return
+            if backlog:
+                continue
+            yield from pacer.idle(sub)
+            if pacer.expired:
+                return
+
+
+def _finished(obj: Objective) -> bool:
+    """Nothing more will be appended that the stream shows: ended, and its audit is in."""
+    return obj.terminal and obj.audit is not None
+
+
+def _rewatch(sub: Subscription, by_job: Mapping[str, str], jobs: dict[str, Job | None]) -> None:
+    for job_id in [j for j in jobs if j not in by_job]:
+        del jobs[job_id]
+        sub.unwatch(job_stream(job_id))
+    for job_id in by_job:
+        if job_id not in jobs:
+            jobs[job_id] = None
+            sub.watch(job_stream(job_id), 0)
 
 
 @blueprint.get("/objectives/<objectiveId>/events")
 @operation(
     Operation(
-        summary="Follow an objective as Server-Sent Events: its state after each receipt "
-        "(event: objective, id: seq).",
-        description="Ends once the objective ended and its audit was appended. Resume with Last-Event-ID.",
+        summary="Follow an objective as Server-Sent Events: a snapshot, then what changed.",
+        description="The first event is the objective as GET shows it, live running overlay included "
+        "(event: objective, id: seq). Then one small event per objective receipt (event: delta, id: seq: "
+        "its type, the tasks that changed, and status, phase or audit when they changed), and event: task "
+        "(no id) when a queued task's job starts running. Resuming with Last-Event-ID sends a fresh "
+        "snapshot at the current head. Ends once the objective ended and its audit was sent.",
         tag="objectives",
         path=_PATH,
         query=schemas.EVENTS_QUERY,
@@ -323,8 +339,9 @@ def follow(
 def objective_events(objectiveId: str, query: dict[str, Any]) -> ResponseReturnValue:
     visible_objective(objectiveId)
     after = resume_point(query)
-    engine = state().engine
-    return held_stream(lambda allowed: follow(engine, objectiveId, after, sse_timing(), allowed))
+    st = state()
+    engine, poller, timing = st.engine, st.poller, sse_timing()
+    return held_stream(lambda token_id: follow(engine, poller, objectiveId, after, timing, token_id))
 
 
 def readable_objective_stream(stream: str) -> bool:

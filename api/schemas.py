@@ -650,9 +650,42 @@ LIST_OBJECTIVES_QUERY: Schema = {
     },
 }
 
-OBJECTIVE_EVENT: Schema = _event(
-    "objective", "Objective", "The objective's state after one receipt (event: objective, id: seq)."
+OBJECTIVE_DELTA: Schema = {
+    "type": "object",
+    "description": "What one objective receipt changed: the receipt's seq and type, the tasks whose "
+    "shown state changed (GET's task shape), and status, phase and audit only when they changed.",
+    "properties": {
+        "seq": {"type": "integer"},
+        "type": {"type": "string", "description": "The receipt's type (objective.*)."},
+        "updatedAt": _TIME,
+        "tasks": {"type": "array", "items": _ref("ObjectiveTask")},
+        "status": {"type": "string", "enum": list(OBJECTIVE_STATUSES)},
+        "phase": {"type": "integer"},
+        "audit": {"description": "The terminal audit report, when this receipt appended it."},
+    },
+    "required": ["seq", "type", "updatedAt", "tasks"],
+}
+OBJECTIVE_TASKS_CHANGED: Schema = {
+    "type": "object",
+    "description": "Tasks whose job's lease changed what GET shows (a queued task's job started "
+    "running, or a retry put it back in the queue), with no objective receipt.",
+    "properties": {"tasks": {"type": "array", "items": _ref("ObjectiveTask")}},
+    "required": ["tasks"],
+}
+_OBJECTIVE_TASK_EVENT: Schema = _event(
+    "task", "ObjectiveTasksChanged", "The live running overlay (event: task, no id: the resume point stays)."
 )
+_OBJECTIVE_TASK_EVENT["required"] = ["event", "data"]
+OBJECTIVE_EVENT: Schema = {
+    "description": "First `event: objective` (id: the objective's seq): the whole objective, GET's shape "
+    "without `ledger`, live overlay included. Then `event: delta` (id: seq), one per objective receipt, "
+    "and `event: task` (no id) when a task's job starts running. Apply them to the snapshot.",
+    "oneOf": [
+        _event("objective", "Objective", "The snapshot: the objective now (event: objective, id: seq)."),
+        _event("delta", "ObjectiveDelta", "One objective receipt's changes (event: delta, id: seq)."),
+        _OBJECTIVE_TASK_EVENT,
+    ],
+}
 
 # The document's components: every named schema, so responses can $ref them.
 COMPONENTS: dict[str, Schema] = {
@@ -684,6 +717,8 @@ COMPONENTS: dict[str, Schema] = {
     "ObjectiveResponse": OBJECTIVE_RESPONSE,
     "ObjectivePage": OBJECTIVE_PAGE,
     "ObjectiveEvent": OBJECTIVE_EVENT,
+    "ObjectiveDelta": OBJECTIVE_DELTA,
+    "ObjectiveTasksChanged": OBJECTIVE_TASKS_CHANGED,
 }
 
 

@@ -13,8 +13,10 @@ at its seq) — the usual reconnect, where the client saw the latest state. Only
 behind the projection makes the follower fold the stream's head up to its resume point, because
 every state after it must be sent. A raw receipt follower never reads before its resume point.
 
-Every poll also asks ``still_allowed`` (the caller's token is neither revoked nor expired), so a
-revoked token's open streams end within one poll.
+Followers do not poll on their own: each subscribes its stream to the process's one poller
+(``api.watch``), which reads every open stream's head and every follower's token in one query
+per tick and wakes only the followers whose stream advanced. A revoked or expired token's
+streams end within one tick.
 """
 
 from __future__ import annotations
@@ -23,17 +25,19 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from flask import Response
 from sqlalchemy.engine import Connection, Engine
 
-from api.context import read_connection
 from api.present import job_json
+from api.watch import StreamPoller, Subscription
 from app.jobs.reducer import Job, reduce
 from app.jobs.vocab import is_job_stream, job_id_of
 from app.storage import projection, store
+from app.storage.db import read_connection
 
 log = logging.getLogger("receipt.api")
 
@@ -42,25 +46,69 @@ EventKind = Literal["job", "receipt"]
 BATCH = 500
 
 
-def _sleep(seconds: float) -> None:
-    # Looked up at call time: under gunicorn's gevent worker ``time.sleep`` is patched after import.
-    time.sleep(seconds)
+STORAGE_UNAVAILABLE = ": storage unavailable, reconnect\n\n"
+REVOKED = ": credentials revoked or expired\n\n"
+HEARTBEAT = ": heartbeat\n\n"
 
 
 @dataclass(frozen=True)
 class Timing:
-    """How a follower paces itself: poll interval, lifetime, heartbeat interval, and its clock."""
+    """How a follower paces itself: the poll interval (for ``retry:``), lifetime, heartbeat, clock."""
 
     poll_ms: int
     max_seconds: float
     heartbeat_seconds: float = 15.0
-    sleep: Callable[[float], None] = _sleep
     clock: Callable[[], float] = time.monotonic
 
 
-def format_event(event: str, seq: int, data: Any) -> str:
-    """One SSE frame. ``json.dumps`` escapes newlines, so ``data`` is always a single line."""
-    return f"id: {seq}\nevent: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+def format_event(event: str, seq: int | None, data: Any) -> str:
+    """One SSE frame (no ``id:`` when ``seq`` is None: the resume point stays where it was).
+
+    ``json.dumps`` escapes newlines, so ``data`` is always a single line.
+    """
+    head = "" if seq is None else f"id: {seq}\n"
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+@contextmanager
+def subscribed(poller: StreamPoller, streams: dict[str, int], token_id: str | None) -> Iterator[Subscription]:
+    """A subscription to the shared poller for the life of a follower (closed however it ends)."""
+    sub = poller.subscribe(streams, token_id)
+    try:
+        yield sub
+    finally:
+        sub.close()
+
+
+class Pacer:
+    """A follower's lifetime and heartbeats, and the wait for its next wake-up."""
+
+    def __init__(self, timing: Timing) -> None:
+        self.timing = timing
+        start = timing.clock()
+        self.deadline = start + timing.max_seconds
+        self.next_heartbeat = start + timing.heartbeat_seconds
+
+    def retry_frame(self) -> str:
+        # Tell the browser how soon to reconnect when the server ends the stream.
+        return f"retry: {max(self.timing.poll_ms, 1000)}\n\n"
+
+    def idle(self, sub: Subscription) -> Iterator[str]:
+        """Heartbeat if due, then wait for the poller (or the next heartbeat, or the deadline).
+
+        Yields nothing more once the lifetime is up: check ``expired`` after.
+        """
+        now = self.timing.clock()
+        if now >= self.deadline:
+            return
+        if now >= self.next_heartbeat:
+            yield HEARTBEAT
+            self.next_heartbeat = now + self.timing.heartbeat_seconds
+        sub.wait(min(self.next_heartbeat, self.deadline) - now)
+
+    @property
+    def expired(self) -> bool:
+        return self.timing.clock() >= self.deadline
 
 
 def _starting_point(
@@ -80,13 +128,17 @@ def _starting_point(
 
 def follow(
     engine: Engine,
+    poller: StreamPoller,
     stream: str,
     after: int,
     kind: EventKind,
     timing: Timing,
-    still_allowed: Callable[[Connection], bool] | None = None,
+    token_id: str | None = None,
 ) -> Iterator[str]:
-    """Yield SSE frames for ``stream`` after seq ``after`` until terminal, or until time is up."""
+    """Yield SSE frames for ``stream`` after seq ``after`` until terminal, or until time is up.
+
+    ``token_id`` (the caller's token, if any) is checked by the poller every tick.
+    """
     following_a_job = is_job_stream(stream)
     state: Job | None = None
     folded = 0  # the seq ``state`` is at
@@ -97,50 +149,52 @@ def follow(
                 state, folded, seq = _starting_point(conn, stream, after, kind)
         except Exception:
             log.warning("event stream %s could not start: storage read failed", stream, exc_info=True)
-            yield ": storage unavailable, reconnect\n\n"
+            yield STORAGE_UNAVAILABLE
             return
-    start = timing.clock()
-    deadline = start + timing.max_seconds
-    next_heartbeat = start + timing.heartbeat_seconds
-    # Tell the browser how soon to reconnect when the server ends the stream.
-    yield f"retry: {max(timing.poll_ms, 1000)}\n\n"
-    while True:
-        # A connection per poll: an idle follower must not hold a pooled connection for minutes.
-        try:
-            with read_connection(engine) as conn:
-                if still_allowed is not None and not still_allowed(conn):
-                    yield ": credentials revoked or expired\n\n"
+    pacer = Pacer(timing)
+    yield pacer.retry_frame()
+    with subscribed(poller, {stream: seq}, token_id) as sub:
+        read = True  # the first pass reads whatever is already past the resume point
+        while True:
+            if sub.revoked:
+                yield REVOKED
+                return
+            if sub.failed:
+                yield STORAGE_UNAVAILABLE
+                return
+            batch = []
+            if read or sub.advanced():
+                # A connection per read: an idle follower must not hold a pooled connection.
+                try:
+                    with read_connection(engine) as conn:
+                        batch = store.read_stream(conn, stream, after=seq, limit=BATCH)
+                except Exception:
+                    # Headers are long sent, so no error response is possible: end the stream and
+                    # let the client reconnect with Last-Event-ID (it misses nothing).
+                    log.warning("event stream %s ended: storage read failed", stream, exc_info=True)
+                    yield STORAGE_UNAVAILABLE
                     return
-                batch = store.read_stream(conn, stream, after=seq, limit=BATCH)
-        except Exception:
-            # Headers are long sent, so no error response is possible: end the stream and let
-            # the client reconnect with Last-Event-ID (it misses nothing).
-            log.warning("event stream %s ended: storage read failed", stream, exc_info=True)
-            yield ": storage unavailable, reconnect\n\n"
-            return
-        for receipt in batch:
-            if following_a_job and receipt.seq > folded:
-                state = reduce(state, receipt.to_receipt())
-                folded = receipt.seq
-            seq = receipt.seq
-            if seq <= after:
-                continue  # folded for state, already seen by the client
-            if kind == "job":
-                if state is not None:
-                    yield format_event("job", seq, job_json(state))
-            else:
-                yield format_event("receipt", seq, receipt.to_json())
-        if len(batch) == BATCH:
-            continue
-        if state is not None and state.terminal:
-            return  # a terminal job's stream ends after its last event
-        now = timing.clock()
-        if now >= deadline:
-            return
-        if now >= next_heartbeat:
-            yield ": heartbeat\n\n"
-            next_heartbeat = now + timing.heartbeat_seconds
-        timing.sleep(min(timing.poll_ms / 1000, max(deadline - now, 0.0)))
+                read = len(batch) == BATCH  # a longer backlog is drained before waiting
+            for receipt in batch:
+                if following_a_job and receipt.seq > folded:
+                    state = reduce(state, receipt.to_receipt())
+                    folded = receipt.seq
+                seq = receipt.seq
+                if seq <= after:
+                    continue  # folded for state, already seen by the client
+                if kind == "job":
+                    if state is not None:
+                        yield format_event("job", seq, job_json(state))
+                else:
+                    yield format_event("receipt", seq, receipt.to_json())
+            sub.read_up_to(stream, seq)
+            if read:
+                continue
+            if state is not None and state.terminal:
+                return  # a terminal job's stream ends after its last event
+            yield from pacer.idle(sub)
+            if pacer.expired:
+                return
 
 
 def event_stream_response(frames: Iterator[str]) -> Response:

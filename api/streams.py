@@ -12,7 +12,6 @@ from typing import Any
 
 from flask import Blueprint, Response, request
 from flask.typing import ResponseReturnValue
-from sqlalchemy.engine import Connection
 
 from api import auth, inputs, limits, schemas, sse
 from api.context import read_connection, state
@@ -20,7 +19,7 @@ from api.errors import stream_not_found
 from api.jobs import visible_job
 from api.openapi import Operation, operation
 from app.jobs.vocab import is_job_stream, job_id_of, job_stream
-from app.storage import store, tokens
+from app.storage import store
 
 blueprint = Blueprint("streams", __name__)
 
@@ -56,8 +55,9 @@ def resume_point(query: dict[str, Any]) -> int:
     return after
 
 
-# An event stream's frames, given the per-poll "is the caller's token still live" check.
-Frames = Callable[[Callable[[Connection], bool] | None], Iterator[str]]
+# An event stream's frames, given the caller's token id (None: no token), which the shared
+# poller checks every tick so that a revoked token's streams end.
+Frames = Callable[[str | None], Iterator[str]]
 
 
 def held_stream(frames: Frames) -> Response:
@@ -70,14 +70,7 @@ def held_stream(frames: Frames) -> Response:
     st = state()
     release = st.stream_slots.acquire(identity.token_id or "anonymous")
     try:
-        still_allowed = None
-        if identity.token_id is not None:
-            token_id = identity.token_id
-
-            def still_allowed(conn: Connection) -> bool:
-                return tokens.is_live(conn, token_id)
-
-        response = sse.event_stream_response(frames(still_allowed))
+        response = sse.event_stream_response(frames(identity.token_id))
     except BaseException:
         release()
         raise
@@ -86,8 +79,9 @@ def held_stream(frames: Frames) -> Response:
 
 
 def _follow(stream: str, after: int, kind: sse.EventKind) -> Response:
-    engine = state().engine
-    return held_stream(lambda allowed: sse.follow(engine, stream, after, kind, sse_timing(), allowed))
+    st = state()
+    engine, poller, timing = st.engine, st.poller, sse_timing()
+    return held_stream(lambda token_id: sse.follow(engine, poller, stream, after, kind, timing, token_id))
 
 
 def sse_timing() -> sse.Timing:

@@ -79,7 +79,8 @@ SETTINGS: tuple[Setting, ...] = (
         "RECEIPT_SSE_POLL_MS",
         "sse_poll_ms",
         "250",
-        "How often an open event stream polls for new receipts.",
+        "How often the API process's one event-stream poller asks which open streams advanced "
+        "(one query for all of them).",
         _int,
     ),
     Setting(

@@ -61,10 +61,10 @@ class RateLimited(ReceiptError):
 
 
 class WaitTimeout(ReceiptError):
-    """``follow``/``wait`` ran out of time before the job became terminal."""
+    """``follow``/``wait``/``follow_objective`` ran out of time before the job (or objective) ended."""
 
     def __init__(self, job_id: str, timeout: float) -> None:
-        super().__init__(0, "timeout", f"job {job_id} was not terminal within {timeout:g} s")
+        super().__init__(0, "timeout", f"{job_id} was not terminal within {timeout:g} s")
         self.job_id = job_id
 
 
@@ -88,6 +88,55 @@ class JobEvent:
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class ObjectiveEvent:
+    """One event of a followed objective: its name, the objective's ``seq`` (None for a ``task``
+    event, which moves no receipt), and the whole objective with the event applied."""
+
+    event: str
+    seq: int | None
+    objective: JsonObject
+
+    @property
+    def status(self) -> str:
+        return str(self.objective.get("status"))
+
+    @property
+    def finished(self) -> bool:
+        """Ended, with its audit in: the server sends nothing more."""
+        return self.status in TERMINAL_STATUSES and self.objective.get("audit") is not None
+
+
+def apply_objective_event(
+    objective: JsonObject | None, event: str, data: Mapping[str, Any]
+) -> JsonObject | None:
+    """The objective after one event of ``GET /objectives/<id>/events``.
+
+    ``objective`` is a snapshot (GET's shape) and replaces everything; ``delta`` (one per objective
+    receipt) and ``task`` (a task's job started or was retried) carry only the tasks that changed,
+    replaced by id (a task not seen before, from a replan, is appended), and ``delta`` the
+    ``status``, ``phase``, ``audit`` and ``updatedAt`` that changed. Before a snapshot there is
+    nothing to apply a change to: None.
+    """
+    if event == "objective":
+        return {**data, "tasks": [dict(t) for t in data["tasks"]]}
+    if objective is None:
+        return None
+    tasks = list(objective["tasks"])
+    index = {t["id"]: n for n, t in enumerate(tasks)}
+    for task in data.get("tasks", ()):
+        if task["id"] in index:
+            tasks[index[task["id"]]] = dict(task)
+        else:
+            index[task["id"]] = len(tasks)
+            tasks.append(dict(task))
+    out = {**objective, "tasks": tasks}
+    for key in ("status", "phase", "audit", "updatedAt"):
+        if key in data:
+            out[key] = data[key]
+    return out
 
 
 @dataclass(frozen=True)
@@ -292,27 +341,9 @@ class Client:
         return self.get(job_id)  # the stream ended on a terminal event already delivered
 
     def _event_stream(self, job_id: str, after: int, deadline: float | None) -> Iterator[JobEvent]:
-        headers = self.headers({"Accept": "text/event-stream"})
-        if after:
-            headers["Last-Event-ID"] = str(after)
-        read_timeout = STREAM_READ_TIMEOUT_S
-        if deadline is not None:
-            read_timeout = max(0.1, min(read_timeout, deadline - time.monotonic()))
-        with self.session.get(
-            f"{self.url}/jobs/{job_id}/events",
-            headers=headers,
-            stream=True,
-            timeout=(self.timeout, read_timeout),
-            allow_redirects=False,
-        ) as response:
-            if response.status_code >= 400:
-                self.decode(response)  # raises the typed error
-            # chunk_size=None hands over each chunk as it arrives (a fixed size would wait to fill).
-            for frame in parse_sse(_lines(response.iter_content(chunk_size=None))):
-                if frame.event == "job" and frame.id is not None:
-                    yield JobEvent(int(frame.id), _json.loads(frame.data))
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise WaitTimeout(job_id, 0.0)
+        for frame in self._frames(f"/jobs/{job_id}/events", after, deadline, job_id):
+            if frame.event == "job" and frame.id is not None:
+                yield JobEvent(int(frame.id), _json.loads(frame.data))
 
     # -- objectives ------------------------------------------------------------------------------
 
@@ -346,3 +377,71 @@ class Client:
         body = {"reason": reason} if reason else {}
         obj: JsonObject = self.request("POST", f"/objectives/{objective_id}/cancel", json=body)["objective"]
         return obj
+
+    def follow_objective(
+        self,
+        objective_id: str,
+        *,
+        reconnect_delay: float = RECONNECT_DELAY_S,
+        max_reconnects: int | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[ObjectiveEvent]:
+        """The objective after each event, live, until it ended and its audit is in
+        (GET /objectives/<id>/events: a snapshot first, then small deltas applied here).
+
+        Reconnects like ``follow``: with ``Last-Event-ID``, after which the server sends a fresh
+        snapshot, so nothing is missed. ``timeout`` bounds the whole follow (``WaitTimeout``).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        state: JsonObject | None = None
+        last = 0
+        failures = 0
+        while True:
+            try:
+                quiet = True
+                frames = self._frames(f"/objectives/{objective_id}/events", last, deadline, objective_id)
+                for frame in frames:
+                    if frame.event not in ("objective", "delta", "task"):
+                        continue
+                    state = apply_objective_event(state, frame.event, _json.loads(frame.data))
+                    if state is None:
+                        continue
+                    seq = int(frame.id) if frame.id is not None else None
+                    last = seq if seq is not None else last
+                    failures, quiet = 0, False
+                    event = ObjectiveEvent(frame.event, seq, state)
+                    yield event
+                    if event.finished:
+                        return
+                if quiet and self.objective(objective_id).get("status") in TERMINAL_STATUSES:
+                    return  # the server had nothing more to send: it ended before ``last``
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError):
+                failures += 1
+                if max_reconnects is not None and failures > max_reconnects:
+                    raise
+            if deadline is not None and time.monotonic() + reconnect_delay >= deadline:
+                raise WaitTimeout(objective_id, timeout or 0.0)
+            time.sleep(reconnect_delay)
+
+    def _frames(self, path: str, after: int, deadline: float | None, subject: str) -> Iterator[SseFrame]:
+        """The frames of one event-stream request (resuming after ``after``) until it ends."""
+        headers = self.headers({"Accept": "text/event-stream"})
+        if after:
+            headers["Last-Event-ID"] = str(after)
+        read_timeout = STREAM_READ_TIMEOUT_S
+        if deadline is not None:
+            read_timeout = max(0.1, min(read_timeout, deadline - time.monotonic()))
+        with self.session.get(
+            self.url + path,
+            headers=headers,
+            stream=True,
+            timeout=(self.timeout, read_timeout),
+            allow_redirects=False,
+        ) as response:
+            if response.status_code >= 400:
+                self.decode(response)  # raises the typed error
+            # chunk_size=None hands over each chunk as it arrives (a fixed size would wait to fill).
+            for frame in parse_sse(_lines(response.iter_content(chunk_size=None))):
+                yield frame
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(subject, 0.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -201,7 +202,7 @@ def _list_frames(f: overview.JobFilter, timing: sse.Timing) -> Iterator[str]:
         if now >= next_heartbeat:
             yield ": heartbeat\n\n"
             next_heartbeat = now + timing.heartbeat_seconds
-        timing.sleep(timing.poll_ms / 1000)
+        time.sleep(timing.poll_ms / 1000)  # looked up at call time: gevent patches it
 
 
 def _job_context(job_id: str) -> dict[str, Any]:
@@ -251,7 +252,9 @@ def job_events(jobId: str) -> ResponseReturnValue:
         max_seconds=st.settings.sse_max_seconds,
         heartbeat_seconds=st.sse_heartbeat_seconds,
     )
-    return sse.event_stream_response(sse.follow(st.engine, job_stream(job.id), after, "job", timing))
+    token_id = current_session().identity.token_id
+    frames = sse.follow(st.engine, st.poller, job_stream(job.id), after, "job", timing, token_id)
+    return sse.event_stream_response(frames)
 
 
 def _reason() -> str | None:

@@ -6,18 +6,22 @@ without the Factory these pages answer 501 with ``objectives.NOT_AVAILABLE``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from flask import current_app, render_template, request, url_for
 from flask.typing import ResponseReturnValue
+from sqlalchemy.engine import Engine
 
 from api import inputs, jsonbody, schemas, sse
-from api.context import state
+from api.context import read_connection, state
 from api.streams import resume_point
 from api.ui import BLUEPRINT, UiError, blueprint, current_session, graph, redact
 from api.ui.objectives import ObjectiveReader, Unavailable, find_reader, stream_of
+from api.watch import StreamPoller
 from app.jobs.errors import ValidationError
+from app.jobs.vocab import job_stream
+from app.storage import heads, store
 from app.storage.overview import Scope
 
 PAGE_SIZE = 50
@@ -98,8 +102,10 @@ def objective_fragment(objectiveId: str) -> ResponseReturnValue:
 
 @blueprint.get("/objectives/<objectiveId>/events")
 def objective_events(objectiveId: str) -> ResponseReturnValue:
-    """The objective stream's receipts as SSE: the page refetches its graph on each one."""
-    _objective(objectiveId)  # visibility (the reader scopes) before anything streams
+    """Change signals for the page, which refetches its graph on each: the objective stream's
+    receipts (``receipt``, with their seq) and its queued or running tasks' jobs changing
+    (``task``, no id), so a task's job starting recolours the graph without a receipt."""
+    objective = _objective(objectiveId)["objective"]  # visibility (the reader scopes) first
     after = resume_point(inputs.read_query(schemas.EVENTS_QUERY))
     st = state()
     timing = sse.Timing(
@@ -107,4 +113,84 @@ def objective_events(objectiveId: str) -> ResponseReturnValue:
         max_seconds=st.settings.sse_max_seconds,
         heartbeat_seconds=st.sse_heartbeat_seconds,
     )
-    return sse.event_stream_response(sse.follow(st.engine, stream_of(objectiveId), after, "receipt", timing))
+    scope, reader = _scope(), _reader()
+    token_id = current_session().identity.token_id
+
+    def overlaid() -> list[str]:
+        found = reader.get(scope, objectiveId) or {}
+        return [job_stream(t["jobId"]) for t in found.get("tasks", ()) if _overlaid(t)]
+
+    jobs = [job_stream(t["jobId"]) for t in objective.get("tasks", ()) if _overlaid(t)]
+    frames = _page_signals(
+        st.engine, st.poller, stream_of(objectiveId), after, jobs, overlaid, timing, token_id
+    )
+    return sse.event_stream_response(frames)
+
+
+def _overlaid(task: Mapping[str, Any]) -> bool:
+    return bool(task.get("jobId")) and task.get("status") in ("queued", "running")
+
+
+def _page_signals(
+    engine: Engine,
+    poller: StreamPoller,
+    stream: str,
+    after: int,
+    jobs: list[str],
+    overlaid: Callable[[], list[str]],
+    timing: sse.Timing,
+    token_id: str | None,
+) -> Iterator[str]:
+    pacer = sse.Pacer(timing)
+    yield pacer.retry_frame()
+    try:
+        with read_connection(engine) as conn:
+            start = heads.read(conn, jobs, ()).seqs
+    except Exception:
+        yield sse.STORAGE_UNAVAILABLE
+        return
+    with sse.subscribed(poller, {stream: after, **{j: start.get(j, 0) for j in jobs}}, token_id) as sub:
+        read = True
+        while True:
+            if sub.revoked:
+                yield sse.REVOKED
+                return
+            if sub.failed:
+                yield sse.STORAGE_UNAVAILABLE
+                return
+            advanced = sub.advanced()
+            seq = after
+            watched: set[str] | None = None
+            try:
+                batch = []
+                if read or stream in advanced:
+                    with read_connection(engine) as conn:
+                        batch = store.read_stream(conn, stream, after=after, limit=sse.BATCH)
+                    # Tasks that became queued now have jobs to watch (and settled ones have not).
+                    if batch:
+                        watched = set(overlaid())
+            except Exception:
+                yield sse.STORAGE_UNAVAILABLE
+                return
+            for receipt in batch:
+                seq = receipt.seq
+                yield sse.format_event("receipt", seq, {"seq": seq, "type": receipt.type})
+            after = seq
+            sub.read_up_to(stream, after)
+            read = len(batch) == sse.BATCH
+            jobs_moved = {s: h for s, h in advanced.items() if s != stream}
+            for job, head in jobs_moved.items():
+                sub.read_up_to(job, head)
+            if jobs_moved:
+                yield sse.format_event("task", None, {"jobs": len(jobs_moved)})
+            if watched is not None:
+                for job in set(jobs) - watched:
+                    sub.unwatch(job)
+                for job in watched - set(jobs):
+                    sub.watch(job, 0)
+                jobs = sorted(watched)
+            if read:
+                continue
+            yield from pacer.idle(sub)
+            if pacer.expired:
+                return

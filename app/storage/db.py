@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -508,3 +508,15 @@ def session_lock(engine: Engine, name: str, *, wait_s: float, poll_s: float = 0.
         finally:
             if taken:
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+
+
+def read_connection(engine: Engine) -> AbstractContextManager[Connection]:
+    """A connection for single-statement reads (token lookup, stream polls, readiness).
+
+    On PostgreSQL it runs in autocommit: psycopg2 otherwise wraps every read in its own
+    BEGIN ... ROLLBACK, three round trips where one will do. SQLite keeps its ordinary connection
+    (its engine issues ``BEGIN IMMEDIATE`` on begin, which must stay paired with a commit or
+    rollback). How the flag is set matters when the server drops the connection:
+    ``autocommit_connection``.
+    """
+    return autocommit_connection(engine)

@@ -1,14 +1,13 @@
 """``receipt objective …``: launch, follow, show, list and cancel objectives over HTTP.
 
-``launch plan.json --follow`` polls ``GET /objectives/<id>`` and draws a progress bar of settled
-tasks and a table of every task's status until the objective ends (exit 0 when it completed,
-1 when it failed or was canceled).
+``launch plan.json --follow`` follows ``GET /objectives/<id>/events`` (a snapshot, then only what
+changed) and draws a progress bar of settled tasks and a table of every task's status until the
+objective ends (exit 0 when it completed, 1 when it failed or was canceled).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,8 @@ from receipt.cli.output import client_from_env, fail, print_json
 from receipt.client import Client, ReceiptError
 
 TERMINAL = ("completed", "failed", "canceled")
+# A dropped event stream is resumed (Last-Event-ID); this many failures in a row give up.
+FOLLOW_RECONNECTS = 5
 SETTLED_TASK = ("completed", "failed", "canceled", "skipped")
 STYLE = {
     "completed": "green",
@@ -60,29 +61,41 @@ def _table(obj: dict[str, Any], limit: int = 40) -> Table:
     return table
 
 
-def follow(client: Client, objective_id: str, interval: float, console: Console) -> dict[str, Any]:
-    """Poll until the objective ends; draw progress and the task table live. Returns the last state."""
+def follow(client: Client, objective_id: str, console: Console) -> dict[str, Any]:
+    """Follow the objective's event stream until it ends; draw progress and the task table live.
+
+    The stream sends a snapshot and then only what changed (``Client.follow_objective`` applies
+    it), so a 1 000-task objective costs one small event per change, not a GET per redraw.
+    Returns the last state.
+    """
     obj = client.objective(objective_id)
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
     )
     bar = progress.add_task(objective_id, total=len(obj["tasks"]))
+
+    def draw(live: Live, obj: dict[str, Any]) -> None:
+        settled = sum(1 for t in obj["tasks"] if t["status"] in SETTLED_TASK)
+        description = f"{objective_id} {obj['status']}"
+        progress.update(bar, completed=settled, total=len(obj["tasks"]), description=description)
+        live.update(Group(progress, _table(obj)))
+
     with Live(Group(progress, _table(obj)), console=console, refresh_per_second=8) as live:
-        while True:
-            settled = sum(1 for t in obj["tasks"] if t["status"] in SETTLED_TASK)
-            progress.update(bar, completed=settled, description=f"{objective_id} {obj['status']}")
-            live.update(Group(progress, _table(obj)))
+        draw(live, obj)
+        if obj["status"] in TERMINAL:
+            return obj
+        for event in client.follow_objective(objective_id, max_reconnects=FOLLOW_RECONNECTS):
+            obj = event.objective
+            draw(live, obj)
             if obj["status"] in TERMINAL:
-                return obj
-            time.sleep(interval)
-            obj = client.objective(objective_id)
+                break
+    return obj
 
 
 @objective.command("launch")
 @click.argument("plan_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--follow", "follow_", is_flag=True, help="Show the graph's progress until it ends.")
-@click.option("--interval", default=0.5, show_default=True, help="Seconds between polls with --follow.")
-def launch(plan_file: Path, follow_: bool, interval: float) -> int:
+def launch(plan_file: Path, follow_: bool) -> int:
     """Launch the objective in PLAN_FILE (the POST /objectives body: title, goal, plan, ...)."""
     try:
         body = json.loads(plan_file.read_text())
@@ -97,7 +110,7 @@ def launch(plan_file: Path, follow_: bool, interval: float) -> int:
             return 0
         console = Console(stderr=True)
         console.print(f"launched [bold]{objective_id}[/] ({len(launched['objective']['tasks'])} tasks)")
-        final = follow(client, objective_id, interval, console)
+        final = follow(client, objective_id, console)
     except ReceiptError as exc:
         raise fail(exc) from exc
     click.echo(json.dumps({"objectiveId": objective_id, "status": final["status"]}))
@@ -138,8 +151,7 @@ def list_(status: str | None, limit: int, cursor: str | None) -> int:
 @click.argument("plan_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--reason")
 @click.option("--follow", "follow_", is_flag=True, help="Show the graph's progress until it ends.")
-@click.option("--interval", default=0.5, show_default=True, help="Seconds between polls with --follow.")
-def replan(objective_id: str, plan_file: Path, reason: str | None, follow_: bool, interval: float) -> int:
+def replan(objective_id: str, plan_file: Path, reason: str | None, follow_: bool) -> int:
     """Start the next phase of OBJECTIVE_ID with the plan in PLAN_FILE ({"tasks": [...]}, or a launch
     body whose "plan" holds them). The earlier phases' jobs are canceled or aborted."""
     try:
@@ -157,7 +169,7 @@ def replan(objective_id: str, plan_file: Path, reason: str | None, follow_: bool
             return 0
         console = Console(stderr=True)
         console.print(f"replanned [bold]{objective_id}[/]: phase {obj['phase']}")
-        final = follow(client, objective_id, interval, console)
+        final = follow(client, objective_id, console)
     except ReceiptError as exc:
         raise fail(exc) from exc
     click.echo(json.dumps({"objectiveId": objective_id, "status": final["status"], "phase": final["phase"]}))

@@ -274,3 +274,35 @@ def test_processes_restart_mid_objective_and_resume_finishes_it(dstack: Stack) -
     # Single-flight (a loop_runs claim, spaced by the settle time + 1 s): six processes booting over a
     # few seconds on two cores run at most one pass each, never two at once — not one pass per role each.
     assert 1 <= reasons.count("resume") <= len(ALL)
+
+
+def test_the_event_stream_follows_an_objective_live_with_deltas_and_the_running_overlay(
+    fstack: Stack, tmp_path: Path
+) -> None:
+    """Through gunicorn's gevent worker: the shared poller wakes the stream, the client applies it."""
+    from receipt.client import Client
+
+    gate = tmp_path / "gate"
+    oid = launch(fstack, [task("A", gate=str(gate)), task("B", ["A"]), task("C", ["A"])])
+    client = Client(fstack.url(""), token=fstack.token)
+    seen = []
+    for event in client.follow_objective(oid, timeout=120):
+        seen.append(event)
+        a = next(t for t in event.objective["tasks"] if t["id"] == "A")
+        if a["status"] == "running" and not gate.exists():
+            gate.write_text("go")  # A has been shown running: let it finish
+    assert seen[0].event == "objective"
+    first_running = next(
+        e for e in seen if next(t for t in e.objective["tasks"] if t["id"] == "A")["status"] == "running"
+    )
+    # No objective receipt says "running": the stream learnt it from A's job (unless A was
+    # already running when the snapshot was taken).
+    assert first_running.event in ("task", "objective")
+    if first_running is not seen[0]:
+        assert first_running.event == "task" and first_running.seq is None
+    assert sum(1 for e in seen if e.event == "delta") >= 4
+    final = seen[-1].objective
+    assert final["status"] == "completed" and final["audit"] is not None
+    shown = get(fstack, oid)
+    del shown["ledger"]
+    assert final == shown

@@ -67,8 +67,6 @@ def test_launch_follow_show_list_cancel(
                 "launch",
                 str(plan_file(tmp_path, objectiveId="cli-1")),
                 "--follow",
-                "--interval",
-                "0.05",
             ]
         )
     finally:

@@ -35,10 +35,9 @@
   }
 
   // A job or objective page: each event means "something changed"; refetch the rendered body.
-  function liveBody(container, eventName, onTerminal) {
+  function liveBody(container, eventNames, onTerminal) {
     var source = null;
     var pending = false;
-    var timer = null;
 
     function terminal() {
       var summary = container.querySelector("[data-terminal]");
@@ -47,7 +46,6 @@
 
     function stop() {
       if (source) { source.close(); source = null; }
-      if (timer) { clearInterval(timer); timer = null; }
       indicator(false);
       if (onTerminal) { onTerminal(); }
     }
@@ -75,11 +73,7 @@
     source.onopen = function () { indicator(true); };
     source.onerror = function () { indicator(false); };
     watchClosed(source);
-    source.addEventListener(eventName, refresh);
-    if (container.dataset.refreshMs) {
-      // Some changes (a task's job starting) land on another stream: poll slowly as well.
-      timer = setInterval(refresh, parseInt(container.dataset.refreshMs, 10));
-    }
+    eventNames.forEach(function (name) { source.addEventListener(name, refresh); });
   }
 
   document.addEventListener("DOMContentLoaded", function () {
@@ -91,12 +85,13 @@
     if (rows && rows.dataset.liveUrl) { liveList(rows); }
     var job = document.getElementById("job-body");
     if (job) {
-      liveBody(job, "job", function () {
+      liveBody(job, ["job"], function () {
         var actions = document.getElementById("job-actions");
         if (actions) { actions.hidden = true; }
       });
     }
     var objective = document.getElementById("objective-body");
-    if (objective) { liveBody(objective, "receipt", null); }
+    // "receipt": the objective's stream moved; "task": a task's job started (or was retried).
+    if (objective) { liveBody(objective, ["receipt", "task"], null); }
   });
 })();

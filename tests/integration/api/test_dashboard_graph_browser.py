@@ -90,6 +90,7 @@ def test_the_task_graph_is_drawn_and_recoloured_live(
 ) -> None:
     base, reader = served
     _append(sqlite_api, "objectives/obj-1", "objective.launched", {"objectiveId": "obj-1"})
+    docs_job = sqlite_api.job(jobId="obj-1:1:docs")["id"]  # the queued task "docs" has its job
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
@@ -122,6 +123,13 @@ def test_the_task_graph_is_drawn_and_recoloured_live(
             assert page.evaluate("window.__noReload") == "still-here"
             fill = page.locator('g[data-task-id="unit-tests"] rect').get_attribute("fill")
             assert fill == "#e3f6e8"
+
+            # A task's job starting appends no objective receipt: the page hears it on the
+            # stream (a "task" event from the job's stream), with no timer to fall back on.
+            reader.set_status("docs", "running")
+            sqlite_api.lease_and_start(docs_job)
+            page.locator('g[data-task-id="docs"][data-status="running"]').wait_for(timeout=4_000)
+            assert page.evaluate("window.__noReload") == "still-here"
             assert errors == []
         finally:
             browser.close()

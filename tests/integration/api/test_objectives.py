@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from app.factory.vocab import MAX_PLAN_TASKS
-from tests.factory_support import DIAMOND, drain, plan
+from app.storage import tokens
+from receipt.client import apply_objective_event
+from tests.factory_support import DIAMOND, HOLD, drain, plan
 from tests.support.api import ORG_A, ORG_B, Api, auth_context, json_of
 
 
@@ -242,20 +244,79 @@ def test_without_an_auth_context_the_objective_belongs_to_the_tokens_own_organis
     assert r.status_code == 202
 
 
-def test_events_stream_the_objective_after_each_receipt_and_resume(sqlite_api: Api, open_events: Any) -> None:
-    api = sqlite_api
+def _shown(api: Api, oid: str) -> dict[str, Any]:
+    """GET's objective without the ledger (the event stream does not carry it)."""
+    obj: dict[str, Any] = json_of(api.client.get(f"/objectives/{oid}", headers=api.headers()))["objective"]
+    del obj["ledger"]
+    return obj
+
+
+def test_events_send_a_snapshot_then_one_small_delta_per_receipt(api: Api, open_events: Any) -> None:
+    oid = launch(api)["objective"]["id"]
+    reader = open_events(api.client, f"/objectives/{oid}/events", api.headers())
+    first = reader.next_event()
+    assert first.event == "objective"
+    assert first.data == _shown(api, oid)  # the snapshot is GET's shape, overlay included
+    head = first.id
+    drain(api.queue)  # the whole diamond runs while the stream is open
+    frames = reader.rest()
+    assert reader.ended  # ended once the objective ended and its audit came in
+    deltas = [f for f in frames if f.event == "delta"]
+    assert [f.id for f in deltas] == list(range(head + 1, head + 1 + len(deltas)))
+    assert all(f.data["seq"] == f.id and f.data["type"].startswith("objective.") for f in deltas)
+    # Small: a delta names only the tasks that changed (never all four on every receipt).
+    assert max(len(f.data["tasks"]) for f in deltas) < 4
+    assert any(f.data.get("status") == "completed" for f in deltas)
+    assert "status" not in deltas[0].data or deltas[0].data["status"] != "active"
+    # Applying every event to the snapshot gives exactly what GET shows at the end.
+    state: dict[str, Any] | None = None
+    for frame in [first, *frames]:
+        state = apply_objective_event(state, frame.event, frame.data)
+    assert state == _shown(api, oid)
+
+
+def test_events_resume_with_a_fresh_snapshot_and_end_when_caught_up(api: Api, open_events: Any) -> None:
     oid = launch(api)["objective"]["id"]
     drain(api.queue)
+    final = _shown(api, oid)
+    resumed = open_events(api.client, f"/objectives/{oid}/events", api.headers(**{"Last-Event-ID": "3"}))
+    frames = resumed.rest()
+    assert [f.event for f in frames] == ["objective"]
+    assert frames[0].data == final
+    head = frames[0].id
+    assert head > 3
+    caught_up = open_events(
+        api.client, f"/objectives/{oid}/events", api.headers(**{"Last-Event-ID": str(head)})
+    )
+    assert caught_up.rest() == []
+
+
+def test_events_show_a_task_whose_job_starts_running(api: Api, open_events: Any) -> None:
+    oid = launch(api, plan=plan({"A": [], "B": []}, {"A": HOLD, "B": HOLD}))["objective"]["id"]
+    drain(api.queue, skip_agents=(HOLD,))  # control queues A and B; nothing runs them
     reader = open_events(api.client, f"/objectives/{oid}/events", api.headers())
-    frames = reader.rest()
-    assert [f.event for f in frames] == ["objective"] * len(frames)
-    assert [int(f.id) for f in frames] == list(range(1, len(frames) + 1))
-    assert frames[0].data["status"] == "active" and frames[-1].data["status"] == "completed"
-    assert frames[-1].data["audit"] is not None
-    resumed = open_events(
-        api.client, f"/objectives/{oid}/events", api.headers(**{"Last-Event-ID": "3"})
-    ).rest()
-    assert [int(f.id) for f in resumed] == list(range(4, len(frames) + 1))
+    snapshot = reader.next_event()
+    assert [t["status"] for t in snapshot.data["tasks"]] == ["queued", "queued"]
+    job_a = snapshot.data["tasks"][0]["jobId"]
+    api.lease_and_start(job_a)  # no objective receipt: only the job's stream moves
+    frame = reader.next_event()
+    assert frame.event == "task" and frame.id is None  # no id: the resume point stays put
+    assert [(t["id"], t["status"], t["attempt"]) for t in frame.data["tasks"]] == [("A", "running", 1)]
+    state = apply_objective_event(None, "objective", snapshot.data)
+    state = apply_objective_event(state, frame.event, frame.data)
+    assert state == _shown(api, oid)
+
+
+def test_a_revoked_tokens_objective_stream_ends_within_one_poll(api: Api, open_events: Any) -> None:
+    oid = launch(api)["objective"]["id"]
+    reader = open_events(api.client, f"/objectives/{oid}/events", api.headers())
+    assert reader.next_event().event == "objective"
+    assert tokens.revoke(api.engine, api.secrets["a"])
+    frames = []
+    while (frame := reader.next_frame()) is not None:
+        frames.append(frame)
+        assert len(frames) < 50
+    assert frames[-1].comment == "credentials revoked or expired"
 
 
 def test_openapi_documents_the_objective_routes(sqlite_api: Api) -> None:

@@ -210,15 +210,39 @@ def test_system_may_follow_any_stream(sqlite_api: Api, open_events: Any) -> None
     assert [f.data["type"] for f in reader.rest()] == ["token.created"]
 
 
-def test_a_storage_failure_mid_stream_ends_it_cleanly(sqlite_api: Api, open_events: Any, caplog: Any) -> None:
+def test_a_storage_failure_mid_stream_ends_it_cleanly(
+    sqlite_api: Api, open_events: Any, monkeypatch: Any
+) -> None:
+    from app.storage import heads
+
+    job = sqlite_api.job()
+    reader = open_events(sqlite_api.client, f"/jobs/{job['id']}/events", sqlite_api.headers())
+    assert reader.next_event().id == 1
+
+    def unavailable(*_: Any, **__: Any) -> Any:
+        raise OSError("the database went away")
+
+    # The process's shared poller reads the heads of every open stream: that read fails.
+    monkeypatch.setattr(heads, "read", unavailable)
+    frames = []
+    while (frame := reader.next_frame()) is not None:
+        frames.append(frame)
+        assert len(frames) < 50
+    assert frames[-1].comment == "storage unavailable, reconnect"
+    assert reader.ended
+
+
+def test_a_failed_read_after_a_wake_up_ends_the_stream_cleanly(sqlite_api: Api, open_events: Any) -> None:
     from app.storage.db import make_engine
 
     job = sqlite_api.job()
     reader = open_events(sqlite_api.client, f"/jobs/{job['id']}/events", sqlite_api.headers())
     assert reader.next_event().id == 1
     broken = make_engine("postgresql+psycopg2://nobody@127.0.0.1:1/none")
-    # The follower captured the engine when the stream opened; break that engine's pool.
+    # The follower captured the engine when the stream opened; break that engine's pool, then
+    # move the stream so the poller (on its own connection) wakes the follower to read.
     original_connect = sqlite_api.engine.connect
+    sqlite_api.lease_and_start(job["id"])
     sqlite_api.engine.connect = broken.connect  # type: ignore[method-assign]
     try:
         frames = []
