@@ -75,16 +75,23 @@ def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
     epoch = rt.broker.epoch()
     claimed = retry_transient(lambda: _claim(rt, sorted(set(job_ids)), epoch))
     started = []
+    to_send = [
+        (job, decision)
+        for job, decision in claimed
+        if isinstance(decision, delivery.StartDecision) and decision.created
+    ]
     for job, decision in claimed:
-        with logs.bind_job(jobId=job.id):
-            if isinstance(decision, DeliveryGenerationsExceeded):
+        if isinstance(decision, DeliveryGenerationsExceeded):
+            with logs.bind_job(jobId=job.id):
                 _generations_exhausted(rt, job.id, decision)
-                continue
-            if not decision.created:
-                continue
-            _count_delivery(decision, "dispatch")
-            started.append(job.id)
-            deliver(rt, job, job.id, decision.generation)
+    with fetches.sent_in_advance(
+        [(job.id, job.id, d.generation) for job, d in to_send if not job.abort_requested]
+    ):
+        for job, decision in to_send:
+            with logs.bind_job(jobId=job.id):
+                _count_delivery(decision, "dispatch")
+                started.append(job.id)
+                deliver(rt, job, job.id, decision.generation)
     return started
 
 

@@ -47,12 +47,14 @@ records the redrive falls back to the earlier rules. The embedded folder broker 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,6 +276,30 @@ def record_scan(job_ids: Sequence[str], *, failed: bool = False) -> None:
         recorder.write(scan_entries(job_ids, FAILED if failed else recorder.consumer))
 
 
+# Fetch keys whose ``sent`` record a scan batch already wrote (one write for the batch).
+_written: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "receipt_sent_written", default=frozenset()
+)
+
+
+@contextmanager
+def sent_in_advance(deliveries: Sequence[tuple[str, str, int]]) -> Iterator[None]:
+    """Around a scan batch's publishes: record every worker message ``sent`` in one write, before
+    any of them leaves (so each record still precedes its fetch); the per-publish hook then skips
+    them. ``deliveries``: (job id, dispatch key, generation) of the messages about to be sent."""
+    recorder = _recorder
+    if recorder is None or not deliveries:
+        yield
+        return
+    keys = [FETCH_PREFIX + driver_task_id(key, generation) for _job, key, generation in deliveries]
+    recorder.write([(k, f"{SENT} {recorder.consumer}") for k in keys])
+    token = _written.set(frozenset(keys))
+    try:
+        yield
+    finally:
+        _written.reset(token)
+
+
 def published_entries(name: str, task_id: str | None, args: Any, consumer: str) -> list[tuple[str, str]]:
     """The record a process writes just before it publishes a driver or worker message (pure)."""
     try:
@@ -347,4 +373,6 @@ def on_before_task_publish(sender: Any = None, body: Any = None, headers: Any = 
         return
     args = body[0] if isinstance(body, tuple) and body else None
     task_id = headers.get("id") if isinstance(headers, dict) else None
-    recorder.write(published_entries(str(sender), task_id, args, recorder.consumer))
+    written = _written.get()
+    entries = published_entries(str(sender), task_id, args, recorder.consumer)
+    recorder.write([(k, v) for k, v in entries if k not in written])

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK
 from app.storage.delivery import driver_task_id
+from tasks import fetches
 from tasks.fetches import (
     DISPATCHING_PREFIX,
     FETCH_PREFIX,
@@ -90,3 +93,39 @@ def test_a_scan_batch_from_the_wake_list_is_recorded_like_a_message_that_named_i
     assert fetched_entries(DISPATCH_TASK, [[]], "c3") == []
     assert scan_entries(["a", "b"], "c3") == fetched_entries(DISPATCH_TASK, [["a", "b"]], "c3")
     assert scan_entries(["a"], "failed") == [(DISPATCHING_PREFIX + "a", "failed")]
+
+
+def test_a_scan_batch_records_its_worker_messages_sent_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 12: one write for the batch, before any publish; the per-publish hook adds none."""
+
+    class Stub:
+        consumer = "c1"
+
+        def __init__(self) -> None:
+            self.writes: list[list[tuple[str, str]]] = []
+
+        def write(self, entries: list[tuple[str, str]]) -> None:
+            if entries:
+                self.writes.append(list(entries))
+
+    stub = Stub()
+    monkeypatch.setattr(fetches, "_recorder", stub)
+    batch = [("a", "a", 0), ("b", "b", 1)]
+    with fetches.sent_in_advance(batch):
+        assert stub.writes == [
+            [
+                (FETCH_PREFIX + driver_task_id("a", 0), "sent c1"),
+                (FETCH_PREFIX + driver_task_id("b", 1), "sent c1"),
+            ]
+        ]
+        for job, key, generation in batch:
+            message: tuple[object, ...] = ([job, f"{job}:attempt:1", key, generation], {}, {})
+            fetches.on_before_task_publish(
+                sender=EXECUTE_TASK, body=message, headers={"id": f"{job}:attempt:1"}
+            )
+    assert len(stub.writes) == 1
+    # Outside a batch the hook still records each publish.
+    fetches.on_before_task_publish(
+        sender=EXECUTE_TASK, body=(["c", "c:attempt:1", "c", 0], {}, {}), headers={}
+    )
+    assert stub.writes[-1] == [(FETCH_PREFIX + driver_task_id("c", 0), "sent c1")]
