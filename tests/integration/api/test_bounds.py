@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -258,3 +259,16 @@ def test_the_embedded_rate_limit_counts_in_memory_and_can_be_disabled(
 def test_rate_limit_default_is_per_minute() -> None:
     assert Settings().rate_limit_writes == "600/minute"
     assert Settings().max_commands_per_job == 1000
+
+
+def test_an_unreachable_rate_limit_storage_does_not_stop_writes_it_counts_in_memory(
+    sqlite_engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Nothing listens on port 1: every Redis call fails at once (connection refused).
+    settings = make_settings(tmp_path, rate_limit_writes="2/minute", redis_url="redis://127.0.0.1:1/0")
+    api = build_api(sqlite_engine, settings)
+    with caplog.at_level(logging.WARNING, logger="receipt.api"):
+        statuses = [api.enqueue().status_code for _ in range(3)]
+    assert statuses == [202, 202, 429]
+    assert "falling back to in-memory storage" in caplog.text
+    assert api.state.internal_errors == 0
