@@ -7,27 +7,39 @@
 - **Event streams**: at most ``RECEIPT_SSE_MAX_STREAMS_PER_TOKEN`` open per token and
   ``RECEIPT_SSE_MAX_STREAMS_PER_PROCESS`` in all, counted in this API process; past either,
   429 with ``Retry-After``.
-- **Writes**: every POST of an organisation counts against ``RECEIPT_RATE_LIMIT_WRITES``, through
-  Flask-Limiter (a maintained library: rate strings, fixed windows, Redis or in-memory storage)
-  rather than hand-written buckets. Counters live in Redis when ``REDIS_URL`` is set, so every
-  API process shares them; the embedded deployment counts in memory, per process. System tokens
-  are operators and Receipt's own components: they are not limited.
+- **Writes**: every POST of an organisation counts against ``RECEIPT_RATE_LIMIT_WRITES``, per
+  route, through ``limits`` (the maintained library Flask-Limiter is built on: rate strings,
+  fixed windows, Redis or in-memory storage) rather than hand-written buckets. Counters live in
+  Redis when ``REDIS_URL`` is set, so every API process shares them; the embedded deployment
+  counts in memory, per process. System tokens are operators and Receipt's own components: they
+  are not limited. ``WriteLimit`` calls ``limits`` from one ``before_request`` hook: the same
+  counters, keys and 429 as the Flask-Limiter extension it replaced, without that extension's
+  per-request resolution of decorated, blueprint and default limits (issue 12: it cost more CPU
+  than the counting itself).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, g, request
-from flask_limiter import Limiter, RateLimitExceeded
+from flask import Flask, g, request
+from limits import RateLimitItem, parse_many
+from limits.storage import MemoryStorage, Storage, storage_from_string
+from limits.strategies import FixedWindowRateLimiter
 
-from api.errors import RATE_LIMITED, TOO_MANY_STREAMS, ApiError, error_response
+from api.errors import RATE_LIMITED, TOO_MANY_STREAMS, ApiError
 from app.config import Settings
+
+if TYPE_CHECKING:
+    from api.auth import Identity  # api.auth imports api.context, which imports this module
+
+log = logging.getLogger("receipt.api")
 
 # What a page's envelope may add around its items (keys, the cursor, the stream name).
 ENVELOPE_BYTES = 1024
@@ -101,48 +113,92 @@ def _too_many(message: str) -> ApiError:
     )
 
 
-def _write_key() -> str:
-    identity = g.get("identity")
+# The storage key prefix; with the route and the organisation the keys are the ones Flask-Limiter
+# wrote (``LIMITER/receipt-writes/org:<id>/<endpoint>/<amount>/<multiples>/<granularity>``).
+KEY_PREFIX = "receipt-writes"
+# After the shared storage failed, how often (seconds) to try it again; meanwhile counts are in memory.
+STORAGE_RETRY_S = 1.0
+
+
+def _write_key(identity: Identity) -> str:
     if identity is None or identity.organization_id is None:
         return "anonymous"
     return f"org:{identity.organization_id}"
 
 
-def _exempt() -> bool:
-    if request.method != "POST":
-        return True
-    identity = g.get("identity")
-    return identity is None or identity.system
+class WriteLimit:
+    """The per-organisation write limit: ``check()`` counts this request or raises the 429.
+
+    A POST counts against each rate of ``RECEIPT_RATE_LIMIT_WRITES`` for (organisation, route).
+    Not counted: other methods, requests no route matched, requests without an identity (the
+    dashboard's own routes) and system identities. A shared storage (Redis) that fails does not
+    stop writes: counting moves to memory, and the storage is tried again every
+    ``STORAGE_RETRY_S`` seconds.
+    """
+
+    def __init__(self, rate: str, storage_uri: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        # Shortest window first, as Flask-Limiter checked them; the first one used up answers.
+        self.items: list[RateLimitItem] = sorted(parse_many(rate))
+        storage = storage_from_string(storage_uri)
+        if not isinstance(storage, Storage):  # an ``async+`` URI: not for a WSGI process
+            raise ValueError(f"the rate limit storage {type(storage).__name__} is not synchronous")
+        self.storage = storage
+        self.shared = FixedWindowRateLimiter(self.storage)
+        self.fallback = FixedWindowRateLimiter(MemoryStorage())
+        self._clock = clock
+        self._storage_dead_since: float | None = None
+
+    def _strategy(self) -> FixedWindowRateLimiter:
+        """The shared storage's limiter, or memory's while the shared one is down (probed each interval)."""
+        dead_since = self._storage_dead_since
+        if dead_since is None:
+            return self.shared
+        if self._clock() - dead_since < STORAGE_RETRY_S:
+            return self.fallback
+        self._storage_dead_since = self._clock()  # one probe per interval
+        if self.storage.check():
+            log.info("rate limit storage recovered")
+            self._storage_dead_since = None
+            return self.shared
+        return self.fallback
+
+    def check(self) -> None:
+        endpoint = request.endpoint
+        identity: Identity | None = g.get("identity")
+        if request.method != "POST" or endpoint is None or identity is None or identity.system:
+            return
+        keys = (KEY_PREFIX, _write_key(identity), endpoint)
+        strategy = self._strategy()
+        try:
+            self._hit(strategy, keys)
+        except ApiError:
+            raise
+        except Exception:
+            if strategy is self.fallback:
+                raise
+            log.warning("rate limit storage unreachable - falling back to in-memory storage")
+            self._storage_dead_since = self._clock()
+            self._hit(self.fallback, keys)
+
+    def _hit(self, strategy: FixedWindowRateLimiter, keys: tuple[str, ...]) -> None:
+        for item in self.items:
+            if not strategy.hit(item, *keys):
+                reset_at = strategy.get_window_stats(item, *keys).reset_time
+                retry_after = max(1, math.ceil(reset_at - time.time()))
+                raise ApiError(
+                    429,
+                    RATE_LIMITED,
+                    f"this organisation's write rate limit ({item}) is used up; retry later",
+                    {"limit": str(item)},
+                    {"Retry-After": str(retry_after)},
+                )
 
 
-def install_rate_limit(app: Flask, settings: Settings) -> Limiter | None:
+def install_rate_limit(app: Flask, settings: Settings) -> WriteLimit | None:
     """Limit every organisation's writes; call after authentication is installed (it keys on it)."""
     rate = settings.rate_limit_writes.strip()
     if rate.lower() == RATE_LIMIT_DISABLED:
         return None
-    limiter = Limiter(
-        _write_key,
-        app=app,
-        default_limits=[rate],
-        default_limits_exempt_when=_exempt,
-        storage_uri=settings.redis_url or "memory://",
-        strategy="fixed-window",
-        key_prefix="receipt-writes",
-        # A Redis outage must not stop writes: the limiter falls back to counting in memory.
-        swallow_errors=True,
-        in_memory_fallback_enabled=True,
-    )
-
-    @app.errorhandler(RateLimitExceeded)
-    def _rate_limited(exc: RateLimitExceeded) -> Response:
-        current = limiter.current_limit
-        retry_after = max(1, math.ceil(current.reset_at - time.time())) if current else 1
-        return error_response(
-            429,
-            RATE_LIMITED,
-            f"this organisation's write rate limit ({exc.limit.limit}) is used up; retry later",
-            {"limit": str(exc.limit.limit)},
-            {"Retry-After": str(retry_after)},
-        )
-
-    return limiter
+    limit = WriteLimit(rate, settings.redis_url or "memory://")
+    app.before_request(limit.check)
+    return limit

@@ -449,7 +449,7 @@ SETTINGS: tuple[Setting, ...] = (
         "RECEIPT_RATE_LIMIT_WRITES",
         "rate_limit_writes",
         "600/minute",
-        "Writes (POST) one organisation may make, as a Flask-Limiter rate (`600/minute;50/second`); "
+        "Writes (POST) one organisation may make per route, as a `limits` rate (`600/minute;50/second`); "
         "`disabled` turns it off. Counted in Redis (REDIS_URL); embedded mode counts in memory.",
     ),
     # -- observability (logs, metrics)

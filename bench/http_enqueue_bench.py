@@ -1,7 +1,7 @@
 """Enqueue throughput through the real HTTP stack against the raw receipt append rate, same run.
 
     .venv/bin/python bench/http_enqueue_bench.py [--appends 3000] [--requests 3000] [--concurrency 16]
-        [--rate-limit 1000000/minute]
+        [--rate-limit 1000000/minute] [--py-spy profile.txt]
 
 1. Creates a fresh PostgreSQL database (``postgres@127.0.0.1:5432``, trust auth) and migrates it.
 2. Raw append rate: ``app.storage.store.append`` of ``job.enqueued``-shaped receipts, one transaction
@@ -9,9 +9,14 @@
 3. Starts gunicorn (``api/gunicorn_conf.py``: gevent workers) on 127.0.0.1 with authentication
    on and a real token, then a load generator **in a second process** (keep-alive
    connections, bounded in count and time) posts enqueues.
-4. Prints raw appends/s, HTTP enqueues/s, their ratio (target >= 0.5), p50/p99 latency, and
+4. Prints raw appends/s, HTTP enqueues/s, their ratio (target >= 0.5), p50/p99 latency, the CPU
+   gunicorn (master and workers, from ``/proc``) spent per request over the measured run, and
    the wake-up publisher's broker (``api/wake.py``); then stops gunicorn by PID and
    drops the database.
+
+``--py-spy FILE`` samples gunicorn's workers with py-spy (the ``bench`` extra) during the measured
+run and writes the folded stacks there (``--format raw``; render with any flame-graph tool, or
+sum the leaf frames).
 
 Every request goes to loopback only, and every loop is bounded.
 """
@@ -36,6 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.runtime_bench import tree_cpu  # noqa: E402
 from tests.support.databases import new_database  # noqa: E402  (after the path is set)
 from tests.support.waiting import free_port, wait_for  # noqa: E402
 
@@ -137,6 +143,28 @@ def raw_append_rate(engine: Any, count: int, tag: str) -> float:
     return count / (time.perf_counter() - start)
 
 
+def _start_py_spy(pid: int, path: str) -> subprocess.Popen[bytes]:
+    spy = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("py-spy")),
+            "record",
+            "--pid",
+            str(pid),
+            "--subprocesses",
+            "--format",
+            "raw",
+            "--rate",
+            "250",
+            "--output",
+            path,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # py-spy attaches before the measured run starts (a start-up delay, not a sync)
+    return spy
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -154,6 +182,7 @@ def main() -> int:
         help="RECEIPT_RATE_LIMIT_WRITES for the server (default disabled; e.g. 1000000/minute to measure "
         "what the per-organisation limit costs with its counters in Redis)",
     )
+    parser.add_argument("--py-spy", metavar="FILE", help="sample gunicorn with py-spy into FILE (raw)")
     parser.add_argument(
         "--load-generator", nargs=3, metavar=("PORT", "TOKEN", "DEADLINE"), help=argparse.SUPPRESS
     )
@@ -219,7 +248,12 @@ def main() -> int:
         _wait_healthy(port, gunicorn)
 
         # Warm-up (connection pools, imports) outside the measurement, then the measured run.
+        spy: subprocess.Popen[bytes] | None = None
         for n in (200, args.requests):
+            if n == args.requests:
+                cpu_before = tree_cpu(gunicorn.pid)
+                if args.py_spy:
+                    spy = _start_py_spy(gunicorn.pid, args.py_spy)
             loadgen = subprocess.run(
                 [
                     sys.executable,
@@ -237,6 +271,10 @@ def main() -> int:
                 check=True,
                 timeout=TIME_LIMIT_SECONDS + 30,
             )
+        cpu_ms = (tree_cpu(gunicorn.pid) - cpu_before) * 1000
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            spy.wait(timeout=60)
         result = json.loads(loadgen.stdout)
         raw_after = raw_append_rate(engine, args.appends - args.appends // 2, "after")
         raw_rate = (raw_before + raw_after) / 2
@@ -254,6 +292,7 @@ def main() -> int:
             f"keep-alive "
             f"clients, gunicorn gevent x{args.workers}, auth on)"
         )
+        print(f"gunicorn CPU:       {cpu_ms / len(latencies):8.2f} ms per request (master + workers, /proc)")
         print(f"ratio HTTP / raw:   {http_rate / raw_rate:8.2f}    (target >= 0.5)")
         print(
             f"latency p50 / p99:  {_percentile(latencies, 0.5) * 1000:6.1f} ms / "

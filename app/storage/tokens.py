@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import bindparam, delete, or_, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 
 from app.jobs.ids import new_id, new_token
@@ -153,13 +153,16 @@ def revoke(engine: Engine, token: str) -> bool:
     return True
 
 
+# Built once: every authenticated API request runs it, and building the statement (and its cache
+# key) each time cost as much CPU as executing it (issue 12).
+_LOOKUP = select(api_tokens).where(
+    api_tokens.c.token_hash == bindparam("token_hash"), api_tokens.c.revoked_at.is_(None)
+)
+
+
 def lookup(conn: Connection, secret: str) -> TokenInfo | None:
     """The unrevoked token matching ``secret`` (expired or not), or None."""
-    row = conn.execute(
-        select(api_tokens).where(
-            api_tokens.c.token_hash == hash_token(secret), api_tokens.c.revoked_at.is_(None)
-        )
-    ).first()
+    row = conn.execute(_LOOKUP, {"token_hash": hash_token(secret)}).first()
     return _info(row) if row else None
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from flask import Flask, g, request
 from sqlalchemy.engine import Engine
 
-from api.limits import ENVELOPE_BYTES, fit, json_size
+from api.auth import Identity
+from api.limits import ENVELOPE_BYTES, KEY_PREFIX, STORAGE_RETRY_S, WriteLimit, fit, json_size
 from app.config import Settings
 from app.storage import tokens
 from tests.support.api import ORG_A, Api, build_api, json_of, make_settings, payload
@@ -258,3 +261,55 @@ def test_the_embedded_rate_limit_counts_in_memory_and_can_be_disabled(
 def test_rate_limit_default_is_per_minute() -> None:
     assert Settings().rate_limit_writes == "600/minute"
     assert Settings().max_commands_per_job == 1000
+
+
+def test_an_unreachable_rate_limit_storage_does_not_stop_writes_it_counts_in_memory(
+    sqlite_engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Nothing listens on port 1: every Redis call fails at once (connection refused).
+    settings = make_settings(tmp_path, rate_limit_writes="2/minute", redis_url="redis://127.0.0.1:1/0")
+    api = build_api(sqlite_engine, settings)
+    with caplog.at_level(logging.WARNING, logger="receipt.api"):
+        statuses = [api.enqueue().status_code for _ in range(3)]
+    assert statuses == [202, 202, 429]
+    assert "falling back to in-memory storage" in caplog.text
+    assert api.state.internal_errors == 0
+
+
+def test_the_write_limit_goes_back_to_the_shared_storage_once_it_answers_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    limit = WriteLimit("5/minute", "memory://", clock=lambda: now[0])
+    app = Flask("limit-under-test")
+    app.add_url_rule("/agents/<agentId>/jobs", "jobs.enqueue", lambda agentId: "", methods=["POST"])
+    shared_hits: list[str] = []
+    real_hit = limit.shared.hit
+
+    def failing_hit(*args: Any, **kwargs: Any) -> bool:
+        raise ConnectionError("storage down")
+
+    def counting_hit(*args: Any, **kwargs: Any) -> bool:
+        shared_hits.append("hit")
+        return real_hit(*args, **kwargs)
+
+    def post() -> None:
+        with app.test_request_context("/agents/a/jobs", method="POST"):
+            assert request.endpoint == "jobs.enqueue"
+            g.identity = Identity(ORG_A, system=False)
+            limit.check()
+
+    monkeypatch.setattr(limit.shared, "hit", failing_hit)
+    post()  # the shared storage fails: this write is counted in memory instead
+    assert limit.fallback.get_window_stats(limit.items[0], *_keys()).remaining == 4
+    monkeypatch.setattr(limit.shared, "hit", counting_hit)
+    now[0] += STORAGE_RETRY_S / 2
+    post()  # within the retry interval: still memory, the shared storage is not asked
+    assert shared_hits == []
+    now[0] += STORAGE_RETRY_S
+    post()  # past it: the storage answers its check, and counting goes back to it
+    assert shared_hits == ["hit"]
+
+
+def _keys() -> tuple[str, str, str]:
+    return (KEY_PREFIX, f"org:{ORG_A}", "jobs.enqueue")
