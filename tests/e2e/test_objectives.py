@@ -216,7 +216,10 @@ def test_broker_flushed_while_a_control_request_waits_the_outbox_redrive_finishe
     dstack.start("web", "driver", "chat", "beat")  # no control worker: the control job's message waits
     oid = launch(dstack, [task("A"), task("B", ["A"])])
     obj = service.get(dstack.engine, oid, all_tasks=False)
-    assert obj is not None and [r.reason for r in obj.pending] == ["launch"]
+    # The launch's request waits (resume at startup may add one of its own if the objective was
+    # launched before a process's settle delay ran out: both are recovered the same way).
+    assert obj is not None and [r.reason for r in obj.pending][:1] == ["launch"]
+    assert {r.reason for r in obj.pending} <= {"launch", "resume"}
     control = wait_for(
         lambda: [
             j for j in Queue(dstack.engine).list_jobs(all_organizations=True, agent_id="factory-control").jobs

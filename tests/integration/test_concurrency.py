@@ -158,17 +158,26 @@ def test_concurrent_heartbeats_and_commands_keep_projection_equal_to_fold(
 def commit_before_loading(
     monkeypatch: pytest.MonkeyPatch, job_id: str, action: Callable[[], Any]
 ) -> list[bool]:
-    """Run ``action`` (its own transaction) the first time any transaction reads ``job_id``."""
-    real_load = projection.load
+    """Run ``action`` (its own transaction) the first time any transaction reads ``job_id``
+    (through ``projection.load`` or ``projection.load_at_clock``, which reads the clock with it)."""
+    real_load, real_load_at_clock = projection.load, projection.load_at_clock
     fired: list[bool] = []
 
-    def load(conn: Any, wanted: str, **kwargs: Any) -> Any:
+    def fire(wanted: str) -> None:
         if wanted == job_id and not fired:
             fired.append(True)
             action()
+
+    def load(conn: Any, wanted: str, **kwargs: Any) -> Any:
+        fire(wanted)
         return real_load(conn, wanted, **kwargs)
 
+    def load_at_clock(conn: Any, wanted: str) -> Any:
+        fire(wanted)
+        return real_load_at_clock(conn, wanted)
+
     monkeypatch.setattr(projection, "load", load)
+    monkeypatch.setattr(projection, "load_at_clock", load_at_clock)
     return fired
 
 
