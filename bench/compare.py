@@ -176,6 +176,8 @@ def _deploy_receipt(
         home / f"receipt-{database}",
         RECEIPT_HANDLER_MODULES="bench.handlers",
         RECEIPT_RESONATE_EXECUTE_CONCURRENCY="8",
+        # A throughput bench posts faster than the default per-organisation write limit allows.
+        RECEIPT_RATE_LIMIT_WRITES="1000000/minute",
     )
     stack.callback(deployment.close)
     stack.callback(harness.stop_all)

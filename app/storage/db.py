@@ -361,9 +361,11 @@ def iso(value: datetime | None) -> str | None:
 
 
 def parse_iso(value: str | None) -> datetime | None:
+    """The time ``iso`` wrote. ``fromisoformat`` (Python 3.11 reads the ``Z``) is ~50x cheaper than
+    ``strptime``, and the hot path parses several times per receipt; the result is the same."""
     if value is None:
         return None
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    return datetime.fromisoformat(value).astimezone(UTC)
 
 
 def lock_key(conn: Connection, name: str) -> None:
