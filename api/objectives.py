@@ -258,11 +258,8 @@ def follow(
     with sse.subscribed(poller, {stream: obj.seq, **watched}, token_id) as sub:
         backlog = False
         while True:
-            if sub.revoked:
-                yield sse.REVOKED
-                return
-            if sub.failed:
-                yield sse.STORAGE_UNAVAILABLE
+            if (end := sse.ended(sub)) is not None:
+                yield end
                 return
             advanced = sub.advanced()
             started = [job_id_of(s) for s in advanced if s != stream]

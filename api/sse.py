@@ -70,6 +70,16 @@ def format_event(event: str, seq: int | None, data: Any) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
+def ended(sub: Subscription) -> str | None:
+    """The frame that ends a follower's stream now (its token was revoked, or the shared poll
+    failed), or None while it may go on."""
+    if sub.revoked:
+        return REVOKED
+    if sub.failed:
+        return STORAGE_UNAVAILABLE
+    return None
+
+
 @contextmanager
 def subscribed(poller: StreamPoller, streams: dict[str, int], token_id: str | None) -> Iterator[Subscription]:
     """A subscription to the shared poller for the life of a follower (closed however it ends)."""
@@ -156,11 +166,8 @@ def follow(
     with subscribed(poller, {stream: seq}, token_id) as sub:
         read = True  # the first pass reads whatever is already past the resume point
         while True:
-            if sub.revoked:
-                yield REVOKED
-                return
-            if sub.failed:
-                yield STORAGE_UNAVAILABLE
+            if (end := ended(sub)) is not None:
+                yield end
                 return
             batch = []
             if read or sub.advanced():

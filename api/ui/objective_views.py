@@ -152,11 +152,8 @@ def _page_signals(
     with sse.subscribed(poller, {stream: after, **{j: start.get(j, 0) for j in jobs}}, token_id) as sub:
         read = True
         while True:
-            if sub.revoked:
-                yield sse.REVOKED
-                return
-            if sub.failed:
-                yield sse.STORAGE_UNAVAILABLE
+            if (end := sse.ended(sub)) is not None:
+                yield end
                 return
             advanced = sub.advanced()
             seq = after

@@ -69,7 +69,7 @@ def receipt_hash(stream: str, seq: int, type_: str, body: Any, at: str, prev_has
 
 
 # Built once: constructing the statement per append costs more CPU than executing it.
-_INSERT = receipts.insert().returning(receipts.c.id)
+_INSERT = receipts.insert().returning(receipts.c.id, sort_by_parameter_order=True)
 
 
 def append(
@@ -87,6 +87,24 @@ def append(
     ``prev_hash`` may be passed by a caller that already holds the stream head (saves a read);
     otherwise it is looked up. Raises ``AppendConflict`` if another writer got there first.
     """
+    [stored] = append_many(conn, stream, expected_seq, [(type_, body)], prev_hash=prev_hash, at=at)
+    return stored
+
+
+def append_many(
+    conn: Connection,
+    stream: str,
+    expected_seq: int,
+    events: Sequence[tuple[str, Mapping[str, Any]]],
+    *,
+    prev_hash: str | None = None,
+    at: datetime | None = None,
+) -> list[StoredReceipt]:
+    """Append receipts after ``expected_seq`` in one statement (one round trip), chained in order.
+
+    ``prev_hash`` and ``at`` as for ``append``: looked up (the stream head, the database clock)
+    when the caller does not hold them. Raises ``AppendConflict`` if another writer got there first.
+    """
     if expected_seq > 0 and prev_hash is None:
         prev_hash = conn.execute(
             select(receipts.c.hash).where(receipts.c.stream == stream, receipts.c.seq == expected_seq)
@@ -96,52 +114,7 @@ def append(
     when = as_utc(at) if at is not None else db_now(conn)
     at_text = iso(when)
     assert at_text is not None
-    seq = expected_seq + 1
-    body_dict = dict(body)
-    digest = receipt_hash(stream, seq, type_, body_dict, at_text, prev_hash)
-    try:
-        # No savepoint: a conflict aborts the caller's transaction, which re-reads and re-decides.
-        new_id = conn.execute(
-            _INSERT,
-            {
-                "stream": stream,
-                "seq": seq,
-                "type": type_,
-                "body": body_dict,
-                "at": when,
-                "prev_hash": prev_hash,
-                "hash": digest,
-            },
-        ).scalar_one()
-    except IntegrityError as exc:
-        raise AppendConflict(f"{stream}: seq {seq} already taken") from exc
-    return StoredReceipt(int(new_id), stream, seq, type_, body_dict, at_text, prev_hash, digest)
-
-
-def append_many(
-    conn: Connection,
-    stream: str,
-    expected_seq: int,
-    events: Sequence[tuple[str, Mapping[str, Any]]],
-    *,
-    prev_hash: str | None,
-    at: datetime,
-) -> list[StoredReceipt]:
-    """Append several receipts after ``expected_seq`` in one statement (one round trip), chained.
-
-    The caller holds the stream head (``prev_hash``) and the time; the hashes chain in order.
-    """
-    if len(events) == 1 or (expected_seq > 0 and prev_hash is None):
-        out = []
-        for type_, body in events:
-            stored = append(conn, stream, expected_seq, type_, body, prev_hash=prev_hash, at=at)
-            expected_seq, prev_hash = stored.seq, stored.hash
-            out.append(stored)
-        return out
-    when = as_utc(at)
-    at_text = iso(when)
-    assert at_text is not None
-    rows, pending = [], []
+    rows: list[dict[str, Any]] = []
     for type_, body in events:
         seq = expected_seq + 1
         body_dict = dict(body)
@@ -157,19 +130,16 @@ def append_many(
                 "hash": digest,
             }
         )
-        pending.append((seq, type_, body_dict, prev_hash, digest))
         expected_seq, prev_hash = seq, digest
     try:
-        ids = conn.execute(_INSERT_MANY, rows).scalars().all()
+        # No savepoint: a conflict aborts the caller's transaction, which re-reads and re-decides.
+        ids = conn.execute(_INSERT, rows).scalars().all()
     except IntegrityError as exc:
-        raise AppendConflict(f"{stream}: seq {pending[0][0]} already taken") from exc
+        raise AppendConflict(f"{stream}: seq {rows[0]['seq']} already taken") from exc
     return [
-        StoredReceipt(int(new_id), stream, seq, type_, body_dict, at_text, prev, digest)
-        for new_id, (seq, type_, body_dict, prev, digest) in zip(ids, pending, strict=True)
+        StoredReceipt(int(new_id), stream, r["seq"], r["type"], r["body"], at_text, r["prev_hash"], r["hash"])
+        for new_id, r in zip(ids, rows, strict=True)
     ]
-
-
-_INSERT_MANY = receipts.insert().returning(receipts.c.id, sort_by_parameter_order=True)
 
 
 def _row(r: Any) -> StoredReceipt:
