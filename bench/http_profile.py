@@ -37,23 +37,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# The same database, Redis and request body as the HTTP enqueue bench.
+from bench.http_enqueue_bench import ORG, PG_ADMIN_URL, REDIS_URL  # noqa: E402
+from bench.http_enqueue_bench import _payload as _payload  # noqa: E402
 from tests.support.databases import new_database  # noqa: E402  (after the path is set)
 
-PG_ADMIN_URL = os.environ.get(
-    "RECEIPT_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("RECEIPT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/7")
-ORG = "bench-org"
 ROUNDS = 5
-
-
-def _payload(i: int) -> dict[str, Any]:
-    return {
-        "kind": "factory.run",
-        "authContext": {"userId": f"user-{i % 50}", "organizationId": ORG},
-        "prompt": "summarise the quarterly numbers",
-        "n": i,
-    }
 
 
 def _environ(method: str, path: str, token: str, body: bytes = b"") -> dict[str, Any]:
