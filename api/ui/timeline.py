@@ -120,8 +120,14 @@ def build(receipts: Iterable[Receipt]) -> tuple[list[Entry], Job | None]:
                 Entry(r.seq, r.type, "other", r.at, False, None, title=f"{r.type} (breaks the fold)")
             )
             continue
-        applied = state is not None and (before is None or _changed(before, state))
         body = r.body
+        applied = state is not None and (
+            before is None
+            or _changed(before, state)
+            # A heartbeat by the lease holder is applied even when it renews to the same deadline
+            # (two beats within one clock tick: SQLite's clock has millisecond resolution).
+            or (r.type == "job.heartbeat" and before.holds_lease(body.get("workerId"), body.get("attempt")))
+        )
         attempt = _int(body.get("attempt"))
         worker = body.get("workerId")
         if r.type == "job.leased" and applied and state is not None:

@@ -100,3 +100,23 @@ def test_a_stream_that_breaks_the_fold_is_shown() -> None:
     # Invariant 3's exceptions are ignored, not fatal.
     entries, state = timeline.build([r(1, "job.failed", error="late")])
     assert state is None and entries[0].applied is False
+
+
+def test_two_heartbeats_within_one_clock_tick_are_both_applied_and_collapse() -> None:
+    """The holder's second beat renews to the same deadline at the same time (SQLite's clock has
+    millisecond resolution): it changes nothing in the fold, yet it is applied, not inert."""
+    same = "2026-01-01T00:00:03.000000Z"
+    beat = {"workerId": "w1", "attempt": 1, "expiresAt": "2026-01-01T00:01:03.000000Z"}
+    entries, _ = timeline.build(
+        [
+            ENQUEUED,
+            r(2, "job.leased", **beat),
+            Receipt(STREAM, 3, "job.heartbeat", beat, at=same),
+            Receipt(STREAM, 4, "job.heartbeat", beat, at=same),
+            Receipt(STREAM, 5, "job.heartbeat", {**beat, "workerId": "someone-else"}, at=same),
+        ]
+    )
+    assert [(e.type, e.count, e.applied) for e in entries[2:]] == [
+        ("job.heartbeat", 2, True),
+        ("job.heartbeat", 1, False),
+    ]
