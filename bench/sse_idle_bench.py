@@ -33,15 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.compare import STATEMENT, server_log_path  # noqa: E402  (after the path is set)
+
+# The same database and Redis as the HTTP enqueue bench.
+from bench.http_enqueue_bench import ORG, PG_ADMIN_URL, REDIS_URL  # noqa: E402
 from tests.support.databases import new_database  # noqa: E402
 from tests.support.processes import descendants_of  # noqa: E402
 from tests.support.waiting import free_port, wait_for  # noqa: E402
-
-PG_ADMIN_URL = os.environ.get(
-    "RECEIPT_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("RECEIPT_BENCH_REDIS_URL", "redis://127.0.0.1:6379/7")
-ORG = "bench-org"
 
 
 def open_stream(port: int, token: str, job_id: str) -> socket.socket:

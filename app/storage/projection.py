@@ -125,17 +125,24 @@ def rebuild(conn: Connection) -> int:
     conn.execute(delete(jobs))
     count = 0
     for stream in streams(conn, JOB_STREAM_PREFIX):
-        state: Job | None = None
-        changed_at: datetime | None = None
-        last: StoredReceipt | None = None
-        for r in read_stream(conn, stream):
-            before = state.status if state else None
-            state = fold([r.to_receipt()], state)
-            last = r
-            if state is not None and state.status != before:
-                changed_at = parse_iso(r.at)
-        if state is None or last is None or changed_at is None:
-            continue
-        conn.execute(jobs.insert().values(id=job_id_of(stream), **_columns(state, last.hash, changed_at)))
-        count += 1
+        row = row_of_stream(conn, stream)
+        if row is not None:
+            conn.execute(jobs.insert().values(row))
+            count += 1
     return count
+
+
+def row_of_stream(conn: Connection, stream: str) -> dict[str, Any] | None:
+    """The projection row a job's whole stream folds to (None for an empty or unfoldable one)."""
+    state: Job | None = None
+    changed_at: datetime | None = None
+    last: StoredReceipt | None = None
+    for r in read_stream(conn, stream):
+        before = state.status if state else None
+        state = fold([r.to_receipt()], state)
+        last = r
+        if state is not None and state.status != before:
+            changed_at = parse_iso(r.at)
+    if state is None or last is None or changed_at is None:
+        return None
+    return {"id": job_id_of(stream), **_columns(state, last.hash, changed_at)}
