@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.jobs.errors import InvariantError
-from app.jobs.reducer import Job, Receipt, reduce
+from app.jobs.reducer import Job, Receipt, applies, reduce
 
 # The timeline's phases, in lifecycle order (used as CSS classes and legend).
 PHASES = ("enqueued", "lease", "heartbeat", "progress", "command", "settlement", "expiry", "other")
@@ -121,13 +121,7 @@ def build(receipts: Iterable[Receipt]) -> tuple[list[Entry], Job | None]:
             )
             continue
         body = r.body
-        applied = state is not None and (
-            before is None
-            or _changed(before, state)
-            # A heartbeat by the lease holder is applied even when it renews to the same deadline
-            # (two beats within one clock tick: SQLite's clock has millisecond resolution).
-            or (r.type == "job.heartbeat" and before.holds_lease(body.get("workerId"), body.get("attempt")))
-        )
+        applied = applies(before, r)
         attempt = _int(body.get("attempt"))
         worker = body.get("workerId")
         if r.type == "job.leased" and applied and state is not None:
@@ -164,8 +158,3 @@ def build(receipts: Iterable[Receipt]) -> tuple[list[Entry], Job | None]:
             continue
         entries.append(entry)
     return entries, state
-
-
-def _changed(before: Job, after: Job) -> bool:
-    # ``reduce`` moves seq on every receipt, and stamps updated_at only on one it applied.
-    return replace(before, seq=0) != replace(after, seq=0)

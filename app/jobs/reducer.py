@@ -219,7 +219,6 @@ def _org_of(payload: Mapping[str, Any]) -> str | None:
 def reduce(state: Job | None, receipt: Receipt) -> Job | None:
     """Fold one receipt. Returns the new state; an inert event returns ``state`` with only ``seq`` moved."""
     kind = receipt.type
-    body = receipt.body
     if state is None:
         if kind == "job.enqueued":
             return _enqueued(receipt)
@@ -228,12 +227,25 @@ def reduce(state: Job | None, receipt: Receipt) -> Job | None:
             return None
         raise InvariantError(no_job_message(job_id_of(receipt.stream)))
 
-    handler = _HANDLERS.get(kind)
-    new = handler(state, body) if handler else None
+    new = _handled(state, receipt)
     if new is None:
         # Inert (or an unknown type): the stream position still advances.
         return replace(state, seq=receipt.seq)
     return replace(new, seq=receipt.seq, updated_at=receipt.at or state.updated_at)
+
+
+def applies(state: Job | None, receipt: Receipt) -> bool:
+    """Whether ``reduce`` applies ``receipt`` to ``state`` (False: it is inert and only moves
+    ``seq``). Decided by the event's rule itself, so a receipt that is applied but changes nothing
+    else -- a lease holder's heartbeat renewing to the same deadline -- still counts as applied."""
+    if state is None:
+        return receipt.type == "job.enqueued"
+    return _handled(state, receipt) is not None
+
+
+def _handled(state: Job, receipt: Receipt) -> Job | None:
+    handler = _HANDLERS.get(receipt.type)
+    return handler(state, receipt.body) if handler else None
 
 
 def fold(receipts: Iterable[Receipt], state: Job | None = None) -> Job | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.jobs.errors import InvariantError, no_job_message
-from app.jobs.reducer import Job, Receipt, fold, reduce
+from app.jobs.reducer import Job, Receipt, applies, fold, reduce
 
 S = "jobs/j1"
 
@@ -235,3 +235,14 @@ def test_retry_at_on_a_last_attempt_is_ignored() -> None:
         ),
     )
     assert (job.status, job.available_at) == ("failed", None)
+
+
+def test_applies_is_the_event_rule_not_a_visible_change() -> None:
+    """A lease holder's heartbeat renewing to the same deadline changes nothing but is applied;
+    a superseded attempt's heartbeat is inert (invariant 2); a late failure of a missing job is inert."""
+    beat = {"workerId": "w1", "attempt": 1, "expiresAt": "2026-01-01T00:01:00.000000Z"}
+    state = fold([enq(), r(2, "job.leased", **beat), r(3, "job.heartbeat", **beat)])
+    assert state is not None
+    assert applies(state, r(4, "job.heartbeat", **beat))
+    assert not applies(state, r(4, "job.heartbeat", **{**beat, "workerId": "w2"}))
+    assert applies(None, enq()) and not applies(None, r(1, "job.failed", error="late"))
