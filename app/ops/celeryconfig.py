@@ -81,41 +81,28 @@ def task_queues() -> dict[str, dict[str, str]]:
 
 
 def beat_schedule(settings: Settings) -> dict[str, Any]:
-    redrive_s = settings.queued_redrive_interval_ms / 1000
-    expiry_s = settings.lease_expiry_interval_ms / 1000
-    retry_s = settings.retry_scan_interval_ms / 1000
-    outbox_s = settings.objective_control_outbox_redrive_interval_ms / 1000
     schedule: dict[str, Any] = {
-        "objective-outbox-redrive": {
-            "task": OUTBOX_TASK,
-            "schedule": timedelta(seconds=outbox_s),
-            "options": {"queue": OBJECTIVES_QUEUE, "expires": max(1.0, outbox_s)},
-        },
-        "queued-redrive": {
-            "task": REDRIVE_TASK,
-            "schedule": timedelta(seconds=redrive_s),
-            # A tick nobody consumed in time is dropped, not piled up behind a dead consumer.
-            "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, redrive_s)},
-        },
-        "due-retries": {
-            "task": RETRY_TASK,
-            "schedule": timedelta(seconds=retry_s),
-            "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, retry_s)},
-        },
-        "lease-expiry": {
-            "task": EXPIRE_TASK,
-            "schedule": timedelta(seconds=expiry_s),
-            "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, expiry_s)},
-        },
+        "objective-outbox-redrive": _every(
+            OUTBOX_TASK, settings.objective_control_outbox_redrive_interval_ms, OBJECTIVES_QUEUE
+        ),
+        "queued-redrive": _every(REDRIVE_TASK, settings.queued_redrive_interval_ms, MAINTENANCE_QUEUE),
+        "due-retries": _every(RETRY_TASK, settings.retry_scan_interval_ms, MAINTENANCE_QUEUE),
+        "lease-expiry": _every(EXPIRE_TASK, settings.lease_expiry_interval_ms, MAINTENANCE_QUEUE),
     }
     if settings.callback_targets:
-        callback_s = settings.callback_send_interval_ms / 1000
-        schedule["callbacks"] = {
-            "task": CALLBACK_TASK,
-            "schedule": timedelta(seconds=callback_s),
-            "options": {"queue": MAINTENANCE_QUEUE, "expires": max(1.0, callback_s)},
-        }
+        schedule["callbacks"] = _every(CALLBACK_TASK, settings.callback_send_interval_ms, MAINTENANCE_QUEUE)
     return schedule
+
+
+def _every(task: str, interval_ms: int, queue: str) -> dict[str, Any]:
+    """A beat entry firing ``task`` every interval onto ``queue``. A tick nobody consumed within an
+    interval (at least 1 s) is dropped, not piled up behind a dead consumer."""
+    seconds = interval_ms / 1000
+    return {
+        "task": task,
+        "schedule": timedelta(seconds=seconds),
+        "options": {"queue": queue, "expires": max(1.0, seconds)},
+    }
 
 
 def watchdog_entry(settings: Settings) -> dict[str, Any] | None:
