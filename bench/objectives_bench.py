@@ -51,8 +51,10 @@ IDLE_SAMPLE_S = 10.0
 STEPS = (
     "completed -> control job enqueued",
     "control job enqueued -> leased",
+    "  of which enqueued -> claimed (delivery record)",
     "control leased -> next task enqueued",
     "next task enqueued -> leased",
+    "  of which enqueued -> claimed (delivery record)",
 )
 AGENT = "noop"
 
@@ -89,7 +91,7 @@ def main() -> int:
 
     from app.factory.vocab import objective_stream, task_job_id
     from app.storage import store, tokens
-    from app.storage.db import jobs, make_engine, objectives
+    from app.storage.db import deliveries, jobs, make_engine, objectives
     from app.storage.migrate import upgrade
 
     redis_url = f"{REDIS_BASE}/{RECEIPT_REDIS_DB}"
@@ -148,6 +150,11 @@ def main() -> int:
             def status(oid: str) -> str | None:
                 with engine.connect() as conn:
                     return conn.execute(select(objectives.c.status).where(objectives.c.id == oid)).scalar()
+
+            def claimed_ms(job_id: str) -> float:
+                with engine.connect() as conn:
+                    q = select(deliveries.c.created_at).where(deliveries.c.job_id == job_id)
+                    return min(r.created_at.timestamp() * 1000 for r in conn.execute(q))
 
             def stream(name: str) -> list[Any]:
                 with engine.connect() as conn:
@@ -223,8 +230,10 @@ def main() -> int:
                 c_lease = at_ms(next(r for r in ctl if r.type == "job.leased").at)
                 parts["completed -> control job enqueued"].append(c_enq - at_ms(prev.at))
                 parts["control job enqueued -> leased"].append(c_lease - c_enq)
+                parts[STEPS[2]].append(claimed_ms(cid) - c_enq)
                 parts["control leased -> next task enqueued"].append(at_ms(enq.at) - c_lease)
                 parts["next task enqueued -> leased"].append(at_ms(nxt.at) - at_ms(enq.at))
+                parts[STEPS[5]].append(claimed_ms(task_job_id(oid, 1, f"c{i:03d}")) - at_ms(enq.at))
             print(
                 f"chain of {args.chain}: hop completion -> next lease p50 {statistics.median(hops):.1f} ms, "
                 f"p90 {percentile(hops, 90):.1f} ms, max {max(hops):.1f} ms"

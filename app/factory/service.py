@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from app.factory import audit, control, monitor, storage
 from app.factory.plan import ObjectiveSpec, TaskSpec, validate_plan
@@ -49,7 +49,7 @@ from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import MAX_ATTEMPTS_DEFAULT, job_stream
 from app.storage import store
-from app.storage.db import db_now, jobs, session_lock, transaction
+from app.storage.db import Reads, db_now, jobs, read_connection, session_lock, shared_reads, transaction
 from app.storage.queue import Queue
 
 log = logging.getLogger("receipt.factory")
@@ -94,14 +94,19 @@ def get(engine: Engine, objective_id: str, *, all_tasks: bool = True) -> Objecti
 
 def read_jobs(engine: Engine, job_ids: Iterable[str]) -> dict[str, Job | None]:
     """The jobs with these ids from the projection, None for each that does not exist (one query)."""
+    ids = [j for j in job_ids if j]
+    if not ids:
+        return {}
+    with read_connection(engine) as conn:
+        return read_jobs_on(conn, ids)
+
+
+def read_jobs_on(conn: Connection, job_ids: Iterable[str]) -> dict[str, Job | None]:
     ids = sorted({j for j in job_ids if j})
     out: dict[str, Job | None] = dict.fromkeys(ids)
-    if not ids:
-        return out
-    with engine.connect() as conn:
-        for i in range(0, len(ids), 500):
-            for row in conn.execute(select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(ids[i : i + 500]))):
-                out[row.id] = Job.from_json(row.state)
+    for i in range(0, len(ids), 500):
+        for row in conn.execute(select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(ids[i : i + 500]))):
+            out[row.id] = Job.from_json(row.state)
     return out
 
 
@@ -142,7 +147,7 @@ def launch(queue: Queue, spec: ObjectiveSpec, *, launched_by: Mapping[str, Any])
             continue
     else:
         raise TransientStorageError(f"gave up launching {objective_id} after {MAX_STEP_ROUNDS} conflicts")
-    _fast_path(queue, objective_id)
+    _fast_path(queue, objective_id, known=loaded.objective)
     return LaunchResult(loaded.objective, created=True)
 
 
@@ -167,7 +172,7 @@ def cancel(queue: Queue, objective_id: str, reason: str | None) -> Objective:
             ("objective.control_requested", {"requestId": f"cancel-{obj.seq + 1}", "reason": "cancel"}),
         ]
         obj = storage.apply(conn, loaded, objective_id, events, at=db_now(conn)).objective
-    _fast_path(queue, objective_id)
+    _fast_path(queue, objective_id, known=obj)
     return obj
 
 
@@ -254,23 +259,23 @@ def request(queue: Queue, objective_id: str, reason: str, detail: Mapping[str, A
     with transaction(queue.engine) as conn:
         written = storage.request_control(conn, objective_id, body, unless_pending=reason == "reconcile")
     if written is not None:
-        _fast_path(queue, objective_id)
+        _fast_path(queue, objective_id, known=written)
     return written is not None
 
 
 # -- the outbox fast path -------------------------------------------------------------------------
 
 
-def _fast_path(queue: Queue, objective_id: str) -> None:
+def _fast_path(queue: Queue, objective_id: str, *, known: Objective | None = None) -> None:
     if not queue.control_fast_path:
         return
     try:
-        ensure_control_job(queue, objective_id)
+        ensure_control_job(queue, objective_id, known=known)
     except Exception:  # best-effort: the outbox redrive enqueues what this misses
         log.exception("control fast path for %s failed; the outbox redrive will catch it", objective_id)
 
 
-def ensure_control_job(queue: Queue, objective_id: str) -> Job | None:
+def ensure_control_job(queue: Queue, objective_id: str, *, known: Objective | None = None) -> Job | None:
     """Make sure a control job will look at the objective's oldest unconsumed request.
 
     Job ids are derived from that request (its stream seq) and a generation: every request that
@@ -278,30 +283,37 @@ def ensure_control_job(queue: Queue, objective_id: str) -> Job | None:
     settlements costs one step), and a repeat is a no-op. Once generation g has started (it may
     have read the objective before the newest request) or ended without consuming the request (it
     failed for good, or its worker died), generation g + 1 is created. Two steps at once are safe.
+
+    ``known`` is the objective as the transaction that just wrote a request left it (the fast path
+    after a job's settlement): it is not read again. If a step consumed that request meanwhile, the
+    job made for it finds nothing to do; correctness never rests on this read being fresh.
     """
-    with queue.engine.connect() as conn:
-        loaded = storage.load(conn, objective_id)
-    if loaded is None or not loaded.objective.pending:
+    obj = known
+    if obj is None:
+        with read_connection(queue.engine) as conn:
+            loaded = storage.load(conn, objective_id)
+        obj = loaded.objective if loaded is not None else None
+    if obj is None or not obj.pending:
         return None
-    obj = loaded.objective
     oldest = obj.pending[0]
+    payload = {
+        "kind": CONTROL_KIND,
+        "objectiveId": objective_id,
+        "reason": obj.pending[-1].reason,
+        "requestId": obj.pending[-1].id,
+        "authContext": dict(obj.auth_context),
+    }
     for generation in range(MAX_CONTROL_GENERATIONS):
-        job_id = control_job_id(objective_id, oldest.seq, generation)
-        job = queue.get(job_id)
-        if job is not None and job.status == "queued":
-            return job
-        if job is None:
-            payload = {
-                "kind": CONTROL_KIND,
-                "objectiveId": objective_id,
-                "reason": obj.pending[-1].reason,
-                "requestId": obj.pending[-1].id,
-                "authContext": dict(obj.auth_context),
-            }
-            req = EnqueueRequest(
-                agent_id=CONTROL_AGENT, payload=payload, job_id=job_id, max_attempts=CONTROL_MAX_ATTEMPTS
-            )
-            return queue.enqueue(req).job
+        # Enqueue is idempotent on the job id: one transaction creates generation g, or reads it.
+        req = EnqueueRequest(
+            agent_id=CONTROL_AGENT,
+            payload=payload,
+            job_id=control_job_id(objective_id, oldest.seq, generation),
+            max_attempts=CONTROL_MAX_ATTEMPTS,
+        )
+        result = queue.enqueue(req)
+        if result.created or result.job.status == "queued":
+            return result.job
     log.error(
         "objective %s: request %s still unconsumed after %d control jobs",
         objective_id,
@@ -391,10 +403,10 @@ class StepResult:
         }
 
 
-def _read_for_step(queue: Queue, objective_id: str) -> tuple[storage.Loaded, dict[str, Job | None]]:
+def _read_for_step(reads: Reads, objective_id: str) -> tuple[storage.Loaded, dict[str, Job | None]]:
     """The header, the tasks this step must look at, and their jobs — O(tasks named by requests)
     unless a failure, a cancel or a broad request needs every unfinished task."""
-    with queue.engine.connect() as conn:
+    with reads() as conn:
         loaded = storage.load(conn, objective_id)
         if loaded is None:
             raise ObjectiveNotFound(objective_id)
@@ -407,16 +419,16 @@ def _read_for_step(queue: Queue, objective_id: str) -> tuple[storage.Loaded, dic
     job_ids = [
         t.job_id for t in loaded.objective.tasks.values() if t.status in ("queued", "running") and t.job_id
     ]
-    found = read_jobs(queue.engine, job_ids)
-    if control.needs_full_view(loaded.objective, found):
-        with queue.engine.connect() as conn:
+    with reads() as conn:
+        found = read_jobs_on(conn, job_ids)
+        if control.needs_full_view(loaded.objective, found):
             loaded = storage.with_tasks(conn, loaded, statuses=("pending", "queued", "running"))
-        more = [
-            t.job_id
-            for t in loaded.objective.tasks.values()
-            if t.status in ("queued", "running") and t.job_id and t.job_id not in found
-        ]
-        found.update(read_jobs(queue.engine, more))
+            more = [
+                t.job_id
+                for t in loaded.objective.tasks.values()
+                if t.status in ("queued", "running") and t.job_id and t.job_id not in found
+            ]
+            found.update(read_jobs_on(conn, more))
     return loaded, found
 
 
@@ -428,20 +440,25 @@ def control_step(queue: Queue, objective_id: str) -> StepResult:
     the other's receipts and repeat its enqueues. Correctness never depends on the lock — without it
     (SQLite, or after the wait) the optimistic append still re-reads and re-decides.
     """
-    with session_lock(queue.engine, f"objective-step:{objective_id}", wait_s=STEP_LOCK_WAIT_S) as taken:
+    lock_name = f"objective-step:{objective_id}"
+    # The step's reads and its session lock share one connection (Reads), its writes have their own.
+    with (
+        shared_reads(queue.engine) as reads,
+        session_lock(queue.engine, lock_name, wait_s=STEP_LOCK_WAIT_S, conn=reads.held) as taken,
+    ):
         if not taken:
             log.warning("control of %s runs beside another step (lock wait over)", objective_id)
         started = time.thread_time()
-        result = _control_step(queue, objective_id)
+        result = _control_step(queue, reads, objective_id)
         # This thread's CPU for the step (the control job's result: what the bench sums per task).
         return replace(result, cpu_ms=round((time.thread_time() - started) * 1000, 3))
 
 
-def _control_step(queue: Queue, objective_id: str) -> StepResult:
+def _control_step(queue: Queue, reads: Reads, objective_id: str) -> StepResult:
     appended = enqueued = canceled = 0
     ended: str | None = None
     for _ in range(MAX_STEP_ROUNDS):
-        loaded, found = _read_for_step(queue, objective_id)
+        loaded, found = _read_for_step(reads, objective_id)
         obj = loaded.objective
         decision = control.decide(obj, found)
         if not decision.events:
@@ -453,7 +470,7 @@ def _control_step(queue: Queue, objective_id: str) -> StepResult:
             # A dependency settled in this very decision is not stored yet: take its result from the
             # decided state; the rest (settled earlier) from their rows.
             known = {d: decision.state.tasks[d].result for d in deps if d in decision.state.tasks}
-            with queue.engine.connect() as conn:
+            with reads() as conn:
                 results = storage.task_results(conn, objective_id, [d for d in deps if d not in known])
             results.update(known)
             for task_id in decision.enqueue:
@@ -491,7 +508,7 @@ def _control_step(queue: Queue, objective_id: str) -> StepResult:
             except Exception:  # the outbox redrive queues audits that were missed
                 log.exception("could not queue the audit of %s", objective_id)
         if after.objective.pending:
-            _fast_path(queue, objective_id)
+            _fast_path(queue, objective_id, known=after.objective)
         if not adopted_foreign:
             return StepResult(after.objective, appended, enqueued, canceled, ended)
     raise TransientStorageError(f"control of {objective_id} gave up after {MAX_STEP_ROUNDS} rounds")

@@ -7,6 +7,7 @@ named function here so that the rest of ``app/`` never branches on the dialect.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Iterator, Sequence
@@ -292,6 +293,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
         return engine
     kwargs.setdefault("pool_size", 10)
+    # Last in, first out: a process reuses its warmest connections and the rest stay idle, so the
+    # idle-only ping (below) rarely runs on the hot path; FIFO rotated every checkout over the pool.
+    kwargs.setdefault("pool_use_lifo", True)
     kwargs.setdefault("max_overflow", 20)
     engine = create_engine(url, **kwargs)
     if not kwargs.get("pool_pre_ping"):
@@ -488,20 +492,23 @@ def is_storage_outage(exc: BaseException) -> bool:
 
 
 @contextmanager
-def session_lock(engine: Engine, name: str, *, wait_s: float, poll_s: float = 0.02) -> Iterator[bool]:
+def session_lock(
+    engine: Engine, name: str, *, wait_s: float, poll_s: float = 0.02, conn: Connection | None = None
+) -> Iterator[bool]:
     """Hold a lock on ``name`` across transactions (Postgres: a session advisory lock on its own
-    connection), waiting up to ``wait_s``; yields whether it was taken. Callers must be safe without
-    it (it saves duplicate work, it does not provide correctness). SQLite: always True, no lock (its
+    connection, or on ``conn``, an autocommit connection the caller holds at least as long),
+    waiting up to ``wait_s``; yields whether it was taken. Callers must be safe without it (it
+    saves duplicate work, it does not provide correctness). SQLite: always True, no lock (its
     write lock already serialises writers)."""
     if engine.dialect.name == "sqlite":
         yield True
         return
-    key = _advisory_key(name)
-    with autocommit_connection(engine) as conn:
+    with contextlib.ExitStack() as stack:
+        held = conn if conn is not None else stack.enter_context(autocommit_connection(engine))
+        key = {"k": _advisory_key(name)}
         deadline = time.monotonic() + wait_s
-        taken = False
         while True:
-            taken = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar_one())
+            taken = bool(held.execute(text("SELECT pg_try_advisory_lock(:k)"), key).scalar_one())
             if taken or time.monotonic() >= deadline:
                 break
             time.sleep(poll_s)
@@ -509,7 +516,37 @@ def session_lock(engine: Engine, name: str, *, wait_s: float, poll_s: float = 0.
             yield taken
         finally:
             if taken:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                held.execute(text("SELECT pg_advisory_unlock(:k)"), key)
+
+
+class Reads:
+    """Where a run of reads gets its connection (``with reads() as conn``).
+
+    PostgreSQL: one autocommit connection, held by ``shared_reads`` for the whole run — one pool
+    checkout and no BEGIN/ROLLBACK per read. SQLite: a connection per read, because an open SQLite
+    read holds the database write lock (BEGIN IMMEDIATE) and would block the run's own writes.
+    """
+
+    def __init__(self, engine: Engine, held: Connection | None) -> None:
+        self._engine = engine
+        self.held = held
+
+    @contextmanager
+    def __call__(self) -> Iterator[Connection]:
+        if self.held is not None:
+            yield self.held
+        else:
+            with self._engine.connect() as conn:
+                yield conn
+
+
+@contextmanager
+def shared_reads(engine: Engine) -> Iterator[Reads]:
+    if engine.dialect.name == "sqlite":
+        yield Reads(engine, None)
+        return
+    with autocommit_connection(engine) as conn:
+        yield Reads(engine, conn)
 
 
 def read_connection(engine: Engine) -> AbstractContextManager[Connection]:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection, Engine
@@ -46,6 +46,9 @@ from app.jobs.vocab import (
 )
 from app.storage import delivery, outbox, projection, store
 from app.storage.db import as_utc, db_now, is_storage_outage, iso, jobs, lock_key, parse_iso, transaction
+
+if TYPE_CHECKING:  # the Factory imports this module; at run time it is imported lazily, never here
+    from app.factory.reducer import Objective
 
 log = logging.getLogger("receipt.queue")
 
@@ -115,8 +118,9 @@ class _Tx:
     conn: Connection
     touched: dict[str, Job] = field(default_factory=dict)
     applied: list[Applied] = field(default_factory=list)
-    # Objectives that received a control request in this transaction (the outbox fast path's input).
-    objectives: set[str] = field(default_factory=set)
+    # Objectives that received a control request in this transaction, each as it stood after its
+    # newest request here (the outbox fast path's input: it need not read the objective again).
+    objectives: dict[str, Objective] = field(default_factory=dict)
     # Jobs whose durable-ledger rows this transaction changed (written after commit, best effort).
     ledger: dict[str, Job] = field(default_factory=dict)
     _now: datetime | None = None
@@ -207,14 +211,14 @@ class Queue:
         # Logs and swallows its own failures.
         ledger.after_commit(self.engine, changed.values(), self.ledger_writer)
 
-    def _after_commit_objectives(self, objective_ids: Iterable[str]) -> None:
+    def _after_commit_objectives(self, requested: Mapping[str, Objective]) -> None:
         if not self.control_fast_path:
             return
         from app.factory import service
 
-        for objective_id in sorted(objective_ids):
+        for objective_id in sorted(requested):
             try:
-                service.ensure_control_job(self, objective_id)
+                service.ensure_control_job(self, objective_id, known=requested[objective_id])
             except Exception:  # best-effort: the outbox redrive enqueues what this misses
                 log.exception(
                     "control fast path for %s failed; the outbox redrive will catch it", objective_id
@@ -239,7 +243,7 @@ class Queue:
             check_organization=True,
         )
         if written is not None:
-            tx.objectives.add(objective_id)
+            tx.objectives[objective_id] = written
 
     def _observe(self, applied: Sequence[Applied]) -> None:
         if applied and self._on_applied is not None:
