@@ -184,6 +184,30 @@ def _start_local_ticker(sender: Any = None, **_: Any) -> None:
 
 
 signals.worker_ready.connect(_start_local_ticker)
+
+
+def _start_wake_listener(sender: Any = None, **_: Any) -> None:
+    """A driver process (``tasks.worker`` with a driver role) also listens on the wake list."""
+    worker_app = getattr(sender, "app", None)
+    if worker_app is None or not getattr(worker_app, "receipt_wake_listener", False):
+        return
+    rt = get_runtime(worker_app)
+    if rt.wakes is None:
+        return  # not a Redis broker: every wake-up is a message
+    listener = dispatch.WakeListener(rt)
+    worker_app.receipt_listener = listener
+    listener.start()
+
+
+def _stop_wake_listener(sender: Any = None, **_: Any) -> None:
+    worker_app = getattr(sender, "app", None)
+    listener = getattr(worker_app, "receipt_listener", None) if worker_app is not None else None
+    if listener is not None:
+        listener.stop()
+
+
+signals.worker_ready.connect(_start_wake_listener)
+signals.worker_shutdown.connect(_stop_wake_listener)
 # Who fetched which message, and which consumers are alive (tasks/fetches.py): a delivery whose
 # message died with its fetcher is redelivered within seconds instead of the driver timeout.
 signals.worker_init.connect(fetches.on_worker_init)

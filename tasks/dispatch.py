@@ -8,7 +8,9 @@ worker message under the attempt fence ``<jobId>:attempt:<n>``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any, NotRequired, TypedDict
 
@@ -18,6 +20,7 @@ from app.jobs.routing import DRIVER_QUEUE, route
 from app.jobs.timing import timing_for
 from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
 from app.ops import logs, metrics
+from app.ops.wakes import LISTEN_BLOCK_S
 from app.storage import delivery, projection
 from app.storage.db import db_now, parse_iso, transaction
 from app.storage.queue import retry_transient
@@ -39,6 +42,8 @@ class DriveResult(TypedDict):
 
 # The most jobs one scan transaction claims (its lock statement, read and insert cover them all).
 CLAIM_BATCH = 100
+LISTENER_BACKOFF_S = 0.5
+LISTENER_BACKOFF_MAX_S = 30.0
 
 
 def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
@@ -56,18 +61,67 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
     if rt.wakes is not None:
         # Disarmed first: from here on, a new enqueue arms (and sends) the next wake-up. A batch
         # shorter than asked for drained the list; an id pushed after that armed a new scan.
-        batch = rt.wakes.disarm_and_take(CLAIM_BATCH)
-        while batch:
-            # The message named none of these jobs: record that this process holds them, so a
-            # delivery it claims and then dies with is known lost (tasks/fetches.py).
-            fetches.record_scan(batch)
-            try:
-                started += _dispatch_batch(rt, batch)
-            except Exception:
-                fetches.record_scan(batch, failed=True)
-                raise
-            batch = rt.wakes.take(CLAIM_BATCH) if len(batch) == CLAIM_BATCH else []
+        started += _drain(rt, rt.wakes.disarm_and_take(CLAIM_BATCH))
     return {"started": started}
+
+
+def _drain(rt: Runtime, batch: list[str]) -> list[str]:
+    """Claim a batch taken from the wake list, then the rest of the list, batch by batch."""
+    assert rt.wakes is not None
+    started: list[str] = []
+    while batch:
+        # No message named these jobs: record that this process holds them, so a delivery it
+        # claims and then dies with is known lost (tasks/fetches.py).
+        fetches.record_scan(batch)
+        try:
+            started += _dispatch_batch(rt, batch)
+        except Exception:
+            fetches.record_scan(batch, failed=True)
+            raise
+        batch = rt.wakes.take(CLAIM_BATCH) if len(batch) == CLAIM_BATCH else []
+    return started
+
+
+class WakeListener:
+    """A driver process's scanner that blocks on the wake list itself (``app/ops/wakes.py``).
+
+    While it listens, enqueues send no wake-up message: the push wakes it, and it runs the same
+    scan a ``receipt.dispatch`` message would have (disarm, take, claim, drive inline), in this
+    thread — one broker publish, fetch and pool hand-off less per idle job. Errors (Redis or
+    Postgres down) back off from 0.5 s, doubling to 30 s; the key it stops renewing then expires,
+    and pushes fall back to messages.
+    """
+
+    def __init__(self, rt: Runtime) -> None:
+        assert rt.wakes is not None
+        self.rt = rt
+        self.wakes = rt.wakes
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="receipt-wake-listener", daemon=True)
+        self.scans = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=LISTEN_BLOCK_S + 5)
+        with contextlib.suppress(Exception):
+            self.wakes.stop_listening()
+
+    def _run(self) -> None:
+        backoff = LISTENER_BACKOFF_S
+        while not self._stop.is_set():
+            try:
+                batch = self.wakes.listen(CLAIM_BATCH)
+                if batch:
+                    _drain(self.rt, batch)
+                    self.scans += 1
+                backoff = LISTENER_BACKOFF_S
+            except Exception as exc:
+                log.warning("wake listener: %s; listening again in %.1f s", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, LISTENER_BACKOFF_MAX_S)
 
 
 def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ import warnings
 from celery.exceptions import SecurityWarning
 
 from app.config import Settings
-from app.jobs.routing import MAINTENANCE_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
 from app.ops import celeryconfig, logs, metrics
 from tasks.celery_app import make_celery
 from workers import sandbox
@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     app = make_celery(settings)
     # Every role that consumes maintenance work also recovers without beat (tasks/loops.py).
     app.receipt_local_ticker = MAINTENANCE_QUEUE in role.queues
+    # The scanning role also blocks on the Redis wake list: enqueues then send no message.
+    app.receipt_wake_listener = DRIVER_QUEUE in role.queues
     app.worker_main(worker_argv(settings, raw))
 
 

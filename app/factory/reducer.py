@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.factory.vocab import (
+    CONTROL_MOVES,
     DEFAULT_FAILURE_POLICY,
     FIRST_PHASE,
     PHASE_SUPERSEDED,
@@ -151,6 +152,10 @@ class Objective:
     updated_at: str | None = None
     ended_at: str | None = None
     seq: int = 0
+    # The control workflow's own counters (the durable ledger's row, without re-reading the stream):
+    # ``objective.control_consumed`` receipts so far, and the time of the last CONTROL_MOVES receipt.
+    control_steps: int = 0
+    control_moved_at: str | None = None
 
     @property
     def stream(self) -> str:
@@ -190,6 +195,8 @@ class Objective:
             "updatedAt": self.updated_at,
             "endedAt": self.ended_at,
             "seq": self.seq,
+            "controlSteps": self.control_steps,
+            "controlMovedAt": self.control_moved_at,
         }
 
     @classmethod
@@ -215,6 +222,8 @@ class Objective:
             updated_at=d.get("updatedAt"),
             ended_at=d.get("endedAt"),
             seq=d.get("seq", 0),
+            control_steps=d.get("controlSteps", 0),
+            control_moved_at=d.get("controlMovedAt"),
         )
 
 
@@ -230,8 +239,18 @@ def reduce(state: Objective | None, receipt: Receipt) -> Objective | None:
     handler = _HANDLERS.get(kind)
     new = handler(state, receipt.body, receipt) if handler else None
     if new is None:
-        return replace(state, seq=receipt.seq)
-    return replace(new, seq=receipt.seq, updated_at=receipt.at or state.updated_at)
+        out = replace(state, seq=receipt.seq)
+    else:
+        out = replace(new, seq=receipt.seq, updated_at=receipt.at or state.updated_at)
+    if kind in CONTROL_MOVES:
+        # The control workflow's counters move even on an otherwise inert receipt: the ledger
+        # counts every such receipt on the stream.
+        out = replace(
+            out,
+            control_steps=out.control_steps + (kind == "objective.control_consumed"),
+            control_moved_at=receipt.at or out.control_moved_at,
+        )
+    return out
 
 
 _Handler = Callable[[Objective, Mapping[str, Any], Receipt], "Objective | None"]
@@ -295,6 +314,7 @@ def _launched(r: Receipt) -> Objective:
         created_at=r.at,
         updated_at=r.at,
         seq=r.seq,
+        control_moved_at=r.at,
     )
 
 

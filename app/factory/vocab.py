@@ -70,6 +70,18 @@ CONTROL_MAX_ATTEMPTS: Final = 8
 # A control request whose jobs all failed for good gets at most this many further jobs.
 MAX_CONTROL_GENERATIONS: Final = 8
 
+# The receipts that move an objective's control workflow (the durable ledger's row): its launch,
+# each step that consumed requests, and its end. The audit and new requests are not its moves.
+CONTROL_MOVES: Final[frozenset[str]] = frozenset(
+    {
+        "objective.launched",
+        "objective.control_consumed",
+        "objective.completed",
+        "objective.failed",
+        "objective.canceled",
+    }
+)
+
 OBJECTIVE_STREAM_PREFIX: Final = "objectives/"
 # Objective and task ids become parts of job ids (at most 128 characters): keep both short, and
 # without ':' (the separator of derived job ids).

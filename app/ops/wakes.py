@@ -13,6 +13,14 @@ Nothing here is truth. A flushed or restarted Redis loses the list and the armed
 exactly like a lost wake-up message: the queued redrive re-delivers from receipts. The armed key
 carries a short TTL, so a wake-up message lost while armed holds later ones back at most that long.
 
+Listeners (issue 9/12: one broker hop less per job). A driver process also blocks on the list
+itself (``BLPOP``, ``tasks/dispatch.py`` ``WakeListener``) and keeps a "listening" key alive while
+it does. A push that finds that key sends no message at all: a listener is woken by the push
+itself and drains the list the same way (disarm, then take), without a message being published,
+routed, consumed and handed to a pool thread. A listener that dies leaves its key for at most
+``LISTENING_TTL_MS``; pushes in that window wait for another listener, the next message-sending
+push, or the queued redrive — the same cover as a lost wake-up message.
+
 Without Redis (the embedded folder broker) there is no list: each wake-up carries its ids.
 """
 
@@ -28,6 +36,10 @@ log = logging.getLogger("receipt.wakes")
 IDS_KEY = "receipt:wake:ids"
 ARMED_KEY = "receipt:wake:armed"
 ARMED_TTL_MS = 2_000
+LISTENING_KEY = "receipt:wake:listening"
+LISTENING_TTL_MS = 3_000
+# How long one BLPOP blocks: the listener renews its key and checks for shutdown this often.
+LISTEN_BLOCK_S = 1.0
 
 
 class WakeList:
@@ -41,14 +53,31 @@ class WakeList:
         # Redis under different prefixes never drain each other's ids.
         self.ids_key = prefix + IDS_KEY
         self.armed_key = prefix + ARMED_KEY
+        self.listening_key = prefix + LISTENING_KEY
 
     def push(self, ids: Sequence[str]) -> bool:
-        """Add ids; True when this push armed the scan, so the caller must send the wake-up message."""
+        """Add ids; True when the caller must send the wake-up message: this push armed the scan
+        and no listener is blocked on the list (a listener is woken by the push itself)."""
         pipe = self._client.pipeline(transaction=True)
         pipe.rpush(self.ids_key, *ids)
         pipe.set(self.armed_key, b"1", nx=True, px=ARMED_TTL_MS)
-        _, armed = pipe.execute()
-        return bool(armed)
+        pipe.exists(self.listening_key)
+        _, armed, listening = pipe.execute()
+        return bool(armed) and not listening
+
+    def listen(self, count: int, block_s: float = LISTEN_BLOCK_S) -> list[str]:
+        """A listener's wait: announce it, block up to ``block_s`` for an id, then disarm and take
+        up to ``count`` in all (an empty list when nothing came)."""
+        self._client.set(self.listening_key, b"1", px=LISTENING_TTL_MS)
+        first = self._client.blpop([self.ids_key], timeout=block_s)
+        if first is None:
+            return []
+        return _decoded([first[1]]) + (self.disarm_and_take(count - 1) if count > 1 else [])
+
+    def stop_listening(self) -> None:
+        """A listener that stops on purpose withdraws its key, so pushes send messages again at once
+        (with several listeners this may briefly send messages that one of them makes redundant)."""
+        self._client.delete(self.listening_key)
 
     def disarm(self) -> None:
         self._client.delete(self.armed_key)

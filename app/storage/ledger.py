@@ -31,6 +31,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
+from app.factory.reducer import Objective
 from app.factory.reducer import fold as fold_objective
 from app.factory.vocab import objective_stream
 from app.jobs.contracts import CONTRACTS, contract_for
@@ -43,6 +44,7 @@ from app.storage.db import (
     durable_activities,
     durable_workflows,
     jobs,
+    objectives,
     parse_iso,
     transaction,
 )
@@ -60,15 +62,6 @@ ENDINGS: Final[Mapping[str, str]] = {
     "job.lease_expired": "expired",
 }
 OBJECTIVE_CONTROL: Final = "objective-control"
-CONTROL_MOVES: Final[frozenset[str]] = frozenset(
-    {
-        "objective.launched",
-        "objective.control_consumed",
-        "objective.completed",
-        "objective.failed",
-        "objective.canceled",
-    }
-)
 RUN: Final = "run"
 
 
@@ -149,8 +142,13 @@ def run_row(job: Job) -> dict[str, Any]:
 
 def control_workflow(objective_id: str, receipts: Sequence[store.StoredReceipt]) -> dict[str, Any] | None:
     obj = fold_objective(r.to_receipt() for r in receipts)
-    if obj is None:
-        return None
+    return control_row(obj) if obj is not None else None
+
+
+def control_row(obj: Objective) -> dict[str, Any]:
+    """An ``objective-control`` workflow's row, from the objective's fold (its header suffices:
+    the fold keeps the step count and the time of the last move)."""
+    objective_id = obj.id
     return {
         "id": f"{OBJECTIVE_CONTROL}:{objective_id}",
         "name": OBJECTIVE_CONTROL,
@@ -158,11 +156,11 @@ def control_workflow(objective_id: str, receipts: Sequence[store.StoredReceipt])
         "job_id": None,
         "organization_id": obj.organization_id,
         "status": obj.status,
-        "steps": sum(1 for r in receipts if r.type == "objective.control_consumed"),
+        "steps": obj.control_steps,
         "started_at": _at(obj.created_at),
         "ended_at": _at(obj.ended_at),
         # The workflow's own last move (the terminal audit and new requests are not steps of it).
-        "updated_at": _at(next(r.at for r in reversed(receipts) if r.type in CONTROL_MOVES)),
+        "updated_at": _at(obj.control_moved_at),
     }
 
 
@@ -176,14 +174,24 @@ def _replace_workflow(conn: Connection, row: dict[str, Any] | None) -> None:
     conn.execute(durable_workflows.insert().values(**row))
 
 
-def sync_objective(conn: Connection, objective_id: str) -> None:
-    _replace_workflow(
-        conn, control_workflow(objective_id, store.read_stream(conn, objective_stream(objective_id)))
-    )
+def sync_objective(conn: Connection, objective_id: str, *, from_stream: bool = False) -> None:
+    """The objective's control workflow row: from its projection header (one row; written in the
+    same transactions as its receipts), or — ``rebuild`` — from the stream itself. A header written
+    before the fold kept the control counters is re-derived from the stream once."""
+    obj: Objective | None = None
+    if not from_stream:
+        state = conn.execute(select(objectives.c.state).where(objectives.c.id == objective_id)).scalar()
+        if isinstance(state, dict) and "controlSteps" in state:
+            obj = Objective.from_header(state, {})
+    if obj is None:
+        obj = fold_objective(r.to_receipt() for r in store.read_stream(conn, objective_stream(objective_id)))
+    if obj is not None:
+        conn.execute(_upsert_statement(conn), [control_row(obj)])
 
 
-def sync_job(engine: Engine, job_id: str) -> None:
-    """Re-derive the ledger rows of one job (and its objective's control workflow) from receipts."""
+def sync_job(engine: Engine, job_id: str, *, from_stream: bool = False) -> None:
+    """Re-derive the ledger rows of one job (and its objective's control workflow) from receipts
+    (the control workflow from the objective's header unless ``from_stream``: see sync_objective)."""
     with transaction(engine) as conn:
         receipts = store.read_stream(conn, job_stream(job_id))
         if not receipts:
@@ -202,7 +210,7 @@ def sync_job(engine: Engine, job_id: str) -> None:
         if contract.durable_workflow == RUN:
             _replace_workflow(conn, run_workflow(job_id, receipts))
         elif contract.durable_workflow == OBJECTIVE_CONTROL and objective_id is not None:
-            sync_objective(conn, objective_id)
+            sync_objective(conn, objective_id, from_stream=from_stream)
 
 
 def _fold_only(job: Job) -> bool:
@@ -316,7 +324,7 @@ def rebuild(engine: Engine) -> dict[str, int]:
             conn.execute(select(jobs.c.id).where(jobs.c.kind.in_(kinds)).order_by(jobs.c.id)).scalars()
         )
     for job_id in job_ids:
-        sync_job(engine, job_id)
+        sync_job(engine, job_id, from_stream=True)
     with engine.connect() as conn:
         workflows = len(conn.execute(select(durable_workflows.c.id)).all())
         acts = len(conn.execute(select(durable_activities.c.job_id)).all())

@@ -78,6 +78,13 @@ def started(rt: Runtime, sent: Recorder, job_id: str) -> tuple[str, int]:
     return driver.args[1], driver.args[2]
 
 
+def listening_runtime(engine: Engine, redis_url: str) -> tuple[Runtime, Recorder]:
+    rt, sent, _ = recording_runtime(engine, settings_for(redis_url))
+    rt.wakes = wakes.WakeList(redis_url)
+    rt.queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(rt.app, jobs, rt.wakes))
+    return rt, sent
+
+
 # -- the driver starter ------------------------------------------------------------------------------
 
 
@@ -112,9 +119,7 @@ def test_coalesced_wake_ups_one_message_one_scan_one_claim_transaction(
     in one transaction (one commit) and sends their five worker messages."""
     from sqlalchemy import event
 
-    rt, sent, _ = recording_runtime(engine, settings_for(redis_url))
-    rt.wakes = wakes.WakeList(redis_url)
-    rt.queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(rt.app, jobs, rt.wakes))
+    rt, sent = listening_runtime(engine, redis_url)
     jobs = [enqueue(rt.queue, "factory") for _ in range(5)]
     [wake] = sent.sent
     assert (wake.name, wake.args) == (DISPATCH_TASK, [[]])
@@ -139,6 +144,56 @@ def test_coalesced_wake_ups_one_message_one_scan_one_claim_transaction(
     late = enqueue(rt.queue, "factory")
     assert [t.args for t in sent.named(DISPATCH_TASK)] == [[[]]]
     assert dispatch.dispatch_jobs(rt, [])["started"] == [late.id]
+
+
+def test_a_listening_driver_is_woken_by_the_push_itself_and_no_wake_up_message_is_sent(
+    engine: Engine, redis_url: str
+) -> None:
+    """While a driver listens on the wake list, an enqueue publishes no ``receipt.dispatch``: the
+    push wakes the listener, whose scan claims the job and sends its worker message. Once it stops
+    (its key withdrawn), the next enqueue sends a wake-up message again."""
+    import redis
+
+    rt, sent = listening_runtime(engine, redis_url)
+    assert rt.wakes is not None
+    client = redis.Redis.from_url(redis_url)
+    listener = dispatch.WakeListener(rt)
+    listener.start()
+    try:
+        wait_until(lambda: client.exists(rt.wakes.listening_key) if rt.wakes else False, what="listening")
+        job = enqueue(rt.queue, "factory")
+        wait_until(lambda: sent.named(EXECUTE_TASK), what="the worker message")
+        assert sent.named(DISPATCH_TASK) == []
+        assert [t.task_id for t in sent.named(EXECUTE_TASK)] == [f"{job.id}:attempt:1"]
+        assert delivery_rows(engine, job.id) == [(job.id, 0, "pending", None)]
+        assert listener.scans == 1
+    finally:
+        listener.stop()
+    sent.clear()
+    rt.wakes.disarm()  # armed by the pushes above, which the listener answered
+    late = enqueue(rt.queue, "factory")
+    assert [t.args for t in sent.named(DISPATCH_TASK)] == [[[]]]
+    assert rt.wakes.take(10) == [late.id]
+
+
+def test_a_dead_listener_stops_holding_messages_back_once_its_key_expires(redis_url: str) -> None:
+    """A listener that dies without withdrawing its key holds wake-up messages back for at most
+    the key's TTL (the queued redrive covers ids pushed meanwhile, as for a lost message)."""
+    import redis
+
+    wl = wakes.WakeList(redis_url)
+    client = redis.Redis.from_url(redis_url)
+    client.set(wl.listening_key, b"1", px=200)  # a listener's key, about to expire
+    assert wl.push(["a"]) is False  # a listener is taken to be blocked on the list
+    wl.disarm()
+    wait_until(lambda: not client.exists(wl.listening_key), what="the key to expire")
+    assert wl.push(["b"]) is True
+    assert client.pttl(wl.listening_key) == -2
+    # listen(): renews the key (TTL LISTENING_TTL_MS), takes what is there, disarms.
+    assert wl.listen(10, block_s=0.05) == ["a", "b"]
+    assert 0 < client.pttl(wl.listening_key) <= wakes.LISTENING_TTL_MS
+    assert not client.exists(wl.armed_key)
+    assert wl.listen(10, block_s=0.05) == []
 
 
 def test_starter_ignores_jobs_that_are_not_queued(runtime: Any) -> None:

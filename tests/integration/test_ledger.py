@@ -100,6 +100,28 @@ def test_rebuild_recreates_exactly_what_was_written(queue: Queue) -> None:
     assert rows(queue.engine) == before
 
 
+def test_the_control_row_comes_from_the_header_and_an_older_header_from_the_stream(queue: Queue) -> None:
+    """A control job's ledger write reads the objective's header (one row), not its whole stream:
+    the fold keeps the step count and the last move's time. A header written before it kept them
+    (an upgrade mid-objective) is re-derived from the stream, so the row is the same either way."""
+    from sqlalchemy import update
+
+    from app.storage.db import objectives, transaction
+
+    launch(queue, "lg-5")
+    drain(queue)
+    written = rows(queue.engine)[0]
+    header = service.get(queue.engine, "lg-5", all_tasks=False)
+    assert header is not None and header.control_steps == written[0]["steps"] >= 1
+    with transaction(queue.engine) as conn:
+        state = conn.execute(select(objectives.c.state).where(objectives.c.id == "lg-5")).scalar_one()
+        old = {k: v for k, v in state.items() if k not in ("controlSteps", "controlMovedAt")}
+        conn.execute(update(objectives).where(objectives.c.id == "lg-5").values(state=old))
+        conn.execute(durable_workflows.delete())
+        ledger.sync_objective(conn, "lg-5")
+    assert rows(queue.engine)[0] == written
+
+
 def test_get_objective_includes_the_ledger_summary(sqlite_engine: Engine) -> None:
     from api import create_app
     from app.storage import tokens
