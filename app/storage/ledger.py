@@ -12,8 +12,11 @@ Two tables, both derived from receipts only, so ``rebuild`` recreates them exact
 
 Every write happens **after** the receipt's transaction commits (``Queue`` calls ``after_commit``)
 and is best effort: a failure is logged and never fails, retries or rolls back the mutation that
-already committed. Each sync re-derives the job's (or objective's) rows from its whole stream, so
-a missed write is repaired by the next one, or by ``receipt rebuild-ledger``. Queue commands
+already committed. Each sync re-derives the job's rows from its whole stream (a job's stream is
+short), and an objective's control workflow from its projection header (the fold keeps the step
+count and the last move's time, so no write re-reads an objective stream that grows with every
+step); a missed write is repaired by the next one, or by ``receipt rebuild-ledger``, which folds
+every stream from the start. Queue commands
 (steer, follow_up, abort) never touch the ledger: they stay a straight pass-through.
 """
 
