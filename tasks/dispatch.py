@@ -155,12 +155,8 @@ def _claim(
     """The driver starter for a batch of woken jobs, in one transaction: read them, and record a
     delivery for each that is queued and not backing off (or learn one is active)."""
     with transaction(rt.engine) as conn:
-        now = db_now(conn)
-        ready = [
-            job
-            for job in projection.load_jobs(conn, job_ids)
-            if job.status == "queued" and not_before(job) <= now
-        ]
+        loaded, now = projection.load_jobs_at_clock(conn, job_ids)
+        ready = [job for job in loaded if job.status == "queued" and not_before(job) <= now]
         requests = [
             delivery.StartRequest(
                 job.id, job.id, timing_for(job.agent_id, job.kind, job.payload, rt.settings).driver_timeout_ms

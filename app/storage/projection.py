@@ -57,6 +57,21 @@ _LOAD_AT_CLOCK = select(
 ).select_from(_ONE.outerjoin(jobs, jobs.c.id == bindparam("job_id")))
 
 
+_LOAD_JOBS_AT_CLOCK = (
+    select(func.clock_timestamp().label("now"), jobs.c.state)
+    .select_from(_ONE.outerjoin(jobs, jobs.c.id.in_(bindparam("job_ids", expanding=True))))
+    .order_by(jobs.c.id)
+)
+
+
+def load_jobs_at_clock(conn: Connection, job_ids: Sequence[str]) -> tuple[list[Job], datetime]:
+    """``load_jobs`` and the database clock, read together (Postgres: one statement)."""
+    if is_sqlite(conn) or not job_ids:
+        return load_jobs(conn, job_ids), db_now(conn)
+    rows = conn.execute(_LOAD_JOBS_AT_CLOCK, {"job_ids": list(job_ids)}).all()
+    return [Job.from_json(r.state) for r in rows if r.state is not None], as_utc(rows[0].now)
+
+
 def load_at_clock(conn: Connection, job_id: str) -> tuple[Loaded | None, datetime]:
     """``load`` and the database clock, read together (Postgres: one statement).
 
