@@ -154,7 +154,7 @@ def main() -> int:
             def claimed_ms(job_id: str) -> float:
                 with engine.connect() as conn:
                     q = select(deliveries.c.created_at).where(deliveries.c.job_id == job_id)
-                    return min(r.created_at.timestamp() * 1000 for r in conn.execute(q))
+                    return float(min(r.created_at.timestamp() * 1000 for r in conn.execute(q)))
 
             def stream(name: str) -> list[Any]:
                 with engine.connect() as conn:

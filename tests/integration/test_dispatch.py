@@ -120,6 +120,7 @@ def test_coalesced_wake_ups_one_message_one_scan_one_claim_transaction(
     from sqlalchemy import event
 
     rt, sent = listening_runtime(engine, redis_url)
+    assert rt.wakes is not None
     jobs = [enqueue(rt.queue, "factory") for _ in range(5)]
     [wake] = sent.sent
     assert (wake.name, wake.args) == (DISPATCH_TASK, [[]])
