@@ -223,7 +223,19 @@ def _fold_only(job: Job) -> bool:
 
 
 def _upsert_statement(conn: Connection) -> Any:
-    insert = sqlite_insert if conn.dialect.name == "sqlite" else pg_insert
+    """The workflow-row upsert for this connection's dialect, built once (every job step writes one;
+    building ``excluded`` and its column proxies cost more than executing it)."""
+    name = "sqlite" if conn.dialect.name == "sqlite" else "postgresql"
+    stmt = _UPSERTS.get(name)
+    if stmt is None:
+        stmt = _UPSERTS[name] = _build_upsert(sqlite_insert if name == "sqlite" else pg_insert)
+    return stmt
+
+
+_UPSERTS: dict[str, Any] = {}
+
+
+def _build_upsert(insert: Any) -> Any:
     stmt = insert(durable_workflows)
     return stmt.on_conflict_do_update(
         index_elements=[durable_workflows.c.id],
