@@ -9,14 +9,11 @@ is inert. Celery only calls ``run_attempt``; nothing here knows about it.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +25,7 @@ from app.jobs.vocab import AttemptStatus, FailureStatus
 from app.ops import logs
 from app.storage.queue import Queue, retry_transient
 from workers.handler import HandlerError, JobContext
+from workers.handler_pool import HandlerPool, HandlerRun
 from workers.registry import HandlerRegistry
 
 log = logging.getLogger("receipt.worker")
@@ -51,24 +49,8 @@ def new_worker_id(settings: Settings) -> str:
     return f"{base}:{uuid.uuid4().hex[:8]}"
 
 
-class _HandlerThread(threading.Thread):
-    def __init__(self, handler: Callable[[JobContext], Any], ctx: JobContext) -> None:
-        super().__init__(name=f"handler-{ctx.job.id}", daemon=True)
-        self._handler = handler
-        self._ctx = ctx
-        self.result: Any = None
-        self.error: BaseException | None = None
-        # A thread starts with an empty context: carry the job's log fields into the handler.
-        self._log_context = contextvars.copy_context()
-
-    def run(self) -> None:
-        self._log_context.run(self._run)
-
-    def _run(self) -> None:
-        try:
-            self.result = self._handler(self._ctx)
-        except BaseException as exc:  # the attempt settles it; a thread must not die silently
-            self.error = exc
+# One per process: handler threads are reused from one attempt to the next.
+_HANDLERS = HandlerPool()
 
 
 def run_attempt(
@@ -114,8 +96,7 @@ def run_attempt(
         )
 
     ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms)
-    thread = _HandlerThread(handler, ctx)
-    thread.start()
+    thread = _HANDLERS.submit(lambda: handler(ctx))
     stop = _race(queue, ctx, thread, timing, worker_id, attempt)
     if stop == "lease_lost":
         return AttemptResult("lease_lost", queue.get(job_id), "lease lost while running")
@@ -163,7 +144,7 @@ def run_attempt(
 
 
 def _race(
-    queue: Queue, ctx: JobContext, thread: _HandlerThread, timing: JobTiming, worker_id: str, attempt: int
+    queue: Queue, ctx: JobContext, thread: HandlerRun, timing: JobTiming, worker_id: str, attempt: int
 ) -> str | None:
     """Wait for the handler while heartbeating, watching for abort and the execution timeout.
 
