@@ -322,18 +322,12 @@ def rebuild(conn: Connection) -> int:
     conn.execute(delete(objectives))
     count = 0
     for stream in store.streams(conn, OBJECTIVE_STREAM_PREFIX):
-        state: Objective | None = None
-        changed_at: datetime | None = None
-        last: store.StoredReceipt | None = None
-        for r in store.read_stream(conn, stream):
-            before = state.status if state else None
-            state = fold([r.to_receipt()], state)
-            last = r
-            if state is not None and state.status != before:
-                changed_at = parse_iso(r.at)
-        if state is None or last is None or changed_at is None:
+        folded = store.fold_stream(conn, stream, fold)
+        if folded is None:
             continue
-        conn.execute(objectives.insert().values(id=state.id, **_header_columns(state, last.hash, changed_at)))
+        state = folded.state
+        header = _header_columns(state, folded.last.hash, folded.status_changed_at)
+        conn.execute(objectives.insert().values(id=state.id, **header))
         rows = [{"objective_id": state.id, "task_id": t.id, **_task_columns(t)} for t in state.tasks.values()]
         if rows:
             conn.execute(objective_tasks.insert(), rows)

@@ -116,11 +116,6 @@ def activities(
     return [rows[a] for a in sorted(rows)]
 
 
-def run_workflow(job_id: str, receipts: Sequence[store.StoredReceipt]) -> dict[str, Any] | None:
-    job = fold_job(r.to_receipt() for r in receipts)
-    return run_row(job) if job is not None else None
-
-
 def run_row(job: Job) -> dict[str, Any]:
     """A ``run`` workflow's row, from the job's fold alone (no stream read).
 
@@ -143,11 +138,6 @@ def run_row(job: Job) -> dict[str, Any]:
     }
 
 
-def control_workflow(objective_id: str, receipts: Sequence[store.StoredReceipt]) -> dict[str, Any] | None:
-    obj = fold_objective(r.to_receipt() for r in receipts)
-    return control_row(obj) if obj is not None else None
-
-
 def control_row(obj: Objective) -> dict[str, Any]:
     """An ``objective-control`` workflow's row, from the objective's fold (its header suffices:
     the fold keeps the step count and the time of the last move)."""
@@ -168,13 +158,6 @@ def control_row(obj: Objective) -> dict[str, Any]:
 
 
 # -- writes ----------------------------------------------------------------------------------------
-
-
-def _replace_workflow(conn: Connection, row: dict[str, Any] | None) -> None:
-    if row is None:
-        return
-    conn.execute(delete(durable_workflows).where(durable_workflows.c.id == row["id"]))
-    conn.execute(durable_workflows.insert().values(**row))
 
 
 def sync_objective(conn: Connection, objective_id: str, *, from_stream: bool = False) -> None:
@@ -211,7 +194,8 @@ def sync_job(engine: Engine, job_id: str, *, from_stream: bool = False) -> None:
             if rows:
                 conn.execute(durable_activities.insert(), rows)
         if contract.durable_workflow == RUN:
-            _replace_workflow(conn, run_workflow(job_id, receipts))
+            # The fold just made is the row's whole input: one upsert, the same as write_run_rows.
+            conn.execute(_upsert_statement(conn), [run_row(job)])
         elif contract.durable_workflow == OBJECTIVE_CONTROL and objective_id is not None:
             sync_objective(conn, objective_id, from_stream=from_stream)
 

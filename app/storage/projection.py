@@ -18,7 +18,7 @@ from app.jobs.errors import AppendConflict
 from app.jobs.reducer import Job, fold
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
 from app.storage.db import as_utc, db_now, is_sqlite, jobs, parse_iso
-from app.storage.store import StoredReceipt, read_stream, streams
+from app.storage.store import StoredReceipt, fold_stream, streams
 
 
 @dataclass(frozen=True)
@@ -149,15 +149,7 @@ def rebuild(conn: Connection) -> int:
 
 def row_of_stream(conn: Connection, stream: str) -> dict[str, Any] | None:
     """The projection row a job's whole stream folds to (None for an empty or unfoldable one)."""
-    state: Job | None = None
-    changed_at: datetime | None = None
-    last: StoredReceipt | None = None
-    for r in read_stream(conn, stream):
-        before = state.status if state else None
-        state = fold([r.to_receipt()], state)
-        last = r
-        if state is not None and state.status != before:
-            changed_at = parse_iso(r.at)
-    if state is None or last is None or changed_at is None:
+    folded = fold_stream(conn, stream, fold)
+    if folded is None:
         return None
-    return {"id": job_id_of(stream), **_columns(state, last.hash, changed_at)}
+    return {"id": job_id_of(stream), **_columns(folded.state, folded.last.hash, folded.status_changed_at)}

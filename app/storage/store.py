@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.jobs.errors import AppendConflict
 from app.jobs.reducer import Receipt
-from app.storage.db import as_utc, db_now, iso, receipts
+from app.storage.db import as_utc, db_now, iso, parse_iso, receipts
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,42 @@ def read_stream(
     if limit is not None:
         q = q.limit(limit)
     return [_row(r) for r in conn.execute(q)]
+
+
+class _HasStatus(Protocol):
+    @property
+    def status(self) -> str: ...
+
+
+S = TypeVar("S", bound=_HasStatus)
+
+
+@dataclass(frozen=True)
+class Folded(Generic[S]):
+    """A whole stream folded: the state, its last receipt and when the status last changed."""
+
+    state: S
+    last: StoredReceipt
+    status_changed_at: datetime
+
+
+def fold_stream(
+    conn: Connection, stream: str, fold: Callable[[Iterable[Receipt], S | None], S | None]
+) -> Folded[S] | None:
+    """Fold ``stream`` from its first receipt with ``fold`` (a job's or an objective's reducer),
+    as a projection rebuild needs it; None for an empty or unfoldable stream."""
+    state: S | None = None
+    changed_at: datetime | None = None
+    last: StoredReceipt | None = None
+    for r in read_stream(conn, stream):
+        before = state.status if state is not None else None
+        state = fold([r.to_receipt()], state)
+        last = r
+        if state is not None and state.status != before:
+            changed_at = parse_iso(r.at)
+    if state is None or last is None or changed_at is None:
+        return None
+    return Folded(state, last, changed_at)
 
 
 def head(conn: Connection, stream: str) -> StoredReceipt | None:
