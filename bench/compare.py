@@ -539,7 +539,9 @@ def _sender(system: str, prefix: str) -> tuple[Callable[[str], str], Callable[[s
             settings = Settings.from_env(
                 {"REDIS_URL": os.environ["BENCH_REDIS"], "DATABASE_URL": os.environ["BENCH_DB"]}
             )
-            queue = Queue(engine, on_dispatchable=default_waker(settings))
+            # Configured as every long-lived Receipt process is (api/, tasks/runtime.py): ledger rows
+            # written off the enqueue's path, batched.
+            queue = Queue(engine, on_dispatchable=default_waker(settings), ledger_in_background=True)
 
             def send_python(job_id: str) -> str:
                 queue.enqueue(validate_enqueue(AGENT, job_body(job_id)))

@@ -49,6 +49,17 @@ def broker_url(settings: Settings) -> str:
     return settings.redis_url or EMBEDDED_BROKER_URL
 
 
+# kombu's Redis transport with one synchronous client per pool (tasks/redis_transport.py): a
+# string, so this module imports nothing from tasks/.
+REDIS_TRANSPORT = "tasks.redis_transport:Transport"
+
+
+def broker_transport(settings: Settings) -> str | None:
+    """The kombu transport for the broker URL: ours for plain Redis, else the URL's own."""
+    scheme = (settings.redis_url or "").split("://", 1)[0]
+    return REDIS_TRANSPORT if scheme in ("redis", "rediss") else None
+
+
 def broker_transport_options(settings: Settings) -> dict[str, Any]:
     if settings.redis_url:
         # Redis counts the visibility timeout from fetch; an unacked long job past it would be
@@ -129,6 +140,7 @@ def build(settings: Settings) -> dict[str, Any]:
     redis = bool(settings.redis_url)
     conf: dict[str, Any] = {
         "broker_url": broker_url(settings),
+        "broker_transport": broker_transport(settings),
         "broker_transport_options": broker_transport_options(settings),
         "task_queues": task_queues(),
         "task_default_queue": DRIVER_QUEUE,

@@ -14,7 +14,7 @@ exactly like a lost wake-up message: the queued redrive re-delivers from receipt
 carries a short TTL, so a wake-up message lost while armed holds later ones back at most that long.
 
 Listeners (issue 9/12: one broker hop less per job). A driver process also blocks on the list
-itself (``BLPOP``, ``tasks/dispatch.py`` ``WakeListener``) and keeps a "listening" key alive while
+itself (``BLMPOP``, ``tasks/dispatch.py`` ``WakeListener``) and keeps a "listening" key alive while
 it does. A push that finds that key sends no message at all: a listener is woken by the push
 itself and drains the list the same way (disarm, then take), without a message being published,
 routed, consumed and handed to a pool thread. A listener that dies leaves its key for at most
@@ -54,6 +54,7 @@ class WakeList:
         self.ids_key = prefix + IDS_KEY
         self.armed_key = prefix + ARMED_KEY
         self.listening_key = prefix + LISTENING_KEY
+        self._multi_pop = True  # until the server says it has no BLMPOP
 
     def push(self, ids: Sequence[str]) -> bool:
         """Add ids; True when the caller must send the wake-up message: this push armed the scan
@@ -66,13 +67,33 @@ class WakeList:
         return bool(armed) and not listening
 
     def listen(self, count: int, block_s: float = LISTEN_BLOCK_S) -> list[str]:
-        """A listener's wait: announce it, block up to ``block_s`` for an id, then disarm and take
-        up to ``count`` in all (an empty list when nothing came)."""
-        self._client.set(self.listening_key, b"1", px=LISTENING_TTL_MS)
+        """A listener's wait: disarm and announce itself, then block up to ``block_s`` until ids
+        come and take up to ``count`` of them (an empty list when none came).
+
+        The disarm comes before the wait rather than after the take, so an id costs one blocking
+        call and nothing more (``BLMPOP``, Redis ≥ 7; older servers get ``BLPOP`` and a take). Any
+        id pushed after the disarm is returned by this wait or the next, as every id pushed after
+        a scan's disarm is drained by that scan.
+        """
+        from redis.exceptions import ResponseError
+
+        pipe = self._client.pipeline(transaction=False)
+        pipe.delete(self.armed_key)
+        pipe.set(self.listening_key, b"1", px=LISTENING_TTL_MS)
+        pipe.execute()
+        if self._multi_pop:
+            try:
+                got = self._client.blmpop(block_s, 1, self.ids_key, direction="LEFT", count=count)
+            except ResponseError as exc:
+                if "unknown command" not in str(exc).lower():
+                    raise
+                self._multi_pop = False  # a Redis before 7.0
+            else:
+                return _decoded(got[1]) if got else []
         first = self._client.blpop([self.ids_key], timeout=block_s)
         if first is None:
             return []
-        return _decoded([first[1]]) + (self.disarm_and_take(count - 1) if count > 1 else [])
+        return _decoded([first[1]]) + (self.take(count - 1) if count > 1 else [])
 
     def stop_listening(self) -> None:
         """A listener that stops on purpose withdraws its key, so pushes send messages again at once

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -51,6 +52,7 @@ from app.storage.db import (
     parse_iso,
     transaction,
 )
+from app.storage.direct import Direct, DirectMany, multi_row_params, multi_row_values
 
 log = logging.getLogger("receipt.ledger")
 
@@ -219,8 +221,11 @@ def _upsert_statement(conn: Connection) -> Any:
 _UPSERTS: dict[str, Any] = {}
 
 
-def _build_upsert(insert: Any) -> Any:
+def _build_upsert(insert: Any, rows: int | None = None) -> Any:
     stmt = insert(durable_workflows)
+    if rows is not None:
+        # ``rows`` rows in one statement (parameters ``<column>_<i>``), for the direct path.
+        stmt = stmt.values(multi_row_values(durable_workflows.c, rows))
     return stmt.on_conflict_do_update(
         index_elements=[durable_workflows.c.id],
         set_={c.name: stmt.excluded[c.name] for c in durable_workflows.c if c.name != "id"},
@@ -230,10 +235,28 @@ def _build_upsert(insert: Any) -> Any:
     )
 
 
+# PostgreSQL: a batch of rows is one multi-row upsert on the driver's cursor (app/storage/direct.py),
+# up to ``_UPSERT_CHUNK`` rows per statement.
+_UPSERT_CHUNK = 50
+_UPSERT_ROWS = DirectMany(lambda n: _build_upsert(pg_insert, n), limit=_UPSERT_CHUNK)
+
+
 def write_run_rows(engine: Engine, jobs_: Sequence[Job]) -> None:
     """Upsert the ``run`` workflow rows of these jobs, from their folds, in one transaction."""
+    # One row per workflow: an upsert statement may not touch a row twice (the last fold wins).
+    rows = list({row["id"]: row for row in map(run_row, jobs_)}.values())
     with transaction(engine) as conn:
-        conn.execute(_upsert_statement(conn), [run_row(job) for job in jobs_])
+        if not Direct.available(conn):
+            conn.execute(_upsert_statement(conn), rows)
+            return
+        for start in range(0, len(rows), _UPSERT_CHUNK):
+            chunk = rows[start : start + _UPSERT_CHUNK]
+            _UPSERT_ROWS.for_rows(len(chunk)).count(conn, multi_row_params(chunk))
+
+
+# How long the background writer gathers after a wake-up before it writes: the ledger trails its
+# receipts by this much more, and a burst's transitions share one transaction.
+LINGER_S = 0.05
 
 
 class BackgroundWriter:
@@ -241,8 +264,9 @@ class BackgroundWriter:
 
     ``submit`` records the newest fold per ``run`` job, and the jobs whose rows must be re-derived
     from their streams (activities, an objective's control workflow), then wakes one daemon thread,
-    which drains everything pending: the folds in one upsert, each re-derivation in its own
-    transaction. Under load the batches grow by themselves. Best effort like every ledger write:
+    which lingers ``LINGER_S`` to let a burst gather, then drains everything pending: the folds in
+    one upsert (a job that moved twice meanwhile is written once, at its newest fold), each
+    re-derivation in its own transaction. Best effort like every ledger write:
     rows not yet written when the process dies are repaired by the job's next write or by
     ``receipt rebuild-ledger``. ``flush`` writes what is pending now.
     """
@@ -274,6 +298,9 @@ class BackgroundWriter:
     def _run(self) -> None:
         while True:
             self._wake.wait()
+            # Gather: without it each flush carried ~1 row and its own commit, ~7 of a job's 25
+            # statements under load (bench/README.md, "Per-job levers").
+            time.sleep(LINGER_S)
             self._wake.clear()
             self.flush()
 

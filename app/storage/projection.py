@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, literal, select, update
+from sqlalchemy import String, any_, bindparam, delete, func, literal, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
 from app.jobs.errors import AppendConflict
 from app.jobs.reducer import Job, fold
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
 from app.storage.db import as_utc, db_now, is_sqlite, jobs, parse_iso
+from app.storage.direct import Direct
 from app.storage.store import StoredReceipt, fold_stream, streams
 
 
@@ -52,14 +54,17 @@ def load_jobs(conn: Connection, job_ids: Sequence[str]) -> list[Job]:
 # evaluated after the statement's snapshot is taken, so it is later than every receipt that
 # snapshot shows; a receipt committed after it makes the caller's append conflict (and re-read).
 _ONE = select(literal(1).label("one")).subquery()
-_LOAD_AT_CLOCK = select(
-    func.clock_timestamp().label("now"), jobs.c.state, jobs.c.last_hash, jobs.c.status_changed_at
-).select_from(_ONE.outerjoin(jobs, jobs.c.id == bindparam("job_id")))
+_LOAD_AT_CLOCK = Direct(
+    select(
+        func.clock_timestamp().label("now"), jobs.c.state, jobs.c.last_hash, jobs.c.status_changed_at
+    ).select_from(_ONE.outerjoin(jobs, jobs.c.id == bindparam("job_id")))
+)
 
 
-_LOAD_JOBS_AT_CLOCK = (
+# PostgreSQL only: the ids as one array parameter (``= ANY``), so the statement text never varies.
+_LOAD_JOBS_AT_CLOCK = Direct(
     select(func.clock_timestamp().label("now"), jobs.c.state)
-    .select_from(_ONE.outerjoin(jobs, jobs.c.id.in_(bindparam("job_ids", expanding=True))))
+    .select_from(_ONE.outerjoin(jobs, jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(String)))))
     .order_by(jobs.c.id)
 )
 
@@ -68,8 +73,8 @@ def load_jobs_at_clock(conn: Connection, job_ids: Sequence[str]) -> tuple[list[J
     """``load_jobs`` and the database clock, read together (Postgres: one statement)."""
     if is_sqlite(conn) or not job_ids:
         return load_jobs(conn, job_ids), db_now(conn)
-    rows = conn.execute(_LOAD_JOBS_AT_CLOCK, {"job_ids": list(job_ids)}).all()
-    return [Job.from_json(r.state) for r in rows if r.state is not None], as_utc(rows[0].now)
+    rows = _LOAD_JOBS_AT_CLOCK.rows(conn, {"job_ids": list(job_ids)})
+    return [Job.from_json(state) for _now, state in rows if state is not None], as_utc(rows[0][0])
 
 
 def load_at_clock(conn: Connection, job_id: str) -> tuple[Loaded | None, datetime]:
@@ -79,16 +84,16 @@ def load_at_clock(conn: Connection, job_id: str) -> tuple[Loaded | None, datetim
     """
     if is_sqlite(conn):
         return load(conn, job_id), db_now(conn)
-    row = conn.execute(_LOAD_AT_CLOCK, {"job_id": job_id}).one()
-    now = as_utc(row.now)
-    if row.state is None:
+    [(now_, state, last_hash, status_changed_at)] = _LOAD_AT_CLOCK.rows(conn, {"job_id": job_id})
+    now = as_utc(now_)
+    if state is None:
         return None, now
-    return Loaded(Job.from_json(row.state), row.last_hash, as_utc(row.status_changed_at)), now
+    return Loaded(Job.from_json(state), last_hash, as_utc(status_changed_at)), now
 
 
 # Built once (hot path): an optimistic update of one job's row at the seq it was read at.
-_INSERT = jobs.insert()
-_UPDATE = update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.last_seq == bindparam("b_seq"))
+_INSERT = Direct(jobs.insert())
+_UPDATE = Direct(update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.last_seq == bindparam("b_seq")))
 
 
 def _columns(job: Job, last_hash: str, status_changed_at: datetime) -> dict[str, Any]:
@@ -124,13 +129,13 @@ def save(conn: Connection, job: Job, *, previous: Loaded | None, last: StoredRec
     assert at is not None
     if previous is None:
         changed_at = at
-        conn.execute(_INSERT, {"id": job.id, **_columns(job, last.hash, changed_at)})
+        _INSERT.count(conn, {"id": job.id, **_columns(job, last.hash, changed_at)})
     else:
         changed_at = at if previous.job.status != job.status else previous.status_changed_at
-        result = conn.execute(
-            _UPDATE, {"b_id": job.id, "b_seq": previous.job.seq, **_columns(job, last.hash, changed_at)}
+        updated = _UPDATE.count(
+            conn, {"b_id": job.id, "b_seq": previous.job.seq, **_columns(job, last.hash, changed_at)}
         )
-        if result.rowcount != 1:
+        if updated != 1:
             raise AppendConflict(f"{job_stream(job.id)}: projection moved past seq {previous.job.seq}")
     return Loaded(job, last.hash, changed_at)
 

@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from app.jobs.errors import AppendConflict
 from app.jobs.reducer import Receipt
 from app.storage.db import as_utc, db_now, iso, parse_iso, receipts
+from app.storage.direct import DirectMany, multi_row_params, multi_row_values
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,20 @@ def receipt_hash(stream: str, seq: int, type_: str, body: Any, at: str, prev_has
 
 # Built once: constructing the statement per append costs more CPU than executing it.
 _INSERT = receipts.insert().returning(receipts.c.id, sort_by_parameter_order=True)
+_COLUMNS = ("stream", "seq", "type", "body", "at", "prev_hash", "hash")
+
+
+def _insert_rows(n: int) -> Any:
+    """One INSERT of ``n`` receipts (parameters ``<column>_<i>``), returning each id with its seq."""
+    return (
+        receipts.insert()
+        .values(multi_row_values((receipts.c[c] for c in _COLUMNS), n))
+        .returning(receipts.c.id, receipts.c.seq)
+    )
+
+
+# PostgreSQL: the same INSERT as one multi-row statement on the driver's cursor (app/storage/direct.py).
+_INSERT_ROWS = DirectMany(_insert_rows, limit=8)
 
 
 def append(
@@ -133,13 +148,25 @@ def append_many(
         expected_seq, prev_hash = seq, digest
     try:
         # No savepoint: a conflict aborts the caller's transaction, which re-reads and re-decides.
-        ids = conn.execute(_INSERT, rows).scalars().all()
+        ids = _insert(conn, rows)
     except IntegrityError as exc:
         raise AppendConflict(f"{stream}: seq {rows[0]['seq']} already taken") from exc
     return [
         StoredReceipt(int(new_id), stream, r["seq"], r["type"], r["body"], at_text, r["prev_hash"], r["hash"])
         for new_id, r in zip(ids, rows, strict=True)
     ]
+
+
+def _insert(conn: Connection, rows: Sequence[dict[str, Any]]) -> list[int]:
+    """Insert one stream's receipts; their ids in the rows' order."""
+    direct = _INSERT_ROWS.for_rows(len(rows))
+    if not direct.available(conn):
+        return [int(i) for i in conn.execute(_INSERT, list(rows)).scalars().all()]
+    params = multi_row_params(rows)
+    # Each row's seq is unique within the statement, so ids are matched by seq, not by the order
+    # RETURNING happens to produce.
+    id_of = {int(seq): int(new_id) for new_id, seq in direct.rows(conn, params)}
+    return [id_of[row["seq"]] for row in rows]
 
 
 def _row(r: Any) -> StoredReceipt:

@@ -197,6 +197,28 @@ def test_a_dead_listener_stops_holding_messages_back_once_its_key_expires(redis_
     assert wl.listen(10, block_s=0.05) == []
 
 
+def test_a_listener_on_a_redis_without_blmpop_falls_back_to_blpop_and_a_take(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BLMPOP (one blocking call per batch) is Redis 7; an older server answers "unknown command",
+    and the listener then blocks with BLPOP and takes the rest of its batch in a second call."""
+    import redis
+
+    wl = wakes.WakeList(redis_url)
+    calls: list[str] = []
+
+    def no_blmpop(*_a: Any, **_k: Any) -> Any:
+        calls.append("blmpop")
+        raise redis.exceptions.ResponseError("unknown command 'BLMPOP', with args beginning with: ")
+
+    monkeypatch.setattr(wl._client, "blmpop", no_blmpop)
+    assert wl.push(["a", "b", "c"]) is True
+    assert wl.listen(2, block_s=0.05) == ["a", "b"]
+    assert wl.listen(10, block_s=0.05) == ["c"]
+    assert wl.listen(10, block_s=0.05) == []
+    assert calls == ["blmpop"]  # asked once; the answer is remembered
+
+
 def test_starter_ignores_jobs_that_are_not_queued(runtime: Any) -> None:
     rt, sent, _ = runtime
     job = enqueue(rt.queue, "factory")

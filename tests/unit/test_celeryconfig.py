@@ -172,3 +172,21 @@ def test_the_watchdog_crontab_tick_is_added_to_beat_on_the_objectives_queue(tmp_
     assert tick["schedule"] == CronSchedule("* * * * *")
     off = make_celery(Settings(home=str(tmp_path), objective_watchdog_enabled="0")).conf.beat_schedule
     assert "objective-watchdog" not in off
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://127.0.0.1:6379/9", "tasks.redis_transport:Transport"),
+        ("rediss://cache.example:6380/0", "tasks.redis_transport:Transport"),
+        ("sentinel://127.0.0.1:26379", None),
+    ],
+)
+def test_plain_redis_urls_use_the_transport_that_reuses_its_client(
+    tmp_path: Path, url: str, expected: str | None
+) -> None:
+    assert build(tmp_path, REDIS_URL=url)["broker_transport"] == expected
+
+
+def test_the_embedded_broker_keeps_its_own_transport(tmp_path: Path) -> None:
+    assert build(tmp_path)["broker_transport"] is None

@@ -1,0 +1,141 @@
+"""Hot statements on the driver's cursor (app/storage/direct.py), against real PostgreSQL.
+
+The direct path must be indistinguishable from SQLAlchemy's: the same values back, the same
+exception types, the same handling of a dropped connection, and every statement still visible to
+a listener. SQLite never takes it (its behaviour is covered by every dual-backend test).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import bindparam, event, select, text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from app.jobs.errors import AppendConflict
+from app.jobs.validation import validate_enqueue
+from app.storage import projection, store
+from app.storage.db import is_storage_outage, jobs, receipts, transaction
+from app.storage.direct import Direct
+from app.storage.queue import Queue
+
+_READ = Direct(
+    select(receipts.c.id, receipts.c.body, receipts.c.at, receipts.c.hash).where(
+        receipts.c.stream == bindparam("stream")
+    )
+)
+
+
+def test_sqlite_never_takes_the_direct_path(sqlite_engine: Engine) -> None:
+    with sqlite_engine.connect() as conn:
+        assert not Direct.available(conn)
+
+
+def test_rows_are_the_values_sqlalchemy_returns(pg_engine: Engine) -> None:
+    with transaction(pg_engine) as conn:
+        assert Direct.available(conn)
+        store.append(conn, "s/direct", 0, "t.one", {"n": 1, "nested": {"a": [1, 2]}, "big": 2**70})
+        direct = [tuple(r) for r in _READ.rows(conn, {"stream": "s/direct"})]
+        through_sqlalchemy = [tuple(r) for r in conn.execute(_READ.statement, {"stream": "s/direct"})]
+    assert direct == through_sqlalchemy
+    [(_, body, at, _)] = direct
+    assert body == {"n": 1, "nested": {"a": [1, 2]}, "big": 2**70}  # JSON decoded, integers exact
+    assert isinstance(at, datetime) and at.tzinfo is not None
+
+
+def test_a_multi_row_append_keeps_order_ids_and_the_chain(pg_engine: Engine) -> None:
+    events = [(f"t.{i}", {"i": i}) for i in range(5)]
+    with transaction(pg_engine) as conn:
+        stored = store.append_many(conn, "s/many", 0, events)
+    assert [r.seq for r in stored] == [1, 2, 3, 4, 5]
+    assert stored == sorted(stored, key=lambda r: r.id)  # ids follow the stream's order
+    with pg_engine.connect() as conn:
+        assert [r.to_json() for r in store.read_stream(conn, "s/many")] == [r.to_json() for r in stored]
+        assert store.verify(conn, stream="s/many") == (5, None)
+
+
+def test_a_unique_violation_is_sqlalchemys_integrity_error(pg_engine: Engine) -> None:
+    with transaction(pg_engine) as conn:
+        store.append(conn, "s/dup", 0, "t.one", {})
+    with pytest.raises(AppendConflict) as caught, transaction(pg_engine) as conn:
+        store.append(conn, "s/dup", 0, "t.again", {})
+    assert isinstance(caught.value.__cause__, IntegrityError)
+    with pg_engine.connect() as conn:  # nothing of the failed transaction was kept
+        assert [r.type for r in store.read_stream(conn, "s/dup")] == ["t.one"]
+
+
+def test_a_projection_update_at_a_stale_seq_conflicts(pg_engine: Engine) -> None:
+    queue = Queue(pg_engine)
+    body = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
+    job = queue.enqueue(validate_enqueue("factory", body)).job
+    with pg_engine.connect() as conn:
+        before, _ = projection.load_at_clock(conn, job.id)
+    assert before is not None
+    assert queue.start_attempt(job.id, "w", 1, lambda _job: 60_000).status == "started"  # moves seq on
+    with transaction(pg_engine) as conn:
+        last = store.head(conn, f"jobs/{job.id}")
+        assert last is not None
+        with pytest.raises(AppendConflict):
+            projection.save(conn, before.job, previous=before, last=last)
+
+
+def test_a_dropped_connection_is_an_outage_and_the_pool_recovers(pg_engine: Engine) -> None:
+    with pg_engine.connect() as conn, pg_engine.connect() as killer:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        conn.commit()
+        killer.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
+        killer.commit()
+        with pytest.raises(Exception) as caught:
+            _READ.rows(conn, {"stream": "s/none"})
+    assert is_storage_outage(caught.value)
+    with pg_engine.connect() as conn:  # the dead connection was invalidated, not handed out again
+        assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
+        assert list(_READ.rows(conn, {"stream": "s/none"})) == []
+
+
+def test_a_listener_sees_every_statement(pg_engine: Engine) -> None:
+    seen: list[str] = []
+
+    def listen(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        seen.append(statement)
+
+    event.listen(pg_engine, "before_cursor_execute", listen)
+    try:
+        with transaction(pg_engine) as conn:
+            assert not Direct.available(conn)
+            store.append_many(conn, "s/seen", 0, [("t.a", {}), ("t.b", {})])
+            _READ.rows(conn, {"stream": "s/seen"})
+    finally:
+        event.remove(pg_engine, "before_cursor_execute", listen)
+    assert any(s.startswith("INSERT INTO receipts") for s in seen)
+    assert any("FROM receipts" in s for s in seen)
+
+
+def test_parameters_other_than_the_compiled_ones_are_refused(pg_engine: Engine) -> None:
+    update = Direct(jobs.update().where(jobs.c.id == bindparam("b_id")))
+    with transaction(pg_engine) as conn:
+        assert update.count(conn, {"b_id": "nope", "status": "queued"}) == 0
+        with pytest.raises(ValueError, match="differ from the compiled"):
+            update.count(conn, {"b_id": "nope", "lane": "collect"})
+
+
+def test_an_expanding_parameter_is_refused(pg_engine: Engine) -> None:
+    many = Direct(select(jobs.c.id).where(jobs.c.id.in_(bindparam("ids", expanding=True))))
+    with transaction(pg_engine) as conn, pytest.raises(ValueError, match="expanding"):
+        many.rows(conn, {"ids": ["a"]})
+
+
+@pytest.fixture
+def _conn(pg_engine: Engine) -> Iterator[Connection]:
+    with pg_engine.connect() as conn:
+        yield conn
+
+
+def test_the_clock_read_with_a_missing_job_still_gives_the_time(_conn: Connection) -> None:
+    loaded, now = projection.load_at_clock(_conn, "no-such-job")
+    assert loaded is None
+    assert abs((datetime.now(UTC) - now).total_seconds()) < 60
