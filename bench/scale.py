@@ -460,13 +460,12 @@ def operations(
             conn.rollback()
 
     def dispatch_claim() -> None:
-        # The scan's batched claim (tasks.dispatch._claim): 50 queued jobs read in one statement,
-        # then delivery.begin_many (one lock statement, one read of their delivery records, one
-        # multi-row insert); rolled back.
+        # The scan's batched claim (tasks.dispatch._claim): 50 queued jobs and the clock read in
+        # one statement, then delivery.begin_many (one lock statement, one read of their delivery
+        # records, one multi-row insert); rolled back.
         ids = rng.sample(queued, min(CLAIM_BATCH, len(queued)))
         with engine.connect() as conn:
-            now = db_now(conn)
-            claimed = projection.load_jobs(conn, ids)
+            claimed, now = projection.load_jobs_at_clock(conn, ids)
             assert len(claimed) == len(ids)
             requests = [delivery.StartRequest(j.id, j.id, 120_000) for j in claimed]
             delivery.begin_many(conn, requests, now, epoch="bench")

@@ -316,12 +316,17 @@ def settle(
 def settle_job(conn: Connection, job_id: str, outcome: str, now: datetime) -> None:
     """End every pending delivery of a job: called in the transaction whose receipt ends the
     attempt they started (a requeue or a terminal receipt), so none is left pending after it."""
-    _SETTLE_JOB.count(conn, {"b_job_id": job_id, "b_outcome": outcome[:64], "b_at": now})
+    SETTLE_JOB.count(conn, settle_job_params(job_id, outcome, now))
+
+
+def settle_job_params(job_id: str, outcome: str, now: datetime) -> dict[str, Any]:
+    """``SETTLE_JOB``'s parameters (also run inside a job's transition statement: projection.py)."""
+    return {"b_job_id": job_id, "b_outcome": outcome[:64], "b_at": now}
 
 
 # Built once (every settling receipt runs it): building the statement per call cost a quarter of
 # a settlement's client CPU.
-_SETTLE_JOB = Direct(
+SETTLE_JOB = Direct(
     update(deliveries)
     .where(deliveries.c.job_id == bindparam("b_job_id"), deliveries.c.state == "pending")
     .values(state="settled", outcome=bindparam("b_outcome"), settled_at=bindparam("b_at"))

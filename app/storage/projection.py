@@ -6,20 +6,23 @@ receipts alone (``receipt rebuild-projections``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import String, any_, bindparam, delete, func, literal, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from app.jobs.errors import AppendConflict
 from app.jobs.reducer import Job, fold
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
+from app.storage import store
 from app.storage.db import as_utc, db_now, is_sqlite, jobs, parse_iso
-from app.storage.direct import Direct
+from app.storage.direct import Direct, multi_row_params
 from app.storage.store import StoredReceipt, fold_stream, streams
 
 
@@ -121,6 +124,96 @@ def _columns(job: Job, last_hash: str, status_changed_at: datetime) -> dict[str,
         "last_hash": last_hash,
         "state": job.to_json(),
     }
+
+
+# The columns ``_columns`` sets, named once for the statements that bind them one by one.
+PROJECTED_COLUMNS = (
+    "organization_id",
+    "agent_id",
+    "lane",
+    "kind",
+    "status",
+    "session_key",
+    "attempt",
+    "max_attempts",
+    "lease_worker_id",
+    "lease_attempt",
+    "lease_expires_at",
+    "abort_requested",
+    "created_at",
+    "updated_at",
+    "status_changed_at",
+    "available_at",
+    "last_seq",
+    "last_hash",
+    "state",
+)
+
+
+def _projected(names: Sequence[str]) -> dict[str, Any]:
+    return {c: bindparam(f"j_{c}", type_=jobs.c[c].type) for c in names}
+
+
+@functools.lru_cache(maxsize=64)
+def _transition(n: int, new: bool, companion: Direct | None) -> Direct:
+    """The projection's INSERT (``new``) or UPDATE, writing ``n`` receipts first in a
+    data-modifying CTE (and ``companion``, a statement of the same transaction, in another),
+    returning the receipts' ids in seq order."""
+    if new:
+        statement: Any = jobs.insert().values(_projected(("id", *PROJECTED_COLUMNS)))
+    else:
+        statement = (
+            update(jobs)
+            .where(jobs.c.id == bindparam("b_id"), jobs.c.last_seq == bindparam("b_seq"))
+            .values(_projected(PROJECTED_COLUMNS))
+        )
+    appended = store.insert_statement(n).cte("appended")
+    ids = select(func.array_agg(aggregate_order_by(appended.c.id, appended.c.seq))).scalar_subquery()
+    statement = statement.returning(ids).add_cte(appended)
+    if companion is not None:
+        statement = statement.add_cte(companion.statement.cte("companion"))  # type: ignore[attr-defined]
+    return Direct(statement)
+
+
+def append_and_save(
+    conn: Connection,
+    job: Job,
+    *,
+    previous: Loaded | None,
+    chained: store.Chained,
+    companion: tuple[Direct, Mapping[str, Any]] | None = None,
+) -> tuple[Loaded, list[StoredReceipt]]:
+    """Write ``chained`` (the receipts ``job`` is the fold after) and the projection row after
+    them, and run ``companion`` (a statement and its parameters) beside them. PostgreSQL: one
+    statement (the receipts and the companion in CTEs), so a transition is one round trip and,
+    alone on an autocommit connection, its own transaction; SQLite: ``store.insert``, ``save``,
+    then the companion. ``AppendConflict`` as for ``store.insert`` and ``save``."""
+    if not Direct.available(conn):
+        stored = chained.stored(store.insert(conn, chained))
+        loaded = save(conn, job, previous=previous, last=stored[-1])
+        if companion is not None:
+            companion[0].count(conn, companion[1])
+        return loaded, stored
+    at = parse_iso(chained.at)
+    assert at is not None
+    changed_at = at if previous is None or previous.job.status != job.status else previous.status_changed_at
+    params = {f"j_{k}": v for k, v in _columns(job, chained.last_hash, changed_at).items()}
+    params.update(multi_row_params(chained.rows))
+    if previous is None:
+        params["j_id"] = job.id
+    else:
+        params.update(b_id=job.id, b_seq=previous.job.seq)
+    if companion is not None:
+        params.update(companion[1])
+    statement = _transition(len(chained.rows), previous is None, companion[0] if companion else None)
+    try:
+        rows = statement.rows(conn, params)
+    except IntegrityError as exc:
+        raise AppendConflict(f"{chained.stream}: seq {chained.rows[0]['seq']} already taken") from exc
+    if not rows:
+        assert previous is not None
+        raise AppendConflict(f"{job_stream(job.id)}: projection moved past seq {previous.job.seq}")
+    return Loaded(job, chained.last_hash, changed_at), chained.stored(rows[0][0])
 
 
 def save(conn: Connection, job: Job, *, previous: Loaded | None, last: StoredReceipt) -> Loaded:

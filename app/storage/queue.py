@@ -45,7 +45,18 @@ from app.jobs.vocab import (
     job_stream,
 )
 from app.storage import delivery, outbox, projection, store
-from app.storage.db import as_utc, db_now, is_storage_outage, iso, jobs, lock_key, parse_iso, transaction
+from app.storage.db import (
+    as_utc,
+    autocommit_connection,
+    db_now,
+    is_storage_outage,
+    iso,
+    jobs,
+    lock_key,
+    parse_iso,
+    transaction,
+)
+from app.storage.direct import DIRECT_DRIVER, Direct
 
 if TYPE_CHECKING:  # the Factory imports this module; at run time it is imported lazily, never here
     from app.factory.reducer import Objective
@@ -123,6 +134,8 @@ class _Tx:
     objectives: dict[str, Objective] = field(default_factory=dict)
     # Jobs whose durable-ledger rows this transaction changed (written after commit, best effort).
     ledger: dict[str, Job] = field(default_factory=dict)
+    # An autocommit connection on which the transition must be one statement (``Queue._mutate``).
+    one_statement: bool = False
     _now: datetime | None = None
 
     @property
@@ -135,6 +148,10 @@ class _Tx:
         if self._now is None:
             self._now = db_now(self.conn)
         return self._now
+
+
+class _NeedsTransaction(Exception):
+    """A one-statement transition found it must write more (``Queue._run``); nothing was written."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -161,6 +178,8 @@ class Queue:
         ledger_in_background: bool = False,
     ) -> None:
         self.engine = engine
+        # PostgreSQL (the direct path): a single-job transition is one autocommitted statement.
+        self._one_statement = engine.dialect.driver == DIRECT_DRIVER
         self._on_dispatchable = on_dispatchable
         self.max_commands_per_job = max_commands_per_job
         self._on_applied = on_applied
@@ -178,12 +197,19 @@ class Queue:
             self.ledger_writer = BackgroundWriter(engine)
 
     # -- the transaction machinery ----------------------------------------------------------
-    def _run(self, work: Callable[[_Tx], Any]) -> Any:
-        """Run ``work`` in a transaction, re-running it from scratch when it loses an append race."""
+    def _run(self, work: Callable[[_Tx], Any], *, one_statement: bool = False) -> Any:
+        """Run ``work`` in a transaction, re-running it from scratch when it loses an append race.
+
+        ``one_statement``: on an autocommit connection instead, for work whose only write is one
+        statement (which is then a transaction of its own); it raises ``_NeedsTransaction``
+        before writing anything when it needs more.
+        """
         for _ in range(MAX_CONFLICT_RETRIES):
             try:
-                with transaction(self.engine) as conn:
-                    tx = _Tx(conn)
+                with (
+                    autocommit_connection(self.engine) if one_statement else transaction(self.engine) as conn
+                ):
+                    tx = _Tx(conn, one_statement=one_statement)
                     result = work(tx)
                 self._after_commit(tx.touched.values())
                 self._observe(tx.applied)
@@ -224,15 +250,17 @@ class Queue:
                     "control fast path for %s failed; the outbox redrive will catch it", objective_id
                 )
 
-    def _request_objective_control(
-        self, tx: _Tx, before: Job | None, after: Job, events: Sequence[Event]
-    ) -> None:
-        """The control outbox: write the objective's control request in this job's transaction."""
-        from app.factory import outbox, storage
+    @staticmethod
+    def _control_request(before: Job | None, after: Job, events: Sequence[Event]) -> dict[str, Any] | None:
+        """The objective control request this transition must write (the control outbox), or None."""
+        from app.factory import outbox
 
-        body = outbox.control_request_for(before, after, [t for t, _ in events])
-        if body is None:
-            return
+        return outbox.control_request_for(before, after, [t for t, _ in events])
+
+    def _request_objective_control(self, tx: _Tx, after: Job, body: dict[str, Any]) -> None:
+        """The control outbox: write the objective's control request in this job's transaction."""
+        from app.factory import storage
+
         objective_id = str(after.payload["objectiveId"])
         written = storage.request_control(
             tx.conn,
@@ -255,28 +283,42 @@ class Queue:
     def _apply(self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]) -> Job:
         """Append ``events`` to ``jobs/<job_id>`` after ``loaded`` and write the projection."""
         state = loaded.job if loaded else None
-        seq = state.seq if state else 0
-        prev_hash = loaded.last_hash if loaded else None
-        last = None
-        for last in store.append_many(
-            tx.conn, job_stream(job_id), seq, events, prev_hash=prev_hash, at=tx.now
-        ):
-            state = reduce(state, last.to_receipt())
-        if state is None or last is None:
+        if not events:
             raise AppendConflict(f"{job_stream(job_id)}: nothing to apply")
-        projection.save(tx.conn, state, previous=loaded, last=last)
+        chained = store.chain(
+            job_stream(job_id),
+            state.seq if state else 0,
+            events,
+            prev_hash=loaded.last_hash if loaded else None,
+            at=tx.now,
+        )
+        for receipt in chained.receipts():
+            state = reduce(state, receipt)
+        assert state is not None
         before = loaded.job.status if loaded else None
+        companion = None
         if before is not None and before != state.status and (state.terminal or state.status == "queued"):
             # This receipt ends the attempt (or the wait) its deliveries were started for: end
             # them in the same transaction, so no delivery record outlives its purpose.
-            delivery.settle_job(tx.conn, job_id, last.type.removeprefix("job."), tx.now)
-        if state.terminal and before is not None and before not in TERMINAL_STATUSES:
+            outcome = chained.rows[-1]["type"].removeprefix("job.")
+            companion = (delivery.SETTLE_JOB, delivery.settle_job_params(job_id, outcome, tx.now))
+        callbacks = (
+            bool(self.callback_targets) and state.terminal and before not in (None, *TERMINAL_STATUSES)
+        )
+        control = self._control_request(loaded.job if loaded else None, state, events)
+        if tx.one_statement and (callbacks or control is not None or not Direct.available(tx.conn)):
+            raise _NeedsTransaction  # nothing is written yet
+        # The receipts, the projection row after them and the deliveries' settlement: one
+        # statement on PostgreSQL.
+        projection.append_and_save(tx.conn, state, previous=loaded, chained=chained, companion=companion)
+        if callbacks:
             outbox.record(tx.conn, self.callback_targets, state.status, state, tx.now)
         tx.touched[job_id] = state
         tx.applied.append(Applied(loaded.job if loaded else None, state, tuple(t for t, _ in events)))
         if _ledger_changes(state.kind, events):
             tx.ledger[job_id] = state
-        self._request_objective_control(tx, loaded.job if loaded else None, state, events)
+        if control is not None:
+            self._request_objective_control(tx, state, control)
         return state
 
     def _mutate(self, job_id: str, decide: Callable[[Job, datetime], Sequence[Event]]) -> Outcome:
@@ -292,6 +334,16 @@ class Queue:
                 return Outcome(loaded.job, False)
             return Outcome(self._apply(tx, loaded, job_id, events), True)
 
+        if self._one_statement:
+            # Read, decide, then write the transition as one statement on an autocommit connection:
+            # no BEGIN and COMMIT round trips. The read need not share the write's transaction:
+            # the write names the seq it follows (the stream's unique seq and the row's last_seq),
+            # so a receipt committed after the read makes it conflict, and the work re-runs.
+            try:
+                one: Outcome = self._run(work, one_statement=True)
+                return one
+            except _NeedsTransaction:
+                pass  # callbacks or an objective's control request to write beside it
         result: Outcome = self._run(work)
         return result
 
@@ -433,6 +485,14 @@ class Queue:
             job = self._apply(tx, None, job_id, [("job.enqueued", body)])
             return EnqueueResult(job, created=True, canceled=tuple(canceled), aborted=tuple(aborted))
 
+        if self._one_statement and not (req.singleton_mode != "allow" and req.session_key is not None):
+            # Not a singleton (no session lock, no other job touched): the enqueue is one write,
+            # autocommitted, as in ``_mutate``; a concurrent identical post conflicts and re-reads.
+            try:
+                one: EnqueueResult = self._run(work, one_statement=True)
+                return one
+            except _NeedsTransaction:
+                pass
         result: EnqueueResult = self._run(work)
         return result
 

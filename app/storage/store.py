@@ -74,7 +74,7 @@ _INSERT = receipts.insert().returning(receipts.c.id, sort_by_parameter_order=Tru
 _COLUMNS = ("stream", "seq", "type", "body", "at", "prev_hash", "hash")
 
 
-def _insert_rows(n: int) -> Any:
+def insert_statement(n: int) -> Any:
     """One INSERT of ``n`` receipts (parameters ``<column>_<i>``), returning each id with its seq."""
     return (
         receipts.insert()
@@ -84,7 +84,7 @@ def _insert_rows(n: int) -> Any:
 
 
 # PostgreSQL: the same INSERT as one multi-row statement on the driver's cursor (app/storage/direct.py).
-_INSERT_ROWS = DirectMany(_insert_rows, limit=8)
+_INSERT_ROWS = DirectMany(insert_statement, limit=8)
 
 
 def append(
@@ -126,7 +126,49 @@ def append_many(
         ).scalar_one_or_none()
         if prev_hash is None:
             raise AppendConflict(f"{stream}: no receipt at seq {expected_seq}")
-    when = as_utc(at) if at is not None else db_now(conn)
+    chained = chain(
+        stream, expected_seq, events, prev_hash=prev_hash, at=at if at is not None else db_now(conn)
+    )
+    return chained.stored(insert(conn, chained))
+
+
+@dataclass(frozen=True)
+class Chained:
+    """Receipts hashed into their stream's chain, in order, not yet written (no ids)."""
+
+    stream: str
+    at: str
+    rows: list[dict[str, Any]]  # the ``receipts`` columns of each
+
+    @property
+    def last_hash(self) -> str:
+        return str(self.rows[-1]["hash"])
+
+    def receipts(self) -> list[Receipt]:
+        """What a reducer folds (a receipt's id plays no part in any state)."""
+        return [Receipt(self.stream, r["seq"], r["type"], r["body"], self.at) for r in self.rows]
+
+    def stored(self, ids: Sequence[int]) -> list[StoredReceipt]:
+        """The receipts as written, given their ids in order."""
+        return [
+            StoredReceipt(
+                int(i), self.stream, r["seq"], r["type"], r["body"], self.at, r["prev_hash"], r["hash"]
+            )
+            for i, r in zip(ids, self.rows, strict=True)
+        ]
+
+
+def chain(
+    stream: str,
+    expected_seq: int,
+    events: Sequence[tuple[str, Mapping[str, Any]]],
+    *,
+    prev_hash: str | None,
+    at: datetime,
+) -> Chained:
+    """Hash ``events`` into the chain after ``expected_seq`` (whose hash is ``prev_hash``), all
+    at ``at`` (pure: the caller writes them, with ``insert`` or in a statement of its own)."""
+    when = as_utc(at)
     at_text = iso(when)
     assert at_text is not None
     rows: list[dict[str, Any]] = []
@@ -146,26 +188,23 @@ def append_many(
             }
         )
         expected_seq, prev_hash = seq, digest
+    return Chained(stream, at_text, rows)
+
+
+def insert(conn: Connection, chained: Chained) -> list[int]:
+    """Write chained receipts in one statement; their ids, in order. ``AppendConflict`` when
+    another writer took one of their seqs first."""
+    rows = chained.rows
     try:
         # No savepoint: a conflict aborts the caller's transaction, which re-reads and re-decides.
-        ids = _insert(conn, rows)
+        direct = _INSERT_ROWS.for_rows(len(rows))
+        if not direct.available(conn):
+            return [int(i) for i in conn.execute(_INSERT, list(rows)).scalars().all()]
+        # Each row's seq is unique within the statement, so ids are matched by seq, not by the
+        # order RETURNING happens to produce.
+        id_of = {int(seq): int(new_id) for new_id, seq in direct.rows(conn, multi_row_params(rows))}
     except IntegrityError as exc:
-        raise AppendConflict(f"{stream}: seq {rows[0]['seq']} already taken") from exc
-    return [
-        StoredReceipt(int(new_id), stream, r["seq"], r["type"], r["body"], at_text, r["prev_hash"], r["hash"])
-        for new_id, r in zip(ids, rows, strict=True)
-    ]
-
-
-def _insert(conn: Connection, rows: Sequence[dict[str, Any]]) -> list[int]:
-    """Insert one stream's receipts; their ids in the rows' order."""
-    direct = _INSERT_ROWS.for_rows(len(rows))
-    if not direct.available(conn):
-        return [int(i) for i in conn.execute(_INSERT, list(rows)).scalars().all()]
-    params = multi_row_params(rows)
-    # Each row's seq is unique within the statement, so ids are matched by seq, not by the order
-    # RETURNING happens to produce.
-    id_of = {int(seq): int(new_id) for new_id, seq in direct.rows(conn, params)}
+        raise AppendConflict(f"{chained.stream}: seq {rows[0]['seq']} already taken") from exc
     return [id_of[row["seq"]] for row in rows]
 
 

@@ -139,3 +139,43 @@ def test_the_clock_read_with_a_missing_job_still_gives_the_time(_conn: Connectio
     loaded, now = projection.load_at_clock(_conn, "no-such-job")
     assert loaded is None
     assert abs((datetime.now(UTC) - now).total_seconds()) < 60
+
+
+def test_the_projected_columns_are_the_ones_a_row_sets(sqlite_engine: Engine) -> None:
+    body = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
+    job = Queue(sqlite_engine).enqueue(validate_enqueue("factory", body)).job
+    assert tuple(projection._columns(job, "h", datetime.now(UTC))) == projection.PROJECTED_COLUMNS
+
+
+def test_receipts_and_row_in_one_statement_conflict_as_a_whole(pg_engine: Engine) -> None:
+    """The receipts go in a CTE of the projection's UPDATE: when the row has moved on, the
+    statement updates nothing, the append conflicts, and the receipts it inserted roll back."""
+    queue = Queue(pg_engine)
+    body = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
+    job = queue.enqueue(validate_enqueue("factory", body)).job
+    with pg_engine.connect() as conn:
+        before, _ = projection.load_at_clock(conn, job.id)
+    assert before is not None
+    assert queue.start_attempt(job.id, "w", 1, lambda _job: 60_000).status == "started"
+    with pg_engine.connect() as conn:
+        receipts_before = len(store.read_stream(conn, f"jobs/{job.id}"))
+        stale = projection.Loaded(  # as if the row were at a seq whose successor is still free
+            before.job.__class__.from_json({**before.job.to_json(), "seq": receipts_before}),
+            store.read_stream(conn, f"jobs/{job.id}")[-1].hash,
+            before.status_changed_at,
+        )
+    chained = store.chain(
+        f"jobs/{job.id}",
+        stale.job.seq,
+        [("job.progress", {"n": 1})],
+        prev_hash=stale.last_hash,
+        at=datetime.now(UTC),
+    )
+    bumped = stale.job.__class__.from_json({**stale.job.to_json(), "seq": stale.job.seq + 1})
+    with pg_engine.connect() as conn:
+        conn.execute(text("UPDATE jobs SET last_seq = last_seq + 100 WHERE id = :i"), {"i": job.id})
+        with pytest.raises(AppendConflict, match="projection moved past"):
+            projection.append_and_save(conn, bumped, previous=stale, chained=chained)
+        conn.rollback()
+    with pg_engine.connect() as conn:
+        assert len(store.read_stream(conn, f"jobs/{job.id}")) == receipts_before
