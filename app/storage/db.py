@@ -32,12 +32,14 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    select,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DisconnectionError
 
+from app.storage.direct import Direct
 from app.storage.files import create_private_file, private_dir
 
 metadata = MetaData()
@@ -346,8 +348,13 @@ def db_now(conn: Connection) -> datetime:
     if is_sqlite(conn):
         raw = conn.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
         return datetime.strptime(raw, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
-    value = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+    [(value,)] = _CLOCK.rows(conn, {})
     return as_utc(value)
+
+
+# On PostgreSQL it runs on the driver's cursor (app/storage/direct.py): every transaction that
+# decides from more than one row reads the clock this way.
+_CLOCK = Direct(select(func.clock_timestamp()))
 
 
 def as_utc(value: datetime) -> datetime:

@@ -13,15 +13,16 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, delete, or_, select, update
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Engine
 
 from app.jobs.ids import new_id, new_token
 from app.jobs.privilege import parse_scopes
 from app.storage import store
 from app.storage.db import api_tokens, as_utc, db_now, iso, parse_iso, transaction
+from app.storage.direct import Direct
 
 TOKEN_STREAM_PREFIX = "tokens/"
 
@@ -58,7 +59,7 @@ def _scopes_column(scopes: tuple[str, ...]) -> str | None:
     return " ".join(scopes) or None
 
 
-def _info(row: Row[Any]) -> TokenInfo:
+def _info(row: Any) -> TokenInfo:
     def when(value: datetime | None) -> datetime | None:
         return as_utc(value) if value is not None else None
 
@@ -155,15 +156,28 @@ def revoke(engine: Engine, token: str) -> bool:
 
 # Built once: every authenticated API request runs it, and building the statement (and its cache
 # key) each time cost as much CPU as executing it (issue 12).
-_LOOKUP = select(api_tokens).where(
-    api_tokens.c.token_hash == bindparam("token_hash"), api_tokens.c.revoked_at.is_(None)
+# On PostgreSQL it runs on the driver's cursor (app/storage/direct.py).
+class _Found(NamedTuple):
+    id: str
+    organization_id: str | None
+    system: bool
+    scopes: str | None
+    expires_at: datetime | None
+    created_at: datetime | None
+    revoked_at: datetime | None
+
+
+_LOOKUP = Direct(
+    select(*(api_tokens.c[name] for name in _Found._fields)).where(
+        api_tokens.c.token_hash == bindparam("token_hash"), api_tokens.c.revoked_at.is_(None)
+    )
 )
 
 
 def lookup(conn: Connection, secret: str) -> TokenInfo | None:
     """The unrevoked token matching ``secret`` (expired or not), or None."""
-    row = conn.execute(_LOOKUP, {"token_hash": hash_token(secret)}).first()
-    return _info(row) if row else None
+    rows = _LOOKUP.rows(conn, {"token_hash": hash_token(secret)})
+    return _info(_Found(*rows[0])) if rows else None
 
 
 def authenticate(conn: Connection, secret: str, now: datetime | None = None) -> TokenInfo | None:
