@@ -68,16 +68,22 @@ def test_a_unique_violation_is_sqlalchemys_integrity_error(pg_engine: Engine) ->
         assert [r.type for r in store.read_stream(conn, "s/dup")] == ["t.one"]
 
 
-def test_a_projection_update_at_a_stale_seq_conflicts(pg_engine: Engine) -> None:
-    queue = Queue(pg_engine)
+def moved_on(engine: Engine) -> tuple[str, projection.Loaded]:
+    """A job, and its projection row as read before a lease moved its seq on."""
+    queue = Queue(engine)
     body = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
     job = queue.enqueue(validate_enqueue("factory", body)).job
-    with pg_engine.connect() as conn:
+    with engine.connect() as conn:
         before, _ = projection.load_at_clock(conn, job.id)
     assert before is not None
-    assert queue.start_attempt(job.id, "w", 1, lambda _job: 60_000).status == "started"  # moves seq on
+    assert queue.start_attempt(job.id, "w", 1, lambda _job: 60_000).status == "started"
+    return job.id, before
+
+
+def test_a_projection_update_at_a_stale_seq_conflicts(pg_engine: Engine) -> None:
+    job_id, before = moved_on(pg_engine)
     with transaction(pg_engine) as conn:
-        last = store.head(conn, f"jobs/{job.id}")
+        last = store.head(conn, f"jobs/{job_id}")
         assert last is not None
         with pytest.raises(AppendConflict):
             projection.save(conn, before.job, previous=before, last=last)
@@ -150,22 +156,16 @@ def test_the_projected_columns_are_the_ones_a_row_sets(sqlite_engine: Engine) ->
 def test_receipts_and_row_in_one_statement_conflict_as_a_whole(pg_engine: Engine) -> None:
     """The receipts go in a CTE of the projection's UPDATE: when the row has moved on, the
     statement updates nothing, the append conflicts, and the receipts it inserted roll back."""
-    queue = Queue(pg_engine)
-    body = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
-    job = queue.enqueue(validate_enqueue("factory", body)).job
+    job_id, before = moved_on(pg_engine)
     with pg_engine.connect() as conn:
-        before, _ = projection.load_at_clock(conn, job.id)
-    assert before is not None
-    assert queue.start_attempt(job.id, "w", 1, lambda _job: 60_000).status == "started"
-    with pg_engine.connect() as conn:
-        receipts_before = len(store.read_stream(conn, f"jobs/{job.id}"))
+        receipts_before = len(store.read_stream(conn, f"jobs/{job_id}"))
         stale = projection.Loaded(  # as if the row were at a seq whose successor is still free
             before.job.__class__.from_json({**before.job.to_json(), "seq": receipts_before}),
-            store.read_stream(conn, f"jobs/{job.id}")[-1].hash,
+            store.read_stream(conn, f"jobs/{job_id}")[-1].hash,
             before.status_changed_at,
         )
     chained = store.chain(
-        f"jobs/{job.id}",
+        f"jobs/{job_id}",
         stale.job.seq,
         [("job.progress", {"n": 1})],
         prev_hash=stale.last_hash,
@@ -173,9 +173,9 @@ def test_receipts_and_row_in_one_statement_conflict_as_a_whole(pg_engine: Engine
     )
     bumped = stale.job.__class__.from_json({**stale.job.to_json(), "seq": stale.job.seq + 1})
     with pg_engine.connect() as conn:
-        conn.execute(text("UPDATE jobs SET last_seq = last_seq + 100 WHERE id = :i"), {"i": job.id})
+        conn.execute(text("UPDATE jobs SET last_seq = last_seq + 100 WHERE id = :i"), {"i": job_id})
         with pytest.raises(AppendConflict, match="projection moved past"):
             projection.append_and_save(conn, bumped, previous=stale, chained=chained)
         conn.rollback()
     with pg_engine.connect() as conn:
-        assert len(store.read_stream(conn, f"jobs/{job.id}")) == receipts_before
+        assert len(store.read_stream(conn, f"jobs/{job_id}")) == receipts_before
