@@ -62,6 +62,15 @@ def on_exit(server: Any) -> None:
         shutil.rmtree(_OWN_METRICS_DIR, ignore_errors=True)
 
 
+def worker_exit(server: Any, worker: Any) -> None:
+    """Write the ledger rows the API's background writer still holds (up to its 50 ms gather)."""
+    from api.context import EXTENSION
+
+    state = getattr(getattr(worker, "wsgi", None), "extensions", {}).get(EXTENSION)
+    if state is not None:
+        state.queue.close()
+
+
 def post_fork(server: Any, worker: Any) -> None:
     """Make psycopg2 cooperative in this worker (see the module docstring)."""
     from psycogreen.gevent import patch_psycopg

@@ -206,8 +206,17 @@ def _stop_wake_listener(sender: Any = None, **_: Any) -> None:
         listener.stop()
 
 
+def _write_pending_ledger_rows(sender: Any = None, **_: Any) -> None:
+    """At shutdown: the ledger rows the background writer still holds (up to its 50 ms gather)."""
+    worker_app = getattr(sender, "app", None)
+    rt = getattr(worker_app, "receipt_runtime", None) if worker_app is not None else None
+    if rt is not None:
+        rt.queue.close()
+
+
 signals.worker_ready.connect(_start_wake_listener)
 signals.worker_shutdown.connect(_stop_wake_listener)
+signals.worker_shutdown.connect(_write_pending_ledger_rows)
 # Who fetched which message, and which consumers are alive (tasks/fetches.py): a delivery whose
 # message died with its fetcher is redelivered within seconds instead of the driver timeout.
 signals.worker_init.connect(fetches.on_worker_init)

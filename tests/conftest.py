@@ -33,6 +33,7 @@ from tests.support.databases import (  # noqa: F401
     worker_suffix,
 )
 from tests.support.processes import is_isolated
+from tests.support.queue_ops import close_queues
 
 
 @pytest.fixture(autouse=True)
@@ -100,6 +101,7 @@ def sqlite_database_url(sqlite_template: Path, tmp_path: Path) -> str:
 def _opened(url: str) -> Iterator[Engine]:
     engine = make_engine(url)
     yield engine
+    close_queues(engine)
     engine.dispose()
 
 

@@ -268,7 +268,8 @@ class BackgroundWriter:
     one upsert (a job that moved twice meanwhile is written once, at its newest fold), each
     re-derivation in its own transaction. Best effort like every ledger write:
     rows not yet written when the process dies are repaired by the job's next write or by
-    ``receipt rebuild-ledger``. ``flush`` writes what is pending now.
+    ``receipt rebuild-ledger``. ``flush`` writes what is pending now; ``close`` writes it and
+    stops the thread (a process shutting down, a test tearing down its database).
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -278,16 +279,31 @@ class BackgroundWriter:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def submit(self, folds: Iterable[Job], syncs: Iterable[str] = ()) -> None:
         with self._lock:
             for job in folds:
                 self._folds[job.id] = job
             self._syncs.update(syncs)
-            if self._thread is None or not self._thread.is_alive():
+            closed = self._closed
+            if not closed and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._run, name="receipt-ledger", daemon=True)
                 self._thread.start()
+        if closed:
+            self.flush()  # after close: written by the caller, as without a writer
+        else:
+            self._wake.set()
+
+    def close(self) -> None:
+        """Write what is pending and stop the thread (idempotent)."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
         self._wake.set()
+        if thread is not None:
+            thread.join(LINGER_S * 20)
+        self.flush()
 
     def flush(self) -> None:
         with self._lock:
@@ -296,8 +312,10 @@ class BackgroundWriter:
         _write(self.engine, [folds[i] for i in sorted(folds)], sorted(syncs))
 
     def _run(self) -> None:
-        while True:
+        while not self._closed:
             self._wake.wait()
+            if self._closed:
+                return  # close() writes what is pending
             # Gather: without it each flush carried ~1 row and its own commit, ~7 of a job's 25
             # statements under load (bench/README.md, "Per-job levers").
             time.sleep(LINGER_S)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, any_, bindparam, delete, func, literal, select, update
-from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
+from sqlalchemy import String, any_, bindparam, delete, exists, func, literal, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -156,22 +156,25 @@ def _projected(names: Sequence[str]) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=64)
 def _transition(n: int, new: bool, companion: Direct | None) -> Direct:
-    """The projection's INSERT (``new``) or UPDATE, writing ``n`` receipts first in a
-    data-modifying CTE (and ``companion``, a statement of the same transaction, in another),
-    returning the receipts' ids in seq order."""
+    """One statement for a transition: the projection's INSERT (``new``) or UPDATE in a
+    data-modifying CTE, then the ``n`` receipts -- inserted only if the row was written -- and
+    ``companion`` (an UPDATE of the same transition, e.g. the deliveries it ends) under the same
+    condition. Returns each receipt's id and seq; no rows when the projection had moved on, and
+    then nothing at all was written, which matters when the statement is its own transaction."""
     if new:
-        statement: Any = jobs.insert().values(_projected(("id", *PROJECTED_COLUMNS)))
+        write: Any = jobs.insert().values(_projected(("id", *PROJECTED_COLUMNS)))
     else:
-        statement = (
+        write = (
             update(jobs)
             .where(jobs.c.id == bindparam("b_id"), jobs.c.last_seq == bindparam("b_seq"))
             .values(_projected(PROJECTED_COLUMNS))
         )
-    appended = store.insert_statement(n).cte("appended")
-    ids = select(func.array_agg(aggregate_order_by(appended.c.id, appended.c.seq))).scalar_subquery()
-    statement = statement.returning(ids).add_cte(appended)
+    moved = write.returning(jobs.c.id).cte("moved")
+    written = exists(select(moved.c.id))
+    statement = store.insert_when(n, written).add_cte(moved)
     if companion is not None:
-        statement = statement.add_cte(companion.statement.cte("companion"))  # type: ignore[attr-defined]
+        also = companion.statement.where(written)  # type: ignore[attr-defined]
+        statement = statement.add_cte(also.cte("companion"))
     return Direct(statement)
 
 
@@ -185,9 +188,9 @@ def append_and_save(
 ) -> tuple[Loaded, list[StoredReceipt]]:
     """Write ``chained`` (the receipts ``job`` is the fold after) and the projection row after
     them, and run ``companion`` (a statement and its parameters) beside them. PostgreSQL: one
-    statement (the receipts and the companion in CTEs), so a transition is one round trip and,
-    alone on an autocommit connection, its own transaction; SQLite: ``store.insert``, ``save``,
-    then the companion. ``AppendConflict`` as for ``store.insert`` and ``save``."""
+    statement (``_transition``), so a transition is one round trip and, alone on an autocommit
+    connection, its own transaction; SQLite: ``store.insert``, ``save``, then the companion.
+    ``AppendConflict`` as for ``store.insert`` and ``save``, with nothing written."""
     if not Direct.available(conn):
         stored = chained.stored(store.insert(conn, chained))
         loaded = save(conn, job, previous=previous, last=stored[-1])
@@ -213,7 +216,8 @@ def append_and_save(
     if not rows:
         assert previous is not None
         raise AppendConflict(f"{job_stream(job.id)}: projection moved past seq {previous.job.seq}")
-    return Loaded(job, chained.last_hash, changed_at), chained.stored(rows[0][0])
+    id_of = {int(seq): int(new_id) for new_id, seq in rows}
+    return Loaded(job, chained.last_hash, changed_at), chained.stored([id_of[r["seq"]] for r in chained.rows])
 
 
 def save(conn: Connection, job: Job, *, previous: Loaded | None, last: StoredReceipt) -> Loaded:

@@ -196,6 +196,13 @@ class Queue:
 
             self.ledger_writer = BackgroundWriter(engine)
 
+    def close(self) -> None:
+        """Write the ledger rows still pending in the background and stop that thread (a process
+        shutting down; a test before its database goes away). Mutations keep working after it:
+        their ledger rows are then written before they return."""
+        if self.ledger_writer is not None:
+            self.ledger_writer.close()
+
     # -- the transaction machinery ----------------------------------------------------------
     def _run(self, work: Callable[[_Tx], Any], *, one_statement: bool = False) -> Any:
         """Run ``work`` in a transaction, re-running it from scratch when it loses an append race.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import column, func, select, values
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -79,6 +79,20 @@ def insert_statement(n: int) -> Any:
     return (
         receipts.insert()
         .values(multi_row_values((receipts.c[c] for c in _COLUMNS), n))
+        .returning(receipts.c.id, receipts.c.seq)
+    )
+
+
+def insert_when(n: int, condition: Any) -> Any:
+    """``insert_statement(n)`` as ``INSERT … SELECT … FROM (VALUES …) WHERE condition``: the rows
+    go in only when ``condition`` holds (a transition whose projection row moved, projection.py)."""
+    columns = [receipts.c[c] for c in _COLUMNS]
+    rows = values(*(column(c.key, c.type) for c in columns), name="chained").data(
+        [tuple(row[c.key] for c in columns) for row in multi_row_values(columns, n)]
+    )
+    return (
+        receipts.insert()
+        .from_select(list(_COLUMNS), select(*rows.c).where(condition))
         .returning(receipts.c.id, receipts.c.seq)
     )
 

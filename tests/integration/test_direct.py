@@ -18,8 +18,16 @@ from sqlalchemy.exc import IntegrityError
 
 from app.jobs.errors import AppendConflict
 from app.jobs.validation import validate_enqueue
-from app.storage import projection, store
-from app.storage.db import is_storage_outage, jobs, receipts, transaction
+from app.storage import delivery, projection, store
+from app.storage.db import (
+    autocommit_connection,
+    db_now,
+    deliveries,
+    is_storage_outage,
+    jobs,
+    receipts,
+    transaction,
+)
 from app.storage.direct import Direct
 from app.storage.queue import Queue
 
@@ -153,29 +161,41 @@ def test_the_projected_columns_are_the_ones_a_row_sets(sqlite_engine: Engine) ->
     assert tuple(projection._columns(job, "h", datetime.now(UTC))) == projection.PROJECTED_COLUMNS
 
 
-def test_receipts_and_row_in_one_statement_conflict_as_a_whole(pg_engine: Engine) -> None:
-    """The receipts go in a CTE of the projection's UPDATE: when the row has moved on, the
-    statement updates nothing, the append conflicts, and the receipts it inserted roll back."""
+def test_a_transition_whose_row_moved_on_writes_nothing_even_autocommitted(pg_engine: Engine) -> None:
+    """The projection write comes first, in a CTE; the receipts and the companion (here: ending
+    the job's pending deliveries) are written only if it wrote the row. When the row has moved on
+    the statement writes nothing at all -- which is what makes it safe as its own transaction."""
     job_id, before = moved_on(pg_engine)
-    with pg_engine.connect() as conn:
-        receipts_before = len(store.read_stream(conn, f"jobs/{job_id}"))
-        stale = projection.Loaded(  # as if the row were at a seq whose successor is still free
-            before.job.__class__.from_json({**before.job.to_json(), "seq": receipts_before}),
-            store.read_stream(conn, f"jobs/{job_id}")[-1].hash,
-            before.status_changed_at,
-        )
+    with transaction(pg_engine) as conn:
+        [decision] = delivery.begin_many(conn, [delivery.StartRequest(job_id, job_id, 60_000)], db_now(conn))
+        assert isinstance(decision, delivery.StartDecision) and decision.created
+        head = store.read_stream(conn, f"jobs/{job_id}")
+        # The row moves on (as another writer's commit would move it) and commits.
+        conn.execute(text("UPDATE jobs SET last_seq = last_seq + 100 WHERE id = :i"), {"i": job_id})
+    stale = projection.Loaded(
+        before.job.__class__.from_json({**before.job.to_json(), "seq": len(head)}),
+        head[-1].hash,
+        before.status_changed_at,
+    )
     chained = store.chain(
         f"jobs/{job_id}",
-        stale.job.seq,
-        [("job.progress", {"n": 1})],
-        prev_hash=stale.last_hash,
+        len(head),
+        [("job.completed", {"result": None})],
+        prev_hash=head[-1].hash,
         at=datetime.now(UTC),
     )
-    bumped = stale.job.__class__.from_json({**stale.job.to_json(), "seq": stale.job.seq + 1})
+    after = stale.job.__class__.from_json(
+        {**stale.job.to_json(), "seq": len(head) + 1, "status": "completed"}
+    )
+    companion = (delivery.SETTLE_JOB, delivery.settle_job_params(job_id, "completed", datetime.now(UTC)))
+    with (
+        autocommit_connection(pg_engine) as conn,
+        pytest.raises(AppendConflict, match="projection moved past"),
+    ):
+        projection.append_and_save(conn, after, previous=stale, chained=chained, companion=companion)
     with pg_engine.connect() as conn:
-        conn.execute(text("UPDATE jobs SET last_seq = last_seq + 100 WHERE id = :i"), {"i": job_id})
-        with pytest.raises(AppendConflict, match="projection moved past"):
-            projection.append_and_save(conn, bumped, previous=stale, chained=chained)
-        conn.rollback()
-    with pg_engine.connect() as conn:
-        assert len(store.read_stream(conn, f"jobs/{job_id}")) == receipts_before
+        assert len(store.read_stream(conn, f"jobs/{job_id}")) == len(head)
+        pending = (
+            conn.execute(select(deliveries.c.state).where(deliveries.c.job_id == job_id)).scalars().all()
+        )
+    assert pending == ["pending"]

@@ -174,3 +174,22 @@ def test_the_background_writer_batches_run_rows_and_an_older_fold_never_replaces
     before = rows(engine)
     ledger.rebuild(engine)
     assert rows(engine) == before  # and rebuilding from receipts gives the same rows
+
+
+def test_closing_the_background_writer_writes_what_it_holds_and_stops_its_thread(engine: Engine) -> None:
+    """A process shutting down (gunicorn's worker_exit, Celery's worker_shutdown) or a test tearing
+    down its database closes the queue: the rows still gathering are written, the thread ends,
+    and later transitions write their rows before returning."""
+    queue = Queue(engine, ledger_in_background=True)
+    body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
+    queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-close"))
+    writer = queue.ledger_writer
+    thread = writer._thread
+    queue.close()
+    assert thread is not None and not thread.is_alive()
+    run = next(f for f in rows(engine)[0] if f["id"] == "run:bg-close")
+    assert run["status"] == "queued"
+    queue.lease("bg-close", "w", 60_000, start=True)
+    run = next(f for f in rows(engine)[0] if f["id"] == "run:bg-close")
+    assert run["status"] == "running"  # written before lease() returned
+    queue.close()  # idempotent

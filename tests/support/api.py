@@ -24,6 +24,7 @@ from app.jobs.reducer import Job
 from app.storage import tokens
 from app.storage.db import receipts
 from app.storage.queue import Queue
+from tests.support.queue_ops import closed_with_engine
 
 ORG_A = "org-a"
 ORG_B = "org-b"
@@ -98,6 +99,7 @@ def build_api(engine: Engine, settings: Settings) -> Api:
     app = create_app(settings, engine=engine, on_dispatchable=woken.extend)
     app.extensions[EXTENSION].sse_heartbeat_seconds = 60.0
     api = Api(app, app.test_client(), engine, app.extensions[EXTENSION].queue, woken)
+    closed_with_engine(api.queue)
     api.secrets["a"] = tokens.create(engine, ORG_A)[1]
     api.secrets["b"] = tokens.create(engine, ORG_B)[1]
     api.secrets["system"] = tokens.create(engine, "ops", system=True)[1]

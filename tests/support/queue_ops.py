@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from app.storage.db import deliveries
 from app.storage.queue import Outcome, Queue
@@ -39,3 +39,17 @@ def has_active(conn: Connection, job_id: str, now: datetime) -> bool:
         ).first()
         is not None
     )
+
+
+# Queues whose background ledger writers must stop before their engine's database goes away
+# (tests/conftest.py closes them at the engine's teardown): none then writes into a dropped one.
+_CLOSE_WITH_ENGINE: dict[Engine, list[Queue]] = {}
+
+
+def closed_with_engine(queue: Queue) -> None:
+    _CLOSE_WITH_ENGINE.setdefault(queue.engine, []).append(queue)
+
+
+def close_queues(engine: Engine) -> None:
+    for queue in _CLOSE_WITH_ENGINE.pop(engine, []):
+        queue.close()
