@@ -38,7 +38,8 @@ ARMED_KEY = "receipt:wake:armed"
 ARMED_TTL_MS = 2_000
 LISTENING_KEY = "receipt:wake:listening"
 LISTENING_TTL_MS = 3_000
-# How long one BLPOP blocks: the listener renews its key and checks for shutdown this often.
+# How long one blocking wait (BLMPOP, or BLPOP before Redis 7) lasts: the listener renews its key
+# and checks for shutdown this often.
 LISTEN_BLOCK_S = 1.0
 
 

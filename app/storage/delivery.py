@@ -265,9 +265,7 @@ def _records_of(conn: Connection, job_ids: list[str]) -> list[_Record]:
 
 
 def _insert(conn: Connection, rows: list[dict[str, Any]]) -> None:
-    if not Direct.available(conn):
-        conn.execute(deliveries.insert(), rows)
-        return
+    # One multi-row INSERT on either backend (Direct runs it through SQLAlchemy on SQLite).
     _INSERT_ROWS.for_rows(len(rows)).count(conn, multi_row_params(rows))
 
 

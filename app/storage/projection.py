@@ -197,9 +197,7 @@ def append_and_save(
         if companion is not None:
             companion[0].count(conn, companion[1])
         return loaded, stored
-    at = parse_iso(chained.at)
-    assert at is not None
-    changed_at = at if previous is None or previous.job.status != job.status else previous.status_changed_at
+    changed_at = _status_changed_at(job, previous, chained.at)
     params = {f"j_{k}": v for k, v in _columns(job, chained.last_hash, changed_at).items()}
     params.update(multi_row_params(chained.rows))
     if previous is None:
@@ -220,15 +218,21 @@ def append_and_save(
     return Loaded(job, chained.last_hash, changed_at), chained.stored([id_of[r["seq"]] for r in chained.rows])
 
 
+def _status_changed_at(job: Job, previous: Loaded | None, at: str) -> datetime:
+    """When ``job`` (the fold after receipts written at ``at``) last changed status."""
+    if previous is not None and previous.job.status == job.status:
+        return previous.status_changed_at
+    changed = parse_iso(at)
+    assert changed is not None
+    return changed
+
+
 def save(conn: Connection, job: Job, *, previous: Loaded | None, last: StoredReceipt) -> Loaded:
     """Write the projection row for ``job`` after ``last`` (the receipt just appended)."""
-    at = parse_iso(last.at)
-    assert at is not None
+    changed_at = _status_changed_at(job, previous, last.at)
     if previous is None:
-        changed_at = at
         _INSERT.count(conn, {"id": job.id, **_columns(job, last.hash, changed_at)})
     else:
-        changed_at = at if previous.job.status != job.status else previous.status_changed_at
         updated = _UPDATE.count(
             conn, {"b_id": job.id, "b_seq": previous.job.seq, **_columns(job, last.hash, changed_at)}
         )

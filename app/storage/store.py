@@ -74,7 +74,7 @@ _INSERT = receipts.insert().returning(receipts.c.id, sort_by_parameter_order=Tru
 _COLUMNS = ("stream", "seq", "type", "body", "at", "prev_hash", "hash")
 
 
-def insert_statement(n: int) -> Any:
+def _insert_rows(n: int) -> Any:
     """One INSERT of ``n`` receipts (parameters ``<column>_<i>``), returning each id with its seq."""
     return (
         receipts.insert()
@@ -84,7 +84,7 @@ def insert_statement(n: int) -> Any:
 
 
 def insert_when(n: int, condition: Any) -> Any:
-    """``insert_statement(n)`` as ``INSERT … SELECT … FROM (VALUES …) WHERE condition``: the rows
+    """``_insert_rows(n)`` as ``INSERT … SELECT … FROM (VALUES …) WHERE condition``: the rows
     go in only when ``condition`` holds (a transition whose projection row moved, projection.py)."""
     columns = [receipts.c[c] for c in _COLUMNS]
     rows = values(*(column(c.key, c.type) for c in columns), name="chained").data(
@@ -98,7 +98,7 @@ def insert_when(n: int, condition: Any) -> Any:
 
 
 # PostgreSQL: the same INSERT as one multi-row statement on the driver's cursor (app/storage/direct.py).
-_INSERT_ROWS = DirectMany(insert_statement, limit=8)
+_INSERT_ROWS = DirectMany(_insert_rows, limit=8)
 
 
 def append(
