@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NotRequired, TypedDict
 
@@ -138,15 +139,38 @@ def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
         if isinstance(decision, DeliveryGenerationsExceeded):
             with logs.bind_job(jobId=job.id):
                 _generations_exhausted(rt, job.id, decision)
+    buffered: list[_Buffered] = []
     with fetches.sent_in_advance(
         [(job.id, job.id, d.generation) for job, d in to_send if not job.abort_requested]
     ):
-        for job, decision in to_send:
-            with logs.bind_job(jobId=job.id):
-                _count_delivery(decision, "dispatch")
-                started.append(job.id)
-                deliver(rt, job, job.id, decision.generation)
+        try:
+            # The batch's worker messages leave in one pipeline, when the loop is done.
+            with rt.app.producer_or_acquire() as producer, producer.batch():
+                for job, decision in to_send:
+                    with logs.bind_job(jobId=job.id):
+                        _count_delivery(decision, "dispatch")
+                        started.append(job.id)
+                        deliver(rt, job, job.id, decision.generation, batch=(producer, buffered))
+        except Exception:
+            # The pipeline did not go (kombu discards what a failed batch buffered): end each of
+            # these deliveries, as a failed send does, so the next pass may start another. A message
+            # that did leave is then a duplicate, which its attempt fence makes inert.
+            log.exception("could not send the worker tasks of %d jobs", len(buffered))
+            for b in buffered:
+                settle_delivery(rt, b.job_id, b.dispatch_key, b.generation, "send_failed")
+                rt.callbacks.forget(rt.engine, b.callback_event)
+            raise
     return started
+
+
+@dataclass(frozen=True)
+class _Buffered:
+    """A worker message in a scan's publish batch: what to undo if the batch does not go."""
+
+    job_id: str
+    dispatch_key: str
+    generation: int
+    callback_event: str | None
 
 
 def _claim(
@@ -266,9 +290,17 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> Drive
     return deliver(rt, job, dispatch_key, generation)
 
 
-def deliver(rt: Runtime, job: Job, dispatch_key: str, generation: int) -> DriveResult:
+def deliver(
+    rt: Runtime,
+    job: Job,
+    dispatch_key: str,
+    generation: int,
+    *,
+    batch: tuple[Any, list[_Buffered]] | None = None,
+) -> DriveResult:
     """The driver's last step for a queued job: honour ``abortRequested``, else send the worker
-    message under a fresh attempt fence."""
+    message under a fresh attempt fence. With ``batch`` (a producer inside ``producer.batch()``, and
+    the list the scan keeps), the message is buffered and recorded there; it leaves with the batch."""
     job_id = job.id
     if job.abort_requested:
         retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
@@ -286,7 +318,10 @@ def deliver(rt: Runtime, job: Job, dispatch_key: str, generation: int) -> DriveR
             args=[job_id, fence, dispatch_key, generation],
             task_id=fence,
             queue=queue_name,
+            producer=batch[0] if batch else None,
         )
+        if batch:
+            batch[1].append(_Buffered(job_id, dispatch_key, generation, evt))
     except Exception:
         # The worker message never left: end this delivery so the next pass may start another.
         log.exception("could not send the worker task for %s", job_id)

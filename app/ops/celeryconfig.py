@@ -30,13 +30,9 @@ from app.jobs.routing import (
     RETRY_TASK,
     WATCHDOG_TASK,
 )
-from app.jobs.timing import CODEX_LEASE_CAP_MS
 from app.storage.files import private_dir
 
 ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE, OBJECTIVES_QUEUE)
-# The codex lease cap is the longest lease; the Redis visibility timeout must exceed it.
-LONGEST_LEASE_MS = CODEX_LEASE_CAP_MS
-VISIBILITY_TIMEOUT_S = 2 * LONGEST_LEASE_MS // 1000
 EMBEDDED_POLL_S = 0.05
 
 
@@ -62,9 +58,14 @@ def broker_transport(settings: Settings) -> str | None:
 
 def broker_transport_options(settings: Settings) -> dict[str, Any]:
     if settings.redis_url:
-        # Redis counts the visibility timeout from fetch; an unacked long job past it would be
-        # redelivered while still running. Twice the longest lease keeps that from happening.
-        return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+        # No ack emulation (kombu's Redis option): a fetched message lives in its consumer's
+        # memory only, as with early ack it does for an instant anyway. kombu's emulation kept a
+        # copy of every delivered message in Redis until the ack (two pipelined transactions per
+        # message, ~20 % of a worker's CPU: bench/README.md) to restore it after a visibility
+        # timeout — a duplicate hours later, which Receipt never relies on: a message lost with
+        # its fetcher is recovered from PostgreSQL within seconds (tasks/fetches.py, the queued
+        # redrive, lease expiry). A warm shutdown still puts back what it fetched and did not start.
+        return {"ack_emulation": False}
     # Embedded default: a folder broker shared by the local processes. Every folder is set
     # explicitly (the control folder otherwise defaults to ./control of the current directory).
     private_dir(settings.home_path)

@@ -118,13 +118,14 @@ class RecordingCallbacks:
 
     posted: list[tuple[str, Job]] = field(default_factory=list)
     engine: Engine | None = None
+    forgotten: list[str | None] = field(default_factory=list)
 
     def dispatched(self, engine: Engine, job: Job, fence: str) -> str | None:
         self.posted.append(("dispatched", job))
-        return None
+        return f"dispatched:{fence}"
 
     def forget(self, engine: Engine, evt_id: str | None) -> None:
-        pass
+        self.forgotten.append(evt_id)
 
     def events(self, job_id: str | None = None) -> list[str]:
         """Dispatched events recorded here, then every terminal event in the outbox."""

@@ -245,6 +245,65 @@ def test_a_send_failure_settles_the_delivery_so_the_next_pass_can_retry(runtime:
     assert again is not None and again.generation == 1
 
 
+def broker_runtime(engine: Engine, redis_url: str) -> tuple[Runtime, RecordingCallbacks, Any]:
+    """A recording runtime whose worker messages really go to Redis (a private key namespace),
+    and a client reading the chat queue they go to."""
+    import redis
+
+    app = isolate_broker(make_celery(settings_for(redis_url)))
+    rt, _sent, callbacks = recording_runtime(engine, settings_for(redis_url), app=app)
+    del app.send_task  # the real one: messages leave through the broker
+    prefix = app.conf.broker_transport_options["global_keyprefix"]
+    client = redis.Redis.from_url(redis_url)
+    return rt, callbacks, lambda: client.llen(prefix + route("factory", "factory.run").queue)
+
+
+def test_a_scan_batch_sends_its_worker_messages_in_one_pipeline_when_the_batch_is_claimed(
+    engine: Engine, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 12: "their worker messages go out in one pipeline". None has left while the batch is
+    # still being driven; all of them have when the scan returns.
+    rt, callbacks, queued = broker_runtime(engine, redis_url)
+    jobs = [enqueue(rt.queue, "factory") for _ in range(3)]
+    seen: list[int] = []
+    real = dispatch.deliver
+
+    def watching(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        seen.append(queued())
+        return out
+
+    monkeypatch.setattr(dispatch, "deliver", watching)
+    assert sorted(dispatch.dispatch_jobs(rt, [j.id for j in jobs])["started"]) == sorted(j.id for j in jobs)
+    assert seen == [0, 0, 0]
+    assert queued() == 3
+    assert callbacks.events() == ["dispatched"] * 3
+
+
+def test_a_batch_that_cannot_be_sent_ends_every_delivery_in_it_and_forgets_its_callbacks(
+    engine: Engine, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kombu.transport import redis as kombu_redis
+
+    rt, callbacks, queued = broker_runtime(engine, redis_url)
+    jobs = [enqueue(rt.queue, "factory") for _ in range(2)]
+
+    def broken(self: Any) -> None:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(kombu_redis.PublishBatch, "flush", broken)
+    with pytest.raises(ConnectionError):
+        dispatch.dispatch_jobs(rt, [j.id for j in jobs])
+    assert queued() == 0
+    for job in jobs:
+        assert delivery_rows(rt.engine, job.id) == [(job.id, 0, "settled", "send_failed")]
+    # Each "dispatched" event was forgotten: no message left.
+    assert sorted(map(str, callbacks.forgotten)) == sorted(f"dispatched:{j.id}:attempt:1" for j in jobs)
+    monkeypatch.undo()
+    assert sorted(dispatch.dispatch_jobs(rt, [j.id for j in jobs])["started"]) == sorted(j.id for j in jobs)
+    assert queued() == 2
+
+
 def test_generations_exceeded_fails_the_job_with_the_exact_message(runtime: Any) -> None:
     rt, sent, callbacks = runtime
     job = enqueue(rt.queue, "factory", max_attempts=8)

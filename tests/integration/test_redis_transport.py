@@ -42,3 +42,40 @@ def test_publish_and_consume_reuse_one_client_per_pool(redis_url: str) -> None:
         assert replaced is not first
         assert replaced.connection_pool is channel.pool
         queue(channel).delete()
+
+
+def test_without_ack_emulation_a_fetched_message_leaves_no_copy_and_a_close_puts_back_the_unacked(
+    redis_url: str,
+) -> None:
+    """Receipt's broker options (app/ops/celeryconfig.py): kombu keeps no unacked copy in Redis (the
+    two pipelined writes per message that ack emulation costs), yet a message fetched and never
+    acknowledged is put back when its consumer closes (a warm shutdown)."""
+    import redis
+
+    from app.config import Settings
+    from app.ops.celeryconfig import broker_transport_options
+
+    options = broker_transport_options(Settings.from_env({"REDIS_URL": redis_url}))
+    assert options == {"ack_emulation": False}
+    name = f"t-noack-{uuid.uuid4().hex[:8]}"
+    queue: Any = _kombu.Queue(name, _kombu.Exchange(name, type="direct"), routing_key=name)
+    client = redis.Redis.from_url(redis_url)
+    with _kombu.Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        channel = conn.default_channel
+        producer = conn.Producer(channel)
+        for i in range(2):
+            producer.publish({"n": i}, exchange=queue.exchange, routing_key=name, declare=[queue])
+        acked = queue(channel).get(no_ack=False)
+        held = queue(channel).get(no_ack=False)
+        assert acked is not None and held is not None
+        assert (acked.payload["n"], held.payload["n"]) == (0, 1)
+        # Nothing of either message is left in Redis while they are held: no unacked hash entry.
+        assert client.llen(name) == 0
+        assert not client.exists(channel.unacked_key) and not client.exists(channel.unacked_index_key)
+        acked.ack()
+    # The channel closed with `held` fetched and not acknowledged: it is back on its queue.
+    with _kombu.Connection(redis_url, transport=Transport, transport_options=options) as conn:
+        again = queue(conn.default_channel).get(no_ack=True)
+        assert again is not None and again.payload["n"] == 1
+        assert queue(conn.default_channel).get(no_ack=True) is None
+        queue(conn.default_channel).delete()

@@ -12,7 +12,6 @@ import pytest
 
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
-from app.jobs.timing import CODEX_LEASE_CAP_MS
 from app.ops import celeryconfig
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
@@ -87,11 +86,13 @@ def test_unknown_queues_are_a_deployment_error(conf: dict[str, Any]) -> None:
     assert conf["task_default_queue"] == DRIVER_QUEUE
 
 
-def test_redis_visibility_timeout_exceeds_the_longest_lease(tmp_path: Path) -> None:
+def test_redis_keeps_no_copy_of_fetched_messages(tmp_path: Path) -> None:
+    # kombu's ack emulation is off: no unacked copy in Redis, so no visibility timeout that could
+    # redeliver a running one-hour codex job, and none to configure (tests/integration/
+    # test_redis_transport.py consumes through it).
     conf = build(tmp_path, REDIS_URL=REDIS)
     assert conf["broker_url"] == REDIS
-    timeout_s = conf["broker_transport_options"]["visibility_timeout"]
-    assert timeout_s * 1000 > CODEX_LEASE_CAP_MS == 3_600_000
+    assert conf["broker_transport_options"] == {"ack_emulation": False}
 
 
 def test_disable_prefetch_only_with_redis(tmp_path: Path) -> None:
@@ -111,7 +112,7 @@ def test_embedded_broker_sets_every_folder_under_receipt_home(tmp_path: Path) ->
     # In and out must be the same folder, or producers and consumers never meet.
     assert options["data_folder_in"] == options["data_folder_out"]
     assert options["polling_interval"] <= 0.1
-    assert "visibility_timeout" not in options
+    assert "visibility_timeout" not in options and "ack_emulation" not in options
     assert Path(conf["beat_schedule_filename"]).is_relative_to(root)
 
 
@@ -142,7 +143,7 @@ def test_make_celery_applies_the_configuration_and_registers_every_task(tmp_path
     assert app.conf.task_acks_late is False
     assert app.conf.worker_prefetch_multiplier == 1
     assert app.conf.worker_consumer == "tasks.consumer:BackoffConsumer"
-    assert app.conf.broker_transport_options["visibility_timeout"] * 1000 > CODEX_LEASE_CAP_MS
+    assert app.conf.broker_transport_options["ack_emulation"] is False
     for name in (
         DISPATCH_TASK,
         DRIVER_TASK,

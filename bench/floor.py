@@ -1,0 +1,215 @@
+"""The floor under issue 12's ratios: the least work any design keeping Receipt's contract must do.
+
+``bench/compare.py --systems floor,…`` runs it beside the peers, in the same rounds. It is not
+Receipt; it is a generous lower bound on what a Receipt job costs, so that a ratio target can be
+checked against what is reachable at all. Per job it does only the parts issue 12 says may not
+change, each in its cheapest form, with nothing of Receipt's code:
+
+* **enqueue** — one autocommitted statement: the projection row, the ``job.enqueued`` receipt
+  (hash chained) and the attempt's delivery record (spec step 3: delivery state lives in
+  PostgreSQL) in one data-modifying CTE; then the **one Celery message** of the attempt (spec
+  step 4; its task id the attempt fence), sent straight from the producer;
+* **lease** — one autocommitted statement in the Celery task: the row moved on (guarded by the
+  seq it follows) and the ``job.leased`` and ``job.heartbeat`` receipts written if it did;
+* **settle** — one more such statement: the row completed, the ``job.completed`` receipt, the
+  delivery settled.
+
+Left out, so the floor is *lower* than any real design: the scan pass and the driver stage as a
+stage of its own (spec steps 2-4: the wake, the claim and its generation rule; the floor writes
+the delivery record with the enqueue and publishes from the producer), every read before a write
+(the driver's read and the worker's re-read of spec steps 4 and 5; the worker is handed the seq
+and hash it follows), the fold (the projection row is a handful of
+columns, not the folded state and its indexes), the heartbeat loop, the handler pool, the ledger,
+fetch records and logging. Celery runs with its defaults (early acknowledgement), without
+Receipt's late acknowledgement and visibility timeout.
+
+What it keeps exactly: Celery over Redis delivers each attempt; every transition is a receipt on
+the real ``receipts`` table (unique ``(stream, seq)``, the append-only triggers), with the chain's
+hash computed in Python; ``synchronous_commit`` stays on (the server's default); the times are the
+database clock, read the way ``compare.py`` reads Receipt's (``job.enqueued`` → ``job.completed``).
+
+    celery -A bench.floor:app worker --pool threads --concurrency 8 --queues bench-floor
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from typing import Any
+
+from celery import Celery
+
+from app.ops.celeryconfig import REDIS_TRANSPORT
+
+TASK = "bench.floor.attempt"
+QUEUE = "bench-floor"
+TABLE = "floor_jobs"
+DELIVERIES = "floor_deliveries"
+
+# The floor's projection: the columns a guarded transition and the recovery scans need, no more.
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    id varchar(128) PRIMARY KEY,
+    status varchar(16) NOT NULL,
+    last_seq integer NOT NULL,
+    last_hash varchar(64) NOT NULL,
+    lease_expires_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS ix_{TABLE}_status_lease ON {TABLE} (status, lease_expires_at);
+CREATE TABLE IF NOT EXISTS {DELIVERIES} (
+    job_id varchar(128) PRIMARY KEY,
+    generation integer NOT NULL,
+    state varchar(16) NOT NULL
+);
+"""
+
+_RECEIPTS = "INSERT INTO receipts (stream, seq, type, body, at, prev_hash, hash) "
+# With reads (``floor-reads``) every receipt is stamped with the time its read returned, as
+# Receipt's are (the time is part of the hash); without, the server stamps it.
+_AT = {False: "clock_timestamp()", True: "%(at)s"}
+
+
+def _enqueue(reads: bool) -> str:
+    return (
+        f"WITH moved AS (INSERT INTO {TABLE} (id, status, last_seq, last_hash) "
+        "VALUES (%(id)s, 'queued', 1, %(h1)s) RETURNING id), "
+        f"delivery AS (INSERT INTO {DELIVERIES} (job_id, generation, state) "
+        "SELECT id, 1, 'sent' FROM moved) "
+        + _RECEIPTS
+        + f"SELECT %(stream)s, 1, 'job.enqueued', %(b1)s, {_AT[reads]}, NULL, %(h1)s FROM moved"
+    )
+
+
+def _lease(reads: bool) -> str:
+    at = _AT[reads]
+    return (
+        f"WITH moved AS (UPDATE {TABLE} SET status = 'running', last_seq = 3, last_hash = %(h3)s, "
+        f"lease_expires_at = {at}::timestamptz + interval '300 seconds' "
+        "WHERE id = %(id)s AND last_seq = 1 RETURNING id) "
+        + _RECEIPTS
+        + f"SELECT v.* FROM (VALUES (%(stream)s, 2, 'job.leased', %(b2)s::json, {at}::timestamptz, %(h1)s, "
+        f"%(h2)s), (%(stream)s, 3, 'job.heartbeat', %(b3)s::json, {at}::timestamptz, %(h2)s, %(h3)s)) "
+        "AS v(stream, seq, type, body, at, prev_hash, hash) WHERE EXISTS (SELECT 1 FROM moved)"
+    )
+
+
+def _settle(reads: bool) -> str:
+    return (
+        f"WITH moved AS (UPDATE {TABLE} SET status = 'completed', last_seq = 4, last_hash = %(h4)s, "
+        "lease_expires_at = NULL WHERE id = %(id)s AND last_seq = 3 RETURNING id), "
+        f"delivery AS (UPDATE {DELIVERIES} SET state = 'settled' WHERE job_id IN (SELECT id FROM moved)) "
+        + _RECEIPTS
+        + f"SELECT %(stream)s, 4, 'job.completed', %(b4)s, {_AT[reads]}, %(h3)s, %(h4)s FROM moved"
+    )
+
+
+# The read before each write (``floor-reads``): the database clock and the row the write follows.
+READ = (
+    "SELECT clock_timestamp(), "
+    f"(SELECT row(status, last_seq, last_hash)::text FROM {TABLE} WHERE id = %(id)s)"
+)
+READS = os.environ.get("BENCH_FLOOR_READS") == "1"
+ENQUEUE, LEASE, SETTLE = _enqueue(READS), _lease(READS), _settle(READS)
+
+
+def link(prev: str | None, kind: str, body: dict[str, Any], at: str = "") -> tuple[str, str]:
+    """(the body as JSON, this receipt's hash): the chain, as cheaply as Python does it."""
+    text = json.dumps(body, separators=(",", ":"), sort_keys=True)
+    return text, hashlib.sha256(f"{prev or ''}|{kind}|{at}|{text}".encode()).hexdigest()
+
+
+def _read(job_id: str) -> tuple[str, str | None]:
+    """(the database clock, the row's ``(status,seq,hash)`` or None): one round trip."""
+    with connection().cursor() as cur:
+        cur.execute(READ, {"id": job_id})
+        now, row = cur.fetchone()
+    return now.isoformat(), row
+
+
+def enqueue_params(job_id: str) -> dict[str, Any]:
+    at = ""
+    if READS:
+        at, row = _read(job_id)
+        if row is not None:
+            raise RuntimeError(f"{job_id} exists")  # Receipt would return the job; the floor never re-sends
+    b1, h1 = link(None, "job.enqueued", {"jobId": job_id, "agentId": "noop", "kind": "factory.run"}, at)
+    return {"id": job_id, "stream": f"jobs/{job_id}", "b1": b1, "h1": h1, **({"at": at} if READS else {})}
+
+
+_local = threading.local()
+
+
+def connection() -> Any:
+    """One autocommitting psycopg2 connection per thread (the worker's pool threads, the producer's)."""
+    conn = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        import psycopg2
+
+        dsn = os.environ["BENCH_FLOOR_DSN"]
+        conn = _local.conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+    return conn
+
+
+def _write(sql: str, params: dict[str, Any]) -> int:
+    with connection().cursor() as cur:
+        cur.execute(sql, params)
+        return int(cur.rowcount)
+
+
+def attempt(job_id: str, h1: str) -> None:
+    """The worker's part of one attempt: lease (two receipts), the no-op handler, settle."""
+    fence = f"{job_id}:attempt:1"
+    stream = f"jobs/{job_id}"
+    extra: dict[str, Any] = {}
+    at = ""
+    if READS:  # lease only a queued job: decided on the row read, with the clock read beside it
+        at, row = _read(job_id)
+        if row != f"(queued,1,{h1})":
+            return
+        extra = {"at": at}
+    b2, h2 = link(h1, "job.leased", {"attempt": 1, "fence": fence, "workerId": "floor"}, at)
+    b3, h3 = link(h2, "job.heartbeat", {"fence": fence}, at)
+    lease = {"id": job_id, "stream": stream, "h1": h1, "b2": b2, "h2": h2, "b3": b3, "h3": h3, **extra}
+    if _write(LEASE, lease) != 2:
+        return  # the row moved on: nothing was written
+    if READS:  # spec step 5: re-read, then settle
+        at, row = _read(job_id)
+        if row != f"(running,3,{h3})":
+            return
+        extra = {"at": at}
+    b4, h4 = link(h3, "job.completed", {"fence": fence, "result": {}}, at)
+    _write(SETTLE, {"id": job_id, "stream": stream, "h3": h3, "b4": b4, "h4": h4, **extra})
+
+
+def make_app(broker: str) -> Celery:
+    floor = Celery("bench_floor_receipts", broker=broker, set_as_current=False)
+    floor.conf.update(
+        task_default_queue=QUEUE,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    # Receipt's kombu transport: one redis client per pool instead of one per publish and ack.
+    floor.conf.broker_transport = REDIS_TRANSPORT
+    floor.task(name=TASK, shared=False)(attempt)
+    return floor
+
+
+app = make_app(os.environ.get("BENCH_FLOOR_BROKER", "redis://127.0.0.1:6379/0"))
+
+
+def sender() -> Any:
+    """The producer's send: the enqueue statement, then the attempt's one Celery message."""
+
+    def send(job_id: str) -> str:
+        params = enqueue_params(job_id)
+        _write(ENQUEUE, params)
+        app.send_task(TASK, args=[job_id, params["h1"]], queue=QUEUE, task_id=f"{job_id}:attempt:1")
+        return job_id
+
+    return send
