@@ -18,7 +18,7 @@ from api.wake import default_waker
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.ops import metrics
-from app.storage.db import make_engine
+from app.storage.db import engine_for
 from app.storage.queue import Queue
 
 log = logging.getLogger("receipt.api")
@@ -40,7 +40,7 @@ def create_app(
     so no broker is needed.
     """
     settings = settings if settings is not None else Settings.from_env()
-    engine = engine if engine is not None else make_engine(settings.sqlalchemy_url)
+    engine = engine if engine is not None else engine_for(settings)
     if on_dispatchable is None:
         on_dispatchable = default_waker(settings)
 

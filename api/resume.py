@@ -12,7 +12,7 @@ import threading
 from api.wake import default_waker
 from app.config import Settings
 from app.factory.loops import schedule_resume
-from app.storage.db import make_engine
+from app.storage.db import engine_for
 from app.storage.queue import Queue
 
 log = logging.getLogger("receipt.api")
@@ -22,7 +22,7 @@ def start_api_resume() -> threading.Timer | None:
     """Schedule the resume pass ``RESONATE_STARTUP_SETTLE_MS`` from now; None if it cannot start."""
     settings = Settings.from_env()
     try:
-        queue = Queue(make_engine(settings.sqlalchemy_url), on_dispatchable=default_waker(settings))
+        queue = Queue(engine_for(settings), on_dispatchable=default_waker(settings))
     except Exception:
         log.exception("objective resume at startup (api) could not start")
         return None

@@ -31,6 +31,13 @@ def _int(text: str) -> int:
     return int(text.strip())
 
 
+def _enabled(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("enabled", "disabled"):
+        raise ValueError("allowed values: enabled, disabled")
+    return value == "enabled"
+
+
 def _log_format(text: str) -> str:
     value = text.strip().lower()
     if value not in ("plain", "json"):
@@ -46,6 +53,15 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "Database URL. Unset: the embedded SQLite file `$RECEIPT_HOME/receipt.db`. "
         "`postgres://` and `postgresql://` are normalised to the psycopg2 driver.",
+    ),
+    Setting(
+        "RECEIPT_DB_PREPARED_STATEMENTS",
+        "db_prepared_statements",
+        "disabled",
+        "`enabled` prepares each hot statement once per PostgreSQL connection (server-side `PREPARE`): "
+        "less database CPU per job. Keep `disabled` behind a transaction-mode pooler (PgBouncer "
+        "`pool_mode=transaction`), where prepared statements do not follow a client's connection.",
+        _enabled,
     ),
     Setting(
         "REDIS_URL",
@@ -531,6 +547,7 @@ class Settings:
     callback_give_up_ms: int = 86400000
     codex_commands: str = "disabled"
     celery_events: str = "disabled"
+    db_prepared_statements: bool = False
     handler_modules: str = ""
     planner_module: str = "app.factory.planner"
     codex_output_tail_bytes: int = 4096

@@ -103,6 +103,7 @@ LABELS = {
     "floor-reads": "Floor with its reads",
 }
 POLL_S = 0.05
+UNPREPARED = [False]  # --unprepared: Receipt with RECEIPT_DB_PREPARED_STATEMENTS at its default
 IDLE_POLL_S = 0.002
 DONE_TIMEOUT_S = 300.0
 BOOT_TIMEOUT_S = 120.0
@@ -186,6 +187,9 @@ def _deploy_receipt(
         RECEIPT_RESONATE_EXECUTE_CONCURRENCY="8",
         # A throughput bench posts faster than the default per-organisation write limit allows.
         RECEIPT_RATE_LIMIT_WRITES="1000000/minute",
+        # Tuned for a direct PostgreSQL connection, as a deployment without a transaction-mode
+        # pooler would be (docs/scaling.md); --unprepared measures the default.
+        RECEIPT_DB_PREPARED_STATEMENTS="disabled" if UNPREPARED[0] else "enabled",
     )
     # Production timings (5 min leases, a 15 s redrive with a 30 s minimum age, ...), as every peer
     # runs its own defaults: the e2e tests' short ones rescan and redrive during a burst.
@@ -213,6 +217,8 @@ def _deploy_receipt(
             "BENCH_REDIS": deployment.redis_url,
             "BENCH_WEB": deployment.url(""),
             "BENCH_TOKEN": deployment.token,
+            # The in-process producer opens its engine as the deployment's processes do.
+            "BENCH_RECEIPT_PREPARED": "0" if UNPREPARED[0] else "1",
         },
     )
     warm(dep, "receipt-python", "warm-")
@@ -576,7 +582,8 @@ def _sender(system: str, prefix: str) -> tuple[Callable[[str], str], Callable[[s
     """(send one job → its key, is that key's job done?) for one system, from the environment."""
     from app.storage.db import make_engine
 
-    engine = make_engine(os.environ["BENCH_DB"], pool_size=16)
+    prepared = system == "receipt-python" and os.environ.get("BENCH_RECEIPT_PREPARED") == "1"
+    engine = make_engine(os.environ["BENCH_DB"], pool_size=16, prepared_statements=prepared)
 
     def scalar(sql: str, key: Any) -> Any:
         with engine.connect() as conn:
@@ -804,11 +811,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=1800, help="start no round after this")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument(
+        "--unprepared",
+        action="store_true",
+        help="run Receipt without prepared statements (RECEIPT_DB_PREPARED_STATEMENTS's default)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="--jobs 200 --idle 10 --loaded-s 3 --count-jobs 50"
     )
     if "--quick" in argv:  # smaller defaults; flags given explicitly still win
         parser.set_defaults(jobs=200, idle=10, loaded_s=3.0, count_jobs=50)
     args = parser.parse_args(argv)
+    UNPREPARED[0] = args.unprepared
     try:
         import procrastinate  # noqa: F401
     except ImportError:
@@ -855,7 +868,8 @@ def report(
         f"Comparison, no-op jobs: {args.jobs} per burst, {rounds} rounds alternated (medians), "
         f"{args.clients} producer threads, {os.cpu_count()} CPUs, "
         f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end "
-        f"({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)"
+        f"({datetime.now(UTC):%Y-%m-%d %H:%M} UTC); Receipt's prepared statements "
+        f"{'off' if args.unprepared else 'on'}"
     )
     head = f"  {'system':<32} {'jobs/s':>8} {'/Procr.':>8} {'/Celery':>8} {'idle p50':>9} {'idle p99':>9}"
     print(head + f" {'loaded p50':>11} {'loaded p99':>11} {'at jobs/s':>10}")

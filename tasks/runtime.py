@@ -29,7 +29,7 @@ from app.jobs.routing import RETRY_TASK as RETRY_TASK
 from app.jobs.routing import WATCHDOG_TASK as WATCHDOG_TASK
 from app.ops import metrics
 from app.ops.wakes import WakeList, wake, wake_list_for
-from app.storage.db import make_engine
+from app.storage.db import engine_for
 from app.storage.queue import Queue
 from tasks.broker import BrokerProbe, NullProbe, probe_for
 from tasks.callbacks import Callbacks
@@ -68,7 +68,7 @@ def get_runtime(app: Celery) -> Runtime:
         rt = getattr(app, "receipt_runtime", None)
         if rt is None:
             settings: Settings = app.receipt_settings
-            engine = make_engine(settings.sqlalchemy_url)
+            engine = engine_for(settings)
             wakes = wake_list_for(settings.redis_url, app.conf.broker_transport_options)
             queue = Queue(
                 engine,

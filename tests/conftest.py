@@ -99,7 +99,9 @@ def sqlite_database_url(sqlite_template: Path, tmp_path: Path) -> str:
 
 
 def _opened(url: str) -> Iterator[Engine]:
-    engine = make_engine(url)
+    # RECEIPT_TEST_PREPARED_STATEMENTS=1 runs every in-process test with prepared statements on
+    # (app/storage/direct.py), as RECEIPT_DB_PREPARED_STATEMENTS=enabled runs production.
+    engine = make_engine(url, prepared_statements=os.environ.get("RECEIPT_TEST_PREPARED_STATEMENTS") == "1")
     yield engine
     close_queues(engine)
     engine.dispose()

@@ -19,11 +19,11 @@ from app.jobs.errors import InvariantError
 from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.reducer import Receipt, fold
 from app.jobs.vocab import job_stream
-from app.storage.db import iso, make_engine, transaction
+from app.storage.db import engine_for, iso, transaction
 
 
 def _engine(settings: Settings) -> Any:
-    return make_engine(settings.sqlalchemy_url)
+    return engine_for(settings)
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from app.config import Settings
 from app.jobs.privilege import COMMANDS_SCOPE
-from app.storage.db import make_engine
+from app.storage.db import engine_for
 from app.storage.files import private_dir, write_private
 
 STOP_GRACE_S = 15.0
@@ -139,7 +139,7 @@ def _prepare(settings: Settings) -> str:
     from app.storage.migrate import upgrade
 
     private_dir(settings.home_path)
-    engine = make_engine(settings.sqlalchemy_url)
+    engine = engine_for(settings)
     # Issue 8: the dev token may run commands only where the deployment runs them at all.
     scopes = (COMMANDS_SCOPE,) if settings.codex_commands_enabled else ()
     try:

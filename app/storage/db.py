@@ -39,7 +39,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DisconnectionError
 
-from app.storage.direct import Direct
+from app.config import Settings
+from app.storage.direct import PREPARED, Direct
 from app.storage.files import create_private_file, private_dir
 
 metadata = MetaData()
@@ -262,11 +263,13 @@ durable_activities = Table(
 # -- engines ------------------------------------------------------------------------------
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, prepared_statements: bool = False, **kwargs: Any) -> Engine:
     """Open an engine; SQLite gets WAL, a busy timeout and explicit BEGIN for write locking.
 
     Every engine hides SQL parameters from its errors and logs (issue 8): a failed statement
     must not put a payload, a token hash or a tenant's data into a log line.
+    ``prepared_statements`` (``RECEIPT_DB_PREPARED_STATEMENTS``, PostgreSQL only): the hot
+    statements are prepared once per connection (``app/storage/direct.py``).
     """
     kwargs.setdefault("hide_parameters", True)
     if url.startswith("sqlite"):
@@ -302,7 +305,19 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     engine = create_engine(url, **kwargs)
     if not kwargs.get("pool_pre_ping"):
         _ping_when_idle(engine)
+    if prepared_statements:
+
+        @event.listens_for(engine.pool, "connect")
+        def _prepare_here(_dbapi_conn: Any, record: Any) -> None:
+            # A new server session has nothing prepared (the pool clears ``info`` on reconnect).
+            record.info[PREPARED] = {}
+
     return engine
+
+
+def engine_for(settings: Settings) -> Engine:
+    """The engine a process opens on its configured database (``DATABASE_URL`` or the embedded file)."""
+    return make_engine(settings.sqlalchemy_url, prepared_statements=settings.db_prepared_statements)
 
 
 # Issue 12: a pooled connection is pinged at checkout only when it sat idle this long. A busy

@@ -24,10 +24,22 @@ What does not change:
 Result rows are tuples (SQLAlchemy rows on the fallback), so callers read columns by position.
 psycopg2 decodes JSON, JSONB and timestamps itself; SQLAlchemy adds no result processing for
 them on this driver, so the values are the same on both paths (tested).
+
+**Prepared statements** (``RECEIPT_DB_PREPARED_STATEMENTS=enabled``; ``db.make_engine`` marks each
+new connection): a statement is prepared on the server the first time a connection runs it
+(``PREPARE``, its parameters typed from the Core statement's binds) and executed by name after
+that, so the server parses and plans it once per connection instead of on every job. psycopg2 has
+no protocol-level preparation, so this is SQL-level ``PREPARE``, which lives in one server
+session: it must stay off behind a transaction-mode pooler (PgBouncer ``pool_mode=transaction``),
+where the next statement may run on another server connection. A statement the server no longer
+has (``DEALLOCATE``, or a plan a migration made stale) is prepared again under a new name: at once
+on an autocommit connection, else by the caller's transient-error retry (``queue.is_transient``).
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +49,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import Executable
 
 DIRECT_DRIVER = "psycopg2"
+# A connection's ``info`` key, set when prepared statements are on: {statement text: EXECUTE text}.
+PREPARED = "receipt_prepared"
+# Beyond this many per connection, statements run unprepared (multi-row shapes are bounded anyway).
+PREPARED_PER_CONNECTION = 256
+_names = itertools.count(1)
+_PLACEHOLDER = re.compile(r"%\(([^)]+)\)s|%%")
 
 
 @dataclass(frozen=True)
@@ -45,6 +63,8 @@ class _Compiled:
     keys: frozenset[str]  # the parameter names it was compiled for (an INSERT's or UPDATE's columns)
     literals: Mapping[str, Any]  # values bound when the statement was built (``state == 'pending'``)
     processors: tuple[tuple[str, Callable[[Any], Any]], ...]
+    prepare: str  # "(types) AS <the statement, its parameters numbered>", for PREPARE <name>
+    arguments: str  # "(%(a)s, %(b)s, ...)": the EXECUTE arguments, in the numbered order
 
 
 class Direct:
@@ -113,7 +133,31 @@ def _compile(statement: Executable, conn: Connection, params: Mapping[str, Any])
         process = bind.type.bind_processor(dialect)
         if process is not None:
             processors.append((name, process))
-    return _Compiled(compiled.string, frozenset(params), literals, tuple(processors))
+    prepare, arguments = _positional(compiled.string, compiled.binds, dialect)
+    return _Compiled(compiled.string, frozenset(params), literals, tuple(processors), prepare, arguments)
+
+
+def _positional(sql: str, binds: Mapping[str, Any], dialect: Any) -> tuple[str, str]:
+    """The statement with ``$n`` parameters and their types, and the EXECUTE arguments that bind them."""
+    order: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:  # ``%%``: a literal percent sign, escaped for the driver's interpolation
+            return "%"
+        return f"${order.setdefault(name, len(order) + 1)}"
+
+    body = _PLACEHOLDER.sub(number, sql)
+    types = [_type_name(binds[name].type, dialect) if name in binds else "unknown" for name in order]
+    prepare = (f"({', '.join(types)}) " if types else "") + f"AS {body}"
+    return prepare, "(" + ", ".join(f"%({name})s" for name in order) + ")" if order else ""
+
+
+def _type_name(type_: Any, dialect: Any) -> str:
+    """A parameter's PostgreSQL type, from its Core type; ``unknown`` lets the server infer it."""
+    if type_._isnull:
+        return "unknown"
+    return str(dialect.type_compiler_instance.process(type_))
 
 
 def _run(conn: Connection, compiled: _Compiled, params: Mapping[str, Any]) -> Any:
@@ -121,15 +165,55 @@ def _run(conn: Connection, compiled: _Compiled, params: Mapping[str, Any]) -> An
     for name, process in compiled.processors:
         if name in values:
             values[name] = process(values[name])
-    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    fairy = conn.connection
+    dbapi = fairy.dbapi_connection
+    prepared: dict[str, str] | None = fairy.info.get(PREPARED)
+    cursor = dbapi.cursor()  # type: ignore[union-attr]
     try:
-        cursor.execute(compiled.sql, values)
+        if prepared is None:
+            cursor.execute(compiled.sql, values)
+        else:
+            try:
+                _execute_prepared(cursor, prepared, compiled, values)
+            except Exception as exc:
+                if not _lost_prepared(exc, prepared, compiled) or not dbapi.autocommit:  # type: ignore[union-attr]
+                    raise
+                _execute_prepared(cursor, prepared, compiled, values)  # prepared again, new name
     except Exception as exc:
         cursor.close()
         # SQLAlchemy's own handler: wraps the error, invalidates a dropped connection, hides
         # parameters. Private, but the one path that does all three as a statement would.
         conn._handle_dbapi_exception(exc, compiled.sql, values, None, None)
     return cursor
+
+
+def _execute_prepared(cursor: Any, prepared: dict[str, str], compiled: _Compiled, values: Any) -> None:
+    execute = prepared.get(compiled.sql)
+    if execute is None:
+        if len(prepared) >= PREPARED_PER_CONNECTION:
+            cursor.execute(compiled.sql, values)
+            return
+        name = f"receipt_{next(_names)}"
+        cursor.execute(f"PREPARE {name} {compiled.prepare}")
+        execute = prepared[compiled.sql] = f"EXECUTE {name} {compiled.arguments}"
+    cursor.execute(execute, values)
+
+
+def lost_preparation(exc: BaseException | None) -> bool:
+    """Whether a driver error says the server lost a statement's preparation: it has no such
+    statement (26000), or its plan no longer matches the tables' row types (0A000, "cached plan
+    must not change result type", after a migration)."""
+    code = getattr(exc, "pgcode", None)
+    return code == "26000" or (code == "0A000" and "cached plan" in str(exc))
+
+
+def _lost_prepared(exc: Exception, prepared: dict[str, str], compiled: _Compiled) -> bool:
+    """``lost_preparation``, and if so the statement is forgotten here, so the next run prepares
+    it again under a new name (the old one may still exist)."""
+    if not lost_preparation(exc):
+        return False
+    prepared.pop(compiled.sql, None)
+    return True
 
 
 def multi_row_values(columns: Iterable[Column[Any]], n: int) -> list[dict[str, Any]]:

@@ -56,7 +56,7 @@ from app.storage.db import (
     parse_iso,
     transaction,
 )
-from app.storage.direct import DIRECT_DRIVER, Direct
+from app.storage.direct import DIRECT_DRIVER, Direct, lost_preparation
 
 if TYPE_CHECKING:  # the Factory imports this module; at run time it is imported lazily, never here
     from app.factory.reducer import Objective
@@ -156,11 +156,14 @@ class _NeedsTransaction(Exception):
 
 def is_transient(exc: BaseException) -> bool:
     """Storage errors worth retrying: the database unreachable or restarting (the one outage
-    classifier, ``db.is_storage_outage``), serialization failures and deadlocks."""
+    classifier, ``db.is_storage_outage``), serialization failures and deadlocks, and a prepared
+    statement the server lost inside a transaction (``direct.py`` prepares it again on the retry)."""
     if is_storage_outage(exc):
         return True
-    code = getattr(getattr(exc, "orig", None), "pgcode", None)
-    return code in {"40001", "40P01"}
+    orig = getattr(exc, "orig", None)
+    if lost_preparation(orig):
+        return True
+    return getattr(orig, "pgcode", None) in {"40001", "40P01"}
 
 
 class Queue:

@@ -30,6 +30,8 @@ from app.storage.db import (
 )
 from app.storage.direct import Direct
 from app.storage.queue import Queue
+from tests.support.databases import assert_projection_equals_fold
+from tests.support.queue_ops import close_queues
 
 _READ = Direct(
     select(receipts.c.id, receipts.c.body, receipts.c.at, receipts.c.hash).where(
@@ -199,3 +201,79 @@ def test_a_transition_whose_row_moved_on_writes_nothing_even_autocommitted(pg_en
             conn.execute(select(deliveries.c.state).where(deliveries.c.job_id == job_id)).scalars().all()
         )
     assert pending == ["pending"]
+
+
+# -- prepared statements (RECEIPT_DB_PREPARED_STATEMENTS=enabled) ------------------------------------
+
+
+@pytest.fixture
+def prepared_engine(pg_database_url: str) -> Iterator[Engine]:
+    from app.storage.db import make_engine
+
+    engine = make_engine(pg_database_url, prepared_statements=True)
+    yield engine
+    close_queues(engine)
+    engine.dispose()
+
+
+def _prepared_here(conn: Connection) -> list[str]:
+    return sorted(str(n) for n in conn.exec_driver_sql("SELECT name FROM pg_prepared_statements").scalars())
+
+
+def test_prepared_statements_give_the_values_and_the_stream_sqlalchemy_would(
+    prepared_engine: Engine, pg_engine: Engine
+) -> None:
+    queue = Queue(prepared_engine)
+    auth = {"userId": "u", "organizationId": "org"}
+    job = queue.enqueue(
+        validate_enqueue("factory", {"jobId": "p-1", "payload": {"kind": "factory.run", "authContext": auth}})
+    ).job
+    assert queue.start_attempt(job.id, "w", 1, lambda _job: 60_000).status == "started"
+    assert queue.settle_attempt(job.id, "w", 1, result={"big": 2**70, "nested": [1, {"a": None}]}).applied
+    with prepared_engine.connect() as conn:
+        # Prepared once on this connection and executed by name; the hot statements are among them.
+        assert any(n.startswith("receipt_") for n in _prepared_here(conn))
+        store.append(conn, "s/prepared", 0, "t.one", {"n": 1, "big": 2**70})
+        conn.commit()
+        prepared_rows = [tuple(r) for r in _READ.rows(conn, {"stream": "s/prepared"})]
+    with pg_engine.connect() as conn:  # the same database, nothing prepared
+        assert [tuple(r) for r in _READ.rows(conn, {"stream": "s/prepared"})] == prepared_rows
+        assert [tuple(r) for r in conn.execute(_READ.statement, {"stream": "s/prepared"})] == prepared_rows
+        assert store.verify(conn, stream="jobs/p-1") == (4, None)
+        job_now = projection.load(conn, "p-1")
+    assert job_now is not None and job_now.job.status == "completed"
+    assert job_now.job.result == {"big": 2**70, "nested": [1, {"a": None}]}
+    assert_projection_equals_fold(pg_engine, "p-1")
+
+
+def test_a_statement_the_server_lost_is_prepared_again_on_an_autocommit_connection(
+    prepared_engine: Engine,
+) -> None:
+    with autocommit_connection(prepared_engine) as conn:
+        before = [tuple(r) for r in _READ.rows(conn, {"stream": "s/none"})]
+        assert _prepared_here(conn)
+        conn.exec_driver_sql("DEALLOCATE ALL")  # what a server-side reset would do
+        assert _prepared_here(conn) == []
+        assert [tuple(r) for r in _READ.rows(conn, {"stream": "s/none"})] == before
+        assert len(_prepared_here(conn)) == 1  # prepared again, under a new name
+
+
+def test_inside_a_transaction_a_lost_statement_is_a_transient_error_that_a_retry_mends(
+    prepared_engine: Engine,
+) -> None:
+    from app.storage.queue import is_transient, retry_transient
+
+    with prepared_engine.connect() as conn:
+        _READ.rows(conn, {"stream": "s/none"})
+        conn.exec_driver_sql("DEALLOCATE ALL")
+        conn.commit()
+        with pytest.raises(Exception) as lost:
+            _READ.rows(conn, {"stream": "s/none"})
+        conn.rollback()
+    assert is_transient(lost.value)
+
+    def read() -> int:
+        with transaction(prepared_engine) as c:
+            return len(_READ.rows(c, {"stream": "s/none"}))
+
+    assert retry_transient(read, sleep=lambda _s: None) == 0

@@ -396,6 +396,26 @@ def test_replay_is_deterministic_and_resumable(events: list[Receipt], split: int
 
 @SETTINGS
 @given(event_lists())
+def test_the_fast_evolve_folds_exactly_as_dataclasses_replace(events: list[Receipt]) -> None:
+    # The reducer copies a state's fields instead of calling dataclasses.replace (reducer._evolve):
+    # every step of a random stream must equal the fold with replace itself.
+    import dataclasses
+    from unittest import mock
+
+    from app.jobs import reducer
+
+    fast = _states(events)
+    with mock.patch.object(reducer, "_evolve", dataclasses.replace):
+        slow = _states(events)
+    assert fast == slow
+    for state in fast:
+        assert dataclasses.replace(state) == state == reducer._evolve(state)
+    with pytest.raises(TypeError):
+        reducer._evolve(fast[-1] if fast else Receipt("s", 1, "job.noop", {}), no_such_field=1)
+
+
+@SETTINGS
+@given(event_lists())
 def test_every_state_round_trips_through_json(events: list[Receipt]) -> None:
     for state in _states(events):
         assert Job.from_json(state.to_json()) == state
