@@ -17,6 +17,13 @@ its own private redis-server on a free port — and only one system runs at a ti
   ``PsycopgConnector``, LISTEN/NOTIFY on); the producer calls ``noop.defer()`` from Python.
 * **Celery** — ``bench.runtime_bench:baseline_app`` (a no-op task), ``--pool prefork
   --concurrency 2``, Redis broker, Postgres result backend through psycopg2.
+* On request (``--systems``), **the floors** of ``bench/floor.py`` (``floor``, ``floor-reads``): not
+  Receipt, the least work any design keeping issue 12's constraints does per job, to show which
+  ratio targets are reachable at all on this machine.
+
+Receipt runs with its production timings and with prepared statements on
+(``RECEIPT_DB_PREPARED_STATEMENTS=enabled``, as a deployment connecting to PostgreSQL directly
+would run; ``--unprepared`` measures the default, off).
 
 Every producer runs in its own process with ``--clients`` threads. Per round and system: a burst
 of ``--jobs`` jobs (throughput), then ``--idle`` jobs one at a time (idle latency), then jobs sent

@@ -464,7 +464,7 @@ SOAK_TIMINGS = {
 
 @contextlib.contextmanager
 def deployment(
-    workdir: Path, database_url: str | None, private_pg: bool
+    workdir: Path, database_url: str | None, private_pg: bool, extra_env: dict[str, str] | None = None
 ) -> Iterator[tuple[Stack, PrivatePostgres | None]]:
     pg: PrivatePostgres | None = None
     harness = Harness(workdir / "logs")
@@ -478,7 +478,7 @@ def deployment(
         engine = make_engine(normalise_database_url(database_url))
         upgrade(engine)
         engine.dispose()
-        stack = make_stack(harness, database_url, workdir / "home", **SOAK_TIMINGS)
+        stack = make_stack(harness, database_url, workdir / "home", **{**SOAK_TIMINGS, **(extra_env or {})})
         try:
             stack.start("web", "driver", "chat-a", "chat-b", "control", "codex", "beat")
             yield stack, pg
@@ -583,6 +583,11 @@ def main(argv: list[str] | None = None) -> int:
         "--database-url", help="an existing migrated-or-empty database (Postgres is then never restarted)"
     )
     parser.add_argument("--json", help="also write the report here")
+    parser.add_argument(
+        "--prepared",
+        action="store_true",
+        help="run every process with RECEIPT_DB_PREPARED_STATEMENTS=enabled",
+    )
     parser.add_argument("--workdir", help="keep the processes' logs (and the private Postgres) here")
     args = parser.parse_args(argv)
     schedule = tuple(f for f in args.faults.split(",") if f)
@@ -598,7 +603,9 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="receipt-soak-")))
         if os.geteuid() == 0:
             os.chmod(workdir, 0o755)
-        with deployment(workdir, args.database_url, private_pg=args.database_url is None) as (stack, pg):
+        extra = {"RECEIPT_DB_PREPARED_STATEMENTS": "enabled"} if args.prepared else {}
+        private = args.database_url is None
+        with deployment(workdir, args.database_url, private_pg=private, extra_env=extra) as (stack, pg):
             print(
                 f"soak: {args.jobs} jobs at {args.rate}/s, faults {schedule}, worker kills every {lo}-{hi} s",
                 flush=True,
