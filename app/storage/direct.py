@@ -49,7 +49,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.expression import Executable
 
 DIRECT_DRIVER = "psycopg2"
-# A connection's ``info`` key, set when prepared statements are on: {statement text: EXECUTE text}.
+# A connection's ``info`` key, set when prepared statements are on: {PREPARE text: EXECUTE text}.
 PREPARED = "receipt_prepared"
 # Beyond this many per connection, statements run unprepared (multi-row shapes are bounded anyway).
 PREPARED_PER_CONNECTION = 256
@@ -150,7 +150,8 @@ def _positional(sql: str, binds: Mapping[str, Any], dialect: Any) -> tuple[str, 
     body = _PLACEHOLDER.sub(number, sql)
     types = [_type_name(binds[name].type, dialect) if name in binds else "unknown" for name in order]
     prepare = (f"({', '.join(types)}) " if types else "") + f"AS {body}"
-    return prepare, "(" + ", ".join(f"%({name})s" for name in order) + ")" if order else ""
+    arguments = "(" + ", ".join(f"%({name})s" for name in order) + ")" if order else ""
+    return prepare, arguments
 
 
 def _type_name(type_: Any, dialect: Any) -> str:
@@ -188,14 +189,15 @@ def _run(conn: Connection, compiled: _Compiled, params: Mapping[str, Any]) -> An
 
 
 def _execute_prepared(cursor: Any, prepared: dict[str, str], compiled: _Compiled, values: Any) -> None:
-    execute = prepared.get(compiled.sql)
+    # Keyed by the typed text: two statements alike but for a parameter's type are two statements.
+    execute = prepared.get(compiled.prepare)
     if execute is None:
         if len(prepared) >= PREPARED_PER_CONNECTION:
             cursor.execute(compiled.sql, values)
             return
         name = f"receipt_{next(_names)}"
         cursor.execute(f"PREPARE {name} {compiled.prepare}")
-        execute = prepared[compiled.sql] = f"EXECUTE {name} {compiled.arguments}"
+        execute = prepared[compiled.prepare] = f"EXECUTE {name} {compiled.arguments}"
     cursor.execute(execute, values)
 
 
@@ -212,7 +214,7 @@ def _lost_prepared(exc: Exception, prepared: dict[str, str], compiled: _Compiled
     it again under a new name (the old one may still exist)."""
     if not lost_preparation(exc):
         return False
-    prepared.pop(compiled.sql, None)
+    prepared.pop(compiled.prepare, None)
     return True
 
 
