@@ -125,6 +125,8 @@ def main() -> int:
         )
         app = create_app(settings, engine=engine)
         queue = app.extensions["receipt"].queue
+        # Before the engine and the database go: the ledger writer's last batch, then its thread.
+        cleanup.callback(queue.close)
         info, token = tokens.create(engine, ORG)
         enqueuer = Identity(info.organization_id, info.system, info.id, info.scopes).enqueuer()
         posted: list[str] = []
