@@ -97,10 +97,10 @@ from tests.support.stack import ORG, make_stack
 from tests.support.waiting import wait_for
 
 SYSTEMS = ("receipt-python", "receipt-http", "procrastinate", "celery")
-# Not Receipt: the least work any design keeping its contract must do (bench/floor.py). Run on
-# request (``--systems floor,procrastinate,celery``), to check a ratio target against what is
-# reachable at all.
-EXTRA_SYSTEMS = ("floor", "floor-reads")
+# Not Receipt: the least work any design keeping its contract must do (bench/floor.py); the second
+# adds the spec's reads. Run on request (``--systems floor,floor-reads,procrastinate,celery``), to
+# check a ratio target against what is reachable at all. Each is its own deployment kind.
+FLOOR, FLOOR_READS = FLOORS = ("floor", "floor-reads")
 LABELS = {
     "receipt-python": "Receipt, Python enqueue",
     "receipt-http": "Receipt, HTTP enqueue",
@@ -110,7 +110,6 @@ LABELS = {
     "floor-reads": "Floor with its reads",
 }
 POLL_S = 0.05
-UNPREPARED = [False]  # --unprepared: Receipt with RECEIPT_DB_PREPARED_STATEMENTS at its default
 IDLE_POLL_S = 0.002
 DONE_TIMEOUT_S = 300.0
 BOOT_TIMEOUT_S = 120.0
@@ -153,8 +152,11 @@ def _pids(*pids: int) -> Callable[[], list[int]]:
 
 
 @contextmanager
-def deploy(kind: str, harness: Harness, home: Path, *, log_all: bool = False) -> Iterator[Deployment]:
-    """A fresh database and the system's processes, warmed up; everything stopped/dropped on exit."""
+def deploy(
+    kind: str, harness: Harness, home: Path, *, log_all: bool = False, prepared: bool = True
+) -> Iterator[Deployment]:
+    """A fresh database and the system's processes, warmed up; everything stopped/dropped on exit.
+    ``prepared``: Receipt with ``RECEIPT_DB_PREPARED_STATEMENTS=enabled`` (``--unprepared``: off)."""
     from app.storage.db import make_engine
 
     with ExitStack() as stack:
@@ -170,18 +172,25 @@ def deploy(kind: str, harness: Harness, home: Path, *, log_all: bool = False) ->
         stack.callback(engine.dispose)
         postgres = lambda: backend_pids(engine)  # noqa: E731
         if kind == "receipt":
-            dep = _deploy_receipt(stack, harness, home, url, engine, database, postgres)
+            dep = _deploy_receipt(stack, harness, home, url, engine, database, postgres, prepared)
         elif kind == "procrastinate":
             dep = _deploy_procrastinate(stack, harness, url, engine, database, postgres)
-        elif kind in ("floor", "floor-reads"):
-            dep = _deploy_floor(stack, harness, url, engine, database, postgres, reads=kind == "floor-reads")
+        elif kind in FLOORS:
+            dep = _deploy_floor(stack, harness, url, engine, database, postgres, reads=kind == FLOOR_READS)
         else:
             dep = _deploy_celery(stack, harness, url, engine, database, postgres)
         yield dep
 
 
 def _deploy_receipt(
-    stack: ExitStack, harness: Harness, home: Path, url: str, engine: Engine, database: str, postgres: Any
+    stack: ExitStack,
+    harness: Harness,
+    home: Path,
+    url: str,
+    engine: Engine,
+    database: str,
+    postgres: Any,
+    prepared: bool,
 ) -> Deployment:
     from app.storage.migrate import upgrade
 
@@ -196,7 +205,7 @@ def _deploy_receipt(
         RECEIPT_RATE_LIMIT_WRITES="1000000/minute",
         # Tuned for a direct PostgreSQL connection, as a deployment without a transaction-mode
         # pooler would be (docs/scaling.md); --unprepared measures the default.
-        RECEIPT_DB_PREPARED_STATEMENTS="disabled" if UNPREPARED[0] else "enabled",
+        RECEIPT_DB_PREPARED_STATEMENTS="enabled" if prepared else "disabled",
     )
     # Production timings (5 min leases, a 15 s redrive with a 30 s minimum age, ...), as every peer
     # runs its own defaults: the e2e tests' short ones rescan and redrive during a burst.
@@ -225,7 +234,7 @@ def _deploy_receipt(
             "BENCH_WEB": deployment.url(""),
             "BENCH_TOKEN": deployment.token,
             # The in-process producer opens its engine as the deployment's processes do.
-            "BENCH_RECEIPT_PREPARED": "0" if UNPREPARED[0] else "1",
+            "BENCH_RECEIPT_PREPARED": "1" if prepared else "0",
         },
     )
     warm(dep, "receipt-python", "warm-")
@@ -343,14 +352,14 @@ def _deploy_floor(
         child_env(**env),
     )  # fmt: skip
     dep = Deployment(
-        "floor",
+        FLOOR,
         url,
         engine,
         database,
         {"worker": _pids(worker.pid), "redis": _pids(redis.proc.pid), "postgres": postgres},
         {**env, "BENCH_DB": url},
     )
-    warm(dep, "floor-reads" if reads else "floor", "warm-", harness)
+    warm(dep, FLOOR_READS if reads else FLOOR, "warm-", harness)
     return dep
 
 
@@ -380,7 +389,7 @@ def done_count(dep: Deployment, prefix: str, result: dict[str, Any]) -> int:
             if counts.get("failed") or counts.get("canceled"):
                 raise RuntimeError(f"jobs ended badly: {counts}")
             return counts.get("completed", 0)
-        if dep.kind == "floor":
+        if dep.kind == FLOOR:
             return int(
                 conn.execute(
                     text("SELECT count(*) FROM floor_jobs WHERE status = 'completed' AND id LIKE :p"),
@@ -431,7 +440,7 @@ def wait_done(
 def timings(dep: Deployment, prefix: str, result: dict[str, Any]) -> tuple[list[float], float]:
     """(latencies in ms, span in s from the first enqueue to the last completion)."""
     with dep.engine.connect() as conn:
-        if dep.kind in ("receipt", "floor"):
+        if dep.kind in ("receipt", FLOOR):
             lat = latencies_ms(dep.engine, prefix)
             span = conn.execute(
                 text(
@@ -635,7 +644,7 @@ def _sender(system: str, prefix: str) -> tuple[Callable[[str], str], Callable[[s
             return job_id
 
         return send_http, done
-    if system in ("floor", "floor-reads"):
+    if system in FLOORS:
         from bench import floor
 
         done_f = lambda k: scalar("SELECT status FROM floor_jobs WHERE id = :k", k) == "completed"  # noqa: E731
@@ -744,15 +753,14 @@ def count_statements(args: argparse.Namespace, home: Path, wanted: list[str]) ->
         ("receipt", ("receipt-python", "receipt-http")),
         ("procrastinate", ("procrastinate",)),
         ("celery", ("celery",)),
-        ("floor", ("floor",)),
-        ("floor-reads", ("floor-reads",)),
+        *((floor, (floor,)) for floor in FLOORS),
     ):
         systems = [s for s in every if s in wanted]
         if not systems:
             continue
         harness = Harness(home / f"count-{kind}-logs")
         try:
-            with deploy(kind, harness, home, log_all=True) as dep:
+            with deploy(kind, harness, home, log_all=True, prepared=not args.unprepared) as dep:
                 path = server_log_path(dep.engine)
                 if path is None or not path.exists():
                     log("the server log is not readable here: statements not counted")
@@ -828,7 +836,6 @@ def main(argv: list[str] | None = None) -> int:
     if "--quick" in argv:  # smaller defaults; flags given explicitly still win
         parser.set_defaults(jobs=200, idle=10, loaded_s=3.0, count_jobs=50)
     args = parser.parse_args(argv)
-    UNPREPARED[0] = args.unprepared
     try:
         import procrastinate  # noqa: F401
     except ImportError:
@@ -851,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
                 # PostgreSQL has a connection limit shared with everything else running on it.
                 harness = Harness(home / f"logs-{r}-{system}")
                 try:
-                    with deploy(kind_of(system), harness, home) as dep:
+                    with deploy(kind_of(system), harness, home, prepared=not args.unprepared) as dep:
                         figures[system].append(run_round(dep, system, f"r{r}-{system}", args, harness))
                 finally:
                     harness.stop_all()
@@ -906,7 +913,7 @@ def report(
             checks.append(
                 ("HTTP enqueue >= 0.7x Procrastinate", med["receipt-http"] / med["procrastinate"], 0.7)
             )
-        for floor in ("floor", "floor-reads"):
+        for floor in FLOORS:
             # A floor does less than any design keeping the contract; a target it misses is out
             # of reach for Receipt too, on this machine and under issue 12's own constraints.
             if floor in med:

@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, TextIO
+from typing import TextIO
 
 from app.config import Settings, redacted, settings_markdown_table
 from app.jobs.errors import InvariantError
@@ -22,14 +22,10 @@ from app.jobs.vocab import job_stream
 from app.storage.db import engine_for, iso, transaction
 
 
-def _engine(settings: Settings) -> Any:
-    return engine_for(settings)
-
-
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from app.storage.migrate import current, upgrade
 
-    engine = _engine(settings)
+    engine = engine_for(settings)
     upgrade(engine)
     print(
         f"database at revision {current(engine)} ({engine.url.render_as_string(hide_password=True)})",
@@ -41,7 +37,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
     from app.storage import store
 
-    with _engine(settings).connect() as conn:
+    with engine_for(settings).connect() as conn:
         checked, broken = store.verify(conn, stream=args.stream)
     if broken is not None:
         r = broken.receipt
@@ -111,7 +107,7 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     from app.factory import storage as objective_storage
     from app.storage import projection, tokens
 
-    with transaction(_engine(settings)) as conn:
+    with transaction(engine_for(settings)) as conn:
         n_jobs = projection.rebuild(conn)
         n_tokens = tokens.rebuild(conn)
         n_objectives = objective_storage.rebuild(conn)
@@ -135,7 +131,7 @@ def parse_duration(text: str) -> timedelta:
 def cmd_rebuild_ledger(args: argparse.Namespace, settings: Settings) -> int:
     from app.storage import ledger
 
-    counts = ledger.rebuild(_engine(settings))
+    counts = ledger.rebuild(engine_for(settings))
     print(
         f"rebuilt the durable ledger from receipts: {counts['workflows']} workflows and "
         f"{counts['activities']} activities over {counts['jobs']} jobs"
@@ -146,7 +142,7 @@ def cmd_rebuild_ledger(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
     from app.storage import tokens
 
-    engine = _engine(settings)
+    engine = engine_for(settings)
     if args.token_cmd == "create":
         try:
             info, secret = tokens.create(
@@ -206,7 +202,7 @@ def cmd_callbacks(args: argparse.Namespace, settings: Settings) -> int:
     """The callback outbox: counts by state, then the newest rows (dead letters with --state dead)."""
     from app.storage import outbox
 
-    engine = _engine(settings)
+    engine = engine_for(settings)
     with engine.connect() as conn:
         counts = outbox.counts(conn)
         rows = outbox.listing(conn, args.state, args.limit)
