@@ -15,11 +15,10 @@ from api import auth, errors, health, jobs, limits, objectives, openapi, streams
 from api import metrics as metrics_view
 from api.context import EXTENSION, ApiState
 from api.wake import default_waker
+from app.composition import build_queue
 from app.config import Settings
 from app.jobs.reducer import Job
-from app.ops import metrics
 from app.storage.db import engine_for
-from app.storage.queue import Queue
 
 log = logging.getLogger("receipt.api")
 
@@ -49,14 +48,7 @@ def create_app(
     # (api.inputs.raw_body refuses anything past the limit itself, declared or streamed).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    queue = Queue(
-        engine,
-        on_dispatchable=on_dispatchable,
-        max_commands_per_job=settings.max_commands_per_job,
-        on_applied=metrics.observe,
-        callback_targets=settings.callback_targets,
-        ledger_in_background=True,
-    )
+    queue = build_queue(settings, engine=engine, on_dispatchable=on_dispatchable)
     api_state = ApiState(settings, engine, queue, waker=on_dispatchable)
     app.extensions[EXTENSION] = api_state
 

@@ -21,16 +21,21 @@ from datetime import UTC, datetime
 from flask import g, request
 from sqlalchemy.engine import Engine
 
+from api import inputs
 from api.context import read_connection
 from api.errors import INVALID_TOKEN, MISSING_SCOPE, UNAUTHORIZED, ApiError, forbidden
-from app.jobs.privilege import COMMANDS_SCOPE, Enqueuer, runs_command
+from api.schemas import SCOPE_ORGANIZATION_PARAM
+from app.jobs.errors import ValidationError
+from app.jobs.privilege import COMMANDS_SCOPE, Enqueuer, posting_refusal, runs_command
 from app.jobs.reducer import Job
-from app.jobs.vocab import KINDS_WITHOUT_AUTH_CONTEXT
+from app.jobs.validation import EnqueueRequest
 from app.storage import tokens
 
 AUTH_WARNING_HEADER = "X-Receipt-Warning"
 AUTH_WARNING = "authentication disabled"
 _BEARER = "bearer "
+# The query parameter a by-id route takes to act in another organisation (system tokens).
+ORGANIZATION_PARAM = "organizationId"
 _CHALLENGE = 'Bearer realm="receipt"'
 
 
@@ -107,14 +112,56 @@ def current() -> Identity:
     return identity
 
 
-def require_enqueue_allowed(
-    identity: Identity, agent_id: str, kind: str, organization_id: str | None
-) -> None:
-    """403 unless the caller may post this kind, to this agent, for this organisation."""
-    if kind in KINDS_WITHOUT_AUTH_CONTEXT and not identity.system:
-        raise forbidden(f"only system tokens may post {kind} jobs")
-    if not identity.may_act_for(organization_id):
+def scope_organization(requested: str | None) -> str:
+    """The organisation a by-id route acts in: the caller's own, or the one it names.
+
+    Naming another organisation is a system identity's right (403 for any other); an identity with
+    no organisation of its own (``RECEIPT_AUTH=disabled``) must name one.
+    """
+    identity = current()
+    if requested is None:
+        if identity.organization_id is None:
+            raise ValidationError(
+                "organizationId", "is required: this identity has no organisation of its own"
+            )
+        return identity.organization_id
+    if not identity.may_act_for(requested):
+        raise forbidden("organizationId is not the organisation of this token")
+    return requested
+
+
+def scoped_organization() -> str:
+    """The organisation this request's by-id route acts in (``scope_organization``).
+
+    API routes declare it (``Operation(scoped=True)`` validates ``?organizationId=``); the
+    dashboard's pages take the same parameter, checked here against the same schema.
+    """
+    org: str | None = g.get("scope_organization")
+    if org is None:
+        requested = request.args.get(ORGANIZATION_PARAM)
+        if requested is not None:
+            inputs.check(requested, SCOPE_ORGANIZATION_PARAM, root=ORGANIZATION_PARAM)
+        org = g.scope_organization = scope_organization(requested)
+    return org
+
+
+def require_enqueue_allowed(identity: Identity, agent_id: str, req: EnqueueRequest) -> None:
+    """403 unless the caller may post this kind (its ``posted_by`` rule), to this agent, for this
+    organisation. Whether a named objective is the organisation's own is ``api.jobs``' read."""
+    kind = str(req.payload["kind"])
+    refusal = posting_refusal(
+        kind, system=identity.system, names_objective=isinstance(req.payload.get("objectiveId"), str)
+    )
+    if refusal is not None:
+        raise forbidden(refusal)
+    if not identity.may_act_for(req.organization_id):
         raise forbidden("payload.authContext.organizationId is not the organisation of this token")
+    require_command_scope(identity, agent_id, kind)
+
+
+def require_command_scope(identity: Identity, agent_id: str, kind: str) -> None:
+    """403 ``missing_scope`` when a job of ``kind`` for ``agent_id`` runs a command and the caller
+    may not run commands."""
     if runs_command(agent_id, kind) and not identity.enqueuer().may_run_commands:
         raise ApiError(
             403,

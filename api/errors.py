@@ -35,8 +35,6 @@ FORBIDDEN = "forbidden"
 NOT_FOUND = "not_found"
 METHOD_NOT_ALLOWED = "method_not_allowed"
 CONFLICT = "conflict"
-JOB_ID_UNAVAILABLE = "job_id_unavailable"
-OBJECTIVE_ID_UNAVAILABLE = "objective_id_unavailable"
 PAYLOAD_TOO_LARGE = "payload_too_large"
 NOT_READY = "not_ready"
 UNAVAILABLE = "unavailable"
@@ -59,8 +57,6 @@ ERROR_CODES = (
     NOT_FOUND,
     METHOD_NOT_ALLOWED,
     CONFLICT,
-    JOB_ID_UNAVAILABLE,
-    OBJECTIVE_ID_UNAVAILABLE,
     PAYLOAD_TOO_LARGE,
     NOT_READY,
     UNAVAILABLE,
@@ -73,7 +69,6 @@ ERROR_CODES = (
 
 # One message for "no such job" and "another organisation's job": the two must be identical.
 JOB_NOT_FOUND_MESSAGE = "no job with that id"
-JOB_ID_UNAVAILABLE_MESSAGE = "that jobId cannot be used; choose another"
 
 
 class ApiError(Exception):

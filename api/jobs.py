@@ -1,8 +1,9 @@
 """Job endpoints: enqueue, read, list, send commands, cancel.
 
-Every operation is scoped to the caller's organisation (``api.auth``): another organisation's
-job answers exactly like an unknown one (404), and an explicit ``jobId`` that another
-organisation already holds is refused (409) without saying anything about that job.
+Every operation acts in one organisation (``api.auth``): a client's ``jobId`` is unique within its
+organisation only, so another organisation's job of the same id is simply not there — reading it
+is the same 404 as an unknown id, and posting that id creates the caller's own job. A system token
+names another organisation with ``?organizationId=``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from flask.typing import ResponseReturnValue
 
 from api import auth, limits, schemas
 from api.context import state
-from api.errors import JOB_ID_UNAVAILABLE, JOB_ID_UNAVAILABLE_MESSAGE, ApiError, forbidden, job_not_found
+from api.errors import forbidden, job_not_found
 from api.jsonbody import check_param
 from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
+from app.factory import service
 from app.jobs.reducer import Job
-from app.jobs.validation import validate_enqueue
+from app.jobs.validation import EnqueueRequest, validate_enqueue
 from app.storage.db import parse_iso
 from app.storage.queue import decode_cursor, encode_cursor, validate_status_filter
 
@@ -40,20 +42,34 @@ _FOLLOW_THE_JOB = {
 
 
 def visible_job(job_id: str) -> Job:
-    """The job, if the caller may see it; otherwise the one 404 (never reveals existence)."""
-    job = state().queue.get(job_id)
+    """The job its organisation knows as ``job_id``, in the organisation this route acts in;
+    otherwise the one 404 (another organisation's job of the same id is exactly as absent)."""
+    job = state().queue.find(auth.scoped_organization(), job_id)
     if job is None or not auth.current().may_see(job):
         raise job_not_found()
     return job
+
+
+def _require_own_objective(req: EnqueueRequest) -> None:
+    """A payload's objectiveId must name an objective of the job's own organisation: another's (or
+    none) is the same 403, so the answer says nothing about other organisations' objectives."""
+    objective_id = req.payload.get("objectiveId")
+    if not isinstance(objective_id, str):
+        return
+    try:
+        service.key_of(state().engine, req.organization_id, objective_id)
+    except service.ObjectiveNotFound:
+        raise forbidden("payload.objectiveId must name an objective of this organisation") from None
 
 
 @blueprint.post("/agents/<agentId>/jobs")
 @operation(
     Operation(
         summary="Enqueue a job for an agent.",
-        description="Appends job.enqueued and returns 202 with the job and where to follow it. Re-posting "
-        "an existing jobId returns that job unchanged (to its own organisation only); "
-        "singletonMode steer returns the steered job. Unknown agent ids are accepted.",
+        description="Appends job.enqueued and returns 202 with the job and where to follow it. A jobId "
+        "is unique within the organisation: re-posting one returns that job unchanged; the same id in "
+        "another organisation is another job. singletonMode steer returns the steered job. Unknown "
+        "agent ids are accepted.",
         tag="jobs",
         body=schemas.ENQUEUE_REQUEST,
         path={"agentId": schemas.AGENT_ID_PARAM},
@@ -65,19 +81,23 @@ def visible_job(job_id: str) -> Job:
 def enqueue(agentId: str, body: dict[str, Any]) -> ResponseReturnValue:
     req = validate_enqueue(agentId, body)
     identity = auth.current()
-    auth.require_enqueue_allowed(identity, agentId, str(req.payload["kind"]), req.organization_id)
+    auth.require_enqueue_allowed(identity, agentId, req)
+    _require_own_objective(req)
     result = state().queue.enqueue(req, enqueued_by=identity.enqueuer())
     job = result.job
-    if not result.created and not result.steered and job.organization_id != req.organization_id:
-        # Idempotency is per organisation: someone else's job is neither returned nor described.
-        raise ApiError(409, JOB_ID_UNAVAILABLE, JOB_ID_UNAVAILABLE_MESSAGE, {"field": "jobId"})
-    headers = {"Location": job_path(job.id)}
+    headers = {"Location": job_path(job)}
     return {"job": job_json(job), "async": async_block(job)}, 202, headers
 
 
 @blueprint.get("/jobs/<jobId>")
 @operation(
-    Operation(summary="Read one job.", tag="jobs", path=_JOB_PATH, responses={200: schemas.JOB_RESPONSE})
+    Operation(
+        summary="Read one job.",
+        tag="jobs",
+        path=_JOB_PATH,
+        responses={200: schemas.JOB_RESPONSE},
+        scoped=True,
+    )
 )
 def get_job(jobId: str) -> ResponseReturnValue:
     return {"job": job_json(visible_job(jobId))}
@@ -138,14 +158,15 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
         summary="Send a queue command (steer, follow_up or abort) to a job.",
         tag="jobs",
         path=_JOB_PATH,
+        scoped=True,
         body=schemas.COMMAND_REQUEST,
         responses={202: schemas.JOB_RESPONSE},
         errors=(409, 429),
     )
 )
 def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
-    visible_job(jobId)
-    outcome = state().queue.command(jobId, body["type"], body.get("payload"), body.get("reason"))
+    job = visible_job(jobId)
+    outcome = state().queue.command(job.id, body["type"], body.get("payload"), body.get("reason"))
     return {"job": job_json(outcome.job)}, 202
 
 
@@ -157,6 +178,7 @@ def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
         "(only its worker can stop work in flight). A terminal job answers 409.",
         tag="jobs",
         path=_JOB_PATH,
+        scoped=True,
         body=schemas.CANCEL_REQUEST,
         body_required=False,
         responses={202: schemas.JOB_RESPONSE},
@@ -164,6 +186,6 @@ def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def cancel(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
-    visible_job(jobId)
-    outcome = state().queue.cancel(jobId, body.get("reason"))
+    job = visible_job(jobId)
+    outcome = state().queue.cancel(job.id, body.get("reason"))
     return {"job": job_json(outcome.job)}, 202

@@ -17,8 +17,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.factory.reducer import Objective, Task
+from app.jobs.ids import client_id_of
 from app.jobs.reducer import Job
-from app.jobs.vocab import LEASED_STATUSES
+from app.jobs.vocab import LEASED_STATUSES, job_stream
 
 # Fold statuses whose shown status comes from the task's job (the overlay).
 OVERLAID = ("queued", "running")
@@ -37,7 +38,8 @@ def task_json(task: Task, job: Job | None = None) -> dict[str, Any]:
         "kind": task.kind,
         "dependsOn": list(task.depends_on),
         "status": status,
-        "jobId": task.job_id,
+        "jobId": client_id_of(task.job_id) if task.job_id else None,
+        "jobStream": job_stream(task.job_id) if task.job_id else None,
         "attempt": attempt,
         "result": task.result,
         "error": task.error,
@@ -54,7 +56,9 @@ def every_phase(obj: Objective) -> list[Task]:
 def objective_json(obj: Objective, jobs: Mapping[str, Job | None] | None = None) -> dict[str, Any]:
     jobs = jobs or {}
     return {
-        "id": obj.id,
+        "id": obj.client_id,
+        "organizationId": obj.organization_id,
+        "stream": obj.stream,
         "title": obj.title,
         "goal": obj.goal,
         "status": obj.status,

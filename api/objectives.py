@@ -1,8 +1,9 @@
 """Objective endpoints (the Factory): launch, read, list, cancel, follow.
 
 Same auth, tenancy, error shape and OpenAPI as jobs: an objective belongs to its
-``authContext.organizationId``; another organisation's objective answers exactly like an unknown
-one (404), and an ``objectiveId`` another organisation holds is refused (409) without saying more.
+``authContext.organizationId`` and its ``objectiveId`` is unique within that organisation only, so
+another organisation's objective of the same id is simply not there (404 like an unknown one;
+launching that id launches the caller's own).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 from flask import Blueprint, request
 from flask.typing import ResponseReturnValue
@@ -41,8 +43,6 @@ log = logging.getLogger("receipt.api")
 blueprint = Blueprint("objectives", __name__)
 
 OBJECTIVE_NOT_FOUND_MESSAGE = "no objective with that id"
-OBJECTIVE_ID_UNAVAILABLE = "objective_id_unavailable"
-OBJECTIVE_ID_UNAVAILABLE_MESSAGE = "that objectiveId cannot be used; choose another"
 _PATH = {"objectiveId": schemas.OBJECTIVE_ID_PARAM}
 
 
@@ -57,15 +57,21 @@ def live_json(obj: Objective) -> dict[str, Any]:
 
 
 def visible_objective(objective_id: str) -> Objective:
-    """The objective (every task), if the caller may see it; otherwise the one 404."""
-    obj = service.get(state().engine, objective_id)
+    """The objective (every task) its organisation knows as ``objective_id``, in the organisation
+    this route acts in; otherwise the one 404 (another's of the same id is exactly as absent)."""
+    obj = service.find(state().engine, auth.scoped_organization(), objective_id)
     if obj is None or not auth.current().may_act_for(obj.organization_id):
         raise objective_not_found()
     return obj
 
 
-def _events_path(objective_id: str) -> str:
-    return f"{request.script_root}/objectives/{objective_id}/events"
+def _objective_path(obj: Objective, suffix: str = "") -> str:
+    """Where the objective's organisation reads it; a system token acting in another organisation
+    names it (``?organizationId=``)."""
+    path = f"{request.script_root}/objectives/{obj.client_id}{suffix}"
+    if obj.organization_id not in (None, auth.current().organization_id):
+        path += "?" + urlencode({auth.ORGANIZATION_PARAM: obj.organization_id})
+    return path
 
 
 @blueprint.post("/objectives")
@@ -98,19 +104,19 @@ def launch(body: dict[str, Any]) -> ResponseReturnValue:
         raise forbidden("authContext.organizationId is not the organisation of this token")
     for task in spec.tasks:
         # A task that runs a command needs the same right as posting that job directly (issue 8).
-        auth.require_enqueue_allowed(identity, task.agent_id, task.kind, spec.organization_id)
+        auth.require_command_scope(identity, task.agent_id, task.kind)
     result = service.launch(state().queue, spec, launched_by=identity.enqueuer().to_json())
     obj = result.objective
-    if not result.created and obj.organization_id != spec.organization_id:
-        raise ApiError(
-            409, OBJECTIVE_ID_UNAVAILABLE, OBJECTIVE_ID_UNAVAILABLE_MESSAGE, {"field": "objectiveId"}
-        )
     if not result.created:
-        obj = visible_objective(obj.id)
-    headers = {"Location": f"{request.script_root}/objectives/{obj.id}"}
+        obj = service.get(state().engine, obj.id) or obj  # with every task
+    headers = {"Location": _objective_path(obj)}
     out = {
         "objective": live_json(obj),
-        "async": {"objectiveId": obj.id, "stream": obj.stream, "eventsUrl": _events_path(obj.id)},
+        "async": {
+            "objectiveId": obj.client_id,
+            "stream": obj.stream,
+            "eventsUrl": _objective_path(obj, "/events"),
+        },
     }
     return out, 202, headers
 
@@ -122,15 +128,17 @@ def launch(body: dict[str, Any]) -> ResponseReturnValue:
         tag="objectives",
         path=_PATH,
         responses={200: schemas.OBJECTIVE_RESPONSE},
+        scoped=True,
     )
 )
 def get_objective(objectiveId: str) -> ResponseReturnValue:
-    obj = live_json(visible_objective(objectiveId))
+    found = visible_objective(objectiveId)
+    obj = live_json(found)
     try:
         with read_connection(state().engine) as conn:
-            obj["ledger"] = ledger.summary(conn, objectiveId)
+            obj["ledger"] = ledger.summary(conn, found.id)
     except Exception:  # the ledger is best effort: its absence never fails the read
-        log.warning("ledger summary of %s unavailable", objectiveId, exc_info=True)
+        log.warning("ledger summary of %s unavailable", found.id, exc_info=True)
         obj["ledger"] = None
     return {"objective": obj}
 
@@ -184,11 +192,12 @@ def list_objectives(query: dict[str, Any]) -> ResponseReturnValue:
         body_required=False,
         responses={202: schemas.OBJECTIVE_RESPONSE},
         errors=(409, 429),
+        scoped=True,
     )
 )
 def cancel(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
-    visible_objective(objectiveId)
-    service.cancel(state().queue, objectiveId, body.get("reason"))
+    key = visible_objective(objectiveId).id
+    service.cancel(state().queue, key, body.get("reason"))
     return {"objective": live_json(visible_objective(objectiveId))}, 202
 
 
@@ -205,6 +214,7 @@ def cancel(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
         body=schemas.REPLAN_REQUEST,
         responses={202: schemas.OBJECTIVE_RESPONSE},
         errors=(400, 403, 409, 429),
+        scoped=True,
     )
 )
 def replan(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
@@ -212,11 +222,11 @@ def replan(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
     identity = auth.current()
 
     def authorize(tasks: Sequence[TaskSpec]) -> None:
-        # A new task that runs a command needs the same right as at launch (issue 8).
+        # A new task that runs a command needs the same right as at launch.
         for task in tasks:
-            auth.require_enqueue_allowed(identity, task.agent_id, task.kind, current.organization_id)
+            auth.require_command_scope(identity, task.agent_id, task.kind)
 
-    service.replan(state().queue, objectiveId, body.get("tasks"), body.get("reason"), authorize)
+    service.replan(state().queue, current.id, body.get("tasks"), body.get("reason"), authorize)
     return {"objective": live_json(visible_objective(objectiveId))}, 202
 
 
@@ -331,19 +341,24 @@ def _rewatch(sub: Subscription, by_job: Mapping[str, str], jobs: dict[str, Job |
         headers={"Last-Event-ID": schemas.LAST_EVENT_ID_HEADER},
         responses={200: schemas.OBJECTIVE_EVENT},
         streams=True,
+        scoped=True,
     )
 )
 def objective_events(objectiveId: str, query: dict[str, Any]) -> ResponseReturnValue:
-    visible_objective(objectiveId)
+    key = visible_objective(objectiveId).id
     after = resume_point(query)
     st = state()
     engine, poller, timing = st.engine, st.poller, sse_timing()
-    return held_stream(lambda token_id: follow(engine, poller, objectiveId, after, timing, token_id))
+    return held_stream(lambda token_id: follow(engine, poller, key, after, timing, token_id))
 
 
 def readable_objective_stream(stream: str) -> bool:
-    """For ``/streams/objectives/<id>/...``: True (after the 404 check) when it is an objective stream."""
+    """For ``/streams/objectives/<key>/...``: True (after the 404 check) when it is an objective
+    stream. The stream name carries the key, so the objective is read by it and its organisation
+    checked (another organisation's stream is the same 404 as a missing one)."""
     if not stream.startswith(OBJECTIVE_STREAM_PREFIX):
         return False
-    visible_objective(stream[len(OBJECTIVE_STREAM_PREFIX) :])
+    obj = service.get(state().engine, stream[len(OBJECTIVE_STREAM_PREFIX) :], all_tasks=False)
+    if obj is None or not auth.current().may_act_for(obj.organization_id):
+        raise objective_not_found()
     return True

@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Blueprint, Flask, current_app, jsonify
+from flask import Blueprint, Flask, current_app, g, jsonify
 from flask.typing import ResponseReturnValue
 
-from api import inputs, schemas
+from api import auth, inputs, schemas
 from api.schemas import Schema
 
 API_TITLE = "Receipt"
@@ -43,6 +43,7 @@ _ERROR_DESCRIPTIONS = {
 
 # The query schema of an operation that takes no query parameters (any parameter is a 400).
 NO_QUERY: Schema = {"type": "object", "properties": {}}
+ORGANIZATION_PARAM = auth.ORGANIZATION_PARAM
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,18 @@ class Operation:
     # OpenAPI links from the success response: name -> (target endpoint, its parameters as
     # runtime expressions), so clients and stateful fuzzers can follow what this call created.
     links: Mapping[str, tuple[str, Mapping[str, str]]] = field(default_factory=dict)
+    # A route naming one job or objective by the id its organisation knows it by: it acts in the
+    # caller's organisation, or in the one ``?organizationId=`` names (a system token's way to act
+    # in another; any other token may name only its own).
+    scoped: bool = False
+
+    def effective_query(self) -> Schema | None:
+        """The query schema the route validates and documents (a scoped route adds organizationId)."""
+        if not self.scoped:
+            return self.query
+        base = self.query or NO_QUERY
+        properties = {**base.get("properties", {}), ORGANIZATION_PARAM: schemas.SCOPE_ORGANIZATION_PARAM}
+        return {**base, "properties": properties}
 
     def error_statuses(self) -> list[int]:
         # 400 everywhere: any operation refuses undocumented query parameters.
@@ -87,7 +100,9 @@ def operation(
             for name, value in kwargs.items():
                 if isinstance(value, str):
                     inputs.path_param(value, name, op.path.get(name))
-            query = inputs.read_query(op.query or NO_QUERY)
+            query = inputs.read_query(op.effective_query() or NO_QUERY)
+            if op.scoped:
+                g.scope_organization = auth.scope_organization(query.pop(ORGANIZATION_PARAM, None))
             if op.query is not None:
                 kwargs["query"] = query
             if op.body is not None:
@@ -127,8 +142,9 @@ def _parameters(op: Operation, path_args: list[str]) -> list[dict[str, Any]]:
         params.append(
             {"name": name, "in": "path", "required": True, "schema": op.path.get(name, {"type": "string"})}
         )
-    if op.query is not None:
-        for name, prop in op.query.get("properties", {}).items():
+    query = op.effective_query()
+    if query is not None:
+        for name, prop in query.get("properties", {}).items():
             param: dict[str, Any] = {"name": name, "in": "query", "required": False, "schema": prop}
             if "description" in prop:
                 param["description"] = prop["description"]

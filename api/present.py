@@ -3,26 +3,36 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from flask import request
 
+from api.auth import ORGANIZATION_PARAM, current
 from app.jobs.reducer import Job
 from app.jobs.routing import route
 
 
 def job_json(job: Job) -> dict[str, Any]:
-    """``Job.to_json()`` plus the derived ``route`` (worker group, queue, contract agreement)."""
+    """``Job.to_json()`` as its organisation sees it (``id`` is the id it knows the job by, beside
+    ``organizationId``), plus the derived ``route`` (worker group, queue, contract agreement)."""
     out = job.to_json()
+    out["id"] = job.client_id
+    out["organizationId"] = job.organization_id
     out["route"] = route(job.agent_id, job.kind).to_json()
     return out
 
 
-def job_path(job_id: str) -> str:
-    return f"{request.script_root}/jobs/{job_id}"
+def job_path(job: Job, suffix: str = "") -> str:
+    """Where the caller reads the job: in its own organisation by the job's id, or, for a system
+    token acting in another, with that organisation named (``?organizationId=``)."""
+    path = f"{request.script_root}/jobs/{job.client_id}{suffix}"
+    if job.organization_id not in (None, current().organization_id):
+        path += "?" + urlencode({ORGANIZATION_PARAM: job.organization_id})
+    return path
 
 
-def job_events_path(job_id: str) -> str:
-    return f"{job_path(job_id)}/events"
+def job_events_path(job: Job) -> str:
+    return job_path(job, "/events")
 
 
 def receipt_events_path(stream: str) -> str:
@@ -32,9 +42,9 @@ def receipt_events_path(stream: str) -> str:
 def async_block(job: Job) -> dict[str, Any]:
     """Where to follow a job: its stream and the two event URLs (relative to this server)."""
     return {
-        "jobId": job.id,
+        "jobId": job.client_id,
         "stream": job.stream,
-        "jobEventsUrl": job_events_path(job.id),
+        "jobEventsUrl": job_events_path(job),
         "receiptEventsUrl": receipt_events_path(job.stream),
         "status": job.status,
     }

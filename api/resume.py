@@ -1,7 +1,7 @@
 """Objective resume at startup in the web process (spec: "every process role, once").
 
-Called from gunicorn's ``post_worker_init``: its own engine and a queue whose wake-up is the API's
-publisher (``api.wake``), so the web process still imports no worker code.
+Called from gunicorn's ``post_worker_init``: its own queue (``build_queue``) whose wake-up is the
+API's publisher (``api.wake``), so the web process still imports no worker code.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ import logging
 import threading
 
 from api.wake import default_waker
+from app.composition import build_queue
 from app.config import Settings
 from app.factory.loops import schedule_resume
-from app.storage.db import engine_for
-from app.storage.queue import Queue
 
 log = logging.getLogger("receipt.api")
 
@@ -22,7 +21,7 @@ def start_api_resume() -> threading.Timer | None:
     """Schedule the resume pass ``RESONATE_STARTUP_SETTLE_MS`` from now; None if it cannot start."""
     settings = Settings.from_env()
     try:
-        queue = Queue(engine_for(settings), on_dispatchable=default_waker(settings))
+        queue = build_queue(settings, on_dispatchable=default_waker(settings))
     except Exception:
         log.exception("objective resume at startup (api) could not start")
         return None

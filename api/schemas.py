@@ -11,6 +11,7 @@ authority if the two ever disagree — a request must pass both before anything 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from app.factory.vocab import (
@@ -21,7 +22,7 @@ from app.factory.vocab import (
     TASK_STATUSES,
     TITLE_MAX,
 )
-from app.jobs.ids import JOB_ID_PATTERN
+from app.jobs.ids import JOB_ID_PATTERN, ORGANIZATION_ID_PATTERN, SYSTEM_ORGANIZATION
 from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
 from app.jobs.vocab import (
@@ -40,6 +41,15 @@ Schema = dict[str, Any]
 
 # The projection's column for an organisation id is 256 characters; longer could never be stored.
 ORG_ID_MAX = 256
+# An organisation a client may name (app.jobs.ids), and one a system token may act in: those or
+# the system's own.
+ORGANIZATION_ID: Schema = {"type": "string", "pattern": ORGANIZATION_ID_PATTERN.pattern}
+SCOPE_ORGANIZATION_PARAM: Schema = {
+    "type": "string",
+    "pattern": f"^(?:{re.escape(SYSTEM_ORGANIZATION)}|{ORGANIZATION_ID_PATTERN.pattern[1:-1]})$",
+    "description": "Act in this organisation: a system token's way to name another one (any other "
+    "token may name only its own). Default: the token's own organisation.",
+}
 TEXT_MAX = 256
 REASON_MAX = 4096
 LIST_LIMIT_DEFAULT = 50
@@ -102,7 +112,7 @@ AUTH_CONTEXT: Schema = {
     "description": "Who the job acts for. organizationId must be the caller's organisation.",
     "properties": {
         "userId": _text(),
-        "organizationId": _text(ORG_ID_MAX),
+        "organizationId": ORGANIZATION_ID,
         **{name: _text(2048, nullable=True, non_blank=False) for name in AUTH_CONTEXT_OPTIONAL},
     },
     "additionalProperties": False,
@@ -251,6 +261,15 @@ LAST_EVENT_ID_HEADER: Schema = {
 
 _ANY: Schema = {}
 _TIME: Schema = {"type": ["string", "null"], "format": "date-time"}
+_ORGANIZATION_ID: Schema = {
+    "type": ["string", "null"],
+    "description": "The organisation it belongs to: its id is unique within that organisation only "
+    "(null only for the system's own records written before ids were qualified).",
+}
+_STREAM_DESCRIPTION = (
+    "Its receipt stream: jobs/<organizationId>/<id> or objectives/<organizationId>/<id> "
+    "(records written before ids were qualified keep jobs/<id>)."
+)
 
 LEASE: Schema = {
     "type": ["object", "null"],
@@ -318,7 +337,8 @@ JOB: Schema = {
             "format": "date-time",
             "description": "A retry's earliest redelivery (its backoff), or null.",
         },
-        "stream": {"type": "string"},
+        "organizationId": _ORGANIZATION_ID,
+        "stream": {"type": "string", "description": _STREAM_DESCRIPTION},
         "seq": {"type": "integer", "description": "The last receipt folded into this state."},
         "route": _ref("Route"),
         "enqueuedBy": {
@@ -351,6 +371,7 @@ JOB: Schema = {
         "createdAt",
         "updatedAt",
         "availableAt",
+        "organizationId",
         "stream",
         "seq",
         "route",
@@ -550,6 +571,7 @@ OBJECTIVE_TASK: Schema = {
         "dependsOn": {"type": "array", "items": {"type": "string"}},
         "status": {"type": "string", "enum": list(TASK_STATUSES)},
         "jobId": {"type": ["string", "null"]},
+        "jobStream": {"type": ["string", "null"], "description": "The task's job's receipt stream."},
         "attempt": {"type": "integer"},
         "result": _ANY,
         "error": _ANY,
@@ -572,7 +594,9 @@ OBJECTIVE_TASK: Schema = {
 OBJECTIVE: Schema = {
     "type": "object",
     "properties": {
-        "id": {"type": "string"},
+        "id": {"type": "string", "description": "The objective's id, unique within its organisation."},
+        "organizationId": _ORGANIZATION_ID,
+        "stream": {"type": "string", "description": _STREAM_DESCRIPTION},
         "title": {"type": "string"},
         "goal": {"type": "string"},
         "status": {"type": "string", "enum": list(OBJECTIVE_STATUSES)},
@@ -590,6 +614,8 @@ OBJECTIVE: Schema = {
     },
     "required": [
         "id",
+        "organizationId",
+        "stream",
         "title",
         "goal",
         "status",

@@ -15,10 +15,10 @@ from flask.typing import ResponseReturnValue
 
 from api import auth, inputs, limits, schemas, sse
 from api.context import read_connection, state
-from api.errors import stream_not_found
+from api.errors import job_not_found, stream_not_found
 from api.jobs import visible_job
 from api.openapi import Operation, operation
-from app.jobs.vocab import is_job_stream, job_id_of, job_stream
+from app.jobs.vocab import is_job_stream, job_id_of
 from app.storage import store
 
 blueprint = Blueprint("streams", __name__)
@@ -28,9 +28,15 @@ _RESUME_HEADERS = {"Last-Event-ID": schemas.LAST_EVENT_ID_HEADER}
 
 
 def readable_stream(stream: str) -> None:
-    """Raise the 404 unless the caller may read ``stream`` and it exists."""
+    """Raise the 404 unless the caller may read ``stream`` and it exists.
+
+    A job's or objective's stream name carries its key (``jobs/<org>/<id>``): the record is read by
+    that key and its organisation checked, so another organisation's stream is the same 404.
+    """
     if is_job_stream(stream):
-        visible_job(job_id_of(stream))
+        job = state().queue.get(job_id_of(stream))
+        if job is None or not auth.current().may_see(job):
+            raise job_not_found()
         return
     from api.objectives import readable_objective_stream
 
@@ -149,9 +155,10 @@ def stream_events(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
         responses={200: schemas.JOB_EVENT},
         errors=(429,),
         streams=True,
+        scoped=True,
     )
 )
 def job_events(jobId: str, query: dict[str, Any]) -> ResponseReturnValue:
-    visible_job(jobId)
+    job = visible_job(jobId)
     after = resume_point(query)
-    return _follow(job_stream(jobId), after, "job")
+    return _follow(job.stream, after, "job")

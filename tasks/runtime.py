@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from celery import Celery
 from sqlalchemy.engine import Engine
 
+from app.composition import build_queue
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.jobs.routing import CALLBACK_TASK as CALLBACK_TASK
@@ -27,7 +28,6 @@ from app.jobs.routing import OUTBOX_TASK as OUTBOX_TASK
 from app.jobs.routing import REDRIVE_TASK as REDRIVE_TASK
 from app.jobs.routing import RETRY_TASK as RETRY_TASK
 from app.jobs.routing import WATCHDOG_TASK as WATCHDOG_TASK
-from app.ops import metrics
 from app.ops.wakes import WakeList, wake, wake_list_for
 from app.storage.db import engine_for
 from app.storage.queue import Queue
@@ -70,12 +70,8 @@ def get_runtime(app: Celery) -> Runtime:
             settings: Settings = app.receipt_settings
             engine = engine_for(settings)
             wakes = wake_list_for(settings.redis_url, app.conf.broker_transport_options)
-            queue = Queue(
-                engine,
-                on_dispatchable=lambda jobs: send_wake(app, jobs, wakes),
-                ledger_in_background=True,
-                on_applied=metrics.observe,
-                callback_targets=settings.callback_targets,
+            queue = build_queue(
+                settings, engine=engine, on_dispatchable=lambda jobs: send_wake(app, jobs, wakes)
             )
             registry = default_registry(settings.handler_modules.split(","))
             rt = Runtime(

@@ -112,7 +112,7 @@ def _filter_args(f: overview.JobFilter) -> dict[str, Any]:
 def row_view(job: Job) -> dict[str, Any]:
     """What one list row shows (redacted: the list never shows payload secrets)."""
     return {
-        "id": job.id,
+        "id": job.client_id,
         "agent": job.agent_id,
         "kind": job.kind,
         "lane": job.lane,
@@ -265,19 +265,23 @@ def _reason() -> str | None:
 @blueprint.post("/jobs/<jobId>/cancel")
 def cancel(jobId: str) -> ResponseReturnValue:
     jsonbody.check_param(jobId, "jobId")
-    visible_job(jobId)
+    job = visible_job(jobId)
     body: dict[str, Any] = {"reason": _reason()}
     jsonbody.check_storable(body)
     inputs.check(body, schemas.CANCEL_REQUEST)
-    state().queue.cancel(jobId, body["reason"])
-    return redirect(url_for(f"{BLUEPRINT}.job", jobId=jobId, done="cancel"), code=303)
+    state().queue.cancel(job.id, body["reason"])
+    return redirect(_job_url(job, done="cancel"), code=303)
+
+
+def _job_url(job: Job, **args: Any) -> str:
+    return url_for(f"{BLUEPRINT}.job", jobId=job.client_id, organizationId=job.organization_id, **args)
 
 
 @blueprint.post("/jobs/<jobId>/commands")
 def command(jobId: str) -> ResponseReturnValue:
     """Send steer or follow_up (abort is the cancel button) through the API's command schema."""
     jsonbody.check_param(jobId, "jobId")
-    visible_job(jobId)
+    job = visible_job(jobId)
     type_ = request.form.get("type", "")
     if type_ not in COMMAND_LANES:
         raise ValidationError("type", "is not a command this page sends", allowed=COMMAND_LANES)
@@ -290,5 +294,5 @@ def command(jobId: str) -> ResponseReturnValue:
             raise ValidationError("payload", "is not valid JSON") from exc
     jsonbody.check_storable(body)
     inputs.check(body, schemas.COMMAND_REQUEST)
-    state().queue.command(jobId, type_, body.get("payload"), body["reason"])
-    return redirect(url_for(f"{BLUEPRINT}.job", jobId=jobId, done=type_), code=303)
+    state().queue.command(job.id, type_, body.get("payload"), body["reason"])
+    return redirect(_job_url(job, done=type_), code=303)

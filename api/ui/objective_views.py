@@ -14,13 +14,13 @@ from flask.typing import ResponseReturnValue
 from sqlalchemy.engine import Engine
 
 from api import inputs, jsonbody, schemas, sse
+from api.auth import scoped_organization
 from api.context import read_connection, state
 from api.streams import resume_point
 from api.ui import BLUEPRINT, UiError, blueprint, current_session, graph, redact
-from api.ui.objectives import ObjectiveReader, Unavailable, find_reader, stream_of
+from api.ui.objectives import ObjectiveReader, Unavailable, find_reader
 from api.watch import StreamPoller
 from app.jobs.errors import ValidationError
-from app.jobs.vocab import job_stream
 from app.storage import heads, store
 from app.storage.overview import Scope
 
@@ -40,13 +40,20 @@ def _reader() -> ObjectiveReader:
 
 
 def _scope() -> Scope:
+    """What the list shows: every organisation for a system identity, else the caller's own."""
     identity = current_session().identity
     return Scope(identity.organization_id, all_organizations=identity.system)
 
 
+def _one() -> Scope:
+    """Where a page names one objective: the caller's organisation, or the one
+    ``?organizationId=`` names (a system identity's right, as in the API)."""
+    return Scope(scoped_organization(), all_organizations=False)
+
+
 def _objective(objective_id: str) -> dict[str, Any]:
     jsonbody.check_param(objective_id, "objectiveId")
-    found = _reader().get(_scope(), objective_id)
+    found = _reader().get(_one(), objective_id)
     if found is None:
         raise UiError(404, "Not found", "no objective with that id")
     objective = dict(found)
@@ -113,22 +120,20 @@ def objective_events(objectiveId: str) -> ResponseReturnValue:
         max_seconds=st.settings.sse_max_seconds,
         heartbeat_seconds=st.sse_heartbeat_seconds,
     )
-    scope, reader = _scope(), _reader()
+    scope, reader = _one(), _reader()
     token_id = current_session().identity.token_id
 
     def overlaid() -> list[str]:
         found = reader.get(scope, objectiveId) or {}
-        return [job_stream(t["jobId"]) for t in found.get("tasks", ()) if _overlaid(t)]
+        return [t["jobStream"] for t in found.get("tasks", ()) if _overlaid(t)]
 
-    jobs = [job_stream(t["jobId"]) for t in objective.get("tasks", ()) if _overlaid(t)]
-    frames = _page_signals(
-        st.engine, st.poller, stream_of(objectiveId), after, jobs, overlaid, timing, token_id
-    )
+    jobs = [t["jobStream"] for t in objective.get("tasks", ()) if _overlaid(t)]
+    frames = _page_signals(st.engine, st.poller, objective["stream"], after, jobs, overlaid, timing, token_id)
     return sse.event_stream_response(frames)
 
 
 def _overlaid(task: Mapping[str, Any]) -> bool:
-    return bool(task.get("jobId")) and task.get("status") in ("queued", "running")
+    return bool(task.get("jobStream")) and task.get("status") in ("queued", "running")
 
 
 def _page_signals(

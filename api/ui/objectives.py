@@ -91,7 +91,12 @@ def _wire(factory: ModuleType, engine: Engine, importer: Importer) -> ObjectiveR
             "Factory objectives exist on this server, but the dashboard is not wired to them "
             f"(api/ui/objectives.py: {exc.name} is missing)."
         )
-    needed = {"service.get": service, "storage.list_page": storage, "api.objectives.live_json": presenter}
+    needed = {
+        "service.get": service,
+        "service.find": service,
+        "storage.list_page": storage,
+        "api.objectives.live_json": presenter,
+    }
     missing = [name for name, module in needed.items() if not hasattr(module, name.rsplit(".", 1)[1])]
     if missing:
         return Unavailable(
@@ -111,11 +116,16 @@ class FactoryReader:
         self.presenter = presenter
 
     def _visible(self, scope: Scope, objective_id: str) -> Any:
-        obj = self.service.get(self.engine, objective_id)
+        """The objective the scope's organisation knows as ``objective_id`` (another organisation's
+        of the same id is the same "not found" as none)."""
+        return self.service.find(self.engine, scope.organization_id, objective_id)
+
+    def _header(self, scope: Scope, key: str) -> Any:
+        obj = self.service.get(self.engine, key)
         if obj is None:
             return None
         if not scope.all_organizations and obj.organization_id != scope.organization_id:
-            return None  # another organisation's objective is the same "not found" as none
+            return None
         return obj
 
     def list(self, scope: Scope, *, status: str | None, limit: int, cursor: str | None) -> ObjectivePage:
@@ -128,7 +138,7 @@ class FactoryReader:
                 limit=limit,
                 cursor=cursor,
             )
-        found = [self._visible(scope, header.id) for header in page.objectives]
+        found = [self._header(scope, header.id) for header in page.objectives]
         return ObjectivePage([self.presenter.live_json(o) for o in found if o is not None], page.next_cursor)
 
     def get(self, scope: Scope, objective_id: str) -> Mapping[str, Any] | None:
@@ -137,8 +147,3 @@ class FactoryReader:
             return None
         shown: Mapping[str, Any] = self.presenter.live_json(obj)
         return shown
-
-
-def stream_of(objective_id: str) -> str:
-    """The objective's receipt stream (issue 9: ``objectives/<objectiveId>``)."""
-    return OBJECTIVE_STREAM_PREFIX + objective_id

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from app.factory.reducer import Objective
+from app.jobs.ids import client_id_of
 from app.jobs.reducer import Job
 
 _FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -77,7 +78,14 @@ def report(
         if attempt > 1:
             retried[tid] = attempt
         if task.status in ("failed", "canceled", "skipped"):
-            failures.append({"taskId": tid, "status": task.status, "jobId": task.job_id, "error": task.error})
+            failures.append(
+                {
+                    "taskId": tid,
+                    "status": task.status,
+                    "jobId": client_id_of(task.job_id) if task.job_id else None,
+                    "error": task.error,
+                }
+            )
     cp_ms, cp_tasks = critical_path(obj)
     return {
         "status": obj.status,

@@ -107,7 +107,7 @@ def settlement(task: Task, job: Job | None, obj: Objective) -> dict[str, Any] | 
 def owns(obj: Objective, task: Task, job: Job) -> bool:
     """True when ``job`` is really ``task``'s job: same objective, task and organisation."""
     return (
-        job.payload.get("objectiveId") == obj.id
+        job.payload.get("objectiveId") == obj.client_id
         and job.payload.get("taskId") == task.id
         and job.organization_id == obj.organization_id
     )
@@ -282,5 +282,9 @@ def task_payload(obj: Objective, task: Task, dependency_results: Mapping[str, An
     dependency's result as ``inputs.<taskId>`` (Hatchet's parent outputs, Oban Pro's recorded results)."""
     inputs = {dep: dependency_results.get(dep) for dep in task.depends_on}
     return stamp_payload(
-        task_spec(task), objective_id=obj.id, phase=task.phase, auth_context=obj.auth_context, inputs=inputs
+        task_spec(task),
+        objective_id=obj.client_id,
+        phase=task.phase,
+        auth_context=obj.auth_context,
+        inputs=inputs,
     )

@@ -27,7 +27,6 @@ from app.factory.vocab import (
     OBJECTIVE_ID_PATTERN,
     TASK_ID_PATTERN,
     TITLE_MAX,
-    task_job_id,
 )
 from app.jobs.errors import ValidationError
 from app.jobs.validation import validate_auth_context, validate_enqueue
@@ -170,9 +169,9 @@ def _task(raw: Any, index: int, auth_context: Mapping[str, Any]) -> TaskSpec:
         max_attempts=max_attempts if isinstance(max_attempts, int) else None,
         execution_path=execution_path,
     )
-    # The task's job must pass the job validation exactly as a POST /agents/<id>/jobs would.
+    # The task's job must pass the job validation exactly as a POST /agents/<id>/jobs would, but for
+    # its id: the Factory derives that (a shape no client may post), from ids already checked here.
     enqueue_body: dict[str, Any] = {
-        "jobId": task_job_id("x", FIRST_PHASE, task_id),
         "payload": stamp_payload(spec, objective_id="x", phase=FIRST_PHASE, auth_context=auth_context),
     }
     if max_attempts is not None:

@@ -35,6 +35,7 @@ from app.factory.vocab import (
     objective_stream,
 )
 from app.jobs.errors import InvariantError
+from app.jobs.ids import client_id_of
 from app.jobs.reducer import Receipt
 
 
@@ -160,6 +161,11 @@ class Objective:
     @property
     def stream(self) -> str:
         return objective_stream(self.id)
+
+    @property
+    def client_id(self) -> str:
+        """The id the objective's organisation knows it by (``id`` is the organisation-qualified key)."""
+        return client_id_of(self.id)
 
     @property
     def terminal(self) -> bool:

@@ -43,7 +43,7 @@ from app.jobs.errors import (
     TransientStorageError,
     ValidationError,
 )
-from app.jobs.ids import new_id
+from app.jobs.ids import client_id_of, new_id, qualify
 from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest
@@ -87,9 +87,29 @@ def launcher_from(enqueuer: Enqueuer | None) -> dict[str, Any]:
 
 
 def get(engine: Engine, objective_id: str, *, all_tasks: bool = True) -> Objective | None:
+    """The objective with this storage key (``Objective.id``)."""
     with engine.connect() as conn:
         loaded = storage.load(conn, objective_id, all_tasks=all_tasks)
     return loaded.objective if loaded else None
+
+
+def find(
+    engine: Engine, organization_id: str | None, objective_id: str, *, all_tasks: bool = True
+) -> Objective | None:
+    """The objective an organisation knows as ``objective_id`` (another's is exactly as absent)."""
+    with engine.connect() as conn:
+        key = storage.key_of(conn, organization_id, objective_id)
+        loaded = storage.load(conn, key, all_tasks=all_tasks) if key is not None else None
+    return loaded.objective if loaded else None
+
+
+def key_of(engine: Engine, organization_id: str | None, objective_id: str) -> str:
+    """The key of the organisation's objective ``objective_id``; ``ObjectiveNotFound`` if it has none."""
+    with read_connection(engine) as conn:
+        key = storage.key_of(conn, organization_id, objective_id)
+    if key is None:
+        raise ObjectiveNotFound(objective_id)
+    return key
 
 
 def read_jobs(engine: Engine, job_ids: Iterable[str]) -> dict[str, Job | None]:
@@ -119,7 +139,10 @@ def launch(queue: Queue, spec: ObjectiveSpec, *, launched_by: Mapping[str, Any])
     Idempotent by objectiveId: an existing objective is returned unchanged (the caller checks that
     it belongs to the same organisation).
     """
-    objective_id = spec.objective_id or new_id("obj_")
+    org = spec.organization_id
+    # A client's objectiveId is unique within its organisation: the key carries the organisation.
+    explicit = spec.objective_id
+    objective_id = qualify(org, explicit or new_id("obj_"))
     body = {
         "objectiveId": objective_id,
         "title": spec.title,
@@ -134,7 +157,8 @@ def launch(queue: Queue, spec: ObjectiveSpec, *, launched_by: Mapping[str, Any])
         try:
             with transaction(queue.engine) as conn:
                 storage.lock(conn, objective_id)
-                existing = storage.load(conn, objective_id)
+                known = storage.key_of(conn, org, explicit) if explicit is not None else None
+                existing = storage.load(conn, known) if known is not None else None
                 if existing is not None:
                     return LaunchResult(existing.objective, created=False)
                 events: list[storage.Event] = [
@@ -298,7 +322,7 @@ def ensure_control_job(queue: Queue, objective_id: str, *, known: Objective | No
     oldest = obj.pending[0]
     payload = {
         "kind": CONTROL_KIND,
-        "objectiveId": objective_id,
+        "objectiveId": obj.client_id,
         "reason": obj.pending[-1].reason,
         "requestId": obj.pending[-1].id,
         "authContext": dict(obj.auth_context),
@@ -308,7 +332,7 @@ def ensure_control_job(queue: Queue, objective_id: str, *, known: Objective | No
         req = EnqueueRequest(
             agent_id=CONTROL_AGENT,
             payload=payload,
-            job_id=control_job_id(objective_id, oldest.seq, generation),
+            key=control_job_id(objective_id, oldest.seq, generation),
             max_attempts=CONTROL_MAX_ATTEMPTS,
         )
         result = queue.enqueue(req)
@@ -327,9 +351,9 @@ def ensure_audit_job(queue: Queue, obj: Objective) -> Job | None:
     """The terminal audit job (deterministic id), when the control kind's contract asks for one."""
     if not contract_for(CONTROL_KIND).terminal_objective_audit or obj.audit is not None:
         return None
-    payload = {"kind": AUDIT_KIND, "objectiveId": obj.id, "authContext": dict(obj.auth_context)}
+    payload = {"kind": AUDIT_KIND, "objectiveId": obj.client_id, "authContext": dict(obj.auth_context)}
     req = EnqueueRequest(
-        agent_id=CONTROL_AGENT, payload=payload, job_id=audit_job_id(obj.id), max_attempts=AUDIT_MAX_ATTEMPTS
+        agent_id=CONTROL_AGENT, payload=payload, key=audit_job_id(obj.id), max_attempts=AUDIT_MAX_ATTEMPTS
     )
     return queue.enqueue(req).job
 
@@ -347,7 +371,7 @@ def enqueue_task_job(queue: Queue, obj: Objective, task: Task, payload: Mapping[
     req = EnqueueRequest(
         agent_id=task.agent_id,
         payload=dict(payload),
-        job_id=task_job_id(obj.id, task.phase, task.id),
+        key=task_job_id(obj.id, task.phase, task.id),
         max_attempts=task.max_attempts or MAX_ATTEMPTS_DEFAULT,
     )
     job = queue.enqueue(req, enqueued_by=launcher_identity(obj)).job
@@ -360,10 +384,10 @@ def ensure_monitor(queue: Queue, obj: Objective, task: Task, job_id: str) -> Job
     """A sandboxed task's ``factory.task.monitor`` job (deterministic id: one per task job)."""
     payload = {
         "kind": monitor.MONITOR_KIND,
-        "objectiveId": obj.id,
+        "objectiveId": obj.client_id,
         "taskId": task.id,
         "phase": task.phase,
-        "taskJobId": job_id,
+        "taskJobId": client_id_of(job_id),
         # Selects the spec's lease row: max(JOB_LEASE_MS, CODEX_JOB_LEASE_MS).
         "executionPath": COMPUTER_PATH,
         "authContext": dict(obj.auth_context),
@@ -371,7 +395,7 @@ def ensure_monitor(queue: Queue, obj: Objective, task: Task, job_id: str) -> Job
     req = EnqueueRequest(
         agent_id=monitor.MONITOR_AGENT,
         payload=payload,
-        job_id=monitor.monitor_job_id(job_id),
+        key=monitor.monitor_job_id(job_id),
         max_attempts=MONITOR_MAX_ATTEMPTS,
     )
     return queue.enqueue(req).job

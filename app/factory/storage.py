@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection
 from app.factory.reducer import Objective, Task, fold, reduce
 from app.factory.vocab import OBJECTIVE_STREAM_PREFIX, objective_stream
 from app.jobs.errors import AppendConflict
+from app.jobs.ids import KEY_SEPARATOR, SYSTEM_ORGANIZATION, qualify
 from app.storage import store
 from app.storage.db import as_utc, db_now, lock_key, objective_tasks, objectives, parse_iso
 from app.storage.queue import decode_cursor, encode_cursor
@@ -44,6 +45,27 @@ class Loaded:
 
 def lock(conn: Connection, objective_id: str) -> None:
     lock_key(conn, f"objective:{objective_id}")
+
+
+def key_of(conn: Connection, organization_id: str | None, objective_id: str) -> str | None:
+    """The key of the objective an organisation knows as ``objective_id``, if it has one: the
+    qualified key, or a bare key of the same organisation (written before keys were qualified).
+    Another organisation's objective of the same id is exactly as absent."""
+    if KEY_SEPARATOR in objective_id:
+        return None  # a client id never holds the separator
+    org = organization_id or SYSTEM_ORGANIZATION
+    key = qualify(org, objective_id)
+    found = conn.execute(
+        select(objectives.c.id)
+        .where(
+            or_(
+                objectives.c.id == key,
+                and_(objectives.c.id == objective_id, objectives.c.organization_id == org),
+            )
+        )
+        .limit(1)
+    ).scalar()
+    return None if found is None else str(found)
 
 
 # -- reads --------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from app.config import Settings
 from app.factory import service, watchdog
 from app.factory.reducer import Objective, Task
 from app.factory.vocab import CONTROL_AGENT, CONTROL_KIND
+from app.jobs.ids import SYSTEM_ORGANIZATION, qualify
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import ACTIVE_STATUSES
@@ -36,9 +37,10 @@ log = logging.getLogger("receipt.factory")
 WATCHDOG_MAX_ATTEMPTS = 1
 
 
-def _control_jobs(queue: Queue) -> dict[str, list[Job]]:
-    """Every unsettled control job, by objective (few at any time: control steps are short)."""
-    out: dict[str, list[Job]] = defaultdict(list)
+def _control_jobs(queue: Queue) -> dict[tuple[str | None, str], list[Job]]:
+    """Every unsettled control job, by objective: its organisation and the id it knows it by (few at
+    any time: control steps are short)."""
+    out: dict[tuple[str | None, str], list[Job]] = defaultdict(list)
     with queue.engine.connect() as conn:
         rows = conn.execute(
             select(jobs.c.state).where(
@@ -51,7 +53,7 @@ def _control_jobs(queue: Queue) -> dict[str, list[Job]]:
             job = Job.from_json(row.state)
             objective_id = job.payload.get("objectiveId")
             if isinstance(objective_id, str):
-                out[objective_id].append(job)
+                out[(job.organization_id, objective_id)].append(job)
     return out
 
 
@@ -110,7 +112,9 @@ def watchdog_pass(
         page, found, now, after = _page(queue, after, limit)
         pages += 1
         for obj in page:
-            finding = watchdog.assess(obj, found, controls.get(obj.id, ()), now, settings)
+            finding = watchdog.assess(
+                obj, found, controls.get((obj.organization_id, obj.client_id), ()), now, settings
+            )
             if finding is None:
                 continue
             if service.request(queue, obj.id, "reconcile", finding.to_json()):
@@ -146,7 +150,8 @@ def enqueue_tick(queue: Queue, settings: Settings, published: datetime | None = 
     req = EnqueueRequest(
         agent_id=watchdog.WATCHDOG_AGENT,
         payload=payload,
-        job_id=watchdog.tick_job_id(tick),
+        # The system's own job: out of every tenant's reach (a tenant's jobId is in its organisation).
+        key=qualify(SYSTEM_ORGANIZATION, watchdog.tick_job_id(tick)),
         max_attempts=WATCHDOG_MAX_ATTEMPTS,
     )
     return queue.enqueue(req)

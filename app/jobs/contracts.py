@@ -17,6 +17,12 @@ from app.jobs.vocab import KINDS_WITHOUT_AUTH_CONTEXT, PAYLOAD_KINDS, PayloadKin
 DurableWorkflow = Literal["objective-control", "run"]
 DURABLE_WORKFLOWS: Final[tuple[str, ...]] = get_args(DurableWorkflow)
 
+# Who may post a kind over the API (the Factory and the system enqueue their own jobs directly):
+# ``tenant`` — any token, for its own organisation; ``objective-owner`` — a tenant, only for an
+# objective of its own organisation (``payload.objectiveId`` required); ``system`` — system tokens only.
+PostedBy = Literal["tenant", "objective-owner", "system"]
+POSTED_BY: Final[tuple[str, ...]] = get_args(PostedBy)
+
 
 @dataclass(frozen=True)
 class KindContract:
@@ -49,6 +55,8 @@ class KindContract:
     # it needs the ``commands`` scope (``app.jobs.privilege.runs_command``). Flip it on for the
     # integration kinds here, in one place, once their handlers run commands.
     runs_command: bool = False
+    # Who may post it (``PostedBy``); docs/security.md's kind table is this column.
+    posted_by: PostedBy = "tenant"
 
     def to_json(self) -> dict[str, Any]:
         """The contract in the spec's camelCase field names."""
@@ -65,6 +73,7 @@ class KindContract:
             "terminalObjectiveAudit": self.terminal_objective_audit,
             "requiresAuthContext": self.requires_auth_context,
             "runsCommand": self.runs_command,
+            "postedBy": self.posted_by,
         }
 
 
@@ -79,6 +88,7 @@ def _contract(
     live_execution: bool = False,
     terminal_objective_audit: bool = False,
     runs_command: bool = False,
+    posted_by: PostedBy = "tenant",
 ) -> KindContract:
     # requires_auth_context is derived from the one vocabulary that names the exception, so the
     # contract and the enqueue validator cannot disagree.
@@ -93,6 +103,7 @@ def _contract(
         terminal_objective_audit=terminal_objective_audit,
         requires_auth_context=kind not in KINDS_WITHOUT_AUTH_CONTEXT,
         runs_command=runs_command,
+        posted_by=posted_by,
     )
 
 
@@ -125,7 +136,8 @@ _ALL: Final[tuple[KindContract, ...]] = (
         live_execution=True,
     ),
     # The audit only observes: reconciling on its end would loop audit -> control -> audit.
-    _contract("factory.objective.audit", "control", objective_scoped=True),
+    # A tenant may ask for its own objective's audit again (it is appended once): never another's.
+    _contract("factory.objective.audit", "control", objective_scoped=True, posted_by="objective-owner"),
     # Control *is* the objective's durable workflow. It does not reconcile on its own end (that
     # would re-enqueue itself forever); the outbox redrive and watchdog recover it instead. Control
     # is what moves an objective to a terminal state, so its settlement is audited.
@@ -135,15 +147,20 @@ _ALL: Final[tuple[KindContract, ...]] = (
         durable_workflow="objective-control",
         objective_scoped=True,
         terminal_objective_audit=True,
+        # A control step is idempotent: a tenant may nudge its own objective, never another's.
+        posted_by="objective-owner",
     ),
     # Cron-driven scan over all objectives: not scoped to one, and the only kind without authContext.
-    _contract("factory.objective.watchdog", "control"),
+    # It scans every organisation's objectives: the system's own job.
+    _contract("factory.objective.watchdog", "control", posted_by="system"),
+    # The Factory derives a monitor for each computer-path task itself; a tenant has no reason to.
     _contract(
         "factory.task.monitor",
         "control",
         objective_scoped=True,
         reconcile=True,
         live_execution=True,
+        posted_by="system",
     ),
     # Spec: only factory.task.run sets hasDurableActivity. Its handler runs a command (the codex
     # handler's argv), hence runs_command, like the two integration kinds.

@@ -65,6 +65,21 @@ def runs_command(agent_id: str, kind: str) -> bool:
     return contract is not None and contract.runs_command and worker_group_for(agent_id, kind) == "codex"
 
 
+def posting_refusal(kind: str, *, system: bool, names_objective: bool) -> str | None:
+    """Why a caller may not post ``kind`` (the kind's ``posted_by`` rule), or None when it may.
+
+    Whether a named objective is the caller's own needs a read: the API checks that beside this.
+    """
+    contract = CONTRACTS.get(kind)
+    if contract is None or system:
+        return None
+    if contract.posted_by == "system":
+        return f"only system tokens may post {kind} jobs (the system enqueues them for itself)"
+    if contract.posted_by == "objective-owner" and not names_objective:
+        return f"a {kind} job must name payload.objectiveId: an objective of this organisation"
+    return None
+
+
 def parse_scopes(values: Iterable[str]) -> tuple[str, ...]:
     """Validated, de-duplicated, sorted scopes; an unknown one is a ValueError naming the allowed."""
     out = set()

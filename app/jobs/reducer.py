@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from app.jobs.errors import InvariantError, no_job_message
+from app.jobs.ids import client_id_of, organization_of_key
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.vocab import (
     LEASED_STATUSES,
@@ -121,6 +122,11 @@ class Job:
         return job_stream(self.id)
 
     @property
+    def client_id(self) -> str:
+        """The id the job's organisation knows it by (``id`` is the organisation-qualified key)."""
+        return client_id_of(self.id)
+
+    @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
@@ -187,7 +193,7 @@ class Job:
             session_key=data.get("sessionKey"),
             singleton_mode=data["singletonMode"],
             max_attempts=data["maxAttempts"],
-            organization_id=_org_of(data["payload"]),
+            organization_id=_org_of(data["payload"], data["id"]),
             status=data["status"],
             attempt=data["attempt"],
             lease=Lease(lease["workerId"], lease["attempt"], lease.get("expiresAt")) if lease else None,
@@ -230,12 +236,15 @@ class Receipt:
     at: str | None = None
 
 
-def _org_of(payload: Mapping[str, Any]) -> str | None:
+def _org_of(payload: Mapping[str, Any], key: str) -> str | None:
+    """The job's organisation: the one its authContext names, else the one its key names (the
+    system's own jobs carry no authContext); ``None`` only for a bare key without either."""
     ctx = payload.get("authContext")
     if isinstance(ctx, Mapping):
         org = ctx.get("organizationId")
-        return org if isinstance(org, str) else None
-    return None
+        if isinstance(org, str):
+            return org
+    return organization_of_key(key)
 
 
 def reduce(state: Job | None, receipt: Receipt) -> Job | None:
@@ -290,15 +299,16 @@ def _enqueued(r: Receipt) -> Job:
     max_attempts = b.get("maxAttempts", MAX_ATTEMPTS_DEFAULT)
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
         max_attempts = MAX_ATTEMPTS_DEFAULT
+    job_id = str(b.get("jobId") or job_id_of(r.stream))
     return Job(
-        id=str(b.get("jobId") or job_id_of(r.stream)),
+        id=job_id,
         agent_id=str(b.get("agentId", "")),
         lane=str(b.get("lane", "collect")),
         payload=payload,
         session_key=b.get("sessionKey"),
         singleton_mode=str(b.get("singletonMode", "allow")),
         max_attempts=max_attempts,
-        organization_id=_org_of(payload),
+        organization_id=_org_of(payload, job_id),
         created_at=r.at,
         updated_at=r.at,
         seq=r.seq,

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.jobs.errors import ValidationError
-from app.jobs.ids import JOB_ID_PATTERN
+from app.jobs.ids import (
+    JOB_ID_PATTERN,
+    ORGANIZATION_ID_PATTERN,
+    ORGANIZATION_ID_RULE,
+    RESERVED_JOB_ID_SHAPES,
+    reserved_shape,
+)
 from app.jobs.vocab import (
     AUTH_CONTEXT_OPTIONAL,
     AUTH_CONTEXT_REQUIRED,
@@ -43,6 +49,10 @@ class EnqueueRequest:
     session_key: str | None = None
     singleton_mode: str = DEFAULT_SINGLETON_MODE
     max_attempts: int = MAX_ATTEMPTS_DEFAULT
+    # The storage key, for an id the system derives (a Factory task, control or audit job, a
+    # watchdog tick): already qualified, used as it is. A client's request never sets it; its
+    # ``job_id`` is qualified with its organisation instead (``app.jobs.ids``).
+    key: str | None = None
 
     @property
     def organization_id(self) -> str | None:
@@ -94,6 +104,9 @@ def validate_auth_context(kind: str, ctx: Any) -> None:
         required = kind not in KINDS_WITHOUT_AUTH_CONTEXT or value is not None
         if required and (not isinstance(value, str) or not value.strip()):
             raise ValidationError(f"payload.authContext.{name}", "is required and must be a non-empty string")
+    org = ctx.get("organizationId")
+    if isinstance(org, str) and not ORGANIZATION_ID_PATTERN.fullmatch(org):
+        raise ValidationError("payload.authContext.organizationId", ORGANIZATION_ID_RULE)
     for name in AUTH_CONTEXT_OPTIONAL:
         value = ctx.get(name)
         if value is not None and not isinstance(value, str):
@@ -124,6 +137,13 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
             "jobId",
             "must be 1-128 characters of letters, digits, '.', '_', ':' or '-', starting with a "
             "letter or digit",
+        )
+    shape = reserved_shape(job_id) if job_id is not None else None
+    if shape is not None:
+        raise ValidationError(
+            "jobId",
+            f"has the shape {shape}, which only the system derives for its own jobs; "
+            f"reserved shapes: {', '.join(s for s, _ in RESERVED_JOB_ID_SHAPES)}",
         )
 
     lane = body.get("lane", DEFAULT_LANE)

@@ -50,6 +50,10 @@ _Id = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements IN
 _Time = DateTime(timezone=True)
 
 # The append-only log. Nothing updates or deletes a row: a trigger enforces it (migration 0001).
+# A job's or objective's storage key: ``<organizationId>/<id>`` (app.jobs.ids), or a bare id
+# written before keys were qualified.
+KEY_LENGTH = 384
+
 receipts = Table(
     "receipts",
     metadata,
@@ -70,7 +74,7 @@ receipts = Table(
 jobs = Table(
     "jobs",
     metadata,
-    Column("id", String(128), primary_key=True),
+    Column("id", String(KEY_LENGTH), primary_key=True),
     Column("organization_id", String(256), nullable=True),
     Column("agent_id", String(256), nullable=False),
     Column("lane", String(32), nullable=False),
@@ -133,12 +137,12 @@ api_tokens = Table(
 deliveries = Table(
     "deliveries",
     metadata,
-    Column("job_id", String(128), primary_key=True),
+    Column("job_id", String(KEY_LENGTH), primary_key=True),
     Column("purpose", String(16), primary_key=True),  # dispatch | redrive | outbox
     Column("observed", String(64), primary_key=True),  # '' or '<seq>:<status>' for a redrive
     Column("generation", Integer, primary_key=True),
-    Column("dispatch_key", String(320), nullable=False),
-    Column("task_id", String(400), nullable=False),
+    Column("dispatch_key", String(512), nullable=False),
+    Column("task_id", String(640), nullable=False),
     Column("state", String(16), nullable=False),  # pending | settled
     Column("outcome", String(64), nullable=True),
     Column("broker_epoch", String(64), nullable=True),  # which broker incarnation holds its message
@@ -173,7 +177,7 @@ callback_outbox = Table(
     Column("id", _Id, primary_key=True, autoincrement=True),
     Column("event_id", String(64), nullable=False),  # stable across retries: the webhook-id
     Column("target", String(2048), nullable=False),
-    Column("job_id", String(128), nullable=False),
+    Column("job_id", String(KEY_LENGTH), nullable=False),
     Column("event", String(16), nullable=False),
     Column("seq", Integer, nullable=False),  # the receipt's seq: delivery order per job
     Column("body", Text(), nullable=False),  # the exact bytes signed and sent
@@ -193,7 +197,7 @@ callback_outbox = Table(
 objectives = Table(
     "objectives",
     metadata,
-    Column("id", String(64), primary_key=True),
+    Column("id", String(KEY_LENGTH), primary_key=True),
     Column("organization_id", String(256), nullable=True),
     Column("status", String(16), nullable=False),
     Column("phase", Integer, nullable=False),
@@ -216,10 +220,10 @@ objectives = Table(
 objective_tasks = Table(
     "objective_tasks",
     metadata,
-    Column("objective_id", String(64), primary_key=True),
+    Column("objective_id", String(KEY_LENGTH), primary_key=True),
     Column("task_id", String(64), primary_key=True),
     Column("status", String(16), nullable=False),
-    Column("job_id", String(128), nullable=True),
+    Column("job_id", String(KEY_LENGTH), nullable=True),
     Column("deps_remaining", Integer, nullable=False),
     Column("state", _Json, nullable=False),
     Index("ix_objective_tasks_status", "objective_id", "status"),
@@ -231,10 +235,10 @@ objective_tasks = Table(
 durable_workflows = Table(
     "durable_workflows",
     metadata,
-    Column("id", String(200), primary_key=True),  # "<durableWorkflow>:<objectiveId or jobId>"
+    Column("id", String(512), primary_key=True),  # "<durableWorkflow>:<objectiveId or jobId>"
     Column("name", String(64), nullable=False),  # the kind contract's durableWorkflow
-    Column("objective_id", String(64), nullable=True),
-    Column("job_id", String(128), nullable=True),
+    Column("objective_id", String(KEY_LENGTH), nullable=True),
+    Column("job_id", String(KEY_LENGTH), nullable=True),
     Column("organization_id", String(256), nullable=True),
     Column("status", String(16), nullable=False),
     Column("steps", Integer, nullable=False),
@@ -247,10 +251,10 @@ durable_workflows = Table(
 durable_activities = Table(
     "durable_activities",
     metadata,
-    Column("job_id", String(128), primary_key=True),
+    Column("job_id", String(KEY_LENGTH), primary_key=True),
     Column("attempt", Integer, primary_key=True),
     Column("kind", String(64), nullable=False),
-    Column("objective_id", String(64), nullable=True),
+    Column("objective_id", String(KEY_LENGTH), nullable=True),
     Column("status", String(16), nullable=False),  # running | completed | failed | canceled | expired
     Column("worker_id", String(256), nullable=True),
     Column("started_at", _Time, nullable=False),

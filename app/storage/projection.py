@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import String, any_, bindparam, delete, exists, func, literal, select, update
+from sqlalchemy import String, and_, any_, bindparam, delete, exists, func, literal, or_, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from app.jobs.errors import AppendConflict
+from app.jobs.ids import SYSTEM_ORGANIZATION
 from app.jobs.reducer import Job, fold
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
 from app.storage import store
@@ -56,11 +58,30 @@ def load_jobs(conn: Connection, job_ids: Sequence[str]) -> list[Job]:
 # Built once (hot path): the projection row and the database clock in one round trip. The clock is
 # evaluated after the statement's snapshot is taken, so it is later than every receipt that
 # snapshot shows; a receipt committed after it makes the caller's append conflict (and re-read).
+# The row is the one with the key, or else a bare key of the same organisation (``legacy_owned``).
 _ONE = select(literal(1).label("one")).subquery()
-_LOAD_AT_CLOCK = Direct(
-    select(
-        func.clock_timestamp().label("now"), jobs.c.state, jobs.c.last_hash, jobs.c.status_changed_at
-    ).select_from(_ONE.outerjoin(jobs, jobs.c.id == bindparam("job_id")))
+
+
+def legacy_owned(key: Any, bare: Any, organization_id: Any) -> ColumnElement[bool]:
+    """The row ``key`` names, or the bare-keyed row of ``bare`` when it is the organisation's
+    (written before keys were qualified; a bare system job has no organisation recorded)."""
+    return or_(
+        jobs.c.id == key,
+        and_(
+            jobs.c.id == bare,
+            func.coalesce(jobs.c.organization_id, SYSTEM_ORGANIZATION) == organization_id,
+        ),
+    )
+
+
+_AT_CLOCK = select(
+    func.clock_timestamp().label("now"), jobs.c.state, jobs.c.last_hash, jobs.c.status_changed_at
+)
+_LOAD_AT_CLOCK = Direct(_AT_CLOCK.select_from(_ONE.outerjoin(jobs, jobs.c.id == bindparam("job_id"))))
+_LOAD_IN_AT_CLOCK = Direct(
+    _AT_CLOCK.select_from(
+        _ONE.outerjoin(jobs, legacy_owned(bindparam("job_id"), bindparam("bare"), bindparam("org")))
+    ).limit(1)  # never two: an organisation's bare id is found, so never qualified again
 )
 
 
@@ -80,14 +101,37 @@ def load_jobs_at_clock(conn: Connection, job_ids: Sequence[str]) -> tuple[list[J
     return [Job.from_json(state) for _now, state in rows if state is not None], as_utc(rows[0][0])
 
 
-def load_at_clock(conn: Connection, job_id: str) -> tuple[Loaded | None, datetime]:
-    """``load`` and the database clock, read together (Postgres: one statement).
+def load_in(conn: Connection, key: str, organization_id: str, bare: str | None) -> Loaded | None:
+    """The job with ``key``, or else the organisation's bare-keyed job ``bare`` (see ``legacy_owned``)."""
+    if bare is None:
+        return load(conn, key)
+    row = conn.execute(
+        select(jobs.c.state, jobs.c.last_hash, jobs.c.status_changed_at).where(
+            legacy_owned(key, bare, organization_id)
+        )
+    ).first()  # never two: an organisation's bare id is found, so never qualified again
+    if row is None:
+        return None
+    return Loaded(Job.from_json(row.state), row.last_hash, as_utc(row.status_changed_at))
+
+
+def load_at_clock(
+    conn: Connection, job_id: str, organization_id: str | None = None, bare: str | None = None
+) -> tuple[Loaded | None, datetime]:
+    """``load`` (or ``load_in`` when ``bare`` is given) and the database clock, read together
+    (Postgres: one statement).
 
     For a transaction that decides from this one job only: its receipts may take this time.
     """
     if is_sqlite(conn):
-        return load(conn, job_id), db_now(conn)
-    [(now_, state, last_hash, status_changed_at)] = _LOAD_AT_CLOCK.rows(conn, {"job_id": job_id})
+        found = load(conn, job_id) if bare is None else load_in(conn, job_id, organization_id or "", bare)
+        return found, db_now(conn)
+    if bare is None:
+        [(now_, state, last_hash, status_changed_at)] = _LOAD_AT_CLOCK.rows(conn, {"job_id": job_id})
+    else:
+        [(now_, state, last_hash, status_changed_at)] = _LOAD_IN_AT_CLOCK.rows(
+            conn, {"job_id": job_id, "bare": bare, "org": organization_id}
+        )
     now = as_utc(now_)
     if state is None:
         return None, now

@@ -30,7 +30,14 @@ from app.jobs.errors import (
     TransientStorageError,
     ValidationError,
 )
-from app.jobs.ids import JOB_ID_PATTERN, new_id
+from app.jobs.ids import (
+    JOB_ID_PATTERN,
+    KEY_SEPARATOR,
+    ORGANIZATION_ID_PATTERN,
+    SYSTEM_ORGANIZATION,
+    new_id,
+    qualify,
+)
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.reducer import Job, reduce
 from app.jobs.validation import EnqueueRequest
@@ -271,7 +278,10 @@ class Queue:
         """The control outbox: write the objective's control request in this job's transaction."""
         from app.factory import storage
 
-        objective_id = str(after.payload["objectiveId"])
+        # The payload names the objective as its organisation knows it: only that organisation's.
+        objective_id = storage.key_of(tx.conn, after.organization_id, str(after.payload["objectiveId"]))
+        if objective_id is None:
+            return
         written = storage.request_control(
             tx.conn,
             objective_id,
@@ -359,8 +369,19 @@ class Queue:
 
     # -- reads --------------------------------------------------------------------------------
     def get(self, job_id: str) -> Job | None:
+        """The job with this storage key (``Job.id``)."""
         with self.engine.connect() as conn:
             loaded = projection.load(conn, job_id)
+        return loaded.job if loaded else None
+
+    def find(self, organization_id: str | None, client_id: str) -> Job | None:
+        """The job an organisation knows by ``client_id``; ``None`` when it has none by that id
+        (another organisation's job of the same id is exactly as absent)."""
+        if KEY_SEPARATOR in client_id:
+            return None  # a client id never holds the separator: never a key, never a foreign job
+        org = organization_id or SYSTEM_ORGANIZATION
+        with self.engine.connect() as conn:
+            loaded = projection.load_in(conn, qualify(org, client_id), org, client_id)
         return loaded.job if loaded else None
 
     def list_jobs(
@@ -410,32 +431,38 @@ class Queue:
         codex handler can re-check the right to run a command. Never taken from the request.
         """
 
+        # The system's own jobs (no authContext) live in the system organisation.
+        org = req.organization_id or SYSTEM_ORGANIZATION
+        # A client id that existed before keys were qualified is still its organisation's.
+        legacy = req.job_id if req.key is None else None
+
         def work(tx: _Tx) -> EnqueueResult:
             conn = tx.conn
             singleton = req.singleton_mode != "allow" and req.session_key is not None
             if singleton:
                 # Serialise singleton enqueues per (organisation, session key).
-                lock_key(conn, f"session:{req.organization_id}:{req.session_key}")
-            if req.job_id is not None:
+                lock_key(conn, f"session:{org}:{req.session_key}")
+            explicit = req.key or (qualify(org, req.job_id) if req.job_id is not None else None)
+            if explicit is not None:
                 if singleton:
-                    existing = projection.load(conn, req.job_id)
+                    existing = projection.load_in(conn, explicit, org, legacy)
                 else:
                     # Only this job decides: read the clock with it (the singleton path reads the
                     # session's other jobs first, so its clock must come after those reads).
-                    existing, tx._now = projection.load_at_clock(conn, req.job_id)
+                    existing, tx._now = projection.load_at_clock(conn, explicit, org, legacy)
                 if existing is not None:
                     return EnqueueResult(existing.job, created=False)
             if singleton and req.singleton_mode == "steer" and req.job_id is not None:
                 # Spec: re-posting the same enqueue never disturbs the first. A steer creates no
                 # job under its jobId, so its command carries that id, and a re-post finds it.
-                prior = self._steered_by(tx, req.organization_id, req.session_key or "", req.job_id)
+                prior = self._steered_by(tx, org, req.session_key or "", req.job_id)
                 if prior is not None:
                     return EnqueueResult(prior, created=False, steered=True)
-            job_id = req.job_id or new_id()
+            job_id = explicit or qualify(org, new_id())
             canceled: list[str] = []
             aborted: list[str] = []
             if singleton:
-                active = self._active_on_session(tx, req.organization_id, req.session_key or "")
+                active = self._active_on_session(tx, org, req.session_key or "")
                 if req.singleton_mode == "steer" and active:
                     target = active[0]  # the most recent active job
                     self._check_command_room(target.job)
@@ -506,13 +533,13 @@ class Queue:
         result: EnqueueResult = self._run(work)
         return result
 
-    def _steered_by(self, tx: _Tx, org: str | None, session_key: str, job_id: str) -> Job | None:
+    def _steered_by(self, tx: _Tx, org: str, session_key: str, job_id: str) -> Job | None:
         """The job on this session key that an earlier steer enqueue with ``job_id`` steered."""
         rows = tx.conn.execute(
             select(jobs.c.state)
             .where(
                 jobs.c.session_key == session_key,
-                jobs.c.organization_id == org if org is not None else jobs.c.organization_id.is_(None),
+                jobs.c.organization_id == org,
             )
             .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
         ).all()
@@ -522,7 +549,7 @@ class Queue:
                 return job
         return None
 
-    def _active_on_session(self, tx: _Tx, org: str | None, session_key: str) -> list[projection.Loaded]:
+    def _active_on_session(self, tx: _Tx, org: str, session_key: str) -> list[projection.Loaded]:
         """Active jobs on a session key, newest first — after expiring dead leases among them.
 
         Spec: lease expiry is evaluated before the session scan, so a dead worker's running
@@ -534,7 +561,7 @@ class Queue:
                 .where(
                     jobs.c.session_key == session_key,
                     jobs.c.status.in_(sorted(ACTIVE_STATUSES)),
-                    jobs.c.organization_id == org if org is not None else jobs.c.organization_id.is_(None),
+                    jobs.c.organization_id == org,
                 )
                 .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
             )
@@ -873,11 +900,15 @@ def _command_body(
     return body
 
 
-# A list cursor is the keyset position after a page: ``<createdAt in µs since the epoch>.<jobId>``.
+# A list cursor is the keyset position after a page: ``<createdAt in µs since the epoch>.<job key>``.
 # Every string of this shape is a position the server can resume from, and nothing else is, so
 # the OpenAPI document can state the rule exactly (api.schemas uses this pattern). 17 digits reach
 # past the year 5000; job ids follow their own pattern (app.jobs.ids).
-CURSOR_PATTERN = r"^([0-9]{1,17})\.(" + JOB_ID_PATTERN.pattern[1:-1] + r")$"
+# The job part is its storage key: an organisation (or the system's own) and '/', or a bare key.
+_KEY_ORGANIZATION = "(?:" + re.escape(SYSTEM_ORGANIZATION) + "|" + ORGANIZATION_ID_PATTERN.pattern[1:-1] + ")"
+CURSOR_PATTERN = (
+    r"^([0-9]{1,17})\.((?:" + _KEY_ORGANIZATION + KEY_SEPARATOR + ")?" + JOB_ID_PATTERN.pattern[1:-1] + r")$"
+)
 _CURSOR = re.compile(CURSOR_PATTERN)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)

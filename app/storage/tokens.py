@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import bindparam, delete, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from app.jobs.ids import new_id, new_token
+from app.jobs.ids import ORGANIZATION_ID_PATTERN, ORGANIZATION_ID_RULE, new_id, new_token
 from app.jobs.privilege import parse_scopes
 from app.storage import store
 from app.storage.db import api_tokens, as_utc, db_now, iso, parse_iso, transaction
@@ -90,8 +90,9 @@ def create(
 
     ``scopes`` must come from ``TOKEN_SCOPES``; ``expires_in`` counts from now (database clock).
     """
-    if not organization_id.strip():
-        raise ValueError("organization id must not be empty")
+    if not ORGANIZATION_ID_PATTERN.fullmatch(organization_id):
+        # Also keeps every token out of the system's own organisation (SYSTEM_ORGANIZATION).
+        raise ValueError(f"organization id {organization_id!r} {ORGANIZATION_ID_RULE}")
     scope_set = parse_scopes(scopes)
     if expires_in is not None and expires_in <= timedelta(0):
         raise ValueError("expiry must be in the future")

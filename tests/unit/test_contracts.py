@@ -8,6 +8,7 @@ import pytest
 
 from app.jobs.contracts import CONTRACTS, DURABLE_WORKFLOWS, KindContract, contract_for
 from app.jobs.errors import ValidationError
+from app.jobs.privilege import posting_refusal
 from app.jobs.vocab import PAYLOAD_KINDS, WORKER_GROUPS
 
 # kind, workerGroup, durableWorkflow, hasDurableActivity, objectiveScoped,
@@ -30,8 +31,41 @@ def test_every_kind_declares_its_contract(row: tuple[object, ...]) -> None:
     """Spec: "Each kind also declares a contract: a workerGroup ..., an optional durable workflow, and
     flags"."""
     # runs_command (issue 8, not a spec flag) is its own test (test_scopes.py).
-    declared = dataclasses.replace(contract_for(str(row[0])), runs_command=False)
+    # posted_by (who may post it, not a spec flag) is its own test below.
+    declared = dataclasses.replace(contract_for(str(row[0])), runs_command=False, posted_by="tenant")
     assert declared == KindContract(*row)  # type: ignore[arg-type]
+
+
+# Who may post each kind over the API (docs/security.md, "Who may post each kind").
+POSTED_BY = {
+    "factory.dispatch": "tenant",
+    "factory.run": "tenant",
+    "factory.integration.publish": "tenant",
+    "factory.integration.validate": "tenant",
+    "factory.objective.audit": "objective-owner",
+    "factory.objective.control": "objective-owner",
+    "factory.objective.watchdog": "system",
+    "factory.task.monitor": "system",
+    "factory.task.run": "tenant",
+}
+
+
+def test_every_kind_says_who_may_post_it() -> None:
+    assert {k: c.posted_by for k, c in CONTRACTS.items()} == POSTED_BY
+
+
+@pytest.mark.parametrize("kind", PAYLOAD_KINDS)
+def test_the_posting_rule_refuses_exactly_what_the_table_says(kind: str) -> None:
+    rule = POSTED_BY[kind]
+    assert posting_refusal(kind, system=True, names_objective=False) is None  # system tokens: every kind
+    tenant = posting_refusal(kind, system=False, names_objective=False)
+    named = posting_refusal(kind, system=False, names_objective=True)
+    if rule == "system":
+        assert tenant is not None and "only system tokens" in tenant and named == tenant
+    elif rule == "objective-owner":
+        assert tenant is not None and "payload.objectiveId" in tenant and named is None
+    else:
+        assert tenant is None and named is None
 
 
 def test_contracts_cover_exactly_the_nine_payload_kinds() -> None:
@@ -88,6 +122,7 @@ def test_to_json_uses_the_spec_camel_case_names() -> None:
         "terminalObjectiveAudit": False,
         "requiresAuthContext": True,
         "runsCommand": True,
+        "postedBy": "tenant",
     }
 
 

@@ -62,10 +62,15 @@ def handle_factory(ctx: JobContext) -> Any:
 
 
 def _objective_id(ctx: JobContext) -> str:
+    """The key of the objective the payload names, in the job's own organisation.
+
+    Another organisation's objective is not looked at: it is exactly as absent as a missing one,
+    and refused with the same error (``ObjectiveNotFound``), so a job learns nothing about it.
+    """
     objective_id = ctx.payload.get("objectiveId")
     if not isinstance(objective_id, str) or not objective_id:
         raise _refuse(f"{ctx.job.kind} needs payload.objectiveId")
-    return objective_id
+    return service.key_of(ctx.queue.engine, ctx.job.organization_id, objective_id)
 
 
 def handle_factory_control(ctx: JobContext) -> Any:
@@ -76,7 +81,7 @@ def handle_factory_control(ctx: JobContext) -> Any:
         if kind == "factory.objective.audit":
             return service.run_audit(ctx.queue, _objective_id(ctx))
     except service.ObjectiveNotFound:
-        raise _refuse(f"no objective {ctx.payload.get('objectiveId')!r}") from None
+        raise _refuse(no_objective(ctx)) from None
     except ConflictError as exc:
         raise _refuse(str(exc)) from None
     if kind == "factory.objective.watchdog":
@@ -84,13 +89,26 @@ def handle_factory_control(ctx: JobContext) -> Any:
     raise _refuse(f"agent 'factory-control' does not run kind '{kind}'")
 
 
+def no_objective(ctx: JobContext) -> str:
+    """The one refusal for an objective the job's organisation does not have (missing or foreign)."""
+    return f"no objective {ctx.payload.get('objectiveId')!r} in this job's organisation"
+
+
 def handle_factory_monitor(ctx: JobContext) -> Any:
     if ctx.job.kind != monitor.MONITOR_KIND:
         raise _refuse(f"agent 'factory-monitor' does not run kind '{ctx.job.kind}'")
-    objective_id = _objective_id(ctx)
-    task_job_id = ctx.payload.get("taskJobId")
-    if not isinstance(task_job_id, str) or not task_job_id:
+    try:
+        objective_id = _objective_id(ctx)
+    except service.ObjectiveNotFound:
+        raise _refuse(no_objective(ctx)) from None
+    client_task_job_id = ctx.payload.get("taskJobId")
+    if not isinstance(client_task_job_id, str) or not client_task_job_id:
         raise _refuse("factory.task.monitor needs payload.taskJobId")
+    # The task's job as the job's own organisation knows it (another's is exactly as absent).
+    task_job = ctx.queue.find(ctx.job.organization_id, client_task_job_id)
+    if task_job is None:
+        raise _refuse(f"no job {client_task_job_id!r} in this job's organisation")
+    task_job_id = task_job.id
 
     def now() -> datetime:
         with ctx.queue.engine.connect() as conn:

@@ -25,6 +25,7 @@ import requests
 from standardwebhooks.webhooks import Webhook
 
 from app.factory import service
+from app.jobs.ids import client_id_of
 from workers.handler import HandlerError, JobContext
 
 VALIDATE: Final = "factory.integration.validate"
@@ -47,18 +48,19 @@ def results_body(ctx: JobContext) -> dict[str, Any]:
     objective_id = ctx.payload.get("objectiveId")
     if not isinstance(objective_id, str):
         raise HandlerError("factory.integration.publish needs payload.objectiveId", retryable=False)
-    obj = service.get(ctx.queue.engine, objective_id)
-    if obj is None or obj.organization_id != ctx.job.organization_id:
-        raise HandlerError(f"no objective {objective_id!r} for this job's organisation", retryable=False)
+    # Only the job's own organisation's objective; another's is exactly as absent.
+    obj = service.find(ctx.queue.engine, ctx.job.organization_id, objective_id)
+    if obj is None:
+        raise HandlerError(f"no objective {objective_id!r} in this job's organisation", retryable=False)
     return {
-        "objectiveId": obj.id,
+        "objectiveId": obj.client_id,
         "phase": obj.phase,
         "tasks": [
             {
                 "id": t.id,
                 "phase": t.phase,
                 "status": t.status,
-                "jobId": t.job_id,
+                "jobId": client_id_of(t.job_id) if t.job_id else None,
                 "result": t.result,
                 "error": t.error,
             }
