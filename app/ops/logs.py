@@ -9,6 +9,10 @@ job's fields — ``jobId``, ``attempt``, ``fence``, ``workerId``, ``org`` — in
 (``bind_job``); a filter copies them onto every record logged in that context, by any library,
 so a job-related line is never missing them. Threads start with an empty context, so code that
 hands a job to a thread runs the thread inside ``contextvars.copy_context()``.
+
+No secret setting is ever written: ``SecretFilter`` runs the deployment's ``Redactor`` (every
+value marked secret in ``app/config.py``, every URL setting's password and query string) over
+each record's message, exception text, stack and text fields, whatever library logged it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any, Final, Literal
 
 from app.config import Settings
+from app.redaction import Redactor
 
 LogFormat = Literal["plain", "json"]
 LOG_FORMATS: Final[tuple[str, ...]] = ("plain", "json")
@@ -103,6 +108,45 @@ class ContextFilter(logging.Filter):
         return True
 
 
+# Attributes every LogRecord has; any other attribute is an ``extra=`` field a formatter may print.
+_RECORD_ATTRIBUTES: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+}
+
+
+class SecretFilter(logging.Filter):
+    """Replaces every secret of the deployment's settings in a record with ``***`` before it is written."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__()
+        self.redactor = redactor
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        hide = self.redactor
+        if not hide:
+            return True
+        if isinstance(record.msg, dict):
+            record.msg = {k: hide(v) if isinstance(v, str) else v for k, v in record.msg.items()}
+        else:
+            message = record.getMessage()
+            shown = hide(message)
+            if shown != message:
+                record.msg, record.args = shown, None
+        if record.exc_info:
+            # Formatted here, hidden, and kept as text: formatters print exc_text when exc_info is gone.
+            text = record.exc_text or logging.Formatter().formatException(record.exc_info)
+            record.exc_text, record.exc_info = hide(text), None
+        elif record.exc_text:
+            record.exc_text = hide(record.exc_text)
+        if record.stack_info:
+            record.stack_info = hide(record.stack_info)
+        for name, value in list(vars(record).items()):
+            if name not in _RECORD_ATTRIBUTES and isinstance(value, str):
+                setattr(record, name, hide(value))
+        return True
+
+
 def dict_config(settings: Settings, role: str) -> dict[str, Any]:
     """A ``logging.config.dictConfig`` mapping: one stderr handler on the root logger.
 
@@ -122,14 +166,17 @@ def dict_config(settings: Settings, role: str) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"context": {"()": ContextFilter, "plain": log_format(settings) == "plain"}},
+        "filters": {
+            "context": {"()": ContextFilter, "plain": log_format(settings) == "plain"},
+            "secrets": {"()": SecretFilter, "redactor": Redactor.of(settings)},
+        },
         "formatters": {"receipt": formatter},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",
                 "stream": "ext://sys.stderr",
                 "formatter": "receipt",
-                "filters": ["context"],
+                "filters": ["context", "secrets"],
             }
         },
         "root": {"level": level, "handlers": ["stderr"]},
