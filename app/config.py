@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Final, TypeVar, overload
+from typing import Any, Final, Self, TypeVar, overload
 from urllib.parse import urlsplit, urlunsplit
 
 T = TypeVar("T")
@@ -563,7 +563,7 @@ class Settings:
         return f"{type(self).__name__}({shown})"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Self:
         """Read every declared variable; an unparsable value names the variable (never a secret)."""
         source = os.environ if env is None else env
         values: dict[str, Any] = {}
