@@ -5,9 +5,8 @@ text an operator would write), its parser, its doc line, and whether its value i
 URL that may carry one. Everything else is derived from those fields: ``SETTINGS``,
 ``Settings.from_env``, ``redacted`` (``receipt config``, the dashboard's system page), the secret
 texts that log lines and error messages never carry (``app/redaction.py``), and the README's
-configuration table
-(``receipt config --markdown``; a test checks the README against it). So a new setting is one
-declaration, and a new secret is hidden everywhere by its mark alone.
+configuration table (``receipt config --markdown``; a test checks the README against it). So a
+new setting is one declaration, and a new secret is hidden everywhere by its mark alone.
 
 On/off settings all go through one parser, ``switch``.
 Spec floors, clamps and caps are *not* applied here: they are rules, and they live with the
@@ -608,9 +607,15 @@ class Settings:
         return not self.auth
 
 
+_DECLARED: dict[type[Settings], tuple[Setting, ...]] = {}
+
+
 def declared(cls: type[Settings] = Settings) -> tuple[Setting, ...]:
     """The declaration of every field of ``cls`` (a subclass adds its own), in declaration order."""
-    return tuple(_declaration(f) for f in fields(cls))
+    found = _DECLARED.get(cls)
+    if found is None:
+        found = _DECLARED[cls] = tuple(_declaration(f) for f in fields(cls))
+    return found
 
 
 def _declaration(f: Field[Any]) -> Setting:
@@ -640,7 +645,10 @@ def normalise_database_url(url: str) -> str:
 
 def mask_url(url: str) -> str:
     """``url`` with its password (and any query string, where tokens ride) replaced by ``***``."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return MASK  # not a URL that can be taken apart: where its secret is cannot be told
     if "@" not in parts.netloc and not parts.query:
         return url  # nothing secret; and urlunsplit would not round-trip sqlite:////path
     netloc = parts.netloc

@@ -4,13 +4,14 @@
 an HTTP client's error naming the URL it called) can carry a secret anywhere inside it. So each
 setting's mark says which texts are secret: a secret setting's whole value, and a URL setting's
 password and query string. A ``Redactor`` built from a deployment's settings replaces those
-texts wherever they appear. The log filter of every process (``app/ops/logs.py``) runs it on each
-record, and code that turns a failure into a message runs it before the message is stored.
+texts wherever they appear. The log handler of every process (``app/ops/logs.py``) runs it on
+each line, and code that turns a failure into a message runs it before the message is stored.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterable
 from typing import Any, Final
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -60,16 +61,17 @@ class Redactor:
 
     @classmethod
     def of(cls, settings: Settings) -> Redactor:
-        """Every secret of ``settings``: each secret-marked value, each URL's password and query."""
+        """Every secret of ``settings``: each secret-marked value, each URL's password and query,
+        also as a ``repr``, a JSON string or both would escape them (a logged list, a JSON line)."""
         texts: set[str] = set()
         for s in declared(type(settings)):
             texts |= secret_texts(s, getattr(settings, s.attr))
-        return cls(texts)
-
-    def __bool__(self) -> bool:
-        return bool(self._texts)
+        quoted = texts | {repr(t)[1:-1] for t in texts}
+        return cls(quoted | {json.dumps(t)[1:-1] for t in quoted})
 
     def __call__(self, text: str) -> str:
+        # A substring test per secret (about 0.1 µs each on a log line) is several times faster
+        # than one alternation pattern for the few secrets a deployment has.
         for secret in self._texts:
             if secret in text:
                 text = text.replace(secret, MASK)

@@ -10,9 +10,9 @@ job's fields — ``jobId``, ``attempt``, ``fence``, ``workerId``, ``org`` — in
 so a job-related line is never missing them. Threads start with an empty context, so code that
 hands a job to a thread runs the thread inside ``contextvars.copy_context()``.
 
-No secret setting is ever written: ``SecretFilter`` runs the deployment's ``Redactor`` (every
-value marked secret in ``app/config.py``, every URL setting's password and query string) over
-each record's message, exception text, stack and text fields, whatever library logged it.
+No secret setting is ever written: the one handler (``RedactingHandler``) runs the deployment's
+``Redactor`` (every value marked secret in ``app/config.py``, every URL setting's password and
+query string) over each formatted line, whatever library logged it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import logging
 import logging.config
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TextIO
 
 from app.config import Settings
 from app.redaction import Redactor
@@ -108,43 +108,26 @@ class ContextFilter(logging.Filter):
         return True
 
 
-# Attributes every LogRecord has; any other attribute is an ``extra=`` field a formatter may print.
-_RECORD_ATTRIBUTES: Final = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-    "message",
-    "asctime",
-}
+class RedactingHandler(logging.StreamHandler[TextIO]):
+    """The one handler of every process: each line is written with every secret of the
+    deployment's settings replaced by ``***``.
 
+    It hides the formatted line, whoever logged it and whatever part of the record held the
+    secret (message, arguments, traceback, stack, ``extra=`` fields); the secret texts include
+    their JSON and ``repr`` escapes, so a JSON line or a logged list hides them too.
+    """
 
-class SecretFilter(logging.Filter):
-    """Replaces every secret of the deployment's settings in a record with ``***`` before it is written."""
+    def __init__(self, stream: TextIO | None = None, redactor: Redactor | None = None) -> None:
+        super().__init__(stream)
+        self.redactor = redactor or Redactor()
 
-    def __init__(self, redactor: Redactor) -> None:
-        super().__init__()
-        self.redactor = redactor
+    def format(self, record: logging.LogRecord) -> str:
+        return self.redactor(super().format(record))
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        hide = self.redactor
-        if not hide:
-            return True
-        if isinstance(record.msg, dict):
-            record.msg = {k: hide(v) if isinstance(v, str) else v for k, v in record.msg.items()}
-        else:
-            message = record.getMessage()
-            shown = hide(message)
-            if shown != message:
-                record.msg, record.args = shown, None
-        if record.exc_info:
-            # Formatted here, hidden, and kept as text: formatters print exc_text when exc_info is gone.
-            text = record.exc_text or logging.Formatter().formatException(record.exc_info)
-            record.exc_text, record.exc_info = hide(text), None
-        elif record.exc_text:
-            record.exc_text = hide(record.exc_text)
-        if record.stack_info:
-            record.stack_info = hide(record.stack_info)
-        for name, value in list(vars(record).items()):
-            if name not in _RECORD_ATTRIBUTES and isinstance(value, str):
-                setattr(record, name, hide(value))
-        return True
+    def handleError(self, record: logging.LogRecord) -> None:
+        # logging's own report of a record it could not format prints its message and arguments.
+        record.msg, record.args = self.redactor(f"{record.msg!r} % {record.args!r}"), None
+        super().handleError(record)
 
 
 def dict_config(settings: Settings, role: str) -> dict[str, Any]:
@@ -166,17 +149,15 @@ def dict_config(settings: Settings, role: str) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {
-            "context": {"()": ContextFilter, "plain": log_format(settings) == "plain"},
-            "secrets": {"()": SecretFilter, "redactor": Redactor.of(settings)},
-        },
+        "filters": {"context": {"()": ContextFilter, "plain": log_format(settings) == "plain"}},
         "formatters": {"receipt": formatter},
         "handlers": {
             "stderr": {
-                "class": "logging.StreamHandler",
+                "()": RedactingHandler,
                 "stream": "ext://sys.stderr",
+                "redactor": Redactor.of(settings),
                 "formatter": "receipt",
-                "filters": ["context", "secrets"],
+                "filters": ["context"],
             }
         },
         "root": {"level": level, "handlers": ["stderr"]},

@@ -111,11 +111,15 @@ SECRETS = {
     "RECEIPT_METRICS_TOKEN": f"{MARKER}-metrics",
     "REDIS_URL": f"redis://:{MARKER}-redis@cache:6379/0",
     "RECEIPT_RESONATE_CALLBACK_URL": f"https://hooks.example/cb?token={MARKER}-query",
+    # Characters a JSON line and a repr escape: the escaped forms are hidden too.
+    "RECEIPT_INTEGRATION_PUBLISH_SECRET": f'{MARKER}"quote\\slash',
 }
 
 
 @pytest.mark.parametrize("fmt", ["plain", "json"])
-def test_no_secret_setting_is_ever_written_whatever_logs_it(captured: io.StringIO, fmt: str) -> None:
+def test_no_secret_setting_is_ever_written_whatever_logs_it(
+    captured: io.StringIO, fmt: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Message, arguments, exception text, stack and extra fields: every secret is ``***``."""
     _configure(captured, fmt, env=SECRETS)
     log = logging.getLogger("some.library")
@@ -131,8 +135,14 @@ def test_no_secret_setting_is_ever_written_whatever_logs_it(captured: io.StringI
         log.exception("callback failed")
     log.info("token is %(token)s", {"token": SECRETS["RECEIPT_METRICS_TOKEN"]})
     log.error("signing with " + SECRETS["RECEIPT_CALLBACK_SECRET"], stack_info=True)
+    log.info("celery-style", extra={"data": {"exc": f"Error('{MARKER}-metrics')", "n": [f"{MARKER}-query"]}})
+    log.info("held %s", [SECRETS["RECEIPT_INTEGRATION_PUBLISH_SECRET"], SECRETS["RECEIPT_METRICS_TOKEN"]])
+    log.info("a bad format %d", SECRETS["RECEIPT_METRICS_TOKEN"])  # logging's own error report
     written = captured.getvalue()
     assert MARKER not in written, written
+    reported = capsys.readouterr().err
+    assert "--- Logging error ---" in reported and "a bad format" in reported
+    assert MARKER not in reported, reported
     assert written.count("***") >= 5
     assert "connecting to redis://:***@cache:6379/0" in written
     assert "Max retries exceeded with url: /cb?***" in written  # the traceback is kept, hidden
