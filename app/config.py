@@ -1,7 +1,14 @@
-"""The one configuration object: every environment variable Receipt reads, with its default.
+"""The one configuration object: every environment variable Receipt reads, each declared once.
 
-The README's configuration table is generated from ``SETTINGS`` (``receipt config --markdown``)
-and a test checks that the table in the README matches it, so the two cannot drift.
+A ``Settings`` field is declared by ``setting(...)``: its environment name, its default (as the
+text an operator would write), its parser, its doc line, and whether its value is a secret or a
+URL that may carry one. Everything else is derived from those fields: ``SETTINGS``,
+``Settings.from_env``, ``redacted`` (``receipt config``, the dashboard's system page), the secret
+texts that log lines and error messages never carry (``app/redaction.py``), and the README's
+configuration table (``receipt config --markdown``; a test checks the README against it). So a
+new setting is one declaration, and a new secret is hidden everywhere by its mark alone.
+
+On/off settings all go through one parser, ``switch``.
 Spec floors, clamps and caps are *not* applied here: they are rules, and they live with the
 rule that needs them (``app/timing.py``), each in one place.
 """
@@ -10,32 +17,67 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Self, TypeVar, overload
 from urllib.parse import urlsplit, urlunsplit
+
+T = TypeVar("T")
+
+MASK: Final = "***"
+# The key under which a Settings field's metadata holds its declaration.
+DECLARATION: Final = "receipt.setting"
 
 
 @dataclass(frozen=True)
 class Setting:
-    """One environment variable: its name, default (as text, ``None`` for unset) and purpose."""
+    """One environment variable: its name, default (as text, ``None`` for unset), purpose and marks.
+
+    ``secret``: the whole value is a secret, shown as ``***``. ``url``: the value is a URL whose
+    password and query string (where tokens ride) are shown as ``***``.
+    """
 
     env: str
-    attr: str
     default: str | None
     doc: str
     parse: Callable[[str], Any] = str
+    secret: bool = False
+    url: bool = False
+    attr: str = ""  # the Settings field holding it, filled in when SETTINGS is derived
+
+    def __post_init__(self) -> None:
+        if self.secret and self.url:
+            raise ValueError(f"{self.env}: a setting is a secret or a URL, not both")
+
+    def shown(self, value: Any) -> Any:
+        """``value`` as it may be shown anywhere: a secret as ``***``, a URL without its password."""
+        if value is None or value == "":
+            return value
+        if self.secret:
+            return MASK
+        if self.url:
+            return mask_url(str(value))
+        return value
+
+
+# -- parsers --------------------------------------------------------------------------------
+
+ON: Final = ("enabled", "on", "true", "yes", "1")
+OFF: Final = ("disabled", "off", "false", "no", "0")
+
+
+def switch(text: str) -> bool:
+    """The one on/off parser: ``enabled``/``disabled``, or on/off, true/false, yes/no, 1/0 (any case)."""
+    value = text.strip().lower()
+    if value in ON:
+        return True
+    if value in OFF:
+        return False
+    raise ValueError("allowed values: enabled, disabled (or on/off, true/false, yes/no, 1/0)")
 
 
 def _int(text: str) -> int:
     return int(text.strip())
-
-
-def _enabled(text: str) -> bool:
-    value = text.strip().lower()
-    if value not in ("enabled", "disabled"):
-        raise ValueError("allowed values: enabled, disabled")
-    return value == "enabled"
 
 
 def _log_format(text: str) -> str:
@@ -45,537 +87,486 @@ def _log_format(text: str) -> str:
     return value
 
 
-SETTINGS: tuple[Setting, ...] = (
+# -- the declaration --------------------------------------------------------------------------
+
+
+@overload
+def setting(
+    env: str, default: str, doc: str, parse: Callable[[str], T], *, secret: bool = ..., url: bool = ...
+) -> T: ...
+@overload
+def setting(
+    env: str, default: None, doc: str, parse: Callable[[str], T], *, secret: bool = ..., url: bool = ...
+) -> T | None: ...
+@overload
+def setting(env: str, default: str, doc: str, *, secret: bool = ..., url: bool = ...) -> str: ...
+@overload
+def setting(env: str, default: None, doc: str, *, secret: bool = ..., url: bool = ...) -> str | None: ...
+def setting(
+    env: str,
+    default: str | None,
+    doc: str,
+    parse: Callable[[str], Any] = str,
+    *,
+    secret: bool = False,
+    url: bool = False,
+) -> Any:
+    """Declare one ``Settings`` field: the field's default is ``parse(default)``, so the text the
+    README shows and the value a bare ``Settings()`` holds are one fact."""
+    declaration = Setting(env, default, doc, parse, secret, url)
+    return field(default=None if default is None else parse(default), metadata={DECLARATION: declaration})
+
+
+@dataclass(frozen=True, repr=False)
+class Settings:
+    """Parsed settings. Build with ``Settings.from_env``; pass it in, never read os.environ deeper down.
+
+    ``Settings(field=value)`` builds one directly (tests do); an on/off field also takes its
+    environment spelling there (``auth="disabled"``), read by the same ``switch`` parser.
+    """
+
     # -- storage and broker
-    Setting(
+    database_url: str | None = setting(
         "DATABASE_URL",
-        "database_url",
         None,
-        "Database URL. Unset: the embedded SQLite file `$RECEIPT_HOME/receipt.db`. "
-        "`postgres://` and `postgresql://` are normalised to the psycopg2 driver.",
-    ),
-    Setting(
+        "Database URL. Unset: the embedded SQLite file `$RECEIPT_HOME/receipt.db`. `postgres://` and "
+        "`postgresql://` are normalised to the psycopg2 driver.",
+        url=True,
+    )
+    db_prepared_statements: bool = setting(
         "RECEIPT_DB_PREPARED_STATEMENTS",
-        "db_prepared_statements",
         "disabled",
-        "`enabled` prepares each hot statement once per PostgreSQL connection (server-side `PREPARE`): "
-        "less database CPU per job. Keep `disabled` behind a transaction-mode pooler (PgBouncer "
-        "`pool_mode=transaction`), where prepared statements do not follow a client's connection.",
-        _enabled,
-    ),
-    Setting(
+        "`enabled` prepares each hot statement once per PostgreSQL connection (server-side "
+        "`PREPARE`): less database CPU per job. Keep `disabled` behind a transaction-mode pooler "
+        "(PgBouncer `pool_mode=transaction`), where prepared statements do not follow a client's "
+        "connection.",
+        switch,
+    )
+    redis_url: str | None = setting(
         "REDIS_URL",
-        "redis_url",
         None,
         "Celery broker URL (Redis in production). Unset: the embedded filesystem broker under "
         "`$RECEIPT_HOME/broker`.",
-    ),
-    Setting(
+        url=True,
+    )
+    home: str = setting(
         "RECEIPT_HOME",
-        "home",
         "./.receipt",
         "Folder for the embedded default's database file, broker folders and logs.",
-    ),
+    )
     # -- API
-    Setting(
+    auth: bool = setting(
         "RECEIPT_AUTH",
-        "auth",
         "enabled",
         "`enabled` (Bearer tokens on every endpoint but /healthz) or `disabled` (anonymous; warns on "
         "every response).",
-    ),
-    Setting(
+        switch,
+    )
+    max_body_bytes: int = setting(
         "RECEIPT_MAX_BODY_BYTES",
-        "max_body_bytes",
         "1048576",
         "Largest request body the API accepts; larger gets 413.",
         _int,
-    ),
-    Setting(
+    )
+    sse_poll_ms: int = setting(
         "RECEIPT_SSE_POLL_MS",
-        "sse_poll_ms",
         "250",
-        "How often the API process's one event-stream poller asks which open streams advanced "
-        "(one query for all of them).",
+        "How often the API process's one event-stream poller asks which open streams advanced (one "
+        "query for all of them).",
         _int,
-    ),
-    Setting(
+    )
+    sse_max_seconds: int = setting(
         "RECEIPT_SSE_MAX_SECONDS",
-        "sse_max_seconds",
         "300",
         "Longest an event stream stays open before the server ends it (the client resumes with "
         "Last-Event-ID).",
         _int,
-    ),
+    )
     # -- leases and timeouts (spec: "Leases, timeouts and heartbeats")
-    Setting("JOB_LEASE_MS", "job_lease_ms", "300000", "Default job lease.", _int),
-    Setting(
+    job_lease_ms: int = setting(
+        "JOB_LEASE_MS",
+        "300000",
+        "Default job lease.",
+        _int,
+    )
+    factory_control_job_lease_ms: int = setting(
         "FACTORY_CONTROL_JOB_LEASE_MS",
-        "factory_control_job_lease_ms",
         "900000",
         "Lease for `factory-control` running `factory.objective.control` (the larger of this and "
         "JOB_LEASE_MS).",
         _int,
-    ),
-    Setting(
+    )
+    factory_control_job_execution_timeout_ms: int | None = setting(
         "FACTORY_CONTROL_JOB_EXECUTION_TIMEOUT_MS",
-        "factory_control_job_execution_timeout_ms",
         None,
         "May lower the execution timeout of objective control jobs only.",
         _int,
-    ),
-    Setting(
+    )
+    codex_job_lease_ms: int = setting(
         "CODEX_JOB_LEASE_MS",
-        "codex_job_lease_ms",
         "900000",
         "Lease for `codex` jobs and computer-path `factory.task.monitor` jobs.",
         _int,
-    ),
-    Setting(
+    )
+    active_stale_ms: int = setting(
         "RECEIPT_RESONATE_ACTIVE_STALE_MS",
-        "active_stale_ms",
         "600000",
         "Heartbeat cadence is a third of the smaller of the lease and this.",
         _int,
-    ),
-    Setting(
+    )
+    heartbeat_interval_ms: int | None = setting(
         "RECEIPT_RESONATE_HEARTBEAT_INTERVAL_MS",
-        "heartbeat_interval_ms",
         None,
         "Can only lower the derived heartbeat cadence, never raise it.",
         _int,
-    ),
+    )
     # -- recovery loops
-    Setting(
+    queued_redrive_interval_ms: int = setting(
         "RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS",
-        "queued_redrive_interval_ms",
         "15000",
         "Interval of the queued-job redrive loop.",
         _int,
-    ),
-    Setting(
+    )
+    queued_redrive_startup_delay_ms: int = setting(
         "RECEIPT_RESONATE_QUEUED_REDRIVE_STARTUP_DELAY_MS",
-        "queued_redrive_startup_delay_ms",
         "5000",
         "Delay before the first redrive pass after start.",
         _int,
-    ),
-    Setting(
+    )
+    queued_redrive_min_age_ms: int = setting(
         "RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS",
-        "queued_redrive_min_age_ms",
         "30000",
         "A queued job younger than this is left to its own dispatch.",
         _int,
-    ),
-    Setting(
+    )
+    queued_redrive_cooldown_ms: int = setting(
         "RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS",
-        "queued_redrive_cooldown_ms",
         "15000",
         "Least time between two redrives of the same job.",
         _int,
-    ),
-    Setting(
+    )
+    lease_expiry_interval_ms: int = setting(
         "RECEIPT_LEASE_EXPIRY_INTERVAL_MS",
-        "lease_expiry_interval_ms",
         "5000",
         "Interval of the lease-expiry loop (appends `job.lease_expired` for leases past their deadline).",
         _int,
-    ),
-    Setting(
+    )
+    retry_backoff_ms: int = setting(
         "RECEIPT_RETRY_BACKOFF_MS",
-        "retry_backoff_ms",
         "1000",
         "Delay before the first retry of a retryable failure; doubles each attempt. `0` retries at once.",
         _int,
-    ),
-    Setting("RECEIPT_RETRY_BACKOFF_MAX_MS", "retry_backoff_max_ms", "60000", "Cap of the retry delay.", _int),
-    Setting(
+    )
+    retry_backoff_max_ms: int = setting(
+        "RECEIPT_RETRY_BACKOFF_MAX_MS",
+        "60000",
+        "Cap of the retry delay.",
+        _int,
+    )
+    retry_scan_interval_ms: int = setting(
         "RECEIPT_RETRY_SCAN_INTERVAL_MS",
-        "retry_scan_interval_ms",
         "1000",
         "Interval of the loop that dispatches retries whose delay has passed.",
         _int,
-    ),
-    Setting(
+    )
+    startup_settle_ms: int = setting(
         "RESONATE_STARTUP_SETTLE_MS",
-        "startup_settle_ms",
         "1000",
         "Settle time before objective resume runs at startup (every process role, once, single-flight).",
         _int,
-    ),
-    Setting(
+    )
+    objective_control_outbox_redrive_interval_ms: int = setting(
         "RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS",
-        "objective_control_outbox_redrive_interval_ms",
         "5000",
         "Interval of the objective-control outbox redrive (celery beat; runs on `worker-control` and `all`).",
         _int,
-    ),
-    Setting(
+    )
+    objective_control_outbox_redrive_timeout_ms: int = setting(
         "RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_TIMEOUT_MS",
-        "objective_control_outbox_redrive_timeout_ms",
         "15000",
         "Observational deadline of one outbox redrive pass: a slower pass keeps running and logs "
         "`factory.control_outbox_redrive_slow`.",
         _int,
-    ),
-    Setting(
+    )
+    objective_watchdog_cron: str = setting(
         "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON",
-        "objective_watchdog_cron",
         "* * * * *",
-        "Cron schedule of the objective watchdog (celery beat; standard 5 fields; an invalid expression "
-        "stops beat at start). Each tick enqueues one `factory.objective.watchdog` job on `factory-control`.",
-    ),
-    Setting(
+        "Cron schedule of the objective watchdog (celery beat; standard 5 fields; an invalid "
+        "expression stops beat at start). Each tick enqueues one `factory.objective.watchdog` job on "
+        "`factory-control`.",
+    )
+    objective_watchdog_enabled: bool = setting(
         "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED",
-        "objective_watchdog_enabled",
         "1",
         "`0` turns the objective watchdog off (beat schedules no tick).",
-    ),
-    Setting(
+        switch,
+    )
+    objective_watchdog_timeout_ms: int = setting(
         "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TIMEOUT_MS",
-        "objective_watchdog_timeout_ms",
         "60000",
         "Deadline of one watchdog pass (floor 10 000 ms): paging stops there and the result says `timedOut`.",
         _int,
-    ),
-    Setting(
+    )
+    objective_watchdog_scan_limit: int = setting(
         "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_SCAN_LIMIT",
-        "objective_watchdog_scan_limit",
         "200",
         "Active objectives the watchdog reads per page, oldest first (clamped to 1..2000).",
         _int,
-    ),
-    Setting(
+    )
+    integration_publish_url: str | None = setting(
         "RECEIPT_INTEGRATION_PUBLISH_URL",
-        "integration_publish_url",
         None,
         "Where a `factory.integration.publish` job without a command POSTs the objective's task results.",
-    ),
-    Setting(
+        url=True,
+    )
+    integration_publish_secret: str | None = setting(
         "RECEIPT_INTEGRATION_PUBLISH_SECRET",
-        "integration_publish_secret",
         None,
         "Signs those POSTs (Standard Webhooks headers, HMAC-SHA256); `whsec_…` base64 or plain text.",
-    ),
-    Setting(
+        secret=True,
+    )
+    objective_watchdog_test_tick_s: int | None = setting(
         "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TEST_TICK_S",
-        "objective_watchdog_test_tick_s",
         None,
         "Tests only: replaces the watchdog cron with a tick every N seconds (1..59, wall-clock aligned).",
         _int,
-    ),
+    )
     # -- processes
-    Setting(
+    process_role: str = setting(
         "RECEIPT_PROCESS_ROLE",
-        "process_role",
         "all",
         "`api`, `driver`, `worker-chat`, `worker-codex`, `worker-control`; anything else is `all`.",
-    ),
-    Setting(
+    )
+    execute_concurrency: int | None = setting(
         "RECEIPT_RESONATE_EXECUTE_CONCURRENCY",
-        "execute_concurrency",
         None,
         "Overrides every role's default concurrency.",
         _int,
-    ),
-    Setting(
+    )
+    worker_id: str | None = setting(
         "RECEIPT_WORKER_ID",
-        "worker_id",
         None,
         "Worker identity written on leases. Unset: `<hostname>:<pid>`.",
-    ),
+    )
     # -- callbacks
-    Setting(
+    callback_url: str | None = setting(
         "RECEIPT_RESONATE_CALLBACK_URL",
-        "callback_url",
         None,
         "Receives a JSON POST on dispatched/completed/failed/canceled.",
-    ),
-    Setting(
-        "RECEIPT_EVENT_CALLBACK_URL", "event_callback_url", None, "A second callback target, same payload."
-    ),
-    Setting(
+        url=True,
+    )
+    event_callback_url: str | None = setting(
+        "RECEIPT_EVENT_CALLBACK_URL",
+        None,
+        "A second callback target, same payload.",
+        url=True,
+    )
+    callback_token: str | None = setting(
         "RECEIPT_CALLBACK_TOKEN",
-        "callback_token",
         None,
         "Sent as `Authorization: Bearer` on callbacks when set.",
-    ),
-    Setting(
+        secret=True,
+    )
+    callback_secret: str | None = setting(
         "RECEIPT_CALLBACK_SECRET",
-        "callback_secret",
         None,
-        "Signs every callback (Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature`, "
-        "HMAC-SHA256). `whsec_<base64>` is decoded as the standard says; any other value is used as raw "
-        "UTF-8 bytes. Unset: callbacks go unsigned (logged at start).",
-    ),
-    Setting(
+        "Signs every callback (Standard Webhooks: `webhook-id`, `webhook-timestamp`, "
+        "`webhook-signature`, HMAC-SHA256). `whsec_<base64>` is decoded as the standard says; any "
+        "other value is used as raw UTF-8 bytes. Unset: callbacks go unsigned (logged at start).",
+        secret=True,
+    )
+    callback_send_interval_ms: int = setting(
         "RECEIPT_CALLBACK_SEND_INTERVAL_MS",
-        "callback_send_interval_ms",
         "500",
         "Interval of the callback sender loop (delivers the callback outbox).",
         _int,
-    ),
-    Setting(
+    )
+    callback_retry_base_ms: int = setting(
         "RECEIPT_CALLBACK_RETRY_BASE_MS",
-        "callback_retry_base_ms",
         "1000",
         "Wait after a callback's first failed attempt; doubles each attempt.",
         _int,
-    ),
-    Setting(
+    )
+    callback_retry_max_ms: int = setting(
         "RECEIPT_CALLBACK_RETRY_MAX_MS",
-        "callback_retry_max_ms",
         "3600000",
         "Cap of the wait between two attempts of one callback.",
         _int,
-    ),
-    Setting(
+    )
+    callback_give_up_ms: int = setting(
         "RECEIPT_CALLBACK_GIVE_UP_MS",
-        "callback_give_up_ms",
         "86400000",
-        "A callback still failing this long after its event is dead-lettered "
-        "(`receipt callbacks --state dead`).",
+        "A callback still failing this long after its event is dead-lettered (`receipt callbacks "
+        "--state dead`).",
         _int,
-    ),
+    )
     # -- handlers
-    Setting(
+    codex_commands: bool = setting(
         "RECEIPT_CODEX_COMMANDS",
-        "codex_commands",
         "disabled",
         "`enabled` lets the codex handler run `factory.task.run` commands (argv, never a shell).",
-    ),
-    Setting(
+        switch,
+    )
+    celery_events: bool = setting(
         "RECEIPT_CELERY_EVENTS",
-        "celery_events",
         "disabled",
         "`enabled` makes workers send task events from start (Flower turns them on by itself while it runs).",
-    ),
-    Setting(
+        switch,
+    )
+    handler_modules: str = setting(
         "RECEIPT_HANDLER_MODULES",
-        "handler_modules",
         "",
         "Comma-separated modules, each with `register(registry)`, adding agent handlers to every worker.",
-    ),
-    Setting(
+    )
+    planner_module: str = setting(
         "RECEIPT_PLANNER_MODULE",
-        "planner_module",
         "app.factory.planner",
-        "Module whose `make_planner(settings)` turns a `factory.run` goal into a plan. The built-in one "
-        "accepts only a goal that carries an explicit plan.",
-    ),
-    Setting(
+        "Module whose `make_planner(settings)` turns a `factory.run` goal into a plan. The built-in "
+        "one accepts only a goal that carries an explicit plan.",
+    )
+    codex_output_tail_bytes: int = setting(
         "RECEIPT_CODEX_OUTPUT_TAIL_BYTES",
-        "codex_output_tail_bytes",
         "4096",
         "How much of a command's output the codex handler keeps in `result` and failures.",
         _int,
-    ),
-    # -- security (issue 8): the command sandbox, and bounds per tenant. See docs/security.md.
-    Setting(
+    )
+    # -- security: the command sandbox, and bounds per tenant. See docs/security.md.
+    codex_user: str = setting(
         "RECEIPT_CODEX_USER",
-        "codex_user",
         "nobody",
         "User a command runs as when the worker is root (never root itself).",
-    ),
-    Setting(
+    )
+    codex_network: str = setting(
         "RECEIPT_CODEX_NETWORK",
-        "codex_network",
         "none",
-        "`none`: each command gets its own network namespace with no interface up; "
-        "`host`: the worker's network.",
-    ),
-    Setting(
+        "`none`: each command gets its own network namespace with no interface up; `host`: the "
+        "worker's network.",
+    )
+    codex_memory_mb: int = setting(
         "RECEIPT_CODEX_MEMORY_MB",
-        "codex_memory_mb",
         "1024",
         "Address-space limit of each command process (RLIMIT_AS), in MiB.",
         _int,
-    ),
-    Setting(
+    )
+    codex_cpu_seconds: int = setting(
         "RECEIPT_CODEX_CPU_SECONDS",
-        "codex_cpu_seconds",
         "3600",
         "CPU-time limit of each command process (RLIMIT_CPU), in seconds.",
         _int,
-    ),
-    Setting(
+    )
+    codex_max_processes: int = setting(
         "RECEIPT_CODEX_MAX_PROCESSES",
-        "codex_max_processes",
         "256",
         "Process limit of the sandbox user (RLIMIT_NPROC; shared by commands running at once as that user).",
         _int,
-    ),
-    Setting(
+    )
+    codex_max_file_mb: int = setting(
         "RECEIPT_CODEX_MAX_FILE_MB",
-        "codex_max_file_mb",
         "1024",
         "Largest file a command may write (RLIMIT_FSIZE), in MiB.",
         _int,
-    ),
-    Setting(
+    )
+    codex_max_open_files: int = setting(
         "RECEIPT_CODEX_MAX_OPEN_FILES",
-        "codex_max_open_files",
         "1024",
         "Open-file limit of each command process (RLIMIT_NOFILE).",
         _int,
-    ),
-    Setting(
+    )
+    codex_workspace_root: str | None = setting(
         "RECEIPT_CODEX_WORKSPACE_ROOT",
-        "codex_workspace_root",
         None,
-        "A payload `cwd` must resolve inside this folder. "
-        "Unset: only inside the attempt's scratch directory.",
-    ),
-    Setting(
+        "A payload `cwd` must resolve inside this folder. Unset: only inside the attempt's scratch "
+        "directory.",
+    )
+    codex_scratch_root: str | None = setting(
         "RECEIPT_CODEX_SCRATCH_ROOT",
-        "codex_scratch_root",
         None,
-        "Where each attempt's scratch directory is made (and removed afterwards). "
-        "Unset: the system temp folder.",
-    ),
-    Setting(
+        "Where each attempt's scratch directory is made (and removed afterwards). Unset: the system "
+        "temp folder.",
+    )
+    max_commands_per_job: int = setting(
         "RECEIPT_MAX_COMMANDS_PER_JOB",
-        "max_commands_per_job",
         "1000",
         "Queue commands one job may hold (steer, follow_up, abort); past it: 409 `too_many_commands`.",
         _int,
-    ),
-    Setting(
+    )
+    max_page_bytes: int = setting(
         "RECEIPT_MAX_PAGE_BYTES",
-        "max_page_bytes",
         "1048576",
         "Largest JSON page `GET /jobs` or a receipts page returns; a page cut short returns its cursor.",
         _int,
-    ),
-    Setting(
+    )
+    sse_max_streams_per_token: int = setting(
         "RECEIPT_SSE_MAX_STREAMS_PER_TOKEN",
-        "sse_max_streams_per_token",
         "10",
         "Event streams one token may hold open in one API process; past it: 429 with Retry-After.",
         _int,
-    ),
-    Setting(
+    )
+    sse_max_streams_per_process: int = setting(
         "RECEIPT_SSE_MAX_STREAMS_PER_PROCESS",
-        "sse_max_streams_per_process",
         "200",
         "Event streams one API process holds open in all; past it: 429 with Retry-After.",
         _int,
-    ),
-    Setting(
+    )
+    rate_limit_writes: str = setting(
         "RECEIPT_RATE_LIMIT_WRITES",
-        "rate_limit_writes",
         "600/minute",
-        "Writes (POST) one organisation may make per route, as a `limits` rate (`600/minute;50/second`); "
-        "`disabled` turns it off. Counted in Redis (REDIS_URL); embedded mode counts in memory.",
-    ),
+        "Writes (POST) one organisation may make per route, as a `limits` rate "
+        "(`600/minute;50/second`); `disabled` turns it off. Counted in Redis (REDIS_URL); embedded "
+        "mode counts in memory.",
+    )
     # -- observability (logs, metrics)
-    Setting(
+    log_format: str = setting(
         "RECEIPT_LOG_FORMAT",
-        "log_format",
         "plain",
         "`plain` (one readable line per record) or `json` (one JSON object per line, with `jobId`, "
-        "`attempt`, `fence`, `workerId`, `role` and `org` on job-related lines). Web, workers and beat.",
+        "`attempt`, `fence`, `workerId`, `role` and `org` on job-related lines). Web, workers and "
+        "beat.",
         _log_format,
-    ),
-    Setting(
-        "RECEIPT_LOG_LEVEL", "log_level", "INFO", "Root log level of every process (`DEBUG`, `INFO`, ...)."
-    ),
-    Setting(
+    )
+    log_level: str = setting(
+        "RECEIPT_LOG_LEVEL",
+        "INFO",
+        "Root log level of every process (`DEBUG`, `INFO`, ...).",
+    )
+    metrics_token: str | None = setting(
         "RECEIPT_METRICS_TOKEN",
-        "metrics_token",
         None,
         "A bearer secret that may read `/metrics` (for a Prometheus scraper). Unset: only system "
         "tokens may. Organisation tokens never may (metrics span every organisation).",
-    ),
-    Setting(
+        secret=True,
+    )
+    worker_metrics_port: int | None = setting(
         "RECEIPT_WORKER_METRICS_PORT",
-        "worker_metrics_port",
         None,
         "When set, each worker process (driver, worker groups) serves its own counters at "
         "`:PORT/metrics` (all interfaces), for hosts whose web process cannot read them. Needs "
         "`RECEIPT_METRICS_TOKEN`, which the scraper sends as its bearer token.",
         _int,
-    ),
-)
+    )
 
+    def __post_init__(self) -> None:
+        for s in _SWITCHES:
+            value = getattr(self, s.attr)
+            if isinstance(value, str):
+                try:
+                    object.__setattr__(self, s.attr, switch(value))
+                except ValueError as exc:
+                    raise ValueError(f"{s.attr}: cannot parse {value!r} ({exc})") from None
+            elif not isinstance(value, bool):
+                raise TypeError(f"{s.attr} is on/off: pass True or False, not {value!r}")
 
-@dataclass(frozen=True)
-class Settings:
-    """Parsed settings. Build with ``Settings.from_env``; pass it in, never read os.environ deeper down."""
-
-    database_url: str | None = None
-    redis_url: str | None = None
-    home: str = "./.receipt"
-    auth: str = "enabled"
-    max_body_bytes: int = 1048576
-    sse_poll_ms: int = 250
-    sse_max_seconds: int = 300
-    job_lease_ms: int = 300000
-    factory_control_job_lease_ms: int = 900000
-    factory_control_job_execution_timeout_ms: int | None = None
-    codex_job_lease_ms: int = 900000
-    active_stale_ms: int = 600000
-    heartbeat_interval_ms: int | None = None
-    queued_redrive_interval_ms: int = 15000
-    queued_redrive_startup_delay_ms: int = 5000
-    queued_redrive_min_age_ms: int = 30000
-    queued_redrive_cooldown_ms: int = 15000
-    lease_expiry_interval_ms: int = 5000
-    retry_backoff_ms: int = 1000
-    retry_backoff_max_ms: int = 60000
-    retry_scan_interval_ms: int = 1000
-    startup_settle_ms: int = 1000
-    objective_control_outbox_redrive_interval_ms: int = 5000
-    objective_control_outbox_redrive_timeout_ms: int = 15000
-    objective_watchdog_cron: str = "* * * * *"
-    objective_watchdog_enabled: str = "1"
-    objective_watchdog_timeout_ms: int = 60000
-    objective_watchdog_scan_limit: int = 200
-    objective_watchdog_test_tick_s: int | None = None
-    integration_publish_url: str | None = None
-    integration_publish_secret: str | None = None
-    process_role: str = "all"
-    execute_concurrency: int | None = None
-    worker_id: str | None = None
-    callback_url: str | None = None
-    event_callback_url: str | None = None
-    callback_token: str | None = None
-    callback_secret: str | None = None
-    callback_send_interval_ms: int = 500
-    callback_retry_base_ms: int = 1000
-    callback_retry_max_ms: int = 3600000
-    callback_give_up_ms: int = 86400000
-    codex_commands: str = "disabled"
-    celery_events: str = "disabled"
-    db_prepared_statements: bool = False
-    handler_modules: str = ""
-    planner_module: str = "app.factory.planner"
-    codex_output_tail_bytes: int = 4096
-    codex_user: str = "nobody"
-    codex_network: str = "none"
-    codex_memory_mb: int = 1024
-    codex_cpu_seconds: int = 3600
-    codex_max_processes: int = 256
-    codex_max_file_mb: int = 1024
-    codex_max_open_files: int = 1024
-    codex_workspace_root: str | None = None
-    codex_scratch_root: str | None = None
-    max_commands_per_job: int = 1000
-    max_page_bytes: int = 1048576
-    sse_max_streams_per_token: int = 10
-    sse_max_streams_per_process: int = 200
-    rate_limit_writes: str = "600/minute"
-    log_format: str = "plain"
-    log_level: str = "INFO"
-    metrics_token: str | None = None
-    worker_metrics_port: int | None = None
+    def __repr__(self) -> str:
+        # Secrets never reach a repr: a logged or asserted Settings shows them as ***.
+        shown = ", ".join(f"{name}={value!r}" for name, value in redacted(self).items())
+        return f"{type(self).__name__}({shown})"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Read every ``SETTINGS`` variable; an unparsable value names the variable."""
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Self:
+        """Read every declared variable; an unparsable value names the variable (never a secret)."""
         source = os.environ if env is None else env
         values: dict[str, Any] = {}
-        for s in SETTINGS:
+        for s in declared(cls):
             raw = source.get(s.env)
             if raw is None or raw.strip() == "":
                 raw = s.default
@@ -585,7 +576,9 @@ class Settings:
             try:
                 values[s.attr] = s.parse(raw)
             except ValueError as exc:
-                raise ValueError(f"{s.env}: cannot parse {raw!r} ({exc})") from exc
+                if s.secret or s.url:  # the parser's message may quote the value
+                    raise ValueError(f"{s.env}: cannot parse its value (a secret: not shown)") from None
+                raise ValueError(f"{s.env}: cannot parse {raw!r} ({exc})") from None
         return cls(**values)
 
     # -- derived values -------------------------------------------------------------
@@ -611,15 +604,29 @@ class Settings:
 
     @property
     def auth_disabled(self) -> bool:
-        return self.auth.strip().lower() == "disabled"
+        return not self.auth
 
-    @property
-    def celery_events_enabled(self) -> bool:
-        return self.celery_events.strip().lower() == "enabled"
 
-    @property
-    def codex_commands_enabled(self) -> bool:
-        return self.codex_commands.strip().lower() == "enabled"
+_DECLARED: dict[type[Settings], tuple[Setting, ...]] = {}
+
+
+def declared(cls: type[Settings] = Settings) -> tuple[Setting, ...]:
+    """The declaration of every field of ``cls`` (a subclass adds its own), in declaration order."""
+    found = _DECLARED.get(cls)
+    if found is None:
+        found = _DECLARED[cls] = tuple(_declaration(f) for f in fields(cls))
+    return found
+
+
+def _declaration(f: Field[Any]) -> Setting:
+    found = f.metadata.get(DECLARATION)
+    if not isinstance(found, Setting):
+        raise TypeError(f"Settings.{f.name} is not declared with setting(...)")
+    return Setting(found.env, found.default, found.doc, found.parse, found.secret, found.url, f.name)
+
+
+SETTINGS: Final[tuple[Setting, ...]] = declared(Settings)
+_SWITCHES: Final = tuple(s for s in SETTINGS if s.parse is switch)
 
 
 def normalise_database_url(url: str) -> str:
@@ -633,15 +640,15 @@ def normalise_database_url(url: str) -> str:
     return url
 
 
-# Settings whose whole value is a secret, and settings that are URLs which may carry one.
-SECRET_SETTINGS = frozenset({"callback_token"})
-URL_SETTINGS = frozenset({"database_url", "redis_url", "callback_url", "event_callback_url"})
-MASK = "***"
+# -- redaction: follows the marks above ----------------------------------------------------
 
 
 def mask_url(url: str) -> str:
     """``url`` with its password (and any query string, where tokens ride) replaced by ``***``."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return MASK  # not a URL that can be taken apart: where its secret is cannot be told
     if "@" not in parts.netloc and not parts.query:
         return url  # nothing secret; and urlunsplit would not round-trip sqlite:////path
     netloc = parts.netloc
@@ -654,35 +661,22 @@ def mask_url(url: str) -> str:
 
 
 def redacted(settings: Settings) -> dict[str, Any]:
-    """The settings as ``receipt config`` prints them: passwords and tokens shown as ``***``."""
-    out: dict[str, Any] = {}
-    for f in fields(settings):
-        value = getattr(settings, f.name)
-        if value and f.name in SECRET_SETTINGS:
-            value = MASK
-        elif value and f.name in URL_SETTINGS:
-            value = mask_url(str(value))
-        out[f.name] = value
-    return out
+    """The settings as they may be shown (``receipt config``, the system page): secrets as ``***``."""
+    return {s.attr: s.shown(getattr(settings, s.attr)) for s in declared(type(settings))}
 
 
 def settings_markdown_table() -> str:
-    """The README's configuration table, generated from ``SETTINGS``."""
+    """The README's configuration table, generated from the declarations."""
     rows = ["| variable | default | what it bounds |", "|---|---|---|"]
     for s in SETTINGS:
         default = "(unset)" if s.default is None else f"`{s.default}`"
-        rows.append(f"| `{s.env}` | {default} | {s.doc} |")
+        rows.append(f"| `{s.env}` | {default} | {s.doc}{_shown_note(s)} |")
     return "\n".join(rows)
 
 
-def _check_defaults_agree() -> None:
-    # The dataclass defaults and the registry defaults are one fact written twice for typing's
-    # sake; this import-time check makes a disagreement impossible to ship.
-    parsed = Settings.from_env({})
-    declared = Settings()
-    for f in fields(Settings):
-        if getattr(parsed, f.name) != getattr(declared, f.name):
-            raise AssertionError(f"config default mismatch for {f.name}")
-
-
-_check_defaults_agree()
+def _shown_note(s: Setting) -> str:
+    if s.secret:
+        return " Secret: shown as `***`."
+    if s.url:
+        return " Its password and query string are shown as `***`."
+    return ""

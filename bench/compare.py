@@ -78,6 +78,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from app.config import switch
 from bench.runtime_bench import (
     AGENT,
     BASELINE_QUEUE,
@@ -598,7 +599,7 @@ def _sender(system: str, prefix: str) -> tuple[Callable[[str], str], Callable[[s
     """(send one job → its key, is that key's job done?) for one system, from the environment."""
     from app.storage.db import make_engine
 
-    prepared = system == "receipt-python" and os.environ.get("BENCH_RECEIPT_PREPARED") == "1"
+    prepared = system == "receipt-python" and switch(os.environ.get("BENCH_RECEIPT_PREPARED") or "0")
     engine = make_engine(os.environ["BENCH_DB"], pool_size=16, prepared_statements=prepared)
 
     def scalar(sql: str, key: Any) -> Any:

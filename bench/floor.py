@@ -41,6 +41,7 @@ from typing import Any
 
 from celery import Celery
 
+from app.config import switch
 from app.ops.celeryconfig import REDIS_TRANSPORT
 
 TASK = "bench.floor.attempt"
@@ -110,7 +111,7 @@ READ = (
     "SELECT clock_timestamp(), "
     f"(SELECT row(status, last_seq, last_hash)::text FROM {TABLE} WHERE id = %(id)s)"
 )
-READS = os.environ.get("BENCH_FLOOR_READS") == "1"
+READS = switch(os.environ.get("BENCH_FLOOR_READS") or "0")
 ENQUEUE, LEASE, SETTLE = _enqueue(READS), _lease(READS), _settle(READS)
 
 

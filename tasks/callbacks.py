@@ -28,6 +28,7 @@ from standardwebhooks.webhooks import Webhook
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.ops import metrics
+from app.redaction import redactor
 from app.storage import outbox
 from app.storage.db import db_now, transaction
 
@@ -78,6 +79,9 @@ class Sender:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.webhook = webhook_for(settings.callback_secret)
+        # An HTTP client's error quotes the URL it called, query string included: the text is
+        # stored in the outbox row and logged, so the target's secrets are hidden first.
+        self.hide = redactor(settings)
         if self.webhook is None and settings.callback_targets:
             log.warning("RECEIPT_CALLBACK_SECRET is unset: callbacks are sent unsigned")
         self.headers = {"Content-Type": "application/json"}
@@ -111,7 +115,7 @@ class Sender:
                 allow_redirects=False,
             )
         except requests.RequestException as exc:
-            return f"{type(exc).__name__}: {exc}"
+            return self.hide(f"{type(exc).__name__}: {exc}")
         if 200 <= response.status_code < 300:
             return None
         if 300 <= response.status_code < 400:

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Mapping
 
 from app.config import Settings
+from app.ops import logs
 from tasks.celery_app import make_celery
 
 log = logging.getLogger("receipt.flower")
@@ -57,8 +58,10 @@ def flower_argv(env: Mapping[str, str], settings: Settings) -> list[str]:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
+    # Receipt's one logging configuration, like every other process: its format, and its filter
+    # that keeps every secret setting out of the log.
+    logs.configure(settings, "flower")
     argv = flower_argv(os.environ, settings)
     if not any(os.environ.get(name) for name in AUTH_VARIABLES):
         log.warning("Flower runs without authentication on loopback (RECEIPT_AUTH=disabled)")

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from app.config import switch
 from app.storage.db import make_engine
 from app.storage.migrate import upgrade
 from app.storage.queue import Queue
@@ -101,7 +102,8 @@ def sqlite_database_url(sqlite_template: Path, tmp_path: Path) -> str:
 def _opened(url: str) -> Iterator[Engine]:
     # RECEIPT_TEST_PREPARED_STATEMENTS=1 runs every in-process test with prepared statements on
     # (app/storage/direct.py), as RECEIPT_DB_PREPARED_STATEMENTS=enabled runs production.
-    engine = make_engine(url, prepared_statements=os.environ.get("RECEIPT_TEST_PREPARED_STATEMENTS") == "1")
+    prepared = switch(os.environ.get("RECEIPT_TEST_PREPARED_STATEMENTS") or "0")
+    engine = make_engine(url, prepared_statements=prepared)
     yield engine
     close_queues(engine)
     engine.dispose()

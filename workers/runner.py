@@ -23,6 +23,7 @@ from app.jobs.reducer import Job
 from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
 from app.jobs.vocab import AttemptStatus, FailureStatus
 from app.ops import logs
+from app.redaction import redactor
 from app.storage.queue import Queue, retry_transient
 from workers.handler import HandlerError, JobContext
 from workers.handler_pool import HandlerPool, HandlerRun
@@ -197,7 +198,13 @@ def _settle(
     retryable: bool = True,
     status: FailureStatus | None = None,
 ) -> AttemptResult:
-    """Settle under the fence; the attempt's status follows what the receipt actually did."""
+    """Settle under the fence; the attempt's status follows what the receipt actually did.
+
+    The error text is stored in a receipt and shown by the API: a secret a handler's exception
+    quoted (a URL's token) is hidden first.
+    """
+    if error:
+        error = redactor(settings)(error)
     delay = retry_delay_ms(attempt, settings) if status is not None and retryable else 0
     out = retry_transient(
         lambda: queue.settle_attempt(

@@ -1,4 +1,5 @@
-"""The system page: queues and their consumers, the recovery loops' last runs, the last hour's events.
+"""The system page: queues and their consumers, the recovery loops' last runs, the last hour's events,
+and the configuration this web process runs with (as ``receipt config`` shows it: secrets as ``***``).
 
 Everything here spans every organisation (a queue's depth counts everyone's jobs), so only a
 system token sees it; an organisation's token gets a 403 page saying so.
@@ -14,6 +15,7 @@ from flask.typing import ResponseReturnValue
 from api.context import read_connection, state
 from api.ui import UiError, blueprint, current_session
 from api.ui.system import BrokerProbe
+from app.config import SETTINGS, redacted
 from app.storage import overview
 
 WINDOW = timedelta(hours=1)
@@ -55,6 +57,7 @@ def system() -> ResponseReturnValue:
     known = {run.name for run in loops}
     never = sorted(name for name in intervals if name not in known)
     ages = {run.name: (recent.now - run.started_at).total_seconds() for run in loops if run.started_at}
+    shown = redacted(st.settings)
     return render_template(
         "system.html",
         broker=probe().report(),
@@ -63,4 +66,5 @@ def system() -> ResponseReturnValue:
         intervals=intervals,
         ages=ages,
         recent=recent,
+        configuration=[(s.env, shown[s.attr]) for s in SETTINGS],
     )

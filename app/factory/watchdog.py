@@ -73,8 +73,8 @@ def scan_limit(settings: Settings) -> int:
 
 
 def enabled(settings: Settings) -> bool:
-    """``RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED=0`` (or false/no/off) turns the watchdog off."""
-    return settings.objective_watchdog_enabled.strip().lower() not in ("0", "false", "no", "off")
+    """``RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED`` off (``0``, ``disabled``...) turns the watchdog off."""
+    return settings.objective_watchdog_enabled
 
 
 # -- the decision ------------------------------------------------------------------------------

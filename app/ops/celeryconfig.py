@@ -174,8 +174,8 @@ def build(settings: Settings) -> dict[str, Any]:
         # Task events are off unless asked for: they cost about half of every publish and a few
         # ms of CPU per job. Flower broadcasts enable_events when it starts, so its task views
         # work anyway; RECEIPT_CELERY_EVENTS=enabled turns them on from the first task.
-        "worker_send_task_events": settings.celery_events_enabled,
-        "task_send_sent_event": settings.celery_events_enabled,
+        "worker_send_task_events": settings.celery_events,
+        "task_send_sent_event": settings.celery_events,
         "timezone": "UTC",
         "enable_utc": True,
         "beat_schedule": beat_schedule(settings),

@@ -14,11 +14,12 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TextIO
 
-from app.config import Settings, redacted, settings_markdown_table
+from app.config import Settings, mask_url, redacted, settings_markdown_table
 from app.jobs.errors import InvariantError
 from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.reducer import Receipt, fold
 from app.jobs.vocab import job_stream
+from app.redaction import redactor
 from app.storage.db import engine_for, iso, transaction
 
 
@@ -27,10 +28,8 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
     engine = engine_for(settings)
     upgrade(engine)
-    print(
-        f"database at revision {current(engine)} ({engine.url.render_as_string(hide_password=True)})",
-        file=sys.stderr,
-    )
+    shown = mask_url(engine.url.render_as_string(hide_password=False))
+    print(f"database at revision {current(engine)} ({shown})", file=sys.stderr)
     return 0
 
 
@@ -193,7 +192,8 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     if args.markdown:
         print(settings_markdown_table())
     else:
-        # Issue 8: never a password or token on screen (nor in a terminal's scrollback).
+        # Never a password or token on screen (nor in a terminal's scrollback): every value marked
+        # secret in app/config.py is ***, every URL setting shows no password or query string.
         print(json.dumps(redacted(settings), indent=2))
     return 0
 
@@ -206,6 +206,13 @@ def cmd_callbacks(args: argparse.Namespace, settings: Settings) -> int:
     with engine.connect() as conn:
         counts = outbox.counts(conn)
         rows = outbox.listing(conn, args.state, args.limit)
+    hide = redactor(settings)
+    for row in rows:
+        # A target is a callback URL setting (its password and query shown as ***); an error
+        # recorded by an older sender may quote it.
+        row["target"] = mask_url(str(row["target"]))
+        if row.get("last_error"):
+            row["last_error"] = hide(str(row["last_error"]))
     print(json.dumps({"counts": counts, "rows": rows}, indent=2, default=str))
     return 0
 

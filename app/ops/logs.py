@@ -9,6 +9,10 @@ job's fields — ``jobId``, ``attempt``, ``fence``, ``workerId``, ``org`` — in
 (``bind_job``); a filter copies them onto every record logged in that context, by any library,
 so a job-related line is never missing them. Threads start with an empty context, so code that
 hands a job to a thread runs the thread inside ``contextvars.copy_context()``.
+
+No secret setting is ever written: the one handler (``RedactingHandler``) runs the deployment's
+``Redactor`` (every value marked secret in ``app/config.py``, every URL setting's password and
+query string) over each formatted line, whatever library logged it.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import logging
 import logging.config
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TextIO
 
 from app.config import Settings
+from app.redaction import Redactor
 
 LogFormat = Literal["plain", "json"]
 LOG_FORMATS: Final[tuple[str, ...]] = ("plain", "json")
@@ -103,6 +108,28 @@ class ContextFilter(logging.Filter):
         return True
 
 
+class RedactingHandler(logging.StreamHandler[TextIO]):
+    """The one handler of every process: each line is written with every secret of the
+    deployment's settings replaced by ``***``.
+
+    It hides the formatted line, whoever logged it and whatever part of the record held the
+    secret (message, arguments, traceback, stack, ``extra=`` fields); the secret texts include
+    their JSON and ``repr`` escapes, so a JSON line or a logged list hides them too.
+    """
+
+    def __init__(self, stream: TextIO | None = None, redactor: Redactor | None = None) -> None:
+        super().__init__(stream)
+        self.redactor = redactor or Redactor()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.redactor(super().format(record))
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        # logging's own report of a record it could not format prints its message and arguments.
+        record.msg, record.args = self.redactor(f"{record.msg!r} % {record.args!r}"), None
+        super().handleError(record)
+
+
 def dict_config(settings: Settings, role: str) -> dict[str, Any]:
     """A ``logging.config.dictConfig`` mapping: one stderr handler on the root logger.
 
@@ -126,8 +153,9 @@ def dict_config(settings: Settings, role: str) -> dict[str, Any]:
         "formatters": {"receipt": formatter},
         "handlers": {
             "stderr": {
-                "class": "logging.StreamHandler",
+                "()": RedactingHandler,
                 "stream": "ext://sys.stderr",
+                "redactor": Redactor.of(settings),
                 "formatter": "receipt",
                 "filters": ["context"],
             }

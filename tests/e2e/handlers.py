@@ -11,10 +11,12 @@ execution timeout stop them at once.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
+from app.config import SETTINGS
 from workers.handler import HandlerError, JobContext
 from workers.registry import HandlerRegistry
 
@@ -25,8 +27,10 @@ WAIT_CANCEL = "e2e-wait-cancel"
 COMMANDS = "e2e-commands"
 FAIL = "e2e-fail"
 TASK = "e2e-task"
+LEAKY = "e2e-leaky"
 
 POLL_S = 0.05
+log = logging.getLogger("tests.e2e.handlers")
 
 
 def _who(ctx: JobContext) -> dict[str, Any]:
@@ -107,6 +111,18 @@ def task(ctx: JobContext) -> Any:
     return {"task": ctx.payload.get("taskId"), "inputs": ctx.payload.get("inputs", {}), **_who(ctx)}
 
 
+def leaky(ctx: JobContext) -> Any:
+    """Logs, then fails quoting, every secret and URL setting this worker holds: the careless
+    handler that redaction exists for. ``raise`` picks the path: ``handler`` (a HandlerError) or
+    ``crash`` (an unexpected exception, logged with its traceback)."""
+    held = [str(v) for s in SETTINGS if (s.secret or s.url) and (v := getattr(ctx.settings, s.attr))]
+    log.warning("leaky handler holds %s", held)
+    text = "leaky: " + " ".join(held)
+    if ctx.payload.get("raise") == "crash":
+        raise RuntimeError(text)
+    raise HandlerError(text, retryable=False)
+
+
 def register(registry: HandlerRegistry) -> None:
     registry.register(ECHO, echo)
     registry.register(SLEEP, sleep)
@@ -115,3 +131,4 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(COMMANDS, commands)
     registry.register(FAIL, fail)
     registry.register(TASK, task)
+    registry.register(LEAKY, leaky)

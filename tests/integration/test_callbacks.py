@@ -292,6 +292,37 @@ def test_an_event_failing_past_the_give_up_time_is_dead_lettered_and_listed(
     assert [(r["job_id"], r["event"], r["state"]) for r in listed["rows"]] == [(job.id, "canceled", "dead")]
 
 
+def test_a_failing_targets_secrets_reach_neither_the_outbox_nor_the_log_nor_the_cli(
+    sqlite_engine: Engine,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The HTTP client's error names the URL it called, query string and all.
+    port = free_port()
+    url = f"http://hooks:pw-c4f1e@127.0.0.1:{port}/x?token=tok-c4f1e"
+    s = fast(RECEIPT_RESONATE_CALLBACK_URL=url, RECEIPT_CALLBACK_GIVE_UP_MS="0")
+    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q.cancel(enqueue(q, "factory").id)
+    send_due(sqlite_engine, Sender(s))
+    [row] = outbox_rows(sqlite_engine)
+    assert row.state == "dead" and "Max retries exceeded with url: /x?***" in row.last_error
+    assert "c4f1e" not in row.last_error
+    assert caplog.records and "c4f1e" not in caplog.text
+    from app.ops import cli
+
+    monkeypatch.setenv("DATABASE_URL", str(sqlite_engine.url))
+    monkeypatch.setenv("RECEIPT_RESONATE_CALLBACK_URL", url)
+    with sqlite_engine.begin() as conn:  # a row an older sender wrote, quoting the URL
+        conn.execute(callback_outbox.update().values(last_error=f"GET {url} failed"))
+    assert cli.main(["callbacks"]) == 0
+    printed = capsys.readouterr().out
+    assert "c4f1e" not in printed
+    [listed] = json.loads(printed)["rows"]
+    assert listed["target"] == f"http://hooks:***@127.0.0.1:{port}/x?***"
+    assert listed["last_error"] == f"GET http://hooks:***@127.0.0.1:{port}/x?*** failed"
+
+
 def test_backoff_doubles_from_the_base_to_the_cap() -> None:
     assert [outbox.backoff_ms(n, 1000, 3_600_000) for n in (1, 2, 3, 4)] == [1000, 2000, 4000, 8000]
     assert outbox.backoff_ms(40, 1000, 3_600_000) == 3_600_000

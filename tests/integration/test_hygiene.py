@@ -15,7 +15,7 @@ from celery.app import trace
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from app.config import Settings, mask_url
+from app.config import SETTINGS, Settings, mask_url
 from app.ops.cli import main
 from app.ops.supervisor import _prepare
 from app.storage import tokens
@@ -85,20 +85,40 @@ def test_receipt_config_shows_stars_for_passwords_and_tokens(
         "DATABASE_URL": "postgresql://receipt:db-hunter2@db.internal:5432/receipt",
         "REDIS_URL": "redis://:redis-hunter2@cache:6379/0",
         "RECEIPT_CALLBACK_TOKEN": "callback-hunter2",
+        "RECEIPT_CALLBACK_SECRET": "whsec_signing-hunter2",
+        "RECEIPT_INTEGRATION_PUBLISH_SECRET": "publish-hunter2",
+        "RECEIPT_METRICS_TOKEN": "metrics-hunter2",
         "RECEIPT_RESONATE_CALLBACK_URL": "https://hooks:cb-hunter2@example.com/cb?token=query-hunter2",
+        "RECEIPT_INTEGRATION_PUBLISH_URL": "https://ci:publish-url-hunter2@ci.example/publish",
         "RECEIPT_EVENT_CALLBACK_URL": "https://example.com/events",
     }
     for name, value in secrets.items():
         monkeypatch.setenv(name, value)
     assert main(["config"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    assert "hunter2" not in json.dumps(shown)
+    printed = capsys.readouterr().out
+    assert "hunter2" not in printed
+    shown = json.loads(printed)
     assert shown["database_url"] == "postgresql://receipt:***@db.internal:5432/receipt"
     assert shown["redis_url"] == "redis://:***@cache:6379/0"
-    assert shown["callback_token"] == "***"
+    for name in ("callback_token", "callback_secret", "integration_publish_secret", "metrics_token"):
+        assert shown[name] == "***", name
     assert shown["callback_url"] == "https://hooks:***@example.com/cb?***"
+    assert shown["integration_publish_url"] == "https://ci:***@ci.example/publish"
     assert shown["event_callback_url"] == "https://example.com/events"  # nothing secret: unchanged
     assert shown["codex_user"] == "nobody"
+
+
+def test_receipt_config_hides_every_setting_marked_secret(
+    monkeypatch: pytest.MonkeyPatch, capsys: Capture
+) -> None:
+    """Whatever secret is declared, now or later: each one set to a marker, none printed."""
+    for s in SETTINGS:
+        if s.secret:
+            monkeypatch.setenv(s.env, f"marker-{s.attr}-7d1e")
+        elif s.url:
+            monkeypatch.setenv(s.env, f"https://u:marker-{s.attr}-7d1e@example.com/x?k=marker-q-7d1e")
+    assert main(["config"]) == 0
+    assert "7d1e" not in capsys.readouterr().out
 
 
 def test_mask_url_leaves_urls_without_secrets_alone() -> None:
@@ -157,7 +177,7 @@ def test_the_dev_token_may_run_commands_only_where_commands_are_enabled(tmp_path
         info = tokens.authenticate(conn, off)
     assert info is not None and info.scopes == ()
     assert _prepare(Settings(home=str(home))) == off  # reused while it matches
-    on = _prepare(Settings(home=str(home), codex_commands="enabled"))
+    on = _prepare(Settings(home=str(home), codex_commands=True))
     with engine.connect() as conn:
         assert tokens.authenticate(conn, off) is None  # replaced, and revoked
         info = tokens.authenticate(conn, on)

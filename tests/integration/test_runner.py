@@ -162,6 +162,31 @@ def test_non_retryable_handler_error_fails_with_status_on_result(queue: Queue) -
     assert result.job.result == {"field": "x", "status": "failed"}
 
 
+def test_a_secret_quoted_in_a_failure_is_hidden_before_the_receipt_stores_it(queue: Queue) -> None:
+    settings = Settings.from_env(
+        {
+            "JOB_LEASE_MS": "3000",
+            "RECEIPT_INTEGRATION_PUBLISH_URL": "https://ci.example/publish?token=tok-8a2b",
+            "RECEIPT_CALLBACK_SECRET": "whsec_sig-8a2b",
+        }
+    )
+
+    def quoting(ctx: JobContext) -> Any:
+        raise HandlerError("POST /publish?token=tok-8a2b failed", retryable=False)
+
+    def raising(ctx: JobContext) -> Any:
+        raise RuntimeError("signing with whsec_sig-8a2b failed")
+
+    for handler, expected in (
+        (quoting, "POST /publish?*** failed"),
+        (raising, "RuntimeError: signing with *** failed"),
+    ):
+        job = enqueue(queue, "test-leaky", max_attempts=1)
+        result = run_attempt(queue, settings, registry_of({"test-leaky": handler}), job.id, 1)
+        assert result.job is not None and result.job.status == "failed"
+        assert (result.error, result.job.error) == (expected, expected)
+
+
 def test_retryable_error_on_the_last_attempt_fails_with_status(queue: Queue) -> None:
     def handler(ctx: JobContext) -> Any:
         raise HandlerError("still down", retryable=True)

@@ -242,9 +242,10 @@ def redis_base_url() -> Iterator[str]:
 class RedisServer:
     """A private redis-server on a fixed port, killable and restartable by PID."""
 
-    def __init__(self, harness: Harness, port: int | None = None) -> None:
+    def __init__(self, harness: Harness, port: int | None = None, password: str | None = None) -> None:
         self.harness = harness
         self.port = port or free_port()
+        self.password = password  # requirepass: every client must AUTH (its URL carries it)
         self.proc: Proc | None = None
 
     @staticmethod
@@ -253,11 +254,14 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
         argv += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
+        if self.password:
+            argv += ["--requirepass", self.password]
         self.proc = self.harness.start("redis", argv, env=base_env(), service=True)
         wait_for(self.ping, 10, what=f"redis-server on port {self.port}")
 

@@ -171,7 +171,7 @@ def test_the_watchdog_crontab_tick_is_added_to_beat_on_the_objectives_queue(tmp_
     tick = beat["objective-watchdog"]
     assert tick["task"] == WATCHDOG_TASK and tick["options"]["queue"] == OBJECTIVES_QUEUE
     assert tick["schedule"] == CronSchedule("* * * * *")
-    off = make_celery(Settings(home=str(tmp_path), objective_watchdog_enabled="0")).conf.beat_schedule
+    off = make_celery(Settings(home=str(tmp_path), objective_watchdog_enabled=False)).conf.beat_schedule
     assert "objective-watchdog" not in off
 
 

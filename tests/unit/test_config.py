@@ -1,13 +1,31 @@
-"""The one config object: defaults, parsing, URL normalisation, and the README table."""
+"""The one config object: each setting declared once (defaults, parsing, marks), the one on/off
+parser, redaction by the secret mark, URL normalisation, and the README table."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from app.config import SETTINGS, Settings, normalise_database_url, settings_markdown_table
+from app.config import (
+    MASK,
+    OFF,
+    ON,
+    SETTINGS,
+    Settings,
+    declared,
+    mask_url,
+    normalise_database_url,
+    redacted,
+    setting,
+    settings_markdown_table,
+    switch,
+)
+from app.redaction import MIN_SECRET_TEXT, Redactor, url_secret_texts
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -93,10 +111,195 @@ def test_every_listed_setting_is_read_by_the_code_it_configures() -> None:
         for attr in re.findall(r"self\.(\w+)", body):
             readers.setdefault(attr, set()).add(name)
     unread = []
-    for setting in SETTINGS:
-        if setting.attr in FACTORY_SETTINGS_IN_PROGRESS:
+    for declared_setting in SETTINGS:
+        if declared_setting.attr in FACTORY_SETTINGS_IN_PROGRESS:
             continue
-        names = {setting.attr, *readers.get(setting.attr, set())}
+        names = {declared_setting.attr, *readers.get(declared_setting.attr, set())}
         if not any(re.search(rf"\.{n}\b", source) for n in names):
-            unread.append(setting.env)
+            unread.append(declared_setting.env)
     assert unread == [], f"listed settings nothing reads: {unread}"
+
+
+# -- declared once -------------------------------------------------------------------------------
+
+
+def test_a_bare_settings_holds_each_declared_default_parsed() -> None:
+    bare = Settings()
+    for s in SETTINGS:
+        expected = None if s.default is None else s.parse(s.default)
+        assert getattr(bare, s.attr) == expected, s.env
+    assert Settings.from_env({}) == bare
+
+
+def test_every_field_is_a_declared_setting_in_the_readme_order() -> None:
+    assert [s.attr for s in SETTINGS] == [f.name for f in dataclasses.fields(Settings)]
+    assert all(s.env and s.doc for s in SETTINGS)
+
+
+# -- one on/off parser ---------------------------------------------------------------------------
+
+SWITCHES = [s for s in SETTINGS if s.parse is switch]
+
+
+def test_every_on_off_setting_uses_the_one_parser() -> None:
+    """A setting whose default is an on/off word is parsed by ``switch``, and only those are."""
+    assert {s.env for s in SWITCHES} == {s.env for s in SETTINGS if s.default in ON + OFF}
+    assert {s.env for s in SWITCHES} >= {
+        "RECEIPT_AUTH",
+        "RECEIPT_CODEX_COMMANDS",
+        "RECEIPT_CELERY_EVENTS",
+        "RECEIPT_DB_PREPARED_STATEMENTS",
+        "RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED",
+    }
+
+
+@pytest.mark.parametrize("text", [*ON, "Enabled", " ON ", "True"])
+def test_on_spellings(text: str) -> None:
+    assert switch(text) is True
+    for s in SWITCHES:
+        assert getattr(Settings.from_env({s.env: text}), s.attr) is True, s.env
+
+
+@pytest.mark.parametrize("text", [*OFF, "DISABLED", " off ", "False"])
+def test_off_spellings(text: str) -> None:
+    assert switch(text) is False
+    for s in SWITCHES:
+        assert getattr(Settings.from_env({s.env: text}), s.attr) is False, s.env
+
+
+@pytest.mark.parametrize("text", ["maybe", "2", "enable", "y"])
+def test_any_other_value_stops_the_process_naming_the_variable_and_the_allowed_values(text: str) -> None:
+    for s in SWITCHES:
+        with pytest.raises(ValueError, match=rf"{s.env}: cannot parse .*allowed values: enabled, disabled"):
+            Settings.from_env({s.env: text})
+
+
+def test_direct_construction_takes_bools_or_the_environment_spelling() -> None:
+    assert Settings(auth=False).auth_disabled
+    assert Settings(auth="disabled").auth is False  # type: ignore[arg-type]
+    assert Settings(codex_commands="enabled").codex_commands is True  # type: ignore[arg-type]
+    assert Settings(objective_watchdog_enabled="0").objective_watchdog_enabled is False  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="auth: cannot parse 'sometimes'"):
+        Settings(auth="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="codex_commands is on/off"):
+        Settings(codex_commands=1)  # type: ignore[arg-type]
+
+
+# -- secrets are declared, and redaction follows the mark ----------------------------------------
+
+MARKER = "m4rker-9f27c1"
+# Names that say "this is a secret": any setting so named must carry the secret mark.
+SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
+# Named like a secret, holding none: each one is a decision, with its reason.
+NOT_SECRETS = {"RECEIPT_SSE_MAX_STREAMS_PER_TOKEN": "a count of event streams, per token"}
+
+
+def test_every_setting_named_like_a_secret_is_marked_secret_and_every_url_is_marked_url() -> None:
+    for s in SETTINGS:
+        if (SECRET_NAME.search(s.env) or SECRET_NAME.search(s.attr)) and s.env not in NOT_SECRETS:
+            assert s.secret, f"{s.env} looks like a secret: declare it with secret=True"
+        if s.env.endswith("_URL") or s.attr.endswith("_url"):
+            assert s.url, f"{s.env} is a URL: declare it with url=True"
+    assert set(NOT_SECRETS) <= {s.env for s in SETTINGS if not s.secret}
+    marked = {s.env for s in SETTINGS if s.secret}
+    assert marked == {
+        "RECEIPT_CALLBACK_TOKEN",
+        "RECEIPT_CALLBACK_SECRET",
+        "RECEIPT_INTEGRATION_PUBLISH_SECRET",
+        "RECEIPT_METRICS_TOKEN",
+    }
+    assert {s.env for s in SETTINGS if s.url} == {
+        "DATABASE_URL",
+        "REDIS_URL",
+        "RECEIPT_RESONATE_CALLBACK_URL",
+        "RECEIPT_EVENT_CALLBACK_URL",
+        "RECEIPT_INTEGRATION_PUBLISH_URL",
+    }
+
+
+def marked_everywhere(cls: type[Settings] = Settings) -> Settings:
+    """Every secret setting holds the marker; every URL setting holds it as password and query."""
+    values: dict[str, Any] = {}
+    for s in declared(cls):
+        if s.secret:
+            values[s.attr] = f"{MARKER}-{s.attr}"
+        elif s.url:
+            values[s.attr] = f"https://user:{MARKER}pw@host.example:8443/path?token={MARKER}q&x=1"
+    return cls(**values)
+
+
+def test_redacted_repr_and_the_redactor_hide_every_marked_value() -> None:
+    settings = marked_everywhere()
+    shown = redacted(settings)
+    assert MARKER not in json.dumps(shown)
+    assert MARKER not in repr(settings)
+    for s in SETTINGS:
+        if s.secret:
+            assert shown[s.attr] == MASK
+        elif s.url:
+            assert shown[s.attr] == f"https://user:{MASK}@host.example:8443/path?{MASK}"
+    text = " ".join(f"{s.env}={getattr(settings, s.attr)}" for s in SETTINGS)
+    assert MARKER in text
+    assert MARKER not in Redactor.of(settings)(text)
+
+
+def test_a_secret_added_later_is_hidden_by_its_mark_alone() -> None:
+    """A new secret needs nothing but ``secret=True``: receipt config, repr, logs and errors follow."""
+
+    @dataclasses.dataclass(frozen=True, repr=False)
+    class Later(Settings):
+        signing_key: str | None = setting("RECEIPT_LATER_SIGNING_KEY", None, "A later secret.", secret=True)
+        hook_url: str | None = setting("RECEIPT_LATER_HOOK_URL", None, "A later URL.", url=True)
+        pin: int | None = setting("RECEIPT_LATER_PIN", None, "A secret with a parser.", int, secret=True)
+
+    later = Later.from_env(
+        {
+            "RECEIPT_LATER_SIGNING_KEY": MARKER,
+            "RECEIPT_LATER_HOOK_URL": f"https://hooks.example/in?sig={MARKER}",
+            "RECEIPT_LATER_PIN": "48151623",
+        }
+    )
+    assert later.signing_key == MARKER
+    shown = redacted(later)
+    assert shown["signing_key"] == MASK and shown["hook_url"] == "https://hooks.example/in?***"
+    assert shown["pin"] == MASK
+    assert MARKER not in json.dumps(shown) and MARKER not in repr(later) and "48151623" not in repr(later)
+    hide = Redactor.of(later)
+    assert (
+        hide(f"GET /in?sig={MARKER} failed; key {MARKER}; pin 48151623")
+        == "GET /in?*** failed; key ***; pin ***"
+    )
+    # An unparsable secret is named, never quoted (int()'s own message would quote it).
+    with pytest.raises(ValueError) as bad:
+        Later.from_env({"RECEIPT_LATER_PIN": f"not-a-pin-{MARKER}"})
+    assert "RECEIPT_LATER_PIN" in str(bad.value) and MARKER not in str(bad.value)
+
+
+def test_an_unparsable_ordinary_value_is_quoted_to_help() -> None:
+    with pytest.raises(ValueError, match="JOB_LEASE_MS: cannot parse 'soon'"):
+        Settings.from_env({"JOB_LEASE_MS": "soon"})
+
+
+def test_url_secret_texts_cover_the_password_the_query_and_their_decoded_forms() -> None:
+    found = url_secret_texts("redis://:p%40ss-word@cache:6379/0?token=a%2Fb-token&plain=1")
+    assert {"p%40ss-word", "p@ss-word", "a/b-token", "token=a%2Fb-token&plain=1"} <= found
+    assert url_secret_texts("redis://cache:6379/0") == set()
+    assert url_secret_texts("https://only-a-token@example.com/") == {"only-a-token"}
+    assert mask_url("https://only-a-token@example.com/") == "https://***@example.com/"
+    # A URL that cannot be taken apart is hidden whole, in both forms.
+    assert mask_url("http://u:pw-1234@[::1/x") == MASK
+    assert url_secret_texts("http://u:pw-1234@[::1/x") == {"http://u:pw-1234@[::1/x"}
+
+
+def test_the_redactor_ignores_texts_too_short_to_find_safely() -> None:
+    hide = Redactor(["ab", "x" * MIN_SECRET_TEXT])
+    assert hide("ab cd " + "x" * MIN_SECRET_TEXT) == "ab cd ***"
+    assert repr(hide) == "Redactor(1 secret texts)"  # a logged Redactor shows none of them
+
+
+def test_the_readme_table_says_which_settings_are_secrets() -> None:
+    table = settings_markdown_table()
+    for s in SETTINGS:
+        [row] = [line for line in table.splitlines() if line.startswith(f"| `{s.env}` |")]
+        assert ("Secret: shown as `***`" in row) == s.secret, s.env
+        assert ("password and query string are shown as `***`" in row) == s.url, s.env

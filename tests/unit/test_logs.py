@@ -25,8 +25,10 @@ def captured() -> Iterator[io.StringIO]:
     root.setLevel(saved[1])
 
 
-def _configure(buf: io.StringIO, fmt: str, role: str = "worker-chat") -> None:
-    logs.configure(Settings.from_env({"RECEIPT_LOG_FORMAT": fmt}), role)
+def _configure(
+    buf: io.StringIO, fmt: str, role: str = "worker-chat", env: dict[str, str] | None = None
+) -> None:
+    logs.configure(Settings.from_env({"RECEIPT_LOG_FORMAT": fmt, **(env or {})}), role)
     handler = logging.getLogger().handlers[0]
     assert isinstance(handler, logging.StreamHandler)
     handler.setStream(buf)
@@ -101,3 +103,53 @@ def test_celery_banners_are_quiet_in_json_mode_only() -> None:
 def test_an_unknown_log_format_is_refused_naming_the_variable_and_values() -> None:
     with pytest.raises(ValueError, match=r"RECEIPT_LOG_FORMAT.*plain, json"):
         Settings.from_env({"RECEIPT_LOG_FORMAT": "xml"})
+
+
+MARKER = "l0g-marker-5be1"
+SECRETS = {
+    "RECEIPT_CALLBACK_SECRET": f"whsec_{MARKER}",
+    "RECEIPT_METRICS_TOKEN": f"{MARKER}-metrics",
+    "REDIS_URL": f"redis://:{MARKER}-redis@cache:6379/0",
+    "RECEIPT_RESONATE_CALLBACK_URL": f"https://hooks.example/cb?token={MARKER}-query",
+    # Characters a JSON line and a repr escape: the escaped forms are hidden too.
+    "RECEIPT_INTEGRATION_PUBLISH_SECRET": f'{MARKER}"quote\\slash',
+}
+
+
+@pytest.mark.parametrize("fmt", ["plain", "json"])
+def test_no_secret_setting_is_ever_written_whatever_logs_it(
+    captured: io.StringIO, fmt: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Message, arguments, exception text, stack and extra fields: every secret is ``***``."""
+    _configure(captured, fmt, env=SECRETS)
+    log = logging.getLogger("some.library")
+    log.warning("connecting to %s", SECRETS["REDIS_URL"])
+    log.info(
+        "posting to %s",
+        "/cb?token=" + MARKER + "-query",
+        extra={"target": SECRETS["RECEIPT_RESONATE_CALLBACK_URL"]},
+    )
+    try:
+        raise ConnectionError(f"Max retries exceeded with url: /cb?token={MARKER}-query")
+    except ConnectionError:
+        log.exception("callback failed")
+    log.info("token is %(token)s", {"token": SECRETS["RECEIPT_METRICS_TOKEN"]})
+    log.error("signing with " + SECRETS["RECEIPT_CALLBACK_SECRET"], stack_info=True)
+    log.info("celery-style", extra={"data": {"exc": f"Error('{MARKER}-metrics')", "n": [f"{MARKER}-query"]}})
+    log.info("held %s", [SECRETS["RECEIPT_INTEGRATION_PUBLISH_SECRET"], SECRETS["RECEIPT_METRICS_TOKEN"]])
+    log.info("a bad format %d", SECRETS["RECEIPT_METRICS_TOKEN"])  # logging's own error report
+    written = captured.getvalue()
+    assert MARKER not in written, written
+    reported = capsys.readouterr().err
+    assert "--- Logging error ---" in reported and "a bad format" in reported
+    assert MARKER not in reported, reported
+    assert written.count("***") >= 5
+    assert "connecting to redis://:***@cache:6379/0" in written
+    assert "Max retries exceeded with url: /cb?***" in written  # the traceback is kept, hidden
+    assert "ConnectionError" in written
+
+
+def test_without_secrets_records_pass_untouched(captured: io.StringIO) -> None:
+    _configure(captured, "plain")
+    logging.getLogger("receipt.test").info("plain %s", "text")
+    assert captured.getvalue().rstrip().endswith("receipt.test: plain text")

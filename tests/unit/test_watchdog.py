@@ -216,9 +216,9 @@ def test_scan_limit_default_200_clamped_1_to_2000(given: int, used: int) -> None
 # -- schedule -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["0", "false", "off"])
+@pytest.mark.parametrize("value", ["0", "false", "off", "disabled", "no"])
 def test_enabled_0_turns_the_watchdog_off_and_beat_schedules_no_tick(value: str) -> None:
-    off = Settings(objective_watchdog_enabled=value)
+    off = Settings.from_env({"RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED": value})
     assert not watchdog.enabled(off)
     assert watchdog_entry(off) is None
     entry = watchdog_entry(S)

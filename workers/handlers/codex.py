@@ -125,7 +125,7 @@ def handle(ctx: JobContext) -> Any:
             f"agent 'codex' runs only command kinds ({runnable}), not '{ctx.job.kind}'",
             retryable=False,
         )
-    if not ctx.settings.codex_commands_enabled:
+    if not ctx.settings.codex_commands:
         raise HandlerError(
             "codex commands are disabled on this deployment (set RECEIPT_CODEX_COMMANDS=enabled)",
             retryable=False,

@@ -79,7 +79,7 @@ def test_auth_disabled_allows_anonymous_with_a_warning_on_every_response(
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="receipt.api"):
         app = create_app(
-            make_settings(tmp_path, auth="disabled"), engine=sqlite_engine, on_dispatchable=lambda jobs: None
+            make_settings(tmp_path, auth=False), engine=sqlite_engine, on_dispatchable=lambda jobs: None
         )
     assert any("RECEIPT_AUTH=disabled" in r.getMessage() for r in caplog.records)
     client = app.test_client()

@@ -23,7 +23,7 @@ from app.jobs.vocab import WORKER_GROUPS
 from app.storage import delivery, loops, overview
 from app.storage.db import db_now, transaction
 from tests.integration.api.test_dashboard import sign_in, text
-from tests.support.api import ORG_A, ORG_B, Api, make_settings, payload
+from tests.support.api import ORG_A, ORG_B, Api, build_api, make_settings, payload
 from tests.unit.test_ui_graph import DIAMOND
 
 AGENTS = ("codex", "factory-control", "factory", "someone-else")
@@ -140,6 +140,28 @@ def test_system_page_shows_queues_loops_and_the_last_hour(sqlite_api: Api) -> No
     # Loops that never ran are named, not silently missing.
     assert 'data-loop="queued-redrive"' in page and "has never run" in page
     assert '<tr data-recent="job.lease_expired"><th>Lease expiries</th><td>1</td>' in page
+
+
+def test_system_page_shows_the_configuration_with_every_secret_hidden(
+    sqlite_engine: Engine, tmp_path: Any
+) -> None:
+    settings = make_settings(
+        tmp_path,
+        event_callback_url="https://u:pw-3c9d@hooks.example/events",
+        callback_url="https://hooks.example/cb?token=q-3c9d",
+        callback_secret="whsec_s-3c9d",
+        metrics_token="m-3c9d",
+        integration_publish_secret="p-3c9d",
+    )
+    api = build_api(sqlite_engine, settings)
+    api.app.extensions[PROBE_EXTENSION] = FakeProbe(BrokerReport("redis", [], None, 0, []))
+    sign_in(api, "system")
+    page = text(api.client.get("/ui/system"))
+    assert "3c9d" not in page
+    assert 'data-setting="RECEIPT_METRICS_TOKEN"' in page and "RECEIPT_CALLBACK_SECRET" in page
+    assert "https://u:***@hooks.example/events" in page and "https://hooks.example/cb?***" in page
+    assert page.count('<td class="mono">***</td>') == 3
+    assert 'RECEIPT_CALLBACK_TOKEN</td><td class="mono"><span class="muted">(unset)</span>' in page
 
 
 def test_the_broker_probe_reads_redis_depth_and_says_when_no_worker_answers(

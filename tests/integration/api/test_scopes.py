@@ -121,7 +121,7 @@ def test_an_expired_token_is_401_saying_so(api: Api) -> None:
 
 def test_auth_disabled_never_grants_system_or_commands_rights(sqlite_engine: Engine, tmp_path: Path) -> None:
     app = create_app(
-        make_settings(tmp_path, auth="disabled"), engine=sqlite_engine, on_dispatchable=lambda j: None
+        make_settings(tmp_path, auth=False), engine=sqlite_engine, on_dispatchable=lambda j: None
     )
     client = app.test_client()
     codex = client.post("/agents/codex/jobs", json={"payload": payload("factory.task.run", command=COMMAND)})
