@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from api import inputs
 from api.context import read_connection
 from api.errors import INVALID_TOKEN, MISSING_SCOPE, UNAUTHORIZED, ApiError, forbidden
-from api.schemas import SCOPE_ORGANIZATION_PARAM
+from api.schemas import ORGANIZATION_PARAM, SCOPE_ORGANIZATION_PARAM
 from app.jobs.errors import ValidationError
 from app.jobs.privilege import COMMANDS_SCOPE, Enqueuer, posting_refusal, runs_command
 from app.jobs.reducer import Job
@@ -34,8 +34,6 @@ from app.storage import tokens
 AUTH_WARNING_HEADER = "X-Receipt-Warning"
 AUTH_WARNING = "authentication disabled"
 _BEARER = "bearer "
-# The query parameter a by-id route takes to act in another organisation (system tokens).
-ORGANIZATION_PARAM = "organizationId"
 _CHALLENGE = 'Bearer realm="receipt"'
 
 

@@ -70,7 +70,7 @@ def _objective_path(obj: Objective, suffix: str = "") -> str:
     names it (``?organizationId=``)."""
     path = f"{request.script_root}/objectives/{obj.client_id}{suffix}"
     if obj.organization_id not in (None, auth.current().organization_id):
-        path += "?" + urlencode({auth.ORGANIZATION_PARAM: obj.organization_id})
+        path += "?" + urlencode({schemas.ORGANIZATION_PARAM: obj.organization_id})
     return path
 
 

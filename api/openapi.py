@@ -43,7 +43,7 @@ _ERROR_DESCRIPTIONS = {
 
 # The query schema of an operation that takes no query parameters (any parameter is a 400).
 NO_QUERY: Schema = {"type": "object", "properties": {}}
-ORGANIZATION_PARAM = auth.ORGANIZATION_PARAM
+ORGANIZATION_PARAM = schemas.ORGANIZATION_PARAM
 
 
 @dataclass(frozen=True)
@@ -73,11 +73,7 @@ class Operation:
 
     def effective_query(self) -> Schema | None:
         """The query schema the route validates and documents (a scoped route adds organizationId)."""
-        if not self.scoped:
-            return self.query
-        base = self.query or NO_QUERY
-        properties = {**base.get("properties", {}), ORGANIZATION_PARAM: schemas.SCOPE_ORGANIZATION_PARAM}
-        return {**base, "properties": properties}
+        return schemas.scoped_query(self.query) if self.scoped else self.query
 
     def error_statuses(self) -> list[int]:
         # 400 everywhere: any operation refuses undocumented query parameters.

@@ -7,7 +7,8 @@ from urllib.parse import urlencode
 
 from flask import request
 
-from api.auth import ORGANIZATION_PARAM, current
+from api.auth import current
+from api.schemas import ORGANIZATION_PARAM
 from app.jobs.reducer import Job
 from app.jobs.routing import route
 

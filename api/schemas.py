@@ -50,6 +50,21 @@ SCOPE_ORGANIZATION_PARAM: Schema = {
     "description": "Act in this organisation: a system token's way to name another one (any other "
     "token may name only its own). Default: the token's own organisation.",
 }
+
+
+# The query parameter a route naming one job or objective takes to act in another organisation.
+ORGANIZATION_PARAM = "organizationId"
+
+
+def scoped_query(query: Schema | None) -> Schema:
+    """``query`` (or none) plus ``organizationId``: the query of a route naming one job or objective."""
+    base = query or {"type": "object", "properties": {}}
+    return {
+        **base,
+        "properties": {**base.get("properties", {}), ORGANIZATION_PARAM: SCOPE_ORGANIZATION_PARAM},
+    }
+
+
 TEXT_MAX = 256
 REASON_MAX = 4096
 LIST_LIMIT_DEFAULT = 50

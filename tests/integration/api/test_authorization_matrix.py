@@ -59,71 +59,6 @@ _RESERVED_IDS = (
     "a monitor id `...:monitor`",
     "a watchdog tick's id",
 )
-AWAITING_TENANCY_CORE: frozenset[tuple[str, Identity]] = frozenset(
-    {
-        # Per-organisation ids: B's post of A's jobId or objectiveId is B's own (202), or meets the
-        # objective check (403); today it is 409 job_id_unavailable / objective_id_unavailable.
-        *(
-            (f"{_ENQUEUE} [`{kind}` to `{agent}`{names}]", "other_org")
-            for kind, agent, names in (
-                ("factory.dispatch", "factory", ""),
-                ("factory.run", "factory", ""),
-                ("factory.integration.publish", "factory", ", A's objectiveId"),
-                ("factory.integration.validate", "factory", ", A's objectiveId"),
-                ("factory.objective.audit", "factory-control", ", A's objectiveId"),
-                ("factory.objective.control", "factory-control", ", A's objectiveId"),
-                ("factory.task.monitor", "factory-monitor", ", A's objectiveId"),
-                ("factory.task.run", "codex", ", A's objectiveId"),
-            )
-        ),
-        ("POST /objectives [B posts A's objectiveId]", "other_org"),
-        ("POST /objectives [a task that runs a command]", "other_org"),
-        # The kinds at the door: the monitor is the system's; a payload's objectiveId must be one of
-        # the job's organisation (a missing one is refused like a foreign one). Today: 202.
-        *(
-            (f"{_ENQUEUE} [`factory.task.monitor` to `factory-monitor`, A's objectiveId]", who)
-            for who in ("owner", "no_scope")
-        ),
-        *(
-            (f"{_ENQUEUE} [`factory.objective.control` for an objective no one holds]", who)
-            for who in ("owner", "other_org", "no_scope", "system")
-        ),
-        # Reserved id shapes: 400 naming jobId and the rule. Today: 202.
-        *(
-            (f"{_ENQUEUE} [jobId {case}]", who)
-            for case in _RESERVED_IDS
-            for who in ("owner", "other_org", "no_scope", "system")
-        ),
-        # A system token names the organisation with ?organizationId= on by-id routes (today a 400:
-        # an unknown query parameter) and acts for its own organisation without it (today it sees all).
-        *(
-            (key, "system")
-            for key in (
-                "GET /jobs/{jobId}",
-                "GET /jobs/{jobId} [system token without organizationId]",
-                "GET /jobs/{jobId}/events",
-                "POST /jobs/{jobId}/commands [type steer]",
-                "POST /jobs/{jobId}/commands [type follow_up]",
-                "POST /jobs/{jobId}/commands [type abort]",
-                "POST /jobs/{jobId}/cancel",
-                "GET /objectives/{objectiveId}",
-                "GET /objectives/{objectiveId} [system token without organizationId]",
-                "POST /objectives/{objectiveId}/cancel",
-                "POST /objectives/{objectiveId}/plan",
-                "POST /objectives/{objectiveId}/plan [a task that runs a command]",
-                "GET /objectives/{objectiveId}/events",
-                "GET /ui/jobs/{jobId} [system token without organizationId]",
-                "GET /ui/jobs/{jobId}/events",
-                "GET /ui/objectives/{objectiveId} [system token without organizationId]",
-                "GET /ui/objectives/{objectiveId}/events",
-            )
-        ),
-    }
-)
-AWAITING_REASON = (
-    "awaiting the tenancy core change (per-organisation ids, ?organizationId=, reserved ids, kinds)"
-)
-
 # -- the app -----------------------------------------------------------------------------------------
 
 
@@ -373,12 +308,7 @@ def _cells() -> list[Any]:
     cells = []
     for row in ROWS:
         for identity in IDENTITIES:
-            marks = (
-                [pytest.mark.skip(reason=AWAITING_REASON)]
-                if (row.key, identity) in AWAITING_TENANCY_CORE
-                else []
-            )
-            cells.append(pytest.param(row, identity, id=f"{row.key} | {identity}", marks=marks))
+            cells.append(pytest.param(row, identity, id=f"{row.key} | {identity}"))
     return cells
 
 
@@ -449,11 +379,9 @@ def test_every_payload_kind_and_command_type_has_a_row() -> None:
     assert not missing, f"command types without a row for POST /jobs/{{jobId}}/commands: {', '.join(missing)}"
 
 
-def test_rows_are_distinct_and_awaiting_names_real_cells() -> None:
+def test_rows_are_distinct() -> None:
     keys = [row.key for row in ROWS]
     assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
-    cells = {(row.key, identity) for row in ROWS for identity in IDENTITIES}
-    assert not AWAITING_TENANCY_CORE - cells, sorted(AWAITING_TENANCY_CORE - cells)
 
 
 def test_docs_security_carries_the_matrix() -> None:
