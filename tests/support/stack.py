@@ -18,6 +18,7 @@ import requests
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
+from app.jobs.ids import qualify
 from app.jobs.reducer import Job
 from app.jobs.vocab import TERMINAL_STATUSES, job_stream
 from app.storage import store, tokens
@@ -194,7 +195,11 @@ class Stack:
         return job
 
     def get_job(self, job_id: str, system: bool = False) -> dict[str, Any]:
-        r = self.http.get(self.url(f"/jobs/{job_id}"), headers=self.headers(system), timeout=10)
+        # A system token acts in its own organisation unless it names the job's.
+        params = {"organizationId": ORG} if system else None
+        r = self.http.get(
+            self.url(f"/jobs/{job_id}"), headers=self.headers(system), params=params, timeout=10
+        )
         assert r.status_code == 200, f"GET /jobs/{job_id} answered {r.status_code}: {r.text}"
         job: dict[str, Any] = r.json()["job"]
         return job
@@ -226,8 +231,16 @@ class Stack:
         return job
 
     # -- the database, read directly (exact counting)
+    def key(self, job_id: str) -> str:
+        """The storage key of a job: ``job_id`` itself when it is one, else the key of ORG's job of
+        that client id (the id the HTTP answers carry)."""
+        if "/" in job_id:
+            return job_id
+        found = Queue(self.engine).find(ORG, job_id)
+        return found.id if found is not None else qualify(ORG, job_id)
+
     def job(self, job_id: str) -> Job | None:
-        return Queue(self.engine).get(job_id)
+        return Queue(self.engine).get(self.key(job_id))
 
     def status(self, job_id: str) -> str | None:
         job = self.job(job_id)
@@ -235,7 +248,7 @@ class Stack:
 
     def receipts(self, job_id: str) -> list[StoredReceipt]:
         with self.engine.connect() as conn:
-            return store.read_stream(conn, job_stream(job_id))
+            return store.read_stream(conn, job_stream(self.key(job_id)))
 
     def types(self, job_id: str) -> list[str]:
         return [r.type for r in self.receipts(job_id)]
@@ -244,7 +257,9 @@ class Stack:
         with self.engine.connect() as conn:
             return list(
                 conn.execute(
-                    select(deliveries).where(deliveries.c.job_id == job_id).order_by(deliveries.c.created_at)
+                    select(deliveries)
+                    .where(deliveries.c.job_id == self.key(job_id))
+                    .order_by(deliveries.c.created_at)
                 ).all()
             )
 
