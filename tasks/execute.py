@@ -31,7 +31,7 @@ def execute(rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation:
     log.info("delivery %s: %s", fence, result.status)
     if result.status not in NOT_OWNED:
         # A receipt that takes the job to a terminal state or back to queued settles every pending
-        # delivery of the job in its own transaction (Queue._apply): only an attempt that ended
+        # delivery of the job in its own transaction (Queue.mutate): only an attempt that ended
         # without one (a settlement conflict) still has its delivery to settle here.
         if job is None or not (job.terminal or job.status == "queued"):
             settle_delivery(rt, job_id, dispatch_key, generation, result.status)

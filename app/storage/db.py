@@ -40,6 +40,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DisconnectionError
 
 from app.config import Settings
+from app.jobs.times import as_utc as as_utc
+from app.jobs.times import iso as iso
+from app.jobs.times import parse_iso as parse_iso
 from app.storage.direct import PREPARED, Direct
 from app.storage.files import create_private_file, private_dir
 
@@ -374,28 +377,6 @@ def db_now(conn: Connection) -> datetime:
 # On PostgreSQL it runs on the driver's cursor (app/storage/direct.py): every transaction that
 # decides from more than one row reads the clock this way.
 _CLOCK = Direct(select(func.clock_timestamp()))
-
-
-def as_utc(value: datetime) -> datetime:
-    """SQLite hands back naive datetimes (stored as UTC); Postgres hands back aware ones."""
-    if value.tzinfo is None:
-        return value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
-
-
-def iso(value: datetime | None) -> str | None:
-    """Canonical text for a time: UTC, microseconds, ``Z``. Used in hashes and JSON alike."""
-    if value is None:
-        return None
-    return as_utc(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_iso(value: str | None) -> datetime | None:
-    """The time ``iso`` wrote. ``fromisoformat`` (Python 3.11 reads the ``Z``) is ~50x cheaper than
-    ``strptime``, and the hot path parses several times per receipt; the result is the same."""
-    if value is None:
-        return None
-    return datetime.fromisoformat(value).astimezone(UTC)
 
 
 def lock_key(conn: Connection, name: str) -> None:

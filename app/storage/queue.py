@@ -16,17 +16,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection, Engine
 
+from app.jobs import transitions
 from app.jobs.errors import (
-    SINGLETON_CANCEL_REASON,
     AppendConflict,
-    ConflictError,
     JobNotFound,
-    TooManyCommands,
     TransientStorageError,
     ValidationError,
 )
@@ -40,6 +38,7 @@ from app.jobs.ids import (
 )
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.reducer import Job, reduce
+from app.jobs.transitions import AttemptStartStatus, Event
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import (
     ACTIVE_STATUSES,
@@ -47,7 +46,6 @@ from app.jobs.vocab import (
     LEASED_STATUSES,
     STATUSES,
     TERMINAL_STATUSES,
-    EventType,
     FailureStatus,
     job_stream,
 )
@@ -57,10 +55,8 @@ from app.storage.db import (
     autocommit_connection,
     db_now,
     is_storage_outage,
-    iso,
     jobs,
     lock_key,
-    parse_iso,
     transaction,
 )
 from app.storage.direct import DIRECT_DRIVER, Direct, lost_preparation
@@ -74,7 +70,6 @@ MAX_CONFLICT_RETRIES = 50
 # Issue 8: RECEIPT_MAX_COMMANDS_PER_JOB's default. Every command is folded into the job's state,
 # so without a cap one tenant could grow a job (and every read of it) without bound.
 MAX_COMMANDS_PER_JOB_DEFAULT = 1000
-Event = tuple[EventType, dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -83,9 +78,6 @@ class Outcome:
 
     job: Job
     applied: bool
-
-
-AttemptStartStatus = Literal["started", "terminal_state", "stale_attempt", "lease_lost"]
 
 
 @dataclass(frozen=True)
@@ -141,7 +133,7 @@ class _Tx:
     objectives: dict[str, Objective] = field(default_factory=dict)
     # Jobs whose durable-ledger rows this transaction changed (written after commit, best effort).
     ledger: dict[str, Job] = field(default_factory=dict)
-    # An autocommit connection on which the transition must be one statement (``Queue._mutate``).
+    # An autocommit connection on which the transition must be one statement (``Queue.mutate``).
     one_statement: bool = False
     _now: datetime | None = None
 
@@ -341,7 +333,7 @@ class Queue:
             self._request_objective_control(tx, state, control)
         return state
 
-    def _mutate(self, job_id: str, decide: Callable[[Job, datetime], Sequence[Event]]) -> Outcome:
+    def mutate(self, job_id: str, decide: Callable[[Job, datetime], Sequence[Event]]) -> Outcome:
         """Load a job, let ``decide`` choose receipts from its state, append them."""
 
         def work(tx: _Tx) -> Outcome:
@@ -463,51 +455,26 @@ class Queue:
             aborted: list[str] = []
             if singleton:
                 active = self._active_on_session(tx, org, req.session_key or "")
+                cap = self.max_commands_per_job
                 if req.singleton_mode == "steer" and active:
                     target = active[0]  # the most recent active job
-                    self._check_command_room(target.job)
-                    steered = self._apply(
-                        tx,
-                        target,
-                        target.job.id,
-                        [
-                            (
-                                "queue.command",
-                                _command_body(
-                                    "steer",
-                                    req.payload,
-                                    None,
-                                    tx.now,
-                                    fromSessionKey=req.session_key,
-                                    fromEnqueue=True,
-                                    **({"fromJobId": req.job_id} if req.job_id is not None else {}),
-                                ),
-                            )
-                        ],
+                    events = transitions.singleton_steer(
+                        target.job,
+                        tx.now,
+                        new_id("cmd_"),
+                        req.payload,
+                        req.session_key or "",
+                        req.job_id,
+                        cap=cap,
                     )
+                    steered = self._apply(tx, target, target.job.id, events)
                     return EnqueueResult(steered, created=False, steered=True)
                 if req.singleton_mode == "cancel":
                     for loaded in active:
-                        j = loaded.job
-                        if j.status == "queued":
-                            self._apply(
-                                tx, loaded, j.id, [("job.canceled", {"reason": SINGLETON_CANCEL_REASON})]
-                            )
-                            canceled.append(j.id)
-                        elif not (j.abort_requested and self._at_command_cap(j)):
-                            # Only the worker can stop work in flight: it gets an abort command.
-                            self._apply(
-                                tx,
-                                loaded,
-                                j.id,
-                                [
-                                    (
-                                        "queue.command",
-                                        _command_body("abort", None, SINGLETON_CANCEL_REASON, tx.now),
-                                    )
-                                ],
-                            )
-                            aborted.append(j.id)
+                        events = transitions.singleton_cancel(loaded.job, tx.now, new_id("cmd_"), cap=cap)
+                        if events:
+                            self._apply(tx, loaded, loaded.job.id, events)
+                            (canceled if loaded.job.status == "queued" else aborted).append(loaded.job.id)
             body = {
                 "jobId": job_id,
                 "agentId": req.agent_id,
@@ -524,7 +491,7 @@ class Queue:
 
         if self._one_statement and not (req.singleton_mode != "allow" and req.session_key is not None):
             # Not a singleton (no session lock, no other job touched): the enqueue is one write,
-            # autocommitted, as in ``_mutate``; a concurrent identical post conflicts and re-reads.
+            # autocommitted, as in ``mutate``; a concurrent identical post conflicts and re-reads.
             try:
                 one: EnqueueResult = self._run(work, one_statement=True)
                 return one
@@ -543,11 +510,7 @@ class Queue:
             )
             .order_by(jobs.c.created_at.desc(), jobs.c.id.desc())
         ).all()
-        for row in rows:
-            job = Job.from_json(row.state)
-            if any(c.extra.get("fromJobId") == job_id for c in job.commands):
-                return job
-        return None
+        return transitions.steered_by([Job.from_json(row.state) for row in rows], job_id)
 
     def _active_on_session(self, tx: _Tx, org: str, session_key: str) -> list[projection.Loaded]:
         """Active jobs on a session key, newest first — after expiring dead leases among them.
@@ -578,9 +541,9 @@ class Queue:
         active: list[projection.Loaded] = []
         for loaded in candidates:
             job_id = loaded.job.id
-            expiry = _expiry_event(loaded.job, tx.now)
-            if expiry is not None:
-                job = self._apply(tx, loaded, job_id, [expiry])
+            expiry = transitions.expire_lease(loaded.job, tx.now)
+            if expiry:
+                job = self._apply(tx, loaded, job_id, expiry)
                 reloaded = projection.load(tx.conn, job_id)
                 if reloaded is None or job.status not in ACTIVE_STATUSES:
                     continue
@@ -595,77 +558,43 @@ class Queue:
         ``start=True`` also appends the worker's first heartbeat in the same transaction, so the
         job goes queued → leased → running in one commit (two receipts, one round of I/O).
         """
-
-        def decide(job: Job, now: datetime) -> list[Event]:
-            if job.status != "queued":
-                return []
-            attempt = job.attempt + 1
-            fence = {"workerId": worker_id, "attempt": attempt, "expiresAt": _deadline(now, lease_ms)}
-            events: list[Event] = [("job.leased", fence)]
-            if start:
-                events.append(("job.heartbeat", dict(fence)))
-            return events
-
-        return self._mutate(job_id, decide)
+        return self.mutate(
+            job_id, lambda job, now: transitions.lease_queued(job, now, worker_id, lease_ms, start=start)
+        )
 
     def start_attempt(
         self, job_id: str, worker_id: str, attempt: int, lease_ms: Callable[[Job], int]
     ) -> AttemptStart:
-        """The worker's first write for a delivered attempt, decided on the job as read, in one commit.
-
-        Spec step 5: a ``queued`` job is leased (with the first heartbeat, so queued → leased →
-        running); work that was redelivered rather than leased here takes a start-fence heartbeat
-        instead, and one that does not match the current fence ends the attempt as ``lease_lost``.
-        ``lease_ms`` gives the lease for the job read (its timing depends on kind and payload).
-        """
+        """The worker's first write for a delivered attempt, decided on the job as read, in one commit
+        (``transitions.start_attempt``). ``lease_ms`` gives the lease for the job read (its timing
+        depends on kind and payload)."""
         verdict: list[AttemptStartStatus] = []
 
-        def decide(job: Job, now: datetime) -> list[Event]:
+        def decide(job: Job, now: datetime) -> Sequence[Event]:
             verdict.clear()
-            if job.terminal:
-                verdict.append("terminal_state")
-                return []
-            ms = lease_ms(job)
-            fence = {"workerId": worker_id, "attempt": attempt, "expiresAt": _deadline(now, ms)}
-            if job.status == "queued":
-                if job.attempt + 1 != attempt:
-                    verdict.append("stale_attempt")
-                    return []
-                verdict.append("started")
-                return [("job.leased", fence), ("job.heartbeat", dict(fence))]
-            if not job.holds_lease(worker_id, attempt):
-                verdict.append("lease_lost")
-                return []
-            verdict.append("started")
-            return [("job.heartbeat", fence)]
+            start = transitions.start_attempt(job, now, worker_id, attempt, lease_ms(job))
+            verdict.append(start.status)
+            return start.events
 
         try:
-            out = self._mutate(job_id, decide)
+            out = self.mutate(job_id, decide)
         except JobNotFound:
             return AttemptStart("stale_attempt", None)
         return AttemptStart(verdict[0], out.job)
 
     def heartbeat(self, job_id: str, worker_id: str, attempt: int, lease_ms: int) -> Outcome:
         """Renew the lease (and promote leased → running); inert for a superseded attempt."""
-
-        def decide(job: Job, now: datetime) -> list[Event]:
-            if not job.holds_lease(worker_id, attempt):
-                return []
-            return [
-                (
-                    "job.heartbeat",
-                    {
-                        "workerId": worker_id,
-                        "attempt": attempt,
-                        "expiresAt": _deadline(now, lease_ms),
-                    },
-                )
-            ]
-
-        return self._mutate(job_id, decide)
+        return self.mutate(
+            job_id, lambda job, now: transitions.heartbeat_holder(job, now, worker_id, attempt, lease_ms)
+        )
 
     def progress(self, job_id: str, worker_id: str, attempt: int, progress: Any) -> Outcome:
-        return self._fenced(job_id, worker_id, attempt, "job.progress", {"progress": progress})
+        return self.mutate(
+            job_id,
+            lambda job, now: transitions.fenced_holder(
+                job, worker_id, attempt, "job.progress", {"progress": progress}
+            ),
+        )
 
     def fail(
         self,
@@ -679,16 +608,12 @@ class Queue:
         result: Any = None,
     ) -> Outcome:
         """Fail an attempt. ``worker_id=None`` fails a queued job at system level (not leased)."""
-        body: dict[str, Any] = {"error": error, "retryable": retryable, "status": status}
-        if result is not None:
-            body["result"] = result
+        body = transitions.failure_body(error, retryable=retryable, status=status, result=result)
         if worker_id is None:
-
-            def decide(job: Job, now: datetime) -> list[Event]:
-                return [("job.failed", body)] if job.status == "queued" else []
-
-            return self._mutate(job_id, decide)
-        return self._fenced(job_id, worker_id, attempt, "job.failed", body)
+            return self.mutate(job_id, lambda job, now: transitions.fail_queued(job, body))
+        return self.mutate(
+            job_id, lambda job, now: transitions.fenced_holder(job, worker_id, attempt, "job.failed", body)
+        )
 
     def settle_attempt(
         self,
@@ -702,103 +627,53 @@ class Queue:
         status: FailureStatus | None = None,
         retry_delay_ms: int = 0,
     ) -> Outcome:
-        """The worker's settlement: re-read under the attempt fence, then in one transaction
-        cancel (an abort arrived), complete (``status`` None) or fail with ``status``. A retryable
-        failure records ``retryAt`` (database clock + ``retry_delay_ms``) for the backoff."""
-
-        def decide(job: Job, now: datetime) -> list[Event]:
-            if not job.holds_lease(worker_id, attempt):
-                return []
-            fence: dict[str, Any] = {"workerId": worker_id, "attempt": attempt}
-            if job.abort_requested:
-                return [("job.canceled", {**fence, "reason": job.abort_reason})]
-            if status is None:
-                return [("job.completed", {**fence, "result": result})]
-            body: dict[str, Any] = {**fence, "error": error, "retryable": retryable, "status": status}
-            if result is not None:
-                body["result"] = result
-            if retryable and retry_delay_ms > 0 and job.attempt < job.max_attempts:
-                body["retryAt"] = _deadline(now, retry_delay_ms)  # only when a retry follows
-            return [("job.failed", body)]
-
-        return self._mutate(job_id, decide)
-
-    def _fenced(
-        self, job_id: str, worker_id: str, attempt: int | None, type_: EventType, extra: dict[str, Any]
-    ) -> Outcome:
-        def decide(job: Job, now: datetime) -> list[Event]:
-            if not job.holds_lease(worker_id, attempt):
-                return []
-            return [(type_, {"workerId": worker_id, "attempt": attempt, **extra})]
-
-        return self._mutate(job_id, decide)
+        """The worker's settlement, re-read under the attempt fence (``transitions.settle_holder``)."""
+        return self.mutate(
+            job_id,
+            lambda job, now: transitions.settle_holder(
+                job,
+                now,
+                worker_id,
+                attempt,
+                result=result,
+                error=error,
+                retryable=retryable,
+                status=status,
+                retry_delay_ms=retry_delay_ms,
+            ),
+        )
 
     # -- commands and cancel -----------------------------------------------------------------------
     def command(self, job_id: str, type_: str, payload: Any = None, reason: str | None = None) -> Outcome:
         """Send a queue command. A terminal job refuses commands (ConflictError)."""
         if type_ not in COMMAND_TYPES:
             raise ValidationError("type", "is not a queue command type", allowed=COMMAND_TYPES)
-
-        def decide(job: Job, now: datetime) -> list[Event]:
-            if job.terminal:
-                raise ConflictError(f"job {job_id} is {job.status}; it takes no commands")
-            self._check_command_room(job)
-            return [("queue.command", _command_body(type_, payload, reason, now))]
-
-        return self._mutate(job_id, decide)
-
-    def _at_command_cap(self, job: Job) -> bool:
-        return len(job.commands) >= self.max_commands_per_job
-
-    def _check_command_room(self, job: Job) -> None:
-        # Cancel is exempt: at the cap, a job that is not yet aborting still takes one abort (so it
-        # can always be stopped); one that is aborting takes no more.
-        if self._at_command_cap(job):
-            raise TooManyCommands(
-                f"job {job.id} already holds {len(job.commands)} queue commands, the most one job may "
-                f"hold (RECEIPT_MAX_COMMANDS_PER_JOB={self.max_commands_per_job})"
-            )
+        cap = self.max_commands_per_job
+        return self.mutate(
+            job_id,
+            lambda job, now: transitions.send_command(
+                job, now, new_id("cmd_"), type_, payload, reason, cap=cap
+            ),
+        )
 
     def consume_command(self, job_id: str, command_id: str) -> Outcome:
-        def decide(job: Job, now: datetime) -> list[Event]:
-            # A terminal job ignores consumption (the reducer's rule): write no inert receipt.
-            if job.terminal or not any(c.id == command_id and not c.consumed for c in job.commands):
-                return []
-            return [("queue.command.consumed", {"commandId": command_id})]
-
-        return self._mutate(job_id, decide)
+        return self.mutate(job_id, lambda job, now: transitions.consume_command(job, command_id))
 
     def cancel(self, job_id: str, reason: str | None = None) -> Outcome:
         """Cancel: a queued job outright; a leased/running one gets an ``abort`` command."""
-
-        def decide(job: Job, now: datetime) -> list[Event]:
-            if job.terminal:
-                raise ConflictError(f"job {job_id} is already {job.status}")
-            if job.status == "queued":
-                return [("job.canceled", {"reason": reason})]
-            if job.abort_requested and self._at_command_cap(job):
-                return []  # already aborting, and at its cap: another abort would change nothing
-            return [("queue.command", _command_body("abort", None, reason, now))]
-
-        return self._mutate(job_id, decide)
+        cap = self.max_commands_per_job
+        return self.mutate(
+            job_id, lambda job, now: transitions.cancel(job, now, new_id("cmd_"), reason, cap=cap)
+        )
 
     def cancel_queued(self, job_id: str, reason: str | None) -> Outcome:
         """Cancel a job only if it is still queued (the driver honouring ``abortRequested``)."""
-
-        def decide(job: Job, now: datetime) -> list[Event]:
-            return [("job.canceled", {"reason": reason})] if job.status == "queued" else []
-
-        return self._mutate(job_id, decide)
+        return self.mutate(job_id, lambda job, now: transitions.cancel_queued(job, reason))
 
     # -- lease expiry ------------------------------------------------------------------------------
     def expire_lease(self, job_id: str) -> Outcome:
         """Append ``job.lease_expired`` if the job's lease deadline has passed (database clock)."""
-
-        def decide(job: Job, now: datetime) -> list[Event]:
-            event = _expiry_event(job, now)
-            return [event] if event else []
-
-        return self._mutate(job_id, decide)
+        return self.mutate(job_id, transitions.expire_lease)
 
     def expire_leases(self, limit: int = 500, between: Callable[[], None] | None = None) -> list[Job]:
         """Expire every lease past its deadline; returns the jobs that were expired.
@@ -861,43 +736,6 @@ class Queue:
                 q = q.where(~delivery.in_flight(jobs.c.id, now, epoch))
             rows = conn.execute(q.order_by(since).limit(limit)).all()
         return [(Job.from_json(r.state), as_utc(r.status_changed_at)) for r in rows]
-
-
-def _deadline(now: datetime, lease_ms: int) -> str:
-    text = iso(now + timedelta(milliseconds=lease_ms))
-    assert text is not None
-    return text
-
-
-def _expiry_event(job: Job, now: datetime) -> Event | None:
-    if job.status not in LEASED_STATUSES or job.lease is None:
-        return None
-    deadline = parse_iso(job.lease.expires_at)
-    if deadline is None or deadline >= now:
-        return None
-    return (
-        "job.lease_expired",
-        {
-            "workerId": job.lease.worker_id,
-            "attempt": job.lease.attempt,
-            "expiresAt": job.lease.expires_at,
-            "error": "lease expired",
-        },
-    )
-
-
-def _command_body(
-    type_: str, payload: Any, reason: str | None, now: datetime, **extra: Any
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "commandId": new_id("cmd_"),
-        "type": type_,
-        "payload": payload,
-        "reason": reason,
-        "at": iso(now),
-    }
-    body.update(extra)
-    return body
 
 
 # A list cursor is the keyset position after a page: ``<createdAt in µs since the epoch>.<job key>``.

@@ -13,18 +13,23 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
+from app.jobs.transitions import fenced_holder
 from app.storage.db import deliveries
 from app.storage.queue import Outcome, Queue
 
 
 def complete(queue: Queue, job_id: str, worker_id: str, attempt: int, result: Any = None) -> Outcome:
     """``job.completed`` under the fence (no abort check: the raw transition)."""
-    return queue._fenced(job_id, worker_id, attempt, "job.completed", {"result": result})
+    body = {"result": result}
+    return queue.mutate(
+        job_id, lambda job, now: fenced_holder(job, worker_id, attempt, "job.completed", body)
+    )
 
 
 def settle_canceled(queue: Queue, job_id: str, worker_id: str, attempt: int, reason: str | None) -> Outcome:
     """``job.canceled`` by the lease holder: work in flight stopped after an abort."""
-    return queue._fenced(job_id, worker_id, attempt, "job.canceled", {"reason": reason})
+    body = {"reason": reason}
+    return queue.mutate(job_id, lambda job, now: fenced_holder(job, worker_id, attempt, "job.canceled", body))
 
 
 def has_active(conn: Connection, job_id: str, now: datetime) -> bool:
