@@ -245,6 +245,12 @@ EVENTS_QUERY: Schema = {
         },
     },
 }
+# The dashboard's event routes for one job or objective: the page links them with the
+# ``?organizationId=`` it was opened with (``api.auth.scoped_organization`` reads it).
+SCOPED_EVENTS_QUERY: Schema = {
+    **EVENTS_QUERY,
+    "properties": {**EVENTS_QUERY["properties"], "organizationId": SCOPE_ORGANIZATION_PARAM},
+}
 
 # A seq as decimal text, 0 .. 2**31-1 (SEQ_MAX) — the pattern spells the bound out, digit by digit.
 SEQ_TEXT_PATTERN = (

@@ -244,7 +244,7 @@ def job_events(jobId: str) -> ResponseReturnValue:
     """The API's job event stream, authenticated by the dashboard cookie instead of a Bearer token."""
     jsonbody.check_param(jobId, "jobId")
     job = visible_job(jobId)
-    query = inputs.read_query(schemas.EVENTS_QUERY)
+    query = inputs.read_query(schemas.SCOPED_EVENTS_QUERY)
     after = resume_point(query)
     st = state()
     timing = sse.Timing(

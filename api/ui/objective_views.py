@@ -113,7 +113,7 @@ def objective_events(objectiveId: str) -> ResponseReturnValue:
     receipts (``receipt``, with their seq) and its queued or running tasks' jobs changing
     (``task``, no id), so a task's job starting recolours the graph without a receipt."""
     objective = _objective(objectiveId)["objective"]  # visibility (the reader scopes) first
-    after = resume_point(inputs.read_query(schemas.EVENTS_QUERY))
+    after = resume_point(inputs.read_query(schemas.SCOPED_EVENTS_QUERY))
     st = state()
     timing = sse.Timing(
         poll_ms=st.settings.sse_poll_ms,
