@@ -29,8 +29,9 @@ from app.storage.queue import decode_cursor, encode_cursor, validate_status_filt
 blueprint = Blueprint("jobs", __name__)
 
 _JOB_PATH = {"jobId": schemas.JOB_ID_PARAM}
-# Where a created job can be followed: every operation on it, fed the id the response carries.
-_CREATED_JOB_ID = {"jobId": "$response.body#/job/id"}
+# Where a created job can be followed: every operation on it, fed the id and the organisation the
+# response carries (a system token that posted for another organisation must name it).
+_CREATED_JOB_ID = {"jobId": "$response.body#/job/id", "organizationId": "$response.body#/job/organizationId"}
 _FOLLOW_THE_JOB = {
     "GetJob": ("jobs.get_job", _CREATED_JOB_ID),
     "SendCommand": ("jobs.send_command", _CREATED_JOB_ID),

@@ -82,6 +82,8 @@ class Operation:
             statuses |= {401, 404, 503}
         if self.body is not None:
             statuses.add(413)
+        if self.scoped:
+            statuses.add(403)  # ?organizationId= naming another organisation, for a tenant token
         return sorted(statuses)
 
 

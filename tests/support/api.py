@@ -7,6 +7,7 @@ No broker: ``on_dispatchable`` is a recording list.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from werkzeug.test import TestResponse
 from api import create_app
 from api.context import EXTENSION, ApiState
 from app.config import Settings
+from app.jobs.ids import qualify
 from app.jobs.reducer import Job
 from app.storage import tokens
 from app.storage.db import receipts
@@ -29,6 +31,8 @@ from tests.support.queue_ops import closed_with_engine
 ORG_A = "org-a"
 ORG_B = "org-b"
 WORKER = "worker-1"
+# A task of the plan ``Api.objective`` launches (agent test-echo: tests.factory_support runs it).
+ONE_TASK = {"id": "A", "agentId": "test-echo", "payload": {"kind": "factory.task.run"}}
 LEASE_MS = 60_000
 
 
@@ -37,6 +41,12 @@ def json_of(response: TestResponse) -> Any:
     data = response.json
     assert data is not None, response.get_data(as_text=True)
     return data
+
+
+def key(job: Mapping[str, Any]) -> str:
+    """The storage key of a job (or objective) from its API JSON: the id its organisation knows it
+    by, qualified with that organisation. Queue and storage calls take keys; HTTP takes client ids."""
+    return qualify(job["organizationId"], job["id"])
 
 
 def auth_context(org: str = ORG_A, user: str = "user-1", **extra: Any) -> dict[str, Any]:
@@ -80,6 +90,16 @@ class Api:
         assert response.status_code == 202, response.json
         job: dict[str, Any] = json_of(response)["job"]
         return job
+
+    def objective(self, who: str = "a", **body: Any) -> dict[str, Any]:
+        """Launch an objective of one task (``body`` overrides) and return its JSON (asserting 202)."""
+        body.setdefault("title", "An objective")
+        body.setdefault("goal", "Give a job something to name")
+        body.setdefault("plan", {"tasks": [ONE_TASK]})
+        response = self.client.post("/objectives", json=body, headers=self.headers(who))
+        assert response.status_code == 202, response.json
+        objective: dict[str, Any] = json_of(response)["objective"]
+        return objective
 
     def receipt_count(self) -> int:
         with self.engine.connect() as conn:

@@ -15,7 +15,7 @@ import pytest
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from app.jobs.vocab import LANES, PAYLOAD_KINDS, SINGLETON_MODES
-from tests.support.api import Api, auth_context, json_of, payload
+from tests.support.api import Api, auth_context, json_of, key, payload
 
 ENQUEUE = "/agents/factory/jobs"
 OK = payload()
@@ -181,7 +181,7 @@ def test_broken_requests_are_4xx_json_naming_the_field_and_write_nothing(api: Ap
     assert api.receipt_count() == before
     assert len(CORPUS) >= 30
     # The job the commands and cancels aimed at is untouched.
-    stored = api.queue.get(job["id"])
+    stored = api.queue.get(key(job))
     assert stored is not None and stored.seq == 1
 
 

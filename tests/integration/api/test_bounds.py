@@ -16,7 +16,7 @@ from api.auth import Identity
 from api.limits import ENVELOPE_BYTES, KEY_PREFIX, STORAGE_RETRY_S, WriteLimit, fit, json_size
 from app.config import Settings
 from app.storage import tokens
-from tests.support.api import ORG_A, Api, build_api, json_of, make_settings, payload
+from tests.support.api import ORG_A, Api, build_api, json_of, key, make_settings, payload
 from tests.support.queue_ops import complete
 
 # -- pages capped in bytes -------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def test_a_receipts_page_over_the_byte_cap_is_cut_and_next_after_continues(small
             json={"type": "steer", "payload": BIG + str(n)},
             headers=api.headers(),
         )
-    url = f"/streams/jobs/{job['id']}/receipts"
+    url = f"/streams/{job['stream']}/receipts"
     seqs: list[int] = []
     after = 0
     while after is not None:
@@ -119,7 +119,7 @@ def test_past_the_command_cap_a_job_answers_409_too_many_commands(capped: Api) -
 def test_a_job_at_its_command_cap_can_still_be_canceled(capped: Api) -> None:
     api = capped
     job = api.job()
-    api.lease_and_start(job["id"])
+    api.lease_and_start(key(job))
     for _ in range(3):
         api.client.post(f"/jobs/{job['id']}/commands", json={"type": "follow_up"}, headers=api.headers())
     response = api.client.post(f"/jobs/{job['id']}/cancel", json={}, headers=api.headers())
@@ -156,9 +156,11 @@ def test_streams_per_token_and_per_process_are_capped_with_429(two_streams: Api,
     assert refused.status_code == 429
     assert json_of(refused)["error"]["code"] == "too_many_streams"
     assert int(refused.headers["Retry-After"]) > 0
-    # Another token still has room, up to the process's limit of three.
-    open_events(api.client, url, api.headers("system"))
-    assert api.client.get(url, headers=api.headers("system")).status_code == 429
+    # Another token still has room, up to the process's limit of three (the system token names
+    # the job's organisation).
+    system_url = f"{url}?organizationId={ORG_A}"
+    open_events(api.client, system_url, api.headers("system"))
+    assert api.client.get(system_url, headers=api.headers("system")).status_code == 429
     # Closing a stream frees its slot.
     first.close()
     assert api.state.stream_slots.open_for(_token_id(api, "a")) == 1
@@ -193,9 +195,9 @@ def test_resuming_with_last_event_id_reads_from_that_seq_not_from_1(
     from app.storage import store
 
     job = api.job()
-    attempt = api.lease_and_start(job["id"])
+    attempt = api.lease_and_start(key(job))
     for n in range(5):
-        api.queue.progress(job["id"], "worker-1", attempt, {"step": n})
+        api.queue.progress(key(job), "worker-1", attempt, {"step": n})
     reads: list[int] = []
     real = store.read_stream
 
@@ -203,7 +205,7 @@ def test_resuming_with_last_event_id_reads_from_that_seq_not_from_1(
         reads.append(after)
         return real(conn, stream, after=after, limit=limit)
 
-    complete(api.queue, job["id"], "worker-1", attempt, "done")
+    complete(api.queue, key(job), "worker-1", attempt, "done")
     # Spy from here on: settling reads the stream for the durable ledger (after commit), and that
     # read is not the follower's.
     monkeypatch.setattr(store, "read_stream", spy)
@@ -214,7 +216,7 @@ def test_resuming_with_last_event_id_reads_from_that_seq_not_from_1(
     assert caught_up.rest() == []
     assert reads and min(reads) == head  # the job follower started at its resume point
     reads.clear()
-    raw = open_events(api.client, f"/streams/jobs/{job['id']}/events", api.headers(**{"Last-Event-ID": "7"}))
+    raw = open_events(api.client, f"/streams/{job['stream']}/events", api.headers(**{"Last-Event-ID": "7"}))
     assert [f.id for f in raw.rest()] == [8, 9]
     assert min(reads) == 7
 

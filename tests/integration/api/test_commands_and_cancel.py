@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.jobs.vocab import COMMAND_TYPES
-from tests.support.api import Api, json_of
+from tests.support.api import Api, json_of, key
 from tests.support.queue_ops import complete
 
 
@@ -40,7 +40,7 @@ def test_command_type_must_be_known(api: Api) -> None:
 
 def test_command_to_terminal_job_is_409(api: Api) -> None:
     job = api.job()
-    api.queue.cancel(job["id"])
+    api.queue.cancel(key(job))
     response = api.client.post(f"/jobs/{job['id']}/commands", headers=api.headers(), json={"type": "steer"})
     assert response.status_code == 409
     assert json_of(response)["error"]["code"] == "conflict"
@@ -71,7 +71,7 @@ def test_cancel_without_a_body(api: Api) -> None:
 
 def test_cancel_running_job_sends_abort(api: Api) -> None:
     job = api.job()
-    api.lease_and_start(job["id"])
+    api.lease_and_start(key(job))
     response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers(), json={"reason": "stop"})
     assert response.status_code == 202
     got = json_of(response)["job"]
@@ -82,8 +82,8 @@ def test_cancel_running_job_sends_abort(api: Api) -> None:
 
 def test_cancel_terminal_job_is_409(api: Api) -> None:
     job = api.job()
-    attempt = api.lease_and_start(job["id"])
-    complete(api.queue, job["id"], "worker-1", attempt, None)
+    attempt = api.lease_and_start(key(job))
+    complete(api.queue, key(job), "worker-1", attempt, None)
     before = api.receipt_count()
     response = api.client.post(f"/jobs/{job['id']}/cancel", headers=api.headers())
     assert response.status_code == 409

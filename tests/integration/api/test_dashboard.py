@@ -19,7 +19,7 @@ from api.ui.objective_views import FINDER_EXTENSION
 from api.ui.objectives import find_reader
 from app.config import Settings
 from app.storage import tokens
-from tests.support.api import ORG_A, ORG_B, Api, EventReader, make_settings, payload
+from tests.support.api import ORG_A, ORG_B, Api, EventReader, key, make_settings, payload
 
 SIGNIN = "/ui/signin"
 
@@ -173,7 +173,7 @@ def test_a_form_without_the_csrf_token_changes_nothing(sqlite_api: Api) -> None:
         response = sqlite_api.client.post(f"/ui/jobs/{job['id']}/cancel", data=data)
         assert response.status_code == 403
     assert sqlite_api.receipt_count() == before
-    assert sqlite_api.queue.get(job["id"]).status == "queued"  # type: ignore[union-attr]
+    assert sqlite_api.queue.get(key(job)).status == "queued"  # type: ignore[union-attr]
 
 
 def test_a_post_from_another_origin_is_refused(sqlite_api: Api) -> None:
@@ -212,8 +212,8 @@ def test_cancel_a_queued_job(api: Api) -> None:
     sign_in(api)
     response = api.client.post(f"/ui/jobs/{job['id']}/cancel", data={"csrf": csrf_of(api), "reason": "no"})
     assert response.status_code == 303
-    assert response.headers["Location"] == f"/ui/jobs/{job['id']}?done=cancel"
-    canceled = api.queue.get(job["id"])
+    assert response.headers["Location"] == f"/ui/jobs/{job['id']}?organizationId={ORG_A}&done=cancel"
+    canceled = api.queue.get(key(job))
     assert canceled is not None and canceled.status == "canceled"
     page = text(api.client.get(response.headers["Location"]))
     assert "Cancel sent" in page
@@ -222,10 +222,10 @@ def test_cancel_a_queued_job(api: Api) -> None:
 
 def test_cancel_a_running_job_sends_abort(api: Api) -> None:
     job = api.job()
-    api.lease_and_start(job["id"])
+    api.lease_and_start(key(job))
     sign_in(api)
     api.client.post(f"/ui/jobs/{job['id']}/cancel", data={"csrf": csrf_of(api)})
-    running = api.queue.get(job["id"])
+    running = api.queue.get(key(job))
     assert running is not None
     assert running.status == "running" and running.abort_requested
     assert [c.type for c in running.commands] == ["abort"]
@@ -233,7 +233,7 @@ def test_cancel_a_running_job_sends_abort(api: Api) -> None:
 
 def test_cancel_a_terminal_job_is_a_409_page(sqlite_api: Api) -> None:
     job = sqlite_api.job()
-    sqlite_api.queue.cancel(job["id"])
+    sqlite_api.queue.cancel(key(job))
     sign_in(sqlite_api)
     response = sqlite_api.client.post(f"/ui/jobs/{job['id']}/cancel", data={"csrf": csrf_of(sqlite_api)})
     assert response.status_code == 409
@@ -249,7 +249,7 @@ def test_steer_and_follow_up_go_through_the_command_schema(sqlite_api: Api) -> N
     assert ok.status_code == 303
     follow = sqlite_api.client.post(url, data={"csrf": csrf, "type": "follow_up", "reason": "more"})
     assert follow.status_code == 303
-    commands = sqlite_api.queue.get(job["id"]).commands  # type: ignore[union-attr]
+    commands = sqlite_api.queue.get(key(job)).commands  # type: ignore[union-attr]
     assert [(c.type, c.payload, c.reason) for c in commands] == [
         ("steer", {"say": "left"}, None),
         ("follow_up", None, "more"),
@@ -294,6 +294,16 @@ def test_another_organisations_job_is_the_same_404_as_an_unknown_one(api: Api) -
     assert widened.status_code == 403
     assert theirs["id"] not in text(widened)
     assert api.client.get(f"/ui/jobs?org={ORG_B}").status_code == 200
+    # Nor can it name A's organisation on a job's page (a system identity's right only).
+    for path in ("", "/fragment", "/events"):
+        named = api.client.get(f"/ui/jobs/{theirs['id']}{path}?organizationId={ORG_A}")
+        assert named.status_code == 403, path
+        assert "alpha-plan" not in text(named)
+    named_cancel = api.client.post(
+        f"/ui/jobs/{theirs['id']}/cancel?organizationId={ORG_A}", data={"csrf": csrf}
+    )
+    assert named_cancel.status_code == 403
+    assert api.receipt_count() == before
 
 
 def test_a_system_token_sees_every_organisation_and_can_narrow(sqlite_api: Api) -> None:
@@ -304,7 +314,13 @@ def test_a_system_token_sees_every_organisation_and_can_narrow(sqlite_api: Api) 
     assert a["id"] in listing and b["id"] in listing
     only_b = text(sqlite_api.client.get(f"/ui/jobs?org={ORG_B}"))
     assert b["id"] in only_b and a["id"] not in only_b
-    assert sqlite_api.client.get(f"/ui/jobs/{a['id']}").status_code == 200
+    # Each row links to its job in the job's organisation; the page names it, or acts in the
+    # system token's own organisation (where A's id is unknown).
+    link = f"/ui/jobs/{a['id']}?organizationId={ORG_A}"
+    assert f'href="{link}"' in listing
+    page = sqlite_api.client.get(link)
+    assert page.status_code == 200 and 'data-testid="job-status">queued<' in text(page)
+    assert sqlite_api.client.get(f"/ui/jobs/{a['id']}").status_code == 404
 
 
 # -- the list: filters, counts, paging ---------------------------------------------------------
@@ -320,7 +336,7 @@ def test_filters_combine_and_counts_ignore_the_status_filter(sqlite_api: Api) ->
     control = sqlite_api.job(agent="factory-control", jobId="alpha-3")
     # Integration kinds run commands (issue 10): the system token posts it, for organisation a.
     integration = sqlite_api.job("system", jobId="gamma-4", payload=payload("factory.integration.publish"))
-    sqlite_api.queue.cancel(control["id"])
+    sqlite_api.queue.cancel(key(control))
     sign_in(sqlite_api)
     get = sqlite_api.client.get
     assert set(_rows(get("/ui/jobs"))) == {"alpha-1", "beta-2", "alpha-3", "gamma-4"}
@@ -376,13 +392,13 @@ def test_paging_walks_every_job_once(sqlite_api: Api) -> None:
 
 def test_job_page_shows_the_timeline_with_attempts_workers_and_the_error(api: Api) -> None:
     job = api.job(maxAttempts=1)
-    attempt = api.lease_and_start(job["id"])
-    api.queue.progress(job["id"], "worker-1", attempt, {"step": 1})
-    api.queue.heartbeat(job["id"], "worker-1", attempt, 60_000)
-    api.queue.heartbeat(job["id"], "worker-1", attempt, 60_000)
-    api.queue.heartbeat(job["id"], "someone-else", attempt, 60_000)  # inert: not the lease holder
-    api.queue.command(job["id"], "steer", {"go": "left"}, "why not")
-    api.queue.fail(job["id"], "worker-1", attempt, "boom: disk full", retryable=False)
+    attempt = api.lease_and_start(key(job))
+    api.queue.progress(key(job), "worker-1", attempt, {"step": 1})
+    api.queue.heartbeat(key(job), "worker-1", attempt, 60_000)
+    api.queue.heartbeat(key(job), "worker-1", attempt, 60_000)
+    api.queue.heartbeat(key(job), "someone-else", attempt, 60_000)  # inert: not the lease holder
+    api.queue.command(key(job), "steer", {"go": "left"}, "why not")
+    api.queue.fail(key(job), "worker-1", attempt, "boom: disk full", retryable=False)
     sign_in(api)
     page = text(api.client.get(f"/ui/jobs/{job['id']}"))
     types = re.findall(r'data-type="([^"]+)"', page)
@@ -406,14 +422,14 @@ def test_job_page_shows_the_timeline_with_attempts_workers_and_the_error(api: Ap
 
 def test_an_inert_receipt_is_marked(sqlite_api: Api) -> None:
     job = sqlite_api.job()
-    attempt = sqlite_api.lease_and_start(job["id"])
+    attempt = sqlite_api.lease_and_start(key(job))
     # A heartbeat from a superseded worker appends nothing through the queue, so write one
     # directly the way a late message from a lost attempt would have been recorded.
     from app.storage import store
     from app.storage.db import transaction
 
     with transaction(sqlite_api.engine) as conn:
-        head = store.head(conn, f"jobs/{job['id']}")
+        head = store.head(conn, job["stream"])
         assert head is not None
         store.append(
             conn,
@@ -430,17 +446,18 @@ def test_an_inert_receipt_is_marked(sqlite_api: Api) -> None:
 
 
 def test_a_task_job_links_to_its_objective(sqlite_api: Api) -> None:
+    sqlite_api.objective(objectiveId="obj-9")
     job = sqlite_api.job(payload=payload("factory.task.run", objectiveId="obj-9", taskId="build"))
     sign_in(sqlite_api)
     page = text(sqlite_api.client.get(f"/ui/jobs/{job['id']}"))
-    assert 'href="/ui/objectives/obj-9"' in page and "task build" in page
+    assert f'href="/ui/objectives/obj-9?organizationId={ORG_A}"' in page and "task build" in page
 
 
 def test_payload_secrets_are_hidden(sqlite_api: Api) -> None:
     job = sqlite_api.job(
         payload=payload(apiKey="sk-live-123456", nested={"password": "hunter2", "ok": "visible-value"})
     )
-    sqlite_api.queue.command(job["id"], "steer", {"access_token": "tok-999"}, None)
+    sqlite_api.queue.command(key(job), "steer", {"access_token": "tok-999"}, None)
     sign_in(sqlite_api)
     page = text(sqlite_api.client.get(f"/ui/jobs/{job['id']}"))
     for secret in ("sk-live-123456", "hunter2", "tok-999"):
@@ -456,9 +473,9 @@ def test_job_page_for_a_live_job_follows_it(sqlite_api: Api, open_events: Any) -
     match = re.search(r'data-events-url="([^"]+)"', page)
     assert match
     url = match.group(1).replace("&amp;", "&")
-    assert url == f"/ui/jobs/{job['id']}/events?after=1"
+    assert url == f"/ui/jobs/{job['id']}/events?organizationId={ORG_A}&after=1"
     reader: EventReader = open_events(sqlite_api.client, url, {})
-    sqlite_api.queue.cancel(job["id"])
+    sqlite_api.queue.cancel(key(job))
     frame = reader.next_event()
     assert frame is not None and frame.event == "job"
     assert frame.data["status"] == "canceled"

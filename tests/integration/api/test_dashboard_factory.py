@@ -63,6 +63,11 @@ def test_objective_pages_show_the_factorys_objectives(api: Api) -> None:
     assert 'data-task-id="D" data-status="pending"' in body
     assert api.client.get("/ui/objectives/obj-dash-b").status_code == 404
     assert api.client.get("/ui/objectives/obj-dash-b/events").status_code == 404
+    # A system token lists every organisation's; one page acts in the organisation it names.
     sign_in(api, "system")
-    assert api.client.get("/ui/objectives/obj-dash-b").status_code == 200
-    assert "obj-dash-a" in text(api.client.get("/ui/objectives"))
+    assert api.client.get("/ui/objectives/obj-dash-b").status_code == 404
+    named = api.client.get(f"/ui/objectives/obj-dash-b?organizationId={ORG_B}")
+    assert named.status_code == 200 and text(named).count('class="node task-') == 4
+    listing_all = text(api.client.get("/ui/objectives"))
+    assert f'href="/ui/objectives/obj-dash-a?organizationId={ORG_A}"' in listing_all
+    assert f'href="/ui/objectives/obj-dash-b?organizationId={ORG_B}"' in listing_all

@@ -22,7 +22,7 @@ from api.ui.objective_views import FINDER_EXTENSION
 from app.storage import store
 from app.storage.db import transaction
 from tests.integration.api.test_dashboard_system import FakeReader
-from tests.support.api import ORG_A, Api
+from tests.support.api import ORG_A, Api, key
 from tests.support.databases import IN_CI
 from tests.support.processes import REPO_ROOT
 from tests.unit.test_ui_graph import objective, task
@@ -30,6 +30,7 @@ from tests.unit.test_ui_graph import objective, task
 CHROMIUM = os.environ.get("RECEIPT_TEST_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "dashboard"
 WAIT_MS = 30_000
+STREAM = f"objectives/{ORG_A}/obj-1"
 
 if not shutil.which(CHROMIUM):
     if IN_CI:
@@ -51,6 +52,10 @@ def release_plan() -> dict[str, Any]:
         task("release", "unit-tests", "lint", "integration", "docs", status="pending"),
     )
     plan.update(title="Release 2.0", goal="Build, check and document 2.0, then publish it.")
+    # GET /objectives/<id> names the organisation and the streams the page follows.
+    plan.update(organizationId=ORG_A, stream=STREAM)
+    for t in plan["tasks"]:
+        t["jobStream"] = f"jobs/{ORG_A}/{t['jobId']}" if t.get("jobId") else None
     return plan
 
 
@@ -89,8 +94,8 @@ def test_the_task_graph_is_drawn_and_recoloured_live(
     sqlite_api: Api, served: tuple[str, MutableReader]
 ) -> None:
     base, reader = served
-    _append(sqlite_api, "objectives/obj-1", "objective.launched", {"objectiveId": "obj-1"})
-    docs_job = sqlite_api.job(jobId="obj-1:1:docs")["id"]  # the queued task "docs" has its job
+    _append(sqlite_api, STREAM, "objective.launched", {"objectiveId": "obj-1"})
+    docs_job = key(sqlite_api.job(jobId="obj-1:1:docs"))  # the queued task "docs" has its job
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
@@ -102,6 +107,8 @@ def test_the_task_graph_is_drawn_and_recoloured_live(
             page.fill("#token", sqlite_api.secrets["a"])
             page.click("button[type=submit]")
             page.wait_for_url("**/ui/objectives/obj-1")
+            link = page.locator('g[data-task-id="docs"] a').get_attribute("href")
+            assert link == f"/ui/jobs/obj-1:1:docs?organizationId={ORG_A}"
             nodes = page.locator("svg.graph g.node")
             assert nodes.count() == 7
             assert page.locator("svg.graph path.edge").count() == 9
@@ -118,7 +125,7 @@ def test_the_task_graph_is_drawn_and_recoloured_live(
 
             page.evaluate("window.__noReload = 'still-here'")
             reader.set_status("unit-tests", "completed")
-            _append(sqlite_api, "objectives/obj-1", "objective.task_settled", {"taskId": "unit-tests"})
+            _append(sqlite_api, STREAM, "objective.task_settled", {"taskId": "unit-tests"})
             page.locator('g[data-task-id="unit-tests"][data-status="completed"]').wait_for()
             assert page.evaluate("window.__noReload") == "still-here"
             fill = page.locator('g[data-task-id="unit-tests"] rect').get_attribute("fill")

@@ -23,7 +23,7 @@ from app.jobs.vocab import WORKER_GROUPS
 from app.storage import delivery, loops, overview
 from app.storage.db import db_now, transaction
 from tests.integration.api.test_dashboard import sign_in, text
-from tests.support.api import ORG_A, ORG_B, Api, build_api, make_settings, payload
+from tests.support.api import ORG_A, ORG_B, Api, build_api, key, make_settings, payload
 from tests.unit.test_ui_graph import DIAMOND
 
 AGENTS = ("codex", "factory-control", "factory", "someone-else")
@@ -36,7 +36,7 @@ def test_the_worker_group_filter_is_exactly_the_routing_rule(api: Api) -> None:
         for kind in KINDS:
             # A system token: codex task runs need the `commands` scope (issue 8).
             job = api.job("system", agent=agent, payload=payload(kind))
-            expected[worker_group_for(agent, kind)].add(job["id"])
+            expected[worker_group_for(agent, kind)].add(key(job))
     scope = overview.Scope(ORG_A)
     with api.engine.connect() as conn:
         for group in WORKER_GROUPS:
@@ -49,7 +49,7 @@ def test_status_counts_are_scoped(api: Api) -> None:
     api.job("a")
     api.job("a")
     canceled = api.job("b")
-    api.queue.cancel(canceled["id"])
+    api.queue.cancel(key(canceled))
     with api.engine.connect() as conn:
         mine = overview.status_counts(conn, overview.Scope(ORG_A), overview.JobFilter())
         everyone = overview.status_counts(conn, overview.Scope(None, True), overview.JobFilter())
@@ -62,22 +62,22 @@ def test_status_counts_are_scoped(api: Api) -> None:
 
 
 def _expire_one(api: Api) -> str:
-    job = api.job()
-    assert api.queue.lease(job["id"], "w-dead", 1).applied
+    job_key = key(api.job())
+    assert api.queue.lease(job_key, "w-dead", 1).applied
     deadline = time.monotonic() + 30
-    while not api.queue.expire_lease(job["id"]).applied:
+    while not api.queue.expire_lease(job_key).applied:
         assert time.monotonic() < deadline, "the 1 ms lease never expired"
         time.sleep(0.01)
-    return str(job["id"])
+    return job_key
 
 
 def test_recent_events_count_expiries_and_redrives_in_the_window(api: Api) -> None:
     _expire_one(api)
-    job = api.job()
+    job_key = key(api.job())
     with transaction(api.engine) as conn:
         now = db_now(conn)
-        delivery.begin(conn, job["id"], delivery.redrive_key(job["id"], 1, "queued"), now, 120_000)
-        delivery.begin(conn, job["id"], job["id"], now, 120_000)  # an ordinary start: not a redrive
+        delivery.begin(conn, job_key, delivery.redrive_key(job_key, 1, "queued"), now, 120_000)
+        delivery.begin(conn, job_key, job_key, now, 120_000)  # an ordinary start: not a redrive
     with api.engine.connect() as conn:
         recent = overview.recent_events(conn, window=timedelta(hours=1))
         empty = overview.recent_events(conn, window=timedelta(microseconds=1))
@@ -228,8 +228,16 @@ class FakeReader:
 
 
 def _with_reader(api: Api) -> None:
-    other = {**DIAMOND, "id": "obj-b", "title": "Theirs", "status": "completed"}
-    reader = FakeReader([(ORG_A, DIAMOND), (ORG_B, other)])
+    mine = {**DIAMOND, "organizationId": ORG_A, "stream": f"objectives/{ORG_A}/obj-1"}
+    other = {
+        **DIAMOND,
+        "id": "obj-b",
+        "organizationId": ORG_B,
+        "stream": f"objectives/{ORG_B}/obj-b",
+        "title": "Theirs",
+        "status": "completed",
+    }
+    reader = FakeReader([(ORG_A, mine), (ORG_B, other)])
     api.app.extensions[FINDER_EXTENSION] = lambda engine: reader
 
 
@@ -245,7 +253,7 @@ def test_objective_list_and_graph_page(sqlite_api: Api) -> None:
     assert 'data-task-id="B" data-status="running"' in page
     assert 'fill="#fde8e8"' in page  # C failed, drawn in the failed colour
     assert page.count('class="edge') == 4
-    assert 'href="/ui/jobs/obj-1:1:A"' in page
+    assert f'href="/ui/jobs/obj-1:1:A?organizationId={ORG_A}"' in page
     assert "data-events-url" in page  # an active objective follows its stream
 
 
@@ -256,8 +264,14 @@ def test_another_organisations_objective_is_not_found(sqlite_api: Api) -> None:
         response = sqlite_api.client.get(path)
         assert response.status_code == 404, path
     assert "Theirs" not in text(sqlite_api.client.get("/ui/objectives/obj-b"))
+    # A system token acts in its own organisation unless the page names another.
     sign_in(sqlite_api, "system")
-    assert sqlite_api.client.get("/ui/objectives/obj-b").status_code == 200
+    assert sqlite_api.client.get("/ui/objectives/obj-b").status_code == 404
+    named = sqlite_api.client.get(f"/ui/objectives/obj-b?organizationId={ORG_B}")
+    assert named.status_code == 200 and "Theirs" in text(named)
+    assert f'href="/ui/objectives/obj-b?organizationId={ORG_B}"' in text(
+        sqlite_api.client.get("/ui/objectives")
+    )
 
 
 def test_a_bad_objective_status_filter_is_a_400(sqlite_api: Api) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from app.jobs.ids import SYSTEM_ORGANIZATION
 from app.jobs.vocab import PAYLOAD_KINDS
-from tests.support.api import ORG_A, ORG_B, Api, auth_context, json_of, payload
+from tests.support.api import ORG_A, ORG_B, Api, auth_context, json_of, key, payload
 
 
 def test_enqueue_returns_202_with_job_route_and_async_block(api: Api) -> None:
@@ -24,7 +25,8 @@ def test_enqueue_returns_202_with_job_route_and_async_block(api: Api) -> None:
     assert job["commands"] == []
     assert job["result"] is None and job["error"] is None
     assert job["createdAt"] and job["updatedAt"]
-    assert job["stream"] == f"jobs/{job['id']}"
+    assert job["organizationId"] == ORG_A
+    assert job["stream"] == f"jobs/{ORG_A}/{job['id']}"
     assert job["payload"] == payload()
     # factory.run posted to agent "factory": the chat group, and the kind contract agrees or not.
     assert set(job["route"]) == {"workerGroup", "queue", "contractWorkerGroup", "agreesWithContract"}
@@ -32,13 +34,13 @@ def test_enqueue_returns_202_with_job_route_and_async_block(api: Api) -> None:
     assert job["route"]["queue"] == "receipt-chat"
     assert body["async"] == {
         "jobId": job["id"],
-        "stream": f"jobs/{job['id']}",
+        "stream": f"jobs/{ORG_A}/{job['id']}",
         "jobEventsUrl": f"/jobs/{job['id']}/events",
-        "receiptEventsUrl": f"/streams/jobs/{job['id']}/events",
+        "receiptEventsUrl": f"/streams/{job['stream']}/events",
         "status": "queued",
     }
     assert response.headers["Location"] == f"/jobs/{job['id']}"
-    assert [j.id for j in api.woken] == [job["id"]]
+    assert [j.id for j in api.woken] == [key(job)]
 
 
 def test_defaults_and_clamping(api: Api) -> None:
@@ -53,7 +55,10 @@ def test_defaults_and_clamping(api: Api) -> None:
 def test_routing_is_agent_first(api: Api) -> None:
     codex = api.job(agent="codex")
     assert codex["route"]["workerGroup"] == "codex"
-    control = api.job(agent="factory-control", payload=payload("factory.objective.control"))
+    objective = api.objective()
+    control = api.job(
+        agent="factory-control", payload=payload("factory.objective.control", objectiveId=objective["id"])
+    )
     assert control["route"]["queue"] == "receipt-control"
     # Integration kinds run commands (issue 10): the system token may post them.
     integration = api.job("system", agent="factory", payload=payload("factory.integration.publish"))
@@ -99,22 +104,29 @@ def test_repost_same_job_id_returns_existing_job_unchanged(api: Api) -> None:
     assert api.receipt_count() == before
 
 
-def test_same_job_id_from_another_organisation_is_409_and_reveals_nothing(api: Api) -> None:
-    api.job(jobId="shared-id", sessionKey="secret-session", payload=payload(secret="s3cr3t"))
+def test_same_job_id_from_another_organisation_is_its_own_job_and_reveals_nothing(api: Api) -> None:
+    mine = api.job(jobId="shared-id", sessionKey="secret-session", payload=payload(secret="s3cr3t"))
     before = api.receipt_count()
     response = api.enqueue("b", jobId="shared-id")
-    assert response.status_code == 409
-    error = json_of(response)["error"]
-    assert error["code"] == "job_id_unavailable"
+    assert response.status_code == 202
+    theirs = json_of(response)["job"]
+    assert (theirs["id"], theirs["organizationId"], theirs["stream"]) == (
+        "shared-id",
+        ORG_B,
+        f"jobs/{ORG_B}/shared-id",
+    )
+    assert theirs["payload"] == payload(org=ORG_B) and theirs["sessionKey"] is None
     text = response.get_data(as_text=True)
-    for leak in ("queued", "factory", "secret", ORG_A, "s3cr3t", "createdAt", "jobs/"):
+    for leak in ("secret-session", ORG_A, "s3cr3t"):
         assert leak not in text
-    assert api.receipt_count() == before
-    # The same refusal whether the other job is queued or finished.
-    api.queue.cancel("shared-id")
+    assert api.receipt_count() == before + 1
+    # A's job is untouched, and B's stays B's whether A's is queued or finished.
+    assert json_of(api.client.get("/jobs/shared-id", headers=api.headers()))["job"] == mine
+    api.queue.cancel(key(mine))
     again = api.enqueue("b", jobId="shared-id")
-    assert again.status_code == 409
-    assert again.get_data() == response.get_data()
+    assert again.status_code == 202
+    assert json_of(again)["job"] == theirs
+    assert json_of(api.client.get("/jobs/shared-id", headers=api.headers("b")))["job"] == theirs
 
 
 def test_singleton_steer_returns_the_steered_job(api: Api) -> None:
@@ -141,12 +153,12 @@ def test_singleton_steer_does_not_cross_organisations(api: Api) -> None:
 def test_singleton_cancel_stops_queued_and_aborts_running(api: Api) -> None:
     queued = api.job(sessionKey="k")
     running = api.job(sessionKey="k")
-    api.lease_and_start(running["id"])
+    api.lease_and_start(key(running))
     new = api.job(sessionKey="k", singletonMode="cancel")
     assert new["status"] == "queued"
-    canceled = api.queue.get(queued["id"])
+    canceled = api.queue.get(key(queued))
     assert canceled is not None and canceled.status == "canceled"
-    aborted = api.queue.get(running["id"])
+    aborted = api.queue.get(key(running))
     assert aborted is not None and aborted.abort_requested and aborted.status == "running"
 
 
@@ -177,16 +189,21 @@ def test_watchdog_is_system_only_and_needs_no_authcontext(api: Api) -> None:
     assert refused_with_ctx.status_code == 403
     job = api.job("system", agent="factory-control", payload=watchdog)
     assert job["payload"] == watchdog
+    assert job["organizationId"] == SYSTEM_ORGANIZATION
     # An organisation never sees a job that belongs to no organisation.
     assert api.client.get(f"/jobs/{job['id']}", headers=api.headers("a")).status_code == 404
 
 
-def test_system_repost_for_a_different_organisation_is_409(api: Api) -> None:
-    api.job(jobId="sys-1")
-    assert api.enqueue("system", jobId="sys-1", payload=payload(org=ORG_B)).status_code == 409
+def test_system_repost_for_a_different_organisation_is_that_organisations_job(api: Api) -> None:
+    first = api.job(jobId="sys-1")
+    other = api.job("system", jobId="sys-1", payload=payload(org=ORG_B))
+    assert (other["id"], other["organizationId"]) == ("sys-1", ORG_B)
+    assert key(other) != key(first)
+    count = api.receipt_count()
     same = api.enqueue("system", jobId="sys-1", payload=payload(org=ORG_A))
     assert same.status_code == 202
-    assert json_of(same)["job"]["id"] == "sys-1"
+    assert json_of(same)["job"] == first
+    assert api.receipt_count() == count
 
 
 def test_trailing_newline_job_id_is_refused(api: Api) -> None:

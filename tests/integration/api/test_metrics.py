@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.storage import loops
-from tests.support.api import LEASE_MS, WORKER, Api, build_api, make_settings
+from tests.support.api import LEASE_MS, WORKER, Api, build_api, key, make_settings
 
 SCRAPE_SECRET = "scrape-secret-for-tests"
 
@@ -42,9 +42,9 @@ def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
 def test_counters_histograms_and_job_gauges_move_after_a_few_jobs(metrics_api: Api) -> None:
     api = metrics_api
     before = scrape(api, SCRAPE_SECRET)
-    done = api.job(agent="factory")["id"]
-    failed = api.job(agent="factory", maxAttempts=1)["id"]
-    queued = api.job(agent="codex", lane="chat")["id"]
+    done = key(api.job(agent="factory"))
+    failed = key(api.job(agent="factory", maxAttempts=1))
+    queued = key(api.job(agent="codex", lane="chat"))
     attempt = api.lease_and_start(done)
     assert api.queue.settle_attempt(done, WORKER, attempt, result={"ok": True}).applied
     attempt = api.lease_and_start(failed)
@@ -73,14 +73,14 @@ def test_counters_histograms_and_job_gauges_move_after_a_few_jobs(metrics_api: A
 
 def test_lease_expiry_is_counted(metrics_api: Api) -> None:
     api = metrics_api
-    job_id = api.job(agent="factory")["id"]
+    job_id = key(api.job(agent="factory"))
     assert api.queue.lease(job_id, WORKER, 1).applied  # a 1 ms lease: expired at once
     before = scrape(api, SCRAPE_SECRET)
     expired = api.queue.expire_leases()
     assert [j.id for j in expired] == [job_id]
     after = scrape(api, SCRAPE_SECRET)
-    key = ("receipt_lease_expiries_total", (("group", "chat"),))
-    assert after.get(key, 0) - before.get(key, 0) == 1
+    expiries = ("receipt_lease_expiries_total", (("group", "chat"),))
+    assert after.get(expiries, 0) - before.get(expiries, 0) == 1
     assert LEASE_MS  # the ordinary lease of the other tests, for contrast
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from app.factory.vocab import MAX_PLAN_TASKS
+from app.jobs.ids import qualify
 from app.storage import tokens
 from receipt.client import apply_objective_event
 from tests.factory_support import DIAMOND, HOLD, drain, plan
@@ -29,6 +30,8 @@ def test_launch_answers_202_with_the_objective_and_where_to_follow_it(api: Api) 
     obj = data["objective"]
     assert set(obj) == {
         "id",
+        "organizationId",
+        "stream",
         "title",
         "goal",
         "status",
@@ -39,8 +42,8 @@ def test_launch_answers_202_with_the_objective_and_where_to_follow_it(api: Api) 
         "createdAt",
         "updatedAt",
     }
-    assert (obj["id"], obj["status"], obj["phase"], obj["failurePolicy"]) == (
-        "obj-1",
+    assert (obj["id"], obj["organizationId"], obj["stream"]) == ("obj-1", ORG_A, f"objectives/{ORG_A}/obj-1")
+    assert (obj["status"], obj["phase"], obj["failurePolicy"]) == (
         "active",
         1,
         "failFast",
@@ -53,6 +56,7 @@ def test_launch_answers_202_with_the_objective_and_where_to_follow_it(api: Api) 
         "dependsOn",
         "status",
         "jobId",
+        "jobStream",
         "attempt",
         "result",
         "error",
@@ -60,15 +64,23 @@ def test_launch_answers_202_with_the_objective_and_where_to_follow_it(api: Api) 
     }
     assert data["async"] == {
         "objectiveId": "obj-1",
-        "stream": "objectives/obj-1",
+        "stream": f"objectives/{ORG_A}/obj-1",
         "eventsUrl": "/objectives/obj-1/events",
     }
-    # The same objectiveId returns the existing objective unchanged; another organisation gets 409.
+    # The same objectiveId returns the existing objective unchanged; in another organisation it is
+    # that organisation's own objective.
     count = api.receipt_count()
     again = launch(api, objectiveId="obj-1", title="Other title")
     assert again["objective"]["title"] == "Ship it" and api.receipt_count() == count
-    r = api.client.post("/objectives", json=body(objectiveId="obj-1"), headers=api.headers("b"))
-    assert r.status_code == 409 and json_of(r)["error"]["code"] == "objective_id_unavailable"
+    theirs = launch(api, "b", objectiveId="obj-1", title="Theirs")["objective"]
+    assert (theirs["id"], theirs["organizationId"], theirs["stream"], theirs["title"]) == (
+        "obj-1",
+        ORG_B,
+        f"objectives/{ORG_B}/obj-1",
+        "Theirs",
+    )
+    mine = json_of(api.client.get("/objectives/obj-1", headers=api.headers()))["objective"]
+    assert (mine["organizationId"], mine["title"]) == (ORG_A, "Ship it")
 
 
 def test_an_objective_runs_to_completion_and_get_shows_every_task(api: Api) -> None:
@@ -80,25 +92,31 @@ def test_an_objective_runs_to_completion_and_get_shows_every_task(api: Api) -> N
     assert obj["status"] == "completed"
     assert {t["status"] for t in obj["tasks"]} == {"completed"}
     d = obj["tasks"][3]
-    assert d["jobId"] == f"{oid}:p1:D" and d["attempt"] == 1 and set(d["result"]["inputs"]) == {"B", "C"}
+    assert d["jobId"] == f"{oid}:p1:D" and d["jobStream"] == f"jobs/{ORG_A}/{oid}:p1:D"
+    assert d["attempt"] == 1 and set(d["result"]["inputs"]) == {"B", "C"}
     assert obj["audit"]["tasksByStatus"] == {"completed": 4}
 
 
 def test_another_organisation_sees_nothing(api: Api) -> None:
-    oid = launch(api)["objective"]["id"]
+    launched = launch(api)["objective"]
+    oid, stream = launched["id"], launched["stream"]
     unknown = api.client.get("/objectives/nope", headers=api.headers("b"))
-    for path in (f"/objectives/{oid}", f"/streams/objectives/{oid}/receipts", f"/objectives/{oid}/events"):
+    for path in (f"/objectives/{oid}", f"/streams/{stream}/receipts", f"/objectives/{oid}/events"):
         r = api.client.get(path, headers=api.headers("b"))
         assert r.status_code == 404 and json_of(r) == json_of(unknown), path
     assert api.client.post(f"/objectives/{oid}/cancel", json={}, headers=api.headers("b")).status_code == 404
     assert json_of(api.client.get("/objectives", headers=api.headers("b")))["objectives"] == []
-    mine = api.client.get(f"/streams/objectives/{oid}/receipts", headers=api.headers("a"))
+    mine = api.client.get(f"/streams/{stream}/receipts", headers=api.headers("a"))
     assert mine.status_code == 200
     assert [r["type"] for r in json_of(mine)["receipts"]][:2] == [
         "objective.launched",
         "objective.control_requested",
     ]
-    assert api.client.get(f"/objectives/{oid}", headers=api.headers("system")).status_code == 200
+    # A system token acts in its own organisation unless it names another.
+    system = api.headers("system")
+    assert api.client.get(f"/objectives/{oid}", headers=system).status_code == 404
+    named = api.client.get(f"/objectives/{oid}?organizationId={ORG_A}", headers=system)
+    assert named.status_code == 200 and json_of(named)["objective"]["organizationId"] == ORG_A
 
 
 def test_list_pages_newest_first_and_filters_by_status(api: Api) -> None:
@@ -297,7 +315,7 @@ def test_events_show_a_task_whose_job_starts_running(api: Api, open_events: Any)
     reader = open_events(api.client, f"/objectives/{oid}/events", api.headers())
     snapshot = reader.next_event()
     assert [t["status"] for t in snapshot.data["tasks"]] == ["queued", "queued"]
-    job_a = snapshot.data["tasks"][0]["jobId"]
+    job_a = qualify(ORG_A, snapshot.data["tasks"][0]["jobId"])
     api.lease_and_start(job_a)  # no objective receipt: only the job's stream moves
     frame = reader.next_event()
     assert frame.event == "task" and frame.id is None  # no id: the resume point stays put

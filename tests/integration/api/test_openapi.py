@@ -13,7 +13,7 @@ from referencing import Registry, Resource
 from api import schemas
 from api.openapi import _as_documented
 from app.jobs.vocab import COMMAND_TYPES, LANES, PAYLOAD_KINDS, SINGLETON_MODES, STATUSES
-from tests.support.api import WORKER, Api, json_of
+from tests.support.api import WORKER, Api, json_of, key
 
 
 @pytest.fixture
@@ -93,8 +93,8 @@ def test_real_responses_match_their_documented_schemas(sqlite_api: Api, document
     ).json
     check(created, "EnqueueResponse")
     assert created is not None
-    job_id = created["job"]["id"]
-    attempt = sqlite_api.lease_and_start(job_id)
+    job_id, job_key, stream = created["job"]["id"], key(created["job"]), created["job"]["stream"]
+    attempt = sqlite_api.lease_and_start(job_key)
     sqlite_api.client.post(f"/jobs/{job_id}/commands", headers=h, json={"type": "steer", "payload": [1]})
     steered = sqlite_api.client.post(
         "/agents/factory/jobs",
@@ -106,10 +106,10 @@ def test_real_responses_match_their_documented_schemas(sqlite_api: Api, document
         },
     ).json
     check(steered, "EnqueueResponse")
-    sqlite_api.queue.fail(job_id, WORKER, attempt, {"message": "x"}, retryable=False)
+    sqlite_api.queue.fail(job_key, WORKER, attempt, {"message": "x"}, retryable=False)
     check(sqlite_api.client.get(f"/jobs/{job_id}", headers=h).json, "JobResponse")
     check(sqlite_api.client.get("/jobs", headers=h).json, "JobPage")
-    check(sqlite_api.client.get(f"/streams/jobs/{job_id}/receipts", headers=h).json, "ReceiptPage")
+    check(sqlite_api.client.get(f"/streams/{stream}/receipts", headers=h).json, "ReceiptPage")
     check(sqlite_api.client.get("/readyz", headers=h).json, "Ready")
     check(sqlite_api.client.get("/healthz").json, "Health")
     check(sqlite_api.client.get("/jobs/nope", headers=h).json, "Error")
@@ -223,10 +223,16 @@ def test_enqueue_links_lead_to_every_operation_on_the_created_job(document: dict
     targets = set()
     for name, link in links.items():
         assert link["operationId"] in operation_ids, name
-        path, _ = operation_ids[link["operationId"]]
-        # Each parameter the link fills is one of the target's path parameters, from the response body.
+        path, op = operation_ids[link["operationId"]]
+        # Each parameter the link fills is one the target declares, from the response body; a route
+        # naming the job by its id is also told its organisation (a system token may have posted it
+        # for another).
+        declared = {p["name"]: p["in"] for p in op.get("parameters", [])}
         for param, expression in link["parameters"].items():
-            assert "{" + param + "}" in path and expression.startswith("$response.body#/job/"), name
+            assert param in declared and expression.startswith("$response.body#/job/"), (name, param)
+        if "{jobId}" in path:
+            assert declared["organizationId"] == "query", name
+            assert link["parameters"]["organizationId"] == "$response.body#/job/organizationId", name
         targets.add(path)
     assert {
         "/jobs/{jobId}",

@@ -8,7 +8,7 @@ import pytest
 
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import STATUSES
-from tests.support.api import ORG_A, Api, json_of, payload
+from tests.support.api import ORG_A, Api, json_of, key, payload
 from tests.support.queue_ops import complete
 
 
@@ -21,14 +21,14 @@ def test_get_job(api: Api) -> None:
 
 def test_get_reflects_worker_progress(api: Api) -> None:
     job = api.job()
-    attempt = api.lease_and_start(job["id"])
-    api.queue.progress(job["id"], "worker-1", attempt, {"pct": 50})
+    attempt = api.lease_and_start(key(job))
+    api.queue.progress(key(job), "worker-1", attempt, {"pct": 50})
     got = json_of(api.client.get(f"/jobs/{job['id']}", headers=api.headers()))["job"]
     assert got["status"] == "running"
     assert got["lease"]["workerId"] == "worker-1"
     assert got["lease"]["attempt"] == 1
     assert got["progress"] == {"pct": 50}
-    complete(api.queue, job["id"], "worker-1", attempt, {"ok": True})
+    complete(api.queue, key(job), "worker-1", attempt, {"ok": True})
     done = json_of(api.client.get(f"/jobs/{job['id']}", headers=api.headers()))["job"]
     assert (done["status"], done["result"], done["lease"]) == ("completed", {"ok": True}, None)
 
@@ -63,7 +63,7 @@ def test_list_filters(api: Api) -> None:
     chat = api.job(lane="chat", sessionKey="s1")
     codex = api.job(agent="codex", sessionKey="s2")
     running = api.job(agent="codex")
-    api.lease_and_start(running["id"])
+    api.lease_and_start(key(running))
 
     def ids(**query: str) -> list[str]:
         response = api.client.get("/jobs", query_string=query, headers=api.headers())
@@ -157,7 +157,7 @@ def test_undocumented_query_parameters_are_400_naming_them(sqlite_api: Api) -> N
     for url in (
         "/jobs?stauts=queued",
         f"/jobs/{job['id']}?verbose=1",
-        f"/streams/jobs/{job['id']}/receipts?from=1",
+        f"/streams/{job['stream']}/receipts?from=1",
     ):
         response = sqlite_api.client.get(url, headers=sqlite_api.headers())
         assert response.status_code == 400, url

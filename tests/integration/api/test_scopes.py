@@ -20,7 +20,7 @@ from app.jobs.privilege import runs_command
 from app.jobs.vocab import PAYLOAD_KINDS
 from app.storage import store, tokens
 from app.storage.db import db_now
-from tests.support.api import ORG_A, Api, json_of, make_settings, payload
+from tests.support.api import ORG_A, Api, json_of, key, make_settings, payload
 
 COMMAND = ["/bin/echo", "hi"]
 
@@ -49,9 +49,9 @@ def test_a_commands_token_posts_and_the_server_records_who_did(api: Api, project
     job = json_of(response)["job"]
     assert job["enqueuedBy"] == {"tokenId": info.id, "scopes": ["commands"], "system": False}
     with api.engine.connect() as conn:
-        [enqueued] = store.read_stream(conn, f"jobs/{job['id']}")
+        [enqueued] = store.read_stream(conn, job["stream"])
     assert enqueued.body["enqueuedBy"] == job["enqueuedBy"]
-    projection_equals_fold(api.engine, job["id"])
+    projection_equals_fold(api.engine, key(job))
     assert (
         json_of(api.client.get(f"/jobs/{job['id']}", headers=api.headers()))["job"]["enqueuedBy"]
         == job["enqueuedBy"]

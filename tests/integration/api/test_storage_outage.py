@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
+from app.jobs.ids import qualify
 from app.jobs.vocab import job_stream
 from app.storage import store
 from app.storage.db import make_engine
-from tests.support.api import Api, build_api, make_settings, payload
+from tests.support.api import ORG_A, Api, build_api, make_settings, payload
 from tests.support.stack import terminate_backends
 from tests.support.waiting import free_port
 
@@ -33,11 +34,12 @@ def _check_unavailable(response: Any) -> None:
 
 
 def _whole_or_absent(api: Api, job_id: str) -> bool:
-    """True when the job exists, with its projection and exactly its one enqueued receipt; False
-    when neither exists. Anything in between is a partial write and fails the test."""
-    job = api.queue.get(job_id)
+    """True when org A's job ``job_id`` exists, with its projection and exactly its one enqueued
+    receipt; False when neither exists. Anything in between is a partial write and fails the test."""
+    job_key = qualify(ORG_A, job_id)
+    job = api.queue.get(job_key)
     with api.engine.connect() as conn:
-        stream = store.read_stream(conn, job_stream(job_id))
+        stream = store.read_stream(conn, job_stream(job_key))
     assert (job is None) == (stream == []), (job_id, job, [r.type for r in stream])
     if job is None:
         return False

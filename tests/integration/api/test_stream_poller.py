@@ -20,7 +20,7 @@ from werkzeug.serving import make_server
 from api.watch import StreamPoller, Subscription
 from app.jobs.vocab import job_stream
 from app.storage import tokens
-from tests.support.api import Api, build_api, make_settings
+from tests.support.api import Api, build_api, key, make_settings
 
 WAIT_S = 10.0
 
@@ -58,7 +58,7 @@ class StatementCounter:
 
 def test_a_subscriber_is_woken_only_when_its_stream_advances(pg_engine: Engine, tmp_path: Any) -> None:
     api = build_api(pg_engine, make_settings(tmp_path))
-    a, b = api.job()["id"], api.job()["id"]
+    a, b = key(api.job()), key(api.job())
     poller = StreamPoller(pg_engine, poll_ms=10)
     sub_a = poller.subscribe({job_stream(a): 1}, None)
     sub_b = poller.subscribe({job_stream(b): 1}, None)
@@ -84,7 +84,7 @@ def test_a_subscriber_is_woken_only_when_its_stream_advances(pg_engine: Engine, 
 
 def test_a_revoked_token_wakes_its_subscribers_and_no_other(pg_engine: Engine, tmp_path: Any) -> None:
     api = build_api(pg_engine, make_settings(tmp_path))
-    job = api.job()["id"]
+    job = key(api.job())
     with pg_engine.connect() as conn:
         ids = {who: tokens.authenticate(conn, api.secrets[who]) for who in ("a", "b")}
     poller = StreamPoller(pg_engine, poll_ms=10)
@@ -118,13 +118,13 @@ def served(pg_engine: Engine, tmp_path: Any) -> Iterator[tuple[str, Api]]:
 
 def test_many_open_streams_cost_one_query_per_tick(served: tuple[str, Api]) -> None:
     base, api = served
-    jobs = [api.job()["id"] for _ in range(40)]
+    jobs = [api.job() for _ in range(40)]
     session = requests.Session()
     responses = []
     try:
-        for job_id in jobs:
+        for job in jobs:
             r = session.get(
-                f"{base}/jobs/{job_id}/events", headers=api.headers(), stream=True, timeout=WAIT_S
+                f"{base}/jobs/{job['id']}/events", headers=api.headers(), stream=True, timeout=WAIT_S
             )
             assert r.status_code == 200
             responses.append(r)
@@ -147,7 +147,7 @@ def test_many_open_streams_cost_one_query_per_tick(served: tuple[str, Api]) -> N
         assert statements <= ticked + 1, (statements, ticked)
 
         # One stream advancing wakes that follower only; it reads its receipts and sends them.
-        api.lease_and_start(jobs[7])
+        api.lease_and_start(key(jobs[7]))
         it = lines[7]
         got: list[int] = []
         while len(got) < 2:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tests.support.api import WORKER, Api, json_of
+from tests.support.api import ORG_A, WORKER, Api, json_of, key
 from tests.support.queue_ops import complete
 
 
@@ -20,12 +20,12 @@ def _drive_to_completion(api: Api, job_id: str) -> None:
 
 def test_receipts_of_a_job_stream(api: Api) -> None:
     job = api.job()
-    _drive_to_completion(api, job["id"])
-    response = api.client.get(f"/streams/jobs/{job['id']}/receipts", headers=api.headers())
+    _drive_to_completion(api, key(job))
+    response = api.client.get(f"/streams/{job['stream']}/receipts", headers=api.headers())
     assert response.status_code == 200
     body = response.json
     assert body is not None
-    assert body["stream"] == f"jobs/{job['id']}"
+    assert body["stream"] == job["stream"] == f"jobs/{ORG_A}/{job['id']}"
     assert body["nextAfter"] is None
     rows = body["receipts"]
     assert [r["type"] for r in rows] == [
@@ -43,8 +43,8 @@ def test_receipts_of_a_job_stream(api: Api) -> None:
 
 def test_receipts_after_and_limit_page_through(api: Api) -> None:
     job = api.job()
-    _drive_to_completion(api, job["id"])
-    url = f"/streams/jobs/{job['id']}/receipts"
+    _drive_to_completion(api, key(job))
+    url = f"/streams/{job['stream']}/receipts"
     first = api.client.get(url, query_string={"limit": 2}, headers=api.headers()).json
     assert first is not None
     assert [r["seq"] for r in first["receipts"]] == [1, 2]
@@ -58,7 +58,7 @@ def test_receipts_after_and_limit_page_through(api: Api) -> None:
 
 def test_receipts_bad_parameters_are_400(sqlite_api: Api) -> None:
     job = sqlite_api.job()
-    url = f"/streams/jobs/{job['id']}/receipts"
+    url = f"/streams/{job['stream']}/receipts"
     for query, field in (
         ({"after": "-1"}, "after"),
         ({"after": "x"}, "after"),
@@ -103,7 +103,7 @@ def test_job_events_emit_every_state_and_end_at_terminal(api: Api, open_events: 
     assert (first.id, first.event, first.data["status"]) == (1, "job", "queued")
     assert first.data["route"]["queue"] == "receipt-chat"
     # The server runs lazily: these changes land while the stream is open.
-    _drive_to_completion(api, job["id"])
+    _drive_to_completion(api, key(job))
     rest = reader.rest()
     assert _statuses(rest) == [(2, "leased"), (3, "running"), (4, "running"), (5, "completed")]
     assert rest[2].data["progress"] == {"step": 1}
@@ -115,11 +115,11 @@ def test_job_events_resume_with_last_event_id_misses_nothing(api: Api, open_even
     job = api.job()
     reader = open_events(api.client, f"/jobs/{job['id']}/events", api.headers())
     seen = [reader.next_event()]
-    attempt = api.lease_and_start(job["id"])
+    attempt = api.lease_and_start(key(job))
     seen.append(reader.next_event())
     reader.close()  # the client drops after event 2 (leased)
-    api.queue.progress(job["id"], WORKER, attempt, {"step": 1})
-    complete(api.queue, job["id"], WORKER, attempt, "done")
+    api.queue.progress(key(job), WORKER, attempt, {"step": 1})
+    complete(api.queue, key(job), WORKER, attempt, "done")
     resumed = open_events(
         api.client, f"/jobs/{job['id']}/events", api.headers(**{"Last-Event-ID": str(seen[-1].id)})
     )
@@ -186,14 +186,14 @@ def _with(api: Api, **changes: Any) -> Any:
 
 def test_stream_events_emit_raw_receipts_and_resume(api: Api, open_events: Any) -> None:
     job = api.job()
-    url = f"/streams/jobs/{job['id']}/events"
+    url = f"/streams/{job['stream']}/events"
     reader = open_events(api.client, url, api.headers())
     first = reader.next_event()
     assert (first.id, first.event, first.data["type"]) == (1, "receipt", "job.enqueued")
-    attempt = api.lease_and_start(job["id"])
+    attempt = api.lease_and_start(key(job))
     assert [reader.next_event().data["type"] for _ in range(2)] == ["job.leased", "job.heartbeat"]
     reader.close()
-    complete(api.queue, job["id"], WORKER, attempt, None)
+    complete(api.queue, key(job), WORKER, attempt, None)
     resumed = open_events(api.client, url, api.headers(**{"Last-Event-ID": "3"}))
     rest = resumed.rest()
     assert [(f.id, f.data["type"]) for f in rest] == [(4, "job.completed")]
@@ -242,7 +242,7 @@ def test_a_failed_read_after_a_wake_up_ends_the_stream_cleanly(sqlite_api: Api, 
     # The follower captured the engine when the stream opened; break that engine's pool, then
     # move the stream so the poller (on its own connection) wakes the follower to read.
     original_connect = sqlite_api.engine.connect
-    sqlite_api.lease_and_start(job["id"])
+    sqlite_api.lease_and_start(key(job))
     sqlite_api.engine.connect = broken.connect  # type: ignore[method-assign]
     try:
         frames = []
