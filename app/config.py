@@ -464,8 +464,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "RECEIPT_RATE_LIMIT_WRITES",
         "rate_limit_writes",
-        "600/minute",
-        "Writes (POST) one organisation may make per route, as a `limits` rate (`600/minute;50/second`); "
+        "20000/minute",
+        "Writes (POST) one organisation may make per route, as a `limits` rate (`20000/minute;500/second`); "
         "`disabled` turns it off. Counted in Redis (REDIS_URL); embedded mode counts in memory.",
     ),
     # -- observability (logs, metrics)
@@ -564,7 +564,7 @@ class Settings:
     max_page_bytes: int = 1048576
     sse_max_streams_per_token: int = 10
     sse_max_streams_per_process: int = 200
-    rate_limit_writes: str = "600/minute"
+    rate_limit_writes: str = "20000/minute"
     log_format: str = "plain"
     log_level: str = "INFO"
     metrics_token: str | None = None

@@ -62,8 +62,15 @@ def run(wiring: str, seconds: float) -> None:
     ):
         env = base_env(RECEIPT_HOME=str(Path(tmp) / "home"), RECEIPT_RATE_LIMIT_WRITES="disabled", **services)
         up = start_up(harness, env, free_port(), cwd=Path(tmp))
-        one_loop(up.url, up.token, min(3.0, seconds))  # warm-up: connections, caches, whoami
-        n, elapsed, latencies = one_loop(up.url, up.token, seconds)
+        try:
+            one_loop(up.url, up.token, min(3.0, seconds))  # warm-up: connections, caches, whoami
+            n, elapsed, latencies = one_loop(up.url, up.token, seconds)
+        except Exception:
+            web_log = Path(tmp) / "home" / "logs" / "web.log"
+            print(f"{wiring}: the loop failed; the web process's log ends:", file=sys.stderr)
+            print("\n".join(web_log.read_text().splitlines()[-30:]), file=sys.stderr)
+            print(f"{wiring}: receipt up said:\n{up.proc.tail(30)}", file=sys.stderr)
+            raise
     rate = n / elapsed
     q = statistics.quantiles(latencies, n=100)
     print(
