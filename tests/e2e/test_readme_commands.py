@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from app.ops.supervisor import TRY_COMMAND
 from tests.support.processes import REPO_ROOT, Harness, base_env
 from tests.support.up import start_up
 from tests.support.waiting import free_port
@@ -93,6 +94,8 @@ def test_every_command_of_the_readme_runs_as_written_against_receipt_up(
     env = base_env(RECEIPT_HOME=str(tmp_path / "home"))
     assert env["RECEIPT_CODEX_COMMANDS"] == "enabled"  # as the section says to start it
     up = start_up(harness, env, free_port(), cwd=tmp_path)
+    # The banner's suggestion is one of the README's commands, so it too runs as printed.
+    assert f"Try:  {TRY_COMMAND}" in up.proc.log() and TRY_COMMAND in commands
     script = tmp_path / "readme.sh"
     script.write_text(script_of(commands))
     # From the checkout, as the section says; the reader's shell has only what the banner exported.
