@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from flask import Flask, Response, g, request
 from sqlalchemy.engine import Engine
 
-from api import auth, errors, health, jobs, limits, objectives, openapi, streams, ui
+from api import auth, errors, health, jobs, limits, objectives, openapi, streams, ui, whoami
 from api import metrics as metrics_view
 from api.context import EXTENSION, ApiState
 from api.wake import default_waker
@@ -59,6 +59,7 @@ def create_app(
         health.blueprint,
         openapi.blueprint,
         metrics_view.blueprint,
+        whoami.blueprint,
     ):
         app.register_blueprint(blueprint)
     errors.register_error_handlers(app, api_state.count_internal_error)

@@ -16,6 +16,11 @@
   counters, keys and 429 as the Flask-Limiter extension it replaced, without that extension's
   per-request resolution of decorated, blueprint and default limits (issue 12: it cost more CPU
   than the counting itself).
+- **Items, not requests**: a request counts as one write, but a route whose one request carries
+  many items (a bulk enqueue) counts each: once it has read how many, it calls
+  ``count_items(n)``, which counts the ``n - 1`` the hook did not. A request carrying more items
+  than one window allows could never pass, so it is refused with 413 (split it), not a 429 that
+  retrying cannot cure; one that would overflow the window is refused before it is counted.
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from flask import Flask, g, request
+from flask import Flask, current_app, g, request
 from limits import RateLimitItem, parse_many
 from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import FixedWindowRateLimiter
 
-from api.errors import RATE_LIMITED, TOO_MANY_STREAMS, ApiError
+from api.errors import PAYLOAD_TOO_LARGE, RATE_LIMITED, TOO_MANY_STREAMS, ApiError
 from app.config import Settings
 
 if TYPE_CHECKING:
@@ -45,6 +50,8 @@ log = logging.getLogger("receipt.api")
 ENVELOPE_BYTES = 1024
 STREAM_RETRY_AFTER_S = 5
 RATE_LIMIT_DISABLED = "disabled"
+# Where ``install_rate_limit`` leaves the app's ``WriteLimit`` for ``count_items``.
+EXTENSION = "receipt.write_limit"
 
 
 def json_size(value: Any) -> int:
@@ -163,14 +170,35 @@ class WriteLimit:
         return self.fallback
 
     def check(self) -> None:
+        """The ``before_request`` hook: count this request as one write, or raise the 429."""
+        self.count(1)
+
+    def count(self, cost: int, *, counted: int = 0) -> None:
+        """Count ``cost`` more writes for the current request's organisation and route, or raise.
+
+        ``counted``: writes of this request already counted. Nothing is counted for requests that
+        are not limited (see the class doc). A request whose writes in all (``counted + cost``) pass
+        what one window of some rate allows raises 413: no wait would let it through.
+        """
         endpoint = request.endpoint
         identity: Identity | None = g.get("identity")
         if request.method != "POST" or endpoint is None or identity is None or identity.system:
             return
+        if cost < 1:
+            return
+        for item in self.items:
+            if counted + cost > item.amount:
+                raise ApiError(
+                    413,
+                    PAYLOAD_TOO_LARGE,
+                    f"this request carries {counted + cost} writes; the write rate limit ({item}) "
+                    f"allows {item.amount} per window: split it",
+                    {"items": counted + cost, "limit": str(item)},
+                )
         keys = (KEY_PREFIX, _write_key(identity), endpoint)
         strategy = self._strategy()
         try:
-            self._hit(strategy, keys)
+            self._hit(strategy, keys, cost)
         except ApiError:
             raise
         except Exception:
@@ -178,11 +206,14 @@ class WriteLimit:
                 raise
             log.warning("rate limit storage unreachable - falling back to in-memory storage")
             self._storage_dead_since = self._clock()
-            self._hit(self.fallback, keys)
+            self._hit(self.fallback, keys, cost)
 
-    def _hit(self, strategy: FixedWindowRateLimiter, keys: tuple[str, ...]) -> None:
+    def _hit(self, strategy: FixedWindowRateLimiter, keys: tuple[str, ...], cost: int) -> None:
         for item in self.items:
-            if not strategy.hit(item, *keys):
+            # Several items that would overflow the window are refused without being counted, so a
+            # refused bulk request does not use up the budget of the single writes after it.
+            fits = cost == 1 or strategy.test(item, *keys, cost=cost)
+            if not (fits and strategy.hit(item, *keys, cost=cost)):
                 reset_at = strategy.get_window_stats(item, *keys).reset_time
                 retry_after = max(1, math.ceil(reset_at - time.time()))
                 raise ApiError(
@@ -201,4 +232,16 @@ def install_rate_limit(app: Flask, settings: Settings) -> WriteLimit | None:
         return None
     limit = WriteLimit(rate, settings.redis_url or "memory://")
     app.before_request(limit.check)
+    app.extensions[EXTENSION] = limit
     return limit
+
+
+def count_items(n: int) -> None:
+    """Count a request that carries ``n`` items as ``n`` writes (call from the view, once known).
+
+    The ``before_request`` hook already counted the request as one, so ``n - 1`` more are counted;
+    with the limit disabled this does nothing.
+    """
+    limit: WriteLimit | None = current_app.extensions.get(EXTENSION)
+    if limit is not None and n > 1:
+        limit.count(n - 1, counted=1)

@@ -471,6 +471,23 @@ ERROR: Schema = {
 
 HEALTH: Schema = {"type": "object", "properties": {"status": {"const": "ok"}}, "required": ["status"]}
 
+WHOAMI: Schema = {
+    "type": "object",
+    "description": "Who the request's token stands for (never its secret).",
+    "properties": {
+        "organizationId": {
+            "type": ["string", "null"],
+            "description": "The token's organisation: the authContext.organizationId its jobs carry. "
+            "null for the anonymous caller of RECEIPT_AUTH=disabled.",
+        },
+        "tokenId": {"type": ["string", "null"], "description": "The token's id (null when anonymous)."},
+        "system": {"type": "boolean", "description": "A system token acts for any organisation."},
+        "scopes": {"type": "array", "items": {"type": "string", "enum": list(TOKEN_SCOPES)}},
+    },
+    "required": ["organizationId", "tokenId", "system", "scopes"],
+    "additionalProperties": False,
+}
+
 READY: Schema = {
     "type": "object",
     "properties": {
@@ -747,6 +764,7 @@ COMPONENTS: dict[str, Schema] = {
     "JsonValue": JSON_VALUE_COMPONENT,
     "Health": HEALTH,
     "Ready": READY,
+    "WhoAmI": WHOAMI,
     "JobEvent": JOB_EVENT,
     "ReceiptEvent": RECEIPT_EVENT,
     "ObjectiveRequest": OBJECTIVE_REQUEST,

@@ -2,27 +2,46 @@
 
     from receipt.client import Client
     client = Client("http://127.0.0.1:8080", token="rcpt_...")
-    job = client.enqueue("codex", {"kind": "factory.task.run", ...})["job"]
+    job = client.enqueue("codex", {"kind": "factory.task.run", "command": ["echo", "hi"]})["job"]
     for event in client.follow(job["id"]):      # live, resumes after a dropped connection
         print(event.seq, event.status, event.job["progress"])
     final = client.wait(job["id"], timeout=60)  # or just block until it is terminal
 
 Every error the API answers with becomes a ``ReceiptError`` (or a subclass) carrying the API's
 error ``code``, ``status`` and ``details``, so callers branch on codes, never on messages.
+
+What the token already says is not asked for again: ``enqueue`` fills a payload without an
+``authContext`` with the token's organisation (``GET /whoami``, asked once per client) and a
+``userId``: the ``user=`` argument, else ``$RECEIPT_USER``, else ``token:<tokenId>`` (the value
+the server itself records when it defaults an objective's ``authContext``). The login name
+``$USER`` is not used: it is whatever account runs the script (``root`` in a container, ``runner``
+in CI) and nothing vouches for it. An explicit ``authContext`` is sent untouched, and one naming
+another organisation is refused by the server (403).
+
+Refusals the server asks to be repeated are repeated (``receipt.retry``): a ``429`` always, a
+``503`` when the request is safe to send twice, each after ``Retry-After`` plus jitter, at most
+``RetryPolicy.max_tries`` tries and ``max_wait`` seconds of waiting; ``retry=None`` turns it off.
 """
 
 from __future__ import annotations
 
 import json as _json
 import os
+import random
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import requests
 
+from receipt.retry import RETRYABLE_STATUSES, RetryPolicy, parse_retry_after
+
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_RETRY = RetryPolicy()
+# The one kind the server accepts without an authContext (a system-wide sweep with no organisation).
+KINDS_WITHOUT_AUTH_CONTEXT = frozenset({"factory.objective.watchdog"})
+USER_ENV = "RECEIPT_USER"
 
 JsonObject = dict[str, Any]
 
@@ -66,6 +85,19 @@ class WaitTimeout(ReceiptError):
     def __init__(self, job_id: str, timeout: float) -> None:
         super().__init__(0, "timeout", f"{job_id} was not terminal within {timeout:g} s")
         self.job_id = job_id
+
+
+@dataclass(frozen=True)
+class RetryNotice:
+    """A refused request about to be tried again: told to ``Client(on_retry=...)`` before the wait."""
+
+    method: str
+    path: str
+    status: int
+    code: str
+    wait: float
+    next_try: int
+    max_tries: int
 
 
 TERMINAL_STATUSES = frozenset({"completed", "failed", "canceled"})
@@ -182,6 +214,16 @@ def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
         yield buffer.rstrip(b"\r").decode("utf-8", errors="replace")
 
 
+def _error_code(response: requests.Response) -> str:
+    """The API's error code in a refusal's body ("http_error" when it has none)."""
+    try:
+        data = response.json()
+    except ValueError:
+        return "http_error"
+    error = data.get("error") if isinstance(data, dict) else None
+    return str(error.get("code", "http_error")) if isinstance(error, dict) else "http_error"
+
+
 def _error_class(status: int) -> type[ReceiptError]:
     if status in (401, 403):
         return AuthError
@@ -197,7 +239,13 @@ def _error_class(status: int) -> type[ReceiptError]:
 
 
 class Client:
-    """One deployment, one token. Thread-safe as far as ``requests.Session`` is."""
+    """One deployment, one token. Thread-safe as far as ``requests.Session`` is.
+
+    ``retry``: how refused requests are repeated (``DEFAULT_RETRY``; None: never). ``user``: the
+    ``userId`` of a filled-in ``authContext``. ``on_retry`` is told before each wait (the CLI
+    prints it); ``sleep`` and ``rand`` are the waiting and the jitter's randomness, replaceable in
+    tests.
+    """
 
     def __init__(
         self,
@@ -206,6 +254,11 @@ class Client:
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
         session: requests.Session | None = None,
+        retry: RetryPolicy | None = DEFAULT_RETRY,
+        user: str | None = None,
+        on_retry: Callable[[RetryNotice], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rand: Callable[[], float] = random.random,
     ) -> None:
         resolved = url or os.environ.get("RECEIPT_URL")
         if not resolved:
@@ -214,6 +267,12 @@ class Client:
         self.token = token if token is not None else os.environ.get("RECEIPT_TOKEN")
         self.timeout = timeout
         self.session = session or requests.Session()
+        self.retry = retry
+        self.user = user or os.environ.get(USER_ENV) or None
+        self.on_retry = on_retry
+        self._sleep = sleep
+        self._rand = rand
+        self._whoami: JsonObject | None = None
 
     # -- transport -------------------------------------------------------------------------------
 
@@ -232,18 +291,51 @@ class Client:
         *,
         json: Any = None,
         params: Mapping[str, Any] | None = None,
+        idempotent: bool | None = None,
     ) -> JsonObject:
-        """One API call; the decoded JSON object, or a typed ``ReceiptError``."""
-        response = self.session.request(
+        """One API call; the decoded JSON object, or a typed ``ReceiptError``.
+
+        ``idempotent``: whether sending it twice does no harm (default: only a GET), which lets a
+        ``503`` be repeated; a ``429`` is repeated either way (``receipt.retry``).
+        """
+        response = self.send(
             method,
-            self.url + path,
+            path,
+            idempotent=method == "GET" if idempotent is None else idempotent,
             json=json,
             params={k: v for k, v in (params or {}).items() if v is not None},
             headers=self.headers(),
             timeout=self.timeout,
-            allow_redirects=False,
         )
         return self.decode(response)
+
+    def send(
+        self, method: str, path: str, *, idempotent: bool, deadline: float | None = None, **kwargs: Any
+    ) -> requests.Response:
+        """The response to ``method path`` once it is not a refusal worth repeating (or the policy
+        gave up, or ``deadline``, a ``time.monotonic()`` value, would pass during the wait)."""
+        tries, waited = 0, 0.0
+        while True:
+            response = self.session.request(method, self.url + path, allow_redirects=False, **kwargs)
+            tries += 1
+            status = response.status_code
+            if self.retry is None or status not in RETRYABLE_STATUSES or (status == 503 and not idempotent):
+                return response
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            if status == 503 and retry_after is None:
+                return response  # a 503 without Retry-After did not ask to be repeated
+            wait = self.retry.delay(tries=tries, waited=waited, retry_after=retry_after, rand=self._rand())
+            if wait is None or (deadline is not None and time.monotonic() + wait >= deadline):
+                return response
+            if self.on_retry is not None:
+                self.on_retry(
+                    RetryNotice(
+                        method, path, status, _error_code(response), wait, tries + 1, self.retry.max_tries
+                    )
+                )
+            response.close()
+            self._sleep(wait)
+            waited += wait
 
     @staticmethod
     def decode(response: requests.Response) -> JsonObject:
@@ -261,19 +353,56 @@ class Client:
                 error.get("details"),
             )
             if isinstance(exc, RateLimited):
-                retry = response.headers.get("Retry-After")
-                exc.retry_after = float(retry) if retry and retry.replace(".", "", 1).isdigit() else None
+                exc.retry_after = parse_retry_after(response.headers.get("Retry-After"))
             raise exc
         if not isinstance(data, dict):
             raise ReceiptError(response.status_code, "invalid_response", "the API did not answer JSON")
         return data
 
+    # -- who the token is ------------------------------------------------------------------------
+
+    def whoami(self) -> JsonObject:
+        """GET /whoami: the token's ``organizationId``, ``tokenId``, ``system`` and ``scopes``.
+
+        Asked once per client and kept: a client holds one token, and what it stands for does not
+        change (a revoked token fails every later call with 401 anyway).
+        """
+        if self._whoami is None:
+            self._whoami = self.request("GET", "/whoami")
+        return self._whoami
+
+    def with_auth_context(self, payload: Mapping[str, Any]) -> JsonObject:
+        """``payload`` with an ``authContext`` from the token when it has none (see the module doc).
+
+        Left as given: a payload that has one (even partial or null: it is the caller's), the kind
+        that takes none, and a caller with no organisation (``RECEIPT_AUTH=disabled`` without a
+        token), whose missing ``authContext`` the server then names.
+        """
+        out = dict(payload)
+        if "authContext" in out or out.get("kind") in KINDS_WITHOUT_AUTH_CONTEXT:
+            return out
+        me = self.whoami()
+        organization = me.get("organizationId")
+        if not organization:
+            return out
+        out["authContext"] = {
+            "userId": self.user or f"token:{me.get('tokenId')}",
+            "organizationId": organization,
+        }
+        return out
+
     # -- jobs ------------------------------------------------------------------------------------
 
     def enqueue(self, agent_id: str, payload: Mapping[str, Any], **fields: Any) -> JsonObject:
-        """POST /agents/<agentId>/jobs; ``fields`` are the body's other keys (jobId, lane, ...)."""
-        body = {"payload": dict(payload), **fields}
-        return self.request("POST", f"/agents/{agent_id}/jobs", json=body)
+        """POST /agents/<agentId>/jobs; ``fields`` are the body's other keys (jobId, lane, ...).
+
+        A payload without ``authContext`` gets the token's (``with_auth_context``). With a
+        ``jobId`` the post is idempotent, so a ``503`` is repeated too.
+        """
+        body = {"payload": self.with_auth_context(payload), **fields}
+        return self.request(
+            "POST", f"/agents/{agent_id}/jobs", json=body, idempotent=fields.get("jobId") is not None
+        )
 
     def get(self, job_id: str) -> JsonObject:
         """The job (``{"job": {...}}`` unwrapped)."""
@@ -350,7 +479,9 @@ class Client:
     def launch_objective(self, body: Mapping[str, Any]) -> JsonObject:
         """POST /objectives with ``{title, goal, plan, objectiveId?, failurePolicy?, authContext?}``:
         the response as sent (``{"objective": ..., "async": {...}}``)."""
-        return self.request("POST", "/objectives", json=dict(body))
+        return self.request(
+            "POST", "/objectives", json=dict(body), idempotent=body.get("objectiveId") is not None
+        )
 
     def objective(self, objective_id: str) -> JsonObject:
         """The objective (``{"objective": {...}}`` unwrapped), every task with its status and result."""
@@ -431,12 +562,14 @@ class Client:
         read_timeout = STREAM_READ_TIMEOUT_S
         if deadline is not None:
             read_timeout = max(0.1, min(read_timeout, deadline - time.monotonic()))
-        with self.session.get(
-            self.url + path,
+        with self.send(
+            "GET",
+            path,
+            idempotent=True,
+            deadline=deadline,
             headers=headers,
             stream=True,
             timeout=(self.timeout, read_timeout),
-            allow_redirects=False,
         ) as response:
             if response.status_code >= 400:
                 self.decode(response)  # raises the typed error

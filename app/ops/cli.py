@@ -1,8 +1,9 @@
-"""``receipt``: the operator's command line.
+"""``receipt``: the one command line, operator verbs and developer groups.
 
 Verbs: migrate, verify, replay, rebuild-projections, rebuild-ledger, token create|list|revoke, config,
-up, logs.
-Every verb reads configuration from the environment through ``Settings`` and nothing else.
+callbacks, up, logs. Every verb reads configuration from the environment through ``Settings`` and
+nothing else. The developer groups (``jobs``, ``objective``) talk HTTP to ``RECEIPT_URL`` and live
+in ``receipt.cli``; they are listed here so ``receipt --help`` shows every command.
 """
 
 from __future__ import annotations
@@ -232,14 +233,20 @@ def cmd_logs(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
 
-DEVELOPER_GROUPS = ("jobs", "objective")
 # The process names `receipt up` supervises (app.ops.supervisor.process_specs), one log file each.
 SUPERVISED_ROLES = ("web", "driver", "chat", "codex", "control", "beat")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="receipt", description="Receipt: durable background jobs.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    from receipt.cli import GROUPS
+
+    p = argparse.ArgumentParser(
+        prog="receipt",
+        description="Receipt: durable background jobs.",
+        epilog="`receipt COMMAND --help` describes one command; jobs and objective talk HTTP to "
+        "RECEIPT_URL with RECEIPT_TOKEN (the export line `receipt up` prints).",
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     sub.add_parser("migrate", help="bring the database to the latest schema").set_defaults(fn=cmd_migrate)
     v = sub.add_parser("verify", help="recompute every receipt hash chain")
     v.add_argument("--stream", help="verify only this stream")
@@ -292,12 +299,17 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until Ctrl-C")
     lg.add_argument("-n", "--lines", type=int, default=50, help="lines of history per file (default 50)")
     lg.set_defaults(fn=cmd_logs)
+    for name, summary in GROUPS.items():
+        # Listed for --help only: main() hands these groups to receipt.cli before argparse runs.
+        sub.add_parser(name, help=summary, add_help=False)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in DEVELOPER_GROUPS:
+    from receipt.cli import GROUPS
+
+    if argv and argv[0] in GROUPS:
         # The developer verbs talk HTTP only; they live in the client package (click + rich).
         from receipt.cli import main as developer_main
 

@@ -202,6 +202,22 @@ def _fresh_metrics_dir(settings: Settings) -> Path:
     return folder
 
 
+# The first job to try: it runs as printed once RECEIPT_URL/RECEIPT_TOKEN are exported (the CLI fills
+# authContext from the token), and a test runs it (tests/e2e/test_readme_commands.py).
+TRY_COMMAND = (
+    'receipt jobs enqueue codex --kind factory.task.run --payload \'{"command":["echo","hello"]}\' --follow'
+)
+
+
+def try_line(settings: Settings) -> str:
+    """The banner's suggestion: a command job when this deployment runs commands, else how to turn
+    them on (the dev token only gets the ``commands`` scope when they are on, so the job would be a
+    403)."""
+    if settings.codex_commands:
+        return f"Try:  {TRY_COMMAND}"
+    return "Try:  receipt jobs list   ·   to run commands: RECEIPT_CODEX_COMMANDS=enabled receipt up"
+
+
 def banner(settings: Settings, url: str, token: str, roles: list[str], *, verbose: bool = False) -> list[str]:
     """The first screen of ``receipt up`` (a test keeps it within 15 lines)."""
     database = "PostgreSQL" if settings.database_url else "SQLite"
@@ -214,7 +230,7 @@ def banner(settings: Settings, url: str, token: str, roles: list[str], *, verbos
         f"Running: {', '.join(roles)}",
         f"Logs: {logs}/<role>.log"
         + ("  (streamed below)" if verbose else "  (receipt logs [ROLE] -f, or receipt up --verbose)"),
-        "Try:  receipt jobs list   ·   receipt jobs enqueue AGENT --kind KIND --payload JSON --follow",
+        try_line(settings),
         f"API:  {url}/openapi.json   metrics: {url}/metrics (system token)",
         "Press Ctrl-C to stop everything.",
     ]

@@ -10,7 +10,11 @@ from collections.abc import Sequence
 
 import click
 
-GROUPS = ("jobs", "objective")
+# Each group's one-line help, shown by `receipt --help` (app.ops.cli) and `receipt GROUP --help`.
+GROUPS = {
+    "jobs": "enqueue, list, show, cancel and follow jobs over HTTP (RECEIPT_URL, RECEIPT_TOKEN)",
+    "objective": "launch, follow, show, list, replan and cancel Factory objectives over HTTP",
+}
 
 
 @click.group()

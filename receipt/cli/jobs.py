@@ -14,8 +14,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from receipt.cli import dev
-from receipt.cli.output import client_from_env, fail, print_json
+from receipt.cli import GROUPS, dev
+from receipt.cli.output import client_from_env, fail, no_retry_option, print_json
 from receipt.client import Client, JobEvent, ReceiptError
 
 # Issue 13: the exit status mirrors the job's end.
@@ -33,13 +33,14 @@ STATUS_STYLE = {
 }
 
 
-@dev.group()
+@dev.group(help=GROUPS["jobs"])
 def jobs() -> None:
-    """Jobs on the deployment at RECEIPT_URL."""
+    pass
 
 
 @jobs.command("show")
 @click.argument("job_id")
+@no_retry_option
 def show(job_id: str) -> int:
     """Print one job as JSON."""
     try:
@@ -77,6 +78,15 @@ def _payload(text: str, kind: str) -> dict[str, Any]:
 @click.option("--singleton-mode", help="allow, cancel or steer (with --session-key).")
 @click.option("--max-attempts", type=int, help="1..8 (default 2).")
 @click.option("--follow", is_flag=True, help="Then follow it like `tail` (and exit like it).")
+@click.option(
+    "--user",
+    help="authContext.userId when the payload has no authContext "
+    "(default: $RECEIPT_USER, else token:<tokenId>; the organisation is always the token's).",
+)
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Print only the job id (JOB=$(receipt jobs enqueue ... -q))."
+)
+@no_retry_option
 def enqueue(
     agent_id: str,
     kind: str,
@@ -87,8 +97,15 @@ def enqueue(
     singleton_mode: str | None,
     max_attempts: int | None,
     follow: bool,
+    user: str | None,
+    quiet: bool,
 ) -> int:
-    """Enqueue a job for AGENT_ID; prints it as JSON (or follows it with --follow)."""
+    """Enqueue a job for AGENT_ID; prints it as JSON (or follows it with --follow).
+
+    A payload without authContext gets the token's organisation and a userId (--user).
+    """
+    if quiet and follow:
+        raise click.UsageError("--quiet prints the id and exits; it cannot be combined with --follow")
     payload = _payload(payload_text, kind)
     fields = {
         "jobId": job_id,
@@ -97,12 +114,15 @@ def enqueue(
         "singletonMode": singleton_mode,
         "maxAttempts": max_attempts,
     }
-    client = client_from_env()
+    client = client_from_env(user=user)
     try:
         created = client.enqueue(agent_id, payload, **{k: v for k, v in fields.items() if v is not None})
     except ReceiptError as exc:
         raise fail(exc) from exc
     job = created["job"]
+    if quiet:
+        click.echo(job["id"])
+        return 0
     if not follow:
         print_json(job)
         return 0
@@ -116,6 +136,7 @@ def enqueue(
 @click.option("--lane", help="Only this lane.")
 @click.option("--limit", type=int, default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="The page as JSON instead of a table.")
+@no_retry_option
 def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit: int, as_json: bool) -> int:
     """List jobs, newest first."""
     try:
@@ -146,6 +167,7 @@ def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit:
 @jobs.command("cancel")
 @click.argument("job_id")
 @click.option("--reason", help="Recorded on the cancel (or abort) receipt.")
+@no_retry_option
 def cancel(job_id: str, reason: str | None) -> int:
     """Cancel a job (a running one is sent an abort); prints the job as JSON."""
     try:
@@ -157,6 +179,7 @@ def cancel(job_id: str, reason: str | None) -> int:
 
 @jobs.command("tail")
 @click.argument("job_id")
+@no_retry_option
 def tail(job_id: str) -> int:
     """Follow a job live: status changes and progress as they happen.
 

@@ -17,8 +17,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from receipt.cli import dev
-from receipt.cli.output import client_from_env, fail, print_json
+from receipt.cli import GROUPS, dev
+from receipt.cli.output import client_from_env, fail, no_retry_option, print_json
 from receipt.client import Client, ReceiptError
 
 TERMINAL = ("completed", "failed", "canceled")
@@ -37,9 +37,9 @@ STYLE = {
 }
 
 
-@dev.group()
+@dev.group(help=GROUPS["objective"])
 def objective() -> None:
-    """Factory objectives on the deployment at RECEIPT_URL."""
+    pass
 
 
 def _table(obj: dict[str, Any], limit: int = 40) -> Table:
@@ -95,6 +95,7 @@ def follow(client: Client, objective_id: str, console: Console) -> dict[str, Any
 @objective.command("launch")
 @click.argument("plan_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--follow", "follow_", is_flag=True, help="Show the graph's progress until it ends.")
+@no_retry_option
 def launch(plan_file: Path, follow_: bool) -> int:
     """Launch the objective in PLAN_FILE (the POST /objectives body: title, goal, plan, ...)."""
     try:
@@ -119,6 +120,7 @@ def launch(plan_file: Path, follow_: bool) -> int:
 
 @objective.command("show")
 @click.argument("objective_id")
+@no_retry_option
 def show(objective_id: str) -> int:
     """Print one objective as JSON."""
     try:
@@ -132,6 +134,7 @@ def show(objective_id: str) -> int:
 @click.option("--status", type=click.Choice(["active", "completed", "failed", "canceled"]))
 @click.option("--limit", type=int, default=20, show_default=True)
 @click.option("--cursor")
+@no_retry_option
 def list_(status: str | None, limit: int, cursor: str | None) -> int:
     """List objectives, newest first (one line each)."""
     try:
@@ -151,6 +154,7 @@ def list_(status: str | None, limit: int, cursor: str | None) -> int:
 @click.argument("plan_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--reason")
 @click.option("--follow", "follow_", is_flag=True, help="Show the graph's progress until it ends.")
+@no_retry_option
 def replan(objective_id: str, plan_file: Path, reason: str | None, follow_: bool) -> int:
     """Start the next phase of OBJECTIVE_ID with the plan in PLAN_FILE ({"tasks": [...]}, or a launch
     body whose "plan" holds them). The earlier phases' jobs are canceled or aborted."""
@@ -179,6 +183,7 @@ def replan(objective_id: str, plan_file: Path, reason: str | None, follow_: bool
 @objective.command("cancel")
 @click.argument("objective_id")
 @click.option("--reason")
+@no_retry_option
 def cancel(objective_id: str, reason: str | None) -> int:
     """Cancel an objective (409 once it has ended)."""
     try:

@@ -112,6 +112,7 @@ def test_real_responses_match_their_documented_schemas(sqlite_api: Api, document
     check(sqlite_api.client.get(f"/streams/{stream}/receipts", headers=h).json, "ReceiptPage")
     check(sqlite_api.client.get("/readyz", headers=h).json, "Ready")
     check(sqlite_api.client.get("/healthz").json, "Health")
+    check(sqlite_api.client.get("/whoami", headers=h).json, "WhoAmI")
     check(sqlite_api.client.get("/jobs/nope", headers=h).json, "Error")
 
 
