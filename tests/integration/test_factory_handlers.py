@@ -221,8 +221,9 @@ def test_a_job_naming_another_organisations_objective_fails_exactly_as_for_a_mis
     assert missing.error == f"no objective {SHARED!r} in this job's organisation"
 
     # Org A launches SHARED (a computer-path task, so A holds a monitor of that task job too).
-    body = {"objectiveId": SHARED, "title": "A's secret title", "goal": "A's goal", "plan": plan({"A": []})}
-    body["plan"]["tasks"][0]["executionPath"] = "computer"
+    a_plan = plan({"A": []})
+    a_plan["tasks"][0]["executionPath"] = "computer"
+    body = {"objectiveId": SHARED, "title": "A's secret title", "goal": "A's goal", "plan": a_plan}
     a_obj = service.launch(
         queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher()
     )
