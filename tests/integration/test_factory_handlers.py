@@ -139,6 +139,8 @@ def test_control_starts_a_monitor_for_a_computer_task_which_ends_with_its_task(s
     done = queue.get("org-a/mon-1:p1:A:monitor")
     assert done is not None and done.status == "completed"
     assert done.result["outcome"] == "terminal" and done.result["status"] == "completed"
+    # The result names the task's job as the monitor's payload does: by its organisation's id for it.
+    assert done.result["taskJobId"] == "mon-1:p1:A"
     assert service.get(sqlite_engine, "org-a/mon-1").status == "completed"  # type: ignore[union-attr]
 
 

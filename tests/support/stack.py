@@ -18,6 +18,7 @@ import requests
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
+from app.jobs.ids import KEY_SEPARATOR, qualify
 from app.jobs.reducer import Job
 from app.jobs.vocab import TERMINAL_STATUSES, job_stream
 from app.storage import store, tokens
@@ -226,8 +227,13 @@ class Stack:
         return job
 
     # -- the database, read directly (exact counting)
+    def key(self, job_id: str, organization_id: str = ORG) -> str:
+        """The storage key of a job: a client id (what the API answers carry) is the stack's
+        organisation's unless another is named; a key (it holds the organisation) stays as it is."""
+        return job_id if KEY_SEPARATOR in job_id else qualify(organization_id, job_id)
+
     def job(self, job_id: str) -> Job | None:
-        return Queue(self.engine).get(job_id)
+        return Queue(self.engine).get(self.key(job_id))
 
     def status(self, job_id: str) -> str | None:
         job = self.job(job_id)
@@ -235,7 +241,7 @@ class Stack:
 
     def receipts(self, job_id: str) -> list[StoredReceipt]:
         with self.engine.connect() as conn:
-            return store.read_stream(conn, job_stream(job_id))
+            return store.read_stream(conn, job_stream(self.key(job_id)))
 
     def types(self, job_id: str) -> list[str]:
         return [r.type for r in self.receipts(job_id)]
@@ -244,7 +250,9 @@ class Stack:
         with self.engine.connect() as conn:
             return list(
                 conn.execute(
-                    select(deliveries).where(deliveries.c.job_id == job_id).order_by(deliveries.c.created_at)
+                    select(deliveries)
+                    .where(deliveries.c.job_id == self.key(job_id))
+                    .order_by(deliveries.c.created_at)
                 ).all()
             )
 
