@@ -194,8 +194,14 @@ class Stack:
         assert data["async"]["jobId"] == job["id"]
         return job
 
-    def get_job(self, job_id: str, system: bool = False) -> dict[str, Any]:
-        r = self.http.get(self.url(f"/jobs/{job_id}"), headers=self.headers(system), timeout=10)
+    def get_job(
+        self, job_id: str, system: bool = False, organization_id: str | None = None
+    ) -> dict[str, Any]:
+        """``GET /jobs/<jobId>``; a system token names another organisation with ``organization_id``."""
+        params = {"organizationId": organization_id} if organization_id is not None else None
+        r = self.http.get(
+            self.url(f"/jobs/{job_id}"), params=params, headers=self.headers(system), timeout=10
+        )
         assert r.status_code == 200, f"GET /jobs/{job_id} answered {r.status_code}: {r.text}"
         job: dict[str, Any] = r.json()["job"]
         return job
