@@ -27,6 +27,7 @@ from typing import Any, Final
 from app.config import Settings
 from app.factory import watchdog
 from app.jobs import timing
+from app.jobs.ids import client_id_of
 from app.jobs.reducer import Job
 from app.jobs.vocab import LEASED_STATUSES
 
@@ -52,7 +53,7 @@ def liveness(job: Job, now: datetime, settings: Settings) -> dict[str, Any]:
     """What the monitor reports about the task's job."""
     path = job.payload.get("executionPath")
     return {
-        "taskJobId": job.id,
+        "taskJobId": job.client_id,
         "status": job.status,
         "attempt": job.attempt,
         "sinceHeartbeatMs": watchdog.quiet_ms(job, now),
@@ -78,7 +79,11 @@ def follow(
     wait: Callable[[float], bool],
     request_reconcile: Callable[[dict[str, Any]], Any],
 ) -> dict[str, Any]:
-    """Follow the task's job until it is terminal or stalls (or the monitor is canceled)."""
+    """Follow the task's job until it is terminal or stalls (or the monitor is canceled).
+
+    ``task_job_id`` is the job's key; what the monitor writes names it by its client id, as the
+    monitor's payload does (the organisation's own id for it, the one ``/jobs/<jobId>`` takes)."""
+    shown_id = client_id_of(task_job_id)
     last_key: tuple[Any, ...] | None = None
     last_report_at: datetime | None = None
     reports = 0
@@ -86,7 +91,7 @@ def follow(
         job = get_job(task_job_id)
         if job is None or job.terminal:
             return {
-                "taskJobId": task_job_id,
+                "taskJobId": shown_id,
                 "outcome": "terminal" if job is not None else "missing",
                 "status": job.status if job is not None else None,
                 "attempt": job.attempt if job is not None else None,
@@ -104,12 +109,12 @@ def follow(
             request_reconcile(
                 {
                     "reason": "active_objective_work_stalled",
-                    "jobId": task_job_id,
+                    "jobId": shown_id,
                     "quietMs": seen["sinceHeartbeatMs"],
                     "thresholdMs": seen["stallThresholdMs"],
                     "source": "task monitor",
                 }
             )
-            return {"taskJobId": task_job_id, "outcome": "stalled", **seen, "reports": reports}
+            return {"taskJobId": shown_id, "outcome": "stalled", **seen, "reports": reports}
         if wait(poll_ms(job, settings) / 1000):
-            return {"taskJobId": task_job_id, "outcome": "canceled", "reports": reports}
+            return {"taskJobId": shown_id, "outcome": "canceled", "reports": reports}

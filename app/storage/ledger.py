@@ -3,9 +3,9 @@
 Two tables, both derived from receipts only, so ``rebuild`` recreates them exactly:
 
 - ``durable_workflows``: one row per workflow a kind contract names in ``durableWorkflow`` — one
-  ``objective-control:<objectiveId>`` per objective whose control ran (status, start and end from
+  ``objective-control:<objective key>`` per objective whose control ran (status, start and end from
   the objective stream; ``steps`` = control steps that consumed requests), and one
-  ``run:<jobId>`` per ``factory.run`` job (status from its stream; ``steps`` = attempts);
+  ``run:<job key>`` per ``factory.run`` job (status from its stream; ``steps`` = attempts);
 - ``durable_activities``: one row per attempt of a kind whose contract sets
   ``hasDurableActivity`` (only ``factory.task.run``): start (its ``job.leased``), end (its
   completion, failure, cancel or lease expiry), status, worker and duration.
@@ -39,6 +39,7 @@ from app.factory.reducer import Objective
 from app.factory.reducer import fold as fold_objective
 from app.factory.vocab import objective_stream
 from app.jobs.contracts import CONTRACTS, contract_for
+from app.jobs.ids import is_bare, qualify
 from app.jobs.reducer import Job
 from app.jobs.reducer import fold as fold_job
 from app.jobs.vocab import job_stream
@@ -118,6 +119,16 @@ def activities(
     return [rows[a] for a in sorted(rows)]
 
 
+def objective_key(job: Job) -> str | None:
+    """The key of the objective the job's payload names. A payload names it as its organisation
+    knows it; the key is in the job's organisation, qualified as the job's own key is (the Factory
+    derives its jobs' keys from the objective's key, so a bare-keyed job names a bare-keyed one)."""
+    objective_id = job.payload.get("objectiveId")
+    if not isinstance(objective_id, str):
+        return None
+    return objective_id if is_bare(job.id) else qualify(job.organization_id, objective_id)
+
+
 def run_row(job: Job) -> dict[str, Any]:
     """A ``run`` workflow's row, from the job's fold alone (no stream read).
 
@@ -125,11 +136,10 @@ def run_row(job: Job) -> dict[str, Any]:
     last receipt of a terminal job (nothing is appended after one), so its time is the fold's
     ``updatedAt``; steps are attempts.
     """
-    objective_id = job.payload.get("objectiveId")
     return {
         "id": f"{RUN}:{job.id}",
         "name": RUN,
-        "objective_id": objective_id if isinstance(objective_id, str) else None,
+        "objective_id": objective_key(job),
         "job_id": job.id,
         "organization_id": job.organization_id,
         "status": job.status,
@@ -188,8 +198,7 @@ def sync_job(engine: Engine, job_id: str, *, from_stream: bool = False) -> None:
         if job is None:
             return
         contract = contract_for(job.kind)
-        objective_id = job.payload.get("objectiveId")
-        objective_id = objective_id if isinstance(objective_id, str) else None
+        objective_id = objective_key(job)
         if contract.has_durable_activity:
             conn.execute(delete(durable_activities).where(durable_activities.c.job_id == job_id))
             rows = activities(job_id, job.kind, objective_id, receipts)

@@ -37,10 +37,13 @@ def event_id(job_id: str, event: str, key: str) -> str:
 
 
 def callback_body(event: str, job: Job, evt_id: str) -> dict[str, Any]:
+    # The job as its organisation's API answers name it: the client's jobId, the organisation, and
+    # the qualified stream (the id alone is unique within an organisation only).
     return {
         "eventId": evt_id,
         "event": event,
-        "jobId": job.id,
+        "jobId": job.client_id,
+        "organizationId": job.organization_id,
         "agentId": job.agent_id,
         "status": job.status,
         "attempt": job.attempt,

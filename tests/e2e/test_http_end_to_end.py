@@ -14,6 +14,7 @@ import pytest
 
 from app.config import Settings
 from app.jobs.errors import no_handler_message
+from app.jobs.ids import SYSTEM_ORGANIZATION
 from app.jobs.routing import QUEUES
 from app.storage.db import parse_iso
 from app.storage.delivery import attempt_fence
@@ -74,15 +75,19 @@ def test_control_group_runs_the_watchdog_with_a_system_token(module_stack: Stack
     s = module_stack
     job = s.post_job("factory-control", "factory.objective.watchdog", system=True)
     assert job["route"]["workerGroup"] == "control"
+    # A job without an authContext is the system's own: it lives in the reserved organisation.
+    assert job["organizationId"] == SYSTEM_ORGANIZATION
+    key = s.key(job["id"], SYSTEM_ORGANIZATION)
 
-    done = s.wait_terminal(job["id"], timeout=20)
+    done = s.wait_terminal(key, timeout=20)
 
     # Issue 10's watchdog: one pass over the active objectives, reporting what it reconciled.
     assert done.status == "completed", (done.error, done.result)
     assert done.attempt == 1 and done.result["timedOut"] is False and "reconciled" in done.result
-    leased = next(r for r in s.receipts(job["id"]) if r.type == "job.leased")
+    leased = next(r for r in s.receipts(key) if r.type == "job.leased")
     assert worker_pid(leased.body["workerId"]) == s.procs["control"].pid
-    assert s.get_job(job["id"], system=True)["status"] == "completed"
+    # The system token reads it by naming that organisation (its own is another).
+    assert s.get_job(job["id"], system=True, organization_id=SYSTEM_ORGANIZATION)["status"] == "completed"
 
 
 def test_unknown_agent_fails_with_the_exact_message_and_is_not_retried(module_stack: Stack) -> None:
@@ -185,10 +190,11 @@ def test_retryable_failure_is_retried_until_max_attempts_then_failed(module_stac
     # Each retry was delivered by the next generation of the job's own dispatch key (the
     # due-retries pass), not left for the queued redrive — with production defaults that loop
     # would hold every retry for 30-45 s.
+    key = s.key(job["id"])  # the dispatch key is the job's storage key
     assert [(d.dispatch_key, d.generation, d.outcome) for d in s.deliveries(job["id"])] == [
-        (job["id"], 0, "failed"),
-        (job["id"], 1, "failed"),
-        (job["id"], 2, "failed"),
+        (key, 0, "failed"),
+        (key, 1, "failed"),
+        (key, 2, "failed"),
     ]
 
 
@@ -196,7 +202,7 @@ def test_duplicate_delivery_of_the_same_worker_message_is_inert(module_stack: St
     s = module_stack
     gate = f"{s.home}/gate-{uuid.uuid4().hex[:8]}"
     job = s.post_job(handlers.GATE, gate=gate)
-    job_id = job["id"]
+    job_id = s.key(job["id"])  # the worker message, its fence and its log lines carry the key
     running = s.wait_running(job_id)
     assert running.lease is not None
     owner = running.lease.worker_id

@@ -16,12 +16,13 @@ from sqlalchemy import select
 
 from app.factory import service
 from app.factory.vocab import objective_stream, task_job_id
+from app.jobs.ids import qualify
 from app.jobs.vocab import TERMINAL_STATUSES
 from app.storage import store
 from app.storage.db import jobs
 from app.storage.queue import Queue
 from tests.support.processes import Harness
-from tests.support.stack import Stack, make_stack, worker_pid
+from tests.support.stack import ORG, Stack, make_stack, worker_pid
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
@@ -88,8 +89,9 @@ def completions(stack: Stack, job_id: str) -> int:
 
 
 def objective_receipts(stack: Stack, oid: str) -> list[Any]:
+    """The receipts of the stack organisation's objective ``oid`` (the client id the API answered)."""
     with stack.engine.connect() as conn:
-        return store.read_stream(conn, objective_stream(oid))
+        return store.read_stream(conn, objective_stream(qualify(ORG, oid)))
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +217,7 @@ def test_broker_flushed_while_a_control_request_waits_the_outbox_redrive_finishe
     dstack.env_overrides["RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS"] = "600000"
     dstack.start("web", "driver", "chat", "beat")  # no control worker: the control job's message waits
     oid = launch(dstack, [task("A"), task("B", ["A"])])
-    obj = service.get(dstack.engine, oid, all_tasks=False)
+    obj = service.find(dstack.engine, ORG, oid, all_tasks=False)
     # The launch's request waits (resume at startup may add one of its own if the objective was
     # launched before a process's settle delay ran out: both are recovered the same way).
     assert obj is not None and [r.reason for r in obj.pending][:1] == ["launch"]

@@ -23,6 +23,7 @@ from app.factory import service, storage, watchdog
 from app.factory.plan import validate_objective
 from app.factory.reducer import Objective
 from app.factory.vocab import objective_stream, task_job_id
+from app.jobs.ids import qualify
 from app.storage import store
 from app.storage.db import db_now, jobs, transaction
 from app.storage.queue import Queue
@@ -55,12 +56,20 @@ def plan(*task_ids: str, **payload: Any) -> dict[str, Any]:
     }
 
 
-def lost(stack: Stack, objective_id: str) -> datetime:
+def key(client_id: str) -> str:
+    """The key of the e2e organisation's objective ``client_id`` (what the watchdog names it by)."""
+    return qualify(AUTH["organizationId"], client_id)
+
+
+def lost(stack: Stack, client_id: str) -> datetime:
     """Launch with no fast path, then mark the launch request consumed as if its control step died:
     the control request and the control job are both gone. Returns the database time of the loss."""
     quiet = Queue(stack.engine, control_fast_path=False)
-    body = {"objectiveId": objective_id, "title": "t", "goal": "g", "plan": plan("A", "B")}
-    service.launch(quiet, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
+    body = {"objectiveId": client_id, "title": "t", "goal": "g", "plan": plan("A", "B")}
+    objective_id = service.launch(
+        quiet, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher()
+    ).objective.id
+    assert objective_id == key(client_id)
     with transaction(stack.engine) as conn:
         storage.lock(conn, objective_id)
         loaded = storage.load(conn, objective_id)
@@ -71,8 +80,9 @@ def lost(stack: Stack, objective_id: str) -> datetime:
 
 
 def reconciles(stack: Stack, oid: str) -> list[dict[str, Any]]:
+    """The reconcile requests on the e2e organisation's objective ``oid`` (its client id)."""
     with stack.engine.connect() as conn:
-        receipts = store.read_stream(conn, objective_stream(oid))
+        receipts = store.read_stream(conn, objective_stream(key(oid)))
     return [
         dict(r.body.get("detail") or {})
         for r in receipts
@@ -105,7 +115,8 @@ def wstack(harness: Harness, pg_database_url: str, tmp_path: Path) -> Iterator[S
 def test_a_lost_objective_is_reconciled_within_one_tick_and_completes(wstack: Stack) -> None:
     wstack.start(*PROCS)
     lost_at = lost(wstack, "wd-lost")
-    finding = {"objectiveId": "wd-lost", "reason": "no_active_objective_work"}
+    # The watchdog, a system job over every organisation, names objectives by their keys.
+    finding = {"objectiveId": key("wd-lost"), "reason": "no_active_objective_work"}
 
     def reconciler() -> Any:
         done = [j for j in watchdog_jobs(wstack) if j.status == "completed"]
@@ -120,12 +131,14 @@ def test_a_lost_objective_is_reconciled_within_one_tick_and_completes(wstack: St
     assert reconciles(wstack, "wd-lost") == [finding]  # exactly one request: nothing else wrote one
 
     def completed() -> Objective | None:
-        o = service.get(wstack.engine, "wd-lost")
+        o = service.get(wstack.engine, key("wd-lost"))
         return o if o is not None and o.status == "completed" else None
 
     obj = wait_for(completed, 90, interval=0.2, what="wd-lost to complete")
     assert {t.status for t in obj.tasks.values()} == {"completed"}
-    assert reconciles(wstack, "wd-lost") == [{"objectiveId": "wd-lost", "reason": "no_active_objective_work"}]
+    assert reconciles(wstack, "wd-lost") == [
+        {"objectiveId": key("wd-lost"), "reason": "no_active_objective_work"}
+    ]
 
 
 def test_a_stalled_task_is_flagged_past_its_threshold_and_computer_work_is_not(
@@ -154,7 +167,7 @@ def test_a_stalled_task_is_flagged_past_its_threshold_and_computer_work_is_not(
             what="the local task to be flagged as stalled",
         )[0]
         # Two heartbeats of a 6 s lease (heartbeat 2 s): flagged only once quiet for longer than 4 s.
-        assert flagged["jobId"] == task_job_id("wd-local", 1, "A")
+        assert flagged["jobId"] == task_job_id(key("wd-local"), 1, "A")
         assert flagged["thresholdMs"] == 4000 and flagged["quietMs"] > 4000
         # Meanwhile the computer task, just as silent, is under its 15-minute threshold: by the time
         # two more ticks have run, still no reconcile for it.
@@ -229,8 +242,12 @@ def test_a_computer_task_is_followed_by_its_monitor_until_it_ends(wstack: Stack,
     gate.touch()
     done = wstack.wait_status(mon, "completed", timeout=60)
     assert done.result["outcome"] == "terminal" and done.result["status"] == "completed"
+    assert done.result["taskJobId"] == task_job  # named as its payload names it: the client id
     wait_for(
-        lambda: (o := service.get(wstack.engine, "wd-mon")) is not None and o.status == "completed",
+        lambda: (
+            (o := service.find(wstack.engine, AUTH["organizationId"], "wd-mon")) is not None
+            and o.status == "completed"
+        ),
         60,
         what="wd-mon to complete",
     )

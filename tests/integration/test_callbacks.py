@@ -170,7 +170,17 @@ def test_sent_with_the_bearer_token_and_a_signature_the_receiver_verifies(
     assert got.headers["webhook-id"] == got.body["eventId"]
     # The receiver's side, with the standard's own library: the signature verifies ...
     verified = Webhook(secret).verify(got.raw, got.headers)
-    assert (verified["event"], verified["jobId"], verified["status"]) == ("canceled", job.id, "canceled")
+    assert (verified["event"], verified["jobId"], verified["status"]) == (
+        "canceled",
+        job.client_id,
+        "canceled",
+    )
+    # The client's id is unique within its organisation: the body names both, and the qualified stream.
+    assert (verified["organizationId"], verified["stream"]) == (job.organization_id, job.stream)
+    assert (
+        job.organization_id is not None
+        and verified["stream"] == f"jobs/{job.organization_id}/{job.client_id}"
+    )
     # ... and would not with another secret, or with a body changed in transit.
     with pytest.raises(WebhookVerificationError):
         Webhook("whsec_" + "b3RoZXItc2VjcmV0").verify(got.raw, got.headers)
@@ -395,3 +405,4 @@ def test_an_api_cancel_of_a_queued_job_sends_canceled(
     send_due(sqlite_engine, Sender(s))
     got = target.next()
     assert (got.body["event"], got.body["jobId"], got.body["status"]) == ("canceled", job["id"], "canceled")
+    assert (got.body["organizationId"], got.body["stream"]) == (job["organizationId"], job["stream"])

@@ -17,6 +17,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.engine import Engine
 
 from app.jobs.errors import no_job_message
+from app.jobs.ids import client_id_of
 from app.jobs.reducer import fold
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
@@ -120,7 +121,7 @@ def test_replay_from_a_file_prints_the_job(
     ids = some_jobs(engine)
     for job_id in ids:
         lines, expected = _stream_lines(engine, job_id)
-        path = tmp_path / f"{job_id}.jsonl"
+        path = tmp_path / f"{client_id_of(job_id)}.jsonl"  # a key holds '/': name the file by the client id
         path.write_text(lines + "\n")  # a trailing blank line is fine
         assert main(["replay", str(path)]) == 0
         out = capsys.readouterr()

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
+from app.jobs.ids import qualify
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
 from app.storage import projection, store
@@ -39,11 +40,14 @@ def race(fn: Callable[[int], T]) -> list[T]:
         return [f.result(timeout=60) for f in futures]
 
 
-def body(**extra: Any) -> dict[str, Any]:
+ORG = "org-1"
+
+
+def body(org: str = ORG, **extra: Any) -> dict[str, Any]:
     return {
         "payload": {
             "kind": "factory.task.run",
-            "authContext": {"userId": "u", "organizationId": "org-1"},
+            "authContext": {"userId": "u", "organizationId": org},
             **extra.pop("p", {}),
         },
         **extra,
@@ -91,13 +95,31 @@ def test_sixteen_concurrent_enqueues_of_one_job_id_make_one_job(pg_queue: Queue,
     results = race(lambda i: pg_queue.enqueue(validate_enqueue("codex", body(jobId="same-job", lane="chat"))))
 
     assert sum(r.created for r in results) == 1
-    assert {r.job.id for r in results} == {"same-job"}
+    assert {r.job.id for r in results} == {qualify(ORG, "same-job")}
     assert all(r.job == results[0].job for r in results)
-    assert types_on(pg_engine, "same-job") == ["job.enqueued"]
+    assert types_on(pg_engine, qualify(ORG, "same-job")) == ["job.enqueued"]
     with pg_engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(jobs)).scalar_one() == 1
         assert conn.execute(select(func.count()).select_from(receipts)).scalar_one() == 1
-    assert_projection_equals_fold(pg_engine, "same-job")
+    assert_projection_equals_fold(pg_engine, qualify(ORG, "same-job"))
+
+
+def test_concurrent_enqueues_of_one_job_id_by_two_organisations_make_one_job_each(
+    pg_queue: Queue, pg_engine: Engine
+) -> None:
+    """A jobId is unique within its organisation: racing orgs each get their own job, once."""
+    orgs = (ORG, "org-2")
+    results = race(
+        lambda i: pg_queue.enqueue(validate_enqueue("codex", body(org=orgs[i % 2], jobId="shared")))
+    )
+    for org in orgs:
+        mine = [r for r in results if r.job.organization_id == org]
+        assert len(mine) == THREADS // 2 and sum(r.created for r in mine) == 1
+        assert {r.job.id for r in mine} == {qualify(org, "shared")}
+        assert types_on(pg_engine, qualify(org, "shared")) == ["job.enqueued"]
+        assert_projection_equals_fold(pg_engine, qualify(org, "shared"))
+    with pg_engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(jobs)).scalar_one() == 2
 
 
 def test_concurrent_steer_enqueues_on_one_session_reach_one_job(pg_queue: Queue, pg_engine: Engine) -> None:
@@ -248,15 +270,17 @@ def test_concurrent_identical_cancel_posts_cancel_once_and_create_one_job(
     old = pg_queue.enqueue(validate_enqueue("codex", body(sessionKey="sess-c", singletonMode="cancel"))).job
     same = body(sessionKey="sess-c", singletonMode="cancel", jobId="cancel-once")
     results = race(lambda i: pg_queue.enqueue(validate_enqueue("codex", same)))
-    assert {r.job.id for r in results} == {"cancel-once"}
+    assert {r.job.id for r in results} == {qualify(ORG, "cancel-once")}
     assert sum(r.created for r in results) == 1
     assert types_on(pg_engine, old.id) == ["job.enqueued", "job.canceled"]
-    assert types_on(pg_engine, "cancel-once") == ["job.enqueued"]
+    assert types_on(pg_engine, qualify(ORG, "cancel-once")) == ["job.enqueued"]
 
 
 def test_concurrent_identical_allow_posts_create_one_job(pg_queue: Queue, pg_engine: Engine) -> None:
     same = body(sessionKey="sess-a", jobId="allow-once")
     results = race(lambda i: pg_queue.enqueue(validate_enqueue("codex", same)))
-    assert {r.job.id for r in results} == {"allow-once"} and sum(r.created for r in results) == 1
-    assert types_on(pg_engine, "allow-once") == ["job.enqueued"]
-    assert_projection_equals_fold(pg_engine, "allow-once")
+    assert {r.job.id for r in results} == {qualify(ORG, "allow-once")} and sum(
+        r.created for r in results
+    ) == 1
+    assert types_on(pg_engine, qualify(ORG, "allow-once")) == ["job.enqueued"]
+    assert_projection_equals_fold(pg_engine, qualify(ORG, "allow-once"))

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from app.jobs.errors import AppendConflict
+from app.jobs.ids import qualify
 from app.jobs.validation import validate_enqueue
 from app.storage import delivery, projection, store
 from app.storage.db import (
@@ -239,11 +240,12 @@ def test_prepared_statements_give_the_values_and_the_stream_sqlalchemy_would(
     with pg_engine.connect() as conn:  # the same database, nothing prepared
         assert [tuple(r) for r in _READ.rows(conn, {"stream": "s/prepared"})] == prepared_rows
         assert [tuple(r) for r in conn.execute(_READ.statement, {"stream": "s/prepared"})] == prepared_rows
-        assert store.verify(conn, stream="jobs/p-1") == (4, None)
-        job_now = projection.load(conn, "p-1")
+        assert job.id == qualify("org", "p-1")
+        assert store.verify(conn, stream="jobs/org/p-1") == (4, None)
+        job_now = projection.load(conn, job.id)
     assert job_now is not None and job_now.job.status == "completed"
     assert job_now.job.result == {"big": 2**70, "nested": [1, {"a": None}]}
-    assert_projection_equals_fold(pg_engine, "p-1")
+    assert_projection_equals_fold(pg_engine, job.id)
 
 
 def test_a_statement_the_server_lost_is_prepared_again_on_an_autocommit_connection(

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine
 from app.config import Settings
 from app.factory import service
 from app.factory.plan import validate_objective
+from app.jobs.ids import qualify
 from app.jobs.validation import EnqueueRequest
 from app.storage import ledger
 from app.storage.db import durable_activities, durable_workflows
@@ -23,9 +24,14 @@ from tests.factory_support import DIAMOND, drain, plan
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 
 
-def launch(queue: Queue, oid: str) -> None:
+def launch(queue: Queue, oid: str) -> str:
+    """Launch org-a's objective ``oid``; returns its key (the ledger's rows name objectives by it)."""
     body = {"objectiveId": oid, "title": "t", "goal": "g", "plan": plan(DIAMOND)}
-    service.launch(queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
+    obj = service.launch(
+        queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher()
+    ).objective
+    assert obj.id == qualify("org-a", oid)
+    return obj.id
 
 
 def rows(engine: Engine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -43,18 +49,20 @@ def rows(engine: Engine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def test_an_objective_leaves_one_control_workflow_and_one_activity_per_task_attempt(queue: Queue) -> None:
-    launch(queue, "lg-1")
+    key = launch(queue, "lg-1")
     drain(queue)
     flows, acts = rows(queue.engine)
-    assert [(f["id"], f["name"], f["status"]) for f in flows] == [
-        ("objective-control:lg-1", "objective-control", "completed")
+    assert [(f["id"], f["name"], f["status"], f["objective_id"]) for f in flows] == [
+        ("objective-control:org-a/lg-1", "objective-control", "completed", key)
     ]
     assert flows[0]["steps"] >= 1 and flows[0]["ended_at"] is not None
+    assert flows[0]["organization_id"] == "org-a"
     assert [(a["job_id"], a["attempt"], a["status"]) for a in acts] == [
-        (f"lg-1:p1:{t}", 1, "completed") for t in ("A", "B", "C", "D")
+        (f"org-a/lg-1:p1:{t}", 1, "completed") for t in ("A", "B", "C", "D")
     ]
     for a in acts:
-        assert a["kind"] == "factory.task.run" and a["objective_id"] == "lg-1" and a["worker_id"]
+        # Rows name the objective by its key, so another organisation's "lg-1" never mixes in.
+        assert a["kind"] == "factory.task.run" and a["objective_id"] == key and a["worker_id"]
         assert a["duration_ms"] is not None and a["duration_ms"] >= 0 and a["ended_at"] >= a["started_at"]
     # Only factory.task.run has activities: control and audit jobs ran but have none.
     assert {a["kind"] for a in acts} == {"factory.task.run"}
@@ -65,7 +73,7 @@ def test_a_factory_run_job_is_its_own_run_workflow(queue: Queue) -> None:
     job = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="run-1")).job
     drain(queue)
     flows, _ = rows(queue.engine)
-    run = next(f for f in flows if f["id"] == "run:run-1")
+    run = next(f for f in flows if f["id"] == "run:org-a/run-1")
     assert (run["name"], run["job_id"], run["status"], run["steps"]) == ("run", job.id, "failed", 1)
 
 
@@ -76,26 +84,28 @@ def test_a_ledger_write_failure_never_fails_the_mutation_and_rebuild_repairs_it(
         raise RuntimeError("ledger database is down")
 
     monkeypatch.setattr(ledger, "sync_job", broken)
-    launch(queue, "lg-2")
+    key = launch(queue, "lg-2")
     with caplog.at_level(logging.ERROR, logger="receipt.ledger"):
         drain(queue)
-    obj = service.get(queue.engine, "lg-2")
+    obj = service.get(queue.engine, key)
     assert obj is not None and obj.status == "completed"  # the objective is unaffected
-    job = queue.get("lg-2:p1:D")
+    job = queue.get(f"{key}:p1:D")
     assert job is not None and job.status == "completed" and job.attempt == 1  # and so is each job
     assert rows(queue.engine) == ([], [])
-    assert "durable ledger write for job lg-2:p1:A failed" in caplog.text
+    assert "durable ledger write for job org-a/lg-2:p1:A failed" in caplog.text
     monkeypatch.undo()
     counts = ledger.rebuild(queue.engine)
     assert counts["activities"] == 4 and counts["workflows"] == 1
     flows, acts = rows(queue.engine)
     assert flows[0]["status"] == "completed" and [a["status"] for a in acts] == ["completed"] * 4
+    assert flows[0]["objective_id"] == key and {a["objective_id"] for a in acts} == {key}
 
 
 def test_rebuild_recreates_exactly_what_was_written(queue: Queue) -> None:
     launch(queue, "lg-3")
     drain(queue)
     before = rows(queue.engine)
+    assert len(before[0]) == 1 and len(before[1]) == 4  # something to recreate
     ledger.rebuild(queue.engine)
     assert rows(queue.engine) == before
 
@@ -108,17 +118,17 @@ def test_the_control_row_comes_from_the_header_and_an_older_header_from_the_stre
 
     from app.storage.db import objectives, transaction
 
-    launch(queue, "lg-5")
+    key = launch(queue, "lg-5")
     drain(queue)
     written = rows(queue.engine)[0]
-    header = service.get(queue.engine, "lg-5", all_tasks=False)
+    header = service.get(queue.engine, key, all_tasks=False)
     assert header is not None and header.control_steps == written[0]["steps"] >= 1
     with transaction(queue.engine) as conn:
-        state = conn.execute(select(objectives.c.state).where(objectives.c.id == "lg-5")).scalar_one()
+        state = conn.execute(select(objectives.c.state).where(objectives.c.id == key)).scalar_one()
         old = {k: v for k, v in state.items() if k not in ("controlSteps", "controlMovedAt")}
-        conn.execute(update(objectives).where(objectives.c.id == "lg-5").values(state=old))
+        conn.execute(update(objectives).where(objectives.c.id == key).values(state=old))
         conn.execute(durable_workflows.delete())
-        ledger.sync_objective(conn, "lg-5")
+        ledger.sync_objective(conn, key)
     assert rows(queue.engine)[0] == written
 
 
@@ -136,7 +146,7 @@ def test_get_objective_includes_the_ledger_summary(sqlite_engine: Engine) -> Non
     r = app.test_client().get("/objectives/lg-4", headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200, r.json
     summary = r.json["objective"]["ledger"]  # type: ignore[index]
-    assert [w["id"] for w in summary["workflows"]] == ["objective-control:lg-4"]
+    assert [w["id"] for w in summary["workflows"]] == ["objective-control:org-a/lg-4"]
     assert summary["workflows"][0]["status"] == "completed"
     assert summary["activities"]["total"] == 4 and summary["activities"]["byStatus"] == {"completed": 4}
 
@@ -161,15 +171,15 @@ def test_the_background_writer_batches_run_rows_and_an_older_fold_never_replaces
     queue = Queue(engine, ledger_in_background=True)
     body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
     enqueued = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-1")).job
-    leased = queue.lease("bg-1", "w", 60_000, start=True).job
-    done = queue.settle_attempt("bg-1", "w", 1, result={"ok": True}).job
+    leased = queue.lease(enqueued.id, "w", 60_000, start=True).job
+    done = queue.settle_attempt(enqueued.id, "w", 1, result={"ok": True}).job
     queue.ledger_writer.flush()
-    run = next(f for f in rows(engine)[0] if f["id"] == "run:bg-1")
+    run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-1")
     assert (run["status"], run["steps"], run["ended_at"] is not None) == ("completed", 1, True)
     # Writes from two processes may land out of order: the guard keeps the newest fold.
     ledger.write_run_rows(engine, [leased])
     ledger.write_run_rows(engine, [enqueued])
-    run = next(f for f in rows(engine)[0] if f["id"] == "run:bg-1")
+    run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-1")
     assert (run["status"], run["steps"]) == (done.status, 1)
     before = rows(engine)
     ledger.rebuild(engine)
@@ -182,14 +192,35 @@ def test_closing_the_background_writer_writes_what_it_holds_and_stops_its_thread
     and later transitions write their rows before returning."""
     queue = Queue(engine, ledger_in_background=True)
     body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
-    queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-close"))
+    job = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-close")).job
     writer = queue.ledger_writer
     thread = writer._thread
     queue.close()
     assert thread is not None and not thread.is_alive()
-    run = next(f for f in rows(engine)[0] if f["id"] == "run:bg-close")
+    run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-close")
     assert run["status"] == "queued"
-    queue.lease("bg-close", "w", 60_000, start=True)
-    run = next(f for f in rows(engine)[0] if f["id"] == "run:bg-close")
+    queue.lease(job.id, "w", 60_000, start=True)
+    run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-close")
     assert run["status"] == "running"  # written before lease() returned
     queue.close()  # idempotent
+
+
+def test_two_organisations_objectives_of_one_id_keep_their_own_ledger(queue: Queue) -> None:
+    """The same objectiveId in two organisations is two objectives: each ledger summary holds its
+    own control workflow and its own four activities, never the other's."""
+    a_key = launch(queue, "lg-same")
+    body = {"objectiveId": "lg-same", "title": "t", "goal": "g", "plan": plan({"X": []})}
+    b_auth = {"userId": "u2", "organizationId": "org-b"}
+    b_key = service.launch(
+        queue, validate_objective(body, auth_context=b_auth), launched_by=service.system_launcher()
+    ).objective.id
+    assert b_key == qualify("org-b", "lg-same") != a_key
+    drain(queue)
+    with queue.engine.connect() as conn:
+        a_summary, b_summary = ledger.summary(conn, a_key), ledger.summary(conn, b_key)
+    assert [w["id"] for w in a_summary["workflows"]] == ["objective-control:org-a/lg-same"]
+    assert [w["id"] for w in b_summary["workflows"]] == ["objective-control:org-b/lg-same"]
+    assert a_summary["activities"]["total"] == 4 and b_summary["activities"]["total"] == 1
+    before = rows(queue.engine)
+    ledger.rebuild(queue.engine)
+    assert rows(queue.engine) == before  # a rebuild from receipts keeps them apart the same way

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, JobNotFound, ValidationError
+from app.jobs.ids import qualify
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, validate_enqueue
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
@@ -160,16 +161,35 @@ def test_enqueue_accepts_every_lane(q: Any, lane: str) -> None:
 def test_enqueue_is_idempotent_on_an_explicit_job_id(q: Any, engine: Engine) -> None:
     first = q.enqueue(req(jobId="job-1", lane="chat"))
     assert first.created
+    # The client's id is unique within its organisation: the key carries the organisation.
+    key = qualify(ORG_A, "job-1")
+    assert first.job.id == key and first.job.client_id == "job-1"
     again = q.enqueue(req(jobId="job-1", lane="steer", payload=payload(kind="factory.run"), maxAttempts=7))
     assert not again.created and again.job == first.job  # unchanged, not the second request's values
     # Still idempotent after the job moved on: the existing job comes back as it is now.
-    leased = q.lease("job-1", "w1", LONG).job
+    leased = q.lease(key, "w1", LONG).job
     before = receipt_count(engine)
     third = q.enqueue(req(jobId="job-1"))
     assert not third.created and third.job == leased
     assert receipt_count(engine) == before
-    assert types_of(engine, "job-1") == ["job.enqueued", "job.leased"]  # exactly one job.enqueued
+    assert types_of(engine, key) == ["job.enqueued", "job.leased"]  # exactly one job.enqueued
     assert job_count(engine) == 1
+    assert q.find(ORG_A, "job-1") == leased
+
+
+def test_the_same_job_id_in_another_organisation_is_another_job(q: Any, engine: Engine) -> None:
+    """Org B's jobId is its own: the same id org A holds makes B a new job, and A's is untouched."""
+    a_job = q.enqueue(req(jobId="shared-id")).job
+    a_leased = q.lease(a_job.id, "w1", LONG).job
+    b = q.enqueue(req(org=ORG_B, jobId="shared-id", lane="chat"))
+    assert b.created and b.job.id == qualify(ORG_B, "shared-id") != a_job.id
+    assert b.job.organization_id == ORG_B and b.job.status == "queued" and b.job.lane == "chat"
+    assert q.get(a_job.id) == a_leased  # A's job is exactly as it was
+    assert q.find(ORG_A, "shared-id") == a_leased and q.find(ORG_B, "shared-id") == b.job
+    assert q.find("org-c", "shared-id") is None
+    assert q.find(ORG_B, a_job.id) is None  # a key is never a client id: no way into A's job
+    assert types_of(engine, a_job.id) == ["job.enqueued", "job.leased"]
+    assert job_count(engine) == 2
 
 
 def test_enqueue_without_job_id_creates_distinct_jobs(q: Any, engine: Engine) -> None:
@@ -635,6 +655,6 @@ def test_on_dispatchable_failure_never_fails_the_operation(
 
     queue = Queue(engine, on_dispatchable=hook)
     result = queue.enqueue(req(jobId="kept"))
-    assert result.created and queue.get("kept") == result.job
+    assert result.created and queue.get(qualify(ORG_A, "kept")) == result.job
     assert "dispatch wake-up failed" in caplog.text
     check_all(engine)

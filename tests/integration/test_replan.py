@@ -11,6 +11,7 @@ from app.factory.plan import validate_objective
 from app.factory.reducer import fold
 from app.factory.vocab import objective_stream, task_job_id
 from app.jobs.errors import ConflictError, ValidationError
+from app.jobs.ids import qualify
 from app.storage import store
 from app.storage.db import transaction
 from app.storage.queue import Queue
@@ -20,9 +21,14 @@ from tests.support.queue_ops import settle_canceled
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 
 
-def launch(queue: Queue, oid: str, deps: dict[str, list[str]]) -> None:
+def launch(queue: Queue, oid: str, deps: dict[str, list[str]]) -> str:
+    """Launch org-a's objective ``oid``; returns its key (what storage and the service take)."""
     body = {"objectiveId": oid, "title": "t", "goal": "g", "plan": plan(deps)}
-    service.launch(queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
+    obj = service.launch(
+        queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher()
+    ).objective
+    assert obj.id == qualify("org-a", oid) and obj.client_id == oid
+    return obj.id
 
 
 def tasks(*ids: str, deps: dict[str, list[str]] | None = None) -> list[dict[str, Any]]:
@@ -37,18 +43,21 @@ def statuses(queue: Queue, oid: str) -> dict[str, tuple[int, str]]:
 
 
 def test_replan_cancels_the_earlier_phase_and_completes_the_new_one(queue: Queue) -> None:
-    launch(queue, "rp-1", {"A": [], "B": ["A"]})
+    oid = launch(queue, "rp-1", {"A": [], "B": ["A"]})
     drain(queue, skip_agents=(ECHO,))  # control ran: A's job is queued, B pending
-    a_job = task_job_id("rp-1", 1, "A")
-    assert queue.get(a_job).status == "queued"  # type: ignore[union-attr]
-    obj = service.replan(queue, "rp-1", tasks("C", "D", deps={"D": ["C"]}), "new approach")
+    a_job = task_job_id(oid, 1, "A")
+    assert a_job == "org-a/rp-1:p1:A"
+    queued = queue.get(a_job)
+    assert queued is not None and queued.status == "queued"
+    assert queued.payload["objectiveId"] == "rp-1"  # the payload names it as its organisation does
+    obj = service.replan(queue, oid, tasks("C", "D", deps={"D": ["C"]}), "new approach")
     assert obj.phase == 2 and obj.task_order == ("C", "D")
     drain(queue, skip_agents=(ECHO,))  # control stops phase 1 before any task job runs
     assert queue.get(a_job).status == "canceled"  # type: ignore[union-attr]
     drain(queue)
-    final = service.get(queue.engine, "rp-1")
+    final = service.get(queue.engine, oid)
     assert final is not None and final.status == "completed" and final.phase == 2
-    assert statuses(queue, "rp-1") == {
+    assert statuses(queue, oid) == {
         "A": (1, "canceled"),
         "B": (1, "canceled"),
         "C": (2, "completed"),
@@ -57,58 +66,58 @@ def test_replan_cancels_the_earlier_phase_and_completes_the_new_one(queue: Queue
     a = queue.get(a_job)
     assert a is not None and a.status == "canceled"
     # D got C's result: the new phase is a graph like any other; its jobs are named by phase 2.
-    d = queue.get(task_job_id("rp-1", 2, "D"))
+    d = queue.get(task_job_id(oid, 2, "D"))
     assert d is not None and d.result["inputs"]["C"]["task"] == "C"
 
 
 def test_a_running_earlier_job_gets_an_abort_with_reason_phase_superseded(queue: Queue) -> None:
-    launch(queue, "rp-2", {"A": []})
+    oid = launch(queue, "rp-2", {"A": []})
     drain(queue, skip_agents=(ECHO,))
-    a_job = task_job_id("rp-2", 1, "A")
+    a_job = task_job_id(oid, 1, "A")
     queue.lease(a_job, "w-test", 60_000, start=True)
-    service.replan(queue, "rp-2", tasks("C"), None)
+    service.replan(queue, oid, tasks("C"), None)
     drain(queue, skip_agents=(ECHO,))
     a = queue.get(a_job)
     assert a is not None and a.status in ("leased", "running") and a.abort_requested
     assert a.abort_reason == "phase superseded"
-    mid = service.get(queue.engine, "rp-2")
+    mid = service.get(queue.engine, oid)
     assert mid is not None and mid.status == "active"  # C is queued, A still stopping
     drain(queue)  # C completes; A's worker is "gone": the objective waits for A to stop
-    assert service.get(queue.engine, "rp-2").status == "active"  # type: ignore[union-attr]
+    assert service.get(queue.engine, oid).status == "active"  # type: ignore[union-attr]
     settle_canceled(queue, a_job, "w-test", 1, "phase superseded")
     drain(queue)
-    final = service.get(queue.engine, "rp-2")
+    final = service.get(queue.engine, oid)
     assert final is not None and final.status == "completed"
-    assert statuses(queue, "rp-2") == {"A": (1, "canceled"), "C": (2, "completed")}
+    assert statuses(queue, oid) == {"A": (1, "canceled"), "C": (2, "completed")}
 
 
 def test_replan_refuses_a_terminal_objective_and_bad_plans(queue: Queue) -> None:
-    launch(queue, "rp-3", {"A": []})
+    oid = launch(queue, "rp-3", {"A": []})
     with pytest.raises(ValidationError) as bad:
-        service.replan(queue, "rp-3", [], None)
+        service.replan(queue, oid, [], None)
     assert bad.value.field == "tasks"
     with pytest.raises(ValidationError) as reused:
-        service.replan(queue, "rp-3", tasks("A"), None)
+        service.replan(queue, oid, tasks("A"), None)
     assert reused.value.field == "tasks[0].id" and "phase 1" in reused.value.message
     with pytest.raises(ValidationError) as cycle:
-        service.replan(queue, "rp-3", tasks("X", "Y", deps={"X": ["Y"], "Y": ["X"]}), None)
+        service.replan(queue, oid, tasks("X", "Y", deps={"X": ["Y"], "Y": ["X"]}), None)
     assert "dependency cycle" in cycle.value.message
     drain(queue)
     with pytest.raises(ConflictError):
-        service.replan(queue, "rp-3", tasks("Z"), None)
+        service.replan(queue, oid, tasks("Z"), None)
     with pytest.raises(service.ObjectiveNotFound):
-        service.replan(queue, "rp-none", tasks("Z"), None)
+        service.replan(queue, qualify("org-a", "rp-none"), tasks("Z"), None)
 
 
 def test_rebuild_gives_the_same_phases(queue: Queue) -> None:
-    launch(queue, "rp-4", {"A": []})
+    oid = launch(queue, "rp-4", {"A": []})
     drain(queue, skip_agents=(ECHO,))
-    service.replan(queue, "rp-4", tasks("C"), None)
+    service.replan(queue, oid, tasks("C"), None)
     drain(queue)
-    before = statuses(queue, "rp-4")
+    before = statuses(queue, oid)
     with transaction(queue.engine) as conn:
         storage.rebuild(conn)
-    assert statuses(queue, "rp-4") == before
+    assert statuses(queue, oid) == before
     with queue.engine.connect() as conn:
-        folded = fold(r.to_receipt() for r in store.read_stream(conn, objective_stream("rp-4")))
+        folded = fold(r.to_receipt() for r in store.read_stream(conn, objective_stream(oid)))
     assert folded is not None and folded.phase == 2 and folded.status == "completed"

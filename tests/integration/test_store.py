@@ -251,6 +251,7 @@ def test_append_only_trigger_rejects_truncate_on_postgres(pg_engine: Engine) -> 
 def test_a_scan_batch_reads_its_jobs_and_the_clock_together(engine: Engine) -> None:
     """The dispatch scan's claim reads its batch and the database clock in one statement
     (Postgres), in id order, skipping ids that name no job; the clock is not before any of them."""
+    from app.jobs.ids import qualify
     from app.jobs.validation import EnqueueRequest
     from app.storage import projection
     from app.storage.db import parse_iso
@@ -260,9 +261,10 @@ def test_a_scan_batch_reads_its_jobs_and_the_clock_together(engine: Engine) -> N
     body = {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}
     for job_id in ("scan-b", "scan-a"):
         queue.enqueue(EnqueueRequest(agent_id="noop", payload=body, job_id=job_id))
+    a, b = qualify("o", "scan-a"), qualify("o", "scan-b")
     with engine.connect() as conn:
-        found, now = projection.load_jobs_at_clock(conn, ["scan-b", "missing", "scan-a"])
+        found, now = projection.load_jobs_at_clock(conn, [b, qualify("o", "missing"), a])
         none, clock = projection.load_jobs_at_clock(conn, ["missing"])
-    assert [j.id for j in found] == ["scan-a", "scan-b"]
+    assert [j.id for j in found] == [a, b]
     assert all(now >= parse_iso(j.updated_at) for j in found)  # type: ignore[operator]
     assert none == [] and clock >= now

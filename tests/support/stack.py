@@ -18,7 +18,7 @@ import requests
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
-from app.jobs.ids import qualify
+from app.jobs.ids import KEY_SEPARATOR, qualify
 from app.jobs.reducer import Job
 from app.jobs.vocab import TERMINAL_STATUSES, job_stream
 from app.storage import store, tokens
@@ -194,11 +194,13 @@ class Stack:
         assert data["async"]["jobId"] == job["id"]
         return job
 
-    def get_job(self, job_id: str, system: bool = False) -> dict[str, Any]:
-        # A system token acts in its own organisation unless it names the job's.
-        params = {"organizationId": ORG} if system else None
+    def get_job(
+        self, job_id: str, system: bool = False, organization_id: str | None = None
+    ) -> dict[str, Any]:
+        """``GET /jobs/<jobId>``; a system token names another organisation with ``organization_id``."""
+        params = {"organizationId": organization_id} if organization_id is not None else None
         r = self.http.get(
-            self.url(f"/jobs/{job_id}"), headers=self.headers(system), params=params, timeout=10
+            self.url(f"/jobs/{job_id}"), params=params, headers=self.headers(system), timeout=10
         )
         assert r.status_code == 200, f"GET /jobs/{job_id} answered {r.status_code}: {r.text}"
         job: dict[str, Any] = r.json()["job"]
@@ -231,13 +233,10 @@ class Stack:
         return job
 
     # -- the database, read directly (exact counting)
-    def key(self, job_id: str) -> str:
-        """The storage key of a job: ``job_id`` itself when it is one, else the key of ORG's job of
-        that client id (the id the HTTP answers carry)."""
-        if "/" in job_id:
-            return job_id
-        found = Queue(self.engine).find(ORG, job_id)
-        return found.id if found is not None else qualify(ORG, job_id)
+    def key(self, job_id: str, organization_id: str = ORG) -> str:
+        """The storage key of a job: a client id (what the API answers carry) is the stack's
+        organisation's unless another is named; a key (it holds the organisation) stays as it is."""
+        return job_id if KEY_SEPARATOR in job_id else qualify(organization_id, job_id)
 
     def job(self, job_id: str) -> Job | None:
         return Queue(self.engine).get(self.key(job_id))

@@ -104,3 +104,30 @@ def test_a_queued_task_is_waited_for_not_stalled() -> None:
     fake = Fake([computer("queued", quiet=timedelta(hours=3))])
     fake.cancel_after = 2
     assert fake.run()["outcome"] == "canceled" and fake.reconciles == []
+
+
+def test_what_it_writes_names_the_task_job_by_its_client_id_not_its_key() -> None:
+    """The monitor follows the job's key; its reports, reconcile detail and result name the job as
+    its payload does (the organisation's id for it), never by the organisation-qualified key."""
+    stalled_job = job("org/o1:p1:a", quiet=timedelta(minutes=15, milliseconds=1), executionPath="computer")
+    asked: list[str] = []
+    reports: list[dict[str, Any]] = []
+    reconciles: list[dict[str, Any]] = []
+
+    def get(job_id: str) -> Job | None:
+        asked.append(job_id)
+        return stalled_job
+
+    result = monitor.follow(
+        "org/o1:p1:a",
+        S,
+        get_job=get,
+        now=lambda: NOW,
+        report=reports.append,
+        wait=lambda _s: False,
+        request_reconcile=reconciles.append,
+    )
+    assert asked == ["org/o1:p1:a"]  # it reads by key
+    assert result["outcome"] == "stalled" and result["taskJobId"] == "o1:p1:a"
+    assert [r["taskJobId"] for r in reports] == ["o1:p1:a"]
+    assert [r["jobId"] for r in reconciles] == ["o1:p1:a"]

@@ -42,7 +42,13 @@ def _launch(ctx: JobContext, body: Any) -> dict[str, Any]:
     obj = result.objective
     if obj.organization_id != org:
         raise _refuse("that objectiveId cannot be used; choose another")
-    return {"objectiveId": obj.id, "created": result.created, "status": obj.status, "stream": obj.stream}
+    # The objective as its organisation knows it (the key is storage's), as the API answers name it.
+    return {
+        "objectiveId": obj.client_id,
+        "created": result.created,
+        "status": obj.status,
+        "stream": obj.stream,
+    }
 
 
 def handle_factory(ctx: JobContext) -> Any:
