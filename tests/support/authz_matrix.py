@@ -311,6 +311,8 @@ def _api_rows() -> list[Row]:
         Row("GET", "/healthz", (200, 200, 200, 200, 200)),
         Row("GET", "/readyz", (200, 200, 200, 200, 401)),
         Row("GET", "/openapi.json", (200, 200, 200, 200, 401)),
+        # Who the caller's own token is: every token reads its own, never another's.
+        Row("GET", "/whoami", (200, 200, 200, 200, 401)),
         Row("GET", "/metrics", (403, 403, 403, 200, 401)),
         # Flask's default static route: the API has no static folder, so it serves nothing.
         Row("GET", "/static/{filename}", (404, 404, 404, 404, 401), args={"filename": "ui.css"}),
