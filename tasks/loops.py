@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from app.factory import loops as objectives
@@ -34,6 +35,7 @@ from app.storage.db import db_now, transaction
 from tasks import fetches
 from tasks.dispatch import deliver_stale, start_driver
 from tasks.runtime import Runtime
+from workers.roles import ROLES
 
 log = logging.getLogger("receipt.loops")
 
@@ -358,3 +360,32 @@ class LocalTicker:
                 self.tick()
             except Exception as exc:  # the database may be down: look again next tick
                 log.warning("local ticker could not check the loops: %s", exc)
+
+
+# -- the docs table ----------------------------------------------------------------------------------
+
+DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
+TABLE_START = "<!-- loops-table:start -->\n"
+TABLE_END = "\n<!-- loops-table:end -->"
+
+
+def docs_table() -> str:
+    """The loop table of docs/reliability.md: the registry, with the roles consuming each queue."""
+    consumers: dict[str, list[str]] = {}
+    for role in ROLES.values():
+        for queue in role.queues:
+            consumers.setdefault(queue, []).append(role.name)
+    return registry.markdown_table(consumers)
+
+
+def documented_table(page: Path = DOCS_PAGE) -> str:
+    """The table as docs/reliability.md holds it now."""
+    return page.read_text().split(TABLE_START, 1)[1].split(TABLE_END, 1)[0]
+
+
+def write_docs_table(page: Path = DOCS_PAGE) -> None:
+    """Regenerate the table in docs/reliability.md (``make docs``)."""
+    text = page.read_text()
+    head, rest = text.split(TABLE_START, 1)
+    _old, tail = rest.split(TABLE_END, 1)
+    page.write_text(head + TABLE_START + docs_table() + TABLE_END + tail)
