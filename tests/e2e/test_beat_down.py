@@ -14,6 +14,7 @@ Both are set up before any process starts, so nothing but the loops can see them
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,9 @@ def test_with_beat_down_a_lost_control_message_and_a_stalled_objective_are_recov
     assert not any(name.startswith("beat") for name in beatless.procs)
 
     for key in (lost_message, stalled):
-        obj = wait_for(lambda k=key: completed(beatless, k), 120, interval=0.3, what=f"{key} to complete")
+        obj = wait_for(
+            functools.partial(completed, beatless, key), 120, interval=0.3, what=f"{key} to complete"
+        )
         assert {t.status for t in obj.tasks.values()} == {"completed"}
     # The lost message's own control job, made by the outbox redrive; no watchdog reconcile for it.
     done = beatless.job(the_control_job)
