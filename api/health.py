@@ -5,9 +5,10 @@ database is slow). ``/readyz`` says this instance can do its job: the database a
 ``SELECT 1`` and the broker is reachable — Redis answers PING within a second, or, in the
 embedded deployment, the local broker folder exists or can be created — the wake-up publisher
 can publish (``api.wake``: its transport loads and the driver queue is declared), and every
-recovery loop ran within three of its intervals (``loop_runs``): a deployment whose loops stopped
-(beat down and no maintenance consumer left) recovers nothing, so it is not ready. A loop that
-never ran is given the same three intervals from this process's start.
+recovery loop this deployment runs (``app/ops/loops.py``) ran within three of its periods
+(``loop_runs``): a deployment whose loops stopped (beat down and no consumer of their queues left)
+recovers nothing, so it is not ready. A loop that never ran is given the same three periods from
+this process's start; a loop whose schedule cannot run (an invalid cron) fails the check.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from api.errors import NOT_READY, ApiError
 from api.openapi import Operation, operation
 from api.wake import check_waker
 from app.config import Settings
+from app.ops import loops as registry
 from app.storage import loops
 from app.storage.db import iso
 from app.storage.files import private_dir
@@ -73,7 +75,7 @@ def check_broker(settings: Settings) -> str:
 
 
 def check_loops(engine: Engine, settings: Settings, started: float) -> tuple[str, dict[str, Any]]:
-    """Each loop's last run, interval and age; "ok" unless one is older than 3 intervals."""
+    """Each active loop's last run, period and age; "ok" unless one is older than 3 periods."""
     try:
         now, runs = loops.last_runs(engine)
     except Exception as exc:
@@ -81,20 +83,21 @@ def check_loops(engine: Engine, settings: Settings, started: float) -> tuple[str
     since = now - timedelta(seconds=time.monotonic() - started)
     report: dict[str, Any] = {}
     late = []
-    for name, interval_ms in loops.loop_intervals(settings).items():
-        run = runs.get(name)
-        last = run.started_at if run else None
-        is_late = loops.overdue(last, since, now, interval_ms)
-        report[name] = {
-            "lastRun": iso(last),
-            "ageMs": int((now - last).total_seconds() * 1000) if last else None,
-            "intervalMs": interval_ms,
-            "overdue": is_late,
+    for loop in registry.active(settings):
+        run = runs.get(loop.name)
+        st = registry.status(loop, settings, run.started_at if run else None, since, now)
+        report[loop.name] = {
+            "lastRun": iso(st.last_run),
+            "ageMs": st.age_ms,
+            "intervalMs": st.interval_ms if st.interval_ms is not None else 0,
+            "overdue": st.overdue,
         }
-        if is_late:
-            late.append(name)
+        if st.error is not None:
+            report[loop.name]["error"] = st.error
+        if st.overdue:
+            late.append(loop.name)
     if late:
-        return f"overdue: {', '.join(late)} (no run within {loops.STALE_FACTOR} intervals)", report
+        return f"overdue: {', '.join(late)} (no run within {loops.STALE_FACTOR} periods)", report
     return OK, report
 
 

@@ -53,5 +53,6 @@ def metrics_view() -> ResponseReturnValue:
     identity = auth.current()
     if identity is not SCRAPER and not identity.system:
         raise forbidden("metrics span every organisation: use a system token or RECEIPT_METRICS_TOKEN")
-    body, _content_type = metrics.exposition(state().engine)
+    st = state()
+    body, _content_type = metrics.exposition(st.engine, st.settings)
     return Response(body, status=200, content_type=PROMETHEUS_TEXT)

@@ -7,41 +7,31 @@ module attribute ``app`` exists only for ``celery -A tasks.celery_app`` (Flower,
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from celery import Celery, signals
 
 from app.config import Settings
 from app.factory import loops as objectives
-from app.factory import watchdog
-from app.jobs.routing import MAINTENANCE_QUEUE
 from app.ops import celeryconfig, logs
+from app.ops import loops as registry
 from tasks import dispatch, execute, fetches, loops, redaction
 from tasks.cron import CronSchedule
-from tasks.runtime import (
-    CALLBACK_TASK,
-    DISPATCH_TASK,
-    DRIVER_TASK,
-    EXECUTE_TASK,
-    EXPIRE_TASK,
-    OUTBOX_TASK,
-    REDRIVE_TASK,
-    RETRY_TASK,
-    WATCHDOG_TASK,
-    get_runtime,
-)
+from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, get_runtime
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or Settings.from_env()
+    missing = loops.unbound()
+    if missing:
+        raise RuntimeError(f"recovery loops declared without a pass (tasks/loops.py): {', '.join(missing)}")
     redaction.install()
     app = Celery("receipt", set_as_current=False)
     app.config_from_object(celeryconfig.build(settings))
-    entry = celeryconfig.watchdog_entry(settings)
-    if entry is not None:
-        cron = entry.pop("cron")
-        schedule = {**entry, "schedule": CronSchedule(cron)}
-        app.conf.beat_schedule = {**app.conf.beat_schedule, "objective-watchdog": schedule}
+    # The whole schedule, cron loops included: the plain-data configuration cannot build a cron
+    # schedule without importing Celery.
+    app.conf.beat_schedule = registry.beat_schedule(settings, CronSchedule)
     app.receipt_settings = settings
     _register(app)
     return app
@@ -75,47 +65,34 @@ def _register(app: Celery) -> None:
     ) -> dict[str, Any]:
         return execute.execute(get_runtime(self.app), job_id, fence, dispatch_key, generation)
 
-    @_task(app, REDRIVE_TASK)
-    def redrive_task(self: Any) -> dict[str, Any]:
-        return loops.redrive_queued(get_runtime(self.app))
-
-    @_task(app, EXPIRE_TASK)
-    def expire_task(self: Any) -> dict[str, Any]:
-        return loops.expire_leases(get_runtime(self.app))
-
-    @_task(app, CALLBACK_TASK)
-    def callback_task(self: Any) -> dict[str, Any]:
-        return loops.send_callbacks(get_runtime(self.app))
-
-    @_task(app, RETRY_TASK)
-    def retry_task(self: Any) -> dict[str, Any]:
-        return loops.dispatch_due_retries(get_runtime(self.app))
-
-    @_task(app, OUTBOX_TASK)
-    def outbox_task(self: Any) -> dict[str, Any]:
-        rt = get_runtime(self.app)
-        return objectives.outbox_redrive(
-            rt.queue, rt.settings, lambda job, age_ms: dispatch.deliver_stale(rt, job, age_ms)
-        )
-
-    @_task(app, WATCHDOG_TASK)
-    def watchdog_tick_task(self: Any, published: str | None = None) -> dict[str, Any]:
-        rt = get_runtime(self.app)
-        return objectives.watchdog_tick(rt.queue, rt.settings, published)
+    for loop in registry.LOOPS:
+        _register_loop(app, loop)
 
 
-def _stamp_watchdog_tick(sender: Any = None, body: Any = None, **_: Any) -> None:
-    """Beat's watchdog message carries its publish time, so the tick is named by when beat fired
+def _register_loop(app: Celery, loop: registry.Loop) -> None:
+    """The task carrying ``loop``'s ticks: one claimed pass (``tasks.loops.run``)."""
+
+    @_task(app, loop.task)
+    def loop_task(self: Any, published: str | None = None) -> dict[str, Any]:
+        at = datetime.fromisoformat(published) if published else None
+        return loops.run(get_runtime(self.app), loop, at)
+
+
+_CRON_TASKS = registry.cron_tasks()
+
+
+def _stamp_published(sender: Any = None, body: Any = None, **_: Any) -> None:
+    """A cron loop's tick message carries its publish time, so the tick is named by when beat fired
     (at or just after the cron tick), not by when a worker got round to it: two beats firing for
     one tick name the same tick however late their messages are consumed."""
-    if sender != WATCHDOG_TASK or not isinstance(body, tuple) or len(body) < 2:
+    if sender not in _CRON_TASKS or not isinstance(body, tuple) or len(body) < 2:
         return
     kwargs = body[1]
     if isinstance(kwargs, dict) and "published" not in kwargs:
-        kwargs["published"] = objectives.utcnow_iso()
+        kwargs["published"] = datetime.now(UTC).isoformat()
 
 
-signals.before_task_publish.connect(_stamp_watchdog_tick)
+signals.before_task_publish.connect(_stamp_published)
 
 
 def _keep_receipt_logging(**_: Any) -> None:
@@ -139,20 +116,18 @@ def _unbind_job_from_logs(**_: Any) -> None:
     logs.clear_job()  # pool threads are reused: the next task must not inherit this job
 
 
-def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
-    """Spec: the queued-job redrive's first pass runs after a 5 000 ms startup delay."""
+def _first_passes_after_startup_delay(sender: Any = None, **_: Any) -> None:
+    """Spec: the queued-job redrive's first pass runs after a 5 000 ms startup delay (every loop
+    declaring a first delay gets its tick that long after beat starts)."""
     beat_app = getattr(sender, "app", None)
     settings: Settings | None = getattr(beat_app, "receipt_settings", None)
     if beat_app is None or settings is None:
         return
-    if watchdog.enabled(settings):
-        try:
-            watchdog.cron_expression(settings)
-        except watchdog.CronError as exc:  # `celery beat` started without tasks.beat's check
-            raise SystemExit(f"beat: {exc}") from None
-    beat_app.send_task(
-        REDRIVE_TASK, queue=MAINTENANCE_QUEUE, countdown=settings.queued_redrive_startup_delay_ms / 1000
-    )
+    errors = registry.schedule_errors(settings)
+    if errors:  # `celery beat` started without tasks.beat's check
+        raise SystemExit(f"beat: {'; '.join(errors)}")
+    for loop, delay_ms in registry.first_passes(settings):
+        beat_app.send_task(loop.task, queue=loop.queue, countdown=delay_ms / 1000)
     # Spec: objective resume runs once in every process role, after RESONATE_STARTUP_SETTLE_MS.
     objectives.schedule_resume(get_runtime(beat_app).queue, settings, "beat")
 
@@ -166,7 +141,7 @@ def _resume_objectives_after_settle(sender: Any = None, **_: Any) -> None:
     objectives.schedule_resume(rt.queue, rt.settings, rt.settings.process_role)
 
 
-signals.beat_init.connect(_first_redrive_after_startup_delay)
+signals.beat_init.connect(_first_passes_after_startup_delay)
 # Connected, so Celery leaves logging alone: app.ops.logs configured it (plain or JSON).
 signals.setup_logging.connect(_keep_receipt_logging)
 signals.task_prerun.connect(_bind_job_to_logs)
@@ -174,11 +149,15 @@ signals.task_postrun.connect(_unbind_job_from_logs)
 
 
 def _start_local_ticker(sender: Any = None, **_: Any) -> None:
-    """Recovery without beat: a process consuming ``receipt-maintenance`` runs overdue loops itself."""
+    """Recovery without beat: a worker runs the overdue loops whose ticks go to a queue it consumes."""
     worker_app = getattr(sender, "app", None)
-    if worker_app is None or not getattr(worker_app, "receipt_local_ticker", False):
+    queues = getattr(worker_app, "receipt_ticker_queues", ()) if worker_app is not None else ()
+    if worker_app is None or not queues:
         return
-    ticker = loops.LocalTicker(get_runtime(worker_app))
+    rt = get_runtime(worker_app)
+    if not any(loop.queue in queues for loop in registry.active(rt.settings)):
+        return
+    ticker = loops.LocalTicker(rt, queues)
     worker_app.receipt_ticker = ticker
     ticker.start()
 

@@ -1,103 +1,118 @@
-"""The recovery loops: queued-job redrive, due retries and lease expiry, and their local ticker.
+"""The recovery loops' passes, bound to their declarations (``app/ops/loops.py``), and the local ticker.
 
-Every pass is idempotent (every write is decided from receipts and fenced) and single-flight (a
-``loop_runs`` claim with a renewed deadline), so two beats running by mistake do no harm, and a
-pass that dies frees its loop within about one interval.
+Every pass is idempotent (every write is decided from receipts and fenced) and runs in the one
+claim-and-renew wrapper, ``app.storage.loops.run_claimed``, under the claim policy its loop
+declares: two beats running by mistake do no harm, and a pass that dies frees its loop within
+about one interval.
 
-Beat schedules the passes. So that recovery does not hang on that one process, every process
-that consumes ``receipt-maintenance`` also runs a ``LocalTicker``: when a loop's last run is
-older than ``TICKER_FACTOR`` (2) times its interval -- beat is down, or its ticks are lost -- the
-ticker runs a pass itself, through the same claim: so it acts before ``/readyz`` would call the
-loop overdue (3 intervals).
+Beat schedules the passes. So that recovery does not hang on that one process, every worker process
+also runs a ``LocalTicker`` over the loops whose queue it consumes: when a loop's last run is older
+than ``TICKER_FACTOR`` (2) periods -- beat is down, or its ticks are lost -- the ticker runs a pass
+itself, through the same claim, so it acts before ``/readyz`` would call the loop overdue
+(3 periods). A loop that declares a first delay (the queued redrive) also gets its first pass that
+long after the ticker starts, as beat gives it one after beat starts.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
-import socket
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from app.factory import loops as objectives
 from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.ops import logs, metrics
-from app.storage import delivery, loops
+from app.ops import loops as registry
+from app.ops.loops import Loop
+from app.storage import delivery
+from app.storage import loops as claims
 from app.storage.db import db_now, transaction
 from tasks import fetches
-from tasks.dispatch import start_driver
+from tasks.dispatch import deliver_stale, start_driver
 from tasks.runtime import Runtime
+from workers.roles import ROLES
 
 log = logging.getLogger("receipt.loops")
 
-REDRIVE_LOOP = loops.REDRIVE_LOOP
-RETRY_LOOP = loops.RETRY_LOOP
-EXPIRY_LOOP = loops.EXPIRY_LOOP
-CALLBACK_LOOP = loops.CALLBACK_LOOP
+REDRIVE_LOOP = registry.QUEUED_REDRIVE.name
+RETRY_LOOP = registry.DUE_RETRIES.name
+EXPIRY_LOOP = registry.LEASE_EXPIRY.name
+CALLBACK_LOOP = registry.CALLBACKS.name
 SCAN_LIMIT = 500
-STALE_FACTOR = loops.STALE_FACTOR
-# The ticker steps in at 2 intervals, before /readyz calls a loop overdue at 3: with beat down, a
-# loop's last run then never ages past 3 intervals while a maintenance consumer lives.
+STALE_FACTOR = claims.STALE_FACTOR
+# The ticker steps in at 2 periods, before /readyz calls a loop overdue at 3: with beat down, a
+# loop's last run then never ages past 3 periods while a consumer of its queue lives.
 TICKER_FACTOR = 2
-overdue = loops.overdue
+overdue = claims.overdue
 
 
-# A claim lives one interval, but never less than 2 s: on a loaded machine one transaction of a
-# sub-second loop (lease expiry every 0.5 s in tests) can outlast a shorter deadline.
-class LoopClaimLost(Exception):
-    """This pass no longer holds its loop (it stalled past its claim's deadline): stop."""
+# -- binding a pass to its loop ------------------------------------------------------------------------
 
 
-def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+@dataclass(frozen=True)
+class Pass:
+    """What one pass is given besides the runtime: ``keep`` (call it between items: it renews the
+    claim, and raises ``LoopClaimLost`` once the pass lost its loop) and ``published`` (when beat
+    published the tick, for a cron loop; None when the local ticker or a test runs the pass)."""
+
+    keep: claims.KeepAlive
+    published: datetime | None = None
 
 
-class KeepAlive:
-    """Renews a pass's claim when a third of its deadline has gone by; raises once it is lost."""
-
-    def __init__(self, rt: Runtime, name: str, owner: str, ttl_ms: int) -> None:
-        self._rt, self._name, self._owner, self._ttl_ms = rt, name, owner, ttl_ms
-        self._last = _monotonic_ms()
-
-    def __call__(self) -> None:
-        if _monotonic_ms() - self._last < self._ttl_ms / 3:
-            return
-        if not loops.renew(self._rt.engine, self._name, self._owner, self._ttl_ms):
-            raise LoopClaimLost(self._name)
-        self._last = _monotonic_ms()
+PassBody = Callable[[Runtime, Pass], dict[str, Any]]
+PASSES: dict[str, PassBody] = {}
 
 
-def _monotonic_ms() -> float:
-    return time.monotonic() * 1000
+def binds(loop: Loop) -> Callable[[PassBody], Callable[[Runtime], dict[str, Any]]]:
+    """Declare ``loop``'s pass. The decorated name runs one claimed pass: ``redrive_queued(rt)``."""
+
+    def decorate(body: PassBody) -> Callable[[Runtime], dict[str, Any]]:
+        if loop.name in PASSES:
+            raise ValueError(f"recovery loop {loop.name!r} already has a pass")
+        PASSES[loop.name] = body
+
+        @functools.wraps(body)
+        def claimed(rt: Runtime) -> dict[str, Any]:
+            return run(rt, loop)
+
+        return claimed
+
+    return decorate
 
 
-def _guarded(
-    rt: Runtime, name: str, interval_ms: int, body: Callable[[KeepAlive], dict[str, Any]]
+def unbound() -> list[str]:
+    """Declared loops that have no pass (``make_celery`` refuses to build an app with one)."""
+    return [loop.name for loop in registry.LOOPS if loop.name not in PASSES]
+
+
+def run(
+    rt: Runtime, loop: Loop, published: datetime | None = None, *, clock: claims.Clock = claims.SYSTEM_CLOCK
 ) -> dict[str, Any]:
-    owner = _owner()
-    ttl = loops.claim_ttl_ms(interval_ms)
-    # Half an interval of spacing: duplicate ticks (two beats) collapse into one pass, while a
-    # normal schedule with jitter still runs every tick.
-    if not loops.claim(rt.engine, name, owner, min_interval_ms=interval_ms // 2, ttl_ms=ttl):
+    """One pass of ``loop`` in the claim-and-renew wrapper: its result, ``{"skipped": True}`` when
+    another pass holds or just ran the loop (or the deployment runs no such loop), or
+    ``{"lost": True}`` when the pass stalled past its claim and stopped."""
+    if not loop.enabled(rt.settings):
         return {"skipped": True}
-    # Inside the claim: these two lines never interleave with another pass's (single flight), and
-    # they say what Celery's "succeeded" line no longer shows (it logs no return values).
-    log.info("loop %s: pass started", name)
+    body = PASSES[loop.name]
+    policy = registry.policy(loop, rt.settings, datetime.now(UTC))
+    counted = metrics.registry_metrics().loop_passes
     try:
-        return body(KeepAlive(rt, name, owner, ttl))
-    except LoopClaimLost:
-        log.warning("%s pass lost its claim (stalled past its deadline); stopping it", name)
-        return {"lost": True}
-    finally:
-        log.info("loop %s: pass finished", name)
-        try:
-            loops.release(rt.engine, name, owner)
-        except Exception as exc:  # the database may be what killed the pass: the deadline frees it
-            log.warning("could not release %s (%s); its claim lapses on its deadline", name, exc)
+        outcome = claims.run_claimed(
+            rt.engine, loop.name, policy, lambda keep: body(rt, Pass(keep, published)), clock=clock
+        )
+    except Exception:
+        counted.labels(loop.name, "failed").inc()
+        raise
+    counted.labels(loop.name, outcome.kind).inc()
+    return outcome.result
 
+
+# -- the passes ------------------------------------------------------------------------------------------
 
 # A pending delivery is presumed lost (the broker holding no message it could be) only once it is
 # this old: between recording a delivery and sending its message, a loaded driver can take seconds.
@@ -108,7 +123,8 @@ def presume_after_ms(cooldown_ms: int) -> int:
     return max(cooldown_ms, PRESUME_LOST_AFTER_MS)
 
 
-def redrive_queued(rt: Runtime) -> dict[str, Any]:
+@binds(registry.QUEUED_REDRIVE)
+def redrive_queued(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Re-deliver queued jobs older than the minimum age, at most once per cooldown per job.
 
     The dispatch key ``<jobId>:redrive:<seq>:<status>`` makes a pass idempotent for one observed
@@ -117,52 +133,48 @@ def redrive_queued(rt: Runtime) -> dict[str, Any]:
     the queues it would be on). The pass also ends delivery records that can no longer matter.
     """
     s = rt.settings
-
-    def body(keep: KeepAlive) -> dict[str, Any]:
-        with transaction(rt.engine) as conn:
-            swept = delivery.sweep(conn, db_now(conn))
-        epoch = rt.broker.epoch()
-        # Deliveries whose message died with the process that fetched it end first, so the scan
-        # below starts their next generation in this very pass (tasks/fetches.py).
-        lost, held = settle_lost_fetches(rt, epoch)
-        # With every queue empty, no pending delivery can still have a message waiting: each is
-        # presumed lost. Otherwise jobs whose delivery is in flight are left out of the scan.
-        drained = rt.broker.queues_empty([DRIVER_QUEUE, *QUEUES.values()]) is True
-        started = []
-        candidates = rt.queue.queued_older_than(
-            s.queued_redrive_min_age_ms, limit=SCAN_LIMIT, skip_in_flight=not drained, epoch=epoch
-        )
-        for job, _since in candidates:
-            keep()
-            with rt.engine.connect() as conn:
-                now = db_now(conn)
-                last = delivery.last_live_start(conn, job.id, epoch)
-            if last is not None and (now - last).total_seconds() * 1000 < s.queued_redrive_cooldown_ms:
-                continue
-            try:
-                with logs.bind_job(jobId=job.id, org=job.organization_id):
-                    decision = start_driver(
-                        rt,
-                        job.id,
-                        delivery.redrive_key(job.id, job.seq, job.status),
-                        # A delivery a live consumer holds is not lost, however empty the queues.
-                        presume_lost_after_ms=(
-                            presume_after_ms(s.queued_redrive_cooldown_ms)
-                            if drained and job.id not in held
-                            else None
-                        ),
-                    )
-            except Exception:
-                log.exception("redrive of %s failed; next pass retries", job.id)
-                continue
-            if decision is not None and decision.created:
-                started.append(job.id)
-        if started:
-            log.info("redrive started %d deliveries", len(started))
-            metrics.registry_metrics().redrives.inc(len(started))
-        return {"redriven": started, "swept": swept, "fetcherLost": lost}
-
-    return _guarded(rt, REDRIVE_LOOP, s.queued_redrive_interval_ms, body)
+    with transaction(rt.engine) as conn:
+        swept = delivery.sweep(conn, db_now(conn))
+    epoch = rt.broker.epoch()
+    # Deliveries whose message died with the process that fetched it end first, so the scan
+    # below starts their next generation in this very pass (tasks/fetches.py).
+    lost, held = settle_lost_fetches(rt, epoch)
+    # With every queue empty, no pending delivery can still have a message waiting: each is
+    # presumed lost. Otherwise jobs whose delivery is in flight are left out of the scan.
+    drained = rt.broker.queues_empty([DRIVER_QUEUE, *QUEUES.values()]) is True
+    started = []
+    candidates = rt.queue.queued_older_than(
+        s.queued_redrive_min_age_ms, limit=SCAN_LIMIT, skip_in_flight=not drained, epoch=epoch
+    )
+    for job, _since in candidates:
+        p.keep()
+        with rt.engine.connect() as conn:
+            now = db_now(conn)
+            last = delivery.last_live_start(conn, job.id, epoch)
+        if last is not None and (now - last).total_seconds() * 1000 < s.queued_redrive_cooldown_ms:
+            continue
+        try:
+            with logs.bind_job(jobId=job.id, org=job.organization_id):
+                decision = start_driver(
+                    rt,
+                    job.id,
+                    delivery.redrive_key(job.id, job.seq, job.status),
+                    # A delivery a live consumer holds is not lost, however empty the queues.
+                    presume_lost_after_ms=(
+                        presume_after_ms(s.queued_redrive_cooldown_ms)
+                        if drained and job.id not in held
+                        else None
+                    ),
+                )
+        except Exception:
+            log.exception("redrive of %s failed; next pass retries", job.id)
+            continue
+        if decision is not None and decision.created:
+            started.append(job.id)
+    if started:
+        log.info("redrive started %d deliveries", len(started))
+        metrics.registry_metrics().redrives.inc(len(started))
+    return {"redriven": started, "swept": swept, "fetcherLost": lost}
 
 
 def settle_lost_fetches(rt: Runtime, epoch: str | None) -> tuple[list[str], set[str]]:
@@ -203,39 +215,34 @@ def _age_ms(now: datetime, then: datetime) -> float:
     return (now - then).total_seconds() * 1000
 
 
-def expire_leases(rt: Runtime) -> dict[str, Any]:
+@binds(registry.LEASE_EXPIRY)
+def expire_leases(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Append ``job.lease_expired`` for every lease past its deadline (database clock)."""
-
-    def body(keep: KeepAlive) -> dict[str, Any]:
-        expired = rt.queue.expire_leases(limit=SCAN_LIMIT, between=keep)
-        if expired:
-            log.info("expired %d leases", len(expired))
-        return {"expired": [j.id for j in expired]}
-
-    return _guarded(rt, EXPIRY_LOOP, rt.settings.lease_expiry_interval_ms, body)
+    expired = rt.queue.expire_leases(limit=SCAN_LIMIT, between=p.keep)
+    if expired:
+        log.info("expired %d leases", len(expired))
+    return {"expired": [j.id for j in expired]}
 
 
-def dispatch_due_retries(rt: Runtime) -> dict[str, Any]:
+@binds(registry.DUE_RETRIES)
+def dispatch_due_retries(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Start delivery of every retry whose backoff has passed (``availableAt`` ≤ database now)."""
-
-    def body(keep: KeepAlive) -> dict[str, Any]:
-        started = []
-        for job in rt.queue.due_retries(limit=SCAN_LIMIT, skip_in_flight=True, epoch=rt.broker.epoch()):
-            keep()
-            try:
-                with logs.bind_job(jobId=job.id, org=job.organization_id):
-                    decision = start_driver(rt, job.id, job.id)
-            except Exception:
-                log.exception("dispatch of due retry %s failed; next pass retries", job.id)
-                continue
-            if decision is not None and decision.created:
-                started.append(job.id)
-        return {"started": started}
-
-    return _guarded(rt, RETRY_LOOP, rt.settings.retry_scan_interval_ms, body)
+    started = []
+    for job in rt.queue.due_retries(limit=SCAN_LIMIT, skip_in_flight=True, epoch=rt.broker.epoch()):
+        p.keep()
+        try:
+            with logs.bind_job(jobId=job.id, org=job.organization_id):
+                decision = start_driver(rt, job.id, job.id)
+        except Exception:
+            log.exception("dispatch of due retry %s failed; next pass retries", job.id)
+            continue
+        if decision is not None and decision.created:
+            started.append(job.id)
+    return {"started": started}
 
 
-def send_callbacks(rt: Runtime) -> dict[str, Any]:
+@binds(registry.CALLBACKS)
+def send_callbacks(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Deliver the callback outbox (tasks/callbacks.py): at least once, signed, in order per job."""
     from tasks.callbacks import Sender, send_due
 
@@ -243,51 +250,66 @@ def send_callbacks(rt: Runtime) -> dict[str, Any]:
     if sender is None:
         sender = Sender(rt.settings)
         rt._sender = sender  # type: ignore[attr-defined]
-
-    def body(keep: KeepAlive) -> dict[str, Any]:
-        return send_due(rt.engine, sender, keep)
-
-    return _guarded(rt, CALLBACK_LOOP, rt.settings.callback_send_interval_ms, body)
+    return send_due(rt.engine, sender, p.keep)
 
 
-# -- which loops exist, and the local ticker --------------------------------------------------------
+@binds(registry.OUTBOX_REDRIVE)
+def objective_outbox_redrive(rt: Runtime, p: Pass) -> dict[str, Any]:
+    """The objective-control outbox redrive (``app/factory/loops.py``), delivering a control job
+    whose own wake-up was lost through the driver starter."""
+    return objectives.outbox_redrive(
+        rt.queue, rt.settings, lambda job, age_ms: deliver_stale(rt, job, age_ms), p.keep
+    )
 
 
-@dataclass(frozen=True)
-class LoopSpec:
-    """One recovery loop: its ``loop_runs`` name, its interval and its pass."""
-
-    name: str
-    interval_ms: Callable[[Runtime], int]
-    run: Callable[[Runtime], dict[str, Any]]
+@binds(registry.OBJECTIVE_WATCHDOG)
+def objective_watchdog_tick(rt: Runtime, p: Pass) -> dict[str, Any]:
+    """Enqueue the watchdog job of the tick beat published (or of the latest tick, database clock)."""
+    return objectives.watchdog_tick(rt.queue, rt.settings, p.published)
 
 
-LOOPS: tuple[LoopSpec, ...] = (
-    LoopSpec(REDRIVE_LOOP, lambda rt: loops.loop_intervals(rt.settings)[REDRIVE_LOOP], redrive_queued),
-    LoopSpec(RETRY_LOOP, lambda rt: loops.loop_intervals(rt.settings)[RETRY_LOOP], dispatch_due_retries),
-    LoopSpec(EXPIRY_LOOP, lambda rt: loops.loop_intervals(rt.settings)[EXPIRY_LOOP], expire_leases),
-    LoopSpec(CALLBACK_LOOP, lambda rt: rt.settings.callback_send_interval_ms, send_callbacks),
-)
-
-
-def loop_specs(rt: Runtime) -> tuple[LoopSpec, ...]:
-    """The loops this deployment runs (the callback sender only where callbacks are configured)."""
-    names = loops.loop_intervals(rt.settings)
-    return tuple(spec for spec in LOOPS if spec.name in names)
+# -- the local ticker ------------------------------------------------------------------------------------
 
 
 class LocalTicker:
-    """A daemon thread that runs any overdue loop's pass in this process (beat need not be alive)."""
+    """A daemon thread that runs any overdue loop's pass in this process (beat need not be alive).
 
-    def __init__(self, rt: Runtime, specs: tuple[LoopSpec, ...] | None = None) -> None:
+    ``queues``: the queues this process consumes; the ticker runs the active loops whose ticks go to
+    one of them (None: every active loop). ``clock`` paces the first-pass delays (tests advance it).
+    """
+
+    def __init__(
+        self,
+        rt: Runtime,
+        queues: Collection[str] | None = None,
+        *,
+        clock: claims.Clock = claims.SYSTEM_CLOCK,
+    ) -> None:
         self.rt = rt
-        self.specs = specs if specs is not None else loop_specs(rt)
-        shortest = min(spec.interval_ms(rt) for spec in self.specs)
-        self.tick_s = min(5.0, max(0.2, shortest / 2000))
+        self.loops = tuple(
+            loop for loop in registry.active(rt.settings) if queues is None or loop.queue in queues
+        )
+        self.clock = clock
+        self._started = clock.monotonic()
+        # Each loop with a first delay gets one pass that long after start, as beat gives it one.
+        self._first = {
+            loop.name: delay for loop, delay in registry.first_passes(rt.settings) if loop in self.loops
+        }
+        self.tick_s = min(5.0, max(0.2, self._shortest_ms() / 2000))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="receipt-ticker", daemon=True)
         self._since: datetime | None = None
         self.passes = 0
+
+    def _shortest_ms(self) -> int:
+        now = datetime.now(UTC)
+        periods = []
+        for loop in self.loops:
+            try:
+                periods.append(loop.schedule.period_ms(self.rt.settings, now))
+            except registry.ScheduleError as exc:
+                log.warning("local ticker leaves %s out: %s", loop.name, exc)
+        return min(periods, default=10_000)
 
     def start(self) -> None:
         self._thread.start()
@@ -296,21 +318,40 @@ class LocalTicker:
         self._stop.set()
         self._thread.join(timeout=10)
 
+    def _due(self, loop: Loop, last: datetime | None, since: datetime, now: datetime) -> str | None:
+        """Why the ticker runs ``loop`` now, or None."""
+        delay = self._first.get(loop.name)
+        if delay is not None and (self.clock.monotonic() - self._started) * 1000 >= delay:
+            del self._first[loop.name]
+            # An early extra pass, unless one ran since this process started (beat's, another's).
+            if last is None or last < since:
+                return "its first pass after start"
+        if registry.overdue(loop, self.rt.settings, last, since, now, TICKER_FACTOR):
+            return "its last run was overdue (beat down?)"
+        return None
+
     def tick(self) -> list[str]:
-        """One look at ``loop_runs``; runs each overdue loop's pass and returns their names."""
-        now, runs = loops.last_runs(self.rt.engine)
+        """One look at ``loop_runs``; runs each due loop's pass and returns the names of those that ran."""
+        now, runs = claims.last_runs(self.rt.engine)
         if self._since is None:
             self._since = now
         ran = []
-        for spec in self.specs:
-            last = runs.get(spec.name)
-            interval = spec.interval_ms(self.rt)
-            if overdue(last.started_at if last else None, self._since, now, interval, TICKER_FACTOR):
-                result = spec.run(self.rt)
-                if not result.get("skipped"):
-                    log.warning("local ticker ran %s: its last run was overdue (beat down?)", spec.name)
-                    ran.append(spec.name)
-                    self.passes += 1
+        for loop in self.loops:
+            last = runs.get(loop.name)
+            try:
+                why = self._due(loop, last.started_at if last else None, self._since, now)
+                if why is None:
+                    continue
+                result = run(self.rt, loop)
+            except registry.ScheduleError:
+                continue  # logged when the ticker started; beat refuses to start on it
+            except Exception:  # one loop's failure must not keep the others from running
+                log.exception("local ticker: a %s pass failed", loop.name)
+                continue
+            if not result.get("skipped"):
+                log.warning("local ticker ran %s: %s", loop.name, why)
+                ran.append(loop.name)
+                self.passes += 1
         return ran
 
     def _run(self) -> None:
@@ -319,3 +360,32 @@ class LocalTicker:
                 self.tick()
             except Exception as exc:  # the database may be down: look again next tick
                 log.warning("local ticker could not check the loops: %s", exc)
+
+
+# -- the docs table ----------------------------------------------------------------------------------
+
+DOCS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
+TABLE_START = "<!-- loops-table:start -->\n"
+TABLE_END = "\n<!-- loops-table:end -->"
+
+
+def docs_table() -> str:
+    """The loop table of docs/reliability.md: the registry, with the roles consuming each queue."""
+    consumers: dict[str, list[str]] = {}
+    for role in ROLES.values():
+        for queue in role.queues:
+            consumers.setdefault(queue, []).append(role.name)
+    return registry.markdown_table(consumers)
+
+
+def documented_table(page: Path = DOCS_PAGE) -> str:
+    """The table as docs/reliability.md holds it now."""
+    return page.read_text().split(TABLE_START, 1)[1].split(TABLE_END, 1)[0]
+
+
+def write_docs_table(page: Path = DOCS_PAGE) -> None:
+    """Regenerate the table in docs/reliability.md (``make docs``)."""
+    text = page.read_text()
+    head, rest = text.split(TABLE_START, 1)
+    _old, tail = rest.split(TABLE_END, 1)
+    page.write_text(head + TABLE_START + docs_table() + TABLE_END + tail)

@@ -3,7 +3,8 @@
 Built lazily, once per process, from the Celery app it is attached to (wiring by construction:
 no module-level engine or queue). The queue's dispatch hook sends a wake-up to the scanner, so
 every job that becomes queued (enqueue, retry, lease expiry) takes the one delivery path.
-The task names are defined in ``app/jobs/routing.py`` and re-exported here (``X as X``).
+The delivery task names are defined in ``app/jobs/routing.py`` and re-exported here (``X as X``);
+each recovery loop's task is declared with its loop (``app/ops/loops.py``).
 """
 
 from __future__ import annotations
@@ -18,16 +19,10 @@ from sqlalchemy.engine import Engine
 from app.composition import build_queue
 from app.config import Settings
 from app.jobs.reducer import Job
-from app.jobs.routing import CALLBACK_TASK as CALLBACK_TASK
 from app.jobs.routing import DISPATCH_TASK as DISPATCH_TASK
 from app.jobs.routing import DRIVER_QUEUE
 from app.jobs.routing import DRIVER_TASK as DRIVER_TASK
 from app.jobs.routing import EXECUTE_TASK as EXECUTE_TASK
-from app.jobs.routing import EXPIRE_TASK as EXPIRE_TASK
-from app.jobs.routing import OUTBOX_TASK as OUTBOX_TASK
-from app.jobs.routing import REDRIVE_TASK as REDRIVE_TASK
-from app.jobs.routing import RETRY_TASK as RETRY_TASK
-from app.jobs.routing import WATCHDOG_TASK as WATCHDOG_TASK
 from app.ops.wakes import WakeList, wake, wake_list_for
 from app.storage.db import engine_for
 from app.storage.queue import Queue

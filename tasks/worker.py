@@ -14,7 +14,7 @@ import warnings
 from celery.exceptions import SecurityWarning
 
 from app.config import Settings
-from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.ops import celeryconfig, logs, metrics
 from tasks.celery_app import make_celery
 from workers import sandbox
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     if QUEUES["codex"] in role.queues:
         log_sandbox_protections(settings)
     app = make_celery(settings)
-    # Every role that consumes maintenance work also recovers without beat (tasks/loops.py).
-    app.receipt_local_ticker = MAINTENANCE_QUEUE in role.queues
+    # Every role recovers without beat the loops whose ticks go to a queue it consumes (tasks/loops.py).
+    app.receipt_ticker_queues = role.queues
     # The scanning role also blocks on the Redis wake list: enqueues then send no message.
     app.receipt_wake_listener = DRIVER_QUEUE in role.queues
     app.worker_main(worker_argv(settings, raw))

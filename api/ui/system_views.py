@@ -7,7 +7,7 @@ system token sees it; an organisation's token gets a 403 page saying so.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from flask import current_app, render_template
 from flask.typing import ResponseReturnValue
@@ -16,16 +16,11 @@ from api.context import read_connection, state
 from api.ui import UiError, blueprint, current_session
 from api.ui.system import BrokerProbe
 from app.config import SETTINGS, redacted
+from app.ops import loops as registry
 from app.storage import overview
 
 WINDOW = timedelta(hours=1)
 PROBE_EXTENSION = "receipt.ui.broker_probe"
-# The loops this deployment runs, and the setting that paces each (for "is it late?").
-LOOP_INTERVALS = {
-    "queued-redrive": "queued_redrive_interval_ms",
-    "lease-expiry": "lease_expiry_interval_ms",
-    "due-retries": "retry_scan_interval_ms",
-}
 
 
 def probe() -> BrokerProbe:
@@ -49,11 +44,14 @@ def system() -> ResponseReturnValue:
     with read_connection(st.engine) as conn:
         loops = overview.loop_runs_all(conn)
         recent = overview.recent_events(conn, window=WINDOW)
+    # The loops this deployment runs (app/ops/loops.py), and each one's period (for "is it late?").
     intervals = {}
-    for name, setting in LOOP_INTERVALS.items():
-        value = getattr(st.settings, setting, None)
-        if isinstance(value, int):
-            intervals[name] = value
+    now = datetime.now(UTC)
+    for loop in registry.active(st.settings):
+        try:
+            intervals[loop.name] = loop.schedule.period_ms(st.settings, now)
+        except registry.ScheduleError:
+            continue
     known = {run.name for run in loops}
     never = sorted(name for name in intervals if name not in known)
     ages = {run.name: (recent.now - run.started_at).total_seconds() for run in loops if run.started_at}

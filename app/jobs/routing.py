@@ -18,24 +18,19 @@ QUEUES: Final[Mapping[WorkerGroup, str]] = MappingProxyType(
         "control": "receipt-control",
     }
 )
-# The driver RPC has its own group (spec: "Driver RPC"); the recovery loops run on beat's queue.
+# The driver RPC has its own group (spec: "Driver RPC"); the recovery loops' ticks go to beat's queues.
 DRIVER_QUEUE: Final = "receipt-driver"
 MAINTENANCE_QUEUE: Final = "receipt-maintenance"
 # Spec ("Four independent recovery loops"): the objective-control outbox redrive runs on `worker-control`
 # and `all` only, so it has its own beat queue that just those two roles consume.
 OBJECTIVES_QUEUE: Final = "receipt-objectives"
 
-# Celery task names, each spelled once: the worker registers them (tasks/celery_app.py), beat
-# schedules them (app/ops/celeryconfig.py) and the API publishes a wake-up by name (api/wake.py).
+# The delivery tasks' names, each spelled once: the worker registers them (tasks/celery_app.py) and
+# the API publishes a wake-up by name (api/wake.py). Each recovery loop's task is declared with its
+# loop (app/ops/loops.py).
 DISPATCH_TASK: Final = "receipt.dispatch"
 DRIVER_TASK: Final = "receipt.driver"
 EXECUTE_TASK: Final = "receipt.execute"
-REDRIVE_TASK: Final = "receipt.redrive_queued"
-EXPIRE_TASK: Final = "receipt.expire_leases"
-RETRY_TASK: Final = "receipt.dispatch_due_retries"
-CALLBACK_TASK: Final = "receipt.send_callbacks"
-OUTBOX_TASK: Final = "receipt.objective_outbox_redrive"
-WATCHDOG_TASK: Final = "receipt.objective_watchdog_tick"
 
 # Spec: `job.payload.kind startsWith "factory.integration."` -> receipt-codex.
 INTEGRATION_KIND_PREFIX: Final = "factory.integration."

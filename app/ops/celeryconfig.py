@@ -13,23 +13,11 @@ without importing any worker code (``api/wake.py``).
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from app.config import Settings
-from app.factory import watchdog
-from app.jobs.routing import (
-    CALLBACK_TASK,
-    DRIVER_QUEUE,
-    EXPIRE_TASK,
-    MAINTENANCE_QUEUE,
-    OBJECTIVES_QUEUE,
-    OUTBOX_TASK,
-    QUEUES,
-    REDRIVE_TASK,
-    RETRY_TASK,
-    WATCHDOG_TASK,
-)
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
+from app.ops import loops
 from app.storage.files import private_dir
 
 ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE, OBJECTIVES_QUEUE)
@@ -93,47 +81,9 @@ def task_queues() -> dict[str, dict[str, str]]:
 
 
 def beat_schedule(settings: Settings) -> dict[str, Any]:
-    schedule: dict[str, Any] = {
-        "objective-outbox-redrive": _every(
-            OUTBOX_TASK, settings.objective_control_outbox_redrive_interval_ms, OBJECTIVES_QUEUE
-        ),
-        "queued-redrive": _every(REDRIVE_TASK, settings.queued_redrive_interval_ms, MAINTENANCE_QUEUE),
-        "due-retries": _every(RETRY_TASK, settings.retry_scan_interval_ms, MAINTENANCE_QUEUE),
-        "lease-expiry": _every(EXPIRE_TASK, settings.lease_expiry_interval_ms, MAINTENANCE_QUEUE),
-    }
-    if settings.callback_targets:
-        schedule["callbacks"] = _every(CALLBACK_TASK, settings.callback_send_interval_ms, MAINTENANCE_QUEUE)
-    return schedule
-
-
-def _every(task: str, interval_ms: int, queue: str) -> dict[str, Any]:
-    """A beat entry firing ``task`` every interval onto ``queue``. A tick nobody consumed within an
-    interval (at least 1 s) is dropped, not piled up behind a dead consumer."""
-    seconds = interval_ms / 1000
-    return {
-        "task": task,
-        "schedule": timedelta(seconds=seconds),
-        "options": {"queue": queue, "expires": max(1.0, seconds)},
-    }
-
-
-def watchdog_entry(settings: Settings) -> dict[str, Any] | None:
-    """The objective watchdog's crontab entry as plain data (``cron``: its croniter expression;
-    ``tasks/celery_app.py`` turns it into a beat schedule), or None when it is off or its cron is
-    invalid (beat refuses to start on an invalid cron: tasks/beat.py; other processes never run
-    the schedule)."""
-    if not watchdog.enabled(settings):
-        return None
-    try:
-        expr = watchdog.cron_expression(settings)
-    except watchdog.CronError:
-        return None
-    return {
-        "task": WATCHDOG_TASK,
-        "cron": expr,
-        # A tick nobody consumed within a minute is dropped: the next tick scans anyway.
-        "options": {"queue": OBJECTIVES_QUEUE, "expires": 60.0},
-    }
+    """Beat's schedule, derived from the loop registry (``app/ops/loops.py``). Plain data: the cron
+    loops need a Celery schedule object, which ``tasks/celery_app.py`` adds (``CronSchedule``)."""
+    return loops.beat_schedule(settings)
 
 
 def build(settings: Settings) -> dict[str, Any]:

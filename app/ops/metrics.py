@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
+from app.config import Settings
 from app.jobs.routing import worker_group_for
 from app.jobs.vocab import LEASED_STATUSES
+from app.ops import loops
 from app.storage.db import as_utc, jobs, loop_runs, parse_iso
 
 if TYPE_CHECKING:
@@ -65,7 +67,11 @@ class Metrics:
     callback_failures: Counter
     queue_wait: Histogram
     run_time: Histogram
+    loop_passes: Counter
 
+
+# How one attempt at a loop pass ended (``app.storage.loops.run_claimed``; ``failed``: it raised).
+LOOP_OUTCOMES = ("ran", "skipped", "lost", "failed")
 
 _lock = threading.Lock()
 _metrics: Metrics | None = None
@@ -130,7 +136,18 @@ def registry_metrics() -> Metrics:
                     ["group", "status"],
                     buckets=RUN_BUCKETS,
                 ),
+                loop_passes=Counter(
+                    "receipt_loop_passes",
+                    "Recovery loop passes attempted in this process (beat's ticks and the local "
+                    "ticker's), by loop and outcome: ran, skipped (another pass held or had just "
+                    "run the loop), lost (stalled past its claim) or failed (raised).",
+                    ["loop", "outcome"],
+                ),
             )
+            # Every declared loop's series exist from the first scrape, at zero.
+            for loop in loops.LOOPS:
+                for outcome in LOOP_OUTCOMES:
+                    _metrics.loop_passes.labels(loop.name, outcome)
     return _metrics
 
 
@@ -180,10 +197,12 @@ def observe(applied: Sequence[Applied]) -> None:
 
 
 class StateCollector:
-    """Jobs by status/lane/agent/group and each loop's last run, read from the database per scrape."""
+    """Jobs by status/lane/agent/group and each loop's last run, read from the database per scrape;
+    with ``settings``, also each active loop's period (``app/ops/loops.py``), for the overdue alert."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, settings: Settings | None = None) -> None:
         self.engine = engine
+        self.settings = settings
 
     def describe(self) -> list[Any]:
         return []  # unchecked collector: its families depend on what the database holds
@@ -211,6 +230,12 @@ class StateCollector:
             "How long each recovery loop's latest finished pass took (loop_runs).",
             labels=["loop"],
         )
+        period = GaugeMetricFamily(
+            "receipt_loop_interval_seconds",
+            "Each recovery loop this deployment runs, and its period (the gap between two cron ticks "
+            "for a cron loop); /readyz calls a loop overdue past 3 periods.",
+            labels=["loop"],
+        )
         with self.engine.connect() as conn:
             counts: dict[tuple[str, str, str, str], int] = {}
             rows = conn.execute(
@@ -221,22 +246,29 @@ class StateCollector:
             for status, lane, agent, kind, n in rows:
                 key: tuple[str, str, str, str] = (status, lane, agent, worker_group_for(agent, kind))
                 counts[key] = counts.get(key, 0) + int(n)
-            loops = conn.execute(
+            runs = conn.execute(
                 select(loop_runs.c.name, loop_runs.c.started_at, loop_runs.c.finished_at)
             ).all()
         for key, n in sorted(counts.items()):
             by_status.add_metric(list(key), n)
-        for name, started, finished in loops:
+        for name, started, finished in runs:
             if started is not None:
                 last_start.add_metric([name], as_utc(started).timestamp())
             # A pass in progress has cleared finished_at; its previous pass is not recorded.
             if started is not None and finished is not None and finished >= started:
                 last_success.add_metric([name], as_utc(finished).timestamp())
                 duration.add_metric([name], (as_utc(finished) - as_utc(started)).total_seconds())
-        yield from (by_status, last_start, last_success, duration)
+        if self.settings is not None:
+            now = datetime.now(UTC)
+            for loop in loops.active(self.settings):
+                try:
+                    period.add_metric([loop.name], loop.schedule.period_ms(self.settings, now) / 1000)
+                except loops.ScheduleError:
+                    continue  # /readyz names it; a gauge has no value to give
+        yield from (by_status, last_start, last_success, duration, period)
 
 
-def exposition(engine: Engine) -> tuple[bytes, str]:
+def exposition(engine: Engine, settings: Settings | None = None) -> tuple[bytes, str]:
     """The text exposition: process metrics (every process's, in multiprocess mode) + database state."""
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
@@ -249,7 +281,7 @@ def exposition(engine: Engine) -> tuple[bytes, str]:
     else:
         registry = CollectorRegistry()
         registry.register(_Delegate(REGISTRY))
-    registry.register(StateCollector(engine))
+    registry.register(StateCollector(engine, settings))
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 

@@ -9,23 +9,31 @@ A pass that dies -- its process SIGKILLed, or its database connection cut so tha
 release in ``finally`` fails -- frees the loop when that deadline passes, about one interval
 later, instead of holding it until some much longer staleness bound.
 
+``run_claimed`` is the one wrapper every pass runs in: claim, renew (at the pass's item boundaries,
+or from a background thread for a loop that keeps ownership while slow), observe an optional
+deadline, release. Which loops exist, and each one's policy, is declared in ``app/ops/loops.py``.
+
 The rows are best-effort bookkeeping; losing them only allows one extra (idempotent) pass.
-They also say when each loop last ran, which ``/readyz`` and the local ticker read.
+They also say when each loop last ran, which ``/readyz``, the metrics and the local ticker read.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import TracebackType
+from typing import Any, Final, Protocol
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from app.config import Settings
 from app.storage.db import as_utc, db_now, loop_runs, transaction
 
 log = logging.getLogger("receipt.loops")
@@ -97,15 +105,97 @@ def release(engine: Engine, name: str, owner: str) -> None:
         )
 
 
+class LoopClaimLost(Exception):
+    """This pass no longer holds its loop (it stalled past its claim's deadline): stop."""
+
+
+class Clock(Protocol):
+    """Time as a pass sees it: a monotonic reading, and a callback after a delay (tests advance it)."""
+
+    def monotonic(self) -> float: ...
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> Callable[[], None]:
+        """Run ``fn`` once ``delay_s`` from now; returns what cancels it."""
+        ...
+
+
+class SystemClock:
+    """``time.monotonic`` and a daemon ``threading.Timer``."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def call_later(self, delay_s: float, fn: Callable[[], None]) -> Callable[[], None]:
+        timer = threading.Timer(delay_s, fn)
+        timer.daemon = True
+        timer.start()
+        return timer.cancel
+
+
+SYSTEM_CLOCK: Final = SystemClock()
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How one pass holds its loop.
+
+    ``ttl_ms``: the claim's deadline, pushed forward while the pass lives. ``spacing_ms``: a pass
+    starting sooner than this after the previous one is a duplicate tick and is skipped.
+    ``holds``: True renews the claim from a background thread until the pass settles, so a slow pass
+    keeps ownership; False renews it only when the pass reaches an item boundary (``KeepAlive``),
+    so a pass stalled inside one item loses the loop on its deadline and another may run.
+    ``slow_after_ms``: an observational deadline: past it the pass logs ``slow_event`` and runs on.
+    """
+
+    ttl_ms: int
+    spacing_ms: int
+    holds: bool = False
+    slow_after_ms: int | None = None
+    slow_event: str = ""
+
+
+class KeepAlive:
+    """Called by a pass between items: renews its claim once a third of the deadline has gone by,
+    and raises ``LoopClaimLost`` once the claim is gone.
+
+    With ``renews=False`` (a background ``Renewal`` renews) it only raises once that renewal found
+    the claim lost."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        name: str,
+        owner: str,
+        ttl_ms: int,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        renews: bool = True,
+    ) -> None:
+        self._engine, self._name, self._owner, self._ttl_ms = engine, name, owner, ttl_ms
+        self._clock, self._renews = clock, renews
+        self._last = clock.monotonic()
+        self.lost = threading.Event()
+
+    def __call__(self) -> None:
+        if self.lost.is_set():
+            raise LoopClaimLost(self._name)
+        if not self._renews or (self._clock.monotonic() - self._last) * 1000 < self._ttl_ms / 3:
+            return
+        if not renew(self._engine, self._name, self._owner, self._ttl_ms):
+            self.lost.set()
+            raise LoopClaimLost(self._name)
+        self._last = self._clock.monotonic()
+
+
 class Renewal:
-    """Renews a held claim from a background thread while a pass with no keep-alive hook runs.
+    """Renews a held claim from a background thread while its pass runs.
 
     The thread dies with its process, so a SIGKILLed pass stops renewing and its claim lapses on
     its deadline; a pass whose database went away cannot renew either, with the same result.
     """
 
-    def __init__(self, engine: Engine, name: str, owner: str, ttl_ms: int) -> None:
-        self._engine, self._name, self._owner, self._ttl_ms = engine, name, owner, ttl_ms
+    def __init__(self, keep: KeepAlive, engine: Engine, name: str, owner: str, ttl_ms: int) -> None:
+        self._keep, self._engine, self._name, self._owner, self._ttl_ms = keep, engine, name, owner, ttl_ms
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"renew-{name}", daemon=True)
 
@@ -114,6 +204,7 @@ class Renewal:
             try:
                 if not renew(self._engine, self._name, self._owner, self._ttl_ms):
                     log.warning("%s: the pass lost its claim; it is no longer renewed", self._name)
+                    self._keep.lost.set()
                     return
             except Exception as exc:  # the claim lapses on its deadline; the pass itself decides
                 log.warning("%s: could not renew the claim (%s)", self._name, exc)
@@ -130,10 +221,79 @@ class Renewal:
     ) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+# What a pass's wrapper reports besides the pass's own result.
+SKIPPED: Final = "skipped"
+LOST: Final = "lost"
+RAN: Final = "ran"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One attempt at a pass: ``ran`` (with its result), ``skipped`` (another pass holds or just
+    ran the loop) or ``lost`` (the pass stalled past its deadline and stopped)."""
+
+    kind: str
+    result: dict[str, Any]
+    elapsed_ms: int = 0
+
+
+def owner_id() -> str:
+    """Who holds a claim: host, process and thread, so two threads of one process never share one."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+def run_claimed(
+    engine: Engine,
+    name: str,
+    policy: Policy,
+    body: Callable[[KeepAlive], dict[str, Any]],
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+) -> Outcome:
+    """The one claim-and-renew wrapper every loop pass runs in: claim, renew, observe, release.
+
+    An exception from ``body`` other than ``LoopClaimLost`` propagates after the release is tried
+    (a pass cut from its database cannot release either; its deadline frees the loop)."""
+    owner = owner_id()
+    if not claim(engine, name, owner, min_interval_ms=policy.spacing_ms, ttl_ms=policy.ttl_ms):
+        return Outcome(SKIPPED, {"skipped": True})
+    started = clock.monotonic()
+    slow = policy.slow_after_ms
+    cancel_watch: Callable[[], None] | None = None
+    if slow is not None:
+        # Observational only: say so when the deadline passes, and let the pass run on.
+        def said_slow() -> None:
+            log.warning("%s: %s pass still running after %d ms", policy.slow_event, name, slow)
+
+        cancel_watch = clock.call_later(slow / 1000, said_slow)
+    keep = KeepAlive(engine, name, owner, policy.ttl_ms, clock=clock, renews=not policy.holds)
+    # Inside the claim: these two lines never interleave with another pass's (single flight), and
+    # they say what Celery's "succeeded" line does not show (it logs no return values).
+    log.info("loop %s: pass started", name)
+    try:
+        if policy.holds:
+            with Renewal(keep, engine, name, owner, policy.ttl_ms):
+                result = body(keep)
+        else:
+            result = body(keep)
+        kind = RAN
+    except LoopClaimLost:
+        log.warning("%s pass lost its claim (stalled past its deadline); stopping it", name)
+        result, kind = {"lost": True}, LOST
+    finally:
+        if cancel_watch is not None:
+            cancel_watch()
+        log.info("loop %s: pass finished", name)
         try:
-            release(self._engine, self._name, self._owner)
-        except Exception as error:  # the database may be what ended the pass: the deadline frees it
-            log.warning("could not release %s (%s); its claim lapses on its deadline", self._name, error)
+            release(engine, name, owner)
+        except Exception as exc:  # the database may be what ended the pass: the deadline frees it
+            log.warning("could not release %s (%s); its claim lapses on its deadline", name, exc)
+    elapsed_ms = round((clock.monotonic() - started) * 1000)
+    if slow is not None and elapsed_ms > slow:
+        log.warning("%s: %s pass took %d ms (timeout %d ms)", policy.slow_event, name, elapsed_ms, slow)
+    return Outcome(kind, result, elapsed_ms)
 
 
 @dataclass(frozen=True)
@@ -160,30 +320,9 @@ def last_runs(engine: Engine) -> tuple[datetime, dict[str, LoopRun]]:
     }
 
 
-# -- which loops exist, and when one is overdue -------------------------------------------------------
+# -- when a loop is overdue --------------------------------------------------------------------------
 
-REDRIVE_LOOP = "queued-redrive"
-RETRY_LOOP = "due-retries"
-EXPIRY_LOOP = "lease-expiry"
-STALE_FACTOR = 3  # issue 11/13: a loop whose last run is older than 3 intervals is overdue
-
-
-CALLBACK_LOOP = "callbacks"
-
-
-def loop_intervals(settings: Settings) -> dict[str, int]:
-    """Every recovery loop this deployment runs, and its interval in milliseconds.
-
-    The callback sender runs only where callbacks are configured.
-    """
-    intervals = {
-        REDRIVE_LOOP: settings.queued_redrive_interval_ms,
-        RETRY_LOOP: settings.retry_scan_interval_ms,
-        EXPIRY_LOOP: settings.lease_expiry_interval_ms,
-    }
-    if settings.callback_targets:
-        intervals[CALLBACK_LOOP] = settings.callback_send_interval_ms
-    return intervals
+STALE_FACTOR = 3  # /readyz: a loop whose last run is older than 3 intervals is overdue
 
 
 def overdue(

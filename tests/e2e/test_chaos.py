@@ -81,7 +81,8 @@ def test_after_the_broker_loses_queued_deliveries_every_job_is_delivered_again_a
 def test_with_beat_killed_and_kept_down_a_killed_workers_job_and_lost_wakeups_still_recover(
     stack: Stack, tmp_path: Path
 ) -> None:
-    stack.start("web", "driver", "chat", "beat")
+    # The control worker too: with beat down it is what runs the Factory's loops (/readyz checks them).
+    stack.start("web", "driver", "chat", "control", "beat")
     stack.harness.kill(stack.procs.pop("beat"))  # and it stays down
     job = stack.post_job(handlers.GATE, gate=str(tmp_path / "never"), gateAttempts=[1], max_attempts=3)
     job_id = job["id"]
@@ -123,7 +124,11 @@ def test_with_beat_killed_and_kept_down_a_killed_workers_job_and_lost_wakeups_st
 
 
 def test_readyz_fails_when_no_process_runs_the_loops(stack: Stack) -> None:
-    # Beat and the only maintenance consumer stopped: nothing recovers, and /readyz says so.
+    # Beat and the only maintenance consumer stopped: nothing recovers, and /readyz says so. No
+    # control worker runs either, so the Factory's loops never run: short periods make them overdue
+    # within the wait too.
+    stack.env_overrides["RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS"] = "1000"
+    stack.env_overrides["RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TEST_TICK_S"] = "1"
     stack.start("web", "driver", "beat")
     stack.harness.signal(stack.procs["beat"], signal.SIGKILL)
     stack.harness.signal(stack.procs["driver"], signal.SIGKILL)
@@ -139,7 +144,13 @@ def test_readyz_fails_when_no_process_runs_the_loops(stack: Stack) -> None:
     body = wait_for(not_ready, 30, what="/readyz to call every loop overdue")
     details = body["error"]["details"]
     assert details["loops"].startswith("overdue:")
-    assert {"queued-redrive", "due-retries", "lease-expiry"} <= set(details["loopRuns"])
+    assert set(details["loopRuns"]) == {
+        "queued-redrive",
+        "due-retries",
+        "lease-expiry",
+        "objective-outbox-redrive",
+        "objective-watchdog",
+    }
 
 
 def test_a_message_whose_fetcher_is_killed_before_it_acts_is_delivered_again_within_seconds(

@@ -36,8 +36,10 @@ def test_schemathesis_run_with_every_check_passes(stack: Stack, tmp_path: Path) 
         "RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS",
         "RECEIPT_LEASE_EXPIRY_INTERVAL_MS",
         "RECEIPT_RETRY_SCAN_INTERVAL_MS",
+        "RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS",
     ):
         stack.env_overrides[name] = "600000"
+    stack.env_overrides["RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED"] = "0"
     stack.start("web")
 
     def schemathesis_run(*selection: str) -> str:

@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from app.factory.vocab import objective_stream
 from app.jobs.ids import qualify
 from app.jobs.reducer import Job
 from app.jobs.validation import validate_enqueue
+from app.ops import loops as loop_registry
 from app.storage import loops, store
 from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, drain, plan, registry
@@ -88,19 +90,27 @@ def test_outbox_redrive_is_single_flight_and_its_timeout_only_observes(
     from app.factory.plan import validate_objective
 
     oid = service.launch(queue, validate_objective(body), launched_by=service.system_launcher()).objective.id
-    settings = Settings(objective_control_outbox_redrive_timeout_ms=0)
+    outbox = loop_registry.OUTBOX_REDRIVE
+
+    def redrive(settings: Settings) -> dict[str, Any]:
+        """One pass as the registry runs it: the declared claim policy, in the one wrapper."""
+        policy = loop_registry.policy(outbox, settings, datetime.now(UTC))
+        return loops.run_claimed(
+            sqlite_engine,
+            outbox.name,
+            policy,
+            lambda keep: loops_objectives.outbox_redrive(queue, settings, None, keep),
+        ).result
+
     # Another pass holds the claim: this tick coalesces into it.
-    assert loops.claim(
-        sqlite_engine, loops_objectives.OUTBOX_LOOP, "other", min_interval_ms=0, ttl_ms=600_000
-    )
-    assert loops_objectives.outbox_redrive(queue, settings) == {"skipped": True}
-    loops.release(sqlite_engine, loops_objectives.OUTBOX_LOOP, "other")
-    with caplog.at_level(logging.WARNING, logger="receipt.factory"):
-        out = loops_objectives.outbox_redrive(
-            queue,
+    assert loops.claim(sqlite_engine, outbox.name, "other", min_interval_ms=0, ttl_ms=600_000)
+    assert redrive(Settings(objective_control_outbox_redrive_timeout_ms=0)) == {"skipped": True}
+    loops.release(sqlite_engine, outbox.name, "other")
+    with caplog.at_level(logging.WARNING, logger="receipt.loops"):
+        out = redrive(
             Settings(
                 objective_control_outbox_redrive_timeout_ms=0, objective_control_outbox_redrive_interval_ms=0
-            ),
+            )
         )
     # Past its (zero) deadline the pass still ran to the end and did its work, and said so.
     assert out["controlJobs"] == [f"{oid}:control:2"]

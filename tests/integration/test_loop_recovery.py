@@ -31,9 +31,11 @@ INTERVAL_MS = 1000
 
 @pytest.fixture
 def proxied(pg_database_url: str, redis_url: str) -> Iterator[tuple[Any, TcpProxy]]:
-    # In front of whichever PostgreSQL this session uses (the machine's, or a private one on its own port).
+    # The proxy stands in front of whichever PostgreSQL this session uses (a private one on a free
+    # port under RECEIPT_TEST_PRIVATE_SERVICES), and the pass's engine reaches it only through it.
     url = make_url(pg_database_url)
-    proxy = TcpProxy(url.host or "127.0.0.1", url.port or 5432)
+    assert url.host is not None and url.port is not None, pg_database_url
+    proxy = TcpProxy(url.host, url.port)
     engine = make_engine(url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False))
     settings = settings_for(
         redis_url,
@@ -92,7 +94,7 @@ def test_a_long_pass_renews_its_claim_so_no_second_pass_starts_beside_it(
     rt, _, _ = recording_runtime(engine, settings_for(redis_url))
     owner = "long-pass"
     assert loops.claim(engine, "loop-long", owner, min_interval_ms=0, ttl_ms=300)
-    keep = task_loops.KeepAlive(rt, "loop-long", owner, 300)
+    keep = loops.KeepAlive(rt.engine, "loop-long", owner, 300)
     deadline = time.monotonic() + 1.5  # five deadlines' worth of work, renewed as it goes
     while time.monotonic() < deadline:
         keep()
@@ -102,7 +104,7 @@ def test_a_long_pass_renews_its_claim_so_no_second_pass_starts_beside_it(
     # learns it lost the loop the next time it tries to renew.
     time.sleep(0.4)
     assert loops.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=300) is True
-    with pytest.raises(task_loops.LoopClaimLost):
+    with pytest.raises(loops.LoopClaimLost):
         keep()
 
 

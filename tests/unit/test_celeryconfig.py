@@ -13,18 +13,16 @@ import pytest
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
 from app.ops import celeryconfig
+from app.ops import loops as registry
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
-from tasks.runtime import (
-    DISPATCH_TASK,
-    DRIVER_TASK,
-    EXECUTE_TASK,
-    EXPIRE_TASK,
-    OUTBOX_TASK,
-    REDRIVE_TASK,
-    RETRY_TASK,
-    WATCHDOG_TASK,
-)
+from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK
+
+REDRIVE_TASK = registry.QUEUED_REDRIVE.task
+EXPIRE_TASK = registry.LEASE_EXPIRY.task
+RETRY_TASK = registry.DUE_RETRIES.task
+OUTBOX_TASK = registry.OUTBOX_REDRIVE.task
+WATCHDOG_TASK = registry.OBJECTIVE_WATCHDOG.task
 
 REDIS = "redis://127.0.0.1:6379/9"
 EVERY_QUEUE = {DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, *QUEUES.values()}
@@ -166,7 +164,8 @@ def test_two_apps_in_one_process_each_register_their_own_tasks(tmp_path: Path) -
 
 
 def test_the_watchdog_crontab_tick_is_added_to_beat_on_the_objectives_queue(tmp_path: Path) -> None:
-    # Plain data in app/ops/celeryconfig.py (no Celery there); the Celery app makes it a schedule.
+    # The plain-data configuration (no Celery there) leaves it out; the Celery app adds it.
+    assert "objective-watchdog" not in build(tmp_path)["beat_schedule"]
     beat = make_celery(Settings(home=str(tmp_path))).conf.beat_schedule
     tick = beat["objective-watchdog"]
     assert tick["task"] == WATCHDOG_TASK and tick["options"]["queue"] == OBJECTIVES_QUEUE

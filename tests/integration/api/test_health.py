@@ -97,7 +97,7 @@ def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_thr
     """Issue 13: /readyz reports each recovery loop's last run and fails past 3x its interval."""
     from datetime import timedelta
 
-    from app.storage import loops
+    from app.ops import loops
     from app.storage.db import db_now, loop_runs, transaction
 
     api = sqlite_api
@@ -105,12 +105,21 @@ def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_thr
     api.state.settings = settings
     with transaction(api.state.engine) as conn:
         now = db_now(conn)
-        for name in loops.loop_intervals(settings):
-            conn.execute(loop_runs.insert().values(name=name, started_at=now, finished_at=now, owner="t"))
+        for loop in loops.active(settings):
+            conn.execute(
+                loop_runs.insert().values(name=loop.name, started_at=now, finished_at=now, owner="t")
+            )
     fresh = api.client.get("/readyz", headers=api.headers())
     assert fresh.status_code == 200
     runs = json_of(fresh)["loopRuns"]
-    assert set(runs) == {"queued-redrive", "due-retries", "lease-expiry"}
+    # The Factory's two loops are checked too (no callback URL here: no callback sender).
+    assert set(runs) == {
+        "queued-redrive",
+        "due-retries",
+        "lease-expiry",
+        "objective-outbox-redrive",
+        "objective-watchdog",
+    }
     assert runs["queued-redrive"]["intervalMs"] == 1000 and runs["queued-redrive"]["overdue"] is False
     assert runs["queued-redrive"]["lastRun"] is not None
 
