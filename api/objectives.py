@@ -26,7 +26,7 @@ from api.objective_view import task_json as task_json
 from api.openapi import Operation, operation
 from api.streams import held_stream, resume_point, sse_timing
 from api.watch import StreamPoller, Subscription
-from app.factory import service, storage
+from app.factory import ledger, service, storage
 from app.factory.plan import TaskSpec, validate_objective
 from app.factory.reducer import Objective, reduce
 from app.factory.vocab import (
@@ -36,7 +36,7 @@ from app.factory.vocab import (
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.vocab import job_id_of, job_stream
-from app.storage import ledger, store
+from app.storage import store
 from app.storage.queue import decode_cursor
 
 log = logging.getLogger("receipt.api")

@@ -1,8 +1,18 @@
-"""The composition root: the one place a ``Queue`` is built from the settings.
+"""The composition root: the one place a ``Queue`` and its transition hooks are put together.
 
-The API, the Celery workers and the web process's resume at startup each build their queue here,
-so every process obeys every queue setting (the command cap, the callback targets) alike, and the
-observers every long-lived process runs (metrics, the background ledger writer) are attached once.
+The API, the Celery workers and the web process's resume at startup build their queue with
+``build_queue(settings, ...)``, so every process obeys every queue setting (the command cap, the
+callback targets) alike and runs the same effects. ``queue_for`` is the same composition with
+its options spelled out, for tests and tools. The hooks, in the order their halves run:
+
+- ``DeliverySettlement`` (app/storage): in the transaction, ends the deliveries of an ended
+  attempt, inside the transition's own statement;
+- ``CallbackOutbox`` (app/storage): in the transaction, a terminal job's signed callback rows;
+- ``DispatchWake`` (app/storage): after the commit, wakes the dispatch scanner for queued jobs;
+- ``Observer`` (app/storage): after the commit, metrics;
+- ``ControlOutbox`` (app/factory): in the transaction, a task job's objective control request;
+  after the commit, that objective's control job (the fast path);
+- ``Ledger`` (app/factory): after the commit, the durable ledger rows.
 """
 
 from __future__ import annotations
@@ -12,10 +22,40 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
+from app.factory.hooks import ControlOutbox, Ledger
 from app.jobs.reducer import Job
 from app.ops import metrics
 from app.storage.db import engine_for
-from app.storage.queue import Queue
+from app.storage.hooks import CallbackOutbox, Change, DeliverySettlement, DispatchWake, Hook, Observer
+from app.storage.queue import MAX_COMMANDS_PER_JOB_DEFAULT, Queue
+
+
+def queue_for(
+    engine: Engine,
+    *,
+    on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
+    max_commands_per_job: int = MAX_COMMANDS_PER_JOB_DEFAULT,
+    callback_targets: Sequence[str] = (),
+    control_fast_path: bool = True,
+    on_applied: Callable[[Sequence[Change]], None] | None = None,
+    ledger_in_background: bool = False,
+) -> Queue:
+    """A queue with every hook: ``on_dispatchable`` wakes delivery after a commit; the control
+    fast path is off only in tests of the outbox redrive; long-lived processes write ledger rows
+    in the background, tests and tools before each mutation returns."""
+    hooks: list[Hook] = [
+        DeliverySettlement(),
+        CallbackOutbox(callback_targets),
+        ControlOutbox(fast_path=control_fast_path),
+        Ledger(engine, background=ledger_in_background),
+    ]
+    # After the commit: wake-up and metrics before the fast path and the ledger (the ledger is
+    # bookkeeping, never on the path to the next job or control step).
+    if on_applied is not None:
+        hooks.insert(2, Observer(on_applied))
+    if on_dispatchable is not None:
+        hooks.insert(2, DispatchWake(on_dispatchable))
+    return Queue(engine, hooks=hooks, max_commands_per_job=max_commands_per_job)
 
 
 def build_queue(
@@ -26,11 +66,11 @@ def build_queue(
 ) -> Queue:
     """The queue of a long-lived process: its settings, metrics, and ledger rows written in the
     background. ``on_dispatchable`` is how this process wakes the dispatch scanner after a commit."""
-    return Queue(
+    return queue_for(
         engine if engine is not None else engine_for(settings),
         on_dispatchable=on_dispatchable,
         max_commands_per_job=settings.max_commands_per_job,
-        on_applied=metrics.observe,
         callback_targets=settings.callback_targets,
+        on_applied=metrics.observe,
         ledger_in_background=True,
     )

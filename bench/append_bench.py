@@ -40,6 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.reducer import reduce
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
@@ -212,7 +213,7 @@ def main() -> int:
         print(
             f"(b) reading a job's state (Queue.get, the jobs projection), {READS} reads per length per round"
         )
-        queue = Queue(engine)
+        queue = queue_for(engine)
         job_ids = {length: build_job(engine, queue, length) for length in LENGTHS}
         samples: dict[int, list[float]] = {length: [] for length in LENGTHS}
         for n in range(ROUNDS):  # interleaved, order alternating, so drift hits every length alike

@@ -78,6 +78,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.config import switch
 from bench.runtime_bench import (
     AGENT,
@@ -612,14 +613,13 @@ def _sender(system: str, prefix: str) -> tuple[Callable[[str], str], Callable[[s
             from api.wake import default_waker
             from app.config import Settings
             from app.jobs.validation import validate_enqueue
-            from app.storage.queue import Queue
 
             settings = Settings.from_env(
                 {"REDIS_URL": os.environ["BENCH_REDIS"], "DATABASE_URL": os.environ["BENCH_DB"]}
             )
             # Configured as every long-lived Receipt process is (api/, tasks/runtime.py): ledger rows
             # written off the enqueue's path, batched.
-            queue = Queue(engine, on_dispatchable=default_waker(settings), ledger_in_background=True)
+            queue = queue_for(engine, on_dispatchable=default_waker(settings), ledger_in_background=True)
 
             def send_python(job_id: str) -> str:
                 queue.enqueue(validate_enqueue(AGENT, job_body(job_id)))

@@ -32,6 +32,7 @@ from sqlalchemy import text  # noqa: E402
 from api import create_app  # noqa: E402
 from api.ui.system import BrokerReport  # noqa: E402
 from api.ui.system_views import PROBE_EXTENSION  # noqa: E402
+from app.composition import queue_for  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.jobs.validation import validate_enqueue  # noqa: E402
 from app.storage import tokens  # noqa: E402
@@ -115,7 +116,7 @@ def main() -> None:
     try:
         upgrade(engine)
         started = time.perf_counter()
-        queue = Queue(engine)
+        queue = queue_for(engine)
         ids = seed(queue, args.jobs)
         filler(engine, args.filler)
         with engine.begin() as conn:

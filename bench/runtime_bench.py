@@ -44,6 +44,7 @@ from typing import Any
 
 from celery import Celery
 
+from app.composition import queue_for
 from app.jobs.vocab import job_stream
 from tests.support.databases import new_database
 from tests.support.processes import Harness, base_env
@@ -588,7 +589,6 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
     from app.jobs.validation import validate_enqueue
     from app.storage.db import make_engine
     from app.storage.migrate import upgrade
-    from app.storage.queue import Queue
     from bench import handlers
     from tasks import dispatch, execute
     from tasks.callbacks import Callbacks
@@ -617,7 +617,7 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
             app.send_task = lambda name, args=None, **kw: sent.append((name, list(args or [])))
             registry = HandlerRegistry()
             handlers.register(registry)
-            queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
+            queue = queue_for(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
             rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
             names = (
                 "api: enqueue (+ wake message; + 1 ledger write)",

@@ -77,6 +77,7 @@ from typing import Any
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.reducer import Receipt, fold
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
@@ -580,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
             plans[name] = seed(engine, finished, queued, rng)
             check_sample(engine, rng, plans[name])
             engines[name] = engine
-            queues[name] = Queue(engine)
+            queues[name] = queue_for(engine)
         ops = {
             name: operations(engines[name], queues[name], len(plans[name]), plans[name].queued_ids(), rng)
             for name in engines

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.composition import queue_for
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -96,7 +98,6 @@ def main() -> int:
     from app.storage import tokens
     from app.storage.db import make_engine
     from app.storage.migrate import upgrade
-    from app.storage.queue import Queue
 
     admin = make_engine(PG_ADMIN_URL)
     cleanup = contextlib.ExitStack()
@@ -110,7 +111,7 @@ def main() -> int:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text(f"ALTER DATABASE {database} SET log_statement = 'all'"))
         _, token = tokens.create(engine, ORG)
-        queue = Queue(engine)
+        queue = queue_for(engine)
         auth: dict[str, Any] = {"userId": "bench", "organizationId": ORG}
         job_ids = [
             queue.enqueue(

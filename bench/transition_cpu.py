@@ -16,6 +16,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from app.composition import queue_for
 from bench.runtime_bench import fresh_database
 
 WARM = 20
@@ -32,13 +33,12 @@ def one_round(n: int) -> dict[str, tuple[float, float]]:
     from app.jobs.validation import validate_enqueue
     from app.storage.db import make_engine
     from app.storage.migrate import upgrade
-    from app.storage.queue import Queue
 
     with fresh_database("transition_cpu") as url:
         engine = make_engine(url)
         try:
             upgrade(engine)
-            queue = Queue(engine)
+            queue = queue_for(engine)
             for i in range(WARM):  # pools, compiled statements, imports
                 job_id = f"warm-{i}"
                 queue.enqueue(validate_enqueue("factory", body(job_id)))

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from app.composition import queue_for
 from app.config import Settings
 from app.factory import storage, sweep, watchdog
 from app.factory.vocab import task_job_id
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = make_engine(url)
         try:
             upgrade(engine)
-            queue = Queue(engine, control_fast_path=False)
+            queue = queue_for(engine, control_fast_path=False)
             t0 = time.monotonic()
             lost = populate(queue, args.objectives, args.lost_every)
             print(

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.config import switch
 from app.storage.db import make_engine
 from app.storage.migrate import upgrade
@@ -138,7 +139,7 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 @pytest.fixture
 def queue(engine: Engine) -> Queue:
-    return Queue(engine)
+    return queue_for(engine)
 
 
 @pytest.fixture(scope="session")

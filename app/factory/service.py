@@ -291,7 +291,11 @@ def request(queue: Queue, objective_id: str, reason: str, detail: Mapping[str, A
 
 
 def _fast_path(queue: Queue, objective_id: str, *, known: Objective | None = None) -> None:
-    if not queue.control_fast_path:
+    """Enqueue the control job at once, where the queue runs the control outbox's fast path."""
+    from app.factory.hooks import ControlOutbox
+
+    outbox = queue.hook(ControlOutbox)
+    if outbox is None or not outbox.fast_path:
         return
     try:
         ensure_control_job(queue, objective_id, known=known)

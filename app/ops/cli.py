@@ -129,7 +129,7 @@ def parse_duration(text: str) -> timedelta:
 
 
 def cmd_rebuild_ledger(args: argparse.Namespace, settings: Settings) -> int:
-    from app.storage import ledger
+    from app.factory import ledger
 
     counts = ledger.rebuild(engine_for(settings))
     print(

@@ -4,7 +4,7 @@ Two kinds, documented one by one in docs/metrics.md:
 
 - **Process counters and histograms** (enqueues, settlements, failures, lease expiries, redrives,
   delivery generations, callback failures, queue wait and run time), incremented where the event
-  happens. The job events are counted from ``Queue``'s ``on_applied`` observer (``observe``), so
+  happens. The job events are counted by the queue's observer hook (``observe``, app/composition.py), so
   every path that appends a receipt counts the same way. In multiprocess mode
   (``PROMETHEUS_MULTIPROC_DIR``) every process writes its own files and the web process adds them
   up; that is why the metrics are created lazily (``registry_metrics``): ``prometheus_client``
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from prometheus_client import Counter, Histogram
     from prometheus_client.registry import CollectorRegistry
 
-    from app.storage.queue import Applied
+    from app.storage.hooks import Change
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Queue wait spans milliseconds (a hot system) to minutes (a backlog, a redrive after 30 s).
@@ -161,8 +161,8 @@ def _seconds(start: str | None, end: str | None) -> float | None:
     return max(0.0, (b - a).total_seconds())
 
 
-def observe(applied: Sequence[Applied]) -> None:
-    """``Queue``'s ``on_applied`` observer: count job events from the receipts just committed."""
+def observe(applied: Sequence[Change]) -> None:
+    """The metrics observer hook's function: count job events from the receipts just committed."""
     m = registry_metrics()
     for item in applied:
         before, job, types = item.before, item.after, item.types

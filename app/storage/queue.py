@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection, Engine
@@ -45,11 +45,10 @@ from app.jobs.vocab import (
     COMMAND_TYPES,
     LEASED_STATUSES,
     STATUSES,
-    TERMINAL_STATUSES,
     FailureStatus,
     job_stream,
 )
-from app.storage import delivery, outbox, projection, store
+from app.storage import delivery, projection, store
 from app.storage.db import (
     as_utc,
     autocommit_connection,
@@ -60,9 +59,9 @@ from app.storage.db import (
     transaction,
 )
 from app.storage.direct import DIRECT_DRIVER, Direct, lost_preparation
+from app.storage.hooks import Change, Companion, Hook, Write, run_after
 
-if TYPE_CHECKING:  # the Factory imports this module; at run time it is imported lazily, never here
-    from app.factory.reducer import Objective
+H = TypeVar("H", bound=Hook)
 
 log = logging.getLogger("receipt.queue")
 
@@ -103,36 +102,14 @@ class Page:
     next_cursor: str | None
 
 
-@dataclass(frozen=True)
-class Applied:
-    """Receipts one operation appended to one job: the state before and after, and their types.
-
-    Handed to the ``on_applied`` observer after commit (metrics count from these; nothing decides).
-    """
-
-    before: Job | None
-    after: Job
-    types: tuple[str, ...]
-
-
-def _ledger_changes(kind: str, events: Sequence[Event]) -> bool:
-    from app.storage.ledger import LEDGER_EVENTS, tracked
-
-    return tracked(kind) and any(t in LEDGER_EVENTS for t, _ in events)
-
-
 @dataclass
 class _Tx:
-    """One transaction's view: the connection, its clock, and jobs touched in it."""
+    """One transaction's view: the connection, its clock, and the changes made in it."""
 
     conn: Connection
-    touched: dict[str, Job] = field(default_factory=dict)
-    applied: list[Applied] = field(default_factory=list)
-    # Objectives that received a control request in this transaction, each as it stood after its
-    # newest request here (the outbox fast path's input: it need not read the objective again).
-    objectives: dict[str, Objective] = field(default_factory=dict)
-    # Jobs whose durable-ledger rows this transaction changed (written after commit, best effort).
-    ledger: dict[str, Job] = field(default_factory=dict)
+    changes: list[Change] = field(default_factory=list)
+    # What each hook's in-transaction writes returned, by the hook's index (its after-commit input).
+    results: dict[int, list[Any]] = field(default_factory=dict)
     # An autocommit connection on which the transition must be one statement (``Queue.mutate``).
     one_statement: bool = False
     _now: datetime | None = None
@@ -147,6 +124,11 @@ class _Tx:
         if self._now is None:
             self._now = db_now(self.conn)
         return self._now
+
+
+def _as_write(companion: Companion) -> Write:
+    """A second companion cannot ride in the one statement: it runs beside it in the transaction."""
+    return Write(lambda conn: companion.statement.count(conn, companion.params))
 
 
 class _NeedsTransaction(Exception):
@@ -172,38 +154,28 @@ class Queue:
         self,
         engine: Engine,
         *,
-        on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
+        hooks: Sequence[Hook] = (),
         max_commands_per_job: int = MAX_COMMANDS_PER_JOB_DEFAULT,
-        on_applied: Callable[[Sequence[Applied]], None] | None = None,
-        callback_targets: Sequence[str] = (),
-        control_fast_path: bool = True,
-        ledger_in_background: bool = False,
     ) -> None:
+        """``hooks``: the effects a transition causes beyond its own receipts (``app/storage/hooks.py``),
+        composed at one root (``app/composition.py``). Without any, this is a bare job queue."""
         self.engine = engine
         # PostgreSQL (the direct path): a single-job transition is one autocommitted statement.
         self._one_statement = engine.dialect.driver == DIRECT_DRIVER
-        self._on_dispatchable = on_dispatchable
         self.max_commands_per_job = max_commands_per_job
-        self._on_applied = on_applied
-        # Terminal receipts write their callback outbox rows in their own transaction.
-        self.callback_targets = tuple(callback_targets)
-        # After a commit that wrote objective control requests, enqueue their control jobs at once
-        # (the outbox redrive catches whatever this misses). Off only in tests of the redrive.
-        self.control_fast_path = control_fast_path
-        # Long-lived processes (workers, the API) write fold-derived ledger rows off the path of
-        # the mutation, batched (app/storage/ledger.py); tests and tools write them before returning.
-        self.ledger_writer: Any = None
-        if ledger_in_background:
-            from app.storage.ledger import BackgroundWriter
+        self.hooks = tuple(hooks)
+        for hook in self.hooks:
+            hook.bind(self)
 
-            self.ledger_writer = BackgroundWriter(engine)
+    def hook(self, kind: type[H]) -> H | None:
+        """The registered hook of this type, if any."""
+        return next((h for h in self.hooks if isinstance(h, kind)), None)
 
     def close(self) -> None:
-        """Write the ledger rows still pending in the background and stop that thread (a process
-        shutting down; a test before its database goes away). Mutations keep working after it:
-        their ledger rows are then written before they return."""
-        if self.ledger_writer is not None:
-            self.ledger_writer.close()
+        """Finish what the hooks still hold (the ledger rows pending in the background), as a process
+        shuts down or a test's database goes away. Mutations keep working after it."""
+        for hook in self.hooks:
+            hook.close()
 
     # -- the transaction machinery ----------------------------------------------------------
     def _run(self, work: Callable[[_Tx], Any], *, one_statement: bool = False) -> Any:
@@ -220,80 +192,15 @@ class Queue:
                 ):
                     tx = _Tx(conn, one_statement=one_statement)
                     result = work(tx)
-                self._after_commit(tx.touched.values())
-                self._observe(tx.applied)
-                self._after_commit_objectives(tx.objectives)
-                # Last: the ledger is bookkeeping, never on the path to the next job or control step.
-                self._after_commit_ledger(tx.ledger)
+                run_after(self.hooks, tx.changes, tx.results)
                 return result
             except AppendConflict:
                 continue
         raise TransientStorageError(f"gave up after {MAX_CONFLICT_RETRIES} append conflicts")
 
-    def _after_commit(self, touched: Iterable[Job]) -> None:
-        ready = [j for j in touched if j.status == "queued"]
-        if ready and self._on_dispatchable is not None:
-            try:
-                self._on_dispatchable(ready)
-            except Exception:  # delivery is best-effort: the redrive loop re-delivers from receipts
-                log.exception("dispatch wake-up failed; the queued redrive will pick these jobs up")
-
-    def _after_commit_ledger(self, changed: dict[str, Job]) -> None:
-        if not changed:
-            return
-        from app.storage import ledger
-
-        # Logs and swallows its own failures.
-        ledger.after_commit(self.engine, changed.values(), self.ledger_writer)
-
-    def _after_commit_objectives(self, requested: Mapping[str, Objective]) -> None:
-        if not self.control_fast_path:
-            return
-        from app.factory import service
-
-        for objective_id in sorted(requested):
-            try:
-                service.ensure_control_job(self, objective_id, known=requested[objective_id])
-            except Exception:  # best-effort: the outbox redrive enqueues what this misses
-                log.exception(
-                    "control fast path for %s failed; the outbox redrive will catch it", objective_id
-                )
-
-    @staticmethod
-    def _control_request(before: Job | None, after: Job, events: Sequence[Event]) -> dict[str, Any] | None:
-        """The objective control request this transition must write (the control outbox), or None."""
-        from app.factory import outbox
-
-        return outbox.control_request_for(before, after, [t for t, _ in events])
-
-    def _request_objective_control(self, tx: _Tx, after: Job, body: dict[str, Any]) -> None:
-        """The control outbox: write the objective's control request in this job's transaction."""
-        from app.factory import storage
-
-        # The payload names the objective as its organisation knows it: only that organisation's.
-        objective_id = storage.key_of(tx.conn, after.organization_id, str(after.payload["objectiveId"]))
-        if objective_id is None:
-            return
-        written = storage.request_control(
-            tx.conn,
-            objective_id,
-            body,
-            # Its own clock read, after the objective's lock: the objective stream's times never go back.
-            organization_id=after.organization_id,
-            check_organization=True,
-        )
-        if written is not None:
-            tx.objectives[objective_id] = written
-
-    def _observe(self, applied: Sequence[Applied]) -> None:
-        if applied and self._on_applied is not None:
-            try:
-                self._on_applied(applied)
-            except Exception:  # observation (metrics) must never fail a committed mutation
-                log.exception("the on_applied observer failed")
-
     def _apply(self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]) -> Job:
-        """Append ``events`` to ``jobs/<job_id>`` after ``loaded`` and write the projection."""
+        """Append ``events`` to ``jobs/<job_id>`` after ``loaded``, write the projection, and what the
+        hooks' in-transaction halves add."""
         state = loaded.job if loaded else None
         if not events:
             raise AppendConflict(f"{job_stream(job_id)}: nothing to apply")
@@ -307,30 +214,26 @@ class Queue:
         for receipt in chained.receipts():
             state = reduce(state, receipt)
         assert state is not None
-        before = loaded.job.status if loaded else None
-        companion = None
-        if before is not None and before != state.status and (state.terminal or state.status == "queued"):
-            # This receipt ends the attempt (or the wait) its deliveries were started for: end
-            # them in the same transaction, so no delivery record outlives its purpose.
-            outcome = chained.rows[-1]["type"].removeprefix("job.")
-            companion = (delivery.SETTLE_JOB, delivery.settle_job_params(job_id, outcome, tx.now))
-        callbacks = (
-            bool(self.callback_targets) and state.terminal and before not in (None, *TERMINAL_STATUSES)
-        )
-        control = self._control_request(loaded.job if loaded else None, state, events)
-        if tx.one_statement and (callbacks or control is not None or not Direct.available(tx.conn)):
+        change = Change(loaded.job if loaded else None, state, tuple(t for t, _ in events), tx.now)
+        companion: Companion | None = None
+        writes: list[tuple[int, Write]] = []
+        for index, hook in enumerate(self.hooks):
+            effect = hook.during(change)
+            if isinstance(effect, Companion) and companion is None:
+                companion = effect
+            elif isinstance(effect, Companion):
+                writes.append((index, _as_write(effect)))
+            elif effect is not None:
+                writes.append((index, effect))
+        if tx.one_statement and (writes or not Direct.available(tx.conn)):
             raise _NeedsTransaction  # nothing is written yet
-        # The receipts, the projection row after them and the deliveries' settlement: one
-        # statement on PostgreSQL.
-        projection.append_and_save(tx.conn, state, previous=loaded, chained=chained, companion=companion)
-        if callbacks:
-            outbox.record(tx.conn, self.callback_targets, state.status, state, tx.now)
-        tx.touched[job_id] = state
-        tx.applied.append(Applied(loaded.job if loaded else None, state, tuple(t for t, _ in events)))
-        if _ledger_changes(state.kind, events):
-            tx.ledger[job_id] = state
-        if control is not None:
-            self._request_objective_control(tx, state, control)
+        # The receipts, the projection row after them and the companion (the deliveries'
+        # settlement): one statement on PostgreSQL.
+        pair = (companion.statement, companion.params) if companion is not None else None
+        projection.append_and_save(tx.conn, state, previous=loaded, chained=chained, companion=pair)
+        for index, write in writes:
+            tx.results.setdefault(index, []).append(write.run(tx.conn))
+        tx.changes.append(change)
         return state
 
     def mutate(self, job_id: str, decide: Callable[[Job, datetime], Sequence[Event]]) -> Outcome:

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
+from app.composition import queue_for
 from app.factory import service, storage
 from app.factory.plan import validate_objective
 from app.factory.reducer import Objective
 from app.factory.vocab import control_job_id, objective_stream
 from app.storage import store
 from app.storage.db import db_now, transaction
-from app.storage.queue import Queue
 from tests.e2e.handlers import TASK
 from tests.support.processes import Harness
 from tests.support.stack import ORG, Stack, make_stack
@@ -66,7 +66,7 @@ def launch_without_its_control_message(stack: Stack, client_id: str) -> str:
             "tasks": [{"id": t, "agentId": TASK, "payload": {"kind": "factory.task.run"}} for t in "AB"]
         },
     }
-    quiet = Queue(stack.engine, control_fast_path=False)
+    quiet = queue_for(stack.engine, control_fast_path=False)
     spec = validate_objective(body, auth_context=AUTH)
     return service.launch(quiet, spec, launched_by=service.system_launcher()).objective.id
 

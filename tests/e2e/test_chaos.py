@@ -19,8 +19,8 @@ import redis
 import requests
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.validation import validate_enqueue
-from app.storage.queue import Queue
 from tasks import fetches
 from tests.e2e import handlers
 from tests.support.services import TcpProxy
@@ -92,7 +92,7 @@ def test_with_beat_killed_and_kept_down_a_killed_workers_job_and_lost_wakeups_st
     replacement = stack.start_worker("worker-chat", "chat-2")
 
     # Jobs written without any wake-up message: only the queued redrive can deliver them.
-    q = Queue(stack.engine)
+    q = queue_for(stack.engine)
     stuck = []
     for n in range(5):
         payload = {"kind": "factory.run", "message": f"stuck {n}"}

@@ -19,11 +19,11 @@ import pytest
 import redis
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.config import Settings
 from app.jobs.errors import no_handler_message
 from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.jobs.validation import validate_enqueue
-from app.storage.queue import Queue
 from tasks.celery_app import make_celery
 from tasks.loops import REDRIVE_LOOP
 from tasks.runtime import DISPATCH_TASK, EXECUTE_TASK
@@ -133,7 +133,7 @@ def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: P
     assert all(r.body.get("workerId") != old_worker for r in after)
 
     # The same settlement written straight at the queue (every fenced write of attempt 1) is inert too.
-    q = Queue(stack.engine)
+    q = queue_for(stack.engine)
     assert not complete(q, job_id, old_worker, 1, {"late": True}).applied
     assert not q.fail(job_id, old_worker, 1, "late", retryable=False).applied
     assert not q.heartbeat(job_id, old_worker, 1, 6000).applied
@@ -334,7 +334,7 @@ def test_postgres_cut_mid_run_settlements_retry_and_every_job_completes(
 def test_two_beats_at_once_still_deliver_each_stuck_job_once(stack: Stack) -> None:
     stack.start("driver", "chat", "beat-a", "beat-b")
     # Jobs written without any wake-up: only the queued redrive can deliver them.
-    q = Queue(stack.engine)
+    q = queue_for(stack.engine)
     ids = []
     for n in range(12):
         req = validate_enqueue(

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
+from app.composition import queue_for
 from app.config import Settings
 from app.factory import watchdog
 from app.jobs.ids import SYSTEM_ORGANIZATION, qualify
 from app.jobs.validation import EnqueueRequest
 from app.storage import tokens
 from app.storage.db import db_now
-from app.storage.queue import Queue
 from tests.e2e.handlers import TASK
 from tests.support.processes import Harness
 from tests.support.stack import ORG, Stack, make_stack
@@ -93,7 +93,7 @@ def test_b_cannot_read_or_drive_as_objective(hostile: Stack, b_headers: dict[str
         assert answers[(kind, "a-secret")][0] == 403
     # Behind the door (a job written by any other path): the real control worker refuses it exactly
     # as it refuses a missing objective, and its result carries nothing of A's.
-    queue = Queue(hostile.engine)
+    queue = queue_for(hostile.engine)
     failed = {}
     for oid in ("a-secret", "never-launched"):
         payload = {
@@ -129,7 +129,7 @@ def test_b_cannot_silence_the_watchdog(hostile: Stack, b_headers: dict[str, str]
         )
         assert r.status_code == 400 and r.json()["error"]["details"]["field"] == "jobId"
     # Behind the door: even a job B holds under that exact id is B's, not the system's tick.
-    queue = Queue(hostile.engine)
+    queue = queue_for(hostile.engine)
     payload = {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": ORG_B}}
     for tick in upcoming:
         squat = EnqueueRequest(

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from app.composition import queue_for
 from app.factory import service
 from app.factory.vocab import objective_stream, task_job_id
 from app.jobs.ids import qualify
 from app.jobs.vocab import TERMINAL_STATUSES
 from app.storage import store
 from app.storage.db import jobs
-from app.storage.queue import Queue
 from tests.support.processes import Harness
 from tests.support.stack import ORG, Stack, make_stack, worker_pid
 from tests.support.waiting import wait_for
@@ -224,7 +224,10 @@ def test_broker_flushed_while_a_control_request_waits_the_outbox_redrive_finishe
     assert {r.reason for r in obj.pending} <= {"launch", "resume"}
     control = wait_for(
         lambda: [
-            j for j in Queue(dstack.engine).list_jobs(all_organizations=True, agent_id="factory-control").jobs
+            j
+            for j in queue_for(dstack.engine)
+            .list_jobs(all_organizations=True, agent_id="factory-control")
+            .jobs
         ],
         30,
         what="the control job",
@@ -249,7 +252,7 @@ def test_broker_flushed_while_a_control_request_waits_the_outbox_redrive_finishe
 def test_processes_restart_mid_objective_and_resume_finishes_it(dstack: Stack) -> None:
     dstack.start("web")
     oid = launch(dstack, [task("A"), task("B", ["A"]), task("C", ["B"])])
-    queue = Queue(dstack.engine, control_fast_path=False)
+    queue = queue_for(dstack.engine, control_fast_path=False)
     control = wait_for(
         lambda: queue.list_jobs(all_organizations=True, agent_id="factory-control").jobs,
         30,

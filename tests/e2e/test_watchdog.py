@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from app.composition import queue_for
 from app.factory import service, storage, watchdog
 from app.factory.plan import validate_objective
 from app.factory.reducer import Objective
@@ -26,7 +27,6 @@ from app.factory.vocab import objective_stream, task_job_id
 from app.jobs.ids import qualify
 from app.storage import store
 from app.storage.db import db_now, jobs, transaction
-from app.storage.queue import Queue
 from tests.support.processes import Harness
 from tests.support.stack import Stack, make_stack
 from tests.support.waiting import wait_for
@@ -64,7 +64,7 @@ def key(client_id: str) -> str:
 def lost(stack: Stack, client_id: str) -> datetime:
     """Launch with no fast path, then mark the launch request consumed as if its control step died:
     the control request and the control job are both gone. Returns the database time of the loss."""
-    quiet = Queue(stack.engine, control_fast_path=False)
+    quiet = queue_for(stack.engine, control_fast_path=False)
     body = {"objectiveId": client_id, "title": "t", "goal": "g", "plan": plan("A", "B")}
     objective_id = service.launch(
         quiet, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher()
@@ -148,7 +148,7 @@ def test_a_stalled_task_is_flagged_past_its_threshold_and_computer_work_is_not(
     wstack.env_overrides["RECEIPT_LEASE_EXPIRY_INTERVAL_MS"] = "600000"
     wstack.start(*PROCS)
     gate = str(tmp_path / "gate")
-    q = Queue(wstack.engine)
+    q = queue_for(wstack.engine)
     for oid, path in (("wd-local", "local"), ("wd-computer", "computer")):
         body: dict[str, Any] = {"objectiveId": oid, "title": "t", "goal": "g", "plan": plan("A", gate=gate)}
         body["plan"]["tasks"][0]["executionPath"] = path
@@ -226,7 +226,7 @@ def test_a_computer_task_is_followed_by_its_monitor_until_it_ends(wstack: Stack,
         "plan": plan("A", gate=str(gate)),
     }
     body["plan"]["tasks"][0]["executionPath"] = "computer"
-    q = Queue(wstack.engine)
+    q = queue_for(wstack.engine)
     service.launch(q, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
     task_job = task_job_id("wd-mon", 1, "A")
     mon = f"{task_job}:monitor"

@@ -11,6 +11,7 @@ from typing import Any
 from celery import Celery
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.config import Settings
 from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
@@ -157,7 +158,7 @@ def recording_runtime(
     app = app or make_celery(settings)
     recorder = Recorder()
     app.send_task = recorder
-    queue = Queue(
+    queue = queue_for(
         engine, on_dispatchable=lambda jobs: send_wake(app, jobs), callback_targets=(RECORDING_TARGET,)
     )
     callbacks = RecordingCallbacks(engine=engine)

@@ -20,10 +20,10 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from app.composition import queue_for
 from app.config import Settings
 from app.storage import outbox
 from app.storage.db import callback_outbox
-from app.storage.queue import Queue
 from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks, Sender, send_due
 from tasks.execute import execute
 from tasks.runtime import Runtime
@@ -125,7 +125,7 @@ def test_the_four_spec_events_are_the_outbox_events() -> None:
 
 
 def test_a_terminal_receipt_writes_one_row_per_target_in_its_own_transaction(sqlite_engine: Engine) -> None:
-    q = Queue(sqlite_engine, callback_targets=("http://a.invalid/1", "http://b.invalid/2"))
+    q = queue_for(sqlite_engine, callback_targets=("http://a.invalid/1", "http://b.invalid/2"))
     job = enqueue(q, "factory")
     assert outbox_rows(sqlite_engine) == []  # enqueue and lease are no callback events
     assert q.lease(job.id, "w", 60_000, start=True).applied
@@ -144,7 +144,7 @@ def test_a_terminal_receipt_writes_one_row_per_target_in_its_own_transaction(sql
 
 
 def test_no_targets_means_no_rows(sqlite_engine: Engine) -> None:
-    q = Queue(sqlite_engine)
+    q = queue_for(sqlite_engine)
     job = enqueue(q, "factory")
     q.cancel(job.id)
     assert outbox_rows(sqlite_engine) == []
@@ -160,7 +160,7 @@ def test_sent_with_the_bearer_token_and_a_signature_the_receiver_verifies(
         RECEIPT_CALLBACK_TOKEN="cb-token",
         RECEIPT_CALLBACK_SECRET=secret,
     )
-    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q = queue_for(sqlite_engine, callback_targets=s.callback_targets)
     job = enqueue(q, "factory")
     q.cancel(job.id, "stop")
     assert send_due(sqlite_engine, Sender(s)) == {"delivered": 1, "failed": 0}
@@ -192,7 +192,7 @@ def test_sent_with_the_bearer_token_and_a_signature_the_receiver_verifies(
 def test_a_plain_secret_signs_with_its_raw_bytes(targets: Any, sqlite_engine: Engine) -> None:
     target = targets()
     s = settings(RECEIPT_RESONATE_CALLBACK_URL=target.url, RECEIPT_CALLBACK_SECRET="plain text secret")
-    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q = queue_for(sqlite_engine, callback_targets=s.callback_targets)
     q.cancel(enqueue(q, "factory").id)
     send_due(sqlite_engine, Sender(s))
     got = target.next()
@@ -204,7 +204,7 @@ def test_redirects_are_not_followed(targets: Any, sqlite_engine: Engine) -> None
     redirecting = targets("/hook")
     redirecting.status, redirecting.location = 307, elsewhere.url
     s = fast(RECEIPT_RESONATE_CALLBACK_URL=redirecting.url)
-    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q = queue_for(sqlite_engine, callback_targets=s.callback_targets)
     q.cancel(enqueue(q, "factory").id)
     assert send_due(sqlite_engine, Sender(s)) == {"delivered": 0, "failed": 1}
     redirecting.next()
@@ -220,7 +220,7 @@ def test_a_target_down_then_up_gets_every_event_once_with_the_same_ids(
     port = free_port()
     down_url = f"http://127.0.0.1:{port}/hook"
     s = fast(RECEIPT_RESONATE_CALLBACK_URL=down_url)
-    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q = queue_for(sqlite_engine, callback_targets=s.callback_targets)
     ids = [enqueue(q, "factory").id for _ in range(3)]
     for job_id in ids:
         q.cancel(job_id)
@@ -259,7 +259,7 @@ def test_a_jobs_events_go_out_in_receipt_order_and_a_failing_head_holds_the_rest
     target = targets()
     target.status = 500
     s = fast(RECEIPT_RESONATE_CALLBACK_URL=target.url)
-    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q = queue_for(sqlite_engine, callback_targets=s.callback_targets)
     job = enqueue(q, "factory")
     callbacks = Callbacks(s)
     callbacks.dispatched(sqlite_engine, job, f"{job.id}:attempt:1")
@@ -287,7 +287,7 @@ def test_an_event_failing_past_the_give_up_time_is_dead_lettered_and_listed(
     s = fast(
         RECEIPT_RESONATE_CALLBACK_URL=f"http://127.0.0.1:{free_port()}/x", RECEIPT_CALLBACK_GIVE_UP_MS="0"
     )
-    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q = queue_for(sqlite_engine, callback_targets=s.callback_targets)
     job = enqueue(q, "factory")
     q.cancel(job.id)
     send_due(sqlite_engine, Sender(s))
@@ -312,7 +312,7 @@ def test_a_failing_targets_secrets_reach_neither_the_outbox_nor_the_log_nor_the_
     port = free_port()
     url = f"http://hooks:pw-c4f1e@127.0.0.1:{port}/x?token=tok-c4f1e"
     s = fast(RECEIPT_RESONATE_CALLBACK_URL=url, RECEIPT_CALLBACK_GIVE_UP_MS="0")
-    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q = queue_for(sqlite_engine, callback_targets=s.callback_targets)
     q.cancel(enqueue(q, "factory").id)
     send_due(sqlite_engine, Sender(s))
     [row] = outbox_rows(sqlite_engine)
@@ -354,7 +354,7 @@ def test_each_attempt_has_a_five_second_timeout_and_no_redirects(
 
     monkeypatch.setattr(callbacks_requests.Session, "post", fake_post)
     s = fast(RECEIPT_RESONATE_CALLBACK_URL="http://127.0.0.1:9/x")
-    q = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    q = queue_for(sqlite_engine, callback_targets=s.callback_targets)
     q.cancel(enqueue(q, "factory").id)
     send_due(sqlite_engine, Sender(s))
     assert seen["timeout"] == 5.0 and seen["allow_redirects"] is False
@@ -367,7 +367,7 @@ def test_a_settlement_never_waits_for_the_target(targets: Any, sqlite_engine: En
     release = threading.Event()
     slow = targets(hold=release)
     s = settings(RECEIPT_RESONATE_CALLBACK_URL=slow.url, REDIS_URL=redis_url, JOB_LEASE_MS="3000")
-    queue = Queue(sqlite_engine, callback_targets=s.callback_targets)
+    queue = queue_for(sqlite_engine, callback_targets=s.callback_targets)
 
     def noop(ctx: JobContext) -> Any:
         return {"done": True}

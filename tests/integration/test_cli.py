@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.errors import no_job_message
 from app.jobs.ids import client_id_of
 from app.jobs.reducer import fold
@@ -43,7 +44,7 @@ def enqueue(queue: Queue, **body: Any) -> str:
 
 def some_jobs(engine: Engine) -> list[str]:
     """Jobs in several states, with commands, failures and an expired lease among them."""
-    q = Queue(engine)
+    q = queue_for(engine)
     queued = enqueue(q, sessionKey="s1")
     running = enqueue(q)
     q.lease(running, "w1", 60_000)
@@ -126,7 +127,7 @@ def test_replay_from_a_file_prints_the_job(
         assert main(["replay", str(path)]) == 0
         out = capsys.readouterr()
         assert json.loads(out.out) == expected and out.err == ""
-    assert Queue(engine).get(ids[2]) is not None
+    assert queue_for(engine).get(ids[2]) is not None
 
 
 def test_replay_from_stdin(

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.config import Settings
 from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
@@ -56,7 +57,7 @@ def in_workspace(root: Path, settings: Settings = ENABLED) -> Settings:
 
 @pytest.fixture
 def queue(sqlite_engine: Engine) -> Queue:
-    return Queue(sqlite_engine)
+    return queue_for(sqlite_engine)
 
 
 def codex_job(queue: Queue, **payload: Any) -> Job:

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
+from app.factory.hooks import Ledger
 from app.jobs.errors import TooManyCommands
 from app.jobs.validation import validate_enqueue
+from app.storage.hooks import CallbackOutbox
 from app.storage.queue import Queue
 from tasks.celery_app import make_celery
 from tasks.runtime import get_runtime
@@ -53,12 +55,14 @@ def test_the_api_and_the_resume_queue_come_from_the_same_builder(tmp_path: Path)
     settings = Settings(home=str(tmp_path), max_commands_per_job=CAP, callback_url="http://127.0.0.1:9/cb")
     app = create_app(settings, on_dispatchable=lambda jobs: None)
     queue: Queue = app.extensions["receipt"].queue
-    built = composition.build_queue(settings, engine=queue.engine)
+    built = composition.build_queue(settings, engine=queue.engine, on_dispatchable=lambda jobs: None)
     try:
         for q in (queue, built):
             assert q.max_commands_per_job == CAP
-            assert q.callback_targets == settings.callback_targets != ()
-            assert q.ledger_writer is not None
+            callbacks, ledger_hook = q.hook(CallbackOutbox), q.hook(Ledger)
+            assert callbacks is not None and callbacks.targets == settings.callback_targets != ()
+            assert ledger_hook is not None and ledger_hook.writer is not None  # in the background
+            assert [type(h) for h in q.hooks] == [type(h) for h in built.hooks]
     finally:
         queue.close()
         built.close()

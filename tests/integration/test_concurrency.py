@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.ids import qualify
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
@@ -71,7 +72,7 @@ def assert_stream_times_never_go_back(engine: Engine) -> None:
 @pytest.fixture
 def pg_queue(pg_engine: Engine) -> Queue:
     assert pg_engine.pool.size() >= 10  # type: ignore[attr-defined]  # 16 threads need their own connections
-    return Queue(pg_engine)
+    return queue_for(pg_engine)
 
 
 def test_sixteen_threads_leasing_one_job_yield_exactly_one_lease(pg_queue: Queue, pg_engine: Engine) -> None:
@@ -210,7 +211,7 @@ def test_a_job_settled_during_the_session_scan_does_not_take_the_steer(
 ) -> None:
     job = pg_queue.enqueue(validate_enqueue("codex", body(sessionKey="s"))).job
     pg_queue.lease(job.id, "w1", 60_000)
-    other = Queue(pg_engine)
+    other = queue_for(pg_engine)
     fired = commit_before_loading(monkeypatch, job.id, lambda: complete(other, job.id, "w1", 1, {"done": 1}))
 
     result = pg_queue.enqueue(validate_enqueue("codex", body(sessionKey="s", singletonMode="steer")))
@@ -230,7 +231,7 @@ def test_receipt_time_is_read_after_the_state_it_follows(
     """A receipt committed by another transaction while this one starts must not be newer than ours."""
     job = pg_queue.enqueue(validate_enqueue("codex", body())).job
     pg_queue.lease(job.id, "w1", 60_000)
-    other = Queue(pg_engine)
+    other = queue_for(pg_engine)
     fired = commit_before_loading(monkeypatch, job.id, lambda: other.heartbeat(job.id, "w1", 1, 60_000))
 
     out = pg_queue.command(job.id, "steer", payload={"x": 1})

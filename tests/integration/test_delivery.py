@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.errors import (
     ACTIVE_DELIVERY_REASON,
     MAX_DELIVERY_GENERATIONS,
@@ -160,9 +161,8 @@ def test_a_job_id_equal_to_another_jobs_redrive_key_does_not_collide(engine: Eng
 
 def test_sweep_ends_expired_deliveries_and_those_of_terminal_jobs(engine: Engine) -> None:
     from app.jobs.validation import validate_enqueue
-    from app.storage.queue import Queue
 
-    q = Queue(engine)
+    q = queue_for(engine)
     req = validate_enqueue(
         "factory", {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
     )

@@ -16,6 +16,7 @@ from sqlalchemy import bindparam, event, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
+from app.composition import queue_for
 from app.jobs.errors import AppendConflict
 from app.jobs.ids import qualify
 from app.jobs.validation import validate_enqueue
@@ -30,7 +31,6 @@ from app.storage.db import (
     transaction,
 )
 from app.storage.direct import Direct
-from app.storage.queue import Queue
 from tests.support.databases import assert_projection_equals_fold
 from tests.support.queue_ops import close_queues
 
@@ -81,7 +81,7 @@ def test_a_unique_violation_is_sqlalchemys_integrity_error(pg_engine: Engine) ->
 
 def moved_on(engine: Engine) -> tuple[str, projection.Loaded]:
     """A job, and its projection row as read before a lease moved its seq on."""
-    queue = Queue(engine)
+    queue = queue_for(engine)
     body = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
     job = queue.enqueue(validate_enqueue("factory", body)).job
     with engine.connect() as conn:
@@ -160,7 +160,7 @@ def test_the_clock_read_with_a_missing_job_still_gives_the_time(_conn: Connectio
 
 def test_the_projected_columns_are_the_ones_a_row_sets(sqlite_engine: Engine) -> None:
     body = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
-    job = Queue(sqlite_engine).enqueue(validate_enqueue("factory", body)).job
+    job = queue_for(sqlite_engine).enqueue(validate_enqueue("factory", body)).job
     assert tuple(projection._columns(job, "h", datetime.now(UTC))) == projection.PROJECTED_COLUMNS
 
 
@@ -224,7 +224,7 @@ def _prepared_here(conn: Connection) -> list[str]:
 def test_prepared_statements_give_the_values_and_the_stream_sqlalchemy_would(
     prepared_engine: Engine, pg_engine: Engine
 ) -> None:
-    queue = Queue(prepared_engine)
+    queue = queue_for(prepared_engine)
     auth = {"userId": "u", "organizationId": "org"}
     job = queue.enqueue(
         validate_enqueue("factory", {"jobId": "p-1", "payload": {"kind": "factory.run", "authContext": auth}})

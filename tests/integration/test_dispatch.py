@@ -18,13 +18,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, generations_exceeded_message
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, route
 from app.jobs.vocab import job_stream
 from app.ops import wakes
 from app.storage.db import db_now, deliveries, parse_iso, transaction
 from app.storage.delivery import redrive_key
-from app.storage.queue import Queue
 from tasks import dispatch, execute, loops
 from tasks.callbacks import Callbacks
 from tasks.celery_app import make_celery
@@ -81,7 +81,7 @@ def started(rt: Runtime, sent: Recorder, job_id: str) -> tuple[str, int]:
 def listening_runtime(engine: Engine, redis_url: str) -> tuple[Runtime, Recorder]:
     rt, sent, _ = recording_runtime(engine, settings_for(redis_url))
     rt.wakes = wakes.WakeList(redis_url)
-    rt.queue = Queue(engine, on_dispatchable=lambda jobs: send_wake(rt.app, jobs, rt.wakes))
+    rt.queue = queue_for(engine, on_dispatchable=lambda jobs: send_wake(rt.app, jobs, rt.wakes))
     return rt, sent
 
 
@@ -468,7 +468,7 @@ def test_a_job_completes_through_a_real_worker(
         ran.set()
         return {"noop": True, "attempt": ctx.attempt}
 
-    queue = Queue(pg_engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
+    queue = queue_for(pg_engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
     app.receipt_runtime = Runtime(
         settings,
         app,

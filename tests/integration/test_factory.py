@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.factory import service, storage
 from app.factory.plan import validate_objective
 from app.factory.vocab import control_job_id, objective_stream, task_job_id
@@ -59,7 +60,7 @@ def assert_projection_equals_fold(engine: Engine) -> None:
 
 
 def test_diamond_completes_and_d_receives_b_and_c_results(engine: Engine) -> None:
-    queue = Queue(engine)
+    queue = queue_for(engine)
     oid = launch(queue, DIAMOND)
     # The launch wrote its control request in the same transaction, and the fast path its job.
     assert types(engine, oid) == ["objective.launched", "objective.control_requested"]
@@ -88,7 +89,7 @@ def test_diamond_completes_and_d_receives_b_and_c_results(engine: Engine) -> Non
 
 
 def test_a_task_without_a_payload_runs_as_factory_task_run_and_requests_control(engine: Engine) -> None:
-    queue = Queue(engine)
+    queue = queue_for(engine)
     body = {
         "title": "t",
         "goal": "g",
@@ -103,7 +104,7 @@ def test_a_task_without_a_payload_runs_as_factory_task_run_and_requests_control(
 
 
 def test_a_repeated_control_step_appends_nothing(engine: Engine) -> None:
-    queue = Queue(engine, control_fast_path=False)
+    queue = queue_for(engine, control_fast_path=False)
     oid = launch(queue, DIAMOND)
     first = service.control_step(queue, oid)
     assert first.enqueued == 1 and first.appended == 2  # consumed + tasks_queued
@@ -114,7 +115,7 @@ def test_a_repeated_control_step_appends_nothing(engine: Engine) -> None:
 
 
 def test_fail_fast_stops_everything_and_skips_dependents(engine: Engine) -> None:
-    queue = Queue(engine)
+    queue = queue_for(engine)
     deps = {"A": [], "B": ["A"], "C": [], "D": ["C"], "E": ["B"]}
     oid = launch(queue, deps, agents={"A": FAIL})
     drain(queue)
@@ -130,7 +131,7 @@ def test_fail_fast_stops_everything_and_skips_dependents(engine: Engine) -> None
 
 
 def test_continue_runs_independent_branches_and_ends_failed(engine: Engine) -> None:
-    queue = Queue(engine)
+    queue = queue_for(engine)
     deps = {"A": [], "B": ["A"], "C": [], "D": ["C"]}
     oid = launch(queue, deps, agents={"A": FAIL}, failurePolicy="continue")
     drain(queue)
@@ -146,7 +147,7 @@ def test_continue_runs_independent_branches_and_ends_failed(engine: Engine) -> N
 
 
 def test_cancel_mid_flight_aborts_running_tasks_and_never_starts_the_rest(engine: Engine) -> None:
-    queue = Queue(engine)
+    queue = queue_for(engine)
     oid = launch(queue, {"A": [], "B": [], "C": ["A"]}, agents={"A": HOLD, "B": HOLD})
     drain(queue, skip_agents=(HOLD,))
     a, b = task_job_id(oid, 1, "A"), task_job_id(oid, 1, "B")
@@ -172,7 +173,7 @@ def test_cancel_mid_flight_aborts_running_tasks_and_never_starts_the_rest(engine
 def test_the_outbox_request_commits_with_the_task_settlement_and_the_redrive_enqueues_control(
     engine: Engine,
 ) -> None:
-    queue = Queue(engine, control_fast_path=False)
+    queue = queue_for(engine, control_fast_path=False)
     oid = launch(queue, {"A": [], "B": ["A"]})
     assert queue.get(control_job_id(oid, 2)) is None  # no fast path: the request waits
     out = service.redrive_outbox(queue)
@@ -200,7 +201,7 @@ def test_the_outbox_request_commits_with_the_task_settlement_and_the_redrive_enq
 
 
 def test_an_expired_task_lease_requests_control(engine: Engine) -> None:
-    queue = Queue(engine, control_fast_path=False)
+    queue = queue_for(engine, control_fast_path=False)
     oid = launch(queue, {"A": []})
     service.control_step(queue, oid)
     a = task_job_id(oid, 1, "A")
@@ -216,7 +217,7 @@ def test_an_expired_task_lease_requests_control(engine: Engine) -> None:
 
 
 def test_resume_writes_one_request_per_active_objective(engine: Engine) -> None:
-    queue = Queue(engine, control_fast_path=False)
+    queue = queue_for(engine, control_fast_path=False)
     active = [launch(queue, {"A": []}) for _ in range(3)]
     assert service.resume(queue, page_size=2) == 3
     for oid in active:
@@ -227,7 +228,7 @@ def test_resume_writes_one_request_per_active_objective(engine: Engine) -> None:
 def test_a_job_of_another_organisation_never_requests_control(engine: Engine) -> None:
     from app.jobs.validation import validate_enqueue
 
-    queue = Queue(engine, control_fast_path=False)
+    queue = queue_for(engine, control_fast_path=False)
     oid = launch(queue, {"A": []})
     foreign = validate_enqueue(
         "test-echo",
@@ -252,7 +253,7 @@ def test_control_steps_on_one_objective_take_turns(pg_engine: Engine) -> None:
 
     from app.storage.db import session_lock
 
-    queue = Queue(pg_engine, control_fast_path=False)
+    queue = queue_for(pg_engine, control_fast_path=False)
     oid = launch(queue, DIAMOND)
     results: list[Any] = []
     with session_lock(pg_engine, f"objective-step:{oid}", wait_s=1) as taken:

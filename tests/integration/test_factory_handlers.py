@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.config import Settings
 from app.factory import loops as loops_objectives
 from app.factory import service
@@ -42,7 +43,7 @@ def objective_body(**extra: Any) -> dict[str, Any]:
 
 
 def test_factory_dispatch_launches_once_by_objective_id(sqlite_engine: Engine) -> None:
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     first = post(queue, "factory", "factory.dispatch", objective=objective_body())
     second = post(queue, "factory", "factory.dispatch", objective=objective_body(title="again"))
     drain(queue)
@@ -59,7 +60,7 @@ def test_factory_dispatch_launches_once_by_objective_id(sqlite_engine: Engine) -
 
 
 def test_factory_dispatch_refuses_a_bad_objective_without_retrying(sqlite_engine: Engine) -> None:
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     job_id = post(queue, "factory", "factory.dispatch", objective=objective_body(plan={"tasks": []}))
     drain(queue)
     job = queue.get(job_id)
@@ -68,7 +69,7 @@ def test_factory_dispatch_refuses_a_bad_objective_without_retrying(sqlite_engine
 
 
 def test_factory_run_launches_an_explicit_plan_and_refuses_a_written_goal(sqlite_engine: Engine) -> None:
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     ok = post(
         queue, "factory", "factory.run", goal={"text": "do it", "plan": plan({"A": []})}, objectiveId="run-1"
     )
@@ -85,7 +86,7 @@ def test_factory_run_launches_an_explicit_plan_and_refuses_a_written_goal(sqlite
 def test_outbox_redrive_is_single_flight_and_its_timeout_only_observes(
     sqlite_engine: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    queue = Queue(sqlite_engine, control_fast_path=False)
+    queue = queue_for(sqlite_engine, control_fast_path=False)
     body = {"title": "t", "goal": "g", "authContext": AUTH, "plan": plan({"A": []})}
     from app.factory.plan import validate_objective
 
@@ -118,7 +119,7 @@ def test_outbox_redrive_is_single_flight_and_its_timeout_only_observes(
 
 
 def test_resume_once_is_single_flight(sqlite_engine: Engine) -> None:
-    queue = Queue(sqlite_engine, control_fast_path=False)
+    queue = queue_for(sqlite_engine, control_fast_path=False)
     settings = Settings(startup_settle_ms=10_000)
     first = loops_objectives.resume_once(queue, settings)
     assert first == {"resumed": 0}
@@ -130,7 +131,7 @@ def test_control_starts_a_monitor_for_a_computer_task_which_ends_with_its_task(s
     from app.jobs import timing
     from tests.factory_support import ECHO
 
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     body = objective_body(objectiveId="mon-1", plan=plan({"A": [], "B": ["A"]}))
     body["plan"]["tasks"][0]["executionPath"] = "computer"
     service.launch(queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
@@ -220,7 +221,7 @@ def _objective_receipts(engine: Engine, key: str) -> list[tuple[int, str, str]]:
 def test_a_job_naming_another_organisations_objective_fails_exactly_as_for_a_missing_one(
     engine: Engine, publish_target: str, kind: str
 ) -> None:
-    queue = Queue(engine)
+    queue = queue_for(engine)
     settings = Settings(
         retry_backoff_ms=0,
         integration_publish_url=publish_target,

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.storage.queue import Queue
@@ -69,7 +70,7 @@ needs_namespaces = pytest.mark.skipif(
 
 @pytest.fixture
 def queue(sqlite_engine: Engine) -> Queue:
-    return Queue(sqlite_engine)
+    return queue_for(sqlite_engine)
 
 
 @pytest.fixture
@@ -279,12 +280,12 @@ def test_a_cwd_must_stay_inside_the_workspace_root(
 _WORKER = """
 import sys
 from app.config import Settings
+from app.composition import queue_for
 from app.storage.db import make_engine
-from app.storage.queue import Queue
 from workers.registry import default_registry
 from workers.runner import run_attempt
 settings = Settings.from_env({"RECEIPT_CODEX_COMMANDS": "enabled"})
-run_attempt(Queue(make_engine(sys.argv[1])), settings, default_registry(), sys.argv[2], 1)
+run_attempt(queue_for(make_engine(sys.argv[1])), settings, default_registry(), sys.argv[2], 1)
 """
 
 

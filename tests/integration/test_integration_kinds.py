@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy.engine import Engine
 from standardwebhooks.webhooks import Webhook
 
+from app.composition import queue_for
 from app.config import Settings
 from app.factory import service
 from app.factory.plan import validate_objective
@@ -42,7 +43,7 @@ ENABLED = Settings.from_env({"RECEIPT_CODEX_COMMANDS": "enabled"})
 
 
 def test_validate_runs_a_command_through_the_codex_runner(sqlite_engine: Engine) -> None:
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     ok = codex.handle(
         context(queue, ENABLED, "factory.integration.validate", command=[PY, "-c", "print('ok')"])
     )
@@ -63,7 +64,7 @@ def test_validate_runs_a_command_through_the_codex_runner(sqlite_engine: Engine)
 
 
 def test_publish_with_a_command_runs_it(sqlite_engine: Engine) -> None:
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     out = codex.handle(
         context(queue, ENABLED, "factory.integration.publish", command=[PY, "-c", "print('shipped')"])
     )
@@ -98,7 +99,7 @@ def sink() -> Iterator[str]:
 
 
 def test_publish_posts_the_objectives_task_results_signed(sqlite_engine: Engine, sink: str) -> None:
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     body = {"objectiveId": "pub-1", "title": "t", "goal": "g", "plan": plan({"A": [], "B": ["A"]})}
     service.launch(queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
     drain(queue)
@@ -119,7 +120,7 @@ def test_publish_posts_the_objectives_task_results_signed(sqlite_engine: Engine,
 def test_publish_refuses_without_configuration_and_classifies_answers(
     sqlite_engine: Engine, sink: str
 ) -> None:
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     body = {"objectiveId": "pub-2", "title": "t", "goal": "g", "plan": plan({"A": []})}
     service.launch(queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
     drain(queue)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.config import Settings
 from app.ops import logs
-from app.storage.queue import Queue
 from tasks import celery_app
 from tasks.runtime import EXECUTE_TASK
 from workers.handler import JobContext
@@ -47,7 +47,7 @@ def noisy(ctx: JobContext) -> Any:
 def test_every_line_of_an_attempt_carries_the_job_fields(
     sqlite_engine: Engine, json_lines: io.StringIO
 ) -> None:
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     job = enqueue(queue, "test-noisy")
     fence = f"{job.id}:attempt:1"
     task = SimpleNamespace(name=EXECUTE_TASK)

@@ -11,12 +11,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.config import Settings
-from app.factory import service
+from app.factory import ledger, service
+from app.factory.hooks import Ledger
 from app.factory.plan import validate_objective
 from app.jobs.ids import qualify
 from app.jobs.validation import EnqueueRequest
-from app.storage import ledger
 from app.storage.db import durable_activities, durable_workflows
 from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, drain, plan
@@ -136,7 +137,7 @@ def test_get_objective_includes_the_ledger_summary(sqlite_engine: Engine) -> Non
     from api import create_app
     from app.storage import tokens
 
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     launch(queue, "lg-4")
     drain(queue)
     app = create_app(
@@ -156,7 +157,7 @@ def test_the_cli_verb_rebuilds_the_ledger(
 ) -> None:
     from app.ops.cli import main
 
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     launch(queue, "lg-5")
     drain(queue)
     monkeypatch.setenv("DATABASE_URL", str(sqlite_engine.url))
@@ -168,12 +169,12 @@ def test_the_background_writer_batches_run_rows_and_an_older_fold_never_replaces
     engine: Engine,
 ) -> None:
     """Issue 12: long-lived processes write fold-derived ``run`` rows off the mutation's path."""
-    queue = Queue(engine, ledger_in_background=True)
+    queue = queue_for(engine, ledger_in_background=True)
     body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
     enqueued = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-1")).job
     leased = queue.lease(enqueued.id, "w", 60_000, start=True).job
     done = queue.settle_attempt(enqueued.id, "w", 1, result={"ok": True}).job
-    queue.ledger_writer.flush()
+    ledger_hook(queue).flush()
     run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-1")
     assert (run["status"], run["steps"], run["ended_at"] is not None) == ("completed", 1, True)
     # Writes from two processes may land out of order: the guard keeps the newest fold.
@@ -190,10 +191,10 @@ def test_closing_the_background_writer_writes_what_it_holds_and_stops_its_thread
     """A process shutting down (gunicorn's worker_exit, Celery's worker_shutdown) or a test tearing
     down its database closes the queue: the rows still gathering are written, the thread ends,
     and later transitions write their rows before returning."""
-    queue = Queue(engine, ledger_in_background=True)
+    queue = queue_for(engine, ledger_in_background=True)
     body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
     job = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-close")).job
-    writer = queue.ledger_writer
+    writer = ledger_hook(queue)
     thread = writer._thread
     queue.close()
     assert thread is not None and not thread.is_alive()
@@ -224,3 +225,10 @@ def test_two_organisations_objectives_of_one_id_keep_their_own_ledger(queue: Que
     before = rows(queue.engine)
     ledger.rebuild(queue.engine)
     assert rows(queue.engine) == before  # a rebuild from receipts keeps them apart the same way
+
+
+def ledger_hook(queue: Queue) -> ledger.BackgroundWriter:
+    """The queue's background ledger writer (its ledger hook's)."""
+    hook = queue.hook(Ledger)
+    assert hook is not None and hook.writer is not None
+    return hook.writer

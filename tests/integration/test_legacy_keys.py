@@ -18,12 +18,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.factory import service
 from app.ops import cli
 from app.storage import store, tokens
 from app.storage.db import jobs, make_engine, objectives
 from app.storage.migrate import current, upgrade
-from app.storage.queue import Queue
 from tests.factory_support import drain
 from tests.support.api import Api, build_api, json_of, make_settings
 from tests.support.databases import assert_projection_equals_fold, new_database
@@ -173,7 +173,7 @@ def test_legacy_objectives_read_and_the_live_one_runs_to_completion(legacy: Engi
     assert api.client.get("/objectives/legacy-obj-done", headers=api.headers("b")).status_code == 404
     # The live objective was left with task A queued: this release's worker path finishes it, and
     # the jobs it derives keep the objective's bare key (so its recorded task job ids match).
-    queue = Queue(legacy)
+    queue = queue_for(legacy)
     drain(queue)
     live = service.get(legacy, "legacy-obj-live")
     assert live is not None and live.status == "completed" and live.audit is not None

@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.factory import service
 from app.factory.plan import validate_objective
 from app.factory.vocab import control_job_id
@@ -52,7 +53,7 @@ def rt_of(pg_engine: Engine, redis_url: str) -> Iterator[Any]:
 def lost_control_message(engine: Engine, client_id: str) -> str:
     """An objective whose launch request is unconsumed and has no control job (its fast path never
     ran: the message was lost). Returns its key."""
-    quiet = Queue(engine, control_fast_path=False)
+    quiet = queue_for(engine, control_fast_path=False)
     body = {"objectiveId": client_id, "title": "t", "goal": "g", "authContext": AUTH}
     body["plan"] = {"tasks": [{"id": "A", "agentId": "x", "payload": {"kind": "factory.task.run"}}]}
     return service.launch(quiet, validate_objective(body), launched_by=service.system_launcher()).objective.id

@@ -14,12 +14,12 @@ from sqlalchemy.engine import Engine
 from werkzeug.serving import make_server
 
 from api import create_app
+from app.composition import queue_for
 from app.config import Settings
 from app.factory import service
 from app.ops.cli import main as receipt_main
 from app.storage import store, tokens
 from app.storage.db import objective_tasks, objectives
-from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, drain, plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def plan_file(tmp_path: Path, **extra: Any) -> Path:
 def test_launch_follow_show_list_cancel(
     server: str, sqlite_engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     stop = threading.Event()
 
     def worker() -> None:  # the deployment's workers, in-process
@@ -125,7 +125,7 @@ def test_operator_verbs_rebuild_replay_and_verify_objective_streams(
     from app.factory.plan import validate_objective
 
     monkeypatch.setenv("DATABASE_URL", sqlite_database_url)
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     body = {
         "title": "t",
         "goal": "g",

@@ -16,12 +16,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
+from app.composition import queue_for
 from app.jobs.ids import qualify
 from app.jobs.validation import validate_enqueue
 from app.storage import delivery, store
 from app.storage import queue as queue_module
 from app.storage.db import callback_outbox, db_now, deliveries, transaction
-from app.storage.queue import Queue
 
 BODY = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
 
@@ -59,7 +59,7 @@ def delivery_states(engine: Engine, job_id: str) -> list[tuple[Any, ...]]:
 def test_a_worker_attempt_opens_no_transaction_and_stays_whole(
     pg_engine: Engine, transactions: list[str]
 ) -> None:
-    queue = Queue(pg_engine)
+    queue = queue_for(pg_engine)
     job = queue.enqueue(validate_enqueue("factory", BODY)).job
     pending_delivery(pg_engine, job.id)
     transactions.clear()
@@ -80,7 +80,7 @@ def test_a_worker_attempt_opens_no_transaction_and_stays_whole(
 def test_a_plain_enqueue_is_one_statement_and_a_singleton_keeps_its_transaction(
     pg_engine: Engine, transactions: list[str]
 ) -> None:
-    queue = Queue(pg_engine)
+    queue = queue_for(pg_engine)
     first = queue.enqueue(validate_enqueue("factory", {**BODY, "jobId": "os-1"}))
     again = queue.enqueue(validate_enqueue("factory", {**BODY, "jobId": "os-1"}))
     assert (first.created, again.created, again.job.id) == (True, False, qualify("o", "os-1"))
@@ -92,7 +92,7 @@ def test_a_plain_enqueue_is_one_statement_and_a_singleton_keeps_its_transaction(
 def test_a_transition_with_callbacks_falls_back_to_a_transaction(
     pg_engine: Engine, transactions: list[str]
 ) -> None:
-    queue = Queue(pg_engine, callback_targets=["http://127.0.0.1:9/hook"])
+    queue = queue_for(pg_engine, callback_targets=["http://127.0.0.1:9/hook"])
     job = queue.enqueue(validate_enqueue("factory", BODY)).job
     assert queue.start_attempt(job.id, "w", 1, lambda _job: 60_000).status == "started"
     assert transactions == []
@@ -108,7 +108,7 @@ def test_a_transition_with_callbacks_falls_back_to_a_transaction(
 def test_a_losing_writer_rereads_and_decides_again(pg_engine: Engine) -> None:
     """Two settlements of one attempt race: one applies, the other re-reads and finds the job
     terminal (no second terminal receipt)."""
-    queue = Queue(pg_engine)
+    queue = queue_for(pg_engine)
     job = queue.enqueue(validate_enqueue("factory", BODY)).job
     assert queue.start_attempt(job.id, "w", 1, lambda _job: 60_000).status == "started"
     first = queue.settle_attempt(job.id, "w", 1, result=1)

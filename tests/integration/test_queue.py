@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, JobNotFound, ValidationError
 from app.jobs.ids import qualify
 from app.jobs.reducer import Job
@@ -70,7 +71,7 @@ class CheckedQueue:
 
 @pytest.fixture
 def q(engine: Engine) -> Any:
-    return CheckedQueue(Queue(engine))
+    return CheckedQueue(queue_for(engine))
 
 
 def stream_of(engine: Engine, job_id: str) -> list[store.StoredReceipt]:
@@ -633,7 +634,7 @@ def test_on_dispatchable_is_called_after_commit_with_queued_jobs(engine: Engine)
             visible = [j.id for j in jobs if store.head(conn, job_stream(j.id)) is not None]
         calls.append(([j.status for j in jobs], visible))
 
-    queue = Queue(engine, on_dispatchable=hook)
+    queue = queue_for(engine, on_dispatchable=hook)
     job = queue.enqueue(req()).job
     assert calls == [(["queued"], [job.id])]
     queue.lease(job.id, "w1", LONG)
@@ -653,7 +654,7 @@ def test_on_dispatchable_failure_never_fails_the_operation(
     def hook(jobs: Sequence[Job]) -> None:
         raise RuntimeError("broker down")
 
-    queue = Queue(engine, on_dispatchable=hook)
+    queue = queue_for(engine, on_dispatchable=hook)
     result = queue.enqueue(req(jobId="kept"))
     assert result.created and queue.get(qualify(ORG_A, "kept")) == result.job
     assert "dispatch wake-up failed" in caplog.text

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.ops.cli import main as receipt_main
-from app.storage.queue import Queue
 from tests.factory_support import drain, plan
 from tests.integration.test_objective_cli import plan_file, server  # noqa: F401  (the fixture)
 
@@ -20,7 +20,7 @@ def test_replan_starts_the_next_phase_and_refuses_once_ended(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    queue = Queue(sqlite_engine)
+    queue = queue_for(sqlite_engine)
     assert receipt_main(["objective", "launch", str(plan_file(tmp_path, objectiveId="cli-rp"))]) == 0
     capsys.readouterr()
     drain(queue, skip_agents=("test-echo",))

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.storage import projection
 from app.storage.db import deliveries, jobs, receipts
 from bench import scale
@@ -60,11 +61,10 @@ def test_check_sample_catches_a_projection_row_that_is_not_the_fold(pg_engine: E
 
 
 def test_every_timed_operation_runs_and_the_claim_is_rolled_back(pg_engine: Engine) -> None:
-    from app.storage.queue import Queue
 
     rng = random.Random(6)
     plan = scale.seed(pg_engine, 60, 60, rng, chunk=50)
-    ops = scale.operations(pg_engine, Queue(pg_engine), len(plan), plan.queued_ids(), rng)
+    ops = scale.operations(pg_engine, queue_for(pg_engine), len(plan), plan.queued_ids(), rng)
     assert "dispatch claim, batch of 50" in ops
     for op in ops.values():
         op()

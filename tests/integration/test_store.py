@@ -14,6 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import Executable
 
+from app.composition import queue_for
 from app.jobs.errors import AppendConflict
 from app.storage import store
 from app.storage.db import make_engine, receipts, transaction
@@ -255,9 +256,8 @@ def test_a_scan_batch_reads_its_jobs_and_the_clock_together(engine: Engine) -> N
     from app.jobs.validation import EnqueueRequest
     from app.storage import projection
     from app.storage.db import parse_iso
-    from app.storage.queue import Queue
 
-    queue = Queue(engine)
+    queue = queue_for(engine)
     body = {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}
     for job_id in ("scan-b", "scan-a"):
         queue.enqueue(EnqueueRequest(agent_id="noop", payload=body, job_id=job_id))

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.config import Settings
 from app.factory import service, storage, sweep
 from app.factory.plan import validate_objective
@@ -32,7 +33,7 @@ def lost(engine: Engine, client_id: str) -> str:
     """An active objective whose control request and control job were both lost: launched with no
     fast path, then its request marked consumed as if a control step consumed it and died.
     Returns its key (org-a's ``client_id``): what the watchdog, a system job, names objectives by."""
-    quiet = Queue(engine, control_fast_path=False)
+    quiet = queue_for(engine, control_fast_path=False)
     body = {"objectiveId": client_id, "title": "t", "goal": "g", "plan": plan(DIAMOND)}
     objective_id = service.launch(
         quiet, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher()
@@ -186,7 +187,7 @@ def test_beat_refuses_to_start_on_an_invalid_cron(tmp_path: Path) -> None:
 def test_a_reconcile_is_not_written_while_a_request_is_pending(queue: Queue) -> None:
     # Two watchdog passes at once (overlapping ticks) must not both write one.
     key = lost(queue.engine, "w-twice")
-    quiet = Queue(queue.engine, control_fast_path=False)
+    quiet = queue_for(queue.engine, control_fast_path=False)
     assert service.request(quiet, key, "reconcile", {"reason": "no_active_objective_work"})
     assert not service.request(quiet, key, "reconcile", {"reason": "no_active_objective_work"})
     obj = service.get(queue.engine, key, all_tasks=False)

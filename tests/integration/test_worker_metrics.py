@@ -7,8 +7,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.ops import metrics
-from app.storage.queue import Queue
 
 from .runtime_support import enqueue
 
@@ -36,7 +36,7 @@ def test_the_endpoint_serves_this_process_counters_to_the_token_only(sqlite_engi
             return 0.0
 
         before = enqueued()
-        enqueue(Queue(sqlite_engine, on_applied=metrics.observe), "some-agent")
+        enqueue(queue_for(sqlite_engine, on_applied=metrics.observe), "some-agent")
         assert enqueued() == before + 1
         assert requests.get(url, timeout=10).status_code == 401
         assert requests.get(url, headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 401

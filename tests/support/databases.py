@@ -17,11 +17,11 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.reducer import Job, fold
 from app.jobs.vocab import job_stream
 from app.storage import store
 from app.storage.db import as_utc, jobs, parse_iso
-from app.storage.queue import Queue
 from tests.support.services import resolved_pg_admin_url
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -97,7 +97,7 @@ def assert_projection_equals_fold(engine: Engine, job_id: str) -> None:
         assert row is None, f"{job_id}: projection row exists but the stream folds to no job"
         return
     assert row is not None, f"{job_id}: stream folds to a job but there is no projection row"
-    got = Queue(engine).get(job_id)
+    got = queue_for(engine).get(job_id)
     assert got == folded, f"{job_id}: Queue.get differs from the fold"
     assert row.state == folded.to_json()
     last = stream[-1]

@@ -18,12 +18,12 @@ import requests
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.ids import KEY_SEPARATOR, qualify
 from app.jobs.reducer import Job
 from app.jobs.vocab import TERMINAL_STATUSES, job_stream
 from app.storage import store, tokens
 from app.storage.db import deliveries, make_engine
-from app.storage.queue import Queue
 from app.storage.store import StoredReceipt
 from tests.support.databases import unavailable
 from tests.support.processes import PYTHON, Harness, Proc, base_env, wait_started
@@ -239,7 +239,7 @@ class Stack:
         return job_id if KEY_SEPARATOR in job_id else qualify(organization_id, job_id)
 
     def job(self, job_id: str) -> Job | None:
-        return Queue(self.engine).get(self.key(job_id))
+        return queue_for(self.engine).get(self.key(job_id))
 
     def status(self, job_id: str) -> str | None:
         job = self.job(job_id)

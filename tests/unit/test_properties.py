@@ -32,6 +32,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy.engine import Engine
 
+from app.composition import queue_for
 from app.jobs.errors import ConflictError, InvariantError, no_job_message
 from app.jobs.reducer import Job, Receipt, fold, reduce
 from app.jobs.validation import validate_enqueue
@@ -47,7 +48,6 @@ from app.jobs.vocab import (
     TERMINAL_STATUSES,
 )
 from app.storage.db import db_now, parse_iso
-from app.storage.queue import Queue
 from tests.support.databases import assert_projection_equals_fold
 from tests.support.queue_ops import complete, settle_canceled
 
@@ -452,7 +452,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.q = Queue(self.engine)
+        self.q = queue_for(self.engine)
         self.prefix = uuid.uuid4().hex[:10]  # unique job ids per example: one database for all
         self.ids: set[str] = set()
 

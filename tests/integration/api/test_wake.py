@@ -17,12 +17,12 @@ from sqlalchemy.engine import Engine
 
 from api import create_app
 from api.wake import WakePublisher, WakeUnavailable, default_waker
+from app.composition import queue_for
 from app.config import Settings
 from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE
 from app.jobs.validation import validate_enqueue
 from app.ops import wakes
 from app.storage import tokens
-from app.storage.queue import Queue
 from tests.support.api import json_of, payload
 from tests.support.processes import PYTHON, REPO_ROOT, base_env
 
@@ -70,7 +70,7 @@ def test_an_enqueue_publishes_the_dispatch_task_by_name_to_the_driver_queue(
     try:
         publisher([])  # nothing dispatchable: nothing sent
         assert client.llen(DRIVER_QUEUE) == 0
-        queue = Queue(sqlite_engine, on_dispatchable=publisher)
+        queue = queue_for(sqlite_engine, on_dispatchable=publisher)
         job = queue.enqueue(validate_enqueue("factory", {"payload": payload()})).job
         [raw] = client.lrange(DRIVER_QUEUE, 0, -1)
         # The id waits on the coalescing wake list; the message only wakes a scan (app/ops/wakes.py).
@@ -91,7 +91,7 @@ def test_enqueues_while_a_scan_is_armed_send_no_more_messages_and_the_scan_takes
     publisher = WakePublisher(Settings.from_env({"REDIS_URL": redis_url}))
     client = redis.Redis.from_url(redis_url)
     try:
-        queue = Queue(sqlite_engine, on_dispatchable=publisher)
+        queue = queue_for(sqlite_engine, on_dispatchable=publisher)
         ids = [queue.enqueue(validate_enqueue("factory", {"payload": payload()})).job.id for _ in range(5)]
         assert client.llen(DRIVER_QUEUE) == 1  # one scan armed for all five
         wake_list = wakes.WakeList(redis_url)
