@@ -1,7 +1,7 @@
 """The API's wake-up publisher: after an enqueue commits, one small message to the dispatch scanner.
 
 Publish-only: a Celery producer configured from the shared configuration
-(``app.ops.celeryconfig``) sends the dispatch task *by name*; the API imports no worker code
+(``celeryconfig``) sends the dispatch task *by name*; the API imports no worker code
 (``tasks``, ``workers``), so a web process never loads handlers or task modules to send one
 message. ``app/`` never imports Celery: the queue calls ``on_dispatchable(jobs)`` after commit.
 
@@ -40,7 +40,7 @@ class WakePublisher:
         try:
             from celery import Celery
 
-            from app.ops import celeryconfig
+            import celeryconfig
         except ImportError as exc:
             raise WakeUnavailable(f"the wake-up publisher cannot be imported: {exc}") from exc
         self.celery: Any = Celery("receipt-api", set_as_current=False)

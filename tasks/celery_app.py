@@ -11,11 +11,12 @@ from typing import Any, TypeVar
 
 from celery import Celery, signals
 
+import celeryconfig
 from app.config import Settings
 from app.factory import loops as objectives
 from app.factory import watchdog
 from app.jobs.routing import MAINTENANCE_QUEUE
-from app.ops import celeryconfig, logs
+from app.ops import logs
 from tasks import dispatch, execute, fetches, loops, redaction
 from tasks.cron import CronSchedule
 from tasks.runtime import (

@@ -26,7 +26,7 @@ MAINTENANCE_QUEUE: Final = "receipt-maintenance"
 OBJECTIVES_QUEUE: Final = "receipt-objectives"
 
 # Celery task names, each spelled once: the worker registers them (tasks/celery_app.py), beat
-# schedules them (app/ops/celeryconfig.py) and the API publishes a wake-up by name (api/wake.py).
+# schedules them (celeryconfig.py) and the API publishes a wake-up by name (api/wake.py).
 DISPATCH_TASK: Final = "receipt.dispatch"
 DRIVER_TASK: Final = "receipt.driver"
 EXECUTE_TASK: Final = "receipt.execute"

@@ -85,7 +85,7 @@ def neutral(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 def test_the_install_is_not_editable(installed: Path, neutral: tuple[Path, dict[str, str]]) -> None:
     cwd, env = neutral
     script = (
-        "import app, app.ops.celeryconfig, app.storage.migrate as m, api, tasks.worker, workers, receipt; "
+        "import app, celeryconfig, app.storage.migrate as m, api, tasks.worker, workers, receipt; "
         "from pathlib import Path; "
         "print(Path(app.__file__).resolve()); "
         "print(sorted(p.name for p in (Path(m.__file__).parent / 'migrations').iterdir()))"

@@ -47,13 +47,13 @@ def test_publish_and_consume_reuse_one_client_per_pool(redis_url: str) -> None:
 def test_without_ack_emulation_a_fetched_message_leaves_no_copy_and_a_close_puts_back_the_unacked(
     redis_url: str,
 ) -> None:
-    """Receipt's broker options (app/ops/celeryconfig.py): kombu keeps no unacked copy in Redis (the
+    """Receipt's broker options (celeryconfig.py): kombu keeps no unacked copy in Redis (the
     two pipelined writes per message that ack emulation costs), yet a message fetched and never
     acknowledged is put back when its consumer closes (a warm shutdown)."""
     import redis
 
     from app.config import Settings
-    from app.ops.celeryconfig import broker_transport_options
+    from celeryconfig import broker_transport_options
 
     options = broker_transport_options(Settings.from_env({"REDIS_URL": redis_url}))
     assert options == {"ack_emulation": False}

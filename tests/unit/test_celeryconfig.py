@@ -1,6 +1,6 @@
 """Celery settings chosen for "Postgres receipts decide, Celery delivers" (issue 4, item 6).
 
-Each assertion pins one decision recorded in ``app/ops/celeryconfig.py`` and docs/design.md.
+Each assertion pins one decision recorded in ``celeryconfig.py`` and docs/design.md.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+import celeryconfig
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
-from app.ops import celeryconfig
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
 from tasks.runtime import (
@@ -166,7 +166,7 @@ def test_two_apps_in_one_process_each_register_their_own_tasks(tmp_path: Path) -
 
 
 def test_the_watchdog_crontab_tick_is_added_to_beat_on_the_objectives_queue(tmp_path: Path) -> None:
-    # Plain data in app/ops/celeryconfig.py (no Celery there); the Celery app makes it a schedule.
+    # Plain data in celeryconfig.py (no Celery there); the Celery app makes it a schedule.
     beat = make_celery(Settings(home=str(tmp_path))).conf.beat_schedule
     tick = beat["objective-watchdog"]
     assert tick["task"] == WATCHDOG_TASK and tick["options"]["queue"] == OBJECTIVES_QUEUE

@@ -12,7 +12,7 @@ from app.config import Settings
 from app.factory import watchdog
 from app.factory.reducer import Objective, Request, Task
 from app.jobs.reducer import Job, Lease
-from app.ops.celeryconfig import watchdog_entry
+from celeryconfig import watchdog_entry
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 S = Settings()
