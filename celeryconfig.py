@@ -45,9 +45,10 @@ def broker_url(settings: Settings) -> str:
     return settings.redis_url or EMBEDDED_BROKER_URL
 
 
-# kombu's Redis transport with one synchronous client per pool (tasks/redis_transport.py): a
-# string, so this module imports nothing from tasks/.
-REDIS_TRANSPORT = "tasks.redis_transport:Transport"
+# kombu's Redis transport with one synchronous client per pool (delivery/redis_transport.py): a
+# string, loaded by kombu when a connection opens. Every publisher loads it, the web process too,
+# so it lives in ``delivery/`` and never under ``tasks/`` or ``workers/`` (tests/unit/test_layers.py).
+REDIS_TRANSPORT = "delivery.redis_transport:Transport"
 
 
 def broker_transport(settings: Settings) -> str | None:

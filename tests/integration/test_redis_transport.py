@@ -1,4 +1,4 @@
-"""The Redis transport that keeps one synchronous client per pool (tasks/redis_transport.py).
+"""The Redis transport that keeps one synchronous client per pool (delivery/redis_transport.py).
 
 Real Redis: messages published and consumed through it arrive whole, and a publish reuses the
 channel's client instead of building one per call, until kombu gives the channel a new pool.
@@ -11,7 +11,7 @@ from typing import Any
 
 import kombu
 
-from tasks.redis_transport import Channel, Transport
+from delivery.redis_transport import Channel, Transport
 
 _kombu: Any = kombu  # kombu ships no type hints
 

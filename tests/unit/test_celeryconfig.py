@@ -178,8 +178,8 @@ def test_the_watchdog_crontab_tick_is_added_to_beat_on_the_objectives_queue(tmp_
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("redis://127.0.0.1:6379/9", "tasks.redis_transport:Transport"),
-        ("rediss://cache.example:6380/0", "tasks.redis_transport:Transport"),
+        ("redis://127.0.0.1:6379/9", "delivery.redis_transport:Transport"),
+        ("rediss://cache.example:6380/0", "delivery.redis_transport:Transport"),
         ("sentinel://127.0.0.1:26379", None),
     ],
 )
