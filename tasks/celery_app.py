@@ -1,7 +1,9 @@
 """The Celery app factory, and the module-level app the ``celery`` command line loads.
 
-``make_celery(settings)`` builds an app with Receipt's configuration and tasks registered; the
-module attribute ``app`` exists only for ``celery -A tasks.celery_app`` (Flower, inspect).
+``make_celery()`` builds an app with Receipt's tasks registered that reads its configuration the
+way a Celery user expects, ``config_from_object("celeryconfig")`` (built from the environment);
+``make_celery(settings)`` builds the same configuration from the settings given (tests). The module
+attribute ``app`` is for ``celery -A tasks.celery_app`` (beat, Flower, inspect).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from app.factory import watchdog
 from app.jobs.routing import MAINTENANCE_QUEUE
 from app.ops import logs
 from tasks import dispatch, execute, fetches, loops, redaction
+from tasks.beat import ReceiptBeat
 from tasks.cron import CronSchedule
 from tasks.runtime import (
     CALLBACK_TASK,
@@ -34,10 +37,15 @@ from tasks.runtime import (
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
-    settings = settings or Settings.from_env()
     redaction.install()
     app = Celery("receipt", set_as_current=False)
-    app.config_from_object(celeryconfig.build(settings))
+    if settings is None:
+        settings = celeryconfig.settings()
+        app.config_from_object("celeryconfig")
+    else:
+        app.config_from_object(celeryconfig.build(settings))
+    # ``celery beat`` on this app runs Receipt's start-up first (tasks/beat.py).
+    app.Beat = app.subclass_with_self(ReceiptBeat)
     entry = celeryconfig.watchdog_entry(settings)
     if entry is not None:
         cron = entry.pop("cron")
@@ -149,7 +157,7 @@ def _first_redrive_after_startup_delay(sender: Any = None, **_: Any) -> None:
     if watchdog.enabled(settings):
         try:
             watchdog.cron_expression(settings)
-        except watchdog.CronError as exc:  # `celery beat` started without tasks.beat's check
+        except watchdog.CronError as exc:  # a Beat other than tasks.beat.ReceiptBeat ran this app
             raise SystemExit(f"beat: {exc}") from None
     beat_app.send_task(
         REDRIVE_TASK, queue=MAINTENANCE_QUEUE, countdown=settings.queued_redrive_startup_delay_ms / 1000

@@ -53,9 +53,9 @@ def test_without_ack_emulation_a_fetched_message_leaves_no_copy_and_a_close_puts
     import redis
 
     from app.config import Settings
-    from celeryconfig import broker_transport_options
+    from celeryconfig import broker_transport_options_for
 
-    options = broker_transport_options(Settings.from_env({"REDIS_URL": redis_url}))
+    options = broker_transport_options_for(Settings.from_env({"REDIS_URL": redis_url}))
     assert options == {"ack_emulation": False}
     name = f"t-noack-{uuid.uuid4().hex[:8]}"
     queue: Any = _kombu.Queue(name, _kombu.Exchange(name, type="direct"), routing_key=name)
