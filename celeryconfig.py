@@ -8,11 +8,12 @@ that design (the measured facts behind each are in docs/design.md, "Delivery ove
 
 It is the module a Celery user looks for: ``app.config_from_object("celeryconfig")`` reads every
 setting below as a module attribute, built from the environment's ``Settings`` on first access
-(``__getattr__``), which is what ``celery -A tasks.celery_app …`` and every Procfile process load.
-A caller holding its own ``Settings`` (the API's publisher, the tests) passes ``build(settings)``,
-the same mapping. It is installed with the package (``py-modules`` in pyproject.toml), and it is
-plain data: it imports neither Celery nor kombu, and names the modules Celery loads by string, so
-the web process configures its publish-only client from it without importing worker code.
+(``__getattr__``): what ``celery -A tasks.celery_app …`` loads (the Procfile's beat, inspect).
+A caller holding its own ``Settings`` (the worker entry points, the API's publisher, the tests)
+passes ``build(settings)``, the same mapping. It is installed with the package (``py-modules`` in
+pyproject.toml), and it is plain data: it imports neither Celery nor kombu, and names the modules
+Celery loads by string, so the web process configures its publish-only client from it without
+importing worker code.
 A function computing one setting is named ``<setting>_for``: the setting's own name is the value.
 """
 

@@ -1,4 +1,4 @@
-"""kombu's Redis transport, keeping one synchronous client per connection pool (issue 12).
+"""kombu's Redis transport, keeping one synchronous client per connection pool.
 
 kombu builds a new ``redis.Redis`` object for every publish, ack and QoS pipeline
 (``Channel.conn_or_acquire`` → ``_create_client``). redis-py's constructor copies its table of

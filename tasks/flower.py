@@ -20,7 +20,6 @@ import os
 import sys
 from collections.abc import Mapping
 
-import celeryconfig
 from app.config import Settings
 from app.ops import logs
 from tasks.celery_app import make_celery
@@ -59,14 +58,14 @@ def flower_argv(env: Mapping[str, str], settings: Settings) -> list[str]:
 
 
 def main() -> None:
-    settings = celeryconfig.settings()  # what this app reads: config_from_object("celeryconfig")
+    settings = Settings.from_env()
     # Receipt's one logging configuration, like every other process: its format, and its filter
     # that keeps every secret setting out of the log.
     logs.configure(settings, "flower")
     argv = flower_argv(os.environ, settings)
     if not any(os.environ.get(name) for name in AUTH_VARIABLES):
         log.warning("Flower runs without authentication on loopback (RECEIPT_AUTH=disabled)")
-    make_celery().start(argv)
+    make_celery(settings).start(argv)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tasks.worker")
     parser.add_argument("--role", help="overrides RECEIPT_PROCESS_ROLE")
     args = parser.parse_args(argv)
-    settings = celeryconfig.settings()  # what this app reads: config_from_object("celeryconfig")
+    settings = Settings.from_env()
     raw = args.role if args.role is not None else settings.process_role
     role, known = resolve_role(raw)
     logs.configure(settings, role.name)
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         log.warning(unknown_role_warning(raw))
     if QUEUES["codex"] in role.queues:
         log_sandbox_protections(settings)
-    app = make_celery()
+    app = make_celery(settings)
     # Every role that consumes maintenance work also recovers without beat (tasks/loops.py).
     app.receipt_local_ticker = MAINTENANCE_QUEUE in role.queues
     # The scanning role also blocks on the Redis wake list: enqueues then send no message.
