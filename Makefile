@@ -22,6 +22,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 ## Lint, type-check and run every test (unit, integration on real Postgres + Redis, end-to-end).
 ## PostgreSQL and Redis: the machine's on 5432/6379 if they answer, else private throwaway ones.

@@ -20,11 +20,11 @@ from sqlalchemy.engine import Engine
 from api import auth, schemas, sse
 from api.context import read_connection, state
 from api.errors import ApiError, forbidden
+from api.following import held_stream, resume_point, sse_timing
 from api.jsonbody import check_param
 from api.objective_view import ObjectiveView, objective_json, overlaid_jobs
 from api.objective_view import task_json as task_json
 from api.openapi import Operation, operation
-from api.streams import held_stream, resume_point, sse_timing
 from api.watch import StreamPoller, Subscription
 from app.factory import ledger, service, storage
 from app.factory.plan import TaskSpec, validate_objective

@@ -7,15 +7,15 @@ the caller may not read answers 404, like one that does not exist.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response
 from flask.typing import ResponseReturnValue
 
-from api import auth, inputs, limits, schemas, sse
+from api import auth, limits, schemas, sse
 from api.context import read_connection, state
 from api.errors import job_not_found, stream_not_found
+from api.following import held_stream, resume_point, sse_timing
 from api.jobs import visible_job
 from api.openapi import Operation, operation
 from app.jobs.vocab import is_job_stream, job_id_of
@@ -49,54 +49,10 @@ def readable_stream(stream: str) -> None:
             raise stream_not_found()
 
 
-def resume_point(query: dict[str, Any]) -> int:
-    """Where a follower starts: ``Last-Event-ID`` (what browsers send on reconnect) or ``?after=``."""
-    header = request.headers.get("Last-Event-ID")
-    if header is not None:
-        inputs.check(header, schemas.LAST_EVENT_ID_HEADER, root="Last-Event-ID")
-        value = int(header)
-        inputs.check(value, schemas.EVENTS_QUERY["properties"]["after"], root="Last-Event-ID")
-        return value
-    after: int = query["after"]
-    return after
-
-
-# An event stream's frames, given the caller's token id (None: no token), which the shared
-# poller checks every tick so that a revoked token's streams end.
-Frames = Callable[[str | None], Iterator[str]]
-
-
-def held_stream(frames: Frames) -> Response:
-    """An event-stream response holding one of the caller's stream slots until it closes.
-
-    Every event stream (jobs, receipts, objectives) goes through here, so the per-token and
-    per-process caps and the end-on-revocation rule hold for all of them.
-    """
-    identity = auth.current()
-    st = state()
-    release = st.stream_slots.acquire(identity.token_id or "anonymous")
-    try:
-        response = sse.event_stream_response(frames(identity.token_id))
-    except BaseException:
-        release()
-        raise
-    response.call_on_close(release)
-    return response
-
-
 def _follow(stream: str, after: int, kind: sse.EventKind) -> Response:
     st = state()
     engine, poller, timing = st.engine, st.poller, sse_timing()
     return held_stream(lambda token_id: sse.follow(engine, poller, stream, after, kind, timing, token_id))
-
-
-def sse_timing() -> sse.Timing:
-    st = state()
-    return sse.Timing(
-        poll_ms=st.settings.sse_poll_ms,
-        max_seconds=st.settings.sse_max_seconds,
-        heartbeat_seconds=st.sse_heartbeat_seconds,
-    )
 
 
 @blueprint.get("/streams/<path:stream>/receipts")

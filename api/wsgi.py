@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from api import create_app
+from api.app import create_app
 
 app = create_app()

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
+from app.factory import service
 from app.factory.hooks import ControlOutbox, Ledger
 from app.jobs.reducer import Job
 from app.ops import metrics
@@ -46,7 +47,7 @@ def queue_for(
     hooks: list[Hook] = [
         DeliverySettlement(),
         CallbackOutbox(callback_targets),
-        ControlOutbox(fast_path=control_fast_path),
+        ControlOutbox(service.ensure_control_job, fast_path=control_fast_path),
         Ledger(engine, background=ledger_in_background),
     ]
     # After the commit: wake-up and metrics before the fast path and the ledger (the ledger is

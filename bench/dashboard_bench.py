@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import text  # noqa: E402
 
-from api import create_app  # noqa: E402
+from api.app import create_app  # noqa: E402
 from api.ui.system import BrokerReport  # noqa: E402
 from api.ui.system_views import PROBE_EXTENSION  # noqa: E402
 from app.composition import queue_for  # noqa: E402

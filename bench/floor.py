@@ -42,7 +42,7 @@ from typing import Any
 from celery import Celery
 
 from app.config import switch
-from app.ops.celeryconfig import REDIS_TRANSPORT
+from celeryconfig import REDIS_TRANSPORT
 
 TASK = "bench.floor.attempt"
 QUEUE = "bench-floor"

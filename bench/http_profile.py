@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.http_profile [--requests 2000] [--rate-limit disabled] [--profile]
         [--top 40]
 
-Builds the app with ``api.create_app`` over a fresh PostgreSQL database (``postgres@127.0.0.1``,
+Builds the app with ``api.app.create_app`` over a fresh PostgreSQL database (``postgres@127.0.0.1``,
 trust auth), the real wake-up publisher on ``RECEIPT_BENCH_REDIS_URL`` and a real token, and
 calls its WSGI callable directly (no test client, no socket: what gunicorn calls). It prints
 the CPU (``time.process_time``, medians of interleaved rounds) per request for:
@@ -104,7 +104,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args()
 
-    from api import create_app
+    from api.app import create_app
     from api.auth import Identity
     from app.config import Settings
     from app.jobs.validation import validate_enqueue

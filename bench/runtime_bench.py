@@ -590,10 +590,11 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
     from app.storage.db import make_engine
     from app.storage.migrate import upgrade
     from bench import handlers
+    from delivery.client import DeliveryClient
     from tasks import dispatch, execute
     from tasks.callbacks import Callbacks
     from tasks.celery_app import make_celery
-    from tasks.runtime import EXECUTE_TASK, Runtime, send_wake
+    from tasks.runtime import EXECUTE_TASK, Runtime
     from workers.registry import HandlerRegistry
 
     sent: list[tuple[str, list[Any]]] = []
@@ -617,8 +618,9 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
             app.send_task = lambda name, args=None, **kw: sent.append((name, list(args or [])))
             registry = HandlerRegistry()
             handlers.register(registry)
-            queue = queue_for(engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
-            rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings))
+            client = DeliveryClient(app)
+            queue = queue_for(engine, on_dispatchable=client.wake)
+            rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings), client)
             names = (
                 "api: enqueue (+ wake message; + 1 ledger write)",
                 "driver: dispatch scan -> start_driver -> drive -> worker message",

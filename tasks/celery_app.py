@@ -1,7 +1,9 @@
 """The Celery app factory, and the module-level app the ``celery`` command line loads.
 
-``make_celery(settings)`` builds an app with Receipt's configuration and tasks registered; the
-module attribute ``app`` exists only for ``celery -A tasks.celery_app`` (Flower, inspect).
+``make_celery()`` builds an app with Receipt's tasks registered that reads its configuration the
+way a Celery user expects, ``config_from_object("celeryconfig")`` (built from the environment);
+``make_celery(settings)`` builds the same configuration from the settings given (tests). The module
+attribute ``app`` is for ``celery -A tasks.celery_app`` (beat, Flower, inspect).
 """
 
 from __future__ import annotations
@@ -12,26 +14,33 @@ from typing import Any, TypeVar
 
 from celery import Celery, signals
 
+import celeryconfig
 from app.config import Settings
 from app.factory import loops as objectives
-from app.ops import celeryconfig, logs
+from app.ops import logs
 from app.ops import loops as registry
 from tasks import dispatch, execute, fetches, loops, redaction
+from tasks.beat import ReceiptBeat
 from tasks.cron import CronSchedule
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, get_runtime
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
-    settings = settings or Settings.from_env()
     missing = loops.unbound()
     if missing:
         raise RuntimeError(f"recovery loops declared without a pass (tasks/loops.py): {', '.join(missing)}")
     redaction.install()
     app = Celery("receipt", set_as_current=False)
-    app.config_from_object(celeryconfig.build(settings))
+    if settings is None:
+        settings = celeryconfig.settings()
+        app.config_from_object("celeryconfig")
+    else:
+        app.config_from_object(celeryconfig.build(settings))
     # The whole schedule, cron loops included: the plain-data configuration cannot build a cron
     # schedule without importing Celery.
     app.conf.beat_schedule = registry.beat_schedule(settings, CronSchedule)
+    # ``celery beat`` on this app runs Receipt's start-up first (tasks/beat.py).
+    app.Beat = app.subclass_with_self(ReceiptBeat)
     app.receipt_settings = settings
     _register(app)
     return app

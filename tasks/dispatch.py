@@ -21,10 +21,10 @@ from app.jobs.routing import DRIVER_QUEUE, route
 from app.jobs.timing import timing_for
 from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
 from app.ops import logs, metrics
-from app.ops.wakes import LISTEN_BLOCK_S
 from app.storage import delivery, projection
 from app.storage.db import db_now, parse_iso, transaction
 from app.storage.queue import retry_transient
+from delivery.wakes import LISTEN_BLOCK_S
 from tasks import fetches
 from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime
 
@@ -51,7 +51,7 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
     """One scanner pass: start a driver for each job woken (base dispatch key = job id).
 
     The jobs come from the wake-up message itself and, with a Redis broker, from the coalesced
-    wake list (``app/ops/wakes.py``), drained here in batches. Each batch is claimed in one
+    wake list (``delivery/wakes.py``), drained here in batches. Each batch is claimed in one
     transaction (``delivery.begin_many``). The scan runs on ``receipt-driver`` in the driver role,
     so the driver of every claimed job runs right here instead of costing another broker hop back
     to the same queue; it decides from the job as the claim read it.
@@ -84,7 +84,7 @@ def _drain(rt: Runtime, batch: list[str]) -> list[str]:
 
 
 class WakeListener:
-    """A driver process's scanner that blocks on the wake list itself (``app/ops/wakes.py``).
+    """A driver process's scanner that blocks on the wake list itself (``delivery/wakes.py``).
 
     While it listens, enqueues send no wake-up message: the push wakes it, and it runs the same
     scan a ``receipt.dispatch`` message would have (disarm, take, claim, drive inline), in this
@@ -145,7 +145,7 @@ def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
     ):
         try:
             # The batch's worker messages leave in one pipeline, when the loop is done.
-            with rt.app.producer_or_acquire() as producer, producer.batch():
+            with rt.delivery.batch() as producer:
                 for job, decision in to_send:
                     with logs.bind_job(jobId=job.id):
                         _count_delivery(decision, "dispatch")
@@ -236,9 +236,9 @@ def start_driver(
         return decision
     _count_delivery(decision, "redrive" if ":redrive:" in dispatch_key else "dispatch")
     try:
-        rt.app.send_task(
+        rt.delivery.send(
             DRIVER_TASK,
-            args=[job_id, dispatch_key, decision.generation],
+            [job_id, dispatch_key, decision.generation],
             task_id=decision.task_id,
             queue=DRIVER_QUEUE,
         )
@@ -299,7 +299,7 @@ def deliver(
     batch: tuple[Any, list[_Buffered]] | None = None,
 ) -> DriveResult:
     """The driver's last step for a queued job: honour ``abortRequested``, else send the worker
-    message under a fresh attempt fence. With ``batch`` (a producer inside ``producer.batch()``, and
+    message under a fresh attempt fence. With ``batch`` (a producer from ``rt.delivery.batch()``, and
     the list the scan keeps), the message is buffered and recorded there; it leaves with the batch."""
     job_id = job.id
     if job.abort_requested:
@@ -313,9 +313,9 @@ def deliver(
     # event (which the worker's settlement records) for every receiver.
     evt = rt.callbacks.dispatched(rt.engine, job, fence)
     try:
-        rt.app.send_task(
+        rt.delivery.send(
             EXECUTE_TASK,
-            args=[job_id, fence, dispatch_key, generation],
+            [job_id, fence, dispatch_key, generation],
             task_id=fence,
             queue=queue_name,
             producer=batch[0] if batch else None,

@@ -10,7 +10,7 @@ from typing import Any
 
 from app.storage.delivery import parse_fence
 from tasks.dispatch import settle_delivery
-from tasks.runtime import Runtime, send_wake
+from tasks.runtime import Runtime
 from workers.runner import run_attempt
 
 log = logging.getLogger("receipt.execute")
@@ -41,7 +41,7 @@ def execute(rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation:
             # active_delivery and left the retry to the queued redrive (min age 30 s). Wake again
             # now that the delivery is settled; if the first wake won, this one is a no-op.
             try:
-                send_wake(rt.app, [job], rt.wakes)
+                rt.delivery.wake([job])
             except Exception:  # best-effort, like every wake-up: the queued redrive still delivers it
                 log.exception("could not wake the dispatcher for retry of %s", job_id)
     elif result.status == "terminal_state":

@@ -26,7 +26,7 @@ Each write follows the one before it in time (a message is recorded as sent befo
 published, so before anyone can fetch it), so the value is the delivery's latest stage. A scan
 message (``receipt.dispatch``, whose driver runs in-process) records ``receipt:dispatching:<jobId>``
 = its consumer for each job it names, since the delivery it creates does not exist yet; a batch the
-scan takes from the coalescing wake list (``app/ops/wakes.py``) is recorded the same way, in one
+scan takes from the coalescing wake list (``delivery/wakes.py``) is recorded the same way, in one
 write per batch, before it is claimed.
 
 ``verdict`` is the pure rule the redrive applies to a pending delivery of a queued job. It is

@@ -1,8 +1,9 @@
 """The per-process runtime the Celery tasks act through: settings, engine, queue, handlers.
 
 Built lazily, once per process, from the Celery app it is attached to (wiring by construction:
-no module-level engine or queue). The queue's dispatch hook sends a wake-up to the scanner, so
-every job that becomes queued (enqueue, retry, lease expiry) takes the one delivery path.
+no module-level engine or queue). Every message leaves through the delivery client over that app
+(``delivery/client.py``); the queue's dispatch hook is its wake-up, so every job that becomes
+queued (enqueue, retry, lease expiry) takes the one delivery path.
 The delivery task names are defined in ``app/jobs/routing.py`` and re-exported here (``X as X``);
 each recovery loop's task is declared with its loop (``app/ops/loops.py``).
 """
@@ -10,7 +11,6 @@ each recovery loop's task is declared with its loop (``app/ops/loops.py``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from celery import Celery
@@ -18,15 +18,14 @@ from sqlalchemy.engine import Engine
 
 from app.composition import build_queue
 from app.config import Settings
-from app.jobs.reducer import Job
 from app.jobs.routing import DISPATCH_TASK as DISPATCH_TASK
-from app.jobs.routing import DRIVER_QUEUE
 from app.jobs.routing import DRIVER_TASK as DRIVER_TASK
 from app.jobs.routing import EXECUTE_TASK as EXECUTE_TASK
-from app.ops.wakes import WakeList, wake, wake_list_for
 from app.storage.db import engine_for
 from app.storage.queue import Queue
-from tasks.broker import BrokerProbe, NullProbe, probe_for
+from delivery.broker import BrokerProbe, NullProbe, probe_for
+from delivery.client import DeliveryClient
+from delivery.wakes import WakeList
 from tasks.callbacks import Callbacks
 from workers.registry import HandlerRegistry, default_registry
 
@@ -39,17 +38,14 @@ class Runtime:
     queue: Queue
     registry: HandlerRegistry
     callbacks: Callbacks
+    # Sends through ``app`` (the driver's and worker messages, wake-ups).
+    delivery: DeliveryClient
     broker: BrokerProbe = field(default_factory=NullProbe)
-    # The coalescing wake list (Redis brokers only): the scanner drains it (app/ops/wakes.py).
-    wakes: WakeList | None = None
 
-
-def send_wake(app: Celery, jobs: Sequence[Job], wakes: WakeList | None = None) -> None:
-    """Ask the dispatch scanner to start drivers for these jobs: through the wake list, so one
-    message wakes one scan for many jobs, or a small message of ids (no list)."""
-    wake(
-        lambda ids: app.send_task(DISPATCH_TASK, args=[ids], queue=DRIVER_QUEUE), wakes, [j.id for j in jobs]
-    )
+    @property
+    def wakes(self) -> WakeList | None:
+        """The coalescing wake list (Redis brokers only): the scanner drains it (delivery/wakes.py)."""
+        return self.delivery.wakes
 
 
 _lock = threading.Lock()
@@ -64,13 +60,11 @@ def get_runtime(app: Celery) -> Runtime:
         if rt is None:
             settings: Settings = app.receipt_settings
             engine = engine_for(settings)
-            wakes = wake_list_for(settings.redis_url, app.conf.broker_transport_options)
-            queue = build_queue(
-                settings, engine=engine, on_dispatchable=lambda jobs: send_wake(app, jobs, wakes)
-            )
+            client = DeliveryClient.through(app, settings)
+            queue = build_queue(settings, engine=engine, on_dispatchable=client.wake)
             registry = default_registry(settings.handler_modules.split(","))
             rt = Runtime(
-                settings, app, engine, queue, registry, Callbacks(settings), probe_for(settings), wakes
+                settings, app, engine, queue, registry, Callbacks(settings), client, probe_for(settings)
             )
             app.receipt_runtime = rt
     return rt

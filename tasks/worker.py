@@ -13,9 +13,10 @@ import warnings
 
 from celery.exceptions import SecurityWarning
 
+import celeryconfig
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, QUEUES
-from app.ops import celeryconfig, logs, metrics
+from app.ops import logs, metrics
 from tasks.celery_app import make_celery
 from workers import sandbox
 from workers.roles import concurrency, resolve_role, unknown_role_warning

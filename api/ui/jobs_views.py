@@ -20,9 +20,9 @@ from flask.typing import ResponseReturnValue
 from api import inputs, jsonbody, schemas, sse
 from api.context import read_connection, state
 from api.errors import FORBIDDEN, ApiError
+from api.following import resume_point
 from api.jobs import visible_job
 from api.present import job_json
-from api.streams import resume_point
 from api.ui import BLUEPRINT, blueprint, current_session, redact, session, timeline
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from api import inputs, jsonbody, schemas, sse
 from api.auth import scoped_organization
 from api.context import read_connection, state
-from api.streams import resume_point
+from api.following import resume_point
 from api.ui import BLUEPRINT, UiError, blueprint, current_session, graph, redact
 from api.ui.objectives import ObjectiveReader, Unavailable, find_reader
 from api.watch import StreamPoller

@@ -1,23 +1,22 @@
 """What the system page reads from the broker: each queue's depth and who consumes it.
 
-Depth comes from kombu's own queue declaration (``message_count``), which is a Redis ``LLEN``
-over the priority lists on Redis and a file count on the embedded folder broker. Consumers come
-from Celery's remote control (``inspect().active_queues()``), a broadcast the workers answer
-within ``INSPECT_TIMEOUT_SECONDS``; on a transport without broadcast, or with no worker running,
-the page says so instead of showing zero. Neither number is authoritative about jobs (receipts
-are): they show whether delivery is keeping up.
+Both come through the web process's delivery client (``delivery/client.py``): depth from kombu's
+queue declaration, consumers from a remote-control broadcast the workers answer within
+``INSPECT_TIMEOUT_SECONDS``. On a transport without broadcast, or with no worker running, the page
+says so instead of showing zero. Neither number is authoritative about jobs (receipts are): they
+show whether delivery is keeping up.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from app.config import Settings
-from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
+from delivery.client import Consumers, DeliveryClient
 
 log = logging.getLogger("receipt.ui")
 
@@ -49,38 +48,30 @@ class BrokerReport:
 
 
 def queue_roles() -> dict[str, str]:
-    """Every queue Receipt uses and what runs on it (worker groups, the driver, maintenance)."""
+    """Every queue Receipt uses and what runs on it (worker groups, the driver, the loops)."""
     roles = {DRIVER_QUEUE: "driver"}
     roles.update({queue: f"worker group {group}" for group, queue in QUEUES.items()})
     roles[MAINTENANCE_QUEUE] = "recovery loops (scheduled by beat)"
+    roles[OBJECTIVES_QUEUE] = "objective outbox redrive and watchdog (scheduled by beat)"
     return roles
 
 
-def consumers_by_queue(active_queues: Mapping[str, Any] | None) -> dict[str, list[str]]:
-    """``inspect().active_queues()`` (worker → queue dicts) turned into queue → workers."""
-    out: dict[str, list[str]] = {}
-    for worker, queues in (active_queues or {}).items():
-        for q in queues or []:
-            name = q.get("name") if isinstance(q, Mapping) else None
-            if isinstance(name, str):
-                out.setdefault(name, []).append(str(worker))
-    return {k: sorted(v) for k, v in out.items()}
+class QueueOverview:
+    """The system page's view of the broker, read through a delivery client and kept a few seconds.
 
+    ``client`` gives the client: the API's own (its wake-up publisher's), or one built on first use.
+    """
 
-class BrokerProbe:
-    """Reads queue depths and consumers through a Celery app built from ``settings``."""
-
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, client: Callable[[], DeliveryClient] | None = None) -> None:
         self.settings = settings
-        self._celery: Any = None
+        self._make = client if client is not None else lambda: DeliveryClient.publish_only(settings)
+        self._client: DeliveryClient | None = None
         self._cached: tuple[float, BrokerReport] | None = None
 
-    def _app(self) -> Any:
-        if self._celery is None:
-            from tasks.celery_app import make_celery
-
-            self._celery = make_celery(self.settings)
-        return self._celery
+    def client(self) -> DeliveryClient:
+        if self._client is None:
+            self._client = self._make()
+        return self._client
 
     def report(self) -> BrokerReport:
         now = time.monotonic()
@@ -94,35 +85,19 @@ class BrokerProbe:
         transport = "redis" if self.settings.redis_url else "embedded folder broker"
         notes: list[str] = []
         try:
-            app = self._app()
-        except Exception as exc:  # the tasks layer is not installed or not configurable here
-            log.warning("system page: no Celery app", exc_info=True)
+            client = self.client()
+        except Exception as exc:  # Celery or its configuration cannot be loaded here
+            log.warning("system page: no delivery client", exc_info=True)
             return BrokerReport(transport, [], f"no Celery app ({type(exc).__name__})", 0, notes)
-        depths: dict[str, int | None] = {}
-        errors: dict[str, str] = {}
         roles = queue_roles()
-        try:
-            with app.connection_for_read() as conn:
-                channel = conn.default_channel
-                for name in roles:
-                    try:
-                        depths[name] = int(channel.queue_declare(queue=name).message_count)
-                    except Exception as exc:
-                        depths[name] = None
-                        errors[name] = type(exc).__name__
-        except Exception as exc:
-            for name in roles:
-                depths[name], errors[name] = None, f"broker unreachable ({type(exc).__name__})"
+        depths = client.queue_depths(roles)
         consumers_error = None
-        answered = 0
-        by_queue: dict[str, list[str]] = {}
+        consumers = Consumers({}, 0)
         try:
-            active = app.control.inspect(timeout=INSPECT_TIMEOUT_SECONDS).active_queues()
-            answered = len(active or {})
-            by_queue = consumers_by_queue(active)
+            consumers = client.consumers(INSPECT_TIMEOUT_SECONDS)
         except Exception as exc:
             consumers_error = f"the workers could not be asked ({type(exc).__name__})"
-        if consumers_error is None and answered == 0:
+        if consumers_error is None and consumers.answered == 0:
             notes.append(
                 f"No worker answered within {INSPECT_TIMEOUT_SECONDS:g} s: none runs, or all are busy."
             )
@@ -135,10 +110,10 @@ class BrokerProbe:
             QueueStat(
                 name,
                 role,
-                depths.get(name),
-                None if consumers_error else tuple(by_queue.get(name, ())),
-                errors.get(name),
+                depths[name].messages,
+                None if consumers_error else tuple(consumers.by_queue.get(name, ())),
+                depths[name].error,
             )
             for name, role in roles.items()
         ]
-        return BrokerReport(transport, stats, consumers_error, answered, notes)
+        return BrokerReport(transport, stats, consumers_error, consumers.answered, notes)

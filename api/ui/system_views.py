@@ -14,7 +14,8 @@ from flask.typing import ResponseReturnValue
 
 from api.context import read_connection, state
 from api.ui import UiError, blueprint, current_session
-from api.ui.system import BrokerProbe
+from api.ui.system import QueueOverview
+from api.wake import WakePublisher
 from app.config import SETTINGS, redacted
 from app.ops import loops as registry
 from app.storage import overview
@@ -23,12 +24,18 @@ WINDOW = timedelta(hours=1)
 PROBE_EXTENSION = "receipt.ui.broker_probe"
 
 
-def probe() -> BrokerProbe:
+def probe() -> QueueOverview:
+    """The page's broker reader: through the API's own delivery client when it has one (its
+    wake-up publisher's), so the web process keeps one Celery app and one connection pool."""
     found = current_app.extensions.get(PROBE_EXTENSION)
     if found is None:
-        found = BrokerProbe(state().settings)
+        st = state()
+        waker = st.waker
+        found = QueueOverview(
+            st.settings, (lambda: waker.delivery) if isinstance(waker, WakePublisher) else None
+        )
         current_app.extensions[PROBE_EXTENSION] = found
-    value: BrokerProbe = found
+    value: QueueOverview = found
     return value
 
 

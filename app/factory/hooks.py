@@ -13,7 +13,7 @@ Both hang on job transitions (``app/storage/hooks.py``) without the job queue kn
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, Engine
@@ -28,13 +28,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("receipt.factory")
 
 
+# Enqueue the control job of an objective (``service.ensure_control_job``), given the objective as
+# the request's transaction left it.
+EnsureControl = Callable[..., Any]
+
+
 class ControlOutbox(Hook):
-    """The control outbox, and its after-commit fast path (``fast_path=False`` only in tests of the
-    outbox redrive, which must find the requests the fast path would have taken)."""
+    """The control outbox, and its after-commit fast path: ``ensure`` enqueues the control job
+    (``service.ensure_control_job``, passed in by the composition root). ``fast_path=False`` only in
+    tests of the outbox redrive, which must find the requests the fast path would have taken."""
 
     name = "objective-control"
 
-    def __init__(self, *, fast_path: bool = True) -> None:
+    def __init__(self, ensure: EnsureControl, *, fast_path: bool = True) -> None:
+        self.ensure = ensure
         self.fast_path = fast_path
         self.queue: Queue | None = None  # the queue the fast path enqueues on (``bind``)
 
@@ -63,8 +70,6 @@ class ControlOutbox(Hook):
     def after(self, changes: Sequence[Change], results: Sequence[Any]) -> None:
         if not self.fast_path or self.queue is None:
             return
-        from app.factory import service
-
         # Each objective as its newest request here left it: the fast path need not read it again.
         requested: dict[str, Objective] = {}
         for result in results:
@@ -73,7 +78,7 @@ class ControlOutbox(Hook):
                 requested[key] = obj
         for key in sorted(requested):
             try:
-                service.ensure_control_job(self.queue, key, known=requested[key])
+                self.ensure(self.queue, key, known=requested[key])
             except Exception:  # best-effort: the outbox redrive enqueues what this misses
                 log.exception("control fast path for %s failed; the outbox redrive will catch it", key)
 

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
 from app.factory import audit, control, monitor, storage
+from app.factory.hooks import ControlOutbox
 from app.factory.plan import ObjectiveSpec, TaskSpec, validate_plan
 from app.factory.reducer import Objective, Task
 from app.factory.vocab import (
@@ -292,8 +293,6 @@ def request(queue: Queue, objective_id: str, reason: str, detail: Mapping[str, A
 
 def _fast_path(queue: Queue, objective_id: str, *, known: Objective | None = None) -> None:
     """Enqueue the control job at once, where the queue runs the control outbox's fast path."""
-    from app.factory.hooks import ControlOutbox
-
     outbox = queue.hook(ControlOutbox)
     if outbox is None or not outbox.fast_path:
         return

@@ -7,9 +7,11 @@ the editable finder never loads. Every
 command runs from a neutral directory with no ``PYTHONPATH``, and the test first proves that
 ``app`` is imported from the fresh venv's site-packages, not from the checkout.
 
-Then: ``receipt migrate``; ``receipt up`` until ``/healthz`` answers; and every Procfile line,
-started together on the embedded broker, until each says it is up (web answers ``/healthz``,
-each worker prints ``ready``, beat starts, Flower listens), then stopped by PID.
+Then: ``import celeryconfig`` and Celery reading it by name; ``receipt migrate``; ``receipt up``
+until ``/healthz`` answers; and every Procfile line, started together on the embedded broker,
+until each says it is up (web answers ``/healthz``, each worker prints ``ready``, beat starts,
+Flower listens), then stopped by PID. A line that is a plain ``celery`` command runs as
+``python -m celery`` of the fresh venv.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def neutral(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 def test_the_install_is_not_editable(installed: Path, neutral: tuple[Path, dict[str, str]]) -> None:
     cwd, env = neutral
     script = (
-        "import app, app.ops.celeryconfig, app.storage.migrate as m, api, tasks.worker, workers, receipt; "
+        "import app, celeryconfig, app.storage.migrate as m, api, tasks.worker, workers, receipt; "
         "from pathlib import Path; "
         "print(Path(app.__file__).resolve()); "
         "print(sorted(p.name for p in (Path(m.__file__).parent / 'migrations').iterdir()))"
@@ -94,6 +96,25 @@ def test_the_install_is_not_editable(installed: Path, neutral: tuple[Path, dict[
     assert Path(where).is_relative_to(installed.parent.resolve()), f"app imported from {where}"
     assert not Path(where).is_relative_to(REPO_ROOT)
     assert "script.py.mako" in migrations and "versions" in migrations and "env.py" in migrations
+
+
+def test_celeryconfig_is_installed_and_celery_reads_it_by_name(
+    installed: Path, neutral: tuple[Path, dict[str, str]]
+) -> None:
+    """The top-level ``celeryconfig`` module a Celery user looks for: installed with the package
+    (``py-modules``), importable from any directory, and what ``config_from_object`` reads."""
+    cwd, env = neutral
+    _run([str(installed / "python"), "-c", "import celeryconfig"], env, cwd)
+    script = (
+        "import celeryconfig; from celery import Celery; "
+        "app = Celery('reader', set_as_current=False); app.config_from_object('celeryconfig'); "
+        "print(celeryconfig.__file__); print(app.conf.broker_url); print(app.conf.task_default_queue)"
+    )
+    where, broker, queue = _run(
+        [str(installed / "python"), "-c", script], {**env, "REDIS_URL": "redis://127.0.0.1:1/0"}, cwd
+    ).splitlines()
+    assert Path(where).is_relative_to(installed.parent.resolve()), f"celeryconfig imported from {where}"
+    assert (broker, queue) == ("redis://127.0.0.1:1/0", "receipt-driver")
 
 
 def test_receipt_migrate_then_receipt_up_reaches_healthz(
@@ -121,7 +142,8 @@ def test_every_procfile_line_starts(
         program, *args = shlex.split(lines[name])
         if (installed / program).exists():  # python, receipt: the fresh venv's own
             return [str(installed / program), *args]
-        # A dependency's script (gunicorn) is not in this venv's bin: the dependencies come by a .pth.
+        # A dependency's script (gunicorn, celery) is not in this venv's bin: the dependencies come
+        # by a .pth.
         return [str(installed / "python"), "-m", program, *args]
 
     _run(argv("release"), env, cwd)  # receipt migrate

@@ -20,8 +20,9 @@ from app.jobs.vocab import job_stream
 from app.storage import store
 from app.storage.db import db_now, parse_iso
 from app.storage.queue import Queue
+from delivery.client import DeliveryClient
 from tasks.celery_app import make_celery
-from tasks.runtime import Runtime, send_wake
+from tasks.runtime import Runtime
 from tests.support.waiting import wait_for
 from workers.registry import HandlerRegistry
 
@@ -158,11 +159,10 @@ def recording_runtime(
     app = app or make_celery(settings)
     recorder = Recorder()
     app.send_task = recorder
-    queue = queue_for(
-        engine, on_dispatchable=lambda jobs: send_wake(app, jobs), callback_targets=(RECORDING_TARGET,)
-    )
+    client = DeliveryClient(app)  # no wake list: every wake-up is a message of ids, recorded
+    queue = queue_for(engine, on_dispatchable=client.wake, callback_targets=(RECORDING_TARGET,))
     callbacks = RecordingCallbacks(engine=engine)
-    rt = Runtime(settings, app, engine, queue, registry or HandlerRegistry(), callbacks)  # type: ignore[arg-type]
+    rt = Runtime(settings, app, engine, queue, registry or HandlerRegistry(), callbacks, client)  # type: ignore[arg-type]
     app.receipt_runtime = rt
     return rt, recorder, callbacks
 

@@ -6,7 +6,7 @@ import time
 
 import redis
 
-from tasks.broker import EPOCH_CACHE_S, EPOCH_KEY, NullProbe, RedisProbe
+from delivery.broker import EPOCH_CACHE_S, EPOCH_KEY, NullProbe, RedisProbe
 
 
 def test_the_epoch_is_stable_until_the_broker_is_flushed(redis_url: str) -> None:

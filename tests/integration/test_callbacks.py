@@ -24,6 +24,7 @@ from app.composition import queue_for
 from app.config import Settings
 from app.storage import outbox
 from app.storage.db import callback_outbox
+from delivery.client import DeliveryClient
 from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks, Sender, send_due
 from tasks.execute import execute
 from tasks.runtime import Runtime
@@ -372,7 +373,9 @@ def test_a_settlement_never_waits_for_the_target(targets: Any, sqlite_engine: En
     def noop(ctx: JobContext) -> Any:
         return {"done": True}
 
-    rt = Runtime(s, make_celery(s), sqlite_engine, queue, registry_of({"factory": noop}), Callbacks(s))
+    app = make_celery(s)
+    registry = registry_of({"factory": noop})
+    rt = Runtime(s, app, sqlite_engine, queue, registry, Callbacks(s), DeliveryClient.through(app, s))
     job = enqueue(queue, "factory")
     out = execute(rt, job.id, f"{job.id}:attempt:1", job.id, 0)
     assert out["status"] == "completed"

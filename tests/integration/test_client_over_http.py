@@ -1,6 +1,6 @@
 """The client and ``receipt jobs`` against the real API over HTTP (PostgreSQL, limits counted in Redis).
 
-A werkzeug server runs ``api.create_app`` in this process (no workers: nothing here needs a job to
+A werkzeug server runs ``api.app.create_app`` in this process (no workers: nothing here needs a job to
 run). Two things are checked end to end: ``authContext`` filled in from the token (and the server
 still refusing another organisation's), and a write limit small enough to be hit in a second,
 which the client and the CLI wait out by themselves.
@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy.engine import Engine
 from werkzeug.serving import make_server
 
-from api import create_app
+from api.app import create_app
 from app.config import Settings
 from app.jobs.privilege import COMMANDS_SCOPE
 from app.ops.cli import main as receipt_main

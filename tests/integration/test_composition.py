@@ -49,7 +49,7 @@ def test_a_worker_side_enqueue_obeys_the_command_cap_the_api_obeys(
 
 
 def test_the_api_and_the_resume_queue_come_from_the_same_builder(tmp_path: Path) -> None:
-    from api import create_app
+    from api.app import create_app
     from app import composition
 
     settings = Settings(home=str(tmp_path), max_commands_per_job=CAP, callback_url="http://127.0.0.1:9/cb")

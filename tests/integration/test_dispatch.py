@@ -22,13 +22,14 @@ from app.composition import queue_for
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, generations_exceeded_message
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, route
 from app.jobs.vocab import job_stream
-from app.ops import wakes
 from app.storage.db import db_now, deliveries, parse_iso, transaction
 from app.storage.delivery import redrive_key
+from delivery import wakes
+from delivery.client import DeliveryClient
 from tasks import dispatch, execute, loops
 from tasks.callbacks import Callbacks
 from tasks.celery_app import make_celery
-from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, Runtime, send_wake
+from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, Runtime
 from workers.handler import JobContext
 
 from .runtime_support import (
@@ -80,8 +81,8 @@ def started(rt: Runtime, sent: Recorder, job_id: str) -> tuple[str, int]:
 
 def listening_runtime(engine: Engine, redis_url: str) -> tuple[Runtime, Recorder]:
     rt, sent, _ = recording_runtime(engine, settings_for(redis_url))
-    rt.wakes = wakes.WakeList(redis_url)
-    rt.queue = queue_for(engine, on_dispatchable=lambda jobs: send_wake(rt.app, jobs, rt.wakes))
+    rt.delivery = DeliveryClient(rt.app, wakes.WakeList(redis_url))
+    rt.queue = queue_for(engine, on_dispatchable=rt.delivery.wake)
     return rt, sent
 
 
@@ -468,7 +469,8 @@ def test_a_job_completes_through_a_real_worker(
         ran.set()
         return {"noop": True, "attempt": ctx.attempt}
 
-    queue = queue_for(pg_engine, on_dispatchable=lambda jobs: send_wake(app, jobs))
+    client = DeliveryClient(app)
+    queue = queue_for(pg_engine, on_dispatchable=client.wake)
     app.receipt_runtime = Runtime(
         settings,
         app,
@@ -476,6 +478,7 @@ def test_a_job_completes_through_a_real_worker(
         queue,
         registry_of({"bench-noop": noop}),
         Callbacks(settings),
+        client,
     )
     queues = [DRIVER_QUEUE, MAINTENANCE_QUEUE, *QUEUES.values()]
     with start_worker(

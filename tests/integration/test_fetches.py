@@ -14,9 +14,9 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
 from app.storage.db import db_now, deliveries, transaction
+from delivery.broker import RedisProbe
 from tasks import fetches
 from tasks import loops as task_loops
-from tasks.broker import RedisProbe
 from tasks.runtime import DRIVER_TASK
 
 from .runtime_support import enqueue, recording_runtime, settings_for

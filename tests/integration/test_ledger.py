@@ -134,7 +134,7 @@ def test_the_control_row_comes_from_the_header_and_an_older_header_from_the_stre
 
 
 def test_get_objective_includes_the_ledger_summary(sqlite_engine: Engine) -> None:
-    from api import create_app
+    from api.app import create_app
     from app.storage import tokens
 
     queue = queue_for(sqlite_engine)

@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 from werkzeug.serving import make_server
 
-from api import create_app
+from api.app import create_app
 from app.composition import queue_for
 from app.config import Settings
 from app.factory import service

@@ -1,4 +1,4 @@
-"""The Redis transport that keeps one synchronous client per pool (tasks/redis_transport.py).
+"""The Redis transport that keeps one synchronous client per pool (delivery/redis_transport.py).
 
 Real Redis: messages published and consumed through it arrive whole, and a publish reuses the
 channel's client instead of building one per call, until kombu gives the channel a new pool.
@@ -11,7 +11,7 @@ from typing import Any
 
 import kombu
 
-from tasks.redis_transport import Channel, Transport
+from delivery.redis_transport import Channel, Transport
 
 _kombu: Any = kombu  # kombu ships no type hints
 
@@ -47,15 +47,15 @@ def test_publish_and_consume_reuse_one_client_per_pool(redis_url: str) -> None:
 def test_without_ack_emulation_a_fetched_message_leaves_no_copy_and_a_close_puts_back_the_unacked(
     redis_url: str,
 ) -> None:
-    """Receipt's broker options (app/ops/celeryconfig.py): kombu keeps no unacked copy in Redis (the
+    """Receipt's broker options (celeryconfig.py): kombu keeps no unacked copy in Redis (the
     two pipelined writes per message that ack emulation costs), yet a message fetched and never
     acknowledged is put back when its consumer closes (a warm shutdown)."""
     import redis
 
     from app.config import Settings
-    from app.ops.celeryconfig import broker_transport_options
+    from celeryconfig import broker_transport_options_for
 
-    options = broker_transport_options(Settings.from_env({"REDIS_URL": redis_url}))
+    options = broker_transport_options_for(Settings.from_env({"REDIS_URL": redis_url}))
     assert options == {"ack_emulation": False}
     name = f"t-noack-{uuid.uuid4().hex[:8]}"
     queue: Any = _kombu.Queue(name, _kombu.Exchange(name, type="direct"), routing_key=name)

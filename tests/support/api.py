@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from werkzeug.test import TestResponse
 
-from api import create_app
+from api.app import create_app
 from api.context import EXTENSION, ApiState
 from app.config import Settings
 from app.jobs.ids import qualify

@@ -1,19 +1,24 @@
 """Celery settings chosen for "Postgres receipts decide, Celery delivers" (issue 4, item 6).
 
-Each assertion pins one decision recorded in ``app/ops/celeryconfig.py`` and docs/design.md.
+Each assertion pins one decision recorded in ``celeryconfig.py`` and docs/design.md.
 """
 
 from __future__ import annotations
 
+import importlib
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 
+import celeryconfig
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
-from app.ops import celeryconfig
 from app.ops import loops as registry
+from tasks.beat import ReceiptBeat, prepare
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK
@@ -177,8 +182,8 @@ def test_the_watchdog_crontab_tick_is_added_to_beat_on_the_objectives_queue(tmp_
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
-        ("redis://127.0.0.1:6379/9", "tasks.redis_transport:Transport"),
-        ("rediss://cache.example:6380/0", "tasks.redis_transport:Transport"),
+        ("redis://127.0.0.1:6379/9", "delivery.redis_transport:Transport"),
+        ("rediss://cache.example:6380/0", "delivery.redis_transport:Transport"),
         ("sentinel://127.0.0.1:26379", None),
     ],
 )
@@ -190,3 +195,101 @@ def test_plain_redis_urls_use_the_transport_that_reuses_its_client(
 
 def test_the_embedded_broker_keeps_its_own_transport(tmp_path: Path) -> None:
     assert build(tmp_path)["broker_transport"] is None
+
+
+# -- the module Celery reads by name --------------------------------------------------------------
+
+
+@pytest.fixture
+def from_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Settings]:
+    """The environment ``celeryconfig`` reads, with its once-per-process cache cleared around the test."""
+    monkeypatch.setenv("RECEIPT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("REDIS_URL", REDIS)
+    monkeypatch.setenv("RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS", "7000")
+    celeryconfig.settings.cache_clear()
+    celeryconfig.configuration.cache_clear()
+    try:
+        yield Settings.from_env()
+    finally:
+        celeryconfig.settings.cache_clear()
+        celeryconfig.configuration.cache_clear()
+
+
+def test_config_from_object_by_name_reads_the_mapping_built_from_the_environment(
+    from_env: Settings,
+) -> None:
+    app = Celery("reader", set_as_current=False)
+    app.config_from_object("celeryconfig")
+    built = celeryconfig.build(from_env)
+    assert {k: app.conf[k] for k in built} == built
+    assert app.conf.broker_url == REDIS
+    assert app.conf.beat_schedule["queued-redrive"]["schedule"].total_seconds() == 7.0
+    # Only the settings become keys of the app's configuration, never the module's helpers.
+    assert {"build", "broker_url_for", "QUEUES", "settings"}.isdisjoint(app.conf.keys())
+
+
+def test_make_celery_without_settings_reads_celeryconfig_by_name(from_env: Settings) -> None:
+    app = make_celery()
+    assert app._config_source == "celeryconfig"  # what `celery -A tasks.celery_app …` builds
+    assert app.conf.broker_url == REDIS and app.receipt_settings == from_env
+    assert EXECUTE_TASK in app.tasks
+
+
+def test_module_attributes_are_the_settings_and_helpers_keep_their_own_names(from_env: Settings) -> None:
+    assert celeryconfig.broker_url == REDIS
+    assert celeryconfig.task_default_queue == DRIVER_QUEUE
+    assert sorted(dir(celeryconfig)) == sorted(celeryconfig.build(from_env))
+    with pytest.raises(AttributeError, match="no_such_setting"):
+        _ = celeryconfig.no_such_setting
+
+
+# -- the Celery configuration names no worker module a publisher loads ------------------------------
+
+# Settings Celery resolves only inside a worker (its consumer bootstep): the web process never
+# loads what they name.
+WORKER_ONLY = {"worker_consumer"}
+REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def references(conf: dict[str, Any]) -> dict[str, str]:
+    """Every ``module:attribute`` string of the configuration, by setting."""
+    return {k: v for k, v in conf.items() if isinstance(v, str) and REFERENCE.match(v)}
+
+
+def test_the_references_a_publisher_loads_name_no_worker_module(conf: dict[str, Any]) -> None:
+    for key, ref in references(conf).items():
+        module = ref.split(":", 1)[0]
+        if key in WORKER_ONLY:
+            continue
+        assert module.split(".")[0] not in {"tasks", "workers"}, f"{key}={ref} drags worker code in"
+        # and it resolves, without any worker package being imported along the way
+        attribute = getattr(importlib.import_module(module), ref.split(":", 1)[1])
+        assert attribute is not None
+
+
+def test_the_worker_only_references_are_the_ones_known(tmp_path: Path) -> None:
+    refs = references(build(tmp_path, REDIS_URL=REDIS))
+    assert refs == {
+        "broker_transport": "delivery.redis_transport:Transport",
+        "worker_consumer": "tasks.consumer:BackoffConsumer",
+    }
+
+
+# -- beat: the plain command runs Receipt's start-up ------------------------------------------------
+
+
+def test_the_apps_beat_is_receipts(tmp_path: Path) -> None:
+    app = make_celery(Settings(home=str(tmp_path)))
+    assert issubclass(app.Beat, ReceiptBeat) and app.Beat.app is app
+    assert app.Beat().quiet is False  # the plain log format keeps Celery's banner
+    assert app.Beat(quiet=True).quiet is True
+    json_app = make_celery(Settings(home=str(tmp_path), log_format="json"))
+    assert json_app.Beat().quiet is True  # the banner would be the only non-JSON lines
+
+
+def test_beat_prepare_refuses_an_invalid_cron_and_makes_the_home_private(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with pytest.raises(SystemExit, match="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON"):
+        prepare(Settings(home=str(home), objective_watchdog_cron="*/5 * * *"))
+    prepare(Settings(home=str(home)))
+    assert home.is_dir() and home.stat().st_mode & 0o777 == 0o700

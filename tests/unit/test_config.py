@@ -90,13 +90,14 @@ FACTORY_SETTINGS_IN_PROGRESS = frozenset(
         "objective_watchdog_enabled",
     }
 )
-PRODUCTION = ("app", "api", "tasks", "workers")
+PRODUCTION = ("app", "api", "delivery", "tasks", "workers")
 
 
 def _production_source() -> str:
     root = README.parent
     config = root / "app" / "config.py"
-    return "\n".join(p.read_text() for pkg in PRODUCTION for p in (root / pkg).rglob("*.py") if p != config)
+    files = [p for pkg in PRODUCTION for p in (root / pkg).rglob("*.py") if p != config]
+    return "\n".join(p.read_text() for p in [*files, root / "celeryconfig.py"])
 
 
 def test_every_listed_setting_is_read_by_the_code_it_configures() -> None:

@@ -89,7 +89,7 @@ def test_what_each_message_records() -> None:
 
 
 def test_a_scan_batch_from_the_wake_list_is_recorded_like_a_message_that_named_its_jobs() -> None:
-    # The coalesced wake-up names no jobs (app/ops/wakes.py): the scan records its batch itself.
+    # The coalesced wake-up names no jobs (delivery/wakes.py): the scan records its batch itself.
     assert fetched_entries(DISPATCH_TASK, [[]], "c3") == []
     assert scan_entries(["a", "b"], "c3") == fetched_entries(DISPATCH_TASK, [["a", "b"]], "c3")
     assert scan_entries(["a"], "failed") == [(DISPATCHING_PREFIX + "a", "failed")]

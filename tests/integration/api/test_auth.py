@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import Engine
 
-from api import create_app
+from api.app import create_app
 from app.storage import tokens
 from tests.support.api import Api, json_of, make_settings, payload
 

@@ -15,13 +15,14 @@ from sqlalchemy.engine import Engine
 
 from api.ui import objectives as ui_objectives
 from api.ui.objective_views import FINDER_EXTENSION
-from api.ui.system import BrokerProbe, BrokerReport, QueueStat, consumers_by_queue, queue_roles
+from api.ui.system import BrokerReport, QueueOverview, QueueStat, queue_roles
 from api.ui.system_views import PROBE_EXTENSION
 from app.config import Settings
 from app.jobs.routing import worker_group_for
 from app.jobs.vocab import WORKER_GROUPS
 from app.storage import delivery, loops, overview
 from app.storage.db import db_now, transaction
+from delivery.client import consumers_by_queue
 from tests.integration.api.test_dashboard import sign_in, text
 from tests.support.api import ORG_A, ORG_B, Api, build_api, key, make_settings, payload
 from tests.unit.test_ui_graph import DIAMOND
@@ -168,9 +169,9 @@ def test_the_broker_probe_reads_redis_depth_and_says_when_no_worker_answers(
     tmp_path: Any, redis_url: str
 ) -> None:
     settings: Settings = make_settings(tmp_path, redis_url=redis_url)
-    probe = BrokerProbe(settings)
+    probe = QueueOverview(settings)
     for i in range(3):
-        probe._app().send_task("receipt.dispatch", args=[[f"job-{i}"]], queue="receipt-codex")
+        probe.client().send("receipt.dispatch", [[f"job-{i}"]], queue="receipt-codex")
     report = probe.report()
     depth = {s.queue: s.depth for s in report.queues}
     assert depth["receipt-codex"] == 3
@@ -182,10 +183,9 @@ def test_the_broker_probe_reads_redis_depth_and_says_when_no_worker_answers(
 
 
 def test_the_broker_probe_counts_files_on_the_embedded_broker(tmp_path: Any) -> None:
-    probe = BrokerProbe(make_settings(tmp_path))
-    sent = probe._app()
+    probe = QueueOverview(make_settings(tmp_path))
     for i in range(2):
-        sent.send_task("receipt.dispatch", args=[[f"job-{i}"]], queue="receipt-chat")
+        probe.client().send("receipt.dispatch", [[f"job-{i}"]], queue="receipt-chat")
     report = probe.report()
     assert report.transport == "embedded folder broker"
     assert {s.queue: s.depth for s in report.queues}["receipt-chat"] == 2
@@ -194,7 +194,7 @@ def test_the_broker_probe_counts_files_on_the_embedded_broker(tmp_path: Any) -> 
 
 def test_the_broker_probe_says_when_redis_is_unreachable(tmp_path: Any) -> None:
     settings = make_settings(tmp_path, redis_url="redis://127.0.0.1:1/0")
-    report = BrokerProbe(settings).report()
+    report = QueueOverview(settings).report()
     assert all(s.depth is None for s in report.queues)
     assert all(s.depth_error and "unreachable" in s.depth_error for s in report.queues)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
-from api import create_app
+from api.app import create_app
 from app.jobs.contracts import CONTRACTS
 from app.jobs.privilege import runs_command
 from app.jobs.vocab import PAYLOAD_KINDS

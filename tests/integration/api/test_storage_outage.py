@@ -133,7 +133,7 @@ def test_an_app_pointed_at_a_closed_port_answers_503(pg_engine: Engine, tmp_path
     api = build_api(pg_engine, make_settings(tmp_path))  # tokens are created on the real database
     dead = make_engine(f"postgresql+psycopg2://postgres@127.0.0.1:{free_port()}/receipt")
     try:
-        from api import create_app
+        from api.app import create_app
 
         app = create_app(make_settings(tmp_path), engine=dead, on_dispatchable=lambda jobs: None)
         http = app.test_client()

@@ -6,7 +6,6 @@ import base64
 import json
 import subprocess
 import sys
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,14 +14,14 @@ import pytest
 import redis
 from sqlalchemy.engine import Engine
 
-from api import create_app
+from api.app import create_app
 from api.wake import WakePublisher, WakeUnavailable, default_waker
 from app.composition import queue_for
 from app.config import Settings
 from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE
 from app.jobs.validation import validate_enqueue
-from app.ops import wakes
 from app.storage import tokens
+from delivery import wakes
 from tests.support.api import json_of, payload
 from tests.support.processes import PYTHON, REPO_ROOT, base_env
 
@@ -36,29 +35,59 @@ def broken_transport(monkeypatch: pytest.MonkeyPatch) -> str:
     return f"{BROKEN}://127.0.0.1:1/0"
 
 
-def test_building_the_api_imports_no_worker_code(tmp_path: Path) -> None:
-    """In a fresh interpreter: create the app with its real publisher, publish, count modules."""
-    script = textwrap.dedent(
-        """
-        import sys
-        from api import create_app
-        from app.config import Settings
-        app = create_app(Settings.from_env({"RECEIPT_HOME": sys.argv[1]}))
-        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("tasks", "workers", "celeryconfig"))
-        print(",".join(loaded))
-        """
-    )
-    env = base_env(RECEIPT_HOME=str(tmp_path))
+# Run in a fresh interpreter: build the web app with its real publisher, enqueue (the wake-up is
+# published, loading the broker transport the configuration names), read the system page's broker
+# report and /readyz, then list every loaded module of the worker side.
+WEB_PROCESS = """
+import sys
+from api.app import create_app
+from api.ui.system_views import probe
+from app.config import Settings
+from app.jobs.validation import validate_enqueue
+from app.storage.migrate import upgrade
+from tests.support.api import payload
+
+home, redis_url = sys.argv[1], sys.argv[2]
+settings = Settings.from_env({"RECEIPT_HOME": home, **({"REDIS_URL": redis_url} if redis_url else {})})
+app = create_app(settings)
+state = app.extensions["receipt"]
+upgrade(state.engine)
+state.queue.enqueue(validate_enqueue("factory", {"payload": payload()}))
+with app.app_context():
+    report = probe().report()
+assert report.queues and all(q.depth is not None for q in report.queues), report
+assert state.waker.check() == "ok"
+print("transport", type(state.waker.delivery.celery.connection_for_write().transport).__module__)
+print("loaded", ",".join(sorted(m for m in sys.modules if m.split(".")[0] in ("tasks", "workers"))))
+"""
+
+
+def _web_process_modules(tmp_path: Path, redis_url: str = "") -> dict[str, str]:
     out = subprocess.run(
-        [PYTHON, "-c", script, str(tmp_path)],
-        env=env,
+        [PYTHON, "-c", WEB_PROCESS, str(tmp_path), redis_url],
+        env=base_env(RECEIPT_HOME=str(tmp_path)),
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "", f"the API imported worker code: {out.stdout}"
+    return dict(line.partition(" ")[::2] for line in out.stdout.splitlines())
+
+
+def test_the_web_process_loads_no_worker_code_on_the_embedded_broker(tmp_path: Path) -> None:
+    seen = _web_process_modules(tmp_path)
+    assert seen["loaded"] == "", f"the web process imported worker code: {seen['loaded']}"
+    assert seen["transport"] == "kombu.transport.filesystem"
+
+
+@pytest.mark.redis
+def test_the_web_process_loads_no_worker_code_on_redis(tmp_path: Path, redis_url: str) -> None:
+    """The configuration names its Redis transport by a string kombu imports on the first
+    connection: that module is the delivery client's, so publishing loads no worker package."""
+    seen = _web_process_modules(tmp_path, redis_url)
+    assert seen["loaded"] == "", f"the web process imported worker code: {seen['loaded']}"
+    assert seen["transport"] == "delivery.redis_transport"
 
 
 @pytest.mark.redis
@@ -73,11 +102,11 @@ def test_an_enqueue_publishes_the_dispatch_task_by_name_to_the_driver_queue(
         queue = queue_for(sqlite_engine, on_dispatchable=publisher)
         job = queue.enqueue(validate_enqueue("factory", {"payload": payload()})).job
         [raw] = client.lrange(DRIVER_QUEUE, 0, -1)
-        # The id waits on the coalescing wake list; the message only wakes a scan (app/ops/wakes.py).
+        # The id waits on the coalescing wake list; the message only wakes a scan (delivery/wakes.py).
         assert client.lrange(wakes.IDS_KEY, 0, -1) == [job.id.encode()]
     finally:
         client.close()
-        publisher.celery.close()
+        publisher.delivery.close()
     message = json.loads(raw)
     assert message["headers"]["task"] == DISPATCH_TASK
     args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
@@ -101,7 +130,7 @@ def test_enqueues_while_a_scan_is_armed_send_no_more_messages_and_the_scan_takes
         assert client.llen(DRIVER_QUEUE) == 2 and wake_list.take(10) == [late]
     finally:
         client.close()
-        publisher.celery.close()
+        publisher.delivery.close()
 
 
 def test_without_redis_the_wake_up_carries_its_ids() -> None:
@@ -177,7 +206,7 @@ def test_readyz_fails_naming_wake_when_the_publisher_breaks(
     }
 
     # The transport module goes missing under a running app (a broken install, a bad upgrade).
-    monkeypatch.setattr(publisher.celery.conf, "broker_url", broken_transport)
+    monkeypatch.setattr(publisher.delivery.celery.conf, "broker_url", broken_transport)
     response = client.get("/readyz", headers=headers)
     assert response.status_code == 503
     error = json_of(response)["error"]

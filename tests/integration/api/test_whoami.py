@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from api import create_app
+from api.app import create_app
 from app.jobs.privilege import COMMANDS_SCOPE
 from app.storage import tokens
 from tests.support.api import ORG_A, Api, json_of, make_settings

@@ -1,4 +1,4 @@
-"""Coalesced wake-ups of the dispatch scanner (issue 12): one message per scan, not per job.
+"""Coalesced wake-ups of the dispatch scanner: one message per scan, not per job.
 
 Spec step 2: enqueue does not deliver the job it just created; it wakes a scanner pass. With a
 Redis broker the ids of newly dispatchable jobs go onto one Redis list, and a wake-up *message* is
@@ -13,7 +13,7 @@ Nothing here is truth. A flushed or restarted Redis loses the list and the armed
 exactly like a lost wake-up message: the queued redrive re-delivers from receipts. The armed key
 carries a short TTL, so a wake-up message lost while armed holds later ones back at most that long.
 
-Listeners (issue 9/12: one broker hop less per job). A driver process also blocks on the list
+Listeners (one broker hop less per job). A driver process also blocks on the list
 itself (``BLMPOP``, ``tasks/dispatch.py`` ``WakeListener``) and keeps a "listening" key alive while
 it does. A push that finds that key sends no message at all: a listener is woken by the push
 itself and drains the list the same way (disarm, then take), without a message being published,

@@ -1,4 +1,4 @@
-"""kombu's Redis transport, keeping one synchronous client per connection pool (issue 12).
+"""kombu's Redis transport, keeping one synchronous client per connection pool.
 
 kombu builds a new ``redis.Redis`` object for every publish, ack and QoS pipeline
 (``Channel.conn_or_acquire`` → ``_create_client``). redis-py's constructor copies its table of
@@ -8,7 +8,7 @@ connection of its own: every command borrows one from the pool and returns it, s
 per pool is safe to share between threads, and it is what kombu's own ``Channel.client`` does for
 its asynchronous client. A new pool (kombu replaces it after a disconnect) gets a new client.
 
-Selected by ``broker_transport`` for ``redis://`` and ``rediss://`` URLs (app/ops/celeryconfig.py).
+Selected by ``broker_transport`` for ``redis://`` and ``rediss://`` URLs (celeryconfig.py).
 """
 
 from __future__ import annotations

@@ -6,13 +6,20 @@ or duplicated message is harmless — recovery comes from the lease-expiry and q
 loops reading receipts, never from the broker's redelivery. The settings below are chosen for
 that design (the measured facts behind each are in docs/design.md, "Delivery over Celery").
 
-It lives in an installed package so a non-editable install can load it, and it is plain data:
-it imports neither Celery nor kombu, so the API can configure its publish-only producer from it
-without importing any worker code (``api/wake.py``).
+It is the module a Celery user looks for: ``app.config_from_object("celeryconfig")`` reads every
+setting below as a module attribute, built from the environment's ``Settings`` on first access
+(``__getattr__``): what ``celery -A tasks.celery_app …`` loads (the Procfile's beat, inspect).
+A caller holding its own ``Settings`` (the worker entry points, the API's publisher, the tests)
+passes ``build(settings)``, the same mapping. It is installed with the package (``py-modules`` in
+pyproject.toml), and it is plain data: it imports neither Celery nor kombu, and names the modules
+Celery loads by string, so the web process configures its publish-only client from it without
+importing worker code.
+A function computing one setting is named ``<setting>_for``: the setting's own name is the value.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from app.config import Settings
@@ -29,22 +36,23 @@ EMBEDDED_POLL_S = 0.05
 EMBEDDED_BROKER_URL = "filesystem://localhost/"
 
 
-def broker_url(settings: Settings) -> str:
+def broker_url_for(settings: Settings) -> str:
     return settings.redis_url or EMBEDDED_BROKER_URL
 
 
-# kombu's Redis transport with one synchronous client per pool (tasks/redis_transport.py): a
-# string, so this module imports nothing from tasks/.
-REDIS_TRANSPORT = "tasks.redis_transport:Transport"
+# kombu's Redis transport with one synchronous client per pool (delivery/redis_transport.py): a
+# string, loaded by kombu when a connection opens. Every publisher loads it, the web process too,
+# so it lives in ``delivery/`` and never under ``tasks/`` or ``workers/`` (tests/unit/test_layers.py).
+REDIS_TRANSPORT = "delivery.redis_transport:Transport"
 
 
-def broker_transport(settings: Settings) -> str | None:
+def broker_transport_for(settings: Settings) -> str | None:
     """The kombu transport for the broker URL: ours for plain Redis, else the URL's own."""
     scheme = (settings.redis_url or "").split("://", 1)[0]
     return REDIS_TRANSPORT if scheme in ("redis", "rediss") else None
 
 
-def broker_transport_options(settings: Settings) -> dict[str, Any]:
+def broker_transport_options_for(settings: Settings) -> dict[str, Any]:
     if settings.redis_url:
         # No ack emulation (kombu's Redis option): a fetched message lives in its consumer's
         # memory only, as with early ack it does for an instant anyway. kombu's emulation kept a
@@ -71,7 +79,7 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def task_queues() -> dict[str, dict[str, str]]:
+def task_queues_for() -> dict[str, dict[str, str]]:
     """Each queue with its own direct exchange and routing key, in Celery's mapping form.
 
     A bare ``Queue(name)`` list bound every queue to one exchange/key in a measured test. Celery
@@ -80,7 +88,7 @@ def task_queues() -> dict[str, dict[str, str]]:
     return {name: {"exchange": name, "exchange_type": "direct", "routing_key": name} for name in ALL_QUEUES}
 
 
-def beat_schedule(settings: Settings) -> dict[str, Any]:
+def beat_schedule_for(settings: Settings) -> dict[str, Any]:
     """Beat's schedule, derived from the loop registry (``app/ops/loops.py``). Plain data: the cron
     loops need a Celery schedule object, which ``tasks/celery_app.py`` adds (``CronSchedule``)."""
     return loops.beat_schedule(settings)
@@ -90,10 +98,10 @@ def build(settings: Settings) -> dict[str, Any]:
     """The Celery configuration mapping for ``app.config_from_object``."""
     redis = bool(settings.redis_url)
     conf: dict[str, Any] = {
-        "broker_url": broker_url(settings),
-        "broker_transport": broker_transport(settings),
-        "broker_transport_options": broker_transport_options(settings),
-        "task_queues": task_queues(),
+        "broker_url": broker_url_for(settings),
+        "broker_transport": broker_transport_for(settings),
+        "broker_transport_options": broker_transport_options_for(settings),
+        "task_queues": task_queues_for(),
         "task_default_queue": DRIVER_QUEUE,
         "task_default_exchange": DRIVER_QUEUE,
         "task_default_routing_key": DRIVER_QUEUE,
@@ -128,7 +136,7 @@ def build(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": settings.celery_events,
         "timezone": "UTC",
         "enable_utc": True,
-        "beat_schedule": beat_schedule(settings),
+        "beat_schedule": beat_schedule_for(settings),
         "beat_schedule_filename": str(settings.home_path / "celerybeat-schedule"),
         "worker_hijack_root_logger": False,
     }
@@ -136,3 +144,32 @@ def build(settings: Settings) -> dict[str, Any]:
         # Redis only (Celery 5.7): do not prefetch at all, so a long job never holds the next one.
         conf["worker_disable_prefetch"] = True
     return conf
+
+
+@functools.cache
+def settings() -> Settings:
+    """The environment's settings this module's attributes are built from (read once per process)."""
+    return Settings.from_env()
+
+
+@functools.cache
+def configuration() -> dict[str, Any]:
+    """``build(settings())``: what ``config_from_object("celeryconfig")`` reads, built on first use so
+    a plain import has no side effect (the embedded broker's folders are made here)."""
+    return build(settings())
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: a setting is a module attribute, computed on first access. Private and dunder names
+    # are never settings (the import machinery probes some).
+    if not name.startswith("_"):
+        conf = configuration()
+        if name in conf:
+            return conf[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # Celery lists a configuration module's keys with dir(): the settings only, so the helpers and
+    # imports above never become (unknown) keys of an app's configuration.
+    return sorted(configuration())

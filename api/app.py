@@ -1,0 +1,93 @@
+"""The API's app factory, ``create_app``: settings, engine, queue and wake-up wired by construction.
+
+A module of its own, not ``api/__init__.py``, so importing one of the API's modules (``api.wake``,
+``api.schemas``) does not build the whole package first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from flask import Flask, Response, g, request
+from sqlalchemy.engine import Engine
+
+from api import auth, errors, health, jobs, limits, objectives, openapi, streams, ui, whoami
+from api import metrics as metrics_view
+from api.context import EXTENSION, ApiState
+from api.wake import default_waker
+from app.composition import build_queue
+from app.config import Settings
+from app.jobs.reducer import Job
+from app.storage.db import engine_for
+
+log = logging.getLogger("receipt.api")
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine: Engine | None = None,
+    on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
+) -> Flask:
+    """Build the API app.
+
+    ``settings`` defaults to ``Settings.from_env()``; ``engine`` to one opened on its database;
+    ``on_dispatchable`` (called after commit with jobs that became dispatchable) to the wake-up
+    publisher (``api.wake``), which raises if it cannot be built. Tests pass a recording function
+    so no broker is needed.
+    """
+    settings = settings if settings is not None else Settings.from_env()
+    engine = engine if engine is not None else engine_for(settings)
+    if on_dispatchable is None:
+        on_dispatchable = default_waker(settings)
+
+    app = Flask("api")
+    # One byte over the limit, so a streamed body that exceeds it is detected rather than cut
+    # (api.inputs.raw_body refuses anything past the limit itself, declared or streamed).
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    queue = build_queue(settings, engine=engine, on_dispatchable=on_dispatchable)
+    api_state = ApiState(settings, engine, queue, waker=on_dispatchable)
+    app.extensions[EXTENSION] = api_state
+
+    for blueprint in (
+        jobs.blueprint,
+        objectives.blueprint,
+        streams.blueprint,
+        health.blueprint,
+        openapi.blueprint,
+        metrics_view.blueprint,
+        whoami.blueprint,
+    ):
+        app.register_blueprint(blueprint)
+    errors.register_error_handlers(app, api_state.count_internal_error)
+    ui.register(app)
+
+    auth_disabled = settings.auth_disabled
+    if auth_disabled:
+        log.warning("RECEIPT_AUTH=disabled: the API accepts anonymous requests with system rights")
+
+    @app.before_request
+    def _authenticate() -> None:
+        if request.blueprint == ui.BLUEPRINT:
+            return  # the dashboard authenticates by its own cookie (api/ui/session.py), never Bearer
+        op = openapi.operation_of(app, request.endpoint)
+        if op is not None and not op.auth:
+            return
+        if metrics_view.presents_metrics_token(settings, request.endpoint):
+            g.identity = metrics_view.SCRAPER
+            return
+        g.identity = auth.authenticate(engine, auth_disabled=auth_disabled)
+
+    # After authentication (before_request hooks run in order): the write limit keys on the caller.
+    limits.install_rate_limit(app, settings)
+
+    if auth_disabled:
+
+        @app.after_request
+        def _warn(response: Response) -> Response:
+            response.headers[auth.AUTH_WARNING_HEADER] = auth.AUTH_WARNING
+            return response
+
+    return app
