@@ -370,12 +370,42 @@ SETTINGS: tuple[Setting, ...] = (
         "How much of a command's output the codex handler keeps in `result` and failures.",
         _int,
     ),
-    # -- security (issue 8): the command sandbox, and bounds per tenant. See docs/security.md.
+    # -- security: the command sandbox, and bounds per tenant. See docs/security.md.
+    Setting(
+        "RECEIPT_CODEX_UID_RANGE",
+        "codex_uid_range",
+        "1879048192-1879113727",
+        "`FIRST-LAST`: a root worker runs each attempt as a user id of this range that no other running "
+        "attempt holds (no user, group or subordinate range of the host may lie in it); "
+        "`none`: every command runs as `RECEIPT_CODEX_USER`.",
+    ),
     Setting(
         "RECEIPT_CODEX_USER",
         "codex_user",
         "nobody",
-        "User a command runs as when the worker is root (never root itself).",
+        "User every command runs as when the worker is root and `RECEIPT_CODEX_UID_RANGE=none` "
+        "(never root itself).",
+    ),
+    Setting(
+        "RECEIPT_CODEX_FILESYSTEM",
+        "codex_filesystem",
+        "private",
+        "`private`: each command sees only `RECEIPT_CODEX_VISIBLE_PATHS` (read-only), its scratch "
+        "directory, the workspace root and a private `/tmp`; `host`: the host's whole filesystem.",
+    ),
+    Setting(
+        "RECEIPT_CODEX_VISIBLE_PATHS",
+        "codex_visible_paths",
+        "/usr,/bin,/sbin,/lib,/lib32,/lib64,/libx32,/etc,/opt,/sys",
+        "Comma-separated host trees a command sees read-only in its private view. A unix socket inside "
+        "one stays reachable (read-only does not stop `connect`): list no tree that holds one.",
+    ),
+    Setting(
+        "RECEIPT_CODEX_TMPFS_MB",
+        "codex_tmpfs_mb",
+        "64",
+        "Size of each private in-memory folder of a command's view (`/tmp`, `/var/tmp`, `/dev/shm`), in MiB.",
+        _int,
     ),
     Setting(
         "RECEIPT_CODEX_NETWORK",
@@ -402,7 +432,8 @@ SETTINGS: tuple[Setting, ...] = (
         "RECEIPT_CODEX_MAX_PROCESSES",
         "codex_max_processes",
         "256",
-        "Process limit of the sandbox user (RLIMIT_NPROC; shared by commands running at once as that user).",
+        "Process limit of a command's user (RLIMIT_NPROC): one command's with a user id per attempt, "
+        "shared by every running command with `RECEIPT_CODEX_UID_RANGE=none`.",
         _int,
     ),
     Setting(
@@ -551,7 +582,11 @@ class Settings:
     handler_modules: str = ""
     planner_module: str = "app.factory.planner"
     codex_output_tail_bytes: int = 4096
+    codex_uid_range: str = "1879048192-1879113727"
     codex_user: str = "nobody"
+    codex_filesystem: str = "private"
+    codex_visible_paths: str = "/usr,/bin,/sbin,/lib,/lib32,/lib64,/libx32,/etc,/opt,/sys"
+    codex_tmpfs_mb: int = 64
     codex_network: str = "none"
     codex_memory_mb: int = 1024
     codex_cpu_seconds: int = 3600

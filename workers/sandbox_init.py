@@ -1,0 +1,267 @@
+"""PID 1 of a sandboxed command: builds the command's filesystem view, then runs and reaps it.
+
+``workers.sandbox`` runs this file as ``python -I -S sandbox_init.py PLAN ARGV...`` inside the
+command's new PID, mount and IPC namespaces (and network namespace), as root: the host's root, or
+root of a user namespace when the worker is not root. PLAN is JSON (``workers.sandbox.init_plan``):
+
+1. ``view``: a fresh tmpfs becomes ``/``. Into it go read-only bind mounts of the visible system
+   trees, the namespace's own ``/proc``, a minimal ``/dev``, private tmpfs at ``/tmp``, ``/var/tmp``
+   and ``/dev/shm``, and read-write binds of the paths to keep (the attempt's scratch directory,
+   the workspace root) at their own paths. Then ``pivot_root`` and the old root is detached, so no
+   path leads back to the host's tree.
+2. ``keyrings``: as the command's user, clear that user's keyrings. They outlive every process of
+   the user, and the user id is handed to later attempts.
+3. Fork the command (chdir to ``cwd``, exec ARGV), reap every orphan the kernel hands PID 1, and
+   exit with the command's status (128 + signal when it was killed). This exit ends the namespace.
+
+Everything fails closed: when a step of the view fails, the command never starts.
+
+Only the standard library, imported at the top: ``-I`` leaves the repository off ``sys.path``, and
+once the root has moved nothing outside the view could be imported. ``-S`` skips ``site`` for the
+start-up time. The module is also imported by the worker, for ``SYSCALLS`` and ``DEVICES``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+# Syscalls glibc does not wrap, by machine. mount_setattr is 442 on every architecture.
+SYSCALLS: dict[str, dict[str, int]] = {
+    "x86_64": {"pivot_root": 155, "keyctl": 250},
+    "aarch64": {"pivot_root": 41, "keyctl": 219},
+}
+MOUNT_SETATTR = 442
+
+# The device nodes a command gets: the harmless character devices every program may expect.
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+# The root of the view is built here (in the private mount namespace) before it becomes "/".
+STAGING = "/tmp"
+# Exit status when the sandbox itself cannot be set up (the command never ran).
+SETUP_FAILED = 125
+SETUP_PREFIX = "receipt sandbox: "
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MNT_DETACH = 0x2
+AT_FDCWD = -100
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+KEYCTL_GET_PERSISTENT = 22
+KEYCTL_CLEAR = 7
+KEY_SPEC_PROCESS_KEYRING = -2
+KEY_SPEC_USER_KEYRING = -4
+KEY_SPEC_USER_SESSION_KEYRING = -5
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.syscall.restype = ctypes.c_long
+
+
+class MountAttr(ctypes.Structure):
+    """``struct mount_attr`` of mount_setattr(2)."""
+
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    fs = fstype.encode() if fstype else None
+    options = data.encode() if data else None
+    _check(_libc.mount(source.encode(), target.encode(), fs, flags, options), f"mount {source} on {target}")
+
+
+def _setattr(path: str, attr_set: int, *, recursive: bool) -> None:
+    attr = MountAttr(attr_set, 0, 0, 0)
+    flags = AT_RECURSIVE if recursive else 0
+    _check(
+        _libc.syscall(MOUNT_SETATTR, AT_FDCWD, path.encode(), flags, ctypes.byref(attr), ctypes.sizeof(attr)),
+        f"mount_setattr {path}",
+    )
+
+
+def _syscall(name: str, *args: Any) -> int:
+    number = SYSCALLS[os.uname().machine][name]
+    return _check(_libc.syscall(number, *args), name)
+
+
+def _tmpfs(target: str, mode: str, size_kb: int, flags: int = MS_NOSUID | MS_NODEV) -> None:
+    _mount("tmpfs", target, "tmpfs", flags, f"mode={mode},size={size_kb}k")
+
+
+def _depth(path: str) -> int:
+    return path.rstrip("/").count("/")
+
+
+def build_view(view: dict[str, Any]) -> None:
+    """Make the view ``/`` for this mount namespace (see the module docstring)."""
+    # Sources first, as O_PATH descriptors: the staging tmpfs is about to cover /tmp, where the
+    # scratch directory usually lives, and a bind from /proc/self/fd/N reaches a covered path.
+    opened: list[int] = []
+
+    def hold(path: str, *, directory: bool) -> str:
+        flags = os.O_PATH | os.O_CLOEXEC | (os.O_DIRECTORY if directory else 0)
+        fd = os.open(path, flags)
+        opened.append(fd)
+        return f"/proc/self/fd/{fd}"
+
+    tmp_kb = int(view["tmpfs_mb"]) * 1024
+    visible: list[tuple[str, str, bool]] = []  # (path, source or symlink target, is a symlink)
+    for path in sorted(view["visible"], key=_depth):
+        if os.path.islink(path):
+            visible.append((path, os.readlink(path), True))
+        elif os.path.isdir(path):
+            visible.append((path, hold(path, directory=True), False))
+    keep = [(path, hold(path, directory=True)) for path in sorted(view["keep"], key=_depth)]
+    present = [name for name in DEVICES if os.path.exists(f"/dev/{name}")]
+    devices = [(name, hold(f"/dev/{name}", directory=False)) for name in present]
+    proc = hold("/proc", directory=True)
+    try:
+        root = STAGING
+        _tmpfs(root, "0755", 1024)
+        for path, source, link in visible:
+            target = root + path
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if link:
+                if not os.path.lexists(target):
+                    os.symlink(source, target)
+                continue
+            os.makedirs(target, exist_ok=True)
+            _mount(source, target, None, MS_BIND | MS_REC)
+            _setattr(target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive=True)
+        os.makedirs(root + "/proc", exist_ok=True)
+        _mount(proc, root + "/proc", None, MS_BIND | MS_REC)
+        _build_dev(root + "/dev", devices, tmp_kb)
+        for private in ("/tmp", "/var/tmp"):
+            os.makedirs(root + private, exist_ok=True)
+            _tmpfs(root + private, "1777", tmp_kb)
+        os.makedirs(root + "/run", exist_ok=True)
+        for path, source in keep:
+            target = root + path
+            os.makedirs(target, exist_ok=True)
+            _mount(source, target, None, MS_BIND)
+            _setattr(target, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive=False)
+        _setattr(root, MOUNT_ATTR_RDONLY, recursive=False)
+        os.chdir(root)
+        _syscall("pivot_root", b".", b".")
+        # The old root now sits on top of the new one: detach it, whole, with everything under it.
+        _check(_libc.umount2(b".", MNT_DETACH), "umount the old root")
+        os.chdir("/")
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
+def _build_dev(dev: str, devices: Sequence[tuple[str, str]], tmp_kb: int) -> None:
+    """A /dev of a few harmless nodes, its own pseudo-terminals and a private /dev/shm.
+
+    Not the host's: that one may hold a syslog socket (/dev/log), the host's terminals, and
+    device nodes left open to every user (/dev/kvm, /dev/fuse on some hosts).
+    """
+    os.makedirs(dev, exist_ok=True)
+    _tmpfs(dev, "0755", 64, MS_NOSUID | MS_NOEXEC)
+    for name, source in devices:
+        node = f"{dev}/{name}"
+        with open(node, "w"):
+            pass
+        _mount(source, node, None, MS_BIND)
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+    ):
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(f"{dev}/pts")
+    _mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    os.mkdir(f"{dev}/shm")
+    _tmpfs(f"{dev}/shm", "1777", tmp_kb)
+    _setattr(dev, MOUNT_ATTR_RDONLY, recursive=False)
+
+
+def clear_keyrings(uid: int, gid: int) -> None:
+    """Empty the kernel keyrings of ``uid``, as ``uid`` (a child process: PID 1 stays root).
+
+    A user's keyrings live as long as the kernel keeps the user, not its processes: without this,
+    a key an attempt stored would wait there for the next attempt that gets the same user id.
+    """
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+                _syscall("keyctl", KEYCTL_CLEAR, ring)
+            try:
+                persistent = _syscall("keyctl", KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_PROCESS_KEYRING)
+            except OSError:
+                persistent = -1  # a kernel built without persistent keyrings has none to clear
+            if persistent > 0:
+                _syscall("keyctl", KEYCTL_CLEAR, persistent)
+        except OSError as exc:
+            print(f"{SETUP_PREFIX}cannot clear the keyrings of user {uid}: {exc}", file=sys.stderr)
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise OSError(f"clearing the keyrings of user {uid} failed")
+
+
+def run(plan: dict[str, Any], argv: Sequence[str]) -> int:
+    try:
+        if plan.get("view") is not None:
+            build_view(plan["view"])
+        if plan.get("keyrings") is not None:
+            uid, gid = plan["keyrings"]
+            clear_keyrings(int(uid), int(gid))
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"{SETUP_PREFIX}cannot set up the command's sandbox: {exc}", file=sys.stderr, flush=True)
+        return SETUP_FAILED
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            os.chdir(plan["cwd"])
+            os.execvp(argv[0], list(argv))
+        except OSError as exc:
+            print(f"{SETUP_PREFIX}cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(127)
+    while True:
+        try:
+            done, status = os.wait()
+        except ChildProcessError:
+            return 0
+        if done == pid:
+            code = os.waitstatus_to_exitcode(status)
+            return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(run(json.loads(sys.argv[1]), sys.argv[2:]))

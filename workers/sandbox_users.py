@@ -1,0 +1,154 @@
+"""Which user id a sandboxed attempt runs as when the worker is root: one of its own.
+
+With ``RECEIPT_CODEX_UID_RANGE`` set (it is by default), each running attempt holds a user id of
+the range that no other running attempt holds: the lowest one free, claimed by an exclusive
+``flock`` on ``/run/receipt/codex-uids/<uid>``. Every worker process of the host claims in the same
+folder, so the rule holds across processes, and the kernel drops a claim when its descriptor
+closes, also when the worker dies. A user of its own gives each command its own process budget
+(RLIMIT_NPROC counts per user), its own kernel keyrings, and files no other running command can
+open even where both could reach them.
+
+The range must be free: no user or group of the host's database, and no subordinate range of
+``/etc/subuid`` or ``/etc/subgid``, may fall in it, or a command would own that user's files.
+The default, 1879048192-1879113727 (0x70000000 + 64 Ki), lies in the block systemd's
+"Users, Groups, UIDs and GIDs" document leaves unused, above the container ranges and below 2^31.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import grp
+import os
+import pwd
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+UID_LOCK_DIR = Path("/run/receipt/codex-uids")
+RANGE_SETTING = "RECEIPT_CODEX_UID_RANGE"
+# Ids the kernel treats specially: root, the overflow id and both spellings of (uid_t) -1.
+RESERVED = frozenset({0, 65534, 65535, 4294967295})
+SUBORDINATE_FILES = (Path("/etc/subuid"), Path("/etc/subgid"))
+
+
+class NoFreeUid(Exception):
+    """Every id of the range is held by a running attempt; a later attempt may find one free."""
+
+
+class UnsafeLockDir(Exception):
+    """The claims folder is not root's alone, so a claim there would prove nothing."""
+
+
+@dataclass(frozen=True)
+class UidRange:
+    """Inclusive range of user ids (each also used as the attempt's group id)."""
+
+    first: int
+    last: int
+
+    @classmethod
+    def parse(cls, text: str) -> UidRange | None:
+        """``FIRST-LAST``, or ``none`` (every command runs as ``RECEIPT_CODEX_USER``)."""
+        value = text.strip().lower()
+        if value == "none":
+            return None
+        first_text, sep, last_text = value.partition("-")
+        try:
+            if not sep:
+                raise ValueError
+            first, last = int(first_text), int(last_text)
+        except ValueError:
+            raise ValueError(
+                f"{RANGE_SETTING} must be FIRST-LAST (two user ids) or none, not {text!r}"
+            ) from None
+        if not 0 < first <= last < 4294967295:
+            raise ValueError(f"{RANGE_SETTING}: need 0 < FIRST <= LAST < 4294967295, not {text!r}")
+        reserved = sorted(u for u in RESERVED if first <= u <= last)
+        if reserved:
+            raise ValueError(f"{RANGE_SETTING} {text!r} holds the reserved id {reserved[0]}")
+        return cls(first, last)
+
+    def __str__(self) -> str:
+        return f"{self.first}-{self.last}"
+
+    def overlaps(self, first: int, last: int) -> bool:
+        return first <= self.last and self.first <= last
+
+
+@lru_cache(maxsize=8)
+def assigned_in(uids: UidRange) -> str | None:
+    """The first user, group or subordinate range of this host inside ``uids`` (None: it is free).
+
+    Enumerates the user database once per process and range: it changes seldom, and a worker
+    checks its settings at every attempt.
+    """
+    for user in pwd.getpwall():
+        if uids.overlaps(user.pw_uid, user.pw_uid):
+            return f"user {user.pw_name!r} (uid {user.pw_uid})"
+    for group in grp.getgrall():
+        if uids.overlaps(group.gr_gid, group.gr_gid):
+            return f"group {group.gr_name!r} (gid {group.gr_gid})"
+    for path in SUBORDINATE_FILES:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.strip().split(":")
+            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                start, count = int(parts[1]), int(parts[2])
+                if count and uids.overlaps(start, start + count - 1):
+                    return f"the subordinate range {start}+{count} of {parts[0]!r} in {path}"
+    return None
+
+
+def check_free(uids: UidRange) -> None:
+    """Raise ValueError when the host has given any id of ``uids`` to someone."""
+    taken = assigned_in(uids)
+    if taken is not None:
+        raise ValueError(
+            f"{RANGE_SETTING} {uids} holds {taken}; a command would own that user's files: "
+            "choose ids nothing on this host uses"
+        )
+
+
+def _lock_dir(path: Path) -> Path:
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = os.lstat(path)
+    if (
+        not stat.S_ISDIR(info.st_mode)
+        or info.st_uid != os.geteuid()
+        or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    ):
+        raise UnsafeLockDir(
+            f"{path} must be a directory owned by the worker's user and writable by no one else"
+        )
+    return path
+
+
+@contextmanager
+def claim(uids: UidRange, lock_dir: Path = UID_LOCK_DIR) -> Iterator[int]:
+    """Hold the lowest free id of ``uids`` until the block ends.
+
+    Lowest first, so the ids in use stay few: whatever an id keeps between its attempts (its
+    keyrings, which the sandbox clears) stays bounded by how many commands run at once.
+    """
+    folder = _lock_dir(lock_dir)
+    for uid in range(uids.first, uids.last + 1):
+        fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            os.close(fd)  # drops the claim
+        return
+    raise NoFreeUid(f"every user id of {RANGE_SETTING} ({uids}) is held by a running attempt")
