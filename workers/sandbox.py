@@ -111,7 +111,8 @@ class Host:
     root: bool
     user_namespaces: bool
     tools: bool  # setpriv, prlimit and unshare are installed
-    # mount_setattr(2) (Linux 5.12+) and a known syscall table: what the filesystem view needs.
+    # mount_setattr(2) (Linux 5.12+) and a known syscall table (pivot_root, keyctl): what the
+    # filesystem view and the clearing of a reused user id's keyrings need.
     views: bool = True
 
     @property
@@ -256,12 +257,15 @@ def protections_off(config: SandboxConfig, host: Host) -> list[str]:
             f"a user id per attempt (RECEIPT_CODEX_UID_RANGE=none): every command runs as "
             f"{config.user!r}, sharing its process budget and kernel keyrings with the others"
         )
-    if host.namespaces and config.filesystem == "private" and not host.views:
-        off.append(
-            "private filesystem view (needs mount_setattr, Linux 5.12+, on "
-            f"{' or '.join(sandbox_init.SYSCALLS)}): a command reaches every unix socket and file "
-            "its user can, other commands' scratch directories included"
-        )
+    if host.namespaces and not host.views:
+        needs = f"needs mount_setattr, Linux 5.12+, on {' or '.join(sandbox_init.SYSCALLS)}"
+        if config.filesystem == "private":
+            off.append(
+                f"private filesystem view ({needs}): a command reaches every unix socket and file "
+                "its user can, other commands' scratch directories included"
+            )
+        if host.root and config.uid_range is not None:
+            off.append(f"clearing the keyrings of a user id before its next attempt ({needs})")
     if config.filesystem == "host":
         off.append("private filesystem view (RECEIPT_CODEX_FILESYSTEM=host)")
     if config.network == "host":
@@ -324,7 +328,12 @@ def attempt(config: SandboxConfig, host: Host) -> Iterator[Attempt]:
                 uid = gid = stack.enter_context(sandbox_users.claim(config.uid_range))
             else:
                 uid, gid = _named_user_ids(config.user)
-        path = Path(tempfile.mkdtemp(prefix="receipt-codex-", dir=config.scratch_root))
+        if has_view(config, host) and config.workspace_root and not Path(config.workspace_root).is_dir():
+            raise SandboxRefused(
+                f"RECEIPT_CODEX_WORKSPACE_ROOT {config.workspace_root!r} is not a directory on this host"
+            )
+        # Resolved: the view puts it at this path, and HOME and TMPDIR name it.
+        path = Path(tempfile.mkdtemp(prefix="receipt-codex-", dir=config.scratch_root)).resolve()
         # Registered before the chown: the directory goes, whatever happens next. It goes before
         # the user id is released (callbacks run last in, first out).
         stack.callback(shutil.rmtree, path, ignore_errors=True)
@@ -356,7 +365,8 @@ def init_plan(config: SandboxConfig, host: Host, attempt: Attempt, cwd: Path) ->
             keep.append(str(Path(config.workspace_root).resolve()))
         view = {"visible": list(config.visible_paths), "keep": keep, "tmpfs_mb": config.tmpfs_mb}
     # A user id passes from attempt to attempt with the range; RECEIPT_CODEX_USER is shared anyway.
-    keyrings = [attempt.uid, attempt.gid] if host.root and config.uid_range is not None else None
+    reused = host.root and host.views and config.uid_range is not None
+    keyrings = [attempt.uid, attempt.gid] if reused else None
     return {"view": view, "keyrings": keyrings, "cwd": str(cwd)}
 
 

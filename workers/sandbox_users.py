@@ -38,8 +38,8 @@ class NoFreeUid(Exception):
     """Every id of the range is held by a running attempt; a later attempt may find one free."""
 
 
-class UnsafeLockDir(Exception):
-    """The claims folder is not root's alone, so a claim there would prove nothing."""
+class UnusableLockDir(Exception):
+    """The claims folder cannot be made, or is not the worker's alone (a claim there proves nothing)."""
 
 
 @dataclass(frozen=True)
@@ -116,16 +116,19 @@ def check_free(uids: UidRange) -> None:
 
 
 def _lock_dir(path: Path) -> Path:
-    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    with suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    info = os.lstat(path)
+    try:
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        with suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        info = os.lstat(path)
+    except OSError as exc:
+        raise UnusableLockDir(f"cannot use {path} to claim user ids: {exc}") from exc
     if (
         not stat.S_ISDIR(info.st_mode)
         or info.st_uid != os.geteuid()
         or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     ):
-        raise UnsafeLockDir(
+        raise UnusableLockDir(
             f"{path} must be a directory owned by the worker's user and writable by no one else"
         )
     return path

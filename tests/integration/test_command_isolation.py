@@ -335,32 +335,56 @@ def test_two_tenants_running_at_once_cannot_read_list_signal_or_write_to_each_ot
         assert not [n for n in os.listdir(shared) if n.startswith("graffiti-tenant-")], shared
 
 
+KEYS = r"""
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[os.uname().machine]
+USER_KEYRING, DESCRIBE, SEARCH = -4, 6, 10
+
+def search():
+    found = libc.syscall(KEYCTL, SEARCH, ctypes.c_int(USER_KEYRING), b"user", b"receipt-left-behind", 0)
+    return found if found > 0 else os.strerror(ctypes.get_errno())
+
+def describe(serial):
+    buf = ctypes.create_string_buffer(256)
+    got = libc.syscall(KEYCTL, DESCRIBE, ctypes.c_int(serial), buf, 256)
+    return buf.value.decode() if got >= 0 else os.strerror(ctypes.get_errno())
+
+if sys.argv[1] == "store":
+    name, data = b"receipt-left-behind", b"tenant data"
+    serial = libc.syscall(ADD_KEY, b"user", name, data, len(data), ctypes.c_int(USER_KEYRING))
+else:
+    serial = int(sys.argv[2])
+print(json.dumps({"uid": os.getuid(), "serial": serial, "search": search(), "describe": describe(serial)}))
+"""
+
+
 def test_a_user_id_is_held_by_one_attempt_and_its_keyrings_are_emptied_for_the_next() -> None:
     # A range of one id of its own (other tests and helpers claim from the default range).
     single = replace(SETTINGS, codex_uid_range="1879900000-1879900000")
     config = sandbox.SandboxConfig.from_settings(single)
-    store = (
-        "import ctypes, os\n"
-        "libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long\n"
-        "n = {'x86_64': 248, 'aarch64': 217}[os.uname().machine]\n"
-        "added = libc.syscall(n, b'user', b'receipt-left-behind', b'x', 1, ctypes.c_int(-4))\n"
-        "print(os.getuid(), added > 0)\n"
-        "print('receipt-left-behind' in open('/proc/keys').read())\n"
-    )
-    look = "import os; print(os.getuid()); print('receipt-left-behind' in open('/proc/keys').read())\n"
-    outputs = []
-    for script in (store, look):
+    reports: list[dict[str, Any]] = []
+    for argv in (["store"], ["look"]):
+        if reports:
+            argv.append(str(reports[0]["serial"]))
         with ExitStack() as stack:
-            first = Running([PY, "-c", script], config, HOST, stack)
-            assert first.attempt.uid == 1879900000
+            running = Running([PY, "-c", KEYS, *argv], config, HOST, stack)
+            assert running.attempt.uid == 1879900000
             # While it runs, its id is taken: another attempt of the same range has none.
             with pytest.raises(sandbox_users.NoFreeUid), sandbox.attempt(config, HOST):
                 pass
-            assert first.proc.popen.wait(WAIT_S) == 0
-            first.proc.finish()
-            outputs.append([first.lines.get(timeout=WAIT_S).strip() for _ in range(2)])
-    assert outputs[0] == ["1879900000 True", "True"]  # the key was stored, and is visible to its owner
-    assert outputs[1] == ["1879900000", "False"]  # the next holder of the id finds none
+            assert running.proc.popen.wait(WAIT_S) == 0, running.seen
+            running.proc.finish()
+            reports.append(json.loads(running.lines.get(timeout=WAIT_S)))
+    stored, looked = reports
+    # The key was stored in the user's keyring, where its owner finds it...
+    assert stored["uid"] == 1879900000 and stored["serial"] > 0
+    assert stored["search"] == stored["serial"]
+    assert stored["describe"] == "user;1879900000;1879900000;3f010000;receipt-left-behind"
+    # ...and the next attempt with the same user id finds nothing, even by the key's number.
+    assert looked["uid"] == 1879900000
+    assert looked["search"] == looked["describe"] == os.strerror(errno.ENOKEY)
 
 
 # -- sockets ---------------------------------------------------------------------------------------

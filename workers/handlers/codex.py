@@ -32,7 +32,7 @@ from app.jobs.privilege import COMMANDS_SCOPE
 from workers import sandbox
 from workers.handler import HandlerError, JobContext
 from workers.handlers import integration
-from workers.sandbox_users import NoFreeUid, UnsafeLockDir
+from workers.sandbox_users import NoFreeUid, UnusableLockDir
 
 BASE_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 PROGRESS_EVERY_S = 0.5
@@ -168,7 +168,7 @@ def handle(ctx: JobContext) -> Any:
             return _run(ctx, argv, workdir, child_env, timeout_ms, config, host, attempt)
     except sandbox.SandboxRefused as exc:
         raise HandlerError(str(exc), retryable=False) from exc
-    except (NoFreeUid, UnsafeLockDir) as exc:
+    except (NoFreeUid, UnusableLockDir) as exc:
         # Busy ids clear as attempts end; an unsafe claims folder needs the operator, and until
         # then no attempt can start safely, so each one fails and waits for its retry.
         raise HandlerError(str(exc), retryable=True) from exc
