@@ -18,8 +18,11 @@ import json
 import os
 import queue as queue_module
 import random
+import shutil
 import socket
 import stat
+import subprocess
+import sys
 import tempfile
 import threading
 import uuid
@@ -534,3 +537,145 @@ def test_through_the_codex_handler_no_host_socket_answers(
     out = run_attempt(pg_queue, SETTINGS, default_registry(), job.id, 1)
     assert out.job is not None and out.job.status == "completed", out.job
     _check_no_socket_reachable(json.loads(out.job.result["outputTail"]), on_the_host)
+
+
+# -- the view holds: a command cannot take it apart, and sees what it should -------------------------
+
+ESCAPE = r"""
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+MNT_DETACH, MS_REMOUNT, MS_BIND, CLONE_NEWUSER, CLONE_NEWNS = 2, 32, 4096, 0x10000000, 0x20000
+
+def tries():
+    out = {}
+    for path in ("/tmp", "/", "/etc", "/dev"):
+        done = libc.umount2(path.encode(), MNT_DETACH) == 0
+        out["umount " + path] = done or os.strerror(ctypes.get_errno())
+    done = libc.mount(None, b"/etc", None, MS_REMOUNT | MS_BIND, None) == 0
+    out["remount /etc rw"] = done or os.strerror(ctypes.get_errno())
+    try:
+        open("/etc/receipt-escape", "w").close()
+        out["write /etc"] = True
+    except OSError as exc:
+        out["write /etc"] = exc.strerror
+    out["tmp"] = sorted(os.listdir("/tmp"))
+    return out
+
+report = {"as the command": tries()}
+# With a user namespace and a mount namespace of its own it holds every capability there; the
+# view's mounts came from a more privileged namespace, locked together, and stay put.
+own = libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) == 0
+report["own namespaces"] = own or os.strerror(ctypes.get_errno())
+if own:
+    report["in its own namespaces"] = tries()
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("host", [HOST, USERNS], ids=["root", "user-namespace"])
+def test_a_command_cannot_unmount_or_remount_its_view(host: sandbox.Host) -> None:
+    config = sandbox.SandboxConfig.from_settings(SETTINGS)
+    with ExitStack() as stack:
+        r = Running([PY, "-c", ESCAPE], config, host, stack)
+        assert r.proc.popen.wait(WAIT_S) == 0, r.seen
+        r.proc.finish()
+        report = json.loads(r.lines.get(timeout=WAIT_S))
+    scratch = r.attempt.scratch.name
+    assert report["own namespaces"] is True, report  # the harder case is really tried
+    for where in ("as the command", "in its own namespaces"):
+        got = report[where]
+        assert not [k for k, v in got.items() if v is True], (where, got)
+        assert got["tmp"] == [scratch], (where, got)
+        assert got["write /etc"] == "Read-only file system", (where, got)
+    assert not os.path.exists("/etc/receipt-escape")
+
+
+def test_the_workspace_root_is_shared_read_write_at_its_own_path_and_nothing_beside_it(
+    tmp_path: Path,
+) -> None:
+    parent = Path(tempfile.mkdtemp(prefix="receipt-test-ws-"))
+    try:
+        workspace = parent / "workspace"
+        workspace.mkdir(mode=0o777)
+        workspace.chmod(0o777)
+        (parent / "beside").mkdir()
+        (workspace / "input.txt").write_text("from the host")
+        settings = replace(SETTINGS, codex_workspace_root=str(workspace))
+        script = (
+            "import json, os, sys\n"
+            "ws = sys.argv[1]\n"
+            "open(os.path.join(ws, 'output.txt'), 'w').write('from the command')\n"
+            "print(json.dumps({'input': open(os.path.join(ws, 'input.txt')).read(),\n"
+            "                  'parent': sorted(os.listdir(os.path.dirname(ws))), 'cwd': os.getcwd()}))\n"
+        )
+        config = sandbox.SandboxConfig.from_settings(settings)
+        with ExitStack() as stack:
+            r = Running([PY, "-c", script, str(workspace)], config, HOST, stack)
+            assert r.proc.popen.wait(WAIT_S) == 0, r.seen
+            r.proc.finish()
+            report = json.loads(r.lines.get(timeout=WAIT_S))
+        assert report["input"] == "from the host"
+        assert report["parent"] == ["workspace"]  # its siblings on the host are not in the view
+        assert report["cwd"] == str(r.attempt.scratch)
+        assert (workspace / "output.txt").read_text() == "from the command"
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_an_executable_outside_the_view_is_refused_before_anything_runs(pg_queue: Queue) -> None:
+    # The worker's own interpreter lives outside the system trees the view shows.
+    venv_python = str(Path(sys.executable).absolute())
+    job = enqueue(pg_queue, "codex", max_attempts=3, command=[venv_python, "-c", "print('ran')"])
+    out = run_attempt(pg_queue, SETTINGS, default_registry(), job.id, 1)
+    assert out.job is not None and (out.job.status, out.job.attempt) == ("failed", 1)
+    assert "outside the command's filesystem view" in out.job.error
+    assert "RECEIPT_CODEX_VISIBLE_PATHS" in out.job.error
+
+
+# -- a worker that is really not root -------------------------------------------------------------
+
+AS_A_WORKER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from app.config import Settings
+from workers import sandbox
+host = sandbox.detect_host()
+config = sandbox.SandboxConfig.from_settings(Settings())
+with sandbox.attempt(config, host) as attempt:
+    proc = sandbox.start(
+        sys.argv[2:], env={"PATH": sandbox.SANDBOX_PATH}, cwd=attempt.scratch, config=config, host=host,
+        attempt=attempt,
+    )
+    out = proc.popen.stdout.read().decode()
+    proc.popen.wait(60)
+    proc.finish()
+print(json.dumps({"host": [host.root, host.user_namespaces], "off": sandbox.protections_off(config, host),
+                  "exit": proc.popen.returncode, "report": out}))
+"""
+
+
+def test_a_worker_that_is_not_root_gives_its_commands_the_view_in_a_user_namespace(
+    on_the_host: list[str],
+) -> None:
+    """The worker's own code run as ``nobody`` (system Python): the unprivileged path, not simulated."""
+    repo = str(Path(__file__).resolve().parents[2])
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-S"]
+    importing = f"import sys; sys.path.insert(0, {repo!r}); import workers.sandbox"
+    probe = subprocess.run([*as_nobody, "-c", importing], capture_output=True, check=False, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot import this checkout with the system Python: {probe.stderr[-300:]!r}")
+    targets = [*on_the_host, "/run/postgresql/.s.PGSQL.5432", "/run/mysqld/mysqld.sock"]
+    command = [PY, "-c", SOCKETS, str(WALK_S), *targets]
+    done = subprocess.run(
+        [*as_nobody, "-c", AS_A_WORKER, repo, *command], capture_output=True, check=False, timeout=WALK_S + 60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    worker = json.loads(done.stdout)
+    if not worker["host"][1]:
+        pytest.skip("this kernel refuses unprivileged user namespaces (protections_off says so)")
+    assert worker["host"] == [False, True]
+    assert not any("filesystem view" in line for line in worker["off"]), worker["off"]
+    assert worker["exit"] == 0, worker["report"]
+    _check_no_socket_reachable(json.loads(worker["report"]), on_the_host)
