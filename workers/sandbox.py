@@ -5,7 +5,7 @@ When the worker is root, a command runs as::
     setpriv --pdeathsig KILL --            # a SIGKILLed worker takes the whole tree with it
       prlimit --cpu --as --nproc --fsize --nofile --
         unshare --pid --fork --kill-child --mount-proc --ipc [--net] --
-          <python -I -S sandbox_init.py PLAN>   # PID 1 of the namespaces, still root: builds the view
+          <python -I -S sandbox_init.py PLAN -->  # PID 1 of the namespaces, still root: builds the view
             setpriv --reuid --regid --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
               <argv>                       # the command, as a user id of its own
 
@@ -44,7 +44,6 @@ scratch directory is removed.
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import posixpath
@@ -393,8 +392,8 @@ def build_argv(
     unshare += ["--pid", "--fork", "--kill-child", "--mount-proc", "--ipc"]
     if config.network != "host":
         unshare.append("--net")
-    plan = json.dumps(init_plan(config, host, attempt, cwd), separators=(",", ":"))
-    inner = [sys.executable, "-I", "-S", INIT_SCRIPT, plan, "setpriv"]
+    plan = sandbox_init.plan_args(init_plan(config, host, attempt, cwd))
+    inner = [sys.executable, "-I", "-S", INIT_SCRIPT, *plan, "--", "setpriv"]
     if host.root:
         if attempt.uid is None or attempt.gid is None:
             raise SandboxRefused("a root worker runs a command only as a user of its own; none was claimed")

@@ -679,3 +679,12 @@ def test_a_worker_that_is_not_root_gives_its_commands_the_view_in_a_user_namespa
     assert not any("filesystem view" in line for line in worker["off"]), worker["off"]
     assert worker["exit"] == 0, worker["report"]
     _check_no_socket_reachable(json.loads(worker["report"]), on_the_host)
+
+
+def test_a_command_starts_with_no_signal_ignored(pg_queue: Queue) -> None:
+    # Python (PID 1) ignores SIGPIPE and SIGXFSZ; through exec a command would inherit that, and a
+    # shell pipeline would never see its reader go, nor a writer past RLIMIT_FSIZE be stopped.
+    job = enqueue(pg_queue, "codex", max_attempts=1, command=["/bin/grep", "SigIgn", "/proc/self/status"])
+    out = run_attempt(pg_queue, SETTINGS, default_registry(), job.id, 1)
+    assert out.job is not None and out.job.status == "completed", out.job
+    assert out.job.result["outputTail"].split() == ["SigIgn:", "0000000000000000"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,8 +26,14 @@ def config(**changes: Any) -> sandbox.SandboxConfig:
     return sandbox.SandboxConfig.from_settings(replace(SHARED, **changes))
 
 
-def plan_of(argv: list[str]) -> dict[str, object]:
-    return dict(json.loads(argv[argv.index(sandbox.INIT_SCRIPT) + 1]))
+def plan_of(argv: list[str]) -> dict[str, Any]:
+    plan, _ = sandbox_init.parse_plan(argv[argv.index(sandbox.INIT_SCRIPT) + 1 :])
+    return plan
+
+
+def inner_of(argv: list[str]) -> list[str]:
+    """What PID 1 runs: the words after its plan."""
+    return argv[argv.index("--", argv.index(sandbox.INIT_SCRIPT)) + 1 :]
 
 
 def test_the_init_imports_only_the_standard_library() -> None:
@@ -47,8 +52,7 @@ def test_a_root_worker_runs_the_command_as_its_attempts_user_in_every_namespace(
     argv = sandbox.build_argv(["make", "test"], config(), ROOT, ATTEMPT, SCRATCH)
     unshare = argv[argv.index("unshare") : argv.index(sys.executable)]
     assert unshare == ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--net", "--"]
-    inner = argv[argv.index(sandbox.INIT_SCRIPT) + 2 :]
-    assert inner == [
+    assert inner_of(argv) == [
         "setpriv",
         "--reuid=1879048200",
         "--regid=1879048200",
@@ -65,8 +69,14 @@ def test_a_root_worker_runs_the_command_as_its_attempts_user_in_every_namespace(
 def test_in_a_user_namespace_the_command_keeps_no_capability() -> None:
     argv = sandbox.build_argv(["true"], config(), USERNS, sandbox.Attempt(SCRATCH), SCRATCH)
     assert argv[argv.index("unshare") + 1 : argv.index("unshare") + 3] == ["--user", "--map-root-user"]
-    inner = argv[argv.index(sandbox.INIT_SCRIPT) + 2 :]
-    assert inner == ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--", "true"]
+    assert inner_of(argv) == [
+        "setpriv",
+        "--no-new-privs",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+        "true",
+    ]
     assert plan_of(argv)["view"] is not None
     assert plan_of(argv)["keyrings"] is None  # the worker's one user: nothing is handed on
 
@@ -144,3 +154,24 @@ def test_visible_paths_must_be_absolute_normalised_and_not_the_root() -> None:
     for bad in ("usr", "/usr/../etc", "/", "/usr/"):
         with pytest.raises(ValueError, match="RECEIPT_CODEX_VISIBLE_PATHS"):
             config(codex_visible_paths=bad)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        {"view": None, "keyrings": None, "cwd": "/tmp/receipt-codex-abc"},
+        {
+            "view": {"visible": ["/usr", "/a=b"], "keep": ["/tmp/x y", "/srv/ws"], "tmpfs_mb": 16},
+            "keyrings": [1879048200, 1879048201],
+            "cwd": "/srv/ws/--",
+        },
+    ],
+)
+def test_the_plan_travels_in_argv_words_and_comes_back_whole(plan: dict[str, Any]) -> None:
+    words = sandbox_init.plan_args(plan)
+    assert sandbox_init.parse_plan([*words, "--", "make", "--", "x"]) == (plan, ["make", "--", "x"])
+
+
+def test_an_unknown_plan_word_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown plan word"):
+        sandbox_init.parse_plan(["cwd=/", "mystery=1", "--", "true"])
