@@ -29,8 +29,12 @@ import _signal
 import ctypes
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+
+# For the annotations alone: importing typing would pull in re and functools on every command.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 # Syscalls glibc does not wrap, by machine. mount_setattr is 442 on every architecture.
 SYSCALLS: dict[str, dict[str, int]] = {
