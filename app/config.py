@@ -374,7 +374,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "RECEIPT_CODEX_UID_RANGE",
         "codex_uid_range",
-        "1879048192-1879113727",
+        "1879048192-1879052287",
         "`FIRST-LAST`: a root worker runs each attempt as a user id of this range that no other running "
         "attempt holds (no user, group or subordinate range of the host may lie in it); "
         "`none`: every command runs as `RECEIPT_CODEX_USER`.",
@@ -432,8 +432,8 @@ SETTINGS: tuple[Setting, ...] = (
         "RECEIPT_CODEX_MAX_PROCESSES",
         "codex_max_processes",
         "256",
-        "Process limit of a command's user (RLIMIT_NPROC): one command's with a user id per attempt, "
-        "shared by every running command with `RECEIPT_CODEX_UID_RANGE=none`.",
+        "Process limit of each command (RLIMIT_NPROC, counted per command: each runs in a user namespace "
+        "of its own). Not applied when the worker is not root.",
         _int,
     ),
     Setting(
@@ -582,7 +582,7 @@ class Settings:
     handler_modules: str = ""
     planner_module: str = "app.factory.planner"
     codex_output_tail_bytes: int = 4096
-    codex_uid_range: str = "1879048192-1879113727"
+    codex_uid_range: str = "1879048192-1879052287"
     codex_user: str = "nobody"
     codex_filesystem: str = "private"
     codex_visible_paths: str = "/usr,/bin,/sbin,/lib,/lib32,/lib64,/libx32,/etc,/opt,/sys"

@@ -6,12 +6,15 @@ When the worker is root, a command runs as::
       prlimit --cpu --as --nproc --fsize --nofile --
         unshare --pid --fork --kill-child --mount-proc --ipc [--net] --
           <python -I -S sandbox_init.py PLAN -->  # PID 1 of the namespaces, still root: builds the view
+            [a user namespace of its own]  # made by PID 1, mapping only the command's user
             setpriv --reuid --regid --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
               <argv>                       # the command, as a user id of its own
 
 - A user id of its own per running attempt, from ``RECEIPT_CODEX_UID_RANGE``
-  (``workers.sandbox_users``): concurrent commands share no files, process budget or keyrings.
-  ``none`` runs every command as ``RECEIPT_CODEX_USER`` instead.
+  (``workers.sandbox_users``): concurrent commands share no files or process budget.
+  ``none`` runs every command as ``RECEIPT_CODEX_USER`` instead. And a user namespace of its own
+  per command, mapping only that user: the kernel's keyrings are per user namespace, so a key a
+  command stores dies with it.
 - A private filesystem view (``workers.sandbox_init``): a read-only bind of each tree of
   ``RECEIPT_CODEX_VISIBLE_PATHS``, the attempt's scratch directory and the workspace root
   read-write at their own paths, private tmpfs at ``/tmp``, ``/var/tmp`` and ``/dev/shm``, a
@@ -110,8 +113,8 @@ class Host:
     root: bool
     user_namespaces: bool
     tools: bool  # setpriv, prlimit and unshare are installed
-    # mount_setattr(2) (Linux 5.12+) and a known syscall table (pivot_root, keyctl): what the
-    # filesystem view and the clearing of a reused user id's keyrings need.
+    # mount_setattr(2) (Linux 5.12+) and a known syscall number for pivot_root(2): what the
+    # filesystem view needs.
     views: bool = True
 
     @property
@@ -254,17 +257,15 @@ def protections_off(config: SandboxConfig, host: Host) -> list[str]:
     elif config.uid_range is None:
         off.append(
             f"a user id per attempt (RECEIPT_CODEX_UID_RANGE=none): every command runs as "
-            f"{config.user!r}, sharing its process budget and kernel keyrings with the others"
+            f"{config.user!r}, and commands running at once may open each other's files where both "
+            "can reach them (the workspace root) and see each other's kernel keys"
         )
-    if host.namespaces and not host.views:
-        needs = f"needs mount_setattr, Linux 5.12+, on {' or '.join(sandbox_init.SYSCALLS)}"
-        if config.filesystem == "private":
-            off.append(
-                f"private filesystem view ({needs}): a command reaches every unix socket and file "
-                "its user can, other commands' scratch directories included"
-            )
-        if host.root and config.uid_range is not None:
-            off.append(f"clearing the keyrings of a user id before its next attempt ({needs})")
+    if host.namespaces and config.filesystem == "private" and not host.views:
+        machines = " or ".join(sandbox_init.SYSCALLS)
+        off.append(
+            f"private filesystem view (needs mount_setattr, Linux 5.12+, on {machines}): a command "
+            "reaches every unix socket and file its user can, other commands' scratch directories included"
+        )
     if config.filesystem == "host":
         off.append("private filesystem view (RECEIPT_CODEX_FILESYSTEM=host)")
     if config.network == "host":
@@ -363,10 +364,12 @@ def init_plan(config: SandboxConfig, host: Host, attempt: Attempt, cwd: Path) ->
         if config.workspace_root:
             keep.append(str(Path(config.workspace_root).resolve()))
         view = {"visible": list(config.visible_paths), "keep": keep, "tmpfs_mb": config.tmpfs_mb}
-    # A user id passes from attempt to attempt with the range; RECEIPT_CODEX_USER is shared anyway.
-    reused = host.root and host.views and config.uid_range is not None
-    keyrings = [attempt.uid, attempt.gid] if reused else None
-    return {"view": view, "keyrings": keyrings, "cwd": str(cwd)}
+    # As root, the command gets a user namespace of its own (mapping only its user): its kernel
+    # keyrings die with it. Not root, the user namespace of unshare --user is its own already.
+    user = None
+    if host.root and attempt.uid is not None and attempt.gid is not None:
+        user = [attempt.uid, attempt.gid]
+    return {"view": view, "user": user, "cwd": str(cwd)}
 
 
 def build_argv(

@@ -10,10 +10,13 @@ readable in ``ps``; JSON would cost its parser's import, ~5 ms, on every command
    and ``/dev/shm``, and read-write binds of the paths to keep (the attempt's scratch directory,
    the workspace root) at their own paths. Then ``pivot_root`` and the old root is detached, so no
    path leads back to the host's tree.
-2. ``keyrings``: as the command's user, clear that user's keyrings. They outlive every process of
-   the user, and the user id is handed to later attempts.
-3. Fork the command (chdir to ``cwd``, exec ARGV), reap every orphan the kernel hands PID 1, and
-   exit with the command's status (128 + signal when it was killed). This exit ends the namespace.
+2. Fork the command (chdir to ``cwd``, exec ARGV). With ``user`` (a root worker), the command
+   first enters a user namespace of its own in which PID 1 maps root and that user id and group
+   id, and no other, to themselves: the kernel keeps a user's keyrings (and its persistent keyring) per user
+   namespace, so what one command stores there dies with it instead of waiting, under the same
+   user id, for a later attempt. ``setpriv`` in ARGV then switches to that user.
+3. Reap every orphan the kernel hands PID 1, and exit with the command's status (128 + signal when
+   it was killed). This exit ends the namespace.
 
 Everything fails closed: when a step of the view fails, the command never starts.
 
@@ -29,6 +32,7 @@ import _signal
 import ctypes
 import os
 import sys
+import warnings  # noqa: F401  os.execvp imports it lazily, when the root has moved and it cannot be found
 
 # For the annotations alone: importing typing would pull in re and functools on every command.
 TYPE_CHECKING = False
@@ -38,8 +42,8 @@ if TYPE_CHECKING:
 
 # Syscalls glibc does not wrap, by machine. mount_setattr is 442 on every architecture.
 SYSCALLS: dict[str, dict[str, int]] = {
-    "x86_64": {"pivot_root": 155, "keyctl": 250},
-    "aarch64": {"pivot_root": 41, "keyctl": 219},
+    "x86_64": {"pivot_root": 155},
+    "aarch64": {"pivot_root": 41},
 }
 MOUNT_SETATTR = 442
 
@@ -63,15 +67,12 @@ AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
 MOUNT_ATTR_NODEV = 0x4
-KEYCTL_GET_PERSISTENT = 22
-KEYCTL_CLEAR = 7
-KEY_SPEC_PROCESS_KEYRING = -2
-KEY_SPEC_USER_KEYRING = -4
-KEY_SPEC_USER_SESSION_KEYRING = -5
+CLONE_NEWUSER = 0x10000000
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
 _libc.syscall.restype = ctypes.c_long
 
 
@@ -208,36 +209,6 @@ def _build_dev(dev: str, devices: Sequence[tuple[str, str]], tmp_kb: int) -> Non
     _setattr(dev, MOUNT_ATTR_RDONLY, recursive=False)
 
 
-def clear_keyrings(uid: int, gid: int) -> None:
-    """Empty the kernel keyrings of ``uid``, as ``uid`` (a child process: PID 1 stays root).
-
-    A user's keyrings live as long as the kernel keeps the user, not its processes: without this,
-    a key an attempt stored would wait there for the next attempt that gets the same user id.
-    """
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
-                _syscall("keyctl", KEYCTL_CLEAR, ring)
-            try:
-                persistent = _syscall("keyctl", KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_PROCESS_KEYRING)
-            except OSError:
-                persistent = -1  # a kernel built without persistent keyrings has none to clear
-            if persistent > 0:
-                _syscall("keyctl", KEYCTL_CLEAR, persistent)
-        except OSError as exc:
-            print(f"{SETUP_PREFIX}cannot clear the keyrings of user {uid}: {exc}", file=sys.stderr)
-            code = 1
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise OSError(f"clearing the keyrings of user {uid} failed")
-
-
 def plan_args(plan: dict[str, Any]) -> list[str]:
     """PLAN as the words ``parse_plan`` reads (``workers.sandbox.init_plan`` makes the dict)."""
     words = [f"cwd={plan['cwd']}"]
@@ -246,16 +217,16 @@ def plan_args(plan: dict[str, Any]) -> list[str]:
         words.append(f"tmpfs_mb={int(view['tmpfs_mb'])}")
         words += [f"visible={path}" for path in view["visible"]]
         words += [f"keep={path}" for path in view["keep"]]
-    if plan.get("keyrings") is not None:
-        uid, gid = plan["keyrings"]
-        words.append(f"keyrings={int(uid)}:{int(gid)}")
+    if plan.get("user") is not None:
+        uid, gid = plan["user"]
+        words.append(f"user={int(uid)}:{int(gid)}")
     return words
 
 
 def parse_plan(args: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     """``PLAN -- ARGV`` back into the plan and the command's argv."""
     end = list(args).index("--")
-    plan: dict[str, Any] = {"view": None, "keyrings": None, "cwd": "/"}
+    plan: dict[str, Any] = {"view": None, "user": None, "cwd": "/"}
     view: dict[str, Any] = {"visible": [], "keep": [], "tmpfs_mb": 0}
     for word in args[:end]:
         key, _, value = word.partition("=")
@@ -266,37 +237,80 @@ def parse_plan(args: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
             plan["view"] = view
         elif key in ("visible", "keep"):
             view[key].append(value)
-        elif key == "keyrings":
+        elif key == "user":
             uid, gid = value.split(":")
-            plan["keyrings"] = [int(uid), int(gid)]
+            plan["user"] = [int(uid), int(gid)]
         else:
             raise ValueError(f"unknown plan word {word!r}")
     return plan, list(args[end + 1 :])
 
 
-def run(plan: dict[str, Any], argv: Sequence[str]) -> int:
-    try:
-        if plan.get("view") is not None:
-            build_view(plan["view"])
-        if plan.get("keyrings") is not None:
-            uid, gid = plan["keyrings"]
-            clear_keyrings(int(uid), int(gid))
-    except (OSError, KeyError, ValueError) as exc:
-        print(f"{SETUP_PREFIX}cannot set up the command's sandbox: {exc}", file=sys.stderr, flush=True)
-        return SETUP_FAILED
+def _map_user(pid: int, uid: int, gid: int) -> None:
+    """Map root and ``uid``/``gid`` to themselves, and nothing else, in ``pid``'s user namespace.
+
+    Root is mapped so that the child, still root, keeps its capabilities in the namespace through
+    ``exec``: ``setpriv`` needs them to switch to the command's user and drop every capability.
+    The command can never be root there again (``no_new_privs``, an empty bounding set).
+    """
+    for name, ident in (("uid_map", uid), ("gid_map", gid)):
+        with open(f"/proc/{pid}/{name}", "w") as f:
+            f.write(f"0 0 1\n{ident} {ident} 1\n")
+
+
+def _start(plan: dict[str, Any], argv: Sequence[str]) -> int:
+    """Fork the command: in a user namespace of its own when PLAN names its user; its pid."""
+    user = plan.get("user")
+    made_r, made_w = os.pipe()  # the child: "my user namespace exists"
+    mapped_r, mapped_w = os.pipe()  # PID 1: "its map is written"
     pid = os.fork()
     if pid == 0:
+        os.close(made_r)
+        os.close(mapped_w)
         # The dispositions Python changed at start (it ignores SIGPIPE and SIGXFSZ) would pass
         # through exec; the command starts with the defaults, as subprocess gives its children.
         for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGTERM):
             _signal.signal(sig, _signal.SIG_DFL)
+        code = 127
         try:
+            if user is not None:
+                code = SETUP_FAILED
+                _check(_libc.unshare(CLONE_NEWUSER), "unshare a user namespace")
+                os.write(made_w, b"+")
+                if os.read(mapped_r, 1) != b"+":
+                    raise OSError("PID 1 did not map the command's user namespace")
+                code = 127
             os.chdir(plan["cwd"])
             os.execvp(argv[0], list(argv))
         except OSError as exc:
             print(f"{SETUP_PREFIX}cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
         finally:
-            os._exit(127)
+            os._exit(code)
+    os.close(made_w)
+    os.close(mapped_r)
+    try:
+        if user is not None and os.read(made_r, 1) == b"+":
+            _map_user(pid, int(user[0]), int(user[1]))
+            os.write(mapped_w, b"+")
+    except OSError as exc:
+        print(f"{SETUP_PREFIX}cannot map the command's user namespace: {exc}", file=sys.stderr, flush=True)
+    finally:
+        os.close(made_r)
+        os.close(mapped_w)  # a child still waiting reads end-of-file and gives up
+    return pid
+
+
+def run(plan: dict[str, Any], argv: Sequence[str]) -> int:
+    if plan.get("view") is not None:
+        try:
+            build_view(plan["view"])
+        except (OSError, KeyError, ValueError) as exc:
+            print(
+                f"{SETUP_PREFIX}cannot build the command's filesystem view: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return SETUP_FAILED
+    pid = _start(plan, argv)
     while True:
         try:
             done, status = os.wait()

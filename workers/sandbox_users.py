@@ -1,17 +1,18 @@
 """Which user id a sandboxed attempt runs as when the worker is root: one of its own.
 
 With ``RECEIPT_CODEX_UID_RANGE`` set (it is by default), each running attempt holds a user id of
-the range that no other running attempt holds: the lowest one free, claimed by an exclusive
-``flock`` on ``/run/receipt/codex-uids/<uid>``. Every worker process of the host claims in the same
-folder, so the rule holds across processes, and the kernel drops a claim when its descriptor
-closes, also when the worker dies. A user of its own gives each command its own process budget
-(RLIMIT_NPROC counts per user), its own kernel keyrings, and files no other running command can
-open even where both could reach them.
+the range that no other running attempt holds, claimed by an exclusive ``flock`` on
+``/run/receipt/codex-uids/<uid>``, in turn round the range. Every worker process of the host
+claims in the same folder, so the rule holds across processes, and the kernel drops a claim when
+its descriptor closes, also when the worker dies. A user of its own gives each command its own process budget
+(RLIMIT_NPROC counts per user), files no other running command can open even where both could
+reach them, and processes no other command may signal.
 
 The range must be free: no user or group of the host's database, and no subordinate range of
 ``/etc/subuid`` or ``/etc/subgid``, may fall in it, or a command would own that user's files.
-The default, 1879048192-1879113727 (0x70000000 + 64 Ki), lies in the block systemd's
-"Users, Groups, UIDs and GIDs" document leaves unused, above the container ranges and below 2^31.
+The default, 1879048192-1879052287 (0x70000000 + 4 Ki: one lock file each at most, and far more
+than the commands a host runs at once), lies in the block systemd's "Users, Groups, UIDs and GIDs"
+document leaves unused, above the container ranges and below 2^31.
 """
 
 from __future__ import annotations
@@ -134,24 +135,50 @@ def _lock_dir(path: Path) -> Path:
     return path
 
 
+def _try_lock(folder: Path, uid: int) -> int | None:
+    fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
 @contextmanager
 def claim(uids: UidRange, lock_dir: Path = UID_LOCK_DIR) -> Iterator[int]:
-    """Hold the lowest free id of ``uids`` until the block ends.
+    """Hold a free id of ``uids`` until the block ends: the first free one after the last claimed.
 
-    Lowest first, so the ids in use stay few: whatever an id keeps between its attempts (its
-    keyrings, which the sandbox clears) stays bounded by how many commands run at once.
+    Round the range rather than lowest first: an id comes back only after every other free id has
+    had its turn, so whatever the kernel still holds of an attempt after it ends (keys waiting for
+    the key collector, a user namespace being freed) is long gone when its id is used again. The
+    cursor (``next-FIRST-LAST``) is read and moved under its own exclusive lock.
     """
     folder = _lock_dir(lock_dir)
-    for uid in range(uids.first, uids.last + 1):
-        fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    size = uids.last - uids.first + 1
+    # One cursor per range: deployments with ranges of their own on one host keep their turns apart.
+    where = folder / f"next-{uids.first}-{uids.last}"
+    cursor = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(cursor, fcntl.LOCK_EX)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        try:
-            yield uid
-        finally:
-            os.close(fd)  # drops the claim
-        return
-    raise NoFreeUid(f"every user id of {RANGE_SETTING} ({uids}) is held by a running attempt")
+            start = int(os.pread(cursor, 32, 0) or b"0")
+        except ValueError:
+            start = uids.first
+        if not uids.first <= start <= uids.last:
+            start = uids.first
+        for step in range(size):
+            uid = uids.first + (start - uids.first + step) % size
+            held = _try_lock(folder, uid)
+            if held is not None:
+                os.ftruncate(cursor, 0)
+                os.pwrite(cursor, str(uids.first + (uid - uids.first + 1) % size).encode(), 0)
+                break
+        else:
+            raise NoFreeUid(f"every user id of {RANGE_SETTING} ({uids}) is held by a running attempt")
+    finally:
+        os.close(cursor)  # drops the cursor's lock
+    try:
+        yield uid
+    finally:
+        os.close(held)  # drops the claim

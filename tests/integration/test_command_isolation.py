@@ -37,7 +37,7 @@ from sqlalchemy.engine import Engine
 
 from app.config import Settings
 from app.storage.queue import Queue
-from workers import sandbox, sandbox_users
+from workers import sandbox
 from workers.registry import default_registry
 from workers.runner import AttemptResult, run_attempt
 
@@ -363,31 +363,30 @@ print(json.dumps({"uid": os.getuid(), "serial": serial, "search": search(), "des
 """
 
 
-def test_a_user_id_is_held_by_one_attempt_and_its_keyrings_are_emptied_for_the_next() -> None:
-    # A range of one id of its own (other tests and helpers claim from the default range).
-    single = replace(SETTINGS, codex_uid_range="1879900000-1879900000")
-    config = sandbox.SandboxConfig.from_settings(single)
+def test_a_key_a_command_stores_dies_with_it_and_ids_come_round_in_turn() -> None:
+    # A range of two ids of its own (other tests and helpers claim from the default range).
+    pair = replace(SETTINGS, codex_uid_range="1879900000-1879900001")
+    config = sandbox.SandboxConfig.from_settings(pair)
     reports: list[dict[str, Any]] = []
-    for argv in (["store"], ["look"]):
+    for argv in (["store"], ["look"], ["look"]):
         if reports:
             argv.append(str(reports[0]["serial"]))
         with ExitStack() as stack:
             running = Running([PY, "-c", KEYS, *argv], config, HOST, stack)
-            assert running.attempt.uid == 1879900000
-            # While it runs, its id is taken: another attempt of the same range has none.
-            with pytest.raises(sandbox_users.NoFreeUid), sandbox.attempt(config, HOST):
-                pass
             assert running.proc.popen.wait(WAIT_S) == 0, running.seen
             running.proc.finish()
             reports.append(json.loads(running.lines.get(timeout=WAIT_S)))
-    stored, looked = reports
-    # The key was stored in the user's keyring, where its owner finds it...
-    assert stored["uid"] == 1879900000 and stored["serial"] > 0
-    assert stored["search"] == stored["serial"]
-    assert stored["describe"] == "user;1879900000;1879900000;3f010000;receipt-left-behind"
-    # ...and the next attempt with the same user id finds nothing, even by the key's number.
-    assert looked["uid"] == 1879900000
-    assert looked["search"] == looked["describe"] == os.strerror(errno.ENOKEY)
+    stored, other, same = reports
+    # The key is in the command's user keyring, where its owner finds it...
+    assert stored["serial"] > 0 and stored["search"] == stored["serial"]
+    assert stored["describe"] == f"user;{stored['uid']};{stored['uid']};3f010000;receipt-left-behind"
+    # ...the next attempt runs as the range's other id, which may not even look at the key...
+    assert other["uid"] != stored["uid"]
+    assert other["search"] == os.strerror(errno.ENOKEY)
+    assert other["describe"] in (os.strerror(errno.EACCES), os.strerror(errno.ENOKEY))
+    # ...and when the id comes round again, its keyring is a new one: the key died with its command.
+    assert same["uid"] == stored["uid"]
+    assert same["search"] == os.strerror(errno.ENOKEY)
 
 
 # -- sockets ---------------------------------------------------------------------------------------
@@ -688,3 +687,35 @@ def test_a_command_starts_with_no_signal_ignored(pg_queue: Queue) -> None:
     out = run_attempt(pg_queue, SETTINGS, default_registry(), job.id, 1)
     assert out.job is not None and out.job.status == "completed", out.job
     assert out.job.result["outputTail"].split() == ["SigIgn:", "0000000000000000"]
+
+
+HOG = r"""
+import os, sys, time
+kids, refused = 0, "no"
+try:
+    for _ in range(int(sys.argv[1])):
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        kids += 1
+except OSError as exc:
+    refused = type(exc).__name__
+print(kids, refused, flush=True)
+if sys.argv[2] == "hold":
+    time.sleep(60)  # holds its budget until the test ends the attempt
+"""
+
+
+def test_each_command_has_its_own_process_budget_even_as_the_same_user() -> None:
+    # One shared user (no range): the budget is still per command, as each has its own user namespace.
+    shared = replace(SETTINGS, codex_uid_range="none", codex_max_processes=24)
+    config = sandbox.SandboxConfig.from_settings(shared)
+    with ExitStack() as stack:
+        hog = Running([PY, "-c", HOG, "100", "hold"], config, HOST, stack)
+        kids, refused = hog.lines.get(timeout=WAIT_S).split()
+        assert (int(kids) < 24, refused) == (True, "BlockingIOError")  # it hit its own limit
+        # While the hog holds its whole budget, a neighbour running as the same user forks freely.
+        neighbour = Running([PY, "-c", HOG, "10", "go"], config, HOST, stack)
+        assert neighbour.proc.popen.wait(WAIT_S) == 0, neighbour.seen
+        assert neighbour.lines.get(timeout=WAIT_S).split() == ["10", "no"]
+        assert hog.proc.poll() is None

@@ -1,5 +1,5 @@
 """Claiming a user id per attempt (``workers.sandbox_users``): exclusive across threads and
-processes, lowest free first, released when the holder ends, refused in an unsafe folder."""
+processes, in turn round the range, released when the holder ends, refused in an unsafe folder."""
 
 from __future__ import annotations
 
@@ -29,15 +29,19 @@ with claim(UidRange(int(sys.argv[1]), int(sys.argv[2])), Path(sys.argv[3])) as u
 """
 
 
-def test_claims_go_lowest_first_never_twice_and_come_back_when_released(tmp_path: Path) -> None:
+def test_claims_go_round_the_range_never_twice_and_come_back_when_released(tmp_path: Path) -> None:
     locks = tmp_path / "uids"
+    one_by_one = []
+    for _ in range(4):
+        with sandbox_users.claim(RANGE, locks) as uid:
+            one_by_one.append(uid)
+    # Each released id waits for the others' turn before it comes back.
+    assert one_by_one == [1879950000, 1879950001, 1879950002, 1879950000]
     with ExitStack() as stack:
         held = [stack.enter_context(sandbox_users.claim(RANGE, locks)) for _ in range(3)]
-        assert held == [1879950000, 1879950001, 1879950002]
+        assert held == [1879950001, 1879950002, 1879950000]
         with pytest.raises(NoFreeUid, match="RECEIPT_CODEX_UID_RANGE"), sandbox_users.claim(RANGE, locks):
             pass
-    with sandbox_users.claim(RANGE, locks) as again:
-        assert again == 1879950000
     assert (os.stat(locks).st_mode & 0o777) == 0o700
 
 
@@ -70,8 +74,9 @@ def test_threads_claiming_at_once_each_get_their_own_id(tmp_path: Path) -> None:
 
 def test_another_process_holding_an_id_is_respected_until_it_dies(tmp_path: Path) -> None:
     locks = tmp_path / "uids"
+    pair = UidRange(RANGE.first, RANGE.first + 1)
     with subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(RANGE.first), str(RANGE.last), str(locks)],
+        [sys.executable, "-c", HOLD, str(pair.first), str(pair.last), str(locks)],
         cwd=REPO,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -79,13 +84,16 @@ def test_another_process_holding_an_id_is_respected_until_it_dies(tmp_path: Path
     ) as holder:
         try:
             assert holder.stdout is not None
-            assert holder.stdout.readline().strip() == str(RANGE.first)
-            with sandbox_users.claim(RANGE, locks) as uid:
-                assert uid == RANGE.first + 1
+            assert holder.stdout.readline().strip() == str(pair.first)
+            with sandbox_users.claim(pair, locks) as uid:
+                assert uid == pair.last
+            # The turn is the holder's id again, and it is still held: the other one comes.
+            with sandbox_users.claim(pair, locks) as uid:
+                assert uid == pair.last
             holder.kill()  # a worker killed outright: the kernel drops its claim with its descriptors
             holder.wait(10)
-            with sandbox_users.claim(RANGE, locks) as uid:
-                assert uid == RANGE.first
+            with sandbox_users.claim(pair, locks) as uid:
+                assert uid == pair.first
         finally:
             if holder.poll() is None:
                 holder.kill()

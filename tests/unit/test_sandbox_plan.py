@@ -78,7 +78,7 @@ def test_in_a_user_namespace_the_command_keeps_no_capability() -> None:
         "true",
     ]
     assert plan_of(argv)["view"] is not None
-    assert plan_of(argv)["keyrings"] is None  # the worker's one user: nothing is handed on
+    assert plan_of(argv)["user"] is None  # unshare --user made the command's user namespace already
 
 
 def test_without_namespaces_only_the_rlimits_wrap_the_command() -> None:
@@ -97,17 +97,16 @@ def test_the_plan_keeps_the_scratch_directory_and_the_workspace_and_shows_the_vi
     plan = sandbox.init_plan(cfg, ROOT, ATTEMPT, Path("/srv/ws/repo"))
     assert plan == {
         "view": {"visible": ["/usr", "/etc"], "keep": [str(SCRATCH), "/srv/ws"], "tmpfs_mb": 16},
-        "keyrings": None,  # RECEIPT_CODEX_UID_RANGE=none: one shared user, nothing handed on
+        "user": [1879048200, 1879048200],  # a user namespace of its own, mapping only this user
         "cwd": "/srv/ws/repo",
     }
-    ranged = replace(cfg, uid_range=UidRange(1879048192, 1879048299))
-    assert sandbox.init_plan(ranged, ROOT, ATTEMPT, SCRATCH)["keyrings"] == [1879048200, 1879048200]
     old_kernel = replace(ROOT, views=False)
-    assert sandbox.init_plan(ranged, old_kernel, ATTEMPT, SCRATCH) == {
+    assert sandbox.init_plan(cfg, old_kernel, ATTEMPT, SCRATCH) == {
         "view": None,
-        "keyrings": None,
+        "user": [1879048200, 1879048200],  # needs no syscall table: it stays
         "cwd": str(SCRATCH),
     }
+    assert sandbox.init_plan(cfg, USERNS, sandbox.Attempt(SCRATCH), SCRATCH)["user"] is None
     assert sandbox.init_plan(config(codex_filesystem="host"), ROOT, ATTEMPT, SCRATCH)["view"] is None
 
 
@@ -133,7 +132,7 @@ def test_what_is_visible_in_a_commands_view(path: str, seen: bool) -> None:
 @pytest.mark.parametrize(
     ("text", "parsed"),
     [
-        ("1879048192-1879113727", UidRange(1879048192, 1879113727)),
+        ("1879048192-1879052287", UidRange(1879048192, 1879052287)),
         (" 200000-200000 ", UidRange(200000, 200000)),
         ("none", None),
         ("NONE", None),
@@ -159,10 +158,10 @@ def test_visible_paths_must_be_absolute_normalised_and_not_the_root() -> None:
 @pytest.mark.parametrize(
     "plan",
     [
-        {"view": None, "keyrings": None, "cwd": "/tmp/receipt-codex-abc"},
+        {"view": None, "user": None, "cwd": "/tmp/receipt-codex-abc"},
         {
             "view": {"visible": ["/usr", "/a=b"], "keep": ["/tmp/x y", "/srv/ws"], "tmpfs_mb": 16},
-            "keyrings": [1879048200, 1879048201],
+            "user": [1879048200, 1879048201],
             "cwd": "/srv/ws/--",
         },
     ],
