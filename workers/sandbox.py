@@ -134,11 +134,12 @@ def _has_mount_setattr() -> bool:
 
 @lru_cache(maxsize=1)
 def detect_host() -> Host:
-    """Probe the host: root, util-linux tools, whether an unprivileged user namespace works."""
+    """Probe the host: root, util-linux tools, whether this process may make a user namespace."""
     tools = all(shutil.which(t) for t in ("setpriv", "prlimit", "unshare"))
     root = os.geteuid() == 0
     userns = False
-    if tools and not root:
+    if tools:
+        # Root too: a host may forbid user namespaces to everyone (user.max_user_namespaces=0).
         try:
             probe = subprocess.run(
                 ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "true"],
@@ -254,7 +255,12 @@ def protections_off(config: SandboxConfig, host: Host) -> list[str]:
                 "private filesystem view (the kernel refuses unprivileged user namespaces): a command "
                 "reaches every file and unix socket the worker's user can, other commands' included"
             )
-    elif config.uid_range is None:
+    elif not host.user_namespaces:
+        off.append(
+            "a user namespace per command (this host refuses user namespaces): kernel keys a command "
+            "stores outlive it under its user id, and commands running as one user share its process budget"
+        )
+    if host.root and config.uid_range is None:
         off.append(
             f"a user id per attempt (RECEIPT_CODEX_UID_RANGE=none): every command runs as "
             f"{config.user!r}, and commands running at once may open each other's files where both "
@@ -367,7 +373,7 @@ def init_plan(config: SandboxConfig, host: Host, attempt: Attempt, cwd: Path) ->
     # As root, the command gets a user namespace of its own (mapping only its user): its kernel
     # keyrings die with it. Not root, the user namespace of unshare --user is its own already.
     user = None
-    if host.root and attempt.uid is not None and attempt.gid is not None:
+    if host.root and host.user_namespaces and attempt.uid is not None and attempt.gid is not None:
         user = [attempt.uid, attempt.gid]
     return {"view": view, "user": user, "cwd": str(cwd)}
 

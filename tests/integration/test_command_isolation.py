@@ -59,6 +59,11 @@ SETTINGS = Settings.from_env(
 )
 # A user namespace instead of the root path: what a worker that is not root gets.
 USERNS = sandbox.Host(root=False, user_namespaces=True, tools=True)
+# Root on a host that forbids user namespaces (user.max_user_namespaces=0): no namespace per command.
+ROOT_ALONE = replace(HOST, user_namespaces=False)
+MODES = pytest.mark.parametrize(
+    "host", [HOST, USERNS, ROOT_ALONE], ids=["root", "user-namespace", "root-without-user-namespaces"]
+)
 WALK_S = 90.0
 WAIT_S = 60.0
 
@@ -416,7 +421,7 @@ def _check_no_socket_reachable(report: dict[str, Any], on_the_host: list[str]) -
     assert not {"root", "home", "work", "srv", "mnt", "media"} & set(report["top"]), report["top"]
 
 
-@pytest.mark.parametrize("host", [HOST, USERNS], ids=["root", "user-namespace"])
+@MODES
 def test_no_unix_socket_anywhere_in_a_commands_filesystem_answers(
     host: sandbox.Host, on_the_host: list[str]
 ) -> None:
@@ -573,7 +578,7 @@ print(json.dumps(report))
 """
 
 
-@pytest.mark.parametrize("host", [HOST, USERNS], ids=["root", "user-namespace"])
+@MODES
 def test_a_command_cannot_unmount_or_remount_its_view(host: sandbox.Host) -> None:
     config = sandbox.SandboxConfig.from_settings(SETTINGS)
     with ExitStack() as stack:

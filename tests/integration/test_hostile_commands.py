@@ -322,7 +322,7 @@ def test_a_sigkilled_worker_takes_its_command_with_it(queue: Queue, sqlite_datab
 
 def test_protections_off_names_what_a_host_cannot_give() -> None:
     config = sandbox.SandboxConfig.from_settings(BASE)
-    assert sandbox.protections_off(config, sandbox.Host(root=True, user_namespaces=False, tools=True)) == []
+    assert sandbox.protections_off(config, sandbox.Host(root=True, user_namespaces=True, tools=True)) == []
     laptop = sandbox.protections_off(config, sandbox.Host(root=False, user_namespaces=False, tools=True))
     assert any("PID namespace" in line for line in laptop)
     assert any("network namespace" in line for line in laptop)
@@ -332,7 +332,7 @@ def test_protections_off_names_what_a_host_cannot_give() -> None:
     assert not any("PID namespace" in line for line in with_userns)
     assert not any("filesystem view" in line for line in with_userns)
     assert "a user id per attempt (needs a root worker)" in with_userns
-    root = sandbox.Host(root=True, user_namespaces=False, tools=True)
+    root = sandbox.Host(root=True, user_namespaces=True, tools=True)
     host_net = sandbox.SandboxConfig.from_settings(replace(BASE, codex_network="host"))
     assert sandbox.protections_off(host_net, root) == ["network namespace (RECEIPT_CODEX_NETWORK=host)"]
     host_fs = sandbox.SandboxConfig.from_settings(replace(BASE, codex_filesystem="host"))
@@ -343,7 +343,11 @@ def test_protections_off_names_what_a_host_cannot_give() -> None:
     assert [line.split(":")[0] for line in sandbox.protections_off(shared, root)] == [
         "a user id per attempt (RECEIPT_CODEX_UID_RANGE=none)"
     ]
-    old_kernel = sandbox.Host(root=True, user_namespaces=False, tools=True, views=False)
+    no_userns = sandbox.Host(root=True, user_namespaces=False, tools=True)
+    assert [line.split(":")[0] for line in sandbox.protections_off(config, no_userns)] == [
+        "a user namespace per command (this host refuses user namespaces)"
+    ]
+    old_kernel = sandbox.Host(root=True, user_namespaces=True, tools=True, views=False)
     assert [line.split(":")[0] for line in sandbox.protections_off(config, old_kernel)] == [
         "private filesystem view (needs mount_setattr, Linux 5.12+, on x86_64 or aarch64)"
     ]

@@ -15,7 +15,7 @@ from workers import sandbox, sandbox_init
 from workers.sandbox_users import UidRange
 
 SHARED = Settings(codex_uid_range="none")  # no range: nothing reads the host's user database
-ROOT = sandbox.Host(root=True, user_namespaces=False, tools=True)
+ROOT = sandbox.Host(root=True, user_namespaces=True, tools=True)
 USERNS = sandbox.Host(root=False, user_namespaces=True, tools=True)
 BARE = sandbox.Host(root=False, user_namespaces=False, tools=True)
 SCRATCH = Path("/tmp/receipt-codex-abc")
@@ -107,6 +107,8 @@ def test_the_plan_keeps_the_scratch_directory_and_the_workspace_and_shows_the_vi
         "cwd": str(SCRATCH),
     }
     assert sandbox.init_plan(cfg, USERNS, sandbox.Attempt(SCRATCH), SCRATCH)["user"] is None
+    refused = replace(ROOT, user_namespaces=False)  # user.max_user_namespaces=0: setpriv alone
+    assert sandbox.init_plan(cfg, refused, ATTEMPT, SCRATCH)["user"] is None
     assert sandbox.init_plan(config(codex_filesystem="host"), ROOT, ATTEMPT, SCRATCH)["view"] is None
 
 
