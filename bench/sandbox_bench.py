@@ -7,11 +7,12 @@ handler starts it (``workers.sandbox.attempt``, ``start``, then ``finish``), bes
 ``subprocess.run``, for each layer of the sandbox alone and all together, and which protections
 this host gives. Run it alone on a quiet machine. Figures only; no assertion.
 
-- ``namespaces``: rlimits, PID/IPC/network namespaces, one shared user (the view off, no range);
-- ``+ uid``: a user id claimed per attempt (``RECEIPT_CODEX_UID_RANGE``) and its keyrings cleared;
-- ``+ view``: the private filesystem view (``RECEIPT_CODEX_FILESYSTEM=private``);
-- ``full``: both, the default;
-- ``userns``: the default as a worker that is not root gets it (a user namespace), if possible.
+- ``namespaces``: rlimits, PID/IPC/network namespaces, one shared user: the sandbox as it was
+  before the view (no view, no uid range, no user namespace per command);
+- ``+ uid``: a user id claimed per attempt (``RECEIPT_CODEX_UID_RANGE``);
+- ``+ userns``: and a user namespace of its own per command;
+- ``full``: and the private filesystem view (``RECEIPT_CODEX_FILESYSTEM=private``): the default;
+- ``not root``: the default as a worker that is not root gets it (``unshare --user``).
 """
 
 from __future__ import annotations
@@ -31,13 +32,16 @@ from app.config import Settings
 from workers import sandbox
 
 
-def _time(fn: Callable[[], None], runs: int) -> list[float]:
-    fn()  # warm: page cache, the claims folder
-    out = []
+def _time(fns: dict[str, Callable[[], None]], runs: int) -> dict[str, list[float]]:
+    """Each function ``runs`` times, taking turns, so a drift in the machine's load hits all alike."""
+    for fn in fns.values():
+        fn()  # warm: page cache, the claims folder
+    out: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - start) * 1000)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            out[name].append((time.perf_counter() - start) * 1000)
     return out
 
 
@@ -86,25 +90,20 @@ def main() -> None:
     def plain() -> None:
         subprocess.run(["/bin/true"], check=True)
 
+    no_userns = replace(host, user_namespaces=False)
     layers = {
-        "namespaces": replace(default, codex_filesystem="host", codex_uid_range="none"),
-        "+ uid": replace(default, codex_filesystem="host"),
-        "+ view": replace(default, codex_uid_range="none"),
-        "full": default,
+        "namespaces": (replace(default, codex_filesystem="host", codex_uid_range="none"), no_userns),
+        "+ uid": (replace(default, codex_filesystem="host"), no_userns),
+        "+ userns": (replace(default, codex_filesystem="host"), host),
+        "full": (default, host),
     }
-    _report("plain", _time(plain, args.runs), None)
-    base = None
-    for name, settings in layers.items():
-        median = _report(name, _time(_sandboxed(settings, host), args.runs), base)
-        base = median if base is None else base
+    fns = {"plain": plain} | {name: _sandboxed(st, h) for name, (st, h) in layers.items()}
     if host.tools:
-        userns = sandbox.Host(root=False, user_namespaces=True, tools=True, views=host.views)
-        try:
-            samples = _time(_sandboxed(default, userns), args.runs)
-        except (AssertionError, OSError) as exc:
-            print(f"userns       unavailable here ({exc})")
-        else:
-            _report("userns", samples, base)
+        fns["not root"] = _sandboxed(default, sandbox.Host(root=False, user_namespaces=True, tools=True))
+    samples = _time(fns, args.runs)
+    base = statistics.median(samples["namespaces"])
+    for name, taken in samples.items():
+        _report(name, taken, None if name in ("plain", "namespaces") else base)
 
 
 if __name__ == "__main__":
