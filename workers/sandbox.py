@@ -349,17 +349,17 @@ def attempt(config: SandboxConfig, host: Host) -> Iterator[Attempt]:
 
 
 def visible(path: Path, config: SandboxConfig, host: Host, attempt: Attempt) -> bool:
-    """Whether ``path`` exists in the command's filesystem view (always, without a view)."""
+    """Whether ``path`` leads to a file inside the command's view (always true without a view).
+
+    Both sides resolved: a symlink in a visible tree that points out of the view dangles inside it.
+    """
     if not has_view(config, host):
         return True
     roots = [*config.visible_paths, str(attempt.scratch)]
     if config.workspace_root:
         roots.append(config.workspace_root)
-    for candidate in {str(path), str(path.resolve())}:
-        for root in roots:
-            if candidate == root or candidate.startswith(root.rstrip("/") + "/"):
-                return True
-    return False
+    target = path.resolve()
+    return any(target == root or root in target.parents for root in (Path(r).resolve() for r in roots))
 
 
 def init_plan(config: SandboxConfig, host: Host, attempt: Attempt, cwd: Path) -> dict[str, Any]:

@@ -131,6 +131,19 @@ def test_what_is_visible_in_a_commands_view(path: str, seen: bool) -> None:
     assert sandbox.visible(Path(path), replace(cfg, filesystem="host"), ROOT, ATTEMPT) is True
 
 
+def test_a_symlink_out_of_a_visible_tree_is_not_visible(tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / "tool").write_text("")
+    (tools / "inside").write_text("")
+    (tools / "out").symlink_to(tmp_path / "hidden" / "tool")
+    (tools / "in").symlink_to(tools / "inside")
+    cfg = config(codex_visible_paths=str(tools))
+    assert sandbox.visible(tools / "in", cfg, ROOT, ATTEMPT) is True
+    assert sandbox.visible(tools / "out", cfg, ROOT, ATTEMPT) is False
+
+
 @pytest.mark.parametrize(
     ("text", "parsed"),
     [
