@@ -431,10 +431,36 @@ class Settings:
         _int,
     )
     # -- security: the command sandbox, and bounds per tenant. See docs/security.md.
+    codex_uid_range: str = setting(
+        "RECEIPT_CODEX_UID_RANGE",
+        "1879048192-1879052287",
+        "`FIRST-LAST`: a root worker runs each attempt as a user id of this range that no other running "
+        "attempt holds (no user, group or subordinate range of the host may lie in it); "
+        "`none`: every command runs as `RECEIPT_CODEX_USER`.",
+    )
     codex_user: str = setting(
         "RECEIPT_CODEX_USER",
         "nobody",
-        "User a command runs as when the worker is root (never root itself).",
+        "User every command runs as when the worker is root and `RECEIPT_CODEX_UID_RANGE=none` "
+        "(never root itself).",
+    )
+    codex_filesystem: str = setting(
+        "RECEIPT_CODEX_FILESYSTEM",
+        "private",
+        "`private`: each command sees only `RECEIPT_CODEX_VISIBLE_PATHS` (read-only), its scratch "
+        "directory, the workspace root and a private `/tmp`; `host`: the host's whole filesystem.",
+    )
+    codex_visible_paths: str = setting(
+        "RECEIPT_CODEX_VISIBLE_PATHS",
+        "/usr,/bin,/sbin,/lib,/lib32,/lib64,/libx32,/etc,/opt,/sys",
+        "Comma-separated host trees a command sees read-only in its private view. A unix socket inside "
+        "one stays reachable (read-only does not stop `connect`): list no tree that holds one.",
+    )
+    codex_tmpfs_mb: int = setting(
+        "RECEIPT_CODEX_TMPFS_MB",
+        "64",
+        "Size of each private in-memory folder of a command's view (`/tmp`, `/var/tmp`, `/dev/shm`), in MiB.",
+        _int,
     )
     codex_network: str = setting(
         "RECEIPT_CODEX_NETWORK",
@@ -457,7 +483,8 @@ class Settings:
     codex_max_processes: int = setting(
         "RECEIPT_CODEX_MAX_PROCESSES",
         "256",
-        "Process limit of the sandbox user (RLIMIT_NPROC; shared by commands running at once as that user).",
+        "Process limit of each command (RLIMIT_NPROC, counted per command: each runs in a user namespace "
+        "of its own). Not applied when the worker is not root.",
         _int,
     )
     codex_max_file_mb: int = setting(

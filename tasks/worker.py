@@ -48,7 +48,7 @@ def worker_argv(settings: Settings, raw_role: str | None) -> list[str]:
 
 
 def log_sandbox_protections(settings: Settings) -> list[str]:
-    """Issue 8: a codex worker says once, at start, which command protections this host lacks."""
+    """A codex worker says once, at start, which command protections this host lacks."""
     try:
         config = sandbox.SandboxConfig.from_settings(settings)
     except ValueError as exc:
@@ -58,7 +58,11 @@ def log_sandbox_protections(settings: Settings) -> list[str]:
     if off:
         log.warning("codex sandbox: these protections are OFF on this host: %s", "; ".join(off))
     else:
-        log.info("codex sandbox: every protection is on (user %s, PID and network namespaces)", config.user)
+        log.info(
+            "codex sandbox: every protection is on (a user id per attempt from %s, a private "
+            "filesystem view, PID, IPC and network namespaces)",
+            config.uid_range,
+        )
     return off
 
 

@@ -1,32 +1,44 @@
-"""The sandbox every codex command runs in (issue 8, "A sandbox for commands").
+"""The sandbox every codex command runs in.
 
 When the worker is root, a command runs as::
 
     setpriv --pdeathsig KILL --            # a SIGKILLed worker takes the whole tree with it
       prlimit --cpu --as --nproc --fsize --nofile --
-        unshare --pid --fork --kill-child --mount-proc [--net] --
-          <python -I -S -c INIT>           # PID 1 of the new namespace, still root
+        unshare --pid --fork --kill-child --mount-proc --ipc [--net] --
+          <python -I -S sandbox_init.py PLAN -->  # PID 1 of the namespaces, still root: builds the view
+            [a user namespace of its own]  # made by PID 1, mapping only the command's user
             setpriv --reuid --regid --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
-              <argv>                       # the command, as RECEIPT_CODEX_USER
+              <argv>                       # the command, as a user id of its own
 
+- A user id of its own per running attempt, from ``RECEIPT_CODEX_UID_RANGE``
+  (``workers.sandbox_users``): concurrent commands share no files or process budget.
+  ``none`` runs every command as ``RECEIPT_CODEX_USER`` instead. And a user namespace of its own
+  per command, mapping only that user: the kernel's keyrings are per user namespace, so a key a
+  command stores dies with it.
+- A private filesystem view (``workers.sandbox_init``): a read-only bind of each tree of
+  ``RECEIPT_CODEX_VISIBLE_PATHS``, the attempt's scratch directory and the workspace root
+  read-write at their own paths, private tmpfs at ``/tmp``, ``/var/tmp`` and ``/dev/shm``, a
+  minimal ``/dev``, the namespace's ``/proc``. Nothing else of the host exists in it: not other
+  commands' scratch directories, not a socket under ``/run`` or ``/tmp``, not ``/home``.
+  Hidden rather than read-only, because read-only does not stop ``connect()`` on a socket file.
 - A new PID namespace: the command sees only its own processes (``/proc`` is remounted), so the
   worker's ``/proc/<pid>/environ`` is out of reach; and when PID 1 ends, the kernel kills every
   process left in the namespace, whatever it did with ``setsid`` or double forks.
-- PID 1 is a tiny init (``INIT`` below) that stays root, so the parent-death signal
-  ``unshare --kill-child`` gives it survives the command's change of user (a credential change
-  clears a process's own parent-death signal).
-- A new network namespace (no interface up) unless ``RECEIPT_CODEX_NETWORK=host``.
-- rlimits through ``prlimit``, inherited by everything below it. RLIMIT_NPROC counts every process
-  of the *user*, so commands running at once as the same user share one budget.
+- PID 1 stays root, so the parent-death signal ``unshare --kill-child`` gives it survives the
+  command's change of user (a credential change clears a process's own parent-death signal).
+- A new IPC namespace (System V objects and POSIX message queues are per command), and a new
+  network namespace with no interface up unless ``RECEIPT_CODEX_NETWORK=host``; the network
+  namespace also separates abstract unix sockets.
+- rlimits through ``prlimit``, inherited by everything below it.
 - Util-linux binaries rather than ``preexec_fn``: the worker is multi-threaded (Celery's thread
   pool), where running Python between fork and exec can deadlock. Python 3.11 has no
-  ``os.unshare`` either.
+  ``os.unshare`` either. The mounts are made by PID 1, a process of its own, single-threaded.
 
 Not root: a user namespace stands in for the user switch when the kernel allows it (detected,
-not assumed), with the same PID and network namespaces; without one, only rlimits (minus the
-process count, which would count every process of the worker's own user), a new session and
-the parent-death signal remain. ``protections_off`` says which, and the codex worker logs it once
-at start.
+not assumed), with the same PID, IPC, network namespaces and filesystem view, the command keeping
+no capability; without one, only rlimits (minus the process count, which would count every
+process of the worker's own user), a new session and the parent-death signal remain.
+``protections_off`` says which, and the codex worker logs it once at start.
 
 Every attempt ends by killing what is left of the tree, not only on abort or timeout, and its
 scratch directory is removed.
@@ -34,8 +46,10 @@ scratch directory is removed.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import posixpath
 import pwd
 import shutil
 import signal
@@ -44,42 +58,26 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from app.config import Settings
+from workers import sandbox_init, sandbox_users
+from workers.sandbox_users import UidRange
 
 log = logging.getLogger("receipt.sandbox")
 
 NETWORK_MODES = ("none", "host")
+FILESYSTEM_MODES = ("private", "host")
 # The PATH of a command that runs as another user: system folders only.
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KILL_GRACE_S = 2.0
 # How long the end of an attempt waits for the namespace's last process to disappear.
 REAP_TIMEOUT_S = 10.0
-
-# PID 1 of the command's namespace: start the command, reap every orphan the kernel hands it,
-# exit with the command's status (128 + signal when it was killed). Its own exit ends the namespace.
-INIT = """
-import os, signal, sys
-pid = os.fork()
-if pid == 0:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        os.execvp(sys.argv[1], sys.argv[1:])
-    finally:
-        os._exit(127)
-while True:
-    try:
-        done, status = os.wait()
-    except ChildProcessError:
-        sys.exit(0)
-    if done == pid:
-        code = os.waitstatus_to_exitcode(status)
-        sys.exit(code if code >= 0 else 128 - code)
-"""
+INIT_SCRIPT = str(Path(sandbox_init.__file__).resolve())
 
 
 class SandboxRefused(Exception):
@@ -115,19 +113,33 @@ class Host:
     root: bool
     user_namespaces: bool
     tools: bool  # setpriv, prlimit and unshare are installed
+    # mount_setattr(2) (Linux 5.12+) and a known syscall number for pivot_root(2): what the
+    # filesystem view needs.
+    views: bool = True
 
     @property
     def namespaces(self) -> bool:
         return self.tools and (self.root or self.user_namespaces)
 
 
+def _has_mount_setattr() -> bool:
+    if os.uname().machine not in sandbox_init.SYSCALLS:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    # Invalid on purpose (no descriptor): a kernel that has the call answers EBADF, one without ENOSYS.
+    libc.syscall(sandbox_init.MOUNT_SETATTR, -1, b"", 0, None, 0)
+    return ctypes.get_errno() != 38  # ENOSYS
+
+
 @lru_cache(maxsize=1)
 def detect_host() -> Host:
-    """Probe the host: root, util-linux tools, and whether an unprivileged user namespace works."""
+    """Probe the host: root, util-linux tools, whether this process may make a user namespace."""
     tools = all(shutil.which(t) for t in ("setpriv", "prlimit", "unshare"))
     root = os.geteuid() == 0
     userns = False
-    if tools and not root:
+    if tools:
+        # Root too: a host may forbid user namespaces to everyone (user.max_user_namespaces=0).
         try:
             probe = subprocess.run(
                 ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "true"],
@@ -138,7 +150,22 @@ def detect_host() -> Host:
             userns = probe.returncode == 0
         except (OSError, subprocess.SubprocessError):
             userns = False
-    return Host(root=root, user_namespaces=userns, tools=tools)
+    return Host(root=root, user_namespaces=userns, tools=tools, views=_has_mount_setattr())
+
+
+def _visible_paths(text: str) -> tuple[str, ...]:
+    paths = []
+    for raw in text.split(","):
+        path = raw.strip()
+        if not path:
+            continue
+        if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
+            raise ValueError(
+                "RECEIPT_CODEX_VISIBLE_PATHS must list absolute, normalised paths other than /, "
+                f"separated by commas; not {path!r}"
+            )
+        paths.append(path)
+    return tuple(dict.fromkeys(paths))
 
 
 @dataclass(frozen=True)
@@ -150,6 +177,10 @@ class SandboxConfig:
     workspace_root: str | None
     scratch_root: str | None
     limits: Limits
+    filesystem: str = "private"
+    visible_paths: tuple[str, ...] = ()
+    tmpfs_mb: int = 64
+    uid_range: UidRange | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SandboxConfig:
@@ -158,19 +189,31 @@ class SandboxConfig:
             raise ValueError(
                 f"RECEIPT_CODEX_NETWORK must be one of {', '.join(NETWORK_MODES)}, not {network!r}"
             )
+        filesystem = settings.codex_filesystem.strip().lower()
+        if filesystem not in FILESYSTEM_MODES:
+            raise ValueError(
+                f"RECEIPT_CODEX_FILESYSTEM must be one of {', '.join(FILESYSTEM_MODES)}, not {filesystem!r}"
+            )
         for env, value in (
             ("RECEIPT_CODEX_CPU_SECONDS", settings.codex_cpu_seconds),
             ("RECEIPT_CODEX_MEMORY_MB", settings.codex_memory_mb),
             ("RECEIPT_CODEX_MAX_PROCESSES", settings.codex_max_processes),
             ("RECEIPT_CODEX_MAX_FILE_MB", settings.codex_max_file_mb),
             ("RECEIPT_CODEX_MAX_OPEN_FILES", settings.codex_max_open_files),
+            ("RECEIPT_CODEX_TMPFS_MB", settings.codex_tmpfs_mb),
         ):
             if value <= 0:
                 raise ValueError(f"{env} must be a positive whole number, not {value}")
+        workspace_root = settings.codex_workspace_root or None
+        if workspace_root is not None and Path(workspace_root).resolve() == Path("/"):
+            raise ValueError("RECEIPT_CODEX_WORKSPACE_ROOT must not be /: a command would see the whole host")
+        uid_range = UidRange.parse(settings.codex_uid_range)
+        if uid_range is not None:
+            sandbox_users.check_free(uid_range)
         return cls(
             user=settings.codex_user,
             network=network,
-            workspace_root=settings.codex_workspace_root or None,
+            workspace_root=workspace_root,
             scratch_root=settings.codex_scratch_root or None,
             limits=Limits(
                 cpu_seconds=settings.codex_cpu_seconds,
@@ -179,7 +222,16 @@ class SandboxConfig:
                 max_file_mb=settings.codex_max_file_mb,
                 max_open_files=settings.codex_max_open_files,
             ),
+            filesystem=filesystem,
+            visible_paths=_visible_paths(settings.codex_visible_paths),
+            tmpfs_mb=settings.codex_tmpfs_mb,
+            uid_range=uid_range,
         )
+
+
+def has_view(config: SandboxConfig, host: Host) -> bool:
+    """Whether commands get the private filesystem view on this host with these settings."""
+    return config.filesystem == "private" and host.namespaces and host.views
 
 
 def protections_off(config: SandboxConfig, host: Host) -> list[str]:
@@ -191,11 +243,37 @@ def protections_off(config: SandboxConfig, host: Host) -> list[str]:
         off.append(
             f"running as user {config.user!r} (the worker is not root: commands run as the worker's user)"
         )
+        off.append("a user id per attempt (needs a root worker)")
         off.append("process-count limit (RLIMIT_NPROC would count every process of the worker's user)")
         if not host.user_namespaces:
             off.append("PID namespace (a command's setsid/double-forked processes are only killed by group)")
             off.append("private /proc (a command can read /proc of the worker's other processes)")
-            off.append("network namespace (the kernel refuses unprivileged user namespaces)")
+            off.append(
+                "network namespace and IPC namespace (the kernel refuses unprivileged user namespaces)"
+            )
+            off.append(
+                "private filesystem view (the kernel refuses unprivileged user namespaces): a command "
+                "reaches every file and unix socket the worker's user can, other commands' included"
+            )
+    elif not host.user_namespaces:
+        off.append(
+            "a user namespace per command (this host refuses user namespaces): kernel keys a command "
+            "stores outlive it under its user id, and commands running as one user share its process budget"
+        )
+    if host.root and config.uid_range is None:
+        off.append(
+            f"a user id per attempt (RECEIPT_CODEX_UID_RANGE=none): every command runs as "
+            f"{config.user!r}, and commands running at once may open each other's files where both "
+            "can reach them (the workspace root) and see each other's kernel keys"
+        )
+    if host.namespaces and config.filesystem == "private" and not host.views:
+        machines = " or ".join(sandbox_init.SYSCALLS)
+        off.append(
+            f"private filesystem view (needs mount_setattr, Linux 5.12+, on {machines}): a command "
+            "reaches every unix socket and file its user can, other commands' scratch directories included"
+        )
+    if config.filesystem == "host":
+        off.append("private filesystem view (RECEIPT_CODEX_FILESYSTEM=host)")
     if config.network == "host":
         off.append("network namespace (RECEIPT_CODEX_NETWORK=host)")
     return off
@@ -224,7 +302,7 @@ def resolve_cwd(cwd: str | None, scratch: Path, workspace_root: str | None) -> P
     return resolved
 
 
-def _sandbox_ids(user: str) -> tuple[int, int]:
+def _named_user_ids(user: str) -> tuple[int, int]:
     try:
         entry = pwd.getpwnam(user)
     except KeyError:
@@ -234,20 +312,75 @@ def _sandbox_ids(user: str) -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt runs with: a fresh scratch directory and, under a root worker, its user."""
+
+    scratch: Path
+    uid: int | None = None  # None: the worker's own user (not root)
+    gid: int | None = None
+
+
 @contextmanager
-def scratch_directory(config: SandboxConfig, host: Host) -> Iterator[Path]:
-    """A fresh directory for one attempt, owned by the sandbox user, removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="receipt-codex-", dir=config.scratch_root))
-    try:
+def attempt(config: SandboxConfig, host: Host) -> Iterator[Attempt]:
+    """Claim the attempt's user and make its scratch directory; both are released afterwards.
+
+    Raises ``sandbox_users.NoFreeUid`` when every id of the range is in use (worth a retry later).
+    """
+    with ExitStack() as stack:
+        uid = gid = None
         if host.root and host.tools:
-            uid, gid = _sandbox_ids(config.user)
+            if config.uid_range is not None:
+                uid = gid = stack.enter_context(sandbox_users.claim(config.uid_range))
+            else:
+                uid, gid = _named_user_ids(config.user)
+        if has_view(config, host) and config.workspace_root and not Path(config.workspace_root).is_dir():
+            raise SandboxRefused(
+                f"RECEIPT_CODEX_WORKSPACE_ROOT {config.workspace_root!r} is not a directory on this host"
+            )
+        # Resolved: the view puts it at this path, and HOME and TMPDIR name it.
+        path = Path(tempfile.mkdtemp(prefix="receipt-codex-", dir=config.scratch_root)).resolve()
+        # Registered before the chown: the directory goes, whatever happens next. It goes before
+        # the user id is released (callbacks run last in, first out).
+        stack.callback(shutil.rmtree, path, ignore_errors=True)
+        if uid is not None and gid is not None:
             os.chown(path, uid, gid)
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+        yield Attempt(path, uid, gid)
 
 
-def build_argv(argv: Sequence[str], config: SandboxConfig, host: Host) -> list[str]:
+def visible(path: Path, config: SandboxConfig, host: Host, attempt: Attempt) -> bool:
+    """Whether ``path`` leads to a file inside the command's view (always true without a view).
+
+    Both sides resolved: a symlink in a visible tree that points out of the view dangles inside it.
+    """
+    if not has_view(config, host):
+        return True
+    roots = [*config.visible_paths, str(attempt.scratch)]
+    if config.workspace_root:
+        roots.append(config.workspace_root)
+    target = path.resolve()
+    return any(target == root or root in target.parents for root in (Path(r).resolve() for r in roots))
+
+
+def init_plan(config: SandboxConfig, host: Host, attempt: Attempt, cwd: Path) -> dict[str, Any]:
+    """What PID 1 sets up before it starts the command (``workers.sandbox_init``)."""
+    view = None
+    if has_view(config, host):
+        keep = [str(attempt.scratch.resolve())]
+        if config.workspace_root:
+            keep.append(str(Path(config.workspace_root).resolve()))
+        view = {"visible": list(config.visible_paths), "keep": keep, "tmpfs_mb": config.tmpfs_mb}
+    # As root, the command gets a user namespace of its own (mapping only its user): its kernel
+    # keyrings die with it. Not root, the user namespace of unshare --user is its own already.
+    user = None
+    if host.root and host.user_namespaces and attempt.uid is not None and attempt.gid is not None:
+        user = [attempt.uid, attempt.gid]
+    return {"view": view, "user": user, "cwd": str(cwd)}
+
+
+def build_argv(
+    argv: Sequence[str], config: SandboxConfig, host: Host, attempt: Attempt, cwd: Path
+) -> list[str]:
     """The full argv that runs ``argv`` in the sandbox (never through a shell)."""
     if not host.tools:
         return list(argv)
@@ -265,22 +398,18 @@ def build_argv(argv: Sequence[str], config: SandboxConfig, host: Host) -> list[s
     unshare = ["unshare"]
     if not host.root:
         unshare += ["--user", "--map-root-user"]
-    unshare += ["--pid", "--fork", "--kill-child", "--mount-proc"]
+    unshare += ["--pid", "--fork", "--kill-child", "--mount-proc", "--ipc"]
     if config.network != "host":
         unshare.append("--net")
-    inner = [sys.executable, "-I", "-S", "-c", INIT]
+    plan = sandbox_init.plan_args(init_plan(config, host, attempt, cwd))
+    inner = [sys.executable, "-I", "-S", INIT_SCRIPT, *plan, "--", "setpriv"]
     if host.root:
-        uid, gid = _sandbox_ids(config.user)
-        inner += [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={gid}",
-            "--clear-groups",
-            "--no-new-privs",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--",
-        ]
+        if attempt.uid is None or attempt.gid is None:
+            raise SandboxRefused("a root worker runs a command only as a user of its own; none was claimed")
+        inner += [f"--reuid={attempt.uid}", f"--regid={attempt.gid}", "--clear-groups"]
+    # As root of a user namespace the command keeps no capability either: with one, it could
+    # unmount its view and see the host's tree beneath.
+    inner += ["--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
     return [*outer, *unshare, "--", *inner, *argv]
 
 
@@ -388,11 +517,20 @@ class Process:
 
 
 def start(
-    argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, config: SandboxConfig, host: Host
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path,
+    config: SandboxConfig,
+    host: Host,
+    attempt: Attempt,
 ) -> Process:
-    """Start ``argv`` in the sandbox with stdout+stderr on one pipe; raises OSError if it cannot."""
+    """Start ``argv`` in the sandbox with stdout+stderr on one pipe; raises OSError if it cannot.
+
+    ``cwd`` is a host path; with a filesystem view the command finds it at the same path.
+    """
     proc = subprocess.Popen(
-        build_argv(argv, config, host),
+        build_argv(argv, config, host, attempt, cwd),
         cwd=str(cwd),
         env=dict(env),
         stdin=subprocess.DEVNULL,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +25,8 @@ from workers.handlers import codex
 
 from .runtime_support import ORG, enqueue
 
-PY = sys.executable
+# A system binary: the command's filesystem view holds the system trees, not the worker's venv.
+PY = "/usr/bin/python3"
 SECRET = "whsec_" + "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0"  # base64 of a test secret
 AUTH = {"userId": "u1", "organizationId": ORG}
 

@@ -3,7 +3,8 @@
 - Only for a job whose recorded enqueuer holds the ``commands`` scope or is a system token
   (issue 8); anything else fails non-retryably before a process starts.
 - The command is an argv list of strings, never run through a shell.
-- It runs sandboxed (another user, its own PID and network namespaces, rlimits, a scratch
+- It runs sandboxed (a user id of its own, its own PID, IPC and network namespaces, a private
+  filesystem view holding no other command's files and no host socket, rlimits, a scratch
   directory per attempt); on abort, lease loss, the payload ``timeout`` or the execution timeout
   (whichever comes first) it gets SIGTERM then SIGKILL, and at the end of *every* attempt
   whatever is left of its process tree is killed.
@@ -31,6 +32,7 @@ from app.jobs.privilege import COMMANDS_SCOPE
 from workers import sandbox
 from workers.handler import HandlerError, JobContext
 from workers.handlers import integration
+from workers.sandbox_users import NoFreeUid, UnusableLockDir
 
 BASE_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 PROGRESS_EVERY_S = 0.5
@@ -104,14 +106,28 @@ def _refuse_unprivileged(ctx: JobContext) -> None:
         )
 
 
-def _check_executable(argv0: str, env: Mapping[str, str], workdir: Path) -> None:
+def _check_executable(
+    argv0: str,
+    env: Mapping[str, str],
+    workdir: Path,
+    config: sandbox.SandboxConfig,
+    host: sandbox.Host,
+    attempt: sandbox.Attempt,
+) -> None:
     # Inside the sandbox an exec failure is only an exit status; say it plainly before starting.
     if "/" in argv0:
-        found = (workdir / argv0).is_file()  # an absolute argv0 replaces workdir
+        path: Path | None = workdir / argv0  # an absolute argv0 replaces workdir
     else:
-        found = shutil.which(argv0, path=env.get("PATH")) is not None
-    if not found:
+        which = shutil.which(argv0, path=env.get("PATH"))
+        path = Path(which) if which else None
+    if path is None or not path.is_file():
         raise HandlerError(f"cannot start {argv0!r}: no such executable", retryable=False)
+    if not sandbox.visible(path, config, host, attempt):
+        raise HandlerError(
+            f"cannot start {argv0!r}: {path} is outside the command's filesystem view "
+            "(RECEIPT_CODEX_VISIBLE_PATHS, the workspace root, the scratch directory)",
+            retryable=False,
+        )
 
 
 def handle(ctx: JobContext) -> Any:
@@ -138,7 +154,8 @@ def handle(ctx: JobContext) -> Any:
         raise HandlerError(str(exc), retryable=False) from exc
     host = sandbox.detect_host()
     try:
-        with sandbox.scratch_directory(config, host) as scratch:
+        with sandbox.attempt(config, host) as attempt:
+            scratch = attempt.scratch
             workdir = sandbox.resolve_cwd(cwd, scratch, config.workspace_root)
             child_env = {k: os.environ[k] for k in BASE_ENV_NAMES if k in os.environ}
             if host.root:
@@ -147,10 +164,14 @@ def handle(ctx: JobContext) -> Any:
             # The scratch directory is the command's home and temp: nothing of the worker's.
             child_env.update({"HOME": str(scratch), "TMPDIR": str(scratch)})
             child_env.update(env)
-            _check_executable(argv[0], child_env, workdir)
-            return _run(ctx, argv, workdir, child_env, timeout_ms, config, host)
+            _check_executable(argv[0], child_env, workdir, config, host, attempt)
+            return _run(ctx, argv, workdir, child_env, timeout_ms, config, host, attempt)
     except sandbox.SandboxRefused as exc:
         raise HandlerError(str(exc), retryable=False) from exc
+    except (NoFreeUid, UnusableLockDir) as exc:
+        # Busy ids clear as attempts end; an unsafe claims folder needs the operator, and until
+        # then no attempt can start safely, so each one fails and waits for its retry.
+        raise HandlerError(str(exc), retryable=True) from exc
 
 
 def _run(
@@ -161,9 +182,10 @@ def _run(
     timeout_ms: int | None,
     config: sandbox.SandboxConfig,
     host: sandbox.Host,
+    attempt: sandbox.Attempt,
 ) -> Any:
     try:
-        proc = sandbox.start(argv, env=env, cwd=workdir, config=config, host=host)
+        proc = sandbox.start(argv, env=env, cwd=workdir, config=config, host=host, attempt=attempt)
     except (OSError, ValueError) as exc:
         raise HandlerError(f"cannot start {argv[0]!r}: {exc}", retryable=False) from exc
 
