@@ -23,7 +23,7 @@ from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
 from app.ops import logs, metrics
 from app.storage import delivery, projection
 from app.storage.db import db_now, parse_iso, transaction
-from app.storage.queue import retry_transient
+from app.storage.retry import retry_transient
 from delivery.wakes import LISTEN_BLOCK_S
 from tasks import fetches
 from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime

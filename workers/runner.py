@@ -24,7 +24,8 @@ from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
 from app.jobs.vocab import AttemptStatus, FailureStatus
 from app.ops import logs
 from app.redaction import redactor
-from app.storage.queue import Queue, retry_transient
+from app.storage.queue import Queue
+from app.storage.retry import retry_transient
 from workers.handler import HandlerError, JobContext
 from workers.handler_pool import HandlerPool, HandlerRun
 from workers.registry import HandlerRegistry

@@ -41,7 +41,6 @@ from app.jobs.errors import (
     AppendConflict,
     ConflictError,
     ReceiptError,
-    TransientStorageError,
     ValidationError,
 )
 from app.jobs.ids import client_id_of, new_id, qualify
@@ -52,10 +51,10 @@ from app.jobs.vocab import MAX_ATTEMPTS_DEFAULT, job_stream
 from app.storage import store
 from app.storage.db import Reads, db_now, jobs, read_connection, session_lock, shared_reads, transaction
 from app.storage.queue import Queue
+from app.storage.retry import optimistic
 
 log = logging.getLogger("receipt.factory")
 
-MAX_STEP_ROUNDS = 50
 COMPUTER_PATH = "computer"
 # A monitor that dies is restarted by lease expiry once; after that the watchdog covers the task.
 MONITOR_MAX_ATTEMPTS = 2
@@ -154,26 +153,26 @@ def launch(queue: Queue, spec: ObjectiveSpec, *, launched_by: Mapping[str, Any])
         "phase": FIRST_PHASE,
         "tasks": [t.to_json() for t in spec.tasks],
     }
-    for _ in range(MAX_STEP_ROUNDS):
-        try:
-            with transaction(queue.engine) as conn:
-                storage.lock(conn, objective_id)
-                known = storage.key_of(conn, org, explicit) if explicit is not None else None
-                existing = storage.load(conn, known) if known is not None else None
-                if existing is not None:
-                    return LaunchResult(existing.objective, created=False)
-                events: list[storage.Event] = [
-                    ("objective.launched", body),
-                    ("objective.control_requested", {"requestId": "launch", "reason": "launch"}),
-                ]
-                loaded = storage.apply(conn, None, objective_id, events, at=db_now(conn))
-            break
-        except AppendConflict:
-            continue
-    else:
-        raise TransientStorageError(f"gave up launching {objective_id} after {MAX_STEP_ROUNDS} conflicts")
-    _fast_path(queue, objective_id, known=loaded.objective)
-    return LaunchResult(loaded.objective, created=True)
+
+    def attempt() -> LaunchResult:
+        with transaction(queue.engine) as conn:
+            storage.lock(conn, objective_id)
+            known = storage.key_of(conn, org, explicit) if explicit is not None else None
+            existing = storage.load(conn, known) if known is not None else None
+            if existing is not None:
+                return LaunchResult(existing.objective, created=False)
+            events: list[storage.Event] = [
+                ("objective.launched", body),
+                ("objective.control_requested", {"requestId": "launch", "reason": "launch"}),
+            ]
+            return LaunchResult(
+                storage.apply(conn, None, objective_id, events, at=db_now(conn)).objective, True
+            )
+
+    result = optimistic(attempt, what=f"launching {objective_id}")
+    if result.created:
+        _fast_path(queue, objective_id, known=result.objective)
+    return result
 
 
 def cancel(queue: Queue, objective_id: str, reason: str | None) -> Objective:
@@ -224,30 +223,24 @@ def replan(
     tasks = _replan_tasks(raw_tasks, current.objective)
     if authorize is not None:
         authorize(tasks)  # after validation, as at launch: a bad plan is a 400 before any 403
-    for _ in range(MAX_STEP_ROUNDS):
-        try:
-            with transaction(queue.engine) as conn:
-                storage.lock(conn, objective_id)
-                loaded = storage.load(conn, objective_id, all_tasks=True)
-                if loaded is None:
-                    raise ObjectiveNotFound(objective_id)
-                obj = loaded.objective
-                _check_replannable(obj)
-                tasks = _replan_tasks(raw_tasks, obj)
-                body = {"phase": obj.phase + 1, "reason": reason, "tasks": [t.to_json() for t in tasks]}
-                events: list[storage.Event] = [
-                    ("objective.replanned", body),
-                    (
-                        "objective.control_requested",
-                        {"requestId": f"replan-{obj.phase + 1}", "reason": "replan"},
-                    ),
-                ]
-                after = storage.apply(conn, loaded, objective_id, events, at=db_now(conn)).objective
-            break
-        except AppendConflict:
-            continue
-    else:
-        raise TransientStorageError(f"gave up replanning {objective_id} after {MAX_STEP_ROUNDS} conflicts")
+
+    def attempt() -> Objective:
+        with transaction(queue.engine) as conn:
+            storage.lock(conn, objective_id)
+            loaded = storage.load(conn, objective_id, all_tasks=True)
+            if loaded is None:
+                raise ObjectiveNotFound(objective_id)
+            obj = loaded.objective
+            _check_replannable(obj)
+            tasks = _replan_tasks(raw_tasks, obj)
+            body = {"phase": obj.phase + 1, "reason": reason, "tasks": [t.to_json() for t in tasks]}
+            events: list[storage.Event] = [
+                ("objective.replanned", body),
+                ("objective.control_requested", {"requestId": f"replan-{obj.phase + 1}", "reason": "replan"}),
+            ]
+            return storage.apply(conn, loaded, objective_id, events, at=db_now(conn)).objective
+
+    after = optimistic(attempt, what=f"replanning {objective_id}")
     _fast_path(queue, objective_id)
     return after
 
@@ -482,14 +475,16 @@ def control_step(queue: Queue, objective_id: str) -> StepResult:
 
 
 def _control_step(queue: Queue, reads: Reads, objective_id: str) -> StepResult:
-    appended = enqueued = canceled = 0
-    ended: str | None = None
-    for _ in range(MAX_STEP_ROUNDS):
+    """Read, decide (``control.decide``), act, append — re-decided from a fresh read whenever the
+    objective moved under the decision, or a task's job turned out to be another's."""
+    done = _StepCounts()
+
+    def round_() -> StepResult:
         loaded, found = _read_for_step(reads, objective_id)
         obj = loaded.objective
         decision = control.decide(obj, found)
         if not decision.events:
-            return StepResult(obj, appended, enqueued, canceled, ended)
+            return StepResult(obj, done.appended, done.enqueued, done.canceled, done.ended)
         # Actions first: each is idempotent, so a re-decided step may repeat them harmlessly.
         adopted_foreign = False
         if decision.enqueue:
@@ -504,31 +499,28 @@ def _control_step(queue: Queue, reads: Reads, objective_id: str) -> StepResult:
                 task = decision.state.tasks[task_id]
                 job = enqueue_task_job(queue, obj, task, control.task_payload(obj, task, results))
                 adopted_foreign = adopted_foreign or not control.owns(obj, task, job)
-                enqueued += 1
+                done.enqueued += 1
         for c in decision.cancel:
             try:
                 queue.cancel(c.job_id, c.reason)
-                canceled += 1
+                done.canceled += 1
             except ConflictError:
                 pass  # settled meanwhile; its settlement requests control again
-        try:
-            with transaction(queue.engine) as conn:
-                storage.lock(conn, objective_id)
-                fresh = storage.load(conn, objective_id)
-                if fresh is None:
-                    raise ObjectiveNotFound(objective_id)
-                base = loaded
-                if fresh.objective.seq != obj.seq:
-                    newer = storage.receipts_after(conn, objective_id, obj.seq)
-                    # Only new control requests arrived: the decision still holds; append on top of them.
-                    if any(r.type != "objective.control_requested" for r in newer):
-                        raise AppendConflict(f"objectives/{objective_id} moved past seq {obj.seq}")
-                    base = replace(fresh, objective=replace(fresh.objective, tasks=obj.tasks))
-                after = storage.apply(conn, base, objective_id, decision.events, at=db_now(conn))
-        except AppendConflict:
-            continue
-        appended += len(decision.events)
-        ended = ended or decision.ended
+        with transaction(queue.engine) as conn:
+            storage.lock(conn, objective_id)
+            fresh = storage.load(conn, objective_id)
+            if fresh is None:
+                raise ObjectiveNotFound(objective_id)
+            base = loaded
+            if fresh.objective.seq != obj.seq:
+                newer = storage.receipts_after(conn, objective_id, obj.seq)
+                # Only new control requests arrived: the decision still holds; append on top of them.
+                if any(r.type != "objective.control_requested" for r in newer):
+                    raise AppendConflict(f"objectives/{objective_id} moved past seq {obj.seq}")
+                base = replace(fresh, objective=replace(fresh.objective, tasks=obj.tasks))
+            after = storage.apply(conn, base, objective_id, decision.events, at=db_now(conn))
+        done.appended += len(decision.events)
+        done.ended = done.ended or decision.ended
         if decision.ended is not None:
             try:
                 ensure_audit_job(queue, after.objective)
@@ -536,9 +528,22 @@ def _control_step(queue: Queue, reads: Reads, objective_id: str) -> StepResult:
                 log.exception("could not queue the audit of %s", objective_id)
         if after.objective.pending:
             _fast_path(queue, objective_id, known=after.objective)
-        if not adopted_foreign:
-            return StepResult(after.objective, appended, enqueued, canceled, ended)
-    raise TransientStorageError(f"control of {objective_id} gave up after {MAX_STEP_ROUNDS} rounds")
+        if adopted_foreign:
+            # The decision counted on a job that is not its task's: decide again from what is stored.
+            raise AppendConflict(f"objectives/{objective_id}: a task's job id is held by another job")
+        return StepResult(after.objective, done.appended, done.enqueued, done.canceled, done.ended)
+
+    return optimistic(round_, what=f"control of {objective_id}")
+
+
+@dataclass
+class _StepCounts:
+    """What one control step did across its rounds."""
+
+    appended: int = 0
+    enqueued: int = 0
+    canceled: int = 0
+    ended: str | None = None
 
 
 # -- recovery passes ----------------------------------------------------------------------------------
@@ -608,19 +613,18 @@ def run_audit(queue: Queue, objective_id: str) -> dict[str, Any]:
             if brk is not None:
                 broken[stream] = brk.reason
     report = audit.report(obj, found, broken, len(streams))
-    for _ in range(MAX_STEP_ROUNDS):
-        try:
-            with transaction(queue.engine) as conn:
-                storage.lock(conn, objective_id)
-                loaded = storage.load(conn, objective_id)
-                assert loaded is not None
-                if loaded.objective.audit is not None:
-                    existing: dict[str, Any] = loaded.objective.audit
-                    return existing
-                storage.apply(
-                    conn, loaded, objective_id, [("objective.audited", {"report": report})], at=db_now(conn)
-                )
-            return report
-        except AppendConflict:
-            continue
-    raise TransientStorageError(f"could not append the audit of {objective_id}")
+
+    def attempt() -> dict[str, Any]:
+        with transaction(queue.engine) as conn:
+            storage.lock(conn, objective_id)
+            loaded = storage.load(conn, objective_id)
+            assert loaded is not None
+            if loaded.objective.audit is not None:
+                existing: dict[str, Any] = loaded.objective.audit
+                return existing
+            storage.apply(
+                conn, loaded, objective_id, [("objective.audited", {"report": report})], at=db_now(conn)
+            )
+        return report
+
+    return optimistic(attempt, what=f"appending the audit of {objective_id}")

@@ -33,7 +33,7 @@ no protocol-level preparation, so this is SQL-level ``PREPARE``, which lives in 
 session: it must stay off behind a transaction-mode pooler (PgBouncer ``pool_mode=transaction``),
 where the next statement may run on another server connection. A statement the server no longer
 has (``DEALLOCATE``, or a plan a migration made stale) is prepared again under a new name: at once
-on an autocommit connection, else by the caller's transient-error retry (``queue.is_transient``).
+on an autocommit connection, else by the caller's transient-error retry (``retry.is_transient``).
 A statement with an array parameter is never prepared (``_Compiled.preparable``).
 """
 

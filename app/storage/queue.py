@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,7 +24,6 @@ from app.jobs import transitions
 from app.jobs.errors import (
     AppendConflict,
     JobNotFound,
-    TransientStorageError,
     ValidationError,
 )
 from app.jobs.ids import (
@@ -53,19 +51,18 @@ from app.storage.db import (
     as_utc,
     autocommit_connection,
     db_now,
-    is_storage_outage,
     jobs,
     lock_key,
     transaction,
 )
-from app.storage.direct import DIRECT_DRIVER, Direct, lost_preparation
+from app.storage.direct import DIRECT_DRIVER, Direct
 from app.storage.hooks import Change, Companion, Hook, Write, run_after
+from app.storage.retry import optimistic
 
 H = TypeVar("H", bound=Hook)
 
 log = logging.getLogger("receipt.queue")
 
-MAX_CONFLICT_RETRIES = 50
 # Issue 8: RECEIPT_MAX_COMMANDS_PER_JOB's default. Every command is folded into the job's state,
 # so without a cap one tenant could grow a job (and every read of it) without bound.
 MAX_COMMANDS_PER_JOB_DEFAULT = 1000
@@ -135,18 +132,6 @@ class _NeedsTransaction(Exception):
     """A one-statement transition found it must write more (``Queue._run``); nothing was written."""
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Storage errors worth retrying: the database unreachable or restarting (the one outage
-    classifier, ``db.is_storage_outage``), serialization failures and deadlocks, and a prepared
-    statement the server lost inside a transaction (``direct.py`` prepares it again on the retry)."""
-    if is_storage_outage(exc):
-        return True
-    orig = getattr(exc, "orig", None)
-    if lost_preparation(orig):
-        return True
-    return getattr(orig, "pgcode", None) in {"40001", "40P01"}
-
-
 class Queue:
     """Every job mutation Receipt performs. Construct with an engine; pass it around."""
 
@@ -185,18 +170,15 @@ class Queue:
         statement (which is then a transaction of its own); it raises ``_NeedsTransaction``
         before writing anything when it needs more.
         """
-        for _ in range(MAX_CONFLICT_RETRIES):
-            try:
-                with (
-                    autocommit_connection(self.engine) if one_statement else transaction(self.engine) as conn
-                ):
-                    tx = _Tx(conn, one_statement=one_statement)
-                    result = work(tx)
-                run_after(self.hooks, tx.changes, tx.results)
-                return result
-            except AppendConflict:
-                continue
-        raise TransientStorageError(f"gave up after {MAX_CONFLICT_RETRIES} append conflicts")
+
+        def attempt() -> Any:
+            with autocommit_connection(self.engine) if one_statement else transaction(self.engine) as conn:
+                tx = _Tx(conn, one_statement=one_statement)
+                result = work(tx)
+            run_after(self.hooks, tx.changes, tx.results)
+            return result
+
+        return optimistic(attempt, what="job transition")
 
     def _apply(self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]) -> Job:
         """Append ``events`` to ``jobs/<job_id>`` after ``loaded``, write the projection, and what the
@@ -669,22 +651,3 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 def validate_status_filter(status: str | None) -> None:
     if status is not None and status not in STATUSES:
         raise ValidationError("status", "is not a job status", allowed=STATUSES)
-
-
-def retry_transient(
-    fn: Callable[[], Any],
-    *,
-    attempts: int = 5,
-    backoff_ms: int = 150,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Any:
-    """Spec: settlements retry transient storage errors only — 5 attempts, 150 ms times attempt backoff."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return fn()
-        except Exception as exc:
-            if attempt == attempts or not is_transient(exc):
-                raise
-            log.warning("transient storage error (attempt %d/%d): %s", attempt, attempts, exc)
-            sleep(backoff_ms * attempt / 1000)
-    raise AssertionError("unreachable")

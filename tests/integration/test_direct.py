@@ -263,7 +263,7 @@ def test_a_statement_the_server_lost_is_prepared_again_on_an_autocommit_connecti
 def test_inside_a_transaction_a_lost_statement_is_a_transient_error_that_a_retry_mends(
     prepared_engine: Engine,
 ) -> None:
-    from app.storage.queue import is_transient, retry_transient
+    from app.storage.retry import is_transient, retry_transient
 
     with prepared_engine.connect() as conn:
         _READ.rows(conn, {"stream": "s/none"})

@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from app.storage import db
-from app.storage.queue import is_transient
+from app.storage.retry import is_transient
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from app.config import Settings
 from app.jobs.errors import no_handler_message
 from app.jobs.timing import EXECUTION_TIMEOUT_FLOOR_MS
-from app.storage import queue as queue_module
+from app.storage import retry as retry_module
 from app.storage.queue import Queue
 from workers import runner
 from workers.handler import HandlerError, JobContext
@@ -370,7 +370,7 @@ def _transient() -> OperationalError:
 def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     sleeps: list[float] = []
     monkeypatch.setattr(
-        runner, "retry_transient", functools.partial(queue_module.retry_transient, sleep=sleeps.append)
+        runner, "retry_transient", functools.partial(retry_module.retry_transient, sleep=sleeps.append)
     )
     return sleeps
 
