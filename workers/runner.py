@@ -55,6 +55,54 @@ def new_worker_id(settings: Settings) -> str:
 _HANDLERS = HandlerPool()
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One delivered attempt of one job: where it writes, whose lease it holds, under which fence."""
+
+    queue: Queue
+    settings: Settings
+    job_id: str
+    worker_id: str
+    number: int
+
+    def settle(
+        self,
+        *,
+        result: Any = None,
+        error: str | None = None,
+        retryable: bool = True,
+        status: FailureStatus | None = None,
+    ) -> AttemptResult:
+        """Settle under the fence; the attempt's status follows what the receipt actually did.
+
+        The error text is stored in a receipt and shown by the API: a secret a handler's exception
+        quoted (a URL's token) is hidden first.
+        """
+        if error:
+            error = redactor(self.settings)(error)
+        delay = retry_delay_ms(self.number, self.settings) if status is not None and retryable else 0
+        out = retry_transient(
+            lambda: self.queue.settle_attempt(
+                self.job_id,
+                self.worker_id,
+                self.number,
+                result=result,
+                error=error,
+                retryable=retryable,
+                status=status,
+                retry_delay_ms=delay,
+            )
+        )
+        if not out.applied:
+            return AttemptResult("settlement_conflict", out.job, "lease no longer held at settlement")
+        if out.job.status == "canceled":
+            return AttemptResult("canceled", out.job, out.job.abort_reason)
+        if status is None:
+            return AttemptResult("completed", out.job)
+        # Spec: the worker's return value carries the failure status whether or not the receipt does.
+        return AttemptResult(status, out.job, error)
+
+
 def run_attempt(
     queue: Queue,
     settings: Settings,
@@ -66,6 +114,7 @@ def run_attempt(
 ) -> AttemptResult:
     worker_id = worker_id or new_worker_id(settings)
     logs.update_job(workerId=worker_id, attempt=attempt)
+    this = Attempt(queue, settings, job_id, worker_id, attempt)
 
     def lease_ms(job: Job) -> int:
         return timing_for(job.agent_id, job.kind, job.payload, settings).lease_ms
@@ -86,20 +135,11 @@ def run_attempt(
     handler = registry.get(job.agent_id)
     if job.abort_requested or handler is None:
         # settle() cancels when an abort is pending, so a job aborted before it ran never runs.
-        return _settle(
-            queue,
-            settings,
-            job_id,
-            worker_id,
-            attempt,
-            error=no_handler_message(job.agent_id),
-            retryable=False,
-            status="failed",
-        )
+        return this.settle(error=no_handler_message(job.agent_id), retryable=False, status="failed")
 
     ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms)
     thread = _HANDLERS.submit(lambda: handler(ctx))
-    stop = _race(queue, ctx, thread, timing, worker_id, attempt)
+    stop = _race(this, ctx, thread, timing)
     if stop == "lease_lost":
         return AttemptResult("lease_lost", queue.get(job_id), "lease lost while running")
     if stop is not None:
@@ -107,51 +147,28 @@ def run_attempt(
     # Every settlement below re-reads the job under the attempt fence inside its transaction and
     # cancels instead when an abort arrived meanwhile.
     if stop == "execution_timeout":
-        return _settle(
-            queue,
-            settings,
-            job_id,
-            worker_id,
-            attempt,
+        return this.settle(
             retryable=True,
             status="execution_timeout",
             error=f"execution timed out after {timing.execution_timeout_ms} ms",
         )
     if isinstance(thread.error, HandlerError):
         err = thread.error
-        return _settle(
-            queue,
-            settings,
-            job_id,
-            worker_id,
-            attempt,
-            error=err.message,
-            retryable=err.retryable,
-            status=err.status,
-            result=err.result,
-        )
+        return this.settle(error=err.message, retryable=err.retryable, status=err.status, result=err.result)
     if thread.error is not None:
         log.error("handler for %s raised", job_id, exc_info=thread.error)
-        return _settle(
-            queue,
-            settings,
-            job_id,
-            worker_id,
-            attempt,
-            error=f"{type(thread.error).__name__}: {thread.error}",
-            retryable=True,
-            status="failed",
+        return this.settle(
+            error=f"{type(thread.error).__name__}: {thread.error}", retryable=True, status="failed"
         )
-    return _settle(queue, settings, job_id, worker_id, attempt, result=thread.result)
+    return this.settle(result=thread.result)
 
 
-def _race(
-    queue: Queue, ctx: JobContext, thread: HandlerRun, timing: JobTiming, worker_id: str, attempt: int
-) -> str | None:
+def _race(this: Attempt, ctx: JobContext, thread: HandlerRun, timing: JobTiming) -> str | None:
     """Wait for the handler while heartbeating, watching for abort and the execution timeout.
 
     Returns None when the handler finished on its own, else why it was stopped.
     """
+    queue = this.queue
     started = time.monotonic()
     next_beat = started + timing.heartbeat_interval_ms / 1000
     deadline = started + timing.execution_timeout_ms / 1000
@@ -168,9 +185,9 @@ def _race(
         if now >= next_beat:
             next_beat = now + timing.heartbeat_interval_ms / 1000
             try:
-                beat = queue.heartbeat(ctx.job.id, worker_id, attempt, timing.lease_ms)
+                beat = queue.heartbeat(this.job_id, this.worker_id, this.number, timing.lease_ms)
             except Exception as exc:  # a missed beat is survivable: the lease has two more chances
-                log.warning("heartbeat for %s failed: %s", ctx.job.id, exc)
+                log.warning("heartbeat for %s failed: %s", this.job_id, exc)
                 continue
             if not beat.applied:
                 ctx.cancel("lease_lost")
@@ -178,52 +195,10 @@ def _race(
             job = beat.job
         else:
             try:
-                job = queue.get(ctx.job.id)
+                job = queue.get(this.job_id)
             except Exception as exc:
-                log.warning("abort poll for %s failed: %s", ctx.job.id, exc)
+                log.warning("abort poll for %s failed: %s", this.job_id, exc)
                 continue
         if job is not None and job.abort_requested:
             ctx.cancel(job.abort_reason or "abort")
             return "abort"
-
-
-def _settle(
-    queue: Queue,
-    settings: Settings,
-    job_id: str,
-    worker_id: str,
-    attempt: int,
-    *,
-    result: Any = None,
-    error: str | None = None,
-    retryable: bool = True,
-    status: FailureStatus | None = None,
-) -> AttemptResult:
-    """Settle under the fence; the attempt's status follows what the receipt actually did.
-
-    The error text is stored in a receipt and shown by the API: a secret a handler's exception
-    quoted (a URL's token) is hidden first.
-    """
-    if error:
-        error = redactor(settings)(error)
-    delay = retry_delay_ms(attempt, settings) if status is not None and retryable else 0
-    out = retry_transient(
-        lambda: queue.settle_attempt(
-            job_id,
-            worker_id,
-            attempt,
-            result=result,
-            error=error,
-            retryable=retryable,
-            status=status,
-            retry_delay_ms=delay,
-        )
-    )
-    if not out.applied:
-        return AttemptResult("settlement_conflict", out.job, "lease no longer held at settlement")
-    if out.job.status == "canceled":
-        return AttemptResult("canceled", out.job, out.job.abort_reason)
-    if status is None:
-        return AttemptResult("completed", out.job)
-    # Spec: the worker's return value carries the failure status whether or not the receipt does.
-    return AttemptResult(status, out.job, error)
