@@ -42,6 +42,7 @@ from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.jobs.reducer import reduce
+from app.jobs.transitions import lease_queued
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
 from app.storage import projection, store
@@ -140,7 +141,7 @@ def build_job(engine: Engine, queue: Queue, length: int) -> str:
             },
         )
     ).job
-    leased = queue.lease(job.id, "bench-worker", 3_600_000).job
+    leased = queue.mutate(job.id, lambda j, now: lease_queued(j, now, "bench-worker", 3_600_000)).job
     with engine.begin() as conn:
         loaded = projection.load(conn, job.id)
         assert loaded is not None

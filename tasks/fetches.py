@@ -336,10 +336,6 @@ def recorder_for(app: Any) -> Recorder | None:
         return _recorder
 
 
-def current_recorder() -> Recorder | None:
-    return _recorder
-
-
 # -- Celery signal receivers (connected in tasks/celery_app.py) ----------------------------------------
 
 

@@ -17,7 +17,6 @@ from app.jobs.errors import InvariantError
 from app.jobs.reducer import Job, Receipt, applies, reduce
 
 # The timeline's phases, in lifecycle order (used as CSS classes and legend).
-PHASES = ("enqueued", "lease", "heartbeat", "progress", "command", "settlement", "expiry", "other")
 
 _PHASE_OF = {
     "job.enqueued": "enqueued",

@@ -76,11 +76,6 @@ def update_job(**fields: Any) -> None:
         current.update({k: v for k, v in fields.items() if v is not None})
 
 
-def job_fields() -> dict[str, Any]:
-    """The job fields bound in the current context (empty outside a job)."""
-    return dict(_job.get() or {})
-
-
 class ContextFilter(logging.Filter):
     """Copies the process role and the bound job fields onto each record."""
 

@@ -311,12 +311,6 @@ def settle(
     _settle_row(conn, DeliveryKey.of(job_id, dispatch_key), generation, outcome, now)
 
 
-def settle_job(conn: Connection, job_id: str, outcome: str, now: datetime) -> None:
-    """End every pending delivery of a job: called in the transaction whose receipt ends the
-    attempt they started (a requeue or a terminal receipt), so none is left pending after it."""
-    SETTLE_JOB.count(conn, settle_job_params(job_id, outcome, now))
-
-
 def settle_job_params(job_id: str, outcome: str, now: datetime) -> dict[str, Any]:
     """``SETTLE_JOB``'s parameters (also run inside a job's transition statement: projection.py)."""
     return {"b_job_id": job_id, "b_outcome": outcome[:64], "b_at": now}

@@ -437,16 +437,6 @@ class Queue:
         return active
 
     # -- the worker's operations (fenced by worker id + attempt) --------------------------------
-    def lease(self, job_id: str, worker_id: str, lease_ms: int, *, start: bool = False) -> Outcome:
-        """Take the lease of a queued job; ``applied`` is False if it was not queued.
-
-        ``start=True`` also appends the worker's first heartbeat in the same transaction, so the
-        job goes queued → leased → running in one commit (two receipts, one round of I/O).
-        """
-        return self.mutate(
-            job_id, lambda job, now: transitions.lease_queued(job, now, worker_id, lease_ms, start=start)
-        )
-
     def start_attempt(
         self, job_id: str, worker_id: str, attempt: int, lease_ms: Callable[[Job], int]
     ) -> AttemptStart:

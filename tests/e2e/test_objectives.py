@@ -22,6 +22,7 @@ from app.jobs.vocab import TERMINAL_STATUSES
 from app.storage import store
 from app.storage.db import jobs
 from tests.support.processes import Harness
+from tests.support.queue_ops import lease
 from tests.support.stack import ORG, Stack, make_stack, worker_pid
 from tests.support.waiting import wait_for
 
@@ -259,7 +260,7 @@ def test_processes_restart_mid_objective_and_resume_finishes_it(dstack: Stack) -
         what="control job",
     )[0]
     # A control worker took the launch's control job and died mid-step: its lease outlives the test.
-    assert queue.lease(control.id, "dead-host:1:deadbeef", 900_000, start=True).applied
+    assert lease(queue, control.id, "dead-host:1:deadbeef", 900_000, start=True).applied
     import redis
 
     client = redis.Redis.from_url(dstack.redis_url)

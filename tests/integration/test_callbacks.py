@@ -29,6 +29,7 @@ from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks, Send
 from tasks.execute import execute
 from tasks.runtime import Runtime
 from tests.support import queue_ops
+from tests.support.queue_ops import lease
 from tests.support.waiting import free_port
 from workers.handler import JobContext
 
@@ -129,7 +130,7 @@ def test_a_terminal_receipt_writes_one_row_per_target_in_its_own_transaction(sql
     q = queue_for(sqlite_engine, callback_targets=("http://a.invalid/1", "http://b.invalid/2"))
     job = enqueue(q, "factory")
     assert outbox_rows(sqlite_engine) == []  # enqueue and lease are no callback events
-    assert q.lease(job.id, "w", 60_000, start=True).applied
+    assert lease(q, job.id, "w", 60_000, start=True).applied
     done = queue_ops.complete(q, job.id, "w", 1, {"ok": True}).job
     rows = outbox_rows(sqlite_engine, job.id)
     assert [(r.target, r.event, r.seq, r.state) for r in rows] == [
@@ -264,7 +265,7 @@ def test_a_jobs_events_go_out_in_receipt_order_and_a_failing_head_holds_the_rest
     job = enqueue(q, "factory")
     callbacks = Callbacks(s)
     callbacks.dispatched(sqlite_engine, job, f"{job.id}:attempt:1")
-    q.lease(job.id, "w", 60_000, start=True)
+    lease(q, job.id, "w", 60_000, start=True)
     queue_ops.complete(q, job.id, "w", 1, {})
     sender = Sender(s)
     send_due(sqlite_engine, sender)

@@ -26,7 +26,7 @@ from app.ops.cli import main
 from app.storage import store, tokens
 from app.storage.db import api_tokens, jobs, make_engine, receipts
 from app.storage.queue import Queue
-from tests.support.queue_ops import complete
+from tests.support.queue_ops import complete, lease
 
 Capture = pytest.CaptureFixture[str]
 
@@ -47,14 +47,14 @@ def some_jobs(engine: Engine) -> list[str]:
     q = queue_for(engine)
     queued = enqueue(q, sessionKey="s1")
     running = enqueue(q)
-    q.lease(running, "w1", 60_000)
+    lease(q, running, "w1", 60_000)
     q.heartbeat(running, "w1", 1, 60_000)
     q.command(running, "steer", payload={"p": 1})
     done = enqueue(q, lane="chat")
-    q.lease(done, "w1", 60_000)
+    lease(q, done, "w1", 60_000)
     q.progress(done, "w1", 1, {"pct": 10})
     q.fail(done, "w1", 1, "flaky", retryable=True)
-    q.lease(done, "w2", 60_000)
+    lease(q, done, "w2", 60_000)
     complete(q, done, "w2", 2, {"ok": True})
     canceled = enqueue(q)
     q.cancel(canceled, "no")

@@ -27,6 +27,7 @@ from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
 from app.jobs.timing import timing_for
 from app.storage.queue import Queue
+from tests.support.queue_ops import lease
 from workers import sandbox
 from workers.handler import HandlerError, JobContext
 from workers.handlers import codex
@@ -67,7 +68,7 @@ def codex_job(queue: Queue, **payload: Any) -> Job:
 def leased_context(queue: Queue, job: Job, settings: Settings = ENABLED) -> JobContext:
     """The context a worker would hand the handler: the job leased by this attempt."""
     timing = timing_for(job.agent_id, job.kind, job.payload, settings)
-    out = queue.lease(job.id, "codex-worker", timing.lease_ms)
+    out = lease(queue, job.id, "codex-worker", timing.lease_ms)
     assert out.applied
     return JobContext(queue, out.job, "codex-worker", 1, settings, timing.execution_timeout_ms)
 

@@ -22,7 +22,7 @@ from app.storage import projection, store
 from app.storage.db import jobs, parse_iso, receipts
 from app.storage.queue import Queue
 from tests.support.databases import assert_projection_equals_fold
-from tests.support.queue_ops import complete
+from tests.support.queue_ops import complete, lease
 
 THREADS = 16
 T = TypeVar("T")
@@ -78,7 +78,7 @@ def pg_queue(pg_engine: Engine) -> Queue:
 def test_sixteen_threads_leasing_one_job_yield_exactly_one_lease(pg_queue: Queue, pg_engine: Engine) -> None:
     job = pg_queue.enqueue(validate_enqueue("codex", body())).job
 
-    outcomes = race(lambda i: pg_queue.lease(job.id, f"w{i}", 60_000))
+    outcomes = race(lambda i: lease(pg_queue, job.id, f"w{i}", 60_000))
 
     winners = [i for i, out in enumerate(outcomes) if out.applied]
     assert len(winners) == 1
@@ -157,7 +157,7 @@ def test_concurrent_heartbeats_and_commands_keep_projection_equal_to_fold(
 ) -> None:
     """Mixed writers on one job: every receipt lands exactly once, the chain and projection agree."""
     job = pg_queue.enqueue(validate_enqueue("codex", body())).job
-    pg_queue.lease(job.id, "w1", 60_000)
+    lease(pg_queue, job.id, "w1", 60_000)
 
     def work(i: int) -> Any:
         if i % 2:
@@ -210,7 +210,7 @@ def test_a_job_settled_during_the_session_scan_does_not_take_the_steer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     job = pg_queue.enqueue(validate_enqueue("codex", body(sessionKey="s"))).job
-    pg_queue.lease(job.id, "w1", 60_000)
+    lease(pg_queue, job.id, "w1", 60_000)
     other = queue_for(pg_engine)
     fired = commit_before_loading(monkeypatch, job.id, lambda: complete(other, job.id, "w1", 1, {"done": 1}))
 
@@ -230,7 +230,7 @@ def test_receipt_time_is_read_after_the_state_it_follows(
 ) -> None:
     """A receipt committed by another transaction while this one starts must not be newer than ours."""
     job = pg_queue.enqueue(validate_enqueue("codex", body())).job
-    pg_queue.lease(job.id, "w1", 60_000)
+    lease(pg_queue, job.id, "w1", 60_000)
     other = queue_for(pg_engine)
     fired = commit_before_loading(monkeypatch, job.id, lambda: other.heartbeat(job.id, "w1", 1, 60_000))
 

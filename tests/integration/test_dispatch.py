@@ -30,6 +30,7 @@ from tasks import dispatch, execute, loops
 from tasks.callbacks import Callbacks
 from tasks.celery_app import make_celery
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, Runtime
+from tests.support.queue_ops import lease
 from workers.handler import JobContext
 
 from .runtime_support import (
@@ -356,7 +357,7 @@ def test_driver_on_a_live_lease_sends_nothing(runtime: Any) -> None:
     rt, sent, callbacks = runtime
     job = enqueue(rt.queue, "factory")
     key, generation = started(rt, sent, job.id)
-    assert rt.queue.lease(job.id, "busy-worker", LONG_MS).applied
+    assert lease(rt.queue, job.id, "busy-worker", LONG_MS).applied
     before = types_of(rt.engine, job.id)
     assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "active_lease"}
     assert sent.sent == []
@@ -368,7 +369,7 @@ def test_driver_fails_a_stale_active_lease_with_the_exact_error(runtime: Any) ->
     rt, sent, callbacks = runtime
     job = enqueue(rt.queue, "factory", max_attempts=2)
     key, generation = started(rt, sent, job.id)
-    assert rt.queue.lease(job.id, "dead-worker", 1).applied
+    assert lease(rt.queue, job.id, "dead-worker", 1).applied
     wait_lease_past_deadline(rt.engine, rt.queue, job.id)
     assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "stale_active_lease"}
     last = receipts_of(rt.engine, job.id)[-1]
@@ -388,7 +389,7 @@ def test_driver_stale_lease_on_the_last_attempt_fails_the_job(runtime: Any) -> N
     rt, sent, callbacks = runtime
     job = enqueue(rt.queue, "factory", max_attempts=1)
     key, generation = started(rt, sent, job.id)
-    assert rt.queue.lease(job.id, "dead-worker", 1).applied
+    assert lease(rt.queue, job.id, "dead-worker", 1).applied
     wait_lease_past_deadline(rt.engine, rt.queue, job.id)
     dispatch.drive(rt, job.id, key, generation)
     failed = rt.queue.get(job.id)
@@ -447,7 +448,7 @@ def test_driver_sends_the_worker_message_under_the_attempt_fence_to_the_routed_q
 def test_the_fence_names_the_next_attempt(runtime: Any) -> None:
     rt, sent, _ = runtime
     job = enqueue(rt.queue, "factory", max_attempts=3)
-    assert rt.queue.lease(job.id, "w", LONG_MS).applied
+    assert lease(rt.queue, job.id, "w", LONG_MS).applied
     assert rt.queue.fail(job.id, "w", 1, "try again", retryable=True).applied
     key, generation = started(rt, sent, job.id)
     assert dispatch.drive(rt, job.id, key, generation)["fence"] == f"{job.id}:attempt:2"
@@ -596,7 +597,7 @@ def test_a_stale_lease_requeue_is_redelivered_at_once_even_if_the_scanner_wins_t
     rt, sent, _ = runtime
     job = enqueue(rt.queue, "factory", max_attempts=2)
     key, generation = started(rt, sent, job.id)
-    assert rt.queue.lease(job.id, "dead-worker", 1).applied
+    assert lease(rt.queue, job.id, "dead-worker", 1).applied
     wait_lease_past_deadline(rt.engine, rt.queue, job.id)
     fast_scanner(rt, sent)
     assert dispatch.drive(rt, job.id, key, generation) == {"outcome": "stale_active_lease"}

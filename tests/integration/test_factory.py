@@ -22,6 +22,7 @@ from app.storage.db import objective_tasks, objectives, transaction
 from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, FAIL, HOLD, drain, plan
 from tests.support import queue_ops
+from tests.support.queue_ops import lease
 
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 LAUNCHER = {"tokenId": "tok_test", "scopes": [], "system": False}
@@ -151,7 +152,7 @@ def test_cancel_mid_flight_aborts_running_tasks_and_never_starts_the_rest(engine
     oid = launch(queue, {"A": [], "B": [], "C": ["A"]}, agents={"A": HOLD, "B": HOLD})
     drain(queue, skip_agents=(HOLD,))
     a, b = task_job_id(oid, 1, "A"), task_job_id(oid, 1, "B")
-    assert queue.lease(a, "w1", 60_000, start=True).applied  # A runs; B still queued
+    assert lease(queue, a, "w1", 60_000, start=True).applied  # A runs; B still queued
     service.cancel(queue, oid, "changed my mind")
     drain(queue, skip_agents=(HOLD,))
     job_a, job_b = queue.get(a), queue.get(b)
@@ -181,7 +182,7 @@ def test_the_outbox_request_commits_with_the_task_settlement_and_the_redrive_enq
     assert service.redrive_outbox(queue)["controlJobs"] == [control_job_id(oid, 2)]  # idempotent
     drain(queue, skip_agents=("test-echo",))
     a = task_job_id(oid, 1, "A")
-    assert queue.lease(a, "w1", 60_000, start=True).applied
+    assert lease(queue, a, "w1", 60_000, start=True).applied
     before = types(engine, oid)
     assert queue_ops.complete(queue, a, "w1", 1, {"ok": True}).applied
     after = types(engine, oid)
@@ -205,7 +206,7 @@ def test_an_expired_task_lease_requests_control(engine: Engine) -> None:
     oid = launch(queue, {"A": []})
     service.control_step(queue, oid)
     a = task_job_id(oid, 1, "A")
-    assert queue.lease(a, "w1", 1, start=True).applied
+    assert lease(queue, a, "w1", 1, start=True).applied
     import time
 
     time.sleep(0.05)
@@ -242,7 +243,7 @@ def test_a_job_of_another_organisation_never_requests_control(engine: Engine) ->
         },
     )
     job = queue.enqueue(foreign).job
-    assert queue.lease(job.id, "w", 60_000, start=True).applied
+    assert lease(queue, job.id, "w", 60_000, start=True).applied
     before = types(engine, oid)
     assert queue_ops.complete(queue, job.id, "w", 1, {}).applied
     assert types(engine, oid) == before

@@ -20,6 +20,7 @@ from app.factory.plan import validate_objective
 from app.jobs.timing import timing_for
 from app.storage.queue import Queue
 from tests.factory_support import drain, plan
+from tests.support.queue_ops import lease
 from workers.handler import HandlerError, JobContext
 from workers.handlers import codex
 
@@ -34,7 +35,7 @@ AUTH = {"userId": "u1", "organizationId": ORG}
 def context(queue: Queue, settings: Settings, kind: str, **payload: Any) -> JobContext:
     job = enqueue(queue, "codex", kind=kind, **payload)
     timing = timing_for(job.agent_id, job.kind, job.payload, settings)
-    out = queue.lease(job.id, "codex-worker", timing.lease_ms)
+    out = lease(queue, job.id, "codex-worker", timing.lease_ms)
     assert out.applied
     return JobContext(queue, out.job, "codex-worker", 1, settings, timing.execution_timeout_ms)
 

@@ -21,6 +21,7 @@ from app.jobs.validation import EnqueueRequest
 from app.storage.db import durable_activities, durable_workflows
 from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, drain, plan
+from tests.support.queue_ops import lease
 
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 
@@ -172,7 +173,7 @@ def test_the_background_writer_batches_run_rows_and_an_older_fold_never_replaces
     queue = queue_for(engine, ledger_in_background=True)
     body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
     enqueued = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-1")).job
-    leased = queue.lease(enqueued.id, "w", 60_000, start=True).job
+    leased = lease(queue, enqueued.id, "w", 60_000, start=True).job
     done = queue.settle_attempt(enqueued.id, "w", 1, result={"ok": True}).job
     ledger_hook(queue).flush()
     run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-1")
@@ -200,7 +201,7 @@ def test_closing_the_background_writer_writes_what_it_holds_and_stops_its_thread
     assert thread is not None and not thread.is_alive()
     run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-close")
     assert run["status"] == "queued"
-    queue.lease(job.id, "w", 60_000, start=True)
+    lease(queue, job.id, "w", 60_000, start=True)
     run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-close")
     assert run["status"] == "running"  # written before lease() returned
     queue.close()  # idempotent

@@ -18,11 +18,12 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from app.jobs.routing import DRIVER_QUEUE
-from app.storage import delivery, loops
+from app.storage import loops
 from app.storage.db import db_now, deliveries, loop_runs, transaction
 from tasks import loops as task_loops
 from tasks.dispatch import dispatch_jobs
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, Runtime
+from tests.support.queue_ops import lease, settle_deliveries
 
 from .runtime_support import (
     Recorder,
@@ -190,7 +191,7 @@ def test_a_new_queue_state_gets_a_new_redrive_key(runtime: Any) -> None:
     task_loops.redrive_queued(rt)
     assert sent.named(DRIVER_TASK) == []  # the first redrive's delivery is still in flight
     with transaction(rt.engine) as conn:  # ... until it ends (here: as if its message were lost)
-        delivery.settle_job(conn, job.id, "lost", db_now(conn))
+        settle_deliveries(conn, job.id, "lost", db_now(conn))
     task_loops.redrive_queued(rt)
     [driver] = sent.named(DRIVER_TASK)
     current = rt.queue.get(job.id)
@@ -209,14 +210,14 @@ def test_redrive_respects_the_cooldown_after_any_delivery(runtime: Any) -> None:
     # Past the cooldown, but that delivery is still in flight: no second message beside it.
     assert task_loops.redrive_queued(rt)["redriven"] == []
     with transaction(rt.engine) as conn:
-        delivery.settle_job(conn, job.id, "lost", db_now(conn))
+        settle_deliveries(conn, job.id, "lost", db_now(conn))
     assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
 
 
 def test_redrive_skips_jobs_that_are_not_queued(runtime: Any) -> None:
     rt, sent, _ = runtime
     job = enqueue(rt.queue, "factory")
-    assert rt.queue.lease(job.id, "w", LONG_MS).applied
+    assert lease(rt.queue, job.id, "w", LONG_MS).applied
     sent.clear()
     assert task_loops.redrive_queued(rt)["redriven"] == []
     assert sent.sent == []
@@ -269,8 +270,8 @@ def test_expire_leases_appends_lease_expired_and_wakes_dispatch(runtime: Any) ->
     rt, sent, callbacks = runtime
     dead = enqueue(rt.queue, "factory")
     alive = enqueue(rt.queue, "factory")
-    assert rt.queue.lease(dead.id, "dead-worker", 1).applied
-    assert rt.queue.lease(alive.id, "live-worker", LONG_MS).applied
+    assert lease(rt.queue, dead.id, "dead-worker", 1).applied
+    assert lease(rt.queue, alive.id, "live-worker", LONG_MS).applied
     wait_lease_past_deadline(rt.engine, rt.queue, dead.id)
     sent.clear()
     assert task_loops.expire_leases(rt) == {"expired": [dead.id]}
@@ -292,7 +293,7 @@ def test_expire_leases_appends_lease_expired_and_wakes_dispatch(runtime: Any) ->
 def test_expiring_the_last_attempt_fails_the_job_and_posts_the_callback(runtime: Any) -> None:
     rt, sent, callbacks = runtime
     job = enqueue(rt.queue, "factory", max_attempts=1)
-    assert rt.queue.lease(job.id, "dead-worker", 1).applied
+    assert lease(rt.queue, job.id, "dead-worker", 1).applied
     wait_lease_past_deadline(rt.engine, rt.queue, job.id)
     sent.clear()
     assert task_loops.expire_leases(rt) == {"expired": [job.id]}

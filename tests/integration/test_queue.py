@@ -26,7 +26,7 @@ from app.storage import store
 from app.storage.db import db_now, parse_iso, receipts
 from app.storage.queue import Queue, decode_cursor, validate_status_filter
 from tests.support.databases import assert_projection_equals_fold
-from tests.support.queue_ops import complete, settle_canceled
+from tests.support.queue_ops import complete, lease, settle_canceled
 
 ORG_A = "org-a"
 ORG_B = "org-b"
@@ -109,7 +109,7 @@ def wait_for_db_clock_past(engine: Engine, moment: str | None, timeout_s: float 
 
 def leased_job(q: Any, *, worker: str = "w1", lease_ms: int = LONG, **body: Any) -> Job:
     job = q.enqueue(req(**body)).job
-    out = q.lease(job.id, worker, lease_ms)
+    out = lease(q, job.id, worker, lease_ms)
     assert out.applied
     leased: Job = out.job
     return leased
@@ -168,7 +168,7 @@ def test_enqueue_is_idempotent_on_an_explicit_job_id(q: Any, engine: Engine) -> 
     again = q.enqueue(req(jobId="job-1", lane="steer", payload=payload(kind="factory.run"), maxAttempts=7))
     assert not again.created and again.job == first.job  # unchanged, not the second request's values
     # Still idempotent after the job moved on: the existing job comes back as it is now.
-    leased = q.lease(key, "w1", LONG).job
+    leased = lease(q, key, "w1", LONG).job
     before = receipt_count(engine)
     third = q.enqueue(req(jobId="job-1"))
     assert not third.created and third.job == leased
@@ -181,7 +181,7 @@ def test_enqueue_is_idempotent_on_an_explicit_job_id(q: Any, engine: Engine) -> 
 def test_the_same_job_id_in_another_organisation_is_another_job(q: Any, engine: Engine) -> None:
     """Org B's jobId is its own: the same id org A holds makes B a new job, and A's is untouched."""
     a_job = q.enqueue(req(jobId="shared-id")).job
-    a_leased = q.lease(a_job.id, "w1", LONG).job
+    a_leased = lease(q, a_job.id, "w1", LONG).job
     b = q.enqueue(req(org=ORG_B, jobId="shared-id", lane="chat"))
     assert b.created and b.job.id == qualify(ORG_B, "shared-id") != a_job.id
     assert b.job.organization_id == ORG_B and b.job.status == "queued" and b.job.lane == "chat"
@@ -286,7 +286,7 @@ def test_lease_expiry_is_evaluated_before_the_steer_scan(q: Any, engine: Engine)
     assert result.steered and result.job.id == dead.id
     assert result.job.status == "queued" and result.job.lease is None
     assert [c.type for c in result.job.pending_commands] == ["steer"]
-    assert q.lease(dead.id, "w2", LONG).job.pending_commands[0].payload == payload(prompt="p")
+    assert lease(q, dead.id, "w2", LONG).job.pending_commands[0].payload == payload(prompt="p")
 
 
 def test_expired_job_with_no_attempt_left_does_not_take_the_steer(q: Any, engine: Engine) -> None:
@@ -334,16 +334,16 @@ def test_session_scans_are_scoped_per_organization(q: Any, engine: Engine, mode:
 
 def test_lease_takes_a_queued_job_once(q: Any, engine: Engine) -> None:
     job = q.enqueue(req()).job
-    out = q.lease(job.id, "w1", 30_000)
+    out = lease(q, job.id, "w1", 30_000)
     assert out.applied
-    lease = out.job.lease
-    assert out.job.status == "leased" and out.job.attempt == 1 and lease is not None
-    assert (lease.worker_id, lease.attempt) == ("w1", 1)
+    held = out.job.lease
+    assert out.job.status == "leased" and out.job.attempt == 1 and held is not None
+    assert (held.worker_id, held.attempt) == ("w1", 1)
     leased_at = parse_iso(stream_of(engine, job.id)[-1].at)
     assert leased_at is not None
-    assert parse_iso(lease.expires_at) == leased_at + timedelta(milliseconds=30_000)  # database clock
+    assert parse_iso(held.expires_at) == leased_at + timedelta(milliseconds=30_000)  # database clock
     before = receipt_count(engine)
-    second = q.lease(job.id, "w2", 30_000)
+    second = lease(q, job.id, "w2", 30_000)
     assert not second.applied and second.job == out.job and receipt_count(engine) == before
 
 
@@ -380,7 +380,7 @@ def test_complete(q: Any, engine: Engine) -> None:
     assert out.job.lease is None and out.job.terminal
     # Terminal is absorbing: nothing further takes effect.
     before = receipt_count(engine)
-    assert not q.lease(job.id, "w2", LONG).applied
+    assert not lease(q, job.id, "w2", LONG).applied
     assert not q.heartbeat(job.id, "w1", 1, LONG).applied
     assert not q.fail(job.id, "w1", 1, "late", retryable=False).applied
     assert not q.cancel_queued(job.id, "x").applied
@@ -393,7 +393,7 @@ def test_retryable_failure_requeues_until_attempts_run_out(q: Any, engine: Engin
     out = q.fail(job.id, "w1", 1, "flaky", retryable=True, status="execution_timeout")
     assert out.applied and out.job.status == "queued" and out.job.lease is None
     assert out.job.error == "flaky" and out.job.result is None  # status kept out of the result
-    second = q.lease(job.id, "w2", LONG)
+    second = lease(q, job.id, "w2", LONG)
     assert second.applied and second.job.attempt == 2
     out = q.fail(job.id, "w2", 2, "flaky again", retryable=True, status="execution_timeout")
     assert out.job.status == "failed" and out.job.result == {"status": "execution_timeout"}
@@ -494,7 +494,7 @@ def test_command_refusals_write_nothing(q: Any, engine: Engine) -> None:
 
 def test_unknown_job_raises_not_found_and_writes_nothing(q: Any, engine: Engine) -> None:
     ops: list[Callable[[], Any]] = [
-        lambda: q.lease("nope", "w", 1000),
+        lambda: lease(q, "nope", "w", 1000),
         lambda: q.heartbeat("nope", "w", 1, 1000),
         lambda: q.progress("nope", "w", 1, {}),
         lambda: complete(q, "nope", "w", 1),
@@ -516,7 +516,7 @@ def test_superseded_attempt_settlements_are_inert(q: Any, engine: Engine) -> Non
     job = running_job(q, lease_ms=1, maxAttempts=3)
     wait_for_db_clock_past(engine, job.lease.expires_at if job.lease else None)
     assert q.expire_lease(job.id).applied
-    current = q.lease(job.id, "w2", LONG).job
+    current = lease(q, job.id, "w2", LONG).job
     assert current.attempt == 2
     before = receipt_count(engine)
     stale: list[Callable[[], Any]] = [
@@ -570,7 +570,7 @@ def test_list_jobs_filters_and_pages(q: Any, engine: Engine) -> None:
     for i in range(5):
         made.append(q.enqueue(req(lane="chat" if i % 2 else "collect", sessionKey=f"s{i % 2}")).job)
     b_job = q.enqueue(req(org=ORG_B)).job
-    q.lease(made[0].id, "w1", LONG)
+    lease(q, made[0].id, "w1", LONG)
     page = q.list_jobs(organization_id=ORG_A, limit=2)
     seen = list(page.jobs)
     while page.next_cursor:
@@ -637,12 +637,12 @@ def test_on_dispatchable_is_called_after_commit_with_queued_jobs(engine: Engine)
     queue = queue_for(engine, on_dispatchable=hook)
     job = queue.enqueue(req()).job
     assert calls == [(["queued"], [job.id])]
-    queue.lease(job.id, "w1", LONG)
+    lease(queue, job.id, "w1", LONG)
     queue.heartbeat(job.id, "w1", 1, LONG)
     assert len(calls) == 1  # leasing and heartbeats make nothing dispatchable
     queue.fail(job.id, "w1", 1, "retry me", retryable=True)
     assert calls[-1] == (["queued"], [job.id])  # requeued → dispatchable again
-    queue.lease(job.id, "w1", LONG)
+    lease(queue, job.id, "w1", LONG)
     complete(queue, job.id, "w1", 2)
     assert len(calls) == 2
     check_all(engine)

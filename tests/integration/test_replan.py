@@ -16,7 +16,7 @@ from app.storage import store
 from app.storage.db import transaction
 from app.storage.queue import Queue
 from tests.factory_support import ECHO, drain, plan
-from tests.support.queue_ops import settle_canceled
+from tests.support.queue_ops import lease, settle_canceled
 
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 
@@ -74,7 +74,7 @@ def test_a_running_earlier_job_gets_an_abort_with_reason_phase_superseded(queue:
     oid = launch(queue, "rp-2", {"A": []})
     drain(queue, skip_agents=(ECHO,))
     a_job = task_job_id(oid, 1, "A")
-    queue.lease(a_job, "w-test", 60_000, start=True)
+    lease(queue, a_job, "w-test", 60_000, start=True)
     service.replan(queue, oid, tasks("C"), None)
     drain(queue, skip_agents=(ECHO,))
     a = queue.get(a_job)

@@ -21,6 +21,7 @@ from app.jobs.errors import no_handler_message
 from app.jobs.timing import EXECUTION_TIMEOUT_FLOOR_MS
 from app.storage import retry as retry_module
 from app.storage.queue import Queue
+from tests.support.queue_ops import lease
 from workers import runner
 from workers.handler import HandlerError, JobContext
 from workers.runner import run_attempt
@@ -239,7 +240,7 @@ def test_abort_requested_before_start_cancels_without_running_the_handler(
 def test_redelivered_work_with_abort_cancels_under_the_start_fence(queue: Queue) -> None:
     called = threading.Event()
     job = enqueue(queue, "test-abort")
-    assert queue.lease(job.id, "w-redelivered", 3000).applied
+    assert lease(queue, job.id, "w-redelivered", 3000).applied
     queue.cancel(job.id, "stop it")  # leased -> an abort command, not an outright cancel
     result = run_attempt(
         queue,

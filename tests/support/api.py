@@ -26,7 +26,7 @@ from app.jobs.reducer import Job
 from app.storage import tokens
 from app.storage.db import receipts
 from app.storage.queue import Queue
-from tests.support.queue_ops import closed_with_engine
+from tests.support.queue_ops import closed_with_engine, lease
 
 ORG_A = "org-a"
 ORG_B = "org-b"
@@ -107,7 +107,7 @@ class Api:
 
     def lease_and_start(self, job_id: str) -> int:
         """Lease as ``WORKER`` and heartbeat (leased → running); returns the attempt."""
-        leased = self.queue.lease(job_id, WORKER, LEASE_MS)
+        leased = lease(self.queue, job_id, WORKER, LEASE_MS)
         assert leased.applied
         attempt = leased.job.attempt
         assert self.queue.heartbeat(job_id, WORKER, attempt, LEASE_MS).applied

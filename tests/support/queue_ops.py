@@ -13,9 +13,21 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
-from app.jobs.transitions import fenced_holder
+from app.jobs.transitions import fenced_holder, lease_queued
+from app.storage import delivery
 from app.storage.db import deliveries
 from app.storage.queue import Outcome, Queue
+
+
+def lease(queue: Queue, job_id: str, worker_id: str, lease_ms: int, *, start: bool = False) -> Outcome:
+    """Lease a queued job as a worker would before running it (``start``: with its first heartbeat).
+    The worker path itself starts through ``Queue.start_attempt``."""
+    return queue.mutate(job_id, lambda job, now: lease_queued(job, now, worker_id, lease_ms, start=start))
+
+
+def settle_deliveries(conn: Connection, job_id: str, outcome: str, now: datetime) -> None:
+    """End every pending delivery of a job, as the delivery-settlement hook does in a transition."""
+    delivery.SETTLE_JOB.count(conn, delivery.settle_job_params(job_id, outcome, now))
 
 
 def complete(queue: Queue, job_id: str, worker_id: str, attempt: int, result: Any = None) -> Outcome:

@@ -49,7 +49,7 @@ from app.jobs.vocab import (
 )
 from app.storage.db import db_now, parse_iso
 from tests.support.databases import assert_projection_equals_fold
-from tests.support.queue_ops import complete, settle_canceled
+from tests.support.queue_ops import complete, lease, settle_canceled
 
 JOB_ID = "j1"
 STREAM = f"jobs/{JOB_ID}"
@@ -511,7 +511,7 @@ class QueueMachine(RuleBasedStateMachine):
         worker = data.draw(st.sampled_from(WORKERS))
         lease_ms = data.draw(st.sampled_from([1, 60_000, 60_000]))
         promote = data.draw(st.booleans())
-        out = self.q.lease(job, worker, lease_ms)
+        out = lease(self.q, job, worker, lease_ms)
         assert out.applied == (before.status == "queued")  # invariant 1
         if out.applied:
             assert out.job.status == "leased" and out.job.attempt == before.attempt + 1

@@ -25,6 +25,7 @@ from app.storage.db import db_now, transaction
 from delivery.client import consumers_by_queue
 from tests.integration.api.test_dashboard import sign_in, text
 from tests.support.api import ORG_A, ORG_B, Api, build_api, key, make_settings, payload
+from tests.support.queue_ops import lease
 from tests.unit.test_ui_graph import DIAMOND
 
 AGENTS = ("codex", "factory-control", "factory", "someone-else")
@@ -64,7 +65,7 @@ def test_status_counts_are_scoped(api: Api) -> None:
 
 def _expire_one(api: Api) -> str:
     job_key = key(api.job())
-    assert api.queue.lease(job_key, "w-dead", 1).applied
+    assert lease(api.queue, job_key, "w-dead", 1).applied
     deadline = time.monotonic() + 30
     while not api.queue.expire_lease(job_key).applied:
         assert time.monotonic() < deadline, "the 1 ms lease never expired"

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.storage import loops
 from tests.support.api import LEASE_MS, WORKER, Api, build_api, key, make_settings
+from tests.support.queue_ops import lease
 
 SCRAPE_SECRET = "scrape-secret-for-tests"
 
@@ -74,7 +75,7 @@ def test_counters_histograms_and_job_gauges_move_after_a_few_jobs(metrics_api: A
 def test_lease_expiry_is_counted(metrics_api: Api) -> None:
     api = metrics_api
     job_id = key(api.job(agent="factory"))
-    assert api.queue.lease(job_id, WORKER, 1).applied  # a 1 ms lease: expired at once
+    assert lease(api.queue, job_id, WORKER, 1).applied  # a 1 ms lease: expired at once
     before = scrape(api, SCRAPE_SECRET)
     expired = api.queue.expire_leases()
     assert [j.id for j in expired] == [job_id]
