@@ -5,7 +5,6 @@ drive the same pages in Chromium against real processes.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from http.cookies import SimpleCookie
 from pathlib import Path
@@ -15,8 +14,6 @@ import pytest
 from werkzeug.test import TestResponse
 
 from api.ui import session as ui_session
-from api.ui.objective_views import FINDER_EXTENSION
-from api.ui.objectives import find_reader
 from app.config import Settings
 from app.storage import tokens
 from tests.support.api import ORG_A, ORG_B, Api, EventReader, key, make_settings, payload
@@ -511,32 +508,6 @@ def test_the_live_list_ends_when_the_token_is_revoked(
     # It ended because of the revocation, not because its lifetime ran out.
     assert comments[-1] == "signed out"
     assert sqlite_api.client.get("/ui/live/jobs").status_code == 401
-
-
-# -- objectives without the Factory -------------------------------------------------------------
-
-
-def _without_factory(name: str) -> Any:
-    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-
-
-def test_objective_pages_say_the_factory_is_not_available(sqlite_api: Api) -> None:
-    sqlite_api.app.extensions[FINDER_EXTENSION] = lambda engine: find_reader(engine, _without_factory)
-    sign_in(sqlite_api)
-    for path in ("/ui/objectives", "/ui/objectives/obj-1", "/ui/objectives/obj-1/events"):
-        response = sqlite_api.client.get(path)
-        assert response.status_code == 501, path
-    assert "Factory objectives are not available on this server." in text(
-        sqlite_api.client.get("/ui/objectives")
-    )
-
-
-@pytest.mark.skipif(importlib.util.find_spec("app.factory") is not None, reason="the Factory is installed")
-def test_without_the_factory_package_the_server_says_so(sqlite_api: Api) -> None:
-    sign_in(sqlite_api)
-    response = sqlite_api.client.get("/ui/objectives")
-    assert response.status_code == 501
-    assert "Factory objectives are not available on this server." in text(response)
 
 
 # -- the system page ----------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-import pytest
 from sqlalchemy.engine import Engine
 
 from api.ui import objectives as ui_objectives
@@ -281,33 +280,3 @@ def test_a_bad_objective_status_filter_is_a_400(sqlite_api: Api) -> None:
     response = sqlite_api.client.get("/ui/objectives?status=done")
     assert response.status_code == 400
     assert "active, completed, failed, canceled" in text(response)
-
-
-def test_find_reader_without_and_with_the_factory(sqlite_engine: Engine) -> None:
-    def missing(name: str) -> Any:
-        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-
-    found = ui_objectives.find_reader(sqlite_engine, missing)
-    assert isinstance(found, ui_objectives.Unavailable)
-    assert found.reason == "Factory objectives are not available on this server."
-
-    class Factory:
-        pass
-
-    unwired = ui_objectives.find_reader(sqlite_engine, lambda name: Factory())  # type: ignore[arg-type,return-value]
-    assert isinstance(unwired, ui_objectives.Unavailable) and "not wired" in unwired.reason
-
-    reader = FakeReader([])
-
-    class Wired:
-        @staticmethod
-        def dashboard_reader(engine: Engine) -> FakeReader:
-            return reader
-
-    assert ui_objectives.find_reader(sqlite_engine, lambda name: Wired()) is reader  # type: ignore[arg-type,return-value]
-
-    def broken(name: str) -> Any:
-        raise ModuleNotFoundError("No module named 'networkx'", name="networkx")
-
-    with pytest.raises(ModuleNotFoundError):
-        ui_objectives.find_reader(sqlite_engine, broken)
