@@ -19,17 +19,16 @@ from app.jobs.ids import (
     RESERVED_JOB_ID_SHAPES,
     reserved_shape,
 )
+from app.jobs.kinds import KINDS_WITHOUT_AUTH_CONTEXT, PAYLOAD_KINDS
 from app.jobs.vocab import (
     AUTH_CONTEXT_OPTIONAL,
     AUTH_CONTEXT_REQUIRED,
     DEFAULT_LANE,
     DEFAULT_SINGLETON_MODE,
-    KINDS_WITHOUT_AUTH_CONTEXT,
     LANES,
     MAX_ATTEMPTS_DEFAULT,
     MAX_ATTEMPTS_MAX,
     MAX_ATTEMPTS_MIN,
-    PAYLOAD_KINDS,
     SINGLETON_MODES,
 )
 

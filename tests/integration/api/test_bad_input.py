@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from app.jobs.vocab import LANES, PAYLOAD_KINDS, SINGLETON_MODES
+from app.jobs.kinds import PAYLOAD_KINDS
+from app.jobs.vocab import LANES, SINGLETON_MODES
 from tests.support.api import Api, auth_context, json_of, key, payload
 
 ENQUEUE = "/agents/factory/jobs"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.jobs.ids import SYSTEM_ORGANIZATION
-from app.jobs.vocab import PAYLOAD_KINDS
+from app.jobs.kinds import PAYLOAD_KINDS
 from tests.support.api import ORG_A, ORG_B, Api, auth_context, json_of, key, payload
 
 
