@@ -29,6 +29,7 @@ from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
 from app.jobs.vocab import (
     AUTH_CONTEXT_OPTIONAL,
     AUTH_CONTEXT_REQUIRED,
+    COMMAND_LANES,
     COMMAND_TYPES,
     LANES,
     SINGLETON_MODES,
@@ -181,6 +182,11 @@ COMMAND_REQUEST: Schema = {
     "title": "CommandRequest",
     "properties": {
         "type": _enum(COMMAND_TYPES),
+        "lane": {
+            **_enum(COMMAND_LANES, nullable=True),
+            "description": "The queue-command lane of a steer or follow_up (default: the one its type "
+            "names); an abort takes none.",
+        },
         "payload": JSON_VALUE,
         "reason": _text(REASON_MAX, nullable=True, non_blank=False),
     },
@@ -300,6 +306,11 @@ COMMAND: Schema = {
     "properties": {
         "id": {"type": "string"},
         "type": {"type": "string"},
+        "lane": {
+            "type": "string",
+            "enum": list(COMMAND_LANES),
+            "description": "The lane a steer or follow_up was sent on (absent for an abort).",
+        },
         "payload": _ANY,
         "reason": {"type": ["string", "null"]},
         "at": _TIME,
