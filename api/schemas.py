@@ -192,6 +192,13 @@ COMMAND_REQUEST: Schema = {
     },
     "required": ["type"],
     "additionalProperties": False,
+    # An abort stops the job on every lane: it takes none.
+    "if": {"properties": {"type": {"const": "abort"}}, "required": ["type"]},
+    "then": {
+        "properties": {
+            "lane": {"type": "null", "x-message": "is not taken by an abort: it stops the job on every lane"}
+        }
+    },
 }
 
 CANCEL_REQUEST: Schema = {

@@ -237,6 +237,17 @@ HANDLED_AGENT_IDS: Final[tuple[str, ...]] = tuple(dict.fromkeys(k.agent for k in
 CONTRACTS: Final[Mapping[str, KindContract]] = MappingProxyType({k.name: k.contract for k in _DECLARED})
 
 
+def settings_read() -> frozenset[str]:
+    """The ``Settings`` fields the lease rows name (read with ``getattr`` by ``app.jobs.timing``)."""
+    fields: set[str] = set()
+    for kind in _DECLARED:
+        if kind.lease is not None:
+            fields.add(kind.lease.floor)
+            if kind.lease.execution_timeout_cap is not None:
+                fields.add(kind.lease.execution_timeout_cap)
+    return frozenset(fields)
+
+
 def kind_of(name: str) -> Kind:
     """The declaration of a payload kind; an unknown kind is a ValidationError naming every kind."""
     try:

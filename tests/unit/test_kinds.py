@@ -275,6 +275,11 @@ def test_the_kinds_own_lease_rows_are_control_and_the_computer_path_monitor() ->
         ),
         "factory.task.monitor": kinds.LeaseRow("codex_job_lease_ms", when=("executionPath", "computer")),
     }
+    assert kinds.settings_read() == {
+        "factory_control_job_lease_ms",
+        "factory_control_job_execution_timeout_ms",
+        "codex_job_lease_ms",
+    }
     fields = {f.name for f in dataclasses.fields(Settings)}
     for row in rows.values():
         assert row.floor in fields
