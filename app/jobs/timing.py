@@ -60,11 +60,14 @@ def kind_row(agent_id: str, kind: str, payload: Mapping[str, Any]) -> LeaseRow |
 
 def lease_ms(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Settings) -> int:
     """The job's lease, per the spec's lease table (section "Leases, timeouts and heartbeats")."""
+    return _lease_ms(agent_id, payload, settings, kind_row(agent_id, kind, payload))
+
+
+def _lease_ms(agent_id: str, payload: Mapping[str, Any], settings: Settings, row: LeaseRow | None) -> int:
     default = settings.job_lease_ms
     # The kinds' own rows: factory-control running factory.objective.control -> max(default,
     # FACTORY_CONTROL_JOB_LEASE_MS); factory-monitor running factory.task.monitor on the computer
     # path -> max(default, CODEX_JOB_LEASE_MS).
-    row = kind_row(agent_id, kind, payload)
     if row is not None:
         return max(default, int(getattr(settings, row.floor)))
     # Row: codex, whatever the kind -> the larger of CODEX_JOB_LEASE_MS and payload timeout + 300 000,
@@ -86,8 +89,12 @@ def lease_ms(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Set
 
 def execution_timeout_ms(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Settings) -> int:
     """How long the handler may run: the lease minus 1 000 ms, floored at 5 000 ms."""
-    timeout = lease_ms(agent_id, kind, payload, settings) - EXECUTION_TIMEOUT_MARGIN_MS
     row = kind_row(agent_id, kind, payload)
+    return _execution_timeout_ms(_lease_ms(agent_id, payload, settings, row), settings, row)
+
+
+def _execution_timeout_ms(lease: int, settings: Settings, row: LeaseRow | None) -> int:
+    timeout = lease - EXECUTION_TIMEOUT_MARGIN_MS
     cap = getattr(settings, row.execution_timeout_cap) if row and row.execution_timeout_cap else None
     # Spec: FACTORY_CONTROL_JOB_EXECUTION_TIMEOUT_MS "may lower it, for objective control only" (the
     # one row that names a cap) — min() so it can never raise the timeout past the lease it must
@@ -117,10 +124,11 @@ def driver_timeout_ms(lease_ms: int) -> int:
 
 def timing_for(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Settings) -> JobTiming:
     """All four durations of a job, each derived from the one lease."""
-    lease = lease_ms(agent_id, kind, payload, settings)
+    row = kind_row(agent_id, kind, payload)
+    lease = _lease_ms(agent_id, payload, settings, row)
     return JobTiming(
         lease_ms=lease,
-        execution_timeout_ms=execution_timeout_ms(agent_id, kind, payload, settings),
+        execution_timeout_ms=_execution_timeout_ms(lease, settings, row),
         heartbeat_interval_ms=heartbeat_interval_ms(lease, settings),
         driver_timeout_ms=driver_timeout_ms(lease),
     )
