@@ -15,8 +15,10 @@ identities); anything else answers exactly as an unknown job would, so existence
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from flask import g, request
 from sqlalchemy.engine import Engine
@@ -154,13 +156,13 @@ def require_enqueue_allowed(identity: Identity, agent_id: str, req: EnqueueReque
         raise forbidden(refusal)
     if not identity.may_act_for(req.organization_id):
         raise forbidden("payload.authContext.organizationId is not the organisation of this token")
-    require_command_scope(identity, agent_id, kind)
+    require_command_scope(identity, agent_id, kind, req.payload)
 
 
-def require_command_scope(identity: Identity, agent_id: str, kind: str) -> None:
-    """403 ``missing_scope`` when a job of ``kind`` for ``agent_id`` runs a command and the caller
-    may not run commands."""
-    if runs_command(agent_id, kind) and not identity.enqueuer().may_run_commands:
+def require_command_scope(identity: Identity, agent_id: str, kind: str, payload: Mapping[str, Any]) -> None:
+    """403 ``missing_scope`` when a job of ``kind`` for ``agent_id`` with ``payload`` runs a command
+    and the caller may not run commands."""
+    if runs_command(agent_id, kind, payload) and not identity.enqueuer().may_run_commands:
         raise ApiError(
             403,
             MISSING_SCOPE,

@@ -61,6 +61,10 @@ def to_validation_error(error: SchemaError, root: str = "") -> ValidationError:
         name = extra[0] if extra else "?"
         return ValidationError(jsonbody.field_path(path, name), "is not a known field", allowed=known)
     field = path or "body"
+    # A schema that says why it refuses (``x-message``, an OpenAPI extension) is quoted as it says it.
+    said = error.schema.get("x-message") if isinstance(error.schema, Mapping) else None
+    if isinstance(said, str):
+        return ValidationError(field, said)
     if kind == "enum":
         allowed = [v for v in value if v is not None]
         return ValidationError(field, "is not one of the allowed values", allowed=allowed)

@@ -22,7 +22,7 @@ from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
 from app.factory import service
 from app.jobs.reducer import Job
-from app.jobs.validation import EnqueueRequest, validate_enqueue
+from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
 from app.storage.db import parse_iso
 from app.storage.queue import decode_cursor, encode_cursor, validate_status_filter
 
@@ -157,6 +157,8 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
 @operation(
     Operation(
         summary="Send a queue command (steer, follow_up or abort) to a job.",
+        description="A steer or follow_up is sent on a queue-command lane (`lane`: steer or "
+        "follow_up, by default the one its type names); an abort takes no lane.",
         tag="jobs",
         path=_JOB_PATH,
         scoped=True,
@@ -166,8 +168,10 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
+    # The whole body is checked before the job is looked up: bad input is a 400 wherever it points.
+    lane = command_lane(body["type"], body.get("lane"))
     job = visible_job(jobId)
-    outcome = state().queue.command(job.id, body["type"], body.get("payload"), body.get("reason"))
+    outcome = state().queue.command(job.id, body["type"], body.get("payload"), body.get("reason"), lane=lane)
     return {"job": job_json(outcome.job)}, 202
 
 

@@ -104,7 +104,7 @@ def launch(body: dict[str, Any]) -> ResponseReturnValue:
         raise forbidden("authContext.organizationId is not the organisation of this token")
     for task in spec.tasks:
         # A task that runs a command needs the same right as posting that job directly (issue 8).
-        auth.require_command_scope(identity, task.agent_id, task.kind)
+        auth.require_command_scope(identity, task.agent_id, task.kind, task.payload)
     result = service.launch(state().queue, spec, launched_by=identity.enqueuer().to_json())
     obj = result.objective
     if not result.created:
@@ -224,7 +224,7 @@ def replan(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
     def authorize(tasks: Sequence[TaskSpec]) -> None:
         # A new task that runs a command needs the same right as at launch.
         for task in tasks:
-            auth.require_command_scope(identity, task.agent_id, task.kind)
+            auth.require_command_scope(identity, task.agent_id, task.kind, task.payload)
 
     service.replan(state().queue, current.id, body.get("tasks"), body.get("reason"), authorize)
     return {"objective": live_json(visible_objective(objectiveId))}, 202

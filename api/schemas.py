@@ -23,15 +23,15 @@ from app.factory.vocab import (
     TITLE_MAX,
 )
 from app.jobs.ids import JOB_ID_PATTERN, ORGANIZATION_ID_PATTERN, SYSTEM_ORGANIZATION
+from app.jobs.kinds import KINDS_WITHOUT_AUTH_CONTEXT, PAYLOAD_KINDS
 from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
 from app.jobs.vocab import (
     AUTH_CONTEXT_OPTIONAL,
     AUTH_CONTEXT_REQUIRED,
+    COMMAND_LANES,
     COMMAND_TYPES,
-    KINDS_WITHOUT_AUTH_CONTEXT,
     LANES,
-    PAYLOAD_KINDS,
     SINGLETON_MODES,
     STATUSES,
 )
@@ -137,7 +137,7 @@ _KINDS_NEEDING_AUTH = [kind for kind in PAYLOAD_KINDS if kind not in KINDS_WITHO
 
 PAYLOAD: Schema = {
     "type": "object",
-    "description": "The job's input: a kind (one of the nine) and any kind-specific fields.",
+    "description": f"The job's input: a kind (one of the {len(PAYLOAD_KINDS)}) and any kind-specific fields.",
     "properties": {
         "kind": _enum(PAYLOAD_KINDS),
         "authContext": {**AUTH_CONTEXT, "type": ["object", "null"]},
@@ -147,7 +147,7 @@ PAYLOAD: Schema = {
     "additionalProperties": JSON_VALUE,
     # Spec: every kind except factory.objective.watchdog needs authContext with userId and
     # organizationId; the watchdog may omit it. (Conditioned on the known kinds, so an unknown
-    # kind is reported as the kind error — listing the nine — not as a missing authContext.)
+    # kind is reported as the kind error — listing every kind — not as a missing authContext.)
     "if": {"properties": {"kind": {"enum": _KINDS_NEEDING_AUTH}}, "required": ["kind"]},
     "then": {
         "required": ["authContext"],
@@ -182,11 +182,23 @@ COMMAND_REQUEST: Schema = {
     "title": "CommandRequest",
     "properties": {
         "type": _enum(COMMAND_TYPES),
+        "lane": {
+            **_enum(COMMAND_LANES, nullable=True),
+            "description": "The queue-command lane of a steer or follow_up (default: the one its type "
+            "names); an abort takes none.",
+        },
         "payload": JSON_VALUE,
         "reason": _text(REASON_MAX, nullable=True, non_blank=False),
     },
     "required": ["type"],
     "additionalProperties": False,
+    # An abort stops the job on every lane: it takes none.
+    "if": {"properties": {"type": {"const": "abort"}}, "required": ["type"]},
+    "then": {
+        "properties": {
+            "lane": {"type": "null", "x-message": "is not taken by an abort: it stops the job on every lane"}
+        }
+    },
 }
 
 CANCEL_REQUEST: Schema = {
@@ -301,6 +313,11 @@ COMMAND: Schema = {
     "properties": {
         "id": {"type": "string"},
         "type": {"type": "string"},
+        "lane": {
+            "type": "string",
+            "enum": list(COMMAND_LANES),
+            "description": "The lane a steer or follow_up was sent on (absent for an abort).",
+        },
         "payload": _ANY,
         "reason": {"type": ["string", "null"]},
         "at": _TIME,

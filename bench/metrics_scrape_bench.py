@@ -4,7 +4,7 @@
 
 1. Creates a fresh PostgreSQL database (``postgres@127.0.0.1:5432``, trust auth) and migrates it.
 2. Fills the ``jobs`` projection with synthetic rows (bulk INSERTs: statuses, lanes, 20 agent ids and
-   the nine kinds spread evenly) — only the grouped count is measured, so no receipts are written.
+   every kind alike) — only the grouped count is measured, so no receipts are written.
 3. For each size, times ``app.ops.metrics.exposition`` (the grouped count, the ``loop_runs`` read,
    the process metrics, the text rendering) ``--scrapes`` times and prints the median and the worst.
 4. Drops the database.
@@ -31,7 +31,8 @@ BATCH = 5_000
 
 
 def fill(engine: object, start: int, stop: int) -> None:
-    from app.jobs.vocab import LANES, PAYLOAD_KINDS, STATUSES
+    from app.jobs.kinds import PAYLOAD_KINDS
+    from app.jobs.vocab import LANES, STATUSES
     from app.storage.db import jobs, transaction
 
     now = datetime.now(UTC)

@@ -90,6 +90,7 @@ def main() -> int:
     from sqlalchemy import select
 
     from app.factory.vocab import objective_stream, task_job_id
+    from app.jobs.kinds import CONTROL
     from app.storage import store, tokens
     from app.storage.db import deliveries, jobs, make_engine, objectives
     from app.storage.migrate import upgrade
@@ -182,12 +183,9 @@ def main() -> int:
                 cpu = max(0.0, meter.stop()["control"] - idle_rate * wall)
                 assert status(oid) == "completed"
                 with engine.connect() as conn:
-                    q = select(jobs.c.id, jobs.c.kind, jobs.c.state).where(
-                        jobs.c.agent_id == "factory-control"
-                    )
+                    q = select(jobs.c.id, jobs.c.kind, jobs.c.state).where(jobs.c.agent_id == CONTROL.agent)
                     rows = conn.execute(q).all()
-                kind = "factory.objective.control"
-                mine = [r for r in rows if r.kind == kind and r.id.startswith(f"{oid}:")]
+                mine = [r for r in rows if r.kind == CONTROL.name and r.id.startswith(f"{oid}:")]
                 n_control = len(mine)
                 # Each control job reports its own thread CPU (StepResult.cpuMs): the step's cost alone.
                 step_cpu_ms = sum(float((r.state.get("result") or {}).get("cpuMs", 0.0)) for r in mine)

@@ -72,7 +72,8 @@ class JobContext:
         return self._queue.progress(self.job.id, self.worker_id, self.attempt, value).applied
 
     def commands(self) -> list[Command]:
-        """Pending ``steer`` / ``follow_up`` commands, oldest first (``abort`` arrives as cancellation)."""
+        """Pending ``steer`` / ``follow_up`` commands, oldest first, each with the queue-command lane
+        it was sent on (``Command.lane``); ``abort`` arrives as cancellation."""
         job = self._queue.get(self.job.id)
         if job is None:
             return []

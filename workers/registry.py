@@ -1,16 +1,26 @@
 """The handler registry: agent id → handler. Exactly four agent ids are registered by default.
 
-Deployments add their own handlers with ``RECEIPT_HANDLER_MODULES`` (comma-separated module
-paths, each exposing ``register(registry)``), loaded by every worker process at start.
+Each built-in agent's handler is ``dispatch``: it looks the job's kind up in the kinds table
+(``app.jobs.kinds``) and runs the function bound to it (``workers.kinds.handles``); a kind declared
+for another agent is refused non-retryably. Deployments add their own handlers with
+``RECEIPT_HANDLER_MODULES`` (comma-separated module paths, each exposing ``register(registry)``),
+loaded by every worker process at start.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterable
+from typing import Any
 
-from app.jobs.vocab import HANDLED_AGENT_IDS
-from workers.handler import Handler
+from app.jobs.errors import wrong_agent_message
+from app.jobs.kinds import HANDLED_AGENT_IDS, KINDS
+from workers.handler import Handler, HandlerError, JobContext
+from workers.kinds import HANDLERS, unbound
+
+# The modules that bind the built-in kinds' handlers (``@handles``).
+HANDLER_MODULES = ("workers.handlers.factory", "workers.handlers.codex", "workers.handlers.integration")
 
 
 class HandlerRegistry:
@@ -29,16 +39,31 @@ class HandlerRegistry:
         return tuple(sorted(self._handlers))
 
 
-def default_registry(extra_modules: Iterable[str] = ()) -> HandlerRegistry:
-    """The four built-in handlers, plus those of any extra modules."""
-    from workers.handlers import codex, factory
+@functools.cache
+def load_handlers() -> None:
+    """Import the built-in handler modules (once); refuse when a declared kind has no handler."""
+    for name in HANDLER_MODULES:
+        importlib.import_module(name)
+    missing = unbound()
+    if missing:
+        raise RuntimeError(f"payload kinds without a handler (bind one with @handles): {', '.join(missing)}")
 
+
+def dispatch(ctx: JobContext) -> Any:
+    """Run the job's kind's handler, when the kind is declared for the job's agent."""
+    load_handlers()
+    declared = KINDS.get(ctx.job.kind)
+    if declared is None or declared.agent != ctx.job.agent_id:
+        raise HandlerError(wrong_agent_message(ctx.job.agent_id, ctx.job.kind), retryable=False)
+    return HANDLERS[declared.name](ctx)
+
+
+def default_registry(extra_modules: Iterable[str] = ()) -> HandlerRegistry:
+    """The four built-in agents (each dispatching through the kinds table), plus any extra modules'."""
+    load_handlers()
     registry = HandlerRegistry()
-    registry.register("codex", codex.handle)
-    registry.register("factory", factory.handle_factory)
-    registry.register("factory-control", factory.handle_factory_control)
-    registry.register("factory-monitor", factory.handle_factory_monitor)
-    assert set(registry.agent_ids()) == set(HANDLED_AGENT_IDS)
+    for agent_id in HANDLED_AGENT_IDS:
+        registry.register(agent_id, dispatch)
     for name in extra_modules:
         name = name.strip()
         if name:

@@ -62,7 +62,8 @@ def _title(type_: str, body: Mapping[str, Any], before: Job | None, after: Job |
     if type_ == "job.progress":
         return "progress"
     if type_ == "queue.command":
-        return f"command {body.get('type', '?')}"
+        lane = body.get("lane")
+        return f"command {body.get('type', '?')}" + (f" on lane {lane}" if lane else "")
     if type_ == "queue.command.consumed":
         return "command consumed"
     if type_ == "job.completed":
@@ -91,7 +92,7 @@ def _details(type_: str, body: Mapping[str, Any]) -> dict[str, Any]:
         "job.leased": ("expiresAt",),
         "job.heartbeat": ("expiresAt",),
         "job.progress": ("progress",),
-        "queue.command": ("type", "reason", "payload", "commandId"),
+        "queue.command": ("type", "lane", "reason", "payload", "commandId"),
         "queue.command.consumed": ("commandId",),
         "job.completed": ("result",),
         "job.failed": ("error", "status", "retryable", "retryAt", "result"),

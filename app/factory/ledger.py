@@ -38,8 +38,8 @@ from sqlalchemy.engine import Connection, Engine
 from app.factory.reducer import Objective
 from app.factory.reducer import fold as fold_objective
 from app.factory.vocab import objective_stream
-from app.jobs.contracts import CONTRACTS, contract_for
 from app.jobs.ids import is_bare, qualify
+from app.jobs.kinds import CONTRACTS, contract_for
 from app.jobs.reducer import Job
 from app.jobs.reducer import fold as fold_job
 from app.jobs.vocab import job_stream

@@ -4,7 +4,8 @@ job until it is terminal, reporting its liveness, and asks for a reconcile if th
 For a task with ``executionPath: computer`` objective control enqueues a monitor beside the task's
 job (``monitor_job_id``: deterministic, so a repeated step makes one). Its lease is the spec's row
 "factory-monitor running factory.task.monitor on the computer path → max(JOB_LEASE_MS,
-CODEX_JOB_LEASE_MS)" (``app/jobs/timing.py``), which the payload's ``executionPath`` selects.
+CODEX_JOB_LEASE_MS)" (the kind's lease row, ``app/jobs/kinds.py``), which the payload's
+``executionPath`` selects.
 
 ``follow`` is the loop with its I/O passed in (read the job, the database clock, report, wait,
 request a reconcile), so every branch is tested without a worker:
@@ -31,8 +32,6 @@ from app.jobs.ids import client_id_of
 from app.jobs.reducer import Job
 from app.jobs.vocab import LEASED_STATUSES
 
-MONITOR_KIND: Final = "factory.task.monitor"
-MONITOR_AGENT: Final = "factory-monitor"
 POLL_MIN_MS: Final = 1_000
 POLL_MAX_MS: Final = 30_000
 # A liveness report is written when it changes, and at least this often while nothing does.

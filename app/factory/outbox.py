@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.factory.vocab import job_request_id
-from app.jobs.contracts import CONTRACTS
+from app.jobs.kinds import CONTRACTS
 from app.jobs.reducer import Job
 
 

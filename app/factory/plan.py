@@ -29,6 +29,7 @@ from app.factory.vocab import (
     TITLE_MAX,
 )
 from app.jobs.errors import ValidationError
+from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.validation import validate_auth_context, validate_enqueue
 
 OBJECTIVE_FIELDS = ("objectiveId", "title", "goal", "plan", "failurePolicy", "authContext")
@@ -192,8 +193,6 @@ def _task(raw: Any, index: int, auth_context: Mapping[str, Any]) -> TaskSpec:
 
 
 def _task_kinds() -> list[str]:
-    from app.jobs.vocab import PAYLOAD_KINDS
-
     return [k for k in PAYLOAD_KINDS if k not in FORBIDDEN_TASK_KINDS]
 
 

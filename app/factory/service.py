@@ -25,9 +25,6 @@ from app.factory.hooks import ControlOutbox
 from app.factory.plan import ObjectiveSpec, TaskSpec, validate_plan
 from app.factory.reducer import Objective, Task
 from app.factory.vocab import (
-    AUDIT_KIND,
-    CONTROL_AGENT,
-    CONTROL_KIND,
     CONTROL_MAX_ATTEMPTS,
     FIRST_PHASE,
     MAX_CONTROL_GENERATIONS,
@@ -36,7 +33,7 @@ from app.factory.vocab import (
     objective_stream,
     task_job_id,
 )
-from app.jobs.contracts import contract_for
+from app.jobs import kinds
 from app.jobs.errors import (
     AppendConflict,
     ConflictError,
@@ -317,7 +314,7 @@ def ensure_control_job(queue: Queue, objective_id: str, *, known: Objective | No
         return None
     oldest = obj.pending[0]
     payload = {
-        "kind": CONTROL_KIND,
+        "kind": kinds.CONTROL.name,
         "objectiveId": obj.client_id,
         "reason": obj.pending[-1].reason,
         "requestId": obj.pending[-1].id,
@@ -326,7 +323,7 @@ def ensure_control_job(queue: Queue, objective_id: str, *, known: Objective | No
     for generation in range(MAX_CONTROL_GENERATIONS):
         # Enqueue is idempotent on the job id: one transaction creates generation g, or reads it.
         req = EnqueueRequest(
-            agent_id=CONTROL_AGENT,
+            agent_id=kinds.CONTROL.agent,
             payload=payload,
             key=control_job_id(objective_id, oldest.seq, generation),
             max_attempts=CONTROL_MAX_ATTEMPTS,
@@ -344,12 +341,13 @@ def ensure_control_job(queue: Queue, objective_id: str, *, known: Objective | No
 
 
 def ensure_audit_job(queue: Queue, obj: Objective) -> Job | None:
-    """The terminal audit job (deterministic id), when the control kind's contract asks for one."""
-    if not contract_for(CONTROL_KIND).terminal_objective_audit or obj.audit is not None:
+    """The terminal audit job (deterministic id). Only a control step ends an objective, so the
+    control kind's ``terminalObjectiveAudit`` decides whether an ended objective gets one."""
+    if not kinds.CONTROL.contract.terminal_objective_audit or obj.audit is not None:
         return None
-    payload = {"kind": AUDIT_KIND, "objectiveId": obj.client_id, "authContext": dict(obj.auth_context)}
+    payload = {"kind": kinds.AUDIT.name, "objectiveId": obj.client_id, "authContext": dict(obj.auth_context)}
     req = EnqueueRequest(
-        agent_id=CONTROL_AGENT, payload=payload, key=audit_job_id(obj.id), max_attempts=AUDIT_MAX_ATTEMPTS
+        agent_id=kinds.AUDIT.agent, payload=payload, key=audit_job_id(obj.id), max_attempts=AUDIT_MAX_ATTEMPTS
     )
     return queue.enqueue(req).job
 
@@ -379,7 +377,7 @@ def enqueue_task_job(queue: Queue, obj: Objective, task: Task, payload: Mapping[
 def ensure_monitor(queue: Queue, obj: Objective, task: Task, job_id: str) -> Job:
     """A sandboxed task's ``factory.task.monitor`` job (deterministic id: one per task job)."""
     payload = {
-        "kind": monitor.MONITOR_KIND,
+        "kind": kinds.MONITOR.name,
         "objectiveId": obj.client_id,
         "taskId": task.id,
         "phase": task.phase,
@@ -389,7 +387,7 @@ def ensure_monitor(queue: Queue, obj: Objective, task: Task, job_id: str) -> Job
         "authContext": dict(obj.auth_context),
     }
     req = EnqueueRequest(
-        agent_id=monitor.MONITOR_AGENT,
+        agent_id=kinds.MONITOR.agent,
         payload=payload,
         key=monitor.monitor_job_id(job_id),
         max_attempts=MONITOR_MAX_ATTEMPTS,

@@ -23,7 +23,7 @@ from sqlalchemy import and_, or_, select
 from app.config import Settings
 from app.factory import service, watchdog
 from app.factory.reducer import Objective, Task
-from app.factory.vocab import CONTROL_AGENT, CONTROL_KIND
+from app.jobs import kinds
 from app.jobs.ids import SYSTEM_ORGANIZATION, qualify
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest
@@ -44,8 +44,8 @@ def _control_jobs(queue: Queue) -> dict[tuple[str | None, str], list[Job]]:
     with queue.engine.connect() as conn:
         rows = conn.execute(
             select(jobs.c.state).where(
-                jobs.c.agent_id == CONTROL_AGENT,
-                jobs.c.kind == CONTROL_KIND,
+                jobs.c.agent_id == kinds.CONTROL.agent,
+                jobs.c.kind == kinds.CONTROL.name,
                 jobs.c.status.in_(sorted(ACTIVE_STATUSES)),
             )
         )
@@ -146,9 +146,9 @@ def enqueue_tick(queue: Queue, settings: Settings, published: datetime | None = 
         with queue.engine.connect() as conn:
             published = db_now(conn)
     tick = watchdog.tick_at(expr, published)
-    payload = {"kind": watchdog.WATCHDOG_KIND, "tick": tick.isoformat()}
+    payload = {"kind": kinds.WATCHDOG.name, "tick": tick.isoformat()}
     req = EnqueueRequest(
-        agent_id=watchdog.WATCHDOG_AGENT,
+        agent_id=kinds.WATCHDOG.agent,
         payload=payload,
         # The system's own job: out of every tenant's reach (a tenant's jobId is in its organisation).
         key=qualify(SYSTEM_ORGANIZATION, watchdog.tick_job_id(tick)),

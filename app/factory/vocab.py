@@ -6,6 +6,8 @@ import hashlib
 import re
 from typing import Final, Literal, get_args
 
+from app.jobs.kinds import KINDS, TASK_RUN
+
 ObjectiveStatus = Literal["active", "completed", "failed", "canceled"]
 OBJECTIVE_STATUSES: Final[tuple[str, ...]] = get_args(ObjectiveStatus)
 TERMINAL_OBJECTIVE_STATUSES: Final[frozenset[str]] = frozenset({"completed", "failed", "canceled"})
@@ -49,22 +51,17 @@ BROAD_REASONS: Final[frozenset[str]] = frozenset(
 # ones sent an abort command; never-started tasks canceled).
 PHASE_SUPERSEDED: Final = "phase superseded"
 
-# Plan defaults and bounds (issue 9: default kind factory.task.run on codex; at most 1 000 tasks).
-DEFAULT_TASK_KIND: Final = "factory.task.run"
-DEFAULT_TASK_AGENT: Final = "codex"
+# Plan defaults and bounds (a task is factory.task.run on its agent, codex, unless the plan says
+# otherwise; at most 1 000 tasks).
+DEFAULT_TASK_KIND: Final = TASK_RUN.name
+DEFAULT_TASK_AGENT: Final = TASK_RUN.agent
 MAX_PLAN_TASKS: Final = 1000
-# A task may not be one of these kinds: they belong to the objective machinery itself.
-FORBIDDEN_TASK_KINDS: Final[tuple[str, ...]] = (
-    "factory.objective.watchdog",
-    "factory.objective.control",
-    "factory.objective.audit",
-)
+# A task may not be one of these kinds: they belong to the objective machinery itself (the kinds
+# table's ``plan_task``).
+FORBIDDEN_TASK_KINDS: Final[tuple[str, ...]] = tuple(k for k, d in KINDS.items() if not d.plan_task)
 EXECUTION_PATHS: Final[tuple[str, ...]] = ("local", "computer")
 FIRST_PHASE: Final = 1
 
-CONTROL_KIND: Final = "factory.objective.control"
-AUDIT_KIND: Final = "factory.objective.audit"
-CONTROL_AGENT: Final = "factory-control"
 # Control is idempotent and cheap to redo: give it every attempt the clamp allows.
 CONTROL_MAX_ATTEMPTS: Final = 8
 # A control request whose jobs all failed for good gets at most this many further jobs.

@@ -39,9 +39,6 @@ from app.jobs import timing
 from app.jobs.reducer import Job
 from app.jobs.vocab import ACTIVE_STATUSES, LEASED_STATUSES
 
-WATCHDOG_KIND: Final = "factory.objective.watchdog"
-WATCHDOG_AGENT: Final = "factory-control"
-
 WatchdogReason = Literal[
     "phase_supersession_has_active_stale_job",
     "active_objective_work_stalled",

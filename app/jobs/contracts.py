@@ -1,15 +1,15 @@
-"""The per-kind job contracts: worker group, durable workflow and lifecycle flags of the nine payload
-kinds."""
+"""What a payload kind's contract is: its worker group, durable workflow and lifecycle flags.
+
+The contracts themselves are columns of the kinds table (``app.jobs.kinds``), one declaration per
+kind; this module holds the shape they share and the vocabularies of its columns.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 
-from app.jobs.errors import ValidationError
-from app.jobs.vocab import KINDS_WITHOUT_AUTH_CONTEXT, PAYLOAD_KINDS, PayloadKind, WorkerGroup
+from app.jobs.vocab import WorkerGroup
 
 # The durable workflows a kind may run under (spec: "an optional durable workflow"). The spec
 # names no values; these two match the ledger keys the durable layer builds: one control
@@ -23,6 +23,14 @@ DURABLE_WORKFLOWS: Final[tuple[str, ...]] = get_args(DurableWorkflow)
 PostedBy = Literal["tenant", "objective-owner", "system"]
 POSTED_BY: Final[tuple[str, ...]] = get_args(PostedBy)
 
+# Whether a job of a kind executes a command when the codex group runs it: ``never``; ``always``;
+# ``when_given`` — only when its payload carries ``command`` (``app.jobs.privilege.runs_command``,
+# the one place that decides, for the API's scope check and the worker alike).
+CommandUse = Literal["never", "always", "when_given"]
+COMMAND_USES: Final[tuple[str, ...]] = get_args(CommandUse)
+# The payload field holding a command's argv.
+COMMAND_FIELD: Final = "command"
+
 
 @dataclass(frozen=True)
 class KindContract:
@@ -35,7 +43,7 @@ class KindContract:
     and may disagree (see ``Route.agrees``).
     """
 
-    kind: PayloadKind
+    kind: str
     worker_group: WorkerGroup
     durable_workflow: DurableWorkflow | None
     # The job's execution is itself a durable activity in the ledger (resumable, checkpointed).
@@ -47,14 +55,13 @@ class KindContract:
     reconcile_objective_on_terminal_or_expired_lease: bool
     # The job is shown as live work while leased/running (it streams progress users watch).
     live_execution: bool
-    # A terminal settlement of this kind can end its objective, so it queues an objective audit.
+    # The job's run can end its objective, and the step that does queues the objective's audit.
     terminal_objective_audit: bool
     # Spec: every kind except factory.objective.watchdog requires an authContext.
     requires_auth_context: bool
-    # Issue 8: a job of this kind executes a command when delivered to the codex group, so posting
-    # it needs the ``commands`` scope (``app.jobs.privilege.runs_command``). Flip it on for the
-    # integration kinds here, in one place, once their handlers run commands.
-    runs_command: bool = False
+    # Whether the job executes a command (``CommandUse``); posting one that does needs the
+    # ``commands`` scope.
+    command: CommandUse = "never"
     # Who may post it (``PostedBy``); docs/security.md's kind table is this column.
     posted_by: PostedBy = "tenant"
 
@@ -72,119 +79,6 @@ class KindContract:
             "liveExecution": self.live_execution,
             "terminalObjectiveAudit": self.terminal_objective_audit,
             "requiresAuthContext": self.requires_auth_context,
-            "runsCommand": self.runs_command,
+            "command": self.command,
             "postedBy": self.posted_by,
         }
-
-
-def _contract(
-    kind: PayloadKind,
-    worker_group: WorkerGroup,
-    *,
-    durable_workflow: DurableWorkflow | None = None,
-    has_durable_activity: bool = False,
-    objective_scoped: bool = False,
-    reconcile: bool = False,
-    live_execution: bool = False,
-    terminal_objective_audit: bool = False,
-    runs_command: bool = False,
-    posted_by: PostedBy = "tenant",
-) -> KindContract:
-    # requires_auth_context is derived from the one vocabulary that names the exception, so the
-    # contract and the enqueue validator cannot disagree.
-    return KindContract(
-        kind=kind,
-        worker_group=worker_group,
-        durable_workflow=durable_workflow,
-        has_durable_activity=has_durable_activity,
-        objective_scoped=objective_scoped,
-        reconcile_objective_on_terminal_or_expired_lease=reconcile,
-        live_execution=live_execution,
-        terminal_objective_audit=terminal_objective_audit,
-        requires_auth_context=kind not in KINDS_WITHOUT_AUTH_CONTEXT,
-        runs_command=runs_command,
-        posted_by=posted_by,
-    )
-
-
-# Where the spec is silent the choices below are ours; each says why.
-_ALL: Final[tuple[KindContract, ...]] = (
-    # Spec: the factory.dispatch contract names control (routing on agent "factory" says chat).
-    # Not objective-scoped: a dispatch may create the objective it acts on.
-    _contract("factory.dispatch", "control"),
-    # A chat-started run: its own durable "run" workflow, streamed live to the chat.
-    _contract("factory.run", "chat", durable_workflow="run", live_execution=True),
-    # Integration runs checks in a workspace (codex); its end must be reacted to by the objective.
-    _contract(
-        "factory.integration.publish",
-        "codex",
-        # Issue 10: publish may run a command (the codex runner), so posting it needs `commands`.
-        runs_command=True,
-        objective_scoped=True,
-        reconcile=True,
-        live_execution=True,
-        # Publishing is the last step of a delivery objective, so its settlement is audited.
-        terminal_objective_audit=True,
-    ),
-    _contract(
-        "factory.integration.validate",
-        "codex",
-        # Issue 10: validate runs a command through the codex runner.
-        runs_command=True,
-        objective_scoped=True,
-        reconcile=True,
-        live_execution=True,
-    ),
-    # The audit only observes: reconciling on its end would loop audit -> control -> audit.
-    # A tenant may ask for its own objective's audit again (it is appended once): never another's.
-    _contract("factory.objective.audit", "control", objective_scoped=True, posted_by="objective-owner"),
-    # Control *is* the objective's durable workflow. It does not reconcile on its own end (that
-    # would re-enqueue itself forever); the outbox redrive and watchdog recover it instead. Control
-    # is what moves an objective to a terminal state, so its settlement is audited.
-    _contract(
-        "factory.objective.control",
-        "control",
-        durable_workflow="objective-control",
-        objective_scoped=True,
-        terminal_objective_audit=True,
-        # A control step is idempotent: a tenant may nudge its own objective, never another's.
-        posted_by="objective-owner",
-    ),
-    # Cron-driven scan over all objectives: not scoped to one, and the only kind without authContext.
-    # It scans every organisation's objectives: the system's own job.
-    _contract("factory.objective.watchdog", "control", posted_by="system"),
-    # The Factory derives a monitor for each computer-path task itself; a tenant has no reason to.
-    _contract(
-        "factory.task.monitor",
-        "control",
-        objective_scoped=True,
-        reconcile=True,
-        live_execution=True,
-        posted_by="system",
-    ),
-    # Spec: only factory.task.run sets hasDurableActivity. Its handler runs a command (the codex
-    # handler's argv), hence runs_command, like the two integration kinds.
-    _contract(
-        "factory.task.run",
-        "codex",
-        has_durable_activity=True,
-        runs_command=True,
-        objective_scoped=True,
-        reconcile=True,
-        live_execution=True,
-    ),
-)
-
-CONTRACTS: Final[Mapping[str, KindContract]] = MappingProxyType({c.kind: c for c in _ALL})
-
-if tuple(CONTRACTS) != PAYLOAD_KINDS:  # pragma: no cover - guards an edit that drops a kind
-    raise AssertionError("CONTRACTS must declare exactly the nine payload kinds, in vocabulary order")
-
-
-def contract_for(kind: str) -> KindContract:
-    """The contract of a payload kind; an unknown kind is a ValidationError naming the nine."""
-    try:
-        return CONTRACTS[kind]
-    except KeyError:
-        # DESIGN: an unknown kind is rejected before anything is written, naming the valid kinds.
-        raise ValidationError("kind", f"unknown payload kind {kind!r}", allowed=PAYLOAD_KINDS) from None

@@ -23,6 +23,11 @@ def no_handler_message(agent_id: str) -> str:
     return f"No handler for agent '{agent_id}'"
 
 
+def wrong_agent_message(agent_id: str, kind: str) -> str:
+    """A built-in agent's refusal of a kind declared for another agent (or not declared at all)."""
+    return f"agent '{agent_id}' does not run kind '{kind}'"
+
+
 def generations_exceeded_message(job_id: str) -> str:
     return f"resonate delivery recovery exceeded {MAX_DELIVERY_GENERATIONS} generations for {job_id}"
 

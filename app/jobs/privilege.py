@@ -1,10 +1,11 @@
-"""Who may make Receipt run a command: token scopes, and who enqueued a job (issue 8).
+"""Who may make Receipt run a command: token scopes, and who enqueued a job.
 
-A job *runs a command* when its kind contract says so (``runs_command``) and routing delivers it
-to the codex group, whose handler executes argv. Posting such a job needs the ``commands`` scope
-or a system token; the server records the poster on ``job.enqueued`` as ``enqueuedBy``, and the
-codex handler re-checks that record before it starts anything, so a job written by any other
-path without the right stays inert.
+A job *runs a command* when ``runs_command`` says so: its kind's contract runs one (always, or when
+the payload gives one) and routing delivers it to the codex group, whose handler executes argv.
+The API's scope check and the worker's command runner ask that one function. Posting such a job
+needs the ``commands`` scope or a system token; the server records the poster on ``job.enqueued``
+as ``enqueuedBy``, and the codex handler re-checks that record before it starts anything, so a job
+written by any other path without the right stays inert.
 
 Pure: no I/O, no Flask. The API and the workers both ask these functions.
 """
@@ -15,7 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, get_args
 
-from app.jobs.contracts import CONTRACTS
+from app.jobs.contracts import COMMAND_FIELD
+from app.jobs.kinds import KINDS
 from app.jobs.routing import worker_group_for
 
 Scope = Literal["commands"]
@@ -59,10 +61,13 @@ class Enqueuer:
         return self.system or COMMANDS_SCOPE in self.scopes
 
 
-def runs_command(agent_id: str, kind: str) -> bool:
-    """True when a job for ``agent_id`` with payload ``kind`` would execute a command."""
-    contract = CONTRACTS.get(kind)
-    return contract is not None and contract.runs_command and worker_group_for(agent_id, kind) == "codex"
+def runs_command(agent_id: str, kind: str, payload: Mapping[str, Any]) -> bool:
+    """True when a job for ``agent_id`` with this ``payload`` of ``kind`` would execute a command."""
+    declared = KINDS.get(kind)
+    if declared is None or worker_group_for(agent_id, kind) != "codex":
+        return False
+    use = declared.contract.command
+    return use == "always" or (use == "when_given" and COMMAND_FIELD in payload)
 
 
 def posting_refusal(kind: str, *, system: bool, names_objective: bool) -> str | None:
@@ -70,12 +75,13 @@ def posting_refusal(kind: str, *, system: bool, names_objective: bool) -> str | 
 
     Whether a named objective is the caller's own needs a read: the API checks that beside this.
     """
-    contract = CONTRACTS.get(kind)
-    if contract is None or system:
+    declared = KINDS.get(kind)
+    if declared is None or system:
         return None
-    if contract.posted_by == "system":
+    posted_by = declared.contract.posted_by
+    if posted_by == "system":
         return f"only system tokens may post {kind} jobs (the system enqueues them for itself)"
-    if contract.posted_by == "objective-owner" and not names_objective:
+    if posted_by == "objective-owner" and not names_objective:
         return f"a {kind} job must name payload.objectiveId: an objective of this organisation"
     return None
 

@@ -22,6 +22,7 @@ from app.jobs.errors import InvariantError, no_job_message
 from app.jobs.ids import client_id_of, organization_of_key
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.vocab import (
+    COMMAND_LANES,
     LEASED_STATUSES,
     MAX_ATTEMPTS_DEFAULT,
     TERMINAL_STATUSES,
@@ -67,7 +68,11 @@ class Lease:
 
 @dataclass(frozen=True)
 class Command:
-    """A queue command sent to a job (steer, follow_up or abort)."""
+    """A queue command sent to a job (steer, follow_up or abort).
+
+    ``lane``: the queue-command lane (steer or follow_up) a steer or follow-up was sent on; None for
+    an abort, and for a command whose receipt was written before commands carried their lane.
+    """
 
     id: str
     type: str
@@ -76,16 +81,15 @@ class Command:
     at: str | None
     consumed: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
+    lane: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "id": self.id,
-            "type": self.type,
-            "payload": self.payload,
-            "reason": self.reason,
-            "at": self.at,
-            "consumed": self.consumed,
-        }
+        out: dict[str, Any] = {"id": self.id, "type": self.type}
+        if self.lane is not None:
+            # Only when recorded: a projection folded before lanes were recorded stays byte-equal
+            # to a rebuild of the same receipts.
+            out["lane"] = self.lane
+        out.update({"payload": self.payload, "reason": self.reason, "at": self.at, "consumed": self.consumed})
         out.update(self.extra)
         return out
 
@@ -207,6 +211,7 @@ class Job:
                     at=c.get("at"),
                     consumed=c.get("consumed", False),
                     extra={k: v for k, v in c.items() if k not in _COMMAND_KEYS},
+                    lane=c.get("lane"),
                 )
                 for c in data.get("commands", [])
             ),
@@ -221,7 +226,7 @@ class Job:
         )
 
 
-_COMMAND_KEYS = frozenset({"id", "type", "payload", "reason", "at", "consumed"})
+_COMMAND_KEYS = frozenset({"id", "type", "lane", "payload", "reason", "at", "consumed"})
 _COMMAND_EXTRA_KEYS = ("fromSessionKey", "fromEnqueue", "fromJobId")
 
 
@@ -408,6 +413,8 @@ def _command(s: Job, b: Mapping[str, Any]) -> Job | None:
         reason=b.get("reason"),
         at=b.get("at"),
         extra={k: b[k] for k in _COMMAND_EXTRA_KEYS if k in b},
+        # Only a queue-command lane is a command's lane (a hand-edited body's other text is not).
+        lane=lane if (lane := b.get("lane")) in COMMAND_LANES else None,
     )
     return _evolve(
         s,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from app.jobs.contracts import CONTRACTS
+from app.jobs.kinds import KINDS
 from app.jobs.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, WorkerGroup
 
 # One Celery queue per worker group (the spec's Resonate groups receipt-chat/-codex/-control).
@@ -32,7 +32,9 @@ DISPATCH_TASK: Final = "receipt.dispatch"
 DRIVER_TASK: Final = "receipt.driver"
 EXECUTE_TASK: Final = "receipt.execute"
 
-# Spec: `job.payload.kind startsWith "factory.integration."` -> receipt-codex.
+# Spec: `job.payload.kind startsWith "factory.integration."` -> receipt-codex. A declared kind says
+# this itself (its ``route``; a test holds the two together); the prefix routes a kind no one
+# declared, which the enqueue validator refuses, so only a job written by another path.
 INTEGRATION_KIND_PREFIX: Final = "factory.integration."
 
 
@@ -65,24 +67,33 @@ def worker_group_for(agent_id: str, kind: str) -> WorkerGroup:
     """The worker group that executes a job, exactly the spec's routing order."""
     # Spec ("Payload kinds"), evaluated top to bottom; the first match wins:
     #   agentId === "codex"                        -> receipt-codex
-    #   kind startsWith "factory.integration."     -> receipt-codex
+    #   kind startsWith "factory.integration."     -> receipt-codex   (the kind's own ``route``)
     #   agentId === "factory-control"              -> receipt-control
     #   otherwise                                  -> receipt-chat
     # Unknown agent ids fall through to chat, where the worker fails them with "No handler".
     if agent_id == AGENT_CODEX:
         return "codex"
-    if kind.startswith(INTEGRATION_KIND_PREFIX):
-        return "codex"
+    by_kind = kind_route(kind)
+    if by_kind is not None:
+        return by_kind
     if agent_id == AGENT_FACTORY_CONTROL:
         return "control"
     return "chat"
 
 
+def kind_route(kind: str) -> WorkerGroup | None:
+    """The group a kind itself routes to (after the agent id ``codex``), or None to leave it to the agent."""
+    declared = KINDS.get(kind)
+    if declared is not None:
+        return declared.route
+    return "codex" if kind.startswith(INTEGRATION_KIND_PREFIX) else None
+
+
 def route(agent_id: str, kind: str) -> Route:
     """Route a job to its worker group and queue, and say whether that matches its kind contract."""
     group = worker_group_for(agent_id, kind)
-    contract = CONTRACTS.get(kind)
-    contract_group = contract.worker_group if contract is not None else None
+    declared = KINDS.get(kind)
+    contract_group = declared.contract.worker_group if declared is not None else None
     return Route(
         worker_group=group,
         queue=QUEUES[group],

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from app.config import Settings
-from app.jobs.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, AGENT_FACTORY_MONITOR, PayloadKind
+from app.jobs.kinds import KINDS, LeaseRow
+from app.jobs.vocab import AGENT_CODEX
 
 # -- the spec's rules (the configurable defaults live in app.config.Settings) -------------------
 # Spec: codex lease is "the payload timeout plus 300 000 ms, capped at 3 600 000 ms".
@@ -25,11 +26,6 @@ HEARTBEAT_FLOOR_MS: Final = 1_000
 DRIVER_TIMEOUT_PAD_MS: Final = 60_000
 DRIVER_TIMEOUT_FLOOR_MS: Final = 120_000
 
-# -- the job facts the lease table keys on ------------------------------------------------------
-OBJECTIVE_CONTROL_KIND: Final[PayloadKind] = "factory.objective.control"
-TASK_MONITOR_KIND: Final[PayloadKind] = "factory.task.monitor"
-EXECUTION_PATH_FIELD: Final = "executionPath"
-COMPUTER_EXECUTION_PATH: Final = "computer"
 # The codex job's own timeout, in milliseconds, on its payload.
 PAYLOAD_TIMEOUT_FIELD: Final = "timeout"
 
@@ -53,24 +49,27 @@ def payload_timeout_ms(payload: Mapping[str, Any]) -> int | None:
     return value
 
 
-def _is_objective_control(agent_id: str, kind: str) -> bool:
-    return agent_id == AGENT_FACTORY_CONTROL and kind == OBJECTIVE_CONTROL_KIND
+def kind_row(agent_id: str, kind: str, payload: Mapping[str, Any]) -> LeaseRow | None:
+    """The kind's own row of the lease table (``app.jobs.kinds``), when it applies to this job: the
+    job is posted to the kind's own agent and its payload matches the row."""
+    declared = KINDS.get(kind)
+    if declared is None or declared.lease is None or agent_id != declared.agent:
+        return None
+    return declared.lease if declared.lease.matches(payload) else None
 
 
 def lease_ms(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Settings) -> int:
     """The job's lease, per the spec's lease table (section "Leases, timeouts and heartbeats")."""
+    return _lease_ms(agent_id, payload, settings, kind_row(agent_id, kind, payload))
+
+
+def _lease_ms(agent_id: str, payload: Mapping[str, Any], settings: Settings, row: LeaseRow | None) -> int:
     default = settings.job_lease_ms
-    # Row: factory-control running factory.objective.control -> max(default, FACTORY_CONTROL_JOB_LEASE_MS).
-    if _is_objective_control(agent_id, kind):
-        return max(default, settings.factory_control_job_lease_ms)
-    # Row: factory-monitor running factory.task.monitor on the computer path -> max(default,
-    # CODEX_JOB_LEASE_MS).
-    if (
-        agent_id == AGENT_FACTORY_MONITOR
-        and kind == TASK_MONITOR_KIND
-        and payload.get(EXECUTION_PATH_FIELD) == COMPUTER_EXECUTION_PATH
-    ):
-        return max(default, settings.codex_job_lease_ms)
+    # The kinds' own rows: factory-control running factory.objective.control -> max(default,
+    # FACTORY_CONTROL_JOB_LEASE_MS); factory-monitor running factory.task.monitor on the computer
+    # path -> max(default, CODEX_JOB_LEASE_MS).
+    if row is not None:
+        return max(default, int(getattr(settings, row.floor)))
     # Row: codex, whatever the kind -> the larger of CODEX_JOB_LEASE_MS and payload timeout + 300 000,
     # capped at 3 600 000; with no payload timeout, CODEX_JOB_LEASE_MS.
     if agent_id == AGENT_CODEX:
@@ -90,12 +89,18 @@ def lease_ms(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Set
 
 def execution_timeout_ms(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Settings) -> int:
     """How long the handler may run: the lease minus 1 000 ms, floored at 5 000 ms."""
-    timeout = lease_ms(agent_id, kind, payload, settings) - EXECUTION_TIMEOUT_MARGIN_MS
-    override = settings.factory_control_job_execution_timeout_ms
-    # Spec: FACTORY_CONTROL_JOB_EXECUTION_TIMEOUT_MS "may lower it, for objective control only" —
-    # min() so it can never raise the timeout past the lease it must finish inside.
-    if override is not None and _is_objective_control(agent_id, kind):
-        timeout = min(timeout, override)
+    row = kind_row(agent_id, kind, payload)
+    return _execution_timeout_ms(_lease_ms(agent_id, payload, settings, row), settings, row)
+
+
+def _execution_timeout_ms(lease: int, settings: Settings, row: LeaseRow | None) -> int:
+    timeout = lease - EXECUTION_TIMEOUT_MARGIN_MS
+    cap = getattr(settings, row.execution_timeout_cap) if row and row.execution_timeout_cap else None
+    # Spec: FACTORY_CONTROL_JOB_EXECUTION_TIMEOUT_MS "may lower it, for objective control only" (the
+    # one row that names a cap) — min() so it can never raise the timeout past the lease it must
+    # finish inside.
+    if cap is not None:
+        timeout = min(timeout, int(cap))
     # The floor is applied last, so even an override of 0 leaves a handler 5 000 ms to run.
     return max(EXECUTION_TIMEOUT_FLOOR_MS, timeout)
 
@@ -119,10 +124,11 @@ def driver_timeout_ms(lease_ms: int) -> int:
 
 def timing_for(agent_id: str, kind: str, payload: Mapping[str, Any], settings: Settings) -> JobTiming:
     """All four durations of a job, each derived from the one lease."""
-    lease = lease_ms(agent_id, kind, payload, settings)
+    row = kind_row(agent_id, kind, payload)
+    lease = _lease_ms(agent_id, payload, settings, row)
     return JobTiming(
         lease_ms=lease,
-        execution_timeout_ms=execution_timeout_ms(agent_id, kind, payload, settings),
+        execution_timeout_ms=_execution_timeout_ms(lease, settings, row),
         heartbeat_interval_ms=heartbeat_interval_ms(lease, settings),
         driver_timeout_ms=driver_timeout_ms(lease),
     )

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, TooManyCommands
 from app.jobs.reducer import Job
 from app.jobs.times import iso, parse_iso
-from app.jobs.vocab import LEASED_STATUSES, EventType, FailureStatus
+from app.jobs.vocab import LEASED_STATUSES, CommandLane, EventType, FailureStatus
 
 Event = tuple[EventType, dict[str, Any]]
 
@@ -164,10 +164,21 @@ def expire_lease(job: Job, now: datetime) -> list[Event]:
 
 
 def command_body(
-    command_id: str, type_: str, payload: Any, reason: str | None, now: datetime, **extra: Any
+    command_id: str,
+    type_: str,
+    payload: Any,
+    reason: str | None,
+    now: datetime,
+    *,
+    lane: CommandLane | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"commandId": command_id, "type": type_, "payload": payload, "reason": reason}
-    body["at"] = _iso(now)
+    """A ``queue.command`` body; ``lane`` (steer or follow_up) for a steer or follow-up, none for an
+    abort (``app.jobs.validation.command_lane`` decides it)."""
+    body: dict[str, Any] = {"commandId": command_id, "type": type_}
+    if lane is not None:
+        body["lane"] = lane
+    body.update({"payload": payload, "reason": reason, "at": _iso(now)})
     body.update(extra)
     return body
 
@@ -188,13 +199,22 @@ def check_command_room(job: Job, cap: int) -> None:
 
 
 def send_command(
-    job: Job, now: datetime, command_id: str, type_: str, payload: Any, reason: str | None, *, cap: int
+    job: Job,
+    now: datetime,
+    command_id: str,
+    type_: str,
+    payload: Any,
+    reason: str | None,
+    *,
+    cap: int,
+    lane: CommandLane | None = None,
 ) -> list[Event]:
-    """A queue command (steer, follow_up or abort); a terminal job takes none (``ConflictError``)."""
+    """A queue command (steer, follow_up or abort, a steer or follow-up on its ``lane``); a terminal
+    job takes none (``ConflictError``)."""
     if job.terminal:
         raise ConflictError(f"job {job.client_id} is {job.status}; it takes no commands")
     check_command_room(job, cap)
-    return [("queue.command", command_body(command_id, type_, payload, reason, now))]
+    return [("queue.command", command_body(command_id, type_, payload, reason, now, lane=lane))]
 
 
 def consume_command(job: Job, command_id: str) -> list[Event]:
@@ -244,15 +264,18 @@ def singleton_steer(
     from_job_id: str | None,
     *,
     cap: int,
+    lane: CommandLane = "steer",
 ) -> list[Event]:
-    """``singletonMode: steer``: the most recent active job on the session key gets a ``steer``
-    carrying the new payload, ``fromSessionKey`` and ``fromEnqueue: true`` (and the posted jobId,
-    so a re-post finds the steered job instead of steering twice)."""
+    """``singletonMode: steer``: the most recent active job on the session key gets a ``steer`` on
+    ``lane`` (the lane the enqueue was posted with: ``app.jobs.validation.steer_lane``) carrying the
+    new payload, ``fromSessionKey`` and ``fromEnqueue: true`` (and the posted jobId, so a re-post
+    finds the steered job instead of steering twice)."""
     check_command_room(target, cap)
     extra: dict[str, Any] = {"fromSessionKey": session_key, "fromEnqueue": True}
     if from_job_id is not None:
         extra["fromJobId"] = from_job_id
-    return [("queue.command", command_body(command_id, "steer", dict(payload), None, now, **extra))]
+    body = command_body(command_id, "steer", dict(payload), None, now, lane=lane, **extra)
+    return [("queue.command", body)]
 
 
 def steered_by(jobs: Sequence[Job], from_job_id: str) -> Job | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from app.jobs.errors import ValidationError
 from app.jobs.ids import (
@@ -19,18 +19,20 @@ from app.jobs.ids import (
     RESERVED_JOB_ID_SHAPES,
     reserved_shape,
 )
+from app.jobs.kinds import KINDS_WITHOUT_AUTH_CONTEXT, PAYLOAD_KINDS
 from app.jobs.vocab import (
     AUTH_CONTEXT_OPTIONAL,
     AUTH_CONTEXT_REQUIRED,
+    COMMAND_LANES,
+    COMMAND_TYPES,
     DEFAULT_LANE,
     DEFAULT_SINGLETON_MODE,
-    KINDS_WITHOUT_AUTH_CONTEXT,
     LANES,
     MAX_ATTEMPTS_DEFAULT,
     MAX_ATTEMPTS_MAX,
     MAX_ATTEMPTS_MIN,
-    PAYLOAD_KINDS,
     SINGLETON_MODES,
+    CommandLane,
 )
 
 ENQUEUE_FIELDS = ("jobId", "lane", "payload", "sessionKey", "singletonMode", "maxAttempts")
@@ -188,3 +190,26 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
         singleton_mode=mode,
         max_attempts=clamp_max_attempts(attempts),
     )
+
+
+def command_lane(type_: str, lane: Any) -> CommandLane | None:
+    """The lane a queue command of ``type_`` is sent on (spec: "the queue-command lanes are steer and
+    follow_up only"): a steer or follow-up on the lane it names, by default the one its type names;
+    an abort on none (it stops the job whatever it is doing), so naming one is refused."""
+    if type_ not in COMMAND_TYPES:
+        raise ValidationError("type", "is not a queue command type", allowed=COMMAND_TYPES)
+    if type_ == "abort":
+        if lane is not None:
+            raise ValidationError("lane", "is not taken by an abort: it stops the job on every lane")
+        return None
+    if lane is None:
+        lane = type_
+    if lane not in COMMAND_LANES:
+        raise ValidationError("lane", "is not a queue-command lane", allowed=COMMAND_LANES)
+    return cast(CommandLane, lane)
+
+
+def steer_lane(posted: str) -> CommandLane:
+    """The lane of the steer a ``singletonMode: steer`` enqueue sends: the lane it was posted with
+    when that is a command lane, else ``steer`` (a chat or collect post has no command lane)."""
+    return cast(CommandLane, posted) if posted in COMMAND_LANES else "steer"

@@ -37,20 +37,8 @@ SingletonMode = Literal["allow", "cancel", "steer"]
 SINGLETON_MODES: Final[tuple[str, ...]] = get_args(SingletonMode)
 DEFAULT_SINGLETON_MODE: Final = "allow"
 
-PayloadKind = Literal[
-    "factory.dispatch",
-    "factory.run",
-    "factory.integration.publish",
-    "factory.integration.validate",
-    "factory.objective.audit",
-    "factory.objective.control",
-    "factory.objective.watchdog",
-    "factory.task.monitor",
-    "factory.task.run",
-]
-PAYLOAD_KINDS: Final[tuple[str, ...]] = get_args(PayloadKind)
-# Every kind except the watchdog needs an authContext with userId and organizationId.
-KINDS_WITHOUT_AUTH_CONTEXT: Final[frozenset[str]] = frozenset({"factory.objective.watchdog"})
+# The payload kinds are declared in ``app.jobs.kinds`` (one declaration each). The authContext of a
+# kind that requires one (its ``requires_auth_context``) carries these fields:
 AUTH_CONTEXT_REQUIRED: Final[tuple[str, ...]] = ("userId", "organizationId")
 AUTH_CONTEXT_OPTIONAL: Final[tuple[str, ...]] = (
     "workspaceId",
@@ -89,9 +77,6 @@ DELIVERY_OUTCOMES: Final[tuple[str, ...]] = get_args(DeliveryOutcome)
 # How one worker attempt ended: completed, or one of the spec's failure statuses.
 AttemptStatus = Literal["completed"] | FailureStatus
 
-# The four agent ids with registered handlers (spec: "The trap").
-HANDLED_AGENT_IDS: Final[tuple[str, ...]] = ("factory", "factory-control", "factory-monitor", "codex")
-
 MAX_ATTEMPTS_DEFAULT: Final = 2
 MAX_ATTEMPTS_MIN: Final = 1
 MAX_ATTEMPTS_MAX: Final = 8
@@ -115,8 +100,9 @@ def job_id_of(stream: str) -> str:
     return stream[len(JOB_STREAM_PREFIX) :] if is_job_stream(stream) else stream
 
 
-# The agent ids that routing and lease rules name, each spelled once (spec: "Actual Resonate
-# routing", "Leases, timeouts and heartbeats").
+# The agent ids with built-in handlers (spec, "The trap": exactly four), each spelled once; the
+# kinds table (``app.jobs.kinds``) says which kinds each runs, and routing and the lease table name
+# two of them (spec: "Actual Resonate routing", "Leases, timeouts and heartbeats").
 AGENT_FACTORY: Final = "factory"
 AGENT_FACTORY_CONTROL: Final = "factory-control"
 AGENT_FACTORY_MONITOR: Final = "factory-monitor"

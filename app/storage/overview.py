@@ -14,9 +14,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, and_, case, false, func, not_, or_, select, true
 from sqlalchemy.engine import Connection
 
+from app.jobs.kinds import KINDS
 from app.jobs.reducer import Job
 from app.jobs.routing import INTEGRATION_KIND_PREFIX
-from app.jobs.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, STATUSES
+from app.jobs.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, STATUSES, WORKER_GROUPS
 from app.storage.db import as_utc, db_now, deliveries, jobs, loop_runs, receipts
 from app.storage.queue import decode_cursor, encode_cursor
 
@@ -53,19 +54,35 @@ class JobPage:
 def worker_group_condition(group: str) -> ColumnElement[bool]:
     """SQL for "this job routes to ``group``": the order of ``app.jobs.routing.worker_group_for``.
 
-    Routing is agent id first, kind second; the condition for each group excludes the earlier
-    rules, so every job matches exactly one group (a test compares it with the function).
+    Routing is agent id first, kind second (a declared kind's ``route``; the spec's prefix for one
+    no one declared); the condition for each group excludes the earlier rules, so every job matches
+    exactly one group (a test compares it with the function).
     """
-    kind = jobs.c.kind
     agent = jobs.c.agent_id
-    is_codex = or_(agent == AGENT_CODEX, kind.startswith(INTEGRATION_KIND_PREFIX, autoescape=True))
+    is_codex = or_(agent == AGENT_CODEX, _kind_routes_to("codex"))
+    by_kind = or_(*(_kind_routes_to(g) for g in WORKER_GROUPS))
     if group == "codex":
         return is_codex
     if group == "control":
-        return and_(not_(is_codex), agent == AGENT_FACTORY_CONTROL)
+        return and_(
+            not_(is_codex), or_(_kind_routes_to(group), and_(not_(by_kind), agent == AGENT_FACTORY_CONTROL))
+        )
     if group == "chat":
-        return and_(not_(is_codex), agent != AGENT_FACTORY_CONTROL)
+        return and_(
+            not_(is_codex), or_(_kind_routes_to(group), and_(not_(by_kind), agent != AGENT_FACTORY_CONTROL))
+        )
     return false()
+
+
+def _kind_routes_to(group: str) -> ColumnElement[bool]:
+    """SQL for ``app.jobs.routing.kind_route(kind) == group``."""
+    kind = jobs.c.kind
+    declared = [name for name, k in KINDS.items() if k.route == group]
+    condition: ColumnElement[bool] = kind.in_(declared) if declared else false()
+    if group == "codex":
+        undeclared = and_(kind.not_in(list(KINDS)), kind.startswith(INTEGRATION_KIND_PREFIX, autoescape=True))
+        condition = or_(condition, undeclared)
+    return condition
 
 
 def _conditions(scope: Scope, f: JobFilter, *, with_status: bool) -> list[ColumnElement[bool]]:

@@ -37,10 +37,9 @@ from app.jobs.ids import (
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.reducer import Job, reduce
 from app.jobs.transitions import AttemptStartStatus, Event
-from app.jobs.validation import EnqueueRequest
+from app.jobs.validation import EnqueueRequest, command_lane, steer_lane
 from app.jobs.vocab import (
     ACTIVE_STATUSES,
-    COMMAND_TYPES,
     LEASED_STATUSES,
     STATUSES,
     FailureStatus,
@@ -351,6 +350,7 @@ class Queue:
                         req.session_key or "",
                         req.job_id,
                         cap=cap,
+                        lane=steer_lane(req.lane),
                     )
                     steered = self._apply(tx, target, target.job.id, events)
                     return EnqueueResult(steered, created=False, steered=True)
@@ -519,15 +519,23 @@ class Queue:
         )
 
     # -- commands and cancel -----------------------------------------------------------------------
-    def command(self, job_id: str, type_: str, payload: Any = None, reason: str | None = None) -> Outcome:
-        """Send a queue command. A terminal job refuses commands (ConflictError)."""
-        if type_ not in COMMAND_TYPES:
-            raise ValidationError("type", "is not a queue command type", allowed=COMMAND_TYPES)
+    def command(
+        self,
+        job_id: str,
+        type_: str,
+        payload: Any = None,
+        reason: str | None = None,
+        *,
+        lane: str | None = None,
+    ) -> Outcome:
+        """Send a queue command, a steer or follow-up on ``lane`` (default: its type's). A terminal
+        job refuses commands (ConflictError)."""
+        on = command_lane(type_, lane)
         cap = self.max_commands_per_job
         return self.mutate(
             job_id,
             lambda job, now: transitions.send_command(
-                job, now, new_id("cmd_"), type_, payload, reason, cap=cap
+                job, now, new_id("cmd_"), type_, payload, reason, cap=cap, lane=on
             ),
         )
 

@@ -22,7 +22,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from app.composition import queue_for
 from app.config import Settings
-from app.storage import outbox
+from app.storage import outbox, store
 from app.storage.db import callback_outbox
 from delivery.client import DeliveryClient
 from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks, Sender, send_due
@@ -32,6 +32,7 @@ from tests.support import queue_ops
 from tests.support.queue_ops import lease
 from tests.support.waiting import free_port
 from workers.handler import JobContext
+from workers.runner import AttemptResult, run_attempt
 
 from .runtime_support import enqueue, registry_of, wait_until
 
@@ -410,3 +411,87 @@ def test_an_api_cancel_of_a_queued_job_sends_canceled(
     got = target.next()
     assert (got.body["event"], got.body["jobId"], got.body["status"]) == ("canceled", job["id"], "canceled")
     assert (got.body["organizationId"], got.body["stream"]) == (job["organizationId"], job["stream"])
+
+
+def test_an_api_cancel_of_a_running_job_sends_canceled_when_its_worker_settles(
+    targets: Any, pg_engine: Engine, tmp_path: Any
+) -> None:
+    """Spec step 6: `canceled` is posted for a running job canceled through the API. The API only
+    sends the abort (only the worker can stop work in flight); the worker's settlement after the
+    abort is the `job.canceled` receipt the callback belongs to."""
+    from tests.support.api import build_api, key, make_settings
+
+    target = targets()
+    s = make_settings(tmp_path, callback_url=target.url)
+    api = build_api(pg_engine, s)
+    job = api.job("a")
+    started = threading.Event()
+
+    def hold(ctx: JobContext) -> Any:
+        started.set()
+        ctx.wait_cancelled(WAIT_S)
+        return {"stoppedBecause": ctx.cancel_reason}
+
+    box: dict[str, AttemptResult] = {}
+
+    def work() -> None:
+        registry = registry_of({"factory": hold})
+        box["out"] = run_attempt(api.queue, s, registry, key(job), 1, worker_id="worker-cb")
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    assert started.wait(WAIT_S)
+    response = api.client.post(
+        f"/jobs/{job['id']}/cancel", json={"reason": "stop now"}, headers=api.headers()
+    )
+    assert response.status_code == 202
+    aborting = response.json
+    assert aborting is not None
+    assert (aborting["job"]["status"], aborting["job"]["abortRequested"]) == ("running", True)
+    worker.join(WAIT_S * 2)
+    assert not worker.is_alive() and box["out"].status == "canceled"
+    with pg_engine.connect() as conn:
+        canceled = store.read_stream(conn, job["stream"])[-1]
+    # The worker's fenced settlement, not the API's abort command, is the terminal receipt ...
+    assert (canceled.type, canceled.body["workerId"], canceled.body["reason"]) == (
+        "job.canceled",
+        "worker-cb",
+        "stop now",
+    )
+    # ... and the one callback event is that receipt's.
+    [row] = outbox_rows(pg_engine, key(job))
+    assert (row.event, row.seq, row.target) == ("canceled", canceled.seq, target.url)
+    assert send_due(pg_engine, Sender(s)) == {"delivered": 1, "failed": 0}
+    got = target.next()
+    assert (got.body["event"], got.body["jobId"], got.body["status"], got.body["attempt"]) == (
+        "canceled",
+        job["id"],
+        "canceled",
+        1,
+    )
+    assert got.body["error"] == "stop now" and got.body["seq"] == canceled.seq
+
+
+def test_a_callback_goes_to_receipt_event_callback_url(targets: Any, pg_engine: Engine) -> None:
+    """Spec step 6: callbacks go to RECEIPT_RESONATE_CALLBACK_URL / RECEIPT_EVENT_CALLBACK_URL; the
+    second alone is a target too, and with both set each gets every event once."""
+    events = targets("/events")
+    s = settings(RECEIPT_EVENT_CALLBACK_URL=events.url)
+    assert s.callback_targets == (events.url,)
+    q = queue_for(pg_engine, callback_targets=s.callback_targets)
+    job = enqueue(q, "factory")
+    q.cancel(job.id, "stop")
+    assert send_due(pg_engine, Sender(s)) == {"delivered": 1, "failed": 0}
+    got = events.next()
+    assert (got.path, got.body["event"], got.body["jobId"]) == ("/events", "canceled", job.client_id)
+
+    resonate = targets("/resonate")
+    both = settings(RECEIPT_RESONATE_CALLBACK_URL=resonate.url, RECEIPT_EVENT_CALLBACK_URL=events.url)
+    q = queue_for(pg_engine, callback_targets=both.callback_targets)
+    other = enqueue(q, "factory")
+    q.cancel(other.id, "stop")
+    assert send_due(pg_engine, Sender(both)) == {"delivered": 2, "failed": 0}
+    first, second = resonate.next(), events.next()
+    assert (first.path, second.path) == ("/resonate", "/events")
+    assert first.body == second.body and first.body["jobId"] == other.client_id
+    assert first.headers["webhook-id"] == second.headers["webhook-id"]  # one event, two targets

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.config import Settings
+from app.jobs.errors import wrong_agent_message
 from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
 from app.jobs.timing import timing_for
@@ -30,8 +31,7 @@ from app.storage.queue import Queue
 from tests.support.queue_ops import lease
 from workers import sandbox
 from workers.handler import HandlerError, JobContext
-from workers.handlers import codex
-from workers.registry import default_registry
+from workers.registry import default_registry, dispatch
 from workers.runner import run_attempt
 
 from .runtime_support import enqueue, receipts_of, wait_until
@@ -116,7 +116,7 @@ def wait_gone(marker: str) -> None:
 
 def test_command_is_an_argv_never_a_shell(queue: Queue, shared_dir: Path) -> None:
     job = codex_job(queue, command=["echo", "a;touch X", "$HOME", "`id`"], cwd=str(shared_dir))
-    result = codex.handle(leased_context(queue, job, in_workspace(shared_dir)))
+    result = dispatch(leased_context(queue, job, in_workspace(shared_dir)))
     assert result["exitCode"] == 0
     assert result["outputTail"] == "a;touch X $HOME `id`\n"
     assert not (shared_dir / "X").exists()
@@ -140,14 +140,14 @@ def test_success_completes_with_exit_code_tail_and_progress_receipts(
 def test_cwd_is_honoured(queue: Queue, shared_dir: Path) -> None:
     (shared_dir / "sub").mkdir(mode=0o777)
     job = codex_job(queue, command=[PY, "-c", "import os; print(os.getcwd())"], cwd="sub")
-    result = codex.handle(leased_context(queue, job, in_workspace(shared_dir)))
+    result = dispatch(leased_context(queue, job, in_workspace(shared_dir)))
     assert result["outputTail"].strip() == str(shared_dir / "sub")
 
 
 def test_non_zero_exit_is_retryable_with_exit_code_and_tail(queue: Queue) -> None:
     job = codex_job(queue, command=[PY, "-c", "import sys; print('it broke'); sys.exit(3)"])
     with pytest.raises(HandlerError) as info:
-        codex.handle(leased_context(queue, job))
+        dispatch(leased_context(queue, job))
     err = info.value
     assert err.retryable is True
     assert err.result is not None
@@ -171,7 +171,7 @@ def test_payload_timeout_kills_the_whole_process_group(queue: Queue) -> None:
     job = codex_job(queue, command=family_script(marker), timeout=1500)
     ctx = leased_context(queue, job)
     with pytest.raises(HandlerError) as info:
-        codex.handle(ctx)
+        dispatch(ctx)
     err = info.value
     assert err.status == "execution_timeout"
     assert err.retryable is True
@@ -186,7 +186,7 @@ def test_abort_kills_the_whole_process_group(queue: Queue) -> None:
     job = codex_job(queue, command=family_script(marker))
     ctx = leased_context(queue, job)
     box: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: box.update(result=codex.handle(ctx)), daemon=True)
+    t = threading.Thread(target=lambda: box.update(result=dispatch(ctx)), daemon=True)
     t.start()
     wait_family(marker)
     ctx.cancel("abort")
@@ -216,7 +216,7 @@ def test_abort_through_the_runner_cancels_and_kills_the_group(queue: Queue) -> N
 def test_disabled_commands_fail_non_retryably_with_a_clear_message(queue: Queue) -> None:
     job = codex_job(queue, command=["echo", "hi"])
     with pytest.raises(HandlerError) as info:
-        codex.handle(leased_context(queue, job, Settings.from_env({})))
+        dispatch(leased_context(queue, job, Settings.from_env({})))
     assert info.value.retryable is False
     assert "RECEIPT_CODEX_COMMANDS=enabled" in info.value.message
     assert "disabled" in info.value.message
@@ -241,7 +241,7 @@ def test_worker_secrets_are_not_visible_but_payload_env_is(
         command=[PY, "-c", "import json, os; print(json.dumps(dict(os.environ)))"],
         env={"TASK_FLAVOUR": "vanilla"},
     )
-    env = json.loads(codex.handle(leased_context(queue, job))["outputTail"])
+    env = json.loads(dispatch(leased_context(queue, job))["outputTail"])
     assert env["TASK_FLAVOUR"] == "vanilla"
     for secret in ("DATABASE_URL", "RECEIPT_CALLBACK_TOKEN", "AWS_SECRET_ACCESS_KEY"):
         assert secret not in env
@@ -271,7 +271,7 @@ def test_bad_payload_fields_fail_non_retryably_naming_the_field(
 ) -> None:
     job = codex_job(queue, **fields)
     with pytest.raises(HandlerError) as info:
-        codex.handle(leased_context(queue, job))
+        dispatch(leased_context(queue, job))
     assert info.value.retryable is False
     assert info.value.message.startswith(named + ":")
 
@@ -279,18 +279,18 @@ def test_bad_payload_fields_fail_non_retryably_naming_the_field(
 def test_a_missing_executable_fails_non_retryably(queue: Queue) -> None:
     job = codex_job(queue, command=["/nonexistent/receipt-test-binary"])
     with pytest.raises(HandlerError) as info:
-        codex.handle(leased_context(queue, job))
+        dispatch(leased_context(queue, job))
     assert info.value.retryable is False
     assert "/nonexistent/receipt-test-binary" in info.value.message
 
 
-def test_codex_only_runs_factory_task_run(queue: Queue) -> None:
-    # (and, since issue 10, the integration kinds: tests/integration/test_integration_kinds.py)
+def test_codex_runs_only_the_kinds_declared_for_it(queue: Queue) -> None:
+    # (factory.task.run here; the integration kinds in tests/integration/test_integration_kinds.py)
     job = enqueue(queue, "codex", kind="factory.run", command=["echo", "hi"])
     with pytest.raises(HandlerError) as info:
-        codex.handle(leased_context(queue, job))
+        dispatch(leased_context(queue, job))
     assert info.value.retryable is False
-    assert "runs only command kinds" in str(info.value) and "'factory.run'" in str(info.value)
+    assert info.value.message == wrong_agent_message("codex", "factory.run")
 
 
 @pytest.mark.parametrize(
@@ -319,7 +319,7 @@ def test_a_job_without_the_commands_scope_fails_before_anything_runs(
 
 def test_a_system_enqueuer_may_run_commands(queue: Queue) -> None:
     job = enqueue(queue, "codex", enqueued_by=Enqueuer("tok_sys", (), True), command=["echo", "ok"])
-    assert codex.handle(leased_context(queue, job))["outputTail"] == "ok\n"
+    assert dispatch(leased_context(queue, job))["outputTail"] == "ok\n"
 
 
 def test_a_relative_executable_is_found_in_the_commands_cwd(queue: Queue, shared_dir: Path) -> None:
@@ -329,4 +329,4 @@ def test_a_relative_executable_is_found_in_the_commands_cwd(queue: Queue, shared
     tool.write_text("#!/usr/bin/python3\nprint('tool ran')\n")
     tool.chmod(0o755)
     job = codex_job(queue, command=["./tool"], cwd="repo")
-    assert codex.handle(leased_context(queue, job, in_workspace(shared_dir)))["outputTail"] == "tool ran\n"
+    assert dispatch(leased_context(queue, job, in_workspace(shared_dir)))["outputTail"] == "tool ran\n"

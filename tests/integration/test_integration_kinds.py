@@ -22,7 +22,7 @@ from app.storage.queue import Queue
 from tests.factory_support import drain, plan
 from tests.support.queue_ops import lease
 from workers.handler import HandlerError, JobContext
-from workers.handlers import codex
+from workers.registry import dispatch
 
 from .runtime_support import ORG, enqueue
 
@@ -45,9 +45,7 @@ ENABLED = Settings.from_env({"RECEIPT_CODEX_COMMANDS": "enabled"})
 
 def test_validate_runs_a_command_through_the_codex_runner(sqlite_engine: Engine) -> None:
     queue = queue_for(sqlite_engine)
-    ok = codex.handle(
-        context(queue, ENABLED, "factory.integration.validate", command=[PY, "-c", "print('ok')"])
-    )
+    ok = dispatch(context(queue, ENABLED, "factory.integration.validate", command=[PY, "-c", "print('ok')"]))
     assert ok["exitCode"] == 0 and "ok" in ok["outputTail"]
     bad = context(
         queue,
@@ -56,17 +54,17 @@ def test_validate_runs_a_command_through_the_codex_runner(sqlite_engine: Engine)
         command=[PY, "-c", "print('lint: 3 errors'); raise SystemExit(2)"],
     )
     with pytest.raises(HandlerError) as failed:
-        codex.handle(bad)
+        dispatch(bad)
     assert "exited with 2" in failed.value.message and "lint: 3 errors" in failed.value.message
     # The same gate as factory.task.run: off unless the deployment enables commands.
     off = context(queue, Settings(), "factory.integration.validate", command=[PY, "-c", "print(1)"])
     with pytest.raises(HandlerError, match="RECEIPT_CODEX_COMMANDS=enabled"):
-        codex.handle(off)
+        dispatch(off)
 
 
 def test_publish_with_a_command_runs_it(sqlite_engine: Engine) -> None:
     queue = queue_for(sqlite_engine)
-    out = codex.handle(
+    out = dispatch(
         context(queue, ENABLED, "factory.integration.publish", command=[PY, "-c", "print('shipped')"])
     )
     assert out["exitCode"] == 0 and "shipped" in out["outputTail"]
@@ -106,7 +104,7 @@ def test_publish_posts_the_objectives_task_results_signed(sqlite_engine: Engine,
     drain(queue)
     settings = Settings(integration_publish_url=sink, integration_publish_secret=SECRET)
     ctx = context(queue, settings, "factory.integration.publish", objectiveId="pub-1")
-    out = codex.handle(ctx)
+    out = dispatch(ctx)
     assert out["published"] is True and out["status"] == 204 and out["tasks"] == 2
     [(headers, raw)] = _Sink.received
     # Standard Webhooks: the receiver verifies with the same library and secret.
@@ -126,14 +124,14 @@ def test_publish_refuses_without_configuration_and_classifies_answers(
     service.launch(queue, validate_objective(body, auth_context=AUTH), launched_by=service.system_launcher())
     drain(queue)
     with pytest.raises(HandlerError, match="RECEIPT_INTEGRATION_PUBLISH_URL") as unset:
-        codex.handle(context(queue, Settings(), "factory.integration.publish", objectiveId="pub-2"))
+        dispatch(context(queue, Settings(), "factory.integration.publish", objectiveId="pub-2"))
     assert unset.value.retryable is False
     settings = Settings(integration_publish_url=sink, integration_publish_secret="plain-secret")
     _Sink.status = 503
     with pytest.raises(HandlerError, match="answered 503") as down:
-        codex.handle(context(queue, settings, "factory.integration.publish", objectiveId="pub-2"))
+        dispatch(context(queue, settings, "factory.integration.publish", objectiveId="pub-2"))
     assert down.value.retryable is True
     _Sink.status = 400
     with pytest.raises(HandlerError, match="answered 400") as refused:
-        codex.handle(context(queue, settings, "factory.integration.publish", objectiveId="pub-2"))
+        dispatch(context(queue, settings, "factory.integration.publish", objectiveId="pub-2"))
     assert refused.value.retryable is False

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from app.jobs.vocab import COMMAND_TYPES, PAYLOAD_KINDS
+from app.jobs.kinds import PAYLOAD_KINDS
+from app.jobs.vocab import COMMAND_TYPES
 
 Identity = Literal["owner", "other_org", "no_scope", "system", "anonymous"]
 IDENTITIES: Final[tuple[Identity, ...]] = ("owner", "other_org", "no_scope", "system", "anonymous")
@@ -190,8 +191,8 @@ def _kind_payload(kind: str) -> dict[str, Any]:
         payload["authContext"] = _AUTH
     if kind in _NAMES_OBJECTIVE:
         payload["objectiveId"] = "{objectiveId}"
-    if kind == "factory.task.run":
-        payload["command"] = ["true"]
+    if kind in _RUNS_COMMAND:
+        payload["command"] = ["true"]  # publish runs one only when given one
     return payload
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from app.jobs.vocab import KINDS_WITHOUT_AUTH_CONTEXT
+from app.jobs.kinds import KINDS_WITHOUT_AUTH_CONTEXT
 from receipt import client as client_module
 from receipt.client import Client, RateLimited, ReceiptError, RetryNotice
 from receipt.retry import NO_RETRY, RetryPolicy, parse_retry_after

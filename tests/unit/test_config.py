@@ -25,6 +25,7 @@ from app.config import (
     settings_markdown_table,
     switch,
 )
+from app.jobs import kinds
 from app.ops import loops as loop_registry
 from app.redaction import MIN_SECRET_TEXT, Redactor, url_secret_texts
 
@@ -113,10 +114,11 @@ def test_every_listed_setting_is_read_by_the_code_it_configures() -> None:
         for attr in re.findall(r"self\.(\w+)", body):
             readers.setdefault(attr, set()).add(name)
     unread = []
-    # The recovery loops name their schedule settings in their declarations (app/ops/loops.py).
-    by_loops = loop_registry.settings_read()
+    # The recovery loops name their schedule settings in their declarations (app/ops/loops.py), the
+    # kinds their lease rows' (app/jobs/kinds.py).
+    by_declarations = loop_registry.settings_read() | kinds.settings_read()
     for declared_setting in SETTINGS:
-        if declared_setting.attr in FACTORY_SETTINGS_IN_PROGRESS or declared_setting.attr in by_loops:
+        if declared_setting.attr in FACTORY_SETTINGS_IN_PROGRESS or declared_setting.attr in by_declarations:
             continue
         names = {declared_setting.attr, *readers.get(declared_setting.attr, set())}
         if not any(re.search(rf"\.{n}\b", source) for n in names):

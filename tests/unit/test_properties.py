@@ -34,6 +34,7 @@ from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.jobs.errors import ConflictError, InvariantError, no_job_message
+from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.reducer import Job, Receipt, fold, reduce
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import (
@@ -42,7 +43,6 @@ from app.jobs.vocab import (
     FAILURE_STATUSES,
     LANES,
     LEASED_STATUSES,
-    PAYLOAD_KINDS,
     SINGLETON_MODES,
     STATUSES,
     TERMINAL_STATUSES,

@@ -246,3 +246,19 @@ def test_applies_is_the_event_rule_not_a_visible_change() -> None:
     assert applies(state, r(4, "job.heartbeat", **beat))
     assert not applies(state, r(4, "job.heartbeat", **{**beat, "workerId": "w2"}))
     assert applies(None, enq()) and not applies(None, r(1, "job.failed", error="late"))
+
+
+def test_a_command_folds_the_queue_command_lane_it_was_sent_on() -> None:
+    """A steer or follow_up records its lane (steer or follow_up); anything else in the field is no
+    command lane, and a receipt written before lanes were recorded folds to none, so its job's JSON
+    is what it was."""
+    job = folded(
+        enq(),
+        r(2, "queue.command", commandId="c1", type="steer", lane="follow_up"),
+        r(3, "queue.command", commandId="c2", type="follow_up", lane="collect"),
+        r(4, "queue.command", commandId="c3", type="steer"),
+    )
+    assert [c.lane for c in job.commands] == ["follow_up", None, None]
+    assert [c.to_json().get("lane") for c in job.commands] == ["follow_up", None, None]
+    assert ["lane" in c.to_json() for c in job.commands] == [True, False, False]
+    assert Job.from_json(job.to_json()) == job

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, Route, route
-from app.jobs.vocab import PAYLOAD_KINDS, WORKER_GROUPS, WorkerGroup
+from app.jobs.vocab import WORKER_GROUPS, WorkerGroup
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from app.jobs import transitions as t
-from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, TooManyCommands
+from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, TooManyCommands, ValidationError
 from app.jobs.reducer import Job, Receipt, fold
 from app.jobs.times import iso
+from app.jobs.validation import command_lane, steer_lane
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 W = "worker-1"
@@ -165,3 +166,67 @@ def test_singleton_steer_carries_its_origin_and_a_repost_finds_the_steered_job()
     steered = apply(job, events)
     assert t.steered_by([queued(), steered], "posted-id") is steered
     assert t.steered_by([steered], "another") is None
+
+
+# -- the lane a queue command is sent on --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("type_", "lane", "expected"),
+    [
+        ("steer", None, "steer"),
+        ("follow_up", None, "follow_up"),
+        ("steer", "follow_up", "follow_up"),
+        ("follow_up", "steer", "steer"),
+        ("abort", None, None),
+    ],
+)
+def test_a_command_is_on_the_lane_it_names_or_its_types_and_an_abort_on_none(
+    type_: str, lane: str | None, expected: str | None
+) -> None:
+    """Spec: "the queue-command lanes are steer and follow_up only"."""
+    on = command_lane(type_, lane)
+    assert on == expected
+    job = running()
+    [(ty, body)] = t.send_command(job, NOW, "cmd_1", type_, None, None, cap=10, lane=on)
+    assert (
+        ty == "queue.command" and body.get("lane") == expected and ("lane" in body) is (expected is not None)
+    )
+    (command,) = apply(job, [(ty, body)]).commands
+    assert (command.type, command.lane) == (type_, expected)
+    assert ("lane" in command.to_json()) is (expected is not None)
+
+
+@pytest.mark.parametrize(
+    ("type_", "lane", "allowed"),
+    [
+        ("steer", "collect", ["steer", "follow_up"]),
+        ("follow_up", "chat", ["steer", "follow_up"]),
+        ("abort", "steer", None),
+    ],
+)
+def test_a_lane_outside_the_command_lanes_or_on_an_abort_is_refused(
+    type_: str, lane: str, allowed: list[str] | None
+) -> None:
+    with pytest.raises(ValidationError) as info:
+        command_lane(type_, lane)
+    assert (info.value.field, info.value.allowed) == ("lane", allowed)
+    with pytest.raises(ValidationError) as unknown:
+        command_lane("nudge", None)
+    assert unknown.value.field == "type"
+
+
+@pytest.mark.parametrize(
+    ("posted", "lane"),
+    [("steer", "steer"), ("follow_up", "follow_up"), ("chat", "steer"), ("collect", "steer")],
+)
+def test_a_steer_by_enqueue_is_on_the_lane_it_was_posted_with_when_that_is_a_command_lane(
+    posted: str, lane: str
+) -> None:
+    job = running()
+    events = t.singleton_steer(
+        job, NOW, "cmd_1", {"kind": "factory.run"}, "s1", None, cap=10, lane=steer_lane(posted)
+    )
+    [(_, body)] = events
+    assert (body["type"], body["lane"], body["fromEnqueue"]) == ("steer", lane, True)
+    assert apply(job, events).commands[0].lane == lane

@@ -1,7 +1,10 @@
-"""The ``codex`` handler: runs a ``factory.task.run`` command in the sandbox (``workers.sandbox``).
+"""The ``codex`` command runner: runs a job's command in the sandbox (``workers.sandbox``).
 
-- Only for a job whose recorded enqueuer holds the ``commands`` scope or is a system token
-  (issue 8); anything else fails non-retryably before a process starts.
+It is the handler of ``factory.task.run`` and runs the command of the integration kinds
+(``workers.handlers.integration``); ``app.jobs.privilege.runs_command`` says which jobs run one.
+
+- Only for a job whose recorded enqueuer holds the ``commands`` scope or is a system token;
+  anything else fails non-retryably before a process starts.
 - The command is an argv list of strings, never run through a shell.
 - It runs sandboxed (a user id of its own, its own PID, IPC and network namespaces, a private
   filesystem view holding no other command's files and no host socket, rlimits, a scratch
@@ -27,11 +30,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.jobs.contracts import CONTRACTS
-from app.jobs.privilege import COMMANDS_SCOPE
+from app.jobs import kinds
+from app.jobs.contracts import COMMAND_FIELD
+from app.jobs.privilege import COMMANDS_SCOPE, runs_command
 from workers import sandbox
 from workers.handler import HandlerError, JobContext
-from workers.handlers import integration
+from workers.kinds import handles
 from workers.sandbox_users import NoFreeUid, UnusableLockDir
 
 BASE_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
@@ -45,11 +49,11 @@ def _bad(field: str, message: str) -> HandlerError:
 
 
 def parse_command(payload: Mapping[str, Any]) -> tuple[list[str], str | None, dict[str, str], int | None]:
-    """Validate the command fields of a ``factory.task.run`` payload."""
-    command = payload.get("command")
+    """Validate the command fields of a payload that runs a command."""
+    command = payload.get(COMMAND_FIELD)
     if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
         raise _bad(
-            "command", "must be a non-empty list of strings (an argv; it is never run through a shell)"
+            COMMAND_FIELD, "must be a non-empty list of strings (an argv; it is never run through a shell)"
         )
     cwd = payload.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
@@ -92,7 +96,7 @@ class _Output:
 
 
 def _refuse_unprivileged(ctx: JobContext) -> None:
-    """Issue 8: re-check, before anything runs, that whoever enqueued the job may run commands.
+    """Re-check, before anything runs, that whoever enqueued the job may run commands.
 
     The API refuses such posts without the scope; this catches a job written by any other path.
     """
@@ -130,16 +134,12 @@ def _check_executable(
         )
 
 
-def handle(ctx: JobContext) -> Any:
-    if ctx.job.kind in integration.KINDS and not integration.runs_command(ctx.job.kind, ctx.payload):
-        return integration.publish(ctx)  # a signed POST, not a command
-    contract = CONTRACTS.get(ctx.job.kind)
-    if contract is None or not contract.runs_command:
-        # The kind contracts say which kinds run a command; only those belong on codex.
-        runnable = ", ".join(k for k, c in CONTRACTS.items() if c.runs_command)
+@handles(kinds.TASK_RUN)
+def run_command(ctx: JobContext) -> Any:
+    """Run the job's command; refused non-retryably for a job that, by its kind, runs none."""
+    if not runs_command(ctx.job.agent_id, ctx.job.kind, ctx.payload):
         raise HandlerError(
-            f"agent 'codex' runs only command kinds ({runnable}), not '{ctx.job.kind}'",
-            retryable=False,
+            f"a {ctx.job.kind} job for agent {ctx.job.agent_id!r} runs no command", retryable=False
         )
     if not ctx.settings.codex_commands:
         raise HandlerError(
@@ -220,7 +220,7 @@ def _run(
         if stop_reason is not None:
             proc.terminate(KILL_GRACE_S)
     finally:
-        # Every attempt ends with the whole tree gone, however it ended (issue 8).
+        # Every attempt ends with the whole tree gone, however it ended.
         proc.finish()
     reader.join(timeout=KILL_GRACE_S)
     _report(ctx, output)

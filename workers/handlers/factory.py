@@ -1,13 +1,12 @@
-"""The ``factory``, ``factory-control`` and ``factory-monitor`` handlers: thin adapters over
-``app.factory.service``.
+"""The Factory's kinds' handlers (agents ``factory``, ``factory-control`` and ``factory-monitor`` in
+the kinds table): thin adapters over ``app.factory.service``.
 
-- ``factory`` runs ``factory.dispatch`` (launch ``payload.objective``, idempotent by objectiveId) and
-  ``factory.run`` (a planner turns the goal into a plan, then the same launch).
-- ``factory-control`` runs ``factory.objective.control`` (one control step),
-  ``factory.objective.audit`` (the terminal audit) and ``factory.objective.watchdog`` (one
-  watchdog pass: ``app.factory.sweep``).
-- ``factory-monitor`` runs ``factory.task.monitor`` (``app.factory.monitor``): it follows a
-  computer-path task's job until it is terminal, reporting liveness as ``job.progress``.
+- ``factory.dispatch`` launches ``payload.objective`` (idempotent by objectiveId); ``factory.run``
+  has a planner turn the goal into a plan, then the same launch.
+- ``factory.objective.control`` runs one control step, ``factory.objective.audit`` the terminal
+  audit and ``factory.objective.watchdog`` one watchdog pass (``app.factory.sweep``).
+- ``factory.task.monitor`` (``app.factory.monitor``) follows a computer-path task's job until it is
+  terminal, reporting liveness as ``job.progress``.
 """
 
 from __future__ import annotations
@@ -19,9 +18,11 @@ from typing import Any
 from app.factory import monitor, service, sweep
 from app.factory.plan import validate_objective
 from app.factory.planner import PlannerRefused, load_planner
+from app.jobs import kinds
 from app.jobs.errors import ConflictError, ValidationError
 from app.storage.db import db_now
 from workers.handler import HandlerError, JobContext
+from workers.kinds import handles
 
 
 def _refuse(message: str) -> HandlerError:
@@ -51,20 +52,21 @@ def _launch(ctx: JobContext, body: Any) -> dict[str, Any]:
     }
 
 
-def handle_factory(ctx: JobContext) -> Any:
-    kind = ctx.job.kind
-    if kind == "factory.dispatch":
-        objective = ctx.payload.get("objective")
-        if not isinstance(objective, Mapping):
-            raise _refuse("factory.dispatch needs payload.objective: the same shape as POST /objectives")
-        return _launch(ctx, objective)
-    if kind == "factory.run":
-        try:
-            body = load_planner(ctx.settings).plan(ctx.payload)
-        except PlannerRefused as exc:
-            raise _refuse(str(exc)) from None
-        return _launch(ctx, body)
-    raise _refuse(f"agent 'factory' does not run kind '{kind}'")
+@handles(kinds.DISPATCH)
+def dispatch(ctx: JobContext) -> Any:
+    objective = ctx.payload.get("objective")
+    if not isinstance(objective, Mapping):
+        raise _refuse("factory.dispatch needs payload.objective: the same shape as POST /objectives")
+    return _launch(ctx, objective)
+
+
+@handles(kinds.RUN)
+def run(ctx: JobContext) -> Any:
+    try:
+        body = load_planner(ctx.settings).plan(ctx.payload)
+    except PlannerRefused as exc:
+        raise _refuse(str(exc)) from None
+    return _launch(ctx, body)
 
 
 def _objective_id(ctx: JobContext) -> str:
@@ -79,20 +81,29 @@ def _objective_id(ctx: JobContext) -> str:
     return service.key_of(ctx.queue.engine, ctx.job.organization_id, objective_id)
 
 
-def handle_factory_control(ctx: JobContext) -> Any:
-    kind = ctx.job.kind
+@handles(kinds.CONTROL)
+def control(ctx: JobContext) -> Any:
     try:
-        if kind == "factory.objective.control":
-            return service.control_step(ctx.queue, _objective_id(ctx)).to_json()
-        if kind == "factory.objective.audit":
-            return service.run_audit(ctx.queue, _objective_id(ctx))
+        return service.control_step(ctx.queue, _objective_id(ctx)).to_json()
     except service.ObjectiveNotFound:
         raise _refuse(no_objective(ctx)) from None
     except ConflictError as exc:
         raise _refuse(str(exc)) from None
-    if kind == "factory.objective.watchdog":
-        return sweep.watchdog_pass(ctx.queue, ctx.settings)
-    raise _refuse(f"agent 'factory-control' does not run kind '{kind}'")
+
+
+@handles(kinds.AUDIT)
+def audit(ctx: JobContext) -> Any:
+    try:
+        return service.run_audit(ctx.queue, _objective_id(ctx))
+    except service.ObjectiveNotFound:
+        raise _refuse(no_objective(ctx)) from None
+    except ConflictError as exc:
+        raise _refuse(str(exc)) from None
+
+
+@handles(kinds.WATCHDOG)
+def watchdog(ctx: JobContext) -> Any:
+    return sweep.watchdog_pass(ctx.queue, ctx.settings)
 
 
 def no_objective(ctx: JobContext) -> str:
@@ -100,9 +111,8 @@ def no_objective(ctx: JobContext) -> str:
     return f"no objective {ctx.payload.get('objectiveId')!r} in this job's organisation"
 
 
-def handle_factory_monitor(ctx: JobContext) -> Any:
-    if ctx.job.kind != monitor.MONITOR_KIND:
-        raise _refuse(f"agent 'factory-monitor' does not run kind '{ctx.job.kind}'")
+@handles(kinds.MONITOR)
+def follow_task(ctx: JobContext) -> Any:
     try:
         objective_id = _objective_id(ctx)
     except service.ObjectiveNotFound:

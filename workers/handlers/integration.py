@@ -1,10 +1,11 @@
 """Integration kinds on ``codex``: ``factory.integration.validate`` and ``factory.integration.publish``.
 
 - **validate** runs ``payload.command`` through the codex command runner (``workers.handlers.codex
-  .handle``: the same gating by ``RECEIPT_CODEX_COMMANDS``, argv-only execution, process-group
+  .run_command``: the same gating by ``RECEIPT_CODEX_COMMANDS``, argv-only execution, process-group
   kill, env isolation and output bounds as ``factory.task.run``); a non-zero exit fails the task
   with the output tail.
-- **publish** with ``payload.command`` does the same. Without a command it POSTs the objective's
+- **publish** with ``payload.command`` does the same (``app.jobs.privilege.runs_command`` decides,
+  as it does for the API's scope check). Without a command it POSTs the objective's
   task results (``{objectiveId, phase, publishedAt, tasks: [{id, phase, status, jobId, result,
   error}]}``) to the deployment's ``RECEIPT_INTEGRATION_PUBLISH_URL`` — a setting, never a payload
   field, so a plan cannot aim a worker at an arbitrary address — signed with the Standard Webhooks
@@ -17,7 +18,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -25,18 +25,26 @@ import requests
 from standardwebhooks.webhooks import Webhook
 
 from app.factory import service
+from app.jobs import kinds
 from app.jobs.ids import client_id_of
+from app.jobs.privilege import runs_command
 from workers.handler import HandlerError, JobContext
+from workers.handlers import codex
+from workers.kinds import handles
 
-VALIDATE: Final = "factory.integration.validate"
-PUBLISH: Final = "factory.integration.publish"
-KINDS: Final = (VALIDATE, PUBLISH)
 PUBLISH_TIMEOUT_S: Final = 30.0
 
 
-def runs_command(kind: str, payload: Mapping[str, Any]) -> bool:
-    """validate always runs a command; publish only when it carries one."""
-    return kind == VALIDATE or (kind == PUBLISH and "command" in payload)
+@handles(kinds.VALIDATE)
+def validate(ctx: JobContext) -> Any:
+    return codex.run_command(ctx)
+
+
+@handles(kinds.PUBLISH)
+def publish(ctx: JobContext) -> Any:
+    if runs_command(ctx.job.agent_id, ctx.job.kind, ctx.payload):
+        return codex.run_command(ctx)
+    return publish_results(ctx)  # a signed POST, not a command
 
 
 def webhook(secret: str) -> Webhook:
@@ -65,12 +73,12 @@ def results_body(ctx: JobContext) -> dict[str, Any]:
                 "error": t.error,
             }
             for t in sorted(obj.tasks.values(), key=lambda t: (t.phase, t.id))
-            if t.kind != PUBLISH
+            if t.kind != kinds.PUBLISH.name
         ],
     }
 
 
-def publish(ctx: JobContext) -> dict[str, Any]:
+def publish_results(ctx: JobContext) -> dict[str, Any]:
     url = ctx.settings.integration_publish_url
     secret = ctx.settings.integration_publish_secret
     if not url or not secret:

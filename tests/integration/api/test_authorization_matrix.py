@@ -28,7 +28,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy.engine import Engine
 
-from app.jobs.vocab import COMMAND_TYPES, PAYLOAD_KINDS
+from app.jobs.kinds import PAYLOAD_KINDS
+from app.jobs.vocab import COMMAND_TYPES
 from app.storage import tokens
 from app.storage.db import make_engine
 from tests.support import authz_matrix

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from app.jobs.vocab import LANES, PAYLOAD_KINDS, SINGLETON_MODES
+from app.jobs.kinds import PAYLOAD_KINDS
+from app.jobs.vocab import LANES, SINGLETON_MODES
 from tests.support.api import Api, auth_context, json_of, key, payload
 
 ENQUEUE = "/agents/factory/jobs"
@@ -144,7 +145,14 @@ CORPUS: list[tuple[str, str, bytes, str]] = [
     ("command body is an array", "/jobs/{job}/commands", b'[{"type": "steer"}]', "body"),
     ("command without type", "/jobs/{job}/commands", _json({"payload": 1}), "type"),
     ("unknown command type", "/jobs/{job}/commands", _json({"type": "restart"}), "type"),
-    ("command with unknown field", "/jobs/{job}/commands", _json({"type": "steer", "lane": "chat"}), "lane"),
+    (
+        "command with unknown field",
+        "/jobs/{job}/commands",
+        _json({"type": "steer", "urgent": True}),
+        "urgent",
+    ),
+    ("command on a job lane", "/jobs/{job}/commands", _json({"type": "steer", "lane": "chat"}), "lane"),
+    ("abort naming a lane", "/jobs/{job}/commands", _json({"type": "abort", "lane": "steer"}), "lane"),
     ("command reason of wrong type", "/jobs/{job}/commands", _json({"type": "abort", "reason": 5}), "reason"),
     ("command NaN payload", "/jobs/{job}/commands", b'{"type": "steer", "payload": NaN}', "body"),
     ("cancel body is a list", "/jobs/{job}/cancel", b"[1]", "body"),

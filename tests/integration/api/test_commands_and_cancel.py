@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from app.jobs.vocab import COMMAND_TYPES
+from app.jobs.vocab import COMMAND_LANES, COMMAND_TYPES
+from app.storage import store
 from tests.support.api import Api, json_of, key
 from tests.support.queue_ops import complete
 
@@ -22,8 +25,48 @@ def test_command_is_202_with_the_job(api: Api, type_: str) -> None:
     (command,) = got["commands"]
     assert (command["type"], command["payload"], command["reason"]) == (type_, {"text": "hi"}, "because")
     assert command["consumed"] is False
+    # A steer or follow_up is on the lane its type names unless it names one; an abort on none.
+    assert command.get("lane") == (None if type_ == "abort" else type_)
     assert got["abortRequested"] is (type_ == "abort")
     assert got["route"]["queue"]
+
+
+def test_a_command_is_sent_on_the_lane_it_names(api: Api, projection_equals_fold: Any) -> None:
+    """Spec: commands are typed steer, follow_up or abort; the queue-command lanes are steer and
+    follow_up. A steer may go on the follow_up lane (taken after the job's current turn)."""
+    job = api.job()
+    response = api.client.post(
+        f"/jobs/{job['id']}/commands", headers=api.headers(), json={"type": "steer", "lane": "follow_up"}
+    )
+    assert response.status_code == 202
+    (command,) = json_of(response)["job"]["commands"]
+    assert (command["type"], command["lane"]) == ("steer", "follow_up")
+    with api.engine.connect() as conn:
+        receipt = store.read_stream(conn, job["stream"])[-1]
+    assert receipt.type == "queue.command"
+    assert (receipt.body["type"], receipt.body["lane"]) == ("steer", "follow_up")
+    projection_equals_fold(api.engine, key(job))
+
+
+@pytest.mark.parametrize(
+    ("body", "allowed"),
+    [
+        ({"type": "follow_up", "lane": "collect"}, list(COMMAND_LANES)),
+        ({"type": "steer", "lane": "chat"}, list(COMMAND_LANES)),
+        ({"type": "abort", "lane": "steer"}, None),
+    ],
+    ids=["job lane collect", "job lane chat", "abort with a lane"],
+)
+def test_a_command_lane_is_steer_or_follow_up_and_an_abort_takes_none(
+    api: Api, body: dict[str, Any], allowed: list[str] | None
+) -> None:
+    job = api.job()
+    before = api.receipt_count()
+    response = api.client.post(f"/jobs/{job['id']}/commands", headers=api.headers(), json=body)
+    assert response.status_code == 400
+    details = json_of(response)["error"]["details"]
+    assert details["field"] == "lane" and details.get("allowed") == allowed
+    assert api.receipt_count() == before
 
 
 def test_command_type_must_be_known(api: Api) -> None:

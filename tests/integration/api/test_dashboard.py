@@ -247,9 +247,9 @@ def test_steer_and_follow_up_go_through_the_command_schema(sqlite_api: Api) -> N
     follow = sqlite_api.client.post(url, data={"csrf": csrf, "type": "follow_up", "reason": "more"})
     assert follow.status_code == 303
     commands = sqlite_api.queue.get(key(job)).commands  # type: ignore[union-attr]
-    assert [(c.type, c.payload, c.reason) for c in commands] == [
-        ("steer", {"say": "left"}, None),
-        ("follow_up", None, "more"),
+    assert [(c.type, c.lane, c.payload, c.reason) for c in commands] == [
+        ("steer", "steer", {"say": "left"}, None),
+        ("follow_up", "follow_up", None, "more"),
     ]
     before = sqlite_api.receipt_count()
     bad_json = sqlite_api.client.post(url, data={"csrf": csrf, "type": "steer", "payload": "{nope"})

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from app.jobs.ids import SYSTEM_ORGANIZATION
-from app.jobs.vocab import PAYLOAD_KINDS
+from app.jobs.kinds import PAYLOAD_KINDS
+from app.storage import store
 from tests.support.api import ORG_A, ORG_B, Api, auth_context, json_of, key, payload
 
 
@@ -141,6 +146,27 @@ def test_singleton_steer_returns_the_steered_job(api: Api) -> None:
     assert command["fromEnqueue"] is True
     assert command["fromSessionKey"] == "chat-1"
     assert command["payload"]["text"] == "more"
+
+
+@pytest.mark.parametrize(
+    ("posted", "lane"),
+    [("follow_up", "follow_up"), ("steer", "steer"), ("collect", "steer"), ("chat", "steer")],
+)
+def test_a_steer_made_by_enqueue_keeps_the_lane_it_was_posted_with(
+    api: Api, posted: str, lane: str, projection_equals_fold: Any
+) -> None:
+    """Spec: the queue-command lanes are steer and follow_up only. A steer enqueue posted on one of
+    them steers on it; one posted on chat or collect (not a command lane) steers on ``steer``."""
+    first = api.job(sessionKey="chat-1")
+    response = api.enqueue(
+        sessionKey="chat-1", singletonMode="steer", lane=posted, payload=payload(text="more")
+    )
+    (command,) = json_of(response)["job"]["commands"]
+    assert (command["type"], command["lane"], command["fromEnqueue"]) == ("steer", lane, True)
+    with api.engine.connect() as conn:
+        receipt = store.read_stream(conn, first["stream"])[-1]
+    assert (receipt.type, receipt.body["lane"]) == ("queue.command", lane)
+    projection_equals_fold(api.engine, key(first))
 
 
 def test_singleton_steer_does_not_cross_organisations(api: Api) -> None:

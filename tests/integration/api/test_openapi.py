@@ -12,7 +12,8 @@ from referencing import Registry, Resource
 
 from api import schemas
 from api.openapi import _as_documented
-from app.jobs.vocab import COMMAND_TYPES, LANES, PAYLOAD_KINDS, SINGLETON_MODES, STATUSES
+from app.jobs.kinds import PAYLOAD_KINDS
+from app.jobs.vocab import COMMAND_TYPES, LANES, SINGLETON_MODES, STATUSES
 from tests.support.api import WORKER, Api, json_of, key
 
 

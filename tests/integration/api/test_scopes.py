@@ -15,9 +15,8 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from api.app import create_app
-from app.jobs.contracts import CONTRACTS
+from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.privilege import runs_command
-from app.jobs.vocab import PAYLOAD_KINDS
 from app.storage import store, tokens
 from app.storage.db import db_now
 from tests.support.api import ORG_A, Api, json_of, key, make_settings, payload
@@ -85,16 +84,28 @@ def test_enqueued_by_is_never_taken_from_the_request(api: Api) -> None:
     assert job["job"]["enqueuedBy"]["system"] is False
 
 
-def test_which_posts_run_a_command_is_decided_from_the_kind_contracts() -> None:
-    """factory.task.run to the codex group, and the integration kinds (issue 10: they run a command,
-    and routing sends every factory.integration.* job to codex whatever its agent)."""
+def test_which_posts_run_a_command_is_decided_from_the_kinds_table() -> None:
+    """factory.task.run to the codex group, validate (routing sends every factory.integration.* job
+    to codex whatever its agent), and publish when its payload gives a command."""
     agents = ("codex", "factory", "factory-control")
-    running = {(a, k) for a in agents for k in PAYLOAD_KINDS if runs_command(a, k)}
-    integration = {"factory.integration.publish", "factory.integration.validate"}
-    assert running == {("codex", "factory.task.run")} | {(a, k) for a in agents for k in integration}
-    assert sorted(k for k, c in CONTRACTS.items() if c.runs_command) == sorted(
-        ["factory.task.run", *integration]
-    )
+
+    def running(payload: dict[str, Any]) -> set[tuple[str, str]]:
+        return {(a, k) for a in agents for k in PAYLOAD_KINDS if runs_command(a, k, payload)}
+
+    validate = {(a, "factory.integration.validate") for a in agents}
+    publish = {(a, "factory.integration.publish") for a in agents}
+    assert running({}) == {("codex", "factory.task.run")} | validate
+    assert running({"command": COMMAND}) == {("codex", "factory.task.run")} | validate | publish
+
+
+def test_a_publish_without_a_command_needs_no_scope_and_one_with_a_command_does(api: Api) -> None:
+    objective = api.objective()
+    body = {"payload": payload("factory.integration.publish", objectiveId=objective["id"])}
+    assert api.client.post("/agents/codex/jobs", json=body, headers=api.headers()).status_code == 202
+    body["payload"]["command"] = COMMAND
+    refused = api.client.post("/agents/codex/jobs", json=body, headers=api.headers())
+    assert refused.status_code == 403
+    assert json_of(refused)["error"]["code"] == "missing_scope"
 
 
 def test_a_task_run_for_a_non_codex_agent_needs_no_scope(api: Api) -> None:
