@@ -52,6 +52,7 @@ def fuzz_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
         "queued_redrive_interval_ms": 600_000,
         "retry_scan_interval_ms": 600_000,
         "lease_expiry_interval_ms": 600_000,
+        "objective_control_outbox_redrive_interval_ms": 600_000,
     }
     api = build_api(
         engine,
