@@ -51,6 +51,7 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
 from app.config import normalise_database_url
+from app.jobs.ids import qualify
 from app.jobs.reducer import reduce
 from app.jobs.vocab import TERMINAL_STATUSES, job_stream
 from app.storage import store
@@ -385,7 +386,7 @@ def superseded_writes(stream_receipts: list[Any]) -> list[str]:
 
 def collect(
     engine: Engine,
-    prefix: str,
+    key_prefix: str,
     client: Client,
     posted: list[str],
     chaos: Chaos,
@@ -394,7 +395,7 @@ def collect(
 ) -> Report:
     with engine.connect() as conn:
         rows = conn.execute(
-            select(jobs.c.id, jobs.c.status, jobs.c.attempt).where(jobs.c.id.like(f"{prefix}%"))
+            select(jobs.c.id, jobs.c.status, jobs.c.attempt).where(jobs.c.id.like(f"{key_prefix}%"))
         ).all()
         streams = {row.id: store.read_stream(conn, job_stream(row.id)) for row in rows}
     zero, multi, superseded, latencies = [], [], [], []
@@ -503,6 +504,7 @@ def run(
 ) -> Report:
     rng = random.Random(seed)
     prefix = f"soak-{uuid.uuid4().hex[:6]}-"
+    key_prefix = qualify(ORG, prefix)  # the jobs' storage keys carry the organisation
     client = Client(stack)
     t0 = time.monotonic()
     chaos = Chaos(stack, pg, t0, rng=random.Random(seed + 1))
@@ -555,7 +557,7 @@ def run(
         with engine.connect() as conn:
             open_jobs = conn.execute(
                 select(jobs.c.id)
-                .where(jobs.c.id.like(f"{prefix}%"), jobs.c.status.not_in(sorted(TERMINAL_STATUSES)))
+                .where(jobs.c.id.like(f"{key_prefix}%"), jobs.c.status.not_in(sorted(TERMINAL_STATUSES)))
                 .limit(1)
             ).first()
         if open_jobs is None:
@@ -563,10 +565,10 @@ def run(
             break
         time.sleep(0.5)
     with engine.connect() as conn:
-        existing = set(conn.execute(select(jobs.c.id).where(jobs.c.id.like(f"{prefix}%"))).scalars())
+        existing = set(conn.execute(select(jobs.c.id).where(jobs.c.id.like(f"{key_prefix}%"))).scalars())
     # Steer jobIds that steered an active job are answered with that job: they are not expected to exist.
-    expected = [j for j in posted if not j.endswith("-steer") or j in existing]
-    return collect(engine, prefix, client, expected, chaos, all_terminal_at, last_post_at)
+    expected = [j for j in posted if not j.endswith("-steer") or qualify(ORG, j) in existing]
+    return collect(engine, key_prefix, client, expected, chaos, all_terminal_at, last_post_at)
 
 
 def main(argv: list[str] | None = None) -> int:

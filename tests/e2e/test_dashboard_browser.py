@@ -146,7 +146,7 @@ def test_sign_in_then_a_job_appears_and_completes_live(ui_stack: Stack, page: An
 
     # Its timeline: enqueued → lease → heartbeat → completed, with attempt, worker and result.
     row.locator("a").click()
-    page.wait_for_url(f"**/ui/jobs/{job['id']}")
+    page.wait_for_url(f"**/ui/jobs/{job['id']}?**")
     page.locator('[data-testid="job-status"]', has_text="completed").wait_for()
     types = page.locator("ol.timeline li").evaluate_all("items => items.map(li => li.dataset.type)")
     assert types[0] == "job.enqueued" and types[-1] == "job.completed"

@@ -30,7 +30,7 @@ from tasks.runtime import DISPATCH_TASK, EXECUTE_TASK
 from tests.e2e import handlers
 from tests.support.queue_ops import complete, settle_canceled
 from tests.support.services import TcpProxy
-from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, worker_pid
+from tests.support.stack import ORG, Stack, key_of, terminal_receipts, terminate_backends, worker_pid
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
@@ -120,10 +120,11 @@ def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: P
     finally:
         stack.harness.signal(frozen, signal.SIGCONT)
 
-    line = f"Task {EXECUTE_TASK}[{job_id}:attempt:1] succeeded"
+    key = stack.key(job_id)  # fences and the queue name the job by its storage key
+    line = f"Task {EXECUTE_TASK}[{key}:attempt:1] succeeded"
     wait_for(lambda: frozen.lines_with(line), 20, what="the superseded attempt to end")
     # It reached its settlement and was refused by the attempt fence ...
-    assert frozen.log_count(f"delivery {job_id}:attempt:1: settlement_conflict") == 1
+    assert frozen.log_count(f"delivery {key}:attempt:1: settlement_conflict") == 1
     # ... and wrote nothing: the stream is exactly what it was when attempt 2 settled.
     assert stack.receipts(job_id) == settled
     _one_of_each(stack, job_id)
@@ -134,11 +135,11 @@ def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: P
 
     # The same settlement written straight at the queue (every fenced write of attempt 1) is inert too.
     q = queue_for(stack.engine)
-    assert not complete(q, job_id, old_worker, 1, {"late": True}).applied
-    assert not q.fail(job_id, old_worker, 1, "late", retryable=False).applied
-    assert not q.heartbeat(job_id, old_worker, 1, 6000).applied
-    assert not q.progress(job_id, old_worker, 1, {"late": True}).applied
-    assert not settle_canceled(q, job_id, old_worker, 1, "late").applied
+    assert not complete(q, key, old_worker, 1, {"late": True}).applied
+    assert not q.fail(key, old_worker, 1, "late", retryable=False).applied
+    assert not q.heartbeat(key, old_worker, 1, 6000).applied
+    assert not q.progress(key, old_worker, 1, {"late": True}).applied
+    assert not settle_canceled(q, key, old_worker, 1, "late").applied
     assert stack.receipts(job_id) == settled
 
 
@@ -151,7 +152,8 @@ def test_unknown_agent_job_stays_queued_where_no_chat_worker_runs(stack: Stack) 
     stack.start("web", "driver", "codex", "control", "beat")
     agent = f"e2e-nobody-{uuid.uuid4().hex[:6]}"
     lonely = stack.post_job(agent)["id"]
-    watchdog = stack.post_job("factory-control", "factory.objective.watchdog", system=True)["id"]
+    # The system's own job: it lives in the system organisation (its stream names its key).
+    watchdog = key_of(stack.post_job("factory-control", "factory.objective.watchdog", system=True))
     wait_for(lambda: stack.deliveries(lonely), 10, what="the unknown-agent job to be dispatched")
 
     observe_until = time.monotonic() + 3.0
@@ -201,7 +203,7 @@ def test_redis_flushed_with_jobs_queued_every_job_completes_via_redrive(stack: S
         _one_of_each(stack, job_id)
         assert stack.types(job_id).count("job.leased") == 1
         # Delivered by the queued redrive (its dispatch key): every enqueue wake-up was flushed.
-        assert [d.dispatch_key for d in stack.deliveries(job_id)] == [f"{job_id}:redrive:1:queued"]
+        assert [d.dispatch_key for d in stack.deliveries(job_id)] == [f"{stack.key(job_id)}:redrive:1:queued"]
 
 
 def test_redis_restarted_with_jobs_in_flight_and_queued_every_job_completes(stack: Stack) -> None:

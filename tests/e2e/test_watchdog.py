@@ -201,18 +201,20 @@ def test_two_beats_give_one_watchdog_job_per_tick(wstack: Stack) -> None:
         what="both beats to send three watchdog ticks",
     )
     control = wstack.procs["control"]
+    # Both beats' messages are consumed: six or more ticks delivered to the control worker.
     wait_for(
-        lambda: control.log_count("objective watchdog tick: job") >= 6, 60, what="the ticks to be consumed"
+        lambda: control.log_count("Task receipt.objective_watchdog_tick[") >= 12,  # received + succeeded
+        60,
+        what="the ticks to be consumed",
     )
     ticks = [
         re.search(r"job (\S+) \(created=(\w+)\)", line)
         for line in control.lines_with("objective watchdog tick")
     ]
     created = [m.group(1) for m in ticks if m and m.group(2) == "True"]
-    repeated = [m.group(1) for m in ticks if m and m.group(2) == "False"]
-    # Every tick enqueued exactly once (two sends each: one created the job, the other found it).
-    assert len(created) == len(set(created))
-    assert repeated and set(repeated) <= {j.id for j in watchdog_jobs(wstack)}
+    # Every tick enqueued exactly once: the second beat's message for a tick either finds the job
+    # (created=False) or, arriving while the first pass holds the loop's claim, is dropped by it.
+    assert len(created) == len(set(created)) >= 3
     assert {j.id for j in watchdog_jobs(wstack)} == set(created)
 
 

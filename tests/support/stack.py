@@ -9,7 +9,7 @@ fixtures flushing, its in-process workers consuming) can touch its broker.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,6 +289,12 @@ class Stack:
     def close(self) -> None:
         self.http.close()
         self.engine.dispose()
+
+
+def key_of(job: Mapping[str, Any]) -> str:
+    """The storage key of a job as the API answered it (its stream names the key)."""
+    key: str = job["stream"].removeprefix("jobs/")
+    return key
 
 
 def terminal_receipts(receipts: list[StoredReceipt]) -> list[StoredReceipt]:
