@@ -80,6 +80,7 @@ from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.config import switch
+from app.jobs.ids import qualify
 from bench.runtime_bench import (
     AGENT,
     BASELINE_QUEUE,
@@ -124,6 +125,11 @@ def job_body(job_id: str) -> dict[str, Any]:
         "jobId": job_id,
         "payload": {"kind": "factory.run", "authContext": {"userId": "bench", "organizationId": ORG}},
     }
+
+
+def receipt_key(job_id: str) -> str:
+    """Receipt's storage key (and, after ``jobs/``, stream) of a client's job id (or of an id prefix)."""
+    return qualify(ORG, job_id)
 
 
 def kind_of(system: str) -> str:
@@ -385,7 +391,7 @@ def done_count(dep: Deployment, prefix: str, result: dict[str, Any]) -> int:
         if dep.kind == "receipt":
             rows = conn.execute(
                 text("SELECT status, count(*) FROM jobs WHERE id LIKE :p GROUP BY status"),
-                {"p": f"{prefix}%"},
+                {"p": f"{receipt_key(prefix)}%"},
             ).all()
             counts = {str(k): int(v) for k, v in rows}
             if counts.get("failed") or counts.get("canceled"):
@@ -443,14 +449,16 @@ def timings(dep: Deployment, prefix: str, result: dict[str, Any]) -> tuple[list[
     """(latencies in ms, span in s from the first enqueue to the last completion)."""
     with dep.engine.connect() as conn:
         if dep.kind in ("receipt", FLOOR):
-            lat = latencies_ms(dep.engine, prefix)
+            # The floor keeps bare ids; Receipt's keys and streams carry the organisation.
+            key = receipt_key(prefix) if dep.kind == "receipt" else prefix
+            lat = latencies_ms(dep.engine, key)
             span = conn.execute(
                 text(
                     "SELECT EXTRACT(EPOCH FROM (max(c.at) - min(e.at))) FROM receipts e JOIN receipts c "
                     "ON c.stream = e.stream AND c.type = 'job.completed' "
                     "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"
                 ),
-                {"p": f"jobs/{prefix}%"},
+                {"p": f"jobs/{key}%"},
             ).scalar_one()
             return lat, float(span)
         if dep.kind == "procrastinate":
@@ -608,7 +616,7 @@ def _sender(system: str, prefix: str) -> tuple[Callable[[str], str], Callable[[s
             return conn.execute(text(sql), {"k": key}).scalar()
 
     if system in ("receipt-python", "receipt-http"):
-        done = lambda k: scalar("SELECT status FROM jobs WHERE id = :k", k) == "completed"  # noqa: E731
+        done = lambda k: scalar("SELECT status FROM jobs WHERE id = :k", receipt_key(k)) == "completed"  # noqa: E731
         if system == "receipt-python":
             from api.wake import default_waker
             from app.config import Settings
