@@ -51,6 +51,10 @@ Definitions (the same for everyone as far as each system records it):
   Every logged statement is one client→server round trip (BEGIN, COMMIT and pool pre-pings
   included); the count includes what the processes do while idle during that window.
 
+Each system is one ``System`` class of ``bench/systems.py``: how it is started on its fresh database,
+how a producer sends it one job and sees it done, and how its own records say how many jobs finished
+and when. The run loop, the statement count and the report here iterate over those instances.
+
 Every wait is bounded; ``--budget-s`` stops starting new rounds. Processes are stopped by PID
 (``tests.support.processes.Harness``), databases dropped, redis-servers stopped.
 """
@@ -70,7 +74,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -78,91 +82,30 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from app.composition import queue_for
-from app.config import switch
-from bench.runtime_bench import (
-    AGENT,
-    BASELINE_QUEUE,
-    BASELINE_TASK,
-    CpuMeter,
-    backend_pids,
-    child_env,
-    fresh_database,
-    latencies_ms,
-    log,
-    make_baseline_app,
-    percentile,
-)
+from bench.runtime_bench import CpuMeter, backend_pids, child_env, fresh_database, log, percentile
+from bench.systems import BY_NAME, DEFAULT_SYSTEMS, SYSTEMS, Database, Deployment, System
 from tests.support.processes import PYTHON, Harness
-from tests.support.services import RedisServer
-from tests.support.stack import ORG, make_stack
 from tests.support.waiting import wait_for
 
-SYSTEMS = ("receipt-python", "receipt-http", "procrastinate", "celery")
-# Not Receipt: the least work any design keeping its contract must do (bench/floor.py); the second
-# adds the spec's reads. Run on request (``--systems floor,floor-reads,procrastinate,celery``), to
-# check a ratio target against what is reachable at all. Each is its own deployment kind.
-FLOOR, FLOOR_READS = FLOORS = ("floor", "floor-reads")
-LABELS = {
-    "receipt-python": "Receipt, Python enqueue",
-    "receipt-http": "Receipt, HTTP enqueue",
-    "procrastinate": "Procrastinate 3, c=8, defer",
-    "celery": "Celery prefork c=2, PG results",
-    "floor": "Floor (bench/floor.py)",
-    "floor-reads": "Floor with its reads",
-}
 POLL_S = 0.05
 IDLE_POLL_S = 0.002
 DONE_TIMEOUT_S = 300.0
-BOOT_TIMEOUT_S = 120.0
 STATS_FLUSH_S = 11.0  # PostgreSQL 15 flushes an idle backend's pending counters within 10 s
-
-
-def job_body(job_id: str) -> dict[str, Any]:
-    """A no-op job of the deployment's organisation (the one its API token belongs to)."""
-    return {
-        "jobId": job_id,
-        "payload": {"kind": "factory.run", "authContext": {"userId": "bench", "organizationId": ORG}},
-    }
-
-
-def kind_of(system: str) -> str:
-    return "receipt" if system.startswith("receipt") else system
-
-
-def sa_to_libpq(url: str) -> str:
-    return url.replace("postgresql+psycopg2://", "postgresql://", 1)
 
 
 # -- deployments ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Deployment:
-    """One running system on its own database: how to produce into it and what to measure."""
-
-    kind: str  # receipt | procrastinate | celery
-    url: str
-    engine: Engine
-    database: str
-    cpu_groups: dict[str, Callable[[], list[int]]]
-    producer_env: dict[str, str] = field(default_factory=dict)
-
-
-def _pids(*pids: int) -> Callable[[], list[int]]:
-    return lambda: list(pids)
-
-
 @contextmanager
 def deploy(
-    kind: str, harness: Harness, home: Path, *, log_all: bool = False, prepared: bool = True
+    system: System, harness: Harness, home: Path, *, log_all: bool = False, prepared: bool = True
 ) -> Iterator[Deployment]:
     """A fresh database and the system's processes, warmed up; everything stopped/dropped on exit.
     ``prepared``: Receipt with ``RECEIPT_DB_PREPARED_STATEMENTS=enabled`` (``--unprepared``: off)."""
     from app.storage.db import make_engine
 
     with ExitStack() as stack:
-        url = stack.enter_context(fresh_database(f"cmp_{kind.replace('-', '_')}"))
+        url = stack.enter_context(fresh_database(f"cmp_{system.kind.replace('-', '_')}"))
         database = url.rsplit("/", 1)[1]
         if log_all:
             setup = make_engine(url)
@@ -172,204 +115,17 @@ def deploy(
         # This script's own connections (polling, CPU sampling) never log their statements.
         engine = make_engine(url, connect_args={"options": "-c log_statement=none"})
         stack.callback(engine.dispose)
-        postgres = lambda: backend_pids(engine)  # noqa: E731
-        if kind == "receipt":
-            dep = _deploy_receipt(stack, harness, home, url, engine, database, postgres, prepared)
-        elif kind == "procrastinate":
-            dep = _deploy_procrastinate(stack, harness, url, engine, database, postgres)
-        elif kind in FLOORS:
-            dep = _deploy_floor(stack, harness, url, engine, database, postgres, reads=kind == FLOOR_READS)
-        else:
-            dep = _deploy_celery(stack, harness, url, engine, database, postgres)
+        db = Database(url, database, engine, lambda: backend_pids(engine))
+        dep = system.start(stack, harness, home, db, prepared=prepared)
+        warm(dep, system.warmed_by(), "warm-", harness)
         yield dep
 
 
-def _deploy_receipt(
-    stack: ExitStack,
-    harness: Harness,
-    home: Path,
-    url: str,
-    engine: Engine,
-    database: str,
-    postgres: Any,
-    prepared: bool,
-) -> Deployment:
-    from app.storage.migrate import upgrade
-
-    upgrade(engine)
-    deployment = make_stack(
-        harness,
-        url,
-        home / f"receipt-{database}",
-        RECEIPT_HANDLER_MODULES="bench.handlers",
-        RECEIPT_RESONATE_EXECUTE_CONCURRENCY="8",
-        # A throughput bench posts faster than the default per-organisation write limit allows.
-        RECEIPT_RATE_LIMIT_WRITES="1000000/minute",
-        # Tuned for a direct PostgreSQL connection, as a deployment without a transaction-mode
-        # pooler would be (docs/scaling.md); --unprepared measures the default.
-        RECEIPT_DB_PREPARED_STATEMENTS="enabled" if prepared else "disabled",
-    )
-    # Production timings (5 min leases, a 15 s redrive with a 30 s minimum age, ...), as every peer
-    # runs its own defaults: the e2e tests' short ones rescan and redrive during a burst.
-    deployment.timings = {}
-    stack.callback(deployment.close)
-    stack.callback(harness.stop_all)
-    web = deployment.start_web(WEB_CONCURRENCY=os.environ.get("BENCH_WEB_CONCURRENCY", "2"))
-    driver = deployment.start_worker("driver")
-    worker = deployment.start_worker("worker-chat")
-    assert deployment.redis_server is not None and deployment.redis_server.proc is not None
-    dep = Deployment(
-        "receipt",
-        url,
-        engine,
-        database,
-        {
-            "api (gunicorn)": _pids(web.pid),
-            "driver": _pids(driver.pid),
-            "worker": _pids(worker.pid),
-            "redis": _pids(deployment.redis_server.proc.pid),
-            "postgres": postgres,
-        },
-        {
-            "BENCH_DB": url,
-            "BENCH_REDIS": deployment.redis_url,
-            "BENCH_WEB": deployment.url(""),
-            "BENCH_TOKEN": deployment.token,
-            # The in-process producer opens its engine as the deployment's processes do.
-            "BENCH_RECEIPT_PREPARED": "1" if prepared else "0",
-        },
-    )
-    warm(dep, "receipt-python", "warm-")
-    return dep
-
-
-def _deploy_procrastinate(
-    stack: ExitStack, harness: Harness, url: str, engine: Engine, database: str, postgres: Any
-) -> Deployment:
-    dsn = sa_to_libpq(url)
-    env = child_env(BENCH_PROCRASTINATE_DSN=dsn)
-    subprocess.run(
-        [PYTHON, "-m", "procrastinate", "--app=bench.peers.procrastinate_app", "schema", "--apply"],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=BOOT_TIMEOUT_S,
-    )
-    stack.callback(harness.stop_all)
-    worker = harness.start(
-        "procrastinate",
-        [
-            PYTHON,
-            "-m",
-            "procrastinate",
-            "--app=bench.peers.procrastinate_app",
-            "worker",
-            "--concurrency",
-            "8",
-            "--queues",
-            "bench",
-        ],
-        env,
-    )
-    dep = Deployment(
-        "procrastinate",
-        url,
-        engine,
-        database,
-        {"worker": _pids(worker.pid), "postgres": postgres},
-        {"BENCH_PROCRASTINATE_DSN": dsn, "BENCH_DB": url},
-    )
-    warm(dep, "procrastinate", "warm-", harness)
-    return dep
-
-
-def _deploy_celery(
-    stack: ExitStack, harness: Harness, url: str, engine: Engine, database: str, postgres: Any
-) -> Deployment:
-    stack.callback(harness.stop_all)
-    redis = RedisServer(harness)
-    redis.start()
-    assert redis.proc is not None
-    env = child_env(BENCH_CELERY_BROKER=redis.url, BENCH_CELERY_BACKEND=f"db+{url}")
-    worker = harness.start(
-        "celery",
-        [
-            PYTHON,
-            "-m",
-            "celery",
-            "-A",
-            "bench.runtime_bench:baseline_app",
-            "worker",
-            "--pool",
-            "prefork",
-            "--concurrency",
-            "2",
-            "--queues",
-            BASELINE_QUEUE,
-            "--without-gossip",
-            "--without-mingle",
-            "--loglevel",
-            "WARNING",
-        ],
-        env,
-    )
-    dep = Deployment(
-        "celery",
-        url,
-        engine,
-        database,
-        {
-            "worker (+ prefork children)": _pids(worker.pid),
-            "redis": _pids(redis.proc.pid),
-            "postgres": postgres,
-        },
-        {"BENCH_CELERY_BROKER": redis.url, "BENCH_CELERY_BACKEND": f"db+{url}", "BENCH_DB": url},
-    )
-    warm(dep, "celery", "warm-", harness)
-    return dep
-
-
-def _deploy_floor(
-    stack: ExitStack, harness: Harness, url: str, engine: Engine, database: str, postgres: Any, *, reads: bool
-) -> Deployment:
-    from app.storage.migrate import upgrade
-    from bench import floor
-
-    upgrade(engine)  # the real receipts table, its constraints and its append-only triggers
-    with engine.begin() as conn:
-        conn.exec_driver_sql(floor.SCHEMA)
-    stack.callback(harness.stop_all)
-    redis = RedisServer(harness)
-    redis.start()
-    assert redis.proc is not None
-    env = {
-        "BENCH_FLOOR_BROKER": redis.url,
-        "BENCH_FLOOR_DSN": sa_to_libpq(url),
-        "BENCH_FLOOR_READS": "1" if reads else "0",
-    }
-    worker = harness.start(
-        "floor",
-        [PYTHON, "-m", "celery", "-A", "bench.floor:app", "worker", "--pool", "threads", "--concurrency", "8",
-         "--queues", floor.QUEUE, "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
-        child_env(**env),
-    )  # fmt: skip
-    dep = Deployment(
-        FLOOR,
-        url,
-        engine,
-        database,
-        {"worker": _pids(worker.pid), "redis": _pids(redis.proc.pid), "postgres": postgres},
-        {**env, "BENCH_DB": url},
-    )
-    warm(dep, FLOOR_READS if reads else FLOOR, "warm-", harness)
-    return dep
-
-
-def warm(dep: Deployment, system: str, prefix: str, harness: Harness | None = None, n: int = 20) -> None:
+def warm(dep: Deployment, system: System, prefix: str, harness: Harness, n: int = 20) -> None:
     """Send ``n`` jobs and wait for them: proves the consumers run and fills every pool."""
     result = produce(dep, system, "burst", prefix, n, clients=2)
     wait_done(dep, prefix, n, result, harness)
-    log(f"{system}: up, {n} warm-up jobs done")
+    log(f"{system.name}: up, {n} warm-up jobs done")
 
 
 # -- counting what is done ----------------------------------------------------------------------------
@@ -382,44 +138,7 @@ def done_count(dep: Deployment, prefix: str, result: dict[str, Any]) -> int:
     """Jobs of this batch completed so far; one transaction (a rollback) per call."""
     POLLS[0] += 1
     with dep.engine.connect() as conn:
-        if dep.kind == "receipt":
-            rows = conn.execute(
-                text("SELECT status, count(*) FROM jobs WHERE id LIKE :p GROUP BY status"),
-                {"p": f"{prefix}%"},
-            ).all()
-            counts = {str(k): int(v) for k, v in rows}
-            if counts.get("failed") or counts.get("canceled"):
-                raise RuntimeError(f"jobs ended badly: {counts}")
-            return counts.get("completed", 0)
-        if dep.kind == FLOOR:
-            return int(
-                conn.execute(
-                    text("SELECT count(*) FROM floor_jobs WHERE status = 'completed' AND id LIKE :p"),
-                    {"p": f"{prefix}%"},
-                ).scalar_one()
-            )
-        if dep.kind == "procrastinate":
-            return int(
-                conn.execute(
-                    text(
-                        "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded' "
-                        "AND args->>'tag' = :p"
-                    ),
-                    {"p": prefix},
-                ).scalar_one()
-            )
-        try:
-            return int(
-                conn.execute(
-                    text(
-                        "SELECT count(*) FROM celery_taskmeta "
-                        "WHERE status = 'SUCCESS' AND task_id = ANY(:ids)"
-                    ),
-                    {"ids": list(result["sent"])},
-                ).scalar_one()
-            )
-        except Exception:  # the worker creates the table with its first result
-            return 0
+        return dep.system.done_count(conn, prefix, result)
 
 
 def wait_done(
@@ -434,7 +153,7 @@ def wait_done(
         lambda: done_count(dep, prefix, result) >= n,
         DONE_TIMEOUT_S,
         interval=interval,
-        what=f"{n} {dep.kind} jobs ({prefix}) to complete",
+        what=f"{n} {dep.system.kind} jobs ({prefix}) to complete",
         check=harness.check_alive if harness else None,
     )
 
@@ -442,37 +161,7 @@ def wait_done(
 def timings(dep: Deployment, prefix: str, result: dict[str, Any]) -> tuple[list[float], float]:
     """(latencies in ms, span in s from the first enqueue to the last completion)."""
     with dep.engine.connect() as conn:
-        if dep.kind in ("receipt", FLOOR):
-            lat = latencies_ms(dep.engine, prefix)
-            span = conn.execute(
-                text(
-                    "SELECT EXTRACT(EPOCH FROM (max(c.at) - min(e.at))) FROM receipts e JOIN receipts c "
-                    "ON c.stream = e.stream AND c.type = 'job.completed' "
-                    "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"
-                ),
-                {"p": f"jobs/{prefix}%"},
-            ).scalar_one()
-            return lat, float(span)
-        if dep.kind == "procrastinate":
-            rows = conn.execute(
-                text(
-                    "SELECT d.at, s.at FROM procrastinate_jobs j "
-                    "JOIN procrastinate_events d ON d.job_id = j.id AND d.type = 'deferred' "
-                    "JOIN procrastinate_events s ON s.job_id = j.id AND s.type = 'succeeded' "
-                    "WHERE j.args->>'tag' = :p"
-                ),
-                {"p": prefix},
-            ).all()
-            lat = [(s - d).total_seconds() * 1000 for d, s in rows]
-            return lat, (max(s for _, s in rows) - min(d for d, _ in rows)).total_seconds()
-        sent: dict[str, float] = result["sent"]
-        rows = conn.execute(
-            text("SELECT task_id, date_done FROM celery_taskmeta WHERE task_id = ANY(:ids)"),
-            {"ids": list(sent)},
-        ).all()
-        done = {tid: (d if d.tzinfo else d.replace(tzinfo=UTC)).timestamp() for tid, d in rows}
-        lat = [(done[t] - sent[t]) * 1000 for t in done]
-        return lat, max(done.values()) - min(sent.values())
+        return dep.system.timings(dep, conn, prefix, result)
 
 
 # -- the producer (a separate process) -----------------------------------------------------------------
@@ -480,7 +169,7 @@ def timings(dep: Deployment, prefix: str, result: dict[str, Any]) -> tuple[list[
 
 def produce(
     dep: Deployment,
-    system: str,
+    system: System,
     mode: str,
     prefix: str,
     n: int,
@@ -490,7 +179,18 @@ def produce(
     on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run the producer process; ``on_result`` runs while it is still alive (its backends too)."""
-    argv = [PYTHON, "-m", "bench.compare", "produce", system, mode, prefix, str(n), str(clients), str(rate)]
+    argv = [
+        PYTHON,
+        "-m",
+        "bench.compare",
+        "produce",
+        system.name,
+        mode,
+        prefix,
+        str(n),
+        str(clients),
+        str(rate),
+    ]
     proc = subprocess.Popen(
         argv,
         env=child_env(**dep.producer_env),
@@ -509,7 +209,8 @@ def produce(
         if result.get("errors"):
             raise RuntimeError(f"producer errors: {result['errors']}")
         if result.get("retried"):
-            log(f"  {system}: {result['retried']} sends retried: the server's connection limit was reached")
+            retried = result["retried"]
+            log(f"  {system.name}: {retried} sends retried: the server's connection limit was reached")
         if on_result is not None:
             on_result(result)
         return result
@@ -523,11 +224,14 @@ def produce(
             proc.wait(timeout=10)
 
 
-def producer_main(system: str, mode: str, prefix: str, n: int, clients: int, rate: float) -> None:
+def producer_main(system: System, mode: str, prefix: str, n: int, clients: int, rate: float) -> None:
     """Send ``n`` jobs: ``burst`` (``clients`` threads, flat out), ``rate`` (one thread, ``rate``/s),
     ``idle`` (one at a time, each after the previous completed). Prints one JSON line, then waits
     for stdin to close so the caller can sample its database backends."""
-    send, is_done = _sender(system, prefix)
+    from app.storage.db import make_engine
+
+    engine = make_engine(os.environ["BENCH_DB"], pool_size=16, prepared_statements=system.producer_prepared())
+    send, is_done = system.sender(engine, prefix)
     ids = [f"{prefix}{i:06d}" for i in range(n)]
     sent: dict[str, float] = {}
     errors: list[str] = []
@@ -596,88 +300,6 @@ def producer_main(system: str, mode: str, prefix: str, n: int, clients: int, rat
     sys.stdin.read()
 
 
-def _sender(system: str, prefix: str) -> tuple[Callable[[str], str], Callable[[str], bool]]:
-    """(send one job → its key, is that key's job done?) for one system, from the environment."""
-    from app.storage.db import make_engine
-
-    prepared = system == "receipt-python" and switch(os.environ.get("BENCH_RECEIPT_PREPARED") or "0")
-    engine = make_engine(os.environ["BENCH_DB"], pool_size=16, prepared_statements=prepared)
-
-    def scalar(sql: str, key: Any) -> Any:
-        with engine.connect() as conn:
-            return conn.execute(text(sql), {"k": key}).scalar()
-
-    if system in ("receipt-python", "receipt-http"):
-        done = lambda k: scalar("SELECT status FROM jobs WHERE id = :k", k) == "completed"  # noqa: E731
-        if system == "receipt-python":
-            from api.wake import default_waker
-            from app.config import Settings
-            from app.jobs.validation import validate_enqueue
-
-            settings = Settings.from_env(
-                {"REDIS_URL": os.environ["BENCH_REDIS"], "DATABASE_URL": os.environ["BENCH_DB"]}
-            )
-            # Configured as every long-lived Receipt process is (api/, tasks/runtime.py): ledger rows
-            # written off the enqueue's path, batched.
-            queue = queue_for(engine, on_dispatchable=default_waker(settings), ledger_in_background=True)
-
-            def send_python(job_id: str) -> str:
-                queue.enqueue(validate_enqueue(AGENT, job_body(job_id)))
-                return job_id
-
-            return send_python, done
-        import requests
-
-        local = threading.local()
-        base, token = os.environ["BENCH_WEB"], os.environ["BENCH_TOKEN"]
-
-        def send_http(job_id: str) -> str:
-            if not hasattr(local, "session"):
-                local.session = requests.Session()
-            r = local.session.post(
-                f"{base}/agents/{AGENT}/jobs",
-                json=job_body(job_id),
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=30,
-            )
-            if r.status_code != 202:
-                raise RuntimeError(f"{r.status_code} {r.text[:200]}")
-            return job_id
-
-        return send_http, done
-    if system in FLOORS:
-        from bench import floor
-
-        done_f = lambda k: scalar("SELECT status FROM floor_jobs WHERE id = :k", k) == "completed"  # noqa: E731
-        return floor.sender(), done_f
-    if system == "procrastinate":
-        from bench.peers import noop, procrastinate_app
-
-        procrastinate_app.open()
-
-        def send_procrastinate(job_id: str) -> str:
-            return str(noop.defer(tag=prefix))
-
-        def done_p(k: str) -> bool:
-            return bool(
-                scalar("SELECT status::text FROM procrastinate_jobs WHERE id = :k", int(k)) == "succeeded"
-            )
-
-        return send_procrastinate, done_p
-    app = make_baseline_app(os.environ["BENCH_CELERY_BROKER"], os.environ["BENCH_CELERY_BACKEND"])
-
-    def send_celery(job_id: str) -> str:
-        return str(app.send_task(BASELINE_TASK, queue=BASELINE_QUEUE).id)
-
-    def done_c(k: str) -> bool:
-        try:
-            return bool(scalar("SELECT status FROM celery_taskmeta WHERE task_id = :k", k) == "SUCCESS")
-        except Exception:
-            return False
-
-    return send_celery, done_c
-
-
 # -- one round of one system ----------------------------------------------------------------------------
 
 
@@ -691,7 +313,7 @@ class RoundFigures:
 
 
 def run_round(
-    dep: Deployment, system: str, tag: str, args: argparse.Namespace, harness: Harness
+    dep: Deployment, system: System, tag: str, args: argparse.Namespace, harness: Harness
 ) -> RoundFigures:
     meter = CpuMeter(dep.cpu_groups)
     producer_cpu: dict[str, float] = {}
@@ -707,8 +329,8 @@ def run_round(
     _, span = timings(dep, prefix, burst)
     throughput = args.jobs / span
     cpu = {k: v * 1000 / args.jobs for k, v in {**producer_cpu, **meter.used}.items()}
-    if dep.kind == "receipt" and system == "receipt-python":
-        cpu.pop("api (gunicorn)", None)  # idle in this variant
+    for idle_group in system.idle_groups:
+        cpu.pop(idle_group, None)
 
     idle_prefix = f"{tag}-i-"
     idle = produce(dep, system, "idle", idle_prefix, args.idle)
@@ -722,7 +344,7 @@ def run_round(
     loaded_lat, _ = timings(dep, loaded_prefix, loaded)
     achieved = n_loaded / max(loaded["end"] - loaded["start"], 1e-9)
     log(
-        f"  {system}: {throughput:.1f} jobs/s; idle p50 {statistics.median(idle_lat):.1f} ms; "
+        f"  {system.name}: {throughput:.1f} jobs/s; idle p50 {statistics.median(idle_lat):.1f} ms; "
         f"loaded p99 {percentile(loaded_lat, 99):.1f} ms at {achieved:.1f}/s"
     )
     return RoundFigures(throughput, idle_lat, loaded_lat, achieved, cpu)
@@ -747,27 +369,25 @@ def server_log_path(engine: Engine) -> Path | None:
 STATEMENT = re.compile(r"@(\S+) LOG:  (?:statement|execute [^:]*): (.*)")
 
 
-def count_statements(args: argparse.Namespace, home: Path, wanted: list[str]) -> dict[str, dict[str, float]]:
-    """Per system: statements logged per job, of which transaction control, and commits per job."""
-    out: dict[str, dict[str, float]] = {}
-    for kind, every in (
-        ("receipt", ("receipt-python", "receipt-http")),
-        ("procrastinate", ("procrastinate",)),
-        ("celery", ("celery",)),
-        *((floor, (floor,)) for floor in FLOORS),
-    ):
-        systems = [s for s in every if s in wanted]
+def count_statements(
+    args: argparse.Namespace, home: Path, wanted: list[System]
+) -> dict[System, dict[str, float]]:
+    """Per system: statements logged per job, of which transaction control, and commits per job.
+    Systems of one kind share one deployment."""
+    out: dict[System, dict[str, float]] = {}
+    for kind in dict.fromkeys(system.kind for system in SYSTEMS):
+        systems = [s for s in SYSTEMS if s.kind == kind and s in wanted]
         if not systems:
             continue
         harness = Harness(home / f"count-{kind}-logs")
         try:
-            with deploy(kind, harness, home, log_all=True, prepared=not args.unprepared) as dep:
+            with deploy(systems[0], harness, home, log_all=True, prepared=not args.unprepared) as dep:
                 path = server_log_path(dep.engine)
                 if path is None or not path.exists():
                     log("the server log is not readable here: statements not counted")
                     return out
                 for system in systems:
-                    prefix = f"count-{system}-"
+                    prefix = f"count-{system.name}-"
                     offset = path.stat().st_size
                     before = xacts(dep.engine)
                     polls = POLLS[0]
@@ -793,7 +413,7 @@ def count_statements(args: argparse.Namespace, home: Path, wanted: list[str]) ->
                         "commits": (after[0] - before[0]) / n,
                         "rollbacks": (after[1] - before[1] - ours) / n,
                     }
-                    log(f"  {system}: {out[system]}")
+                    log(f"  {system.name}: {out[system]}")
         finally:
             harness.stop_all()
     return out
@@ -814,8 +434,8 @@ def xacts(engine: Engine) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["produce"]:
-        system, mode, prefix, n, clients, rate = argv[1:7]
-        producer_main(system, mode, prefix, int(n), int(clients), float(rate))
+        name, mode, prefix, n, clients, rate = argv[1:7]
+        producer_main(BY_NAME[name], mode, prefix, int(n), int(clients), float(rate))
         return 0
     parser = argparse.ArgumentParser(prog="python -m bench.compare")
     parser.add_argument("--jobs", type=int, default=1000, help="jobs in each throughput burst")
@@ -825,7 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4, help="producer threads in a burst")
     parser.add_argument("--count-jobs", type=int, default=200, help="jobs in the statement count (0: skip)")
     parser.add_argument("--budget-s", type=float, default=1800, help="start no round after this")
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument(
+        "--systems", default=",".join(DEFAULT_SYSTEMS), help=f"comma-separated, of: {', '.join(BY_NAME)}"
+    )
     parser.add_argument(
         "--unprepared",
         action="store_true",
@@ -842,10 +464,13 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("bench/compare.py needs the bench extra: .venv/bin/pip install -e '.[bench]'", file=sys.stderr)
         return 2
-    systems = [s for s in args.systems.split(",") if s]
+    unknown = [s for s in args.systems.split(",") if s and s not in BY_NAME]
+    if unknown:
+        parser.error(f"--systems: unknown {', '.join(unknown)}; choose from {', '.join(BY_NAME)}")
+    systems = [BY_NAME[s] for s in args.systems.split(",") if s]
     load_start = os.getloadavg()
     deadline = time.monotonic() + args.budget_s
-    figures: dict[str, list[RoundFigures]] = {s: [] for s in systems}
+    figures: dict[System, list[RoundFigures]] = {s: [] for s in systems}
     with tempfile.TemporaryDirectory(prefix="receipt-compare-") as tmp:
         home = Path(tmp)
         for r in range(args.rounds):
@@ -853,14 +478,14 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"budget reached: {r} rounds done")
                 break
             order = systems[r % len(systems) :] + systems[: r % len(systems)]
-            log(f"round {r + 1}/{args.rounds}: {', '.join(order)}")
+            log(f"round {r + 1}/{args.rounds}: {', '.join(s.name for s in order)}")
             for system in order:
                 # One system's processes at a time, each on a fresh database: the machine's
                 # PostgreSQL has a connection limit shared with everything else running on it.
-                harness = Harness(home / f"logs-{r}-{system}")
+                harness = Harness(home / f"logs-{r}-{system.name}")
                 try:
-                    with deploy(kind_of(system), harness, home, prepared=not args.unprepared) as dep:
-                        figures[system].append(run_round(dep, system, f"r{r}-{system}", args, harness))
+                    with deploy(system, harness, home, prepared=not args.unprepared) as dep:
+                        figures[system].append(run_round(dep, system, f"r{r}-{system.name}", args, harness))
                 finally:
                     harness.stop_all()
         counted = count_statements(args, home, systems) if args.count_jobs else {}
@@ -871,13 +496,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(
     args: argparse.Namespace,
-    figures: dict[str, list[RoundFigures]],
-    counted: dict[str, dict[str, float]],
+    figures: dict[System, list[RoundFigures]],
+    counted: dict[System, dict[str, float]],
     load_start: tuple[float, float, float],
     load_end: tuple[float, float, float],
 ) -> None:
     rounds = min(len(v) for v in figures.values())
-    med = {s: statistics.median(f.throughput for f in v) for s, v in figures.items() if v}
+    med = {s.name: statistics.median(f.throughput for f in v) for s, v in figures.items() if v}
     print()
     print(
         f"Comparison, no-op jobs: {args.jobs} per burst, {rounds} rounds alternated (medians), "
@@ -893,42 +518,31 @@ def report(
             continue
         idle = [x for f in v for x in f.idle]
         loaded = [x for f in v for x in f.loaded]
-        vs_p = f"{med[s] / med['procrastinate']:8.2f}" if "procrastinate" in med else f"{'-':>8}"
-        vs_c = f"{med[s] / med['celery']:8.2f}" if "celery" in med else f"{'-':>8}"
+        vs_p = f"{med[s.name] / med['procrastinate']:8.2f}" if "procrastinate" in med else f"{'-':>8}"
+        vs_c = f"{med[s.name] / med['celery']:8.2f}" if "celery" in med else f"{'-':>8}"
         print(
-            f"  {LABELS[s]:<32} {med[s]:8.1f} {vs_p} {vs_c} {statistics.median(idle):9.1f} "
+            f"  {s.label:<32} {med[s.name]:8.1f} {vs_p} {vs_c} {statistics.median(idle):9.1f} "
             f"{percentile(idle, 99):9.1f} {statistics.median(loaded):11.1f} {percentile(loaded, 99):11.1f} "
             f"{statistics.median(f.loaded_rate for f in v):10.1f}"
         )
     print("  (latencies in ms over every round's jobs; jobs/s per round:", end="")
-    print("; ".join(f" {s} " + "/".join(f"{f.throughput:.0f}" for f in v) for s, v in figures.items()) + ")")
+    print(
+        "; ".join(f" {s.name} " + "/".join(f"{f.throughput:.0f}" for f in v) for s, v in figures.items())
+        + ")"
+    )
     if "procrastinate" in med and "celery" in med:
         print("  issue 12 targets (measured here, on this machine's load):")
-        checks = []
-        if "receipt-python" in med:
-            checks.append(
-                ("Python enqueue >= 1.0x Procrastinate", med["receipt-python"] / med["procrastinate"], 1.0)
-            )
-            checks.append(("Python enqueue >= 2x Celery", med["receipt-python"] / med["celery"], 2.0))
-        if "receipt-http" in med:
-            checks.append(
-                ("HTTP enqueue >= 0.7x Procrastinate", med["receipt-http"] / med["procrastinate"], 0.7)
-            )
-        for floor in FLOORS:
-            # A floor does less than any design keeping the contract; a target it misses is out
-            # of reach for Receipt too, on this machine and under issue 12's own constraints.
-            if floor in med:
-                checks.append((f"{floor} >= 1.0x Procrastinate", med[floor] / med["procrastinate"], 1.0))
-                checks.append((f"{floor} >= 2x Celery", med[floor] / med["celery"], 2.0))
-        for name, value, target in checks:
-            print(f"    {name:<40} {value:6.2f}  {'met' if value >= target else 'NOT met'}")
-    for s in ("receipt-python", "receipt-http"):
-        if figures.get(s):
+        for s in SYSTEMS:
+            for target in s.targets if s.name in med else ():
+                value = med[s.name] / med[target.peer]
+                print(f"    {target.claim:<40} {value:6.2f}  {'met' if value >= target.least else 'NOT met'}")
+    for s in SYSTEMS:
+        if s.latency_targets and figures.get(s):
             idle = [x for f in figures[s] for x in f.idle]
             loaded = [x for f in figures[s] for x in f.loaded]
             p50, p99 = statistics.median(idle), percentile(loaded, 99)
             print(
-                f"    {s}: idle p50 {p50:.1f} ms (<= 8: {'met' if p50 <= 8 else 'NOT met'}); "
+                f"    {s.name}: idle p50 {p50:.1f} ms (<= 8: {'met' if p50 <= 8 else 'NOT met'}); "
                 f"loaded p99 {p99:.1f} ms (<= 100: {'met' if p99 <= 100 else 'NOT met'})"
             )
     print("  CPU ms per job during the burst (median over rounds; 'postgres' = that database's backends):")
@@ -938,7 +552,7 @@ def report(
         keys = list(v[0].cpu_ms)
         parts = {k: statistics.median(f.cpu_ms.get(k, 0.0) for f in v) for k in keys}
         print(
-            f"    {LABELS[s]:<32} "
+            f"    {s.label:<32} "
             + ", ".join(f"{k} {x:.2f}" for k, x in parts.items())
             + f"; total {sum(parts.values()):.2f}"
         )
@@ -953,7 +567,7 @@ def report(
         )
         for s, c in counted.items():
             print(
-                f"    {LABELS[s]:<32} {c['statements']:11.1f} {c['transaction control']:31.1f} "
+                f"    {s.label:<32} {c['statements']:11.1f} {c['transaction control']:31.1f} "
                 f"{c['commits']:8.1f} {c['rollbacks']:10.1f}"
             )
 

@@ -1,0 +1,253 @@
+"""The schemas of jobs: the enqueue, command and cancel requests, the job list's query, and the job
+as every response shows it (its lease, commands and route)."""
+
+from __future__ import annotations
+
+from api.schemas.base import (
+    ANY,
+    JSON_VALUE,
+    LIST_LIMIT_DEFAULT,
+    LIST_LIMIT_MAX,
+    NO_NUL,
+    NON_BLANK,
+    ORG_ID_MAX,
+    REASON_MAX,
+    RECORD_ORGANIZATION_ID,
+    STREAM_DESCRIPTION,
+    TIME,
+    Schema,
+    ref,
+    string_enum,
+    text,
+)
+from api.schemas.payload import PAYLOAD
+from app.jobs.ids import JOB_ID_PATTERN
+from app.jobs.privilege import TOKEN_SCOPES
+from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
+from app.jobs.vocab import COMMAND_LANES, COMMAND_TYPES, LANES, SINGLETON_MODES, STATUSES
+from app.storage.queue import CURSOR_PATTERN
+
+# -- requests ---------------------------------------------------------------------------------
+
+ENQUEUE_REQUEST: Schema = {
+    "type": "object",
+    "title": "EnqueueRequest",
+    "properties": {
+        "jobId": {
+            "type": ["string", "null"],
+            "pattern": JOB_ID_PATTERN.pattern,
+            "description": "Idempotency key: re-posting an existing jobId returns that job unchanged.",
+        },
+        "lane": string_enum(LANES, nullable=True),
+        "payload": PAYLOAD,
+        "sessionKey": text(SESSION_KEY_MAX, nullable=True),
+        "singletonMode": string_enum(SINGLETON_MODES, nullable=True),
+        "maxAttempts": {"type": ["integer", "null"], "description": "Clamped to 1..8; default 2."},
+    },
+    "required": ["payload"],
+    "additionalProperties": False,
+    # singletonMode cancel and steer act on a session: they need its key.
+    "if": {"properties": {"singletonMode": {"enum": ["cancel", "steer"]}}, "required": ["singletonMode"]},
+    "then": {"required": ["sessionKey"], "properties": {"sessionKey": {"type": "string"}}},
+}
+
+COMMAND_REQUEST: Schema = {
+    "type": "object",
+    "title": "CommandRequest",
+    "properties": {
+        "type": string_enum(COMMAND_TYPES),
+        "lane": {
+            **string_enum(COMMAND_LANES, nullable=True),
+            "description": "The queue-command lane of a steer or follow_up (default: the one its type "
+            "names); an abort takes none.",
+        },
+        "payload": JSON_VALUE,
+        "reason": text(REASON_MAX, nullable=True, non_blank=False),
+    },
+    "required": ["type"],
+    "additionalProperties": False,
+    # An abort stops the job on every lane: it takes none.
+    "if": {"properties": {"type": {"const": "abort"}}, "required": ["type"]},
+    "then": {
+        "properties": {
+            "lane": {"type": "null", "x-message": "is not taken by an abort: it stops the job on every lane"}
+        }
+    },
+}
+
+CANCEL_REQUEST: Schema = {
+    "type": "object",
+    "title": "CancelRequest",
+    "properties": {"reason": text(REASON_MAX, nullable=True, non_blank=False)},
+    "additionalProperties": False,
+}
+
+AGENT_ID_PARAM: Schema = {"type": "string", "minLength": 1, "maxLength": AGENT_ID_MAX, "pattern": NON_BLANK}
+JOB_ID_PARAM: Schema = {"type": "string", "minLength": 1, "pattern": NO_NUL}
+
+# Query parameters: one object schema per operation; integers are coerced from text first.
+LIST_JOBS_QUERY: Schema = {
+    "type": "object",
+    "properties": {
+        "status": string_enum(STATUSES),
+        "agentId": text(AGENT_ID_MAX),
+        "lane": string_enum(LANES),
+        "sessionKey": text(SESSION_KEY_MAX),
+        "limit": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT},
+        "cursor": {
+            "type": "string",
+            "pattern": CURSOR_PATTERN,
+            "description": "nextCursor from the previous page: the position after it, "
+            "`<createdAt in microseconds since the epoch>.<jobId>`. Anything of another shape is not "
+            "a cursor this server issues and is refused with 400.",
+        },
+        "organizationId": {
+            **text(ORG_ID_MAX),
+            "description": "System tokens only: list one organisation (default: all).",
+        },
+    },
+}
+
+# -- responses --------------------------------------------------------------------------------
+
+LEASE: Schema = {
+    "type": ["object", "null"],
+    "properties": {
+        "workerId": {"type": "string"},
+        "attempt": {"type": "integer"},
+        "expiresAt": TIME,
+    },
+    "required": ["workerId", "attempt", "expiresAt"],
+}
+
+COMMAND: Schema = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"type": "string"},
+        "lane": {
+            "type": "string",
+            "enum": list(COMMAND_LANES),
+            "description": "The lane a steer or follow_up was sent on (absent for an abort).",
+        },
+        "payload": ANY,
+        "reason": {"type": ["string", "null"]},
+        "at": TIME,
+        "consumed": {"type": "boolean"},
+        "fromSessionKey": {"type": ["string", "null"]},
+        "fromEnqueue": {"type": "boolean"},
+        "fromJobId": {
+            "type": ["string", "null"],
+            "description": "The jobId of the steer enqueue that sent this command (its idempotency key).",
+        },
+    },
+    "required": ["id", "type", "payload", "reason", "at", "consumed"],
+}
+
+ROUTE: Schema = {
+    "type": "object",
+    "description": "Where the job is delivered (agent id first, kind second) beside its kind contract.",
+    "properties": {
+        "workerGroup": {"type": "string"},
+        "queue": {"type": "string"},
+        "contractWorkerGroup": {"type": ["string", "null"]},
+        "agreesWithContract": {"type": "boolean"},
+    },
+    "required": ["workerGroup", "queue", "contractWorkerGroup", "agreesWithContract"],
+}
+
+JOB: Schema = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "agentId": {"type": "string"},
+        "lane": {"type": "string", "enum": list(LANES)},
+        "status": {"type": "string", "enum": list(STATUSES)},
+        "payload": {"type": "object"},
+        "sessionKey": {"type": ["string", "null"]},
+        "singletonMode": {"type": "string", "enum": list(SINGLETON_MODES)},
+        "maxAttempts": {"type": "integer"},
+        "attempt": {"type": "integer"},
+        "lease": ref("Lease"),
+        "abortRequested": {"type": "boolean"},
+        "commands": {"type": "array", "items": ref("Command")},
+        "progress": ANY,
+        "result": ANY,
+        "error": ANY,
+        "createdAt": TIME,
+        "updatedAt": TIME,
+        "availableAt": {
+            "type": ["string", "null"],
+            "format": "date-time",
+            "description": "A retry's earliest redelivery (its backoff), or null.",
+        },
+        "organizationId": RECORD_ORGANIZATION_ID,
+        "stream": {"type": "string", "description": STREAM_DESCRIPTION},
+        "seq": {"type": "integer", "description": "The last receipt folded into this state."},
+        "route": ref("Route"),
+        "enqueuedBy": {
+            "type": ["object", "null"],
+            "description": "Who posted the job, as the server authenticated it (never taken from the "
+            "request); null for a job written by another path.",
+            "properties": {
+                "tokenId": {"type": ["string", "null"]},
+                "scopes": {"type": "array", "items": {"type": "string", "enum": list(TOKEN_SCOPES)}},
+                "system": {"type": "boolean"},
+            },
+            "required": ["tokenId", "scopes", "system"],
+        },
+    },
+    "required": [
+        "id",
+        "agentId",
+        "lane",
+        "status",
+        "payload",
+        "sessionKey",
+        "singletonMode",
+        "maxAttempts",
+        "attempt",
+        "lease",
+        "abortRequested",
+        "commands",
+        "result",
+        "error",
+        "createdAt",
+        "updatedAt",
+        "availableAt",
+        "organizationId",
+        "stream",
+        "seq",
+        "route",
+        "enqueuedBy",
+    ],
+}
+
+ASYNC_BLOCK: Schema = {
+    "type": "object",
+    "properties": {
+        "jobId": {"type": "string"},
+        "stream": {"type": "string"},
+        "jobEventsUrl": {"type": "string"},
+        "receiptEventsUrl": {"type": "string"},
+        "status": {"type": "string", "enum": list(STATUSES)},
+    },
+    "required": ["jobId", "stream", "jobEventsUrl", "receiptEventsUrl", "status"],
+}
+
+ENQUEUE_RESPONSE: Schema = {
+    "type": "object",
+    "properties": {"job": ref("Job"), "async": ref("Async")},
+    "required": ["job", "async"],
+}
+
+JOB_RESPONSE: Schema = {"type": "object", "properties": {"job": ref("Job")}, "required": ["job"]}
+
+JOB_PAGE: Schema = {
+    "type": "object",
+    "properties": {
+        "jobs": {"type": "array", "items": ref("Job")},
+        "nextCursor": {"type": ["string", "null"]},
+    },
+    "required": ["jobs", "nextCursor"],
+}
