@@ -7,9 +7,11 @@ import sys
 
 from app.config import Settings
 from app.factory import watchdog
-from app.ops import logs
+from app.ops import logs, outages, preflight
 from app.storage.files import private_dir
 from tasks.celery_app import make_celery
+
+log = logging.getLogger("receipt.beat")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,8 +22,11 @@ def main(argv: list[str] | None = None) -> None:
             watchdog.cron_expression(settings)
         except watchdog.CronError as exc:
             # An invalid schedule is a deployment error: refuse to start rather than never run it.
-            logging.getLogger("receipt.beat").error("%s", exc)
+            log.error("%s", exc)
             raise SystemExit(f"beat: {exc}") from None
+    # Beat publishes to the broker and claims loops in the database: both must work before it ticks.
+    preflight.require(settings, database=preflight.Schema.HEAD, broker=True, log=log)
+    outages.install(settings)
     private_dir(settings.home_path)
     app = make_celery(settings)
     app.start([*logs.quiet_banner_args(settings), "beat", "--loglevel", "INFO", *(argv or [])])
