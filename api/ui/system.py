@@ -18,6 +18,7 @@ from typing import Any
 
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES
+from app.ops import preflight
 
 log = logging.getLogger("receipt.ui")
 
@@ -93,6 +94,23 @@ class BrokerProbe:
     def _read(self) -> BrokerReport:
         transport = "redis" if self.settings.redis_url else "embedded folder broker"
         notes: list[str] = []
+        roles = queue_roles()
+        if self.settings.redis_url:
+            # One PING first: a Redis that is down answers "refused" at once, where kombu's connect
+            # and Celery's broadcast would each retry for seconds while the page waits.
+            problem = preflight.broker_problem(self.settings, timeout_s=INSPECT_TIMEOUT_SECONDS)
+            if problem is not None:
+                down = [
+                    QueueStat(name, role, None, None, f"broker unreachable ({problem.what})")
+                    for name, role in roles.items()
+                ]
+                return BrokerReport(
+                    transport,
+                    down,
+                    "the workers could not be asked (the broker is unreachable)",
+                    0,
+                    [problem.line()],
+                )
         try:
             app = self._app()
         except Exception as exc:  # the tasks layer is not installed or not configurable here
@@ -100,7 +118,6 @@ class BrokerProbe:
             return BrokerReport(transport, [], f"no Celery app ({type(exc).__name__})", 0, notes)
         depths: dict[str, int | None] = {}
         errors: dict[str, str] = {}
-        roles = queue_roles()
         try:
             with app.connection_for_read() as conn:
                 channel = conn.default_channel
