@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 
 from app.config import Settings
-from app.ops import outages, preflight
+from app.ops import preflight
 from tasks.celery_app import make_celery
 
 log = logging.getLogger("receipt.flower")
@@ -63,7 +63,6 @@ def main() -> None:
     argv = flower_argv(os.environ, settings)
     # Flower reads the broker only; it never opens the database.
     preflight.require(settings, database=None, broker=True, log=log)
-    outages.install(settings, database=False)
     if not any(os.environ.get(name) for name in AUTH_VARIABLES):
         log.warning("Flower runs without authentication on loopback (RECEIPT_AUTH=disabled)")
     make_celery(settings).start(argv)

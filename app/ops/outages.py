@@ -257,9 +257,12 @@ def is_broker_outage(exc: BaseException) -> bool:
 
 def classify(record: logging.LogRecord) -> str | None:
     """The dependency a record's exception says failed (DATABASE_URL or REDIS_URL), else None."""
+    carried = list(_exceptions(record))
+    if not carried:
+        return None  # most records: nothing to look at
     from app.storage.db import is_storage_outage
 
-    for exc in _exceptions(record):
+    for exc in carried:
         if is_storage_outage(exc):
             return DATABASE
         if is_broker_outage(exc):
