@@ -19,16 +19,24 @@ The same checks answer "is it back?" while a running process waits out an outage
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
+
+import redis
+import redis.exceptions as rex
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import NullPool
 
 from app.config import Settings, mask_url
+from app.storage.db import make_engine
 
 # Exit status of an entry point refused by its checks: the configuration cannot work as it is.
 EXIT_CODE = 2
@@ -81,9 +89,6 @@ def database_problem(
 
     ``timeout_s`` bounds the connect (libpq counts whole seconds and treats less than 2 as 2).
     """
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
     tried = database_tried(settings)
 
     def problem(what: str, fix: str) -> Problem:
@@ -107,8 +112,6 @@ def database_problem(
         )
     try:
         with engine.connect() as conn:
-            from sqlalchemy import text
-
             conn.execute(text("SELECT 1"))
             if schema is Schema.HEAD:
                 return _schema_problem(conn, problem)
@@ -120,13 +123,8 @@ def database_problem(
     return None
 
 
-def _probe_engine(url: str, timeout_s: int) -> Any:
-    from sqlalchemy import create_engine
-    from sqlalchemy.pool import NullPool
-
+def _probe_engine(url: str, timeout_s: int) -> Engine:
     if url.startswith("sqlite"):
-        from app.storage.db import make_engine
-
         return make_engine(url, poolclass=NullPool)
     # A connection of its own, given up quickly: the process's pool may be busy or not built yet.
     return create_engine(
@@ -134,9 +132,8 @@ def _probe_engine(url: str, timeout_s: int) -> Any:
     )
 
 
-def _schema_problem(conn: Any, problem: Any) -> Problem | None:
-    from sqlalchemy import inspect, text
-
+def _schema_problem(conn: Connection, problem: Callable[[str, str], Problem]) -> Problem | None:
+    # Imported here: Alembic takes half a second to import, and `receipt jobs …` never gets this far.
     from app.storage.migrate import head, known
 
     # Alembic's own version table, read directly: its migration context logs a dozen set-up lines.
@@ -147,16 +144,14 @@ def _schema_problem(conn: Any, problem: Any) -> Problem | None:
     if current == needed:
         return None
     if current is None:
-        result: Problem = problem("the database has no Receipt schema yet", MIGRATE)
-    elif known(current):
-        result = problem(f"the schema is at migration {current}, this release needs {needed}", MIGRATE)
-    else:
-        result = problem(
-            f"the schema is at migration {current}, which this release does not know "
-            f"(a newer release migrated it; this one needs {needed})",
-            "run the release that migrated it, or point DATABASE_URL at this release's database",
-        )
-    return result
+        return problem("the database has no Receipt schema yet", MIGRATE)
+    if known(current):
+        return problem(f"the schema is at migration {current}, this release needs {needed}", MIGRATE)
+    return problem(
+        f"the schema is at migration {current}, which this release does not know "
+        f"(a newer release migrated it; this one needs {needed})",
+        "run the release that migrated it, or point DATABASE_URL at this release's database",
+    )
 
 
 _SERVER_SAYS = re.compile(r"FATAL:\s+(.*)", re.DOTALL)
@@ -238,8 +233,6 @@ def broker_problem(settings: Settings, timeout_s: float = CONNECT_TIMEOUT_S) -> 
             f"unsupported scheme {scheme!r} (Receipt's broker is Redis)",
             f"set it to {BROKER_FORMAT} (rediss:// for TLS), or unset it for the embedded folder broker",
         )
-    import redis
-
     # A Sentinel URL names the sentinels; one answering PING is what a start can check.
     target = "redis://" + url.split("://", 1)[1].split(";", 1)[0] if scheme == "sentinel" else url
     try:
@@ -257,7 +250,7 @@ def broker_problem(settings: Settings, timeout_s: float = CONNECT_TIMEOUT_S) -> 
     return None
 
 
-def _port(parts: Any) -> int | None:
+def _port(parts: SplitResult) -> int | None:
     try:
         return int(parts.port) if parts.port else None
     except ValueError:
@@ -286,8 +279,6 @@ def describe_broker_error(
     exc: BaseException, host: str | None, port: int | None, timeout_s: float = CONNECT_TIMEOUT_S
 ) -> tuple[str, str]:
     """(what went wrong, what to do) for an error reaching the broker's Redis."""
-    import redis.exceptions as rex
-
     at = f"{host or 'localhost'}:{port or 6379}"
     message = str(exc).strip()
     if isinstance(exc, rex.AuthenticationError) or "NOAUTH" in message or "WRONGPASS" in message:
@@ -336,7 +327,7 @@ def problems(settings: Settings, *, database: Schema | None, broker: bool) -> li
     return found
 
 
-def report(found: Sequence[Problem], *, log: Any | None = None) -> None:
+def report(found: Sequence[Problem], *, log: logging.Logger | None = None) -> None:
     """Say each problem in one line: through ``log`` (a process's configured logging) or on stderr."""
     for p in found:
         if log is not None:
@@ -345,7 +336,9 @@ def report(found: Sequence[Problem], *, log: Any | None = None) -> None:
             print(p.line(), file=sys.stderr, flush=True)
 
 
-def require(settings: Settings, *, database: Schema | None, broker: bool, log: Any | None = None) -> None:
+def require(
+    settings: Settings, *, database: Schema | None, broker: bool, log: logging.Logger | None = None
+) -> None:
     """An entry point's check: report every problem and exit with ``EXIT_CODE``, or return."""
     found = problems(settings, database=database, broker=broker)
     if found:
