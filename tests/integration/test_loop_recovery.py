@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
 from app.storage import loops
@@ -31,8 +31,12 @@ INTERVAL_MS = 1000
 
 @pytest.fixture
 def proxied(pg_database_url: str, redis_url: str) -> Iterator[tuple[Any, TcpProxy]]:
-    proxy = TcpProxy("127.0.0.1", 5432)
-    engine = make_engine(pg_database_url.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/"))
+    target = make_url(pg_database_url)  # the machine's PostgreSQL or the session's private one
+    assert target.host is not None and target.port is not None
+    proxy = TcpProxy(target.host, target.port)
+    via_proxy = target.set(port=proxy.port).render_as_string(hide_password=False)
+    assert via_proxy != pg_database_url
+    engine = make_engine(via_proxy)
     settings = settings_for(
         redis_url,
         RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS=str(INTERVAL_MS),
