@@ -77,10 +77,6 @@ class Watch:
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
 
-    @property
-    def dependencies(self) -> tuple[str, ...]:
-        return tuple(self._probes)
-
     def down(self, dependency: str) -> Outage | None:
         with self._lock:
             return self._down.get(dependency)
