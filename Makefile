@@ -29,9 +29,9 @@ test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 ## A contributor's loop: unit plus integration (real PostgreSQL + Redis, no end-to-end processes),
-## no lint; under two minutes on two cores (README, "Quick start").
+## without the tests marked slow and without lint; under two minutes on two cores (README, "Quick start").
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup tests/unit tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow" tests/unit tests/integration $(PYTEST_ARGS)
 
 ## The pure tier only: tests/unit (no database server, broker or processes; Redis in memory); seconds.
 unit: $(STAMP)
