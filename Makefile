@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test unit lint install bench docs soak
+.PHONY: run test test-fast unit lint install bench docs soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,7 +29,12 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
-## The pure tier only: tests/unit (no database server, broker or processes); seconds.
+## A contributor's loop: unit plus integration (real PostgreSQL + Redis, no end-to-end processes),
+## without the tests marked slow and without lint; under two minutes on two cores (README, "Quick start").
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow" tests/unit tests/integration $(PYTEST_ARGS)
+
+## The pure tier only: tests/unit (no database server, broker or processes; Redis in memory); seconds.
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
 

@@ -10,11 +10,13 @@ import logging
 from collections.abc import Callable, Sequence
 
 from flask import Flask, Response, g, request
+from flask.typing import ResponseReturnValue
 from sqlalchemy.engine import Engine
 
 from api import auth, errors, health, jobs, limits, objectives, openapi, streams, ui, whoami
 from api import metrics as metrics_view
 from api.context import EXTENSION, ApiState
+from api.ui.signin_views import browser_landing
 from api.wake import default_waker
 from app.composition import build_queue
 from app.config import Settings
@@ -69,16 +71,20 @@ def create_app(
         log.warning("RECEIPT_AUTH=disabled: the API accepts anonymous requests with system rights")
 
     @app.before_request
-    def _authenticate() -> None:
+    def _authenticate() -> ResponseReturnValue | None:
+        landing = browser_landing()
+        if landing is not None:
+            return landing  # a browser at / or /ui: the dashboard, which signs in by its own page
         if request.blueprint == ui.BLUEPRINT:
-            return  # the dashboard authenticates by its own cookie (api/ui/session.py), never Bearer
+            return None  # the dashboard authenticates by its own cookie (api/ui/session.py), never Bearer
         op = openapi.operation_of(app, request.endpoint)
         if op is not None and not op.auth:
-            return
+            return None
         if metrics_view.presents_metrics_token(settings, request.endpoint):
             g.identity = metrics_view.SCRAPER
-            return
+            return None
         g.identity = auth.authenticate(engine, auth_disabled=auth_disabled)
+        return None
 
     # After authentication (before_request hooks run in order): the write limit keys on the caller.
     limits.install_rate_limit(app, settings)

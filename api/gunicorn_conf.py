@@ -20,13 +20,14 @@ worker (default 1000). Command-line flags (e.g. ``-b 127.0.0.1:9000``) override 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 from typing import Any
 
 from app.config import Settings
-from app.ops import logs, metrics
+from app.ops import logs, metrics, outages, preflight
 
 bind = f"0.0.0.0:{os.environ.get('PORT', '8080')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
@@ -51,6 +52,14 @@ _OWN_METRICS_DIR = (
     None if os.environ.get(metrics.MULTIPROC_ENV) else tempfile.mkdtemp(prefix="receipt-metrics-")
 )
 metrics.prepare_multiprocess_dir(_OWN_METRICS_DIR)
+
+
+def on_starting(server: Any) -> None:
+    """In the master, before any worker: a wrong DATABASE_URL or REDIS_URL stops the web in one line."""
+    settings = Settings.from_env()
+    preflight.require(
+        settings, database=preflight.Schema.HEAD, broker=True, log=logging.getLogger("receipt.preflight")
+    )
 
 
 def child_exit(server: Any, worker: Any) -> None:
@@ -79,9 +88,14 @@ def post_fork(server: Any, worker: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
-    """Spec: objective resume at startup runs in every process role, the API's included."""
+    """Spec: objective resume at startup runs in every process role, the API's included.
+
+    Each worker also watches its database and broker (one log line per outage): built here, after
+    gevent patched the worker, so its locks and thread are gevent's.
+    """
     from api.resume import start_api_resume
 
+    outages.install(Settings.from_env())
     start_api_resume()
 
 

@@ -3,7 +3,10 @@
 ``/healthz`` says the process answers (no auth, no I/O: a probe must not fail because the
 database is slow). ``/readyz`` says this instance can do its job: the database answers
 ``SELECT 1`` and the broker is reachable — Redis answers PING within a second, or, in the
-embedded deployment, the local broker folder exists or can be created — the wake-up publisher
+embedded deployment, the local broker folder exists or can be created. A failed check names the
+setting and the cause in the words of the start-up checks (``app/ops/preflight.py``) and since
+when this process has found it down (``app/ops/outages.py``, which also logs the outage once);
+the wake-up publisher
 can publish (``api.wake``: its transport loads and the driver queue is declared), and every
 recovery loop this deployment runs (``app/ops/loops.py``) ran within three of its periods
 (``loop_runs``): a deployment whose loops stopped (beat down and no consumer of their queues left)
@@ -14,7 +17,7 @@ this process's start; a loop whose schedule cannot run (an invalid cron) fails t
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,8 @@ from api.openapi import Operation, operation
 from api.wake import check_waker
 from app.config import Settings
 from app.ops import loops as registry
+from app.ops import outages, preflight
+from app.ops.preflight import BROKER, DATABASE, Problem
 from app.storage import loops
 from app.storage.db import iso
 from app.storage.files import private_dir
@@ -40,30 +45,33 @@ OK = "ok"
 BROKER_TIMEOUT_SECONDS = 1.0
 
 
-def check_database(engine: Engine) -> str:
+def _unreachable(dependency: str, problem: Problem) -> str:
+    """The check's answer for a dependency found down, with the outage's start when known."""
+    outages.observe(dependency, problem)
+    watch = outages.current()
+    outage = watch.down(dependency) if watch is not None else None
+    since = f" (down since {iso(datetime.fromtimestamp(outage.since_wall, UTC))})" if outage else ""
+    return f"unreachable: {dependency}: {problem.what}{since}"
+
+
+def check_database(engine: Engine, settings: Settings) -> str:
     try:
         with read_connection(engine) as conn:
             conn.execute(text("SELECT 1"))
-    except Exception as exc:  # any failure means "not ready"; the class name says which
-        return f"unreachable ({type(exc).__name__})"
+    except Exception as exc:  # any failure means "not ready"; the description says which
+        url = engine.url
+        what, fix = preflight.describe_database_error(exc, url.host, url.port, url.database)
+        return _unreachable(DATABASE, Problem(DATABASE, preflight.database_tried(settings), what, fix))
+    outages.observe(DATABASE, None)
     return OK
 
 
 def check_broker(settings: Settings) -> str:
     if settings.redis_url:
-        import redis
-
-        client = redis.Redis.from_url(
-            settings.redis_url,
-            socket_timeout=BROKER_TIMEOUT_SECONDS,
-            socket_connect_timeout=BROKER_TIMEOUT_SECONDS,
-        )
-        try:
-            client.ping()
-        except Exception as exc:
-            return f"unreachable ({type(exc).__name__})"
-        finally:
-            client.close()
+        problem = preflight.broker_problem(settings, timeout_s=BROKER_TIMEOUT_SECONDS)
+        if problem is not None:
+            return _unreachable(BROKER, problem)
+        outages.observe(BROKER, None)
         return OK
     folder: Path = settings.home_path / "broker"
     try:
@@ -123,7 +131,7 @@ def healthz() -> ResponseReturnValue:
 def readyz() -> ResponseReturnValue:
     st = state()
     checks: dict[str, Any] = {
-        "database": check_database(st.engine),
+        "database": check_database(st.engine, st.settings),
         "broker": check_broker(st.settings),
         "wake": check_waker(st.waker),
     }

@@ -20,7 +20,7 @@ from typing import Any
 from celery.apps.beat import Beat
 
 from app.config import Settings
-from app.ops import logs
+from app.ops import logs, outages, preflight
 from app.ops import loops as registry
 from app.storage.files import private_dir
 
@@ -28,7 +28,8 @@ log = logging.getLogger("receipt.beat")
 
 
 def prepare(settings: Settings) -> None:
-    """Beat's start-up: logging, the watchdog cron check (SystemExit when invalid), the home folder."""
+    """Beat's start-up: logging, the schedule check (SystemExit when invalid), the database and the
+    broker (one line and exit 2 when either is unusable), the outage watch, the home folder."""
     logs.configure(settings, "beat")
     errors = registry.schedule_errors(settings)
     if errors:
@@ -36,6 +37,9 @@ def prepare(settings: Settings) -> None:
         for error in errors:
             log.error("%s", error)
         raise SystemExit(f"beat: {'; '.join(errors)}")
+    # Beat publishes to the broker and claims loops in the database: both must work before it ticks.
+    preflight.require(settings, database=preflight.Schema.HEAD, broker=True, log=log)
+    outages.install(settings)
     private_dir(settings.home_path)
 
 
@@ -49,6 +53,9 @@ class ReceiptBeat(Beat):  # type: ignore[misc] # Celery ships no type informatio
     def run(self) -> None:
         prepare(self.app.receipt_settings)
         super().run()
+
+
+log = logging.getLogger("receipt.beat")
 
 
 def main(argv: list[str] | None = None) -> None:

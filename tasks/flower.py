@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping
 
 from app.config import Settings
-from app.ops import logs
+from app.ops import logs, preflight
 from tasks.celery_app import make_celery
 
 log = logging.getLogger("receipt.flower")
@@ -63,6 +63,8 @@ def main() -> None:
     # that keeps every secret setting out of the log.
     logs.configure(settings, "flower")
     argv = flower_argv(os.environ, settings)
+    # Flower reads the broker only; it never opens the database.
+    preflight.require(settings, database=None, broker=True, log=log)
     if not any(os.environ.get(name) for name in AUTH_VARIABLES):
         log.warning("Flower runs without authentication on loopback (RECEIPT_AUTH=disabled)")
     make_celery(settings).start(argv)

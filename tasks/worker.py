@@ -16,7 +16,7 @@ from celery.exceptions import SecurityWarning
 import celeryconfig
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, QUEUES
-from app.ops import logs, metrics
+from app.ops import logs, metrics, outages, preflight
 from tasks.celery_app import make_celery
 from workers import sandbox
 from workers.roles import concurrency, resolve_role, unknown_role_warning
@@ -87,6 +87,11 @@ def main(argv: list[str] | None = None) -> None:
     raw = args.role if args.role is not None else settings.process_role
     role, known = resolve_role(raw)
     logs.configure(settings, role.name)
+    if role.name == "api":
+        worker_argv(settings, raw)  # refuses, naming the process to run instead
+    # A wrong DATABASE_URL or REDIS_URL stops here in one line, not in a traceback or a retry loop.
+    preflight.require(settings, database=preflight.Schema.HEAD, broker=True, log=log)
+    outages.install(settings)
     silence_root_warning(settings)
     # Only where asked (RECEIPT_WORKER_METRICS_PORT): workers on hosts the web cannot read from.
     metrics.start_worker_endpoint(settings.worker_metrics_port, settings.metrics_token)

@@ -34,6 +34,7 @@ from tests.support.databases import (  # noqa: F401
     unavailable,
     worker_suffix,
 )
+from tests.support.fake_redis import fake_redis  # noqa: F401 - the in-memory Redis fixture
 from tests.support.processes import is_isolated
 from tests.support.queue_ops import close_queues
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
+from app.ops import preflight
 from delivery.client import Consumers, DeliveryClient
 
 log = logging.getLogger("receipt.ui")
@@ -84,12 +85,28 @@ class QueueOverview:
     def _read(self) -> BrokerReport:
         transport = "redis" if self.settings.redis_url else "embedded folder broker"
         notes: list[str] = []
+        roles = queue_roles()
+        if self.settings.redis_url:
+            # One PING first: a Redis that is down answers "refused" at once, where kombu's connect
+            # and Celery's broadcast would each retry for seconds while the page waits.
+            problem = preflight.broker_problem(self.settings, timeout_s=INSPECT_TIMEOUT_SECONDS)
+            if problem is not None:
+                down = [
+                    QueueStat(name, role, None, None, f"broker unreachable ({problem.what})")
+                    for name, role in roles.items()
+                ]
+                return BrokerReport(
+                    transport,
+                    down,
+                    "the workers could not be asked (the broker is unreachable)",
+                    0,
+                    [problem.line()],
+                )
         try:
             client = self.client()
         except Exception as exc:  # Celery or its configuration cannot be loaded here
             log.warning("system page: no delivery client", exc_info=True)
             return BrokerReport(transport, [], f"no Celery app ({type(exc).__name__})", 0, notes)
-        roles = queue_roles()
         depths = client.queue_depths(roles)
         consumers_error = None
         consumers = Consumers({}, 0)

@@ -20,6 +20,8 @@ from app.jobs.errors import InvariantError
 from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.reducer import Receipt, fold
 from app.jobs.vocab import job_stream
+from app.ops import preflight
+from app.ops.preflight import Schema
 from app.redaction import redactor
 from app.storage.db import engine_for, iso, transaction
 
@@ -170,7 +172,7 @@ def cmd_token(args: argparse.Namespace, settings: Settings) -> int:
             return 0
         columns = ("id", "organizationId", "system", "scopes", "createdAt", "expiresAt", "revokedAt")
         rows = [[_cell(t[c]) for c in columns] for t in listed]
-        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+        widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
         for line in [list(columns), *rows]:
             print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
         return 0
@@ -233,6 +235,19 @@ def cmd_logs(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
 
+DEVELOPER_GROUPS = ("jobs", "objective")
+# What each verb checks before it runs (app/ops/preflight.py): the schema it needs (None: it opens
+# no database) and whether it needs the broker. `migrate` and `up` bring the schema to the last
+# migration themselves; the other database verbs need it there.
+PREFLIGHT: dict[str, tuple[Schema | None, bool]] = {
+    "migrate": (Schema.ANY, True),
+    "up": (Schema.ANY, True),
+    "verify": (Schema.HEAD, False),
+    "rebuild-projections": (Schema.HEAD, False),
+    "rebuild-ledger": (Schema.HEAD, False),
+    "token": (Schema.HEAD, False),
+    "callbacks": (Schema.HEAD, False),
+}
 # The process names `receipt up` supervises (app.ops.supervisor.process_specs), one log file each.
 SUPERVISED_ROLES = ("web", "driver", "chat", "codex", "control", "beat")
 
@@ -320,6 +335,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
+    schema, broker = PREFLIGHT.get(args.cmd, (None, False))
+    found = preflight.problems(settings, database=schema, broker=broker)
+    if found:
+        preflight.report(found)
+        return preflight.EXIT_CODE
     code: int = args.fn(args, settings)
     return code
 

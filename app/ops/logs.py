@@ -144,7 +144,11 @@ def dict_config(settings: Settings, role: str) -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"context": {"()": ContextFilter, "plain": log_format(settings) == "plain"}},
+        "filters": {
+            "context": {"()": ContextFilter, "plain": log_format(settings) == "plain"},
+            # One line per outage of the database or broker, not one per retry (app/ops/outages.py).
+            "outages": {"()": "app.ops.outages.OutageFilter"},
+        },
         "formatters": {"receipt": formatter},
         "handlers": {
             "stderr": {
@@ -152,7 +156,7 @@ def dict_config(settings: Settings, role: str) -> dict[str, Any]:
                 "stream": "ext://sys.stderr",
                 "redactor": Redactor.of(settings),
                 "formatter": "receipt",
-                "filters": ["context"],
+                "filters": ["context", "outages"],
             }
         },
         "root": {"level": level, "handlers": ["stderr"]},

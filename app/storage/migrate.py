@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
-from sqlalchemy.engine import Engine
+# Importing Alembic logs one INFO line per autogenerate plugin it sets up: noise at every start of
+# a process that checks its schema (app/ops/preflight.py), and of every `receipt migrate`.
+logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
+from alembic import command  # noqa: E402 - after quieting its import-time log lines
+from alembic.config import Config  # noqa: E402
+from sqlalchemy.engine import Engine  # noqa: E402
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -31,3 +36,24 @@ def current(engine: Engine) -> str | None:
 
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def head() -> str:
+    """The revision the migrations end at: the schema this code needs."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(MIGRATIONS))
+    revision = script.get_current_head()
+    assert revision is not None, "the migrations have one head"
+    return revision
+
+
+def known(revision: str) -> bool:
+    """True when ``revision`` is one of this code's migrations (not one a newer release wrote)."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    try:
+        return ScriptDirectory(str(MIGRATIONS)).get_revision(revision) is not None
+    except CommandError:
+        return False

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 import requests
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 from app.composition import queue_for
 from app.jobs.validation import validate_enqueue
@@ -161,7 +161,9 @@ def test_a_message_whose_fetcher_is_killed_before_it_acts_is_delivered_again_wit
     the worker's liveness key lapses, not after the 120 s driver timeout; while the fetcher lives,
     or while the message may still wait in the broker, nothing is sent beside it."""
     observe_s = fetches.LIVENESS_TTL_MS / 1000 + 2.5  # the liveness TTL plus two redrive intervals
-    proxy = TcpProxy("127.0.0.1", 5432)
+    target = make_url(stack.database_url)  # the machine's PostgreSQL or the session's private one
+    assert target.host is not None and target.port is not None
+    proxy = TcpProxy(target.host, target.port)
     broker = redis.Redis.from_url(stack.redis_url)
 
     def record(task_id: str) -> str:
@@ -182,7 +184,7 @@ def test_a_message_whose_fetcher_is_killed_before_it_acts_is_delivered_again_wit
         assert broker.llen("receipt-chat") == 1
 
         # (2) A chat worker whose database stalls fetches a message and cannot lease: it is alive.
-        via_proxy = stack.database_url.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/")
+        via_proxy = target.set(port=proxy.port).render_as_string(hide_password=False)
         assert via_proxy != stack.database_url
         held = stack.start_worker("worker-chat", "chat", DATABASE_URL=via_proxy)
         done = stack.wait_terminal(first)

@@ -244,3 +244,21 @@ def test_system_page_for_a_system_token(ui_stack: Stack, page: Any) -> None:
     assert page.locator('tr[data-queue="receipt-chat"] [data-depth]').inner_text().isdigit()
     page.locator('tr[data-loop="lease-expiry"]').wait_for()
     shot(page, "system")
+
+
+@pytest.mark.parametrize("path", ["/ui", "/"])
+def test_typing_the_printed_address_lands_on_sign_in_then_the_jobs_list(
+    ui_stack: Stack, page: Any, path: str
+) -> None:
+    """What a newcomer types: the URL `receipt up` prints (``/``) or the README's ``/ui``."""
+    s = ui_stack
+    job = s.post_job(handlers.ECHO, message="seen after signing in")
+    response = page.goto(s.url(path))
+    assert response is not None and response.status == 200  # the redirects were followed
+    assert page.url == s.url("/ui/signin?next=/ui/")
+    assert page.locator("#token").is_visible()
+    page.fill("#token", s.token)
+    page.click("button[type=submit]")
+    page.wait_for_url("**/ui/jobs")
+    page.locator(f'tr[data-job-id="{job["id"]}"]').wait_for()
+    shot(page, f"landing-{'root' if path == '/' else 'ui'}")

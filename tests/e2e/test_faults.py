@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 from app.composition import queue_for
-from app.config import Settings
+from app.config import Settings, mask_url
 from app.jobs.errors import no_handler_message
 from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.jobs.validation import validate_enqueue
@@ -28,6 +28,7 @@ from tasks.celery_app import make_celery
 from tasks.loops import REDRIVE_LOOP
 from tasks.runtime import DISPATCH_TASK, EXECUTE_TASK
 from tests.e2e import handlers
+from tests.support.processes import Proc
 from tests.support.queue_ops import complete, settle_canceled
 from tests.support.services import TcpProxy
 from tests.support.stack import ORG, Stack, key_of, terminal_receipts, terminate_backends, worker_pid
@@ -266,9 +267,11 @@ def test_redis_restarted_with_jobs_in_flight_and_queued_every_job_completes(stac
 def test_postgres_cut_mid_run_settlements_retry_and_every_job_completes(
     stack: Stack, pg_admin: Engine, tmp_path: Path
 ) -> None:
-    proxy = TcpProxy("127.0.0.1", 5432)
+    target = make_url(stack.database_url)  # the machine's PostgreSQL or the session's private one
+    assert target.host is not None and target.port is not None
+    proxy = TcpProxy(target.host, target.port)
     try:
-        via_proxy = stack.database_url.replace("@127.0.0.1:5432/", f"@127.0.0.1:{proxy.port}/")
+        via_proxy = target.set(port=proxy.port).render_as_string(hide_password=False)
         assert via_proxy != stack.database_url
         stack.start("web")  # the API talks to PostgreSQL directly; every worker goes through the proxy
         procs = [
@@ -296,7 +299,18 @@ def test_postgres_cut_mid_run_settlements_retry_and_every_job_completes(
             # Completed by the attempt that was running: no rerun was needed.
             assert (done.status, done.attempt) == ("completed", 1), (job_id, stack.types(job_id))
             _one_of_each(stack, job_id)
-        assert chat.log_count("transient storage error") >= 1
+        # Noticed, and said once per outage: either the outage line (its probe found the database
+        # cut) or, when the probe ran after the restore, the retry's own line; each outage said
+        # ends with one "answers again" line.
+        lost = f"DATABASE_URL={mask_url(via_proxy)}: lost — "
+        back = f"DATABASE_URL={mask_url(via_proxy)}: answers again after "
+        said = chat.log_count(lost)
+        assert said <= 1 and said + chat.log_count("transient storage error") >= 1
+
+        def ended_as_often_as_lost(proc: Proc) -> bool:
+            return proc.log_count(back) == proc.log_count(lost)
+
+        wait_for(functools.partial(ended_as_often_as_lost, chat), 10, what="the end of the outage said")
         assert chat.log_count("raised unexpected") == 0
 
         # 2. A longer outage that also kills every server connection (a PostgreSQL restart, as
@@ -326,6 +340,11 @@ def test_postgres_cut_mid_run_settlements_retry_and_every_job_completes(
                 if r.type == "job.lease_expired" or (r.type == "job.failed" and r.body["retryable"])
             ]
             assert ended == [a - 1 for a in reruns], [r.type for r in receipts]
+        # The second outage is one more line in each worker's log, not one per failed retry.
+        for proc in procs:
+            assert proc.log_count(lost) <= 2
+            wait_for(functools.partial(ended_as_often_as_lost, proc), 10, what="the end of each outage said")
+        assert chat.log_count(lost) == said + 1
     finally:
         proxy.close()
 

@@ -15,6 +15,9 @@ from app.storage import projection
 from app.storage.db import deliveries, jobs, receipts
 from bench import scale
 
+# The scale benchmark's seeding, not the runtime: make test runs it, make test-fast does not.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("finished", [True, False])
 def test_template_fill_equals_the_slow_path(finished: bool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.config import Settings
 from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK
 from app.storage.delivery import driver_task_id
 from tasks import fetches
@@ -23,6 +24,7 @@ from tasks.fetches import (
     scan_entries,
     verdict,
 )
+from tests.support.fake_redis import URL, FakeRedis
 
 BASE = Pending("j1", "dispatch", "", 0, "j1:driver:0", age_ms=INLINE_MIN_AGE_MS)
 REDRIVE = Pending("j1", "redrive", "1:queued", 0, "j1:redrive:1:queued:driver:0", age_ms=10_000)
@@ -129,3 +131,52 @@ def test_a_scan_batch_records_its_worker_messages_sent_in_one_write(monkeypatch:
         sender=EXECUTE_TASK, body=(["c", "c:attempt:1", "c", 0], {}, {}), headers={}
     )
     assert stub.writes[-1] == [(FETCH_PREFIX + driver_task_id("c", 0), "sent c1")]
+
+
+# -- the records in Redis (in memory here; tests/integration/test_fetches.py uses the real server) ----
+
+
+def test_the_recorder_keeps_its_liveness_and_writes_each_record_with_its_ttl(fake_redis: FakeRedis) -> None:
+    settings = Settings.from_env({"REDIS_URL": URL})
+    recorder = fetches.Recorder(settings)
+    client = fake_redis.client()
+    recorder.start()
+    try:
+        live = fetches.LIVE_PREFIX + recorder.consumer
+        assert 0 < client.pttl(live) <= fetches.LIVENESS_TTL_MS
+        recorder.write(fetched_entries(DRIVER_TASK, ["j", "j", 0], recorder.consumer))
+        key = FETCH_PREFIX + "j:driver:0"
+        assert client.get(key) == f"driver {recorder.consumer}".encode()
+        assert fetches.LIVENESS_TTL_MS < client.pttl(key) <= fetches.record_ttl_ms(settings)
+    finally:
+        recorder.stop()
+
+
+def test_verdicts_read_the_records_and_the_liveness_they_name(fake_redis: FakeRedis) -> None:
+    client = fake_redis.client()
+    held = Pending("held", "dispatch", "", 0, "held:driver:0", age_ms=10_000)
+    gone = Pending("gone", "dispatch", "", 0, "gone:driver:0", age_ms=10_000)
+    sent = Pending("sent", "dispatch", "", 0, "sent:driver:0", age_ms=10_000)
+    scanned = Pending("scanned", "dispatch", "", 0, "scanned:driver:0", age_ms=INLINE_MIN_AGE_MS)
+    client.set(FETCH_PREFIX + held.task_id, "worker host:1:live")
+    client.set(fetches.LIVE_PREFIX + "host:1:live", b"1")
+    client.set(FETCH_PREFIX + gone.task_id, "driver host:2:dead")
+    client.set(FETCH_PREFIX + sent.task_id, "sent host:2:dead")
+    client.set(DISPATCHING_PREFIX + scanned.job_id, "host:2:dead")
+    assert fetches.verdicts(client, [held, gone, sent, scanned]) == [HELD_ALIVE, LOST, UNKNOWN, LOST]
+    assert fetches.verdicts(client, []) == []
+
+
+def test_a_broker_that_is_down_costs_the_records_and_one_warning_never_an_error(
+    fake_redis: FakeRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = fetches.Recorder(Settings.from_env({"REDIS_URL": URL}))
+    fake_redis.down()
+    for _ in range(3):
+        recorder.write([("k", "v")])
+        recorder.refresh()
+    warnings = [r for r in caplog.records if r.name == "receipt.fetches" and r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    fake_redis.up()
+    recorder.write([("k", "v")])
+    assert fake_redis.client().get("k") == b"v"

@@ -13,6 +13,7 @@ import pytest
 
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
+from app.ops import outages, preflight
 from tasks import worker
 from tasks.worker import worker_argv
 from workers.roles import ROLE_NAMES, ROLES, concurrency, resolve_role, unknown_role_warning
@@ -140,6 +141,30 @@ class _FakeApp:
         self.argv = argv
 
 
+@pytest.fixture(autouse=True)
+def checked(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """``main``'s start-up checks and outage watch, recorded instead of run (no database here; the
+    real checks run in tests/integration/test_preflight.py)."""
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(preflight, "require", lambda _settings, **kw: calls.append(kw))
+    monkeypatch.setattr(outages, "install", lambda _settings, **kw: calls.append({"watch": True}))
+    return calls
+
+
+def test_main_checks_the_database_schema_and_the_broker_before_starting(
+    monkeypatch: pytest.MonkeyPatch, checked: list[dict[str, Any]]
+) -> None:
+    fake = _FakeApp()
+    monkeypatch.setattr(worker, "make_celery", lambda _s: fake)
+    monkeypatch.setattr("app.ops.logs.configure", lambda *_: None)
+    worker.main(["--role", "driver"])
+    assert checked == [
+        {"database": preflight.Schema.HEAD, "broker": True, "log": worker.log},
+        {"watch": True},
+    ]
+    assert fake.argv is not None
+
+
 def test_main_with_a_misspelled_role_warns_loudly_and_starts_maintenance_only(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -172,7 +197,7 @@ def test_main_role_flag_overrides_the_environment(
     assert arg(fake.argv, "--queues") == QUEUES["codex"]
 
 
-def test_main_refuses_the_api_role(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_main_refuses_the_api_role(monkeypatch: pytest.MonkeyPatch, checked: list[dict[str, Any]]) -> None:
     calls: list[Any] = []
 
     def make_celery(settings: Any) -> _FakeApp:
@@ -183,3 +208,4 @@ def test_main_refuses_the_api_role(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("app.ops.logs.configure", lambda *_: None)
     with pytest.raises(SystemExit):
         worker.main(["--role", "api"])
+    assert calls == [] and checked == []  # refused before any check or Celery app

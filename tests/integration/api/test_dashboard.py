@@ -66,6 +66,57 @@ def test_every_page_but_sign_in_needs_a_session(sqlite_api: Api) -> None:
     assert sqlite_api.client.post("/ui/jobs/x/cancel").status_code == 401
 
 
+# What Chromium sends when a person types an address (Firefox's differs only in its list of images).
+BROWSER_ACCEPT = (
+    "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,image/apng,"
+    "*/*;q=0.8,application/signed-exchange;v=b3;q=0.7"
+)
+
+
+@pytest.mark.parametrize("path", ["/", "/ui"])
+def test_a_browser_at_the_root_or_ui_lands_on_the_dashboard_then_sign_in(sqlite_api: Api, path: str) -> None:
+    landed = sqlite_api.client.get(path, headers={"Accept": BROWSER_ACCEPT})
+    assert landed.status_code == 302
+    assert landed.headers["Location"] == "/ui/"
+    signin = sqlite_api.client.get("/ui/", headers={"Accept": BROWSER_ACCEPT})
+    assert (signin.status_code, signin.headers["Location"]) == (302, "/ui/signin?next=/ui/")
+    signed_in = sqlite_api.client.post(
+        "/ui/signin", data={"token": sqlite_api.secrets["a"], "next": "/ui/"}, base_url="http://localhost"
+    )
+    assert (signed_in.status_code, signed_in.headers["Location"]) == (302, "/ui/")
+    home = sqlite_api.client.get("/ui/", headers={"Accept": BROWSER_ACCEPT})
+    assert (home.status_code, home.headers["Location"]) == (302, "/ui/jobs")
+
+
+@pytest.mark.parametrize("path", ["/", "/ui"])
+@pytest.mark.parametrize(
+    "accept",
+    [None, "*/*", "application/json", "application/json, text/html", "text/html;q=0.5, application/json"],
+)
+def test_api_clients_at_the_root_or_ui_keep_their_json_401(
+    sqlite_api: Api, path: str, accept: str | None
+) -> None:
+    headers = {"Accept": accept} if accept is not None else {}
+    response = sqlite_api.client.get(path, headers=headers)
+    assert response.status_code == 401
+    assert response.mimetype == "application/json"
+    assert response.get_json()["error"]["code"] == "unauthorized"
+
+
+def test_a_browser_posting_to_the_root_is_not_redirected(sqlite_api: Api) -> None:
+    response = sqlite_api.client.post("/", headers={"Accept": BROWSER_ACCEPT})
+    assert response.status_code == 401
+    assert response.mimetype == "application/json"
+
+
+def test_a_signed_in_browser_at_the_root_reaches_the_jobs_page(sqlite_api: Api) -> None:
+    sign_in(sqlite_api)
+    response = sqlite_api.client.get("/", headers={"Accept": BROWSER_ACCEPT}, follow_redirects=True)
+    assert response.status_code == 200
+    assert response.request.path == "/ui/jobs"
+    assert "data-live-indicator" in text(response)
+
+
 def test_sign_in_sets_an_httponly_samesite_strict_cookie_scoped_to_ui(sqlite_api: Api) -> None:
     response = sign_in(sqlite_api)
     header = set_cookie_header(response)

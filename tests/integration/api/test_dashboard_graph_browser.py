@@ -27,6 +27,8 @@ from tests.support.databases import IN_CI
 from tests.support.processes import REPO_ROOT
 from tests.unit.test_ui_graph import objective, task
 
+pytestmark = pytest.mark.slow  # a real Chromium: make test runs it, make test-fast does not
+
 CHROMIUM = os.environ.get("RECEIPT_TEST_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "dashboard"
 WAIT_MS = 30_000

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 
 from api.ui import objectives as ui_objectives
 from api.ui.objective_views import FINDER_EXTENSION
-from api.ui.system import BrokerReport, QueueOverview, QueueStat, queue_roles
+from api.ui.system import INSPECT_TIMEOUT_SECONDS, BrokerReport, QueueOverview, QueueStat, queue_roles
 from api.ui.system_views import PROBE_EXTENSION
 from app.config import Settings
 from app.jobs.routing import worker_group_for
@@ -192,11 +192,20 @@ def test_the_broker_probe_counts_files_on_the_embedded_broker(tmp_path: Any) -> 
     assert any("Embedded folder broker" in n for n in report.notes)
 
 
-def test_the_broker_probe_says_when_redis_is_unreachable(tmp_path: Any) -> None:
+def test_the_broker_probe_says_when_redis_is_unreachable_at_once(tmp_path: Any) -> None:
     settings = make_settings(tmp_path, redis_url="redis://127.0.0.1:1/0")
+    started = time.monotonic()
     report = QueueOverview(settings).report()
-    assert all(s.depth is None for s in report.queues)
-    assert all(s.depth_error and "unreachable" in s.depth_error for s in report.queues)
+    # A refused connection is known at once: the page does not wait on kombu's connect retries.
+    assert time.monotonic() - started < 2 * INSPECT_TIMEOUT_SECONDS
+    assert all(s.depth is None and s.consumers is None for s in report.queues)
+    refused = "no Redis answers at 127.0.0.1:1 (connection refused)"
+    assert {s.depth_error for s in report.queues} == {f"broker unreachable ({refused})"}
+    assert report.consumers_error == "the workers could not be asked (the broker is unreachable)"
+    assert report.notes == [
+        f"REDIS_URL=redis://127.0.0.1:1/0: {refused}; start redis-server there, or set REDIS_URL to a "
+        "server that runs"
+    ]
 
 
 def test_consumers_by_queue_inverts_active_queues() -> None:

@@ -28,6 +28,10 @@ from sqlalchemy.engine import Engine
 from app.storage import tokens
 from tests.support.api import ORG_A, Api, build_api, make_settings
 
+# Generated requests over the whole HTTP contract take tens of seconds: make test runs them,
+# make test-fast does not.
+pytestmark = pytest.mark.slow
+
 # Issue 8's bounds, made tight so the fuzzer meets them (429, 409 too_many_commands, short pages)
 # and checks those responses against the document too.
 TIGHT = {

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import Engine
 
+from app.ops import outages
 from app.storage.db import make_engine
 from tests.support.api import Api, build_api, json_of, make_settings
 
@@ -40,7 +43,38 @@ def test_readyz_is_503_naming_an_unreachable_redis(sqlite_api: Api) -> None:
     assert error["code"] == "not_ready"
     assert "broker" in error["message"]
     assert error["details"]["database"] == "ok"
-    assert error["details"]["broker"].startswith("unreachable")
+    assert error["details"]["broker"] == (
+        "unreachable: REDIS_URL: no Redis answers at 127.0.0.1:1 (connection refused)"
+    )
+
+
+def test_readyz_says_since_when_the_processs_watch_found_the_broker_down(
+    sqlite_api: Api, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a deployed web process (gunicorn installs the watch per worker) the outage has a start,
+    and the check's failure is the process's one log line about it."""
+    settings = replace(sqlite_api.state.settings, redis_url="redis://127.0.0.1:1/0")
+    sqlite_api.state.settings = settings
+    outages.install(settings, database=False)
+    try:
+        with caplog.at_level(logging.INFO, logger=outages.LOGGER):
+            first = json_of(sqlite_api.client.get("/readyz", headers=sqlite_api.headers()))
+            second = json_of(sqlite_api.client.get("/readyz", headers=sqlite_api.headers()))
+    finally:
+        outages.uninstall()
+    said = first["error"]["details"]["broker"]
+    assert re.fullmatch(
+        r"unreachable: REDIS_URL: no Redis answers at 127\.0\.0\.1:1 \(connection refused\) "
+        r"\(down since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z\)",
+        said,
+    ), said
+    assert second["error"]["details"]["broker"] == said  # the same outage, the same start
+    lines = [r.getMessage() for r in caplog.records if r.name == outages.LOGGER]
+    assert lines == [
+        "REDIS_URL=redis://127.0.0.1:1/0: lost — no Redis answers at 127.0.0.1:1 (connection refused); "
+        "start redis-server there, or set REDIS_URL to a server that runs (retrying every 1 s; one more "
+        "line when it answers)"
+    ]
 
 
 def test_readyz_is_503_when_the_broker_folder_cannot_be_created(sqlite_api: Api, tmp_path: Path) -> None:
@@ -66,7 +100,9 @@ def test_readyz_is_503_naming_an_unreachable_database(sqlite_engine: Engine, tmp
     broken.dispose()
     assert response.status_code == 503
     error = json_of(response)["error"]
-    assert error["details"]["database"].startswith("unreachable")
+    assert error["details"]["database"] == (
+        "unreachable: DATABASE_URL: no PostgreSQL answers at 127.0.0.1:1 (connection refused)"
+    )
     assert error["details"]["broker"] == "ok"
     assert api.state.internal_errors == 0
 

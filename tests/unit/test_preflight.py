@@ -1,0 +1,257 @@
+"""The start-up checks' words (app/ops/preflight.py): each failure is one line naming the setting,
+what was tried with the password hidden, and what to do. No server here: the errors are built as
+the drivers raise them, and the schema checks run on SQLite files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis.exceptions as rex
+from sqlalchemy import text
+
+from app.config import Settings
+from app.ops import preflight
+from app.ops.preflight import Problem, Schema
+from app.storage.db import make_engine
+from app.storage.migrate import head, upgrade
+
+REFUSED = (
+    'connection to server at "10.0.0.5", port 5433 failed: Connection refused\n'
+    "\tIs the server running on that host and accepting TCP/IP connections?"
+)
+
+
+def settings(tmp_path: Path, **env: str) -> Settings:
+    return Settings.from_env({"RECEIPT_HOME": str(tmp_path / "home"), **env})
+
+
+@pytest.mark.parametrize(
+    ("message", "what", "fix"),
+    [
+        (
+            REFUSED,
+            "no PostgreSQL answers at 10.0.0.5:5433 (connection refused)",
+            "start PostgreSQL there, or set DATABASE_URL to a server that runs",
+        ),
+        (
+            'connection to server at "10.0.0.5", port 5433 failed: FATAL:  role "nobody" does not exist',
+            'PostgreSQL at 10.0.0.5:5433 refused the login (role "nobody" does not exist)',
+            "check the user and password in DATABASE_URL (the password is hidden here)",
+        ),
+        (
+            'connection to server at "10.0.0.5", port 5433 failed: FATAL:  password authentication failed '
+            'for user "receipt"',
+            "PostgreSQL at 10.0.0.5:5433 refused the login "
+            '(password authentication failed for user "receipt")',
+            "check the user and password in DATABASE_URL (the password is hidden here)",
+        ),
+        (
+            'connection to server at "10.0.0.5", port 5433 failed: FATAL:  database "jobs" does not exist',
+            "PostgreSQL at 10.0.0.5:5433 has no database 'jobs'",
+            "create it (CREATE DATABASE jobs) and run `receipt migrate` (the Procfile's release step), "
+            "or correct the name in DATABASE_URL",
+        ),
+        (
+            'connection to server at "10.0.0.5", port 5433 failed: timeout expired',
+            "no answer from 10.0.0.5:5433 within 3 s",
+            "check the host, the port and any firewall between",
+        ),
+        (
+            'connection to server at "10.0.0.5", port 5433 failed: server closed the connection unexpectedly',
+            "PostgreSQL at 10.0.0.5:5433 closed the connection (restarting, or cut off on the way)",
+            "check that PostgreSQL runs there and nothing between drops connections",
+        ),
+        (
+            'connection to server at "10.0.0.5", port 5433 failed: '
+            "FATAL:  the database system is starting up",
+            "PostgreSQL at 10.0.0.5:5433 is not accepting connections (the database system is starting up)",
+            "wait for it to finish, then retry",
+        ),
+        (
+            "something nobody foresaw\nsecond line",
+            "cannot use the database (something nobody foresaw)",
+            "check DATABASE_URL",
+        ),
+    ],
+)
+def test_each_database_error_becomes_what_went_wrong_and_what_to_do(
+    message: str, what: str, fix: str
+) -> None:
+    assert preflight.describe_database_error(Exception(message), "10.0.0.5", 5433, "jobs") == (what, fix)
+
+
+@pytest.mark.parametrize(
+    ("exc", "what", "fix"),
+    [
+        (
+            rex.ConnectionError("Error 111 connecting to 10.0.0.6:6380. Connection refused."),
+            "no Redis answers at 10.0.0.6:6380 (connection refused)",
+            "start redis-server there, or set REDIS_URL to a server that runs",
+        ),
+        (
+            rex.AuthenticationError("invalid username-password pair or user is disabled."),
+            "Redis at 10.0.0.6:6380 refused the login (invalid username-password pair or user is disabled.)",
+            "check the password (and user) in REDIS_URL (the password is hidden here)",
+        ),
+        (
+            rex.TimeoutError("Timeout connecting to server"),
+            "no answer from 10.0.0.6:6380 within 3 s",
+            "check the host, the port and any firewall between",
+        ),
+        (
+            rex.ResponseError("DB index is out of range"),
+            "Redis at 10.0.0.6:6380 has no such database number",
+            "use a database number the server has (0-15 unless it is configured otherwise)",
+        ),
+    ],
+)
+def test_each_broker_error_becomes_what_went_wrong_and_what_to_do(
+    exc: BaseException, what: str, fix: str
+) -> None:
+    assert preflight.describe_broker_error(exc, "10.0.0.6", 6380) == (what, fix)
+
+
+def test_a_host_name_that_does_not_resolve_is_named() -> None:
+    db = Exception('could not translate host name "db.internal" to address: Name or service not known')
+    assert preflight.describe_database_error(db, "db.internal", None, "jobs") == (
+        "the host name 'db.internal' does not resolve",
+        "correct the host in DATABASE_URL",
+    )
+    broker = rex.ConnectionError("Error -2 connecting to cache.internal:6379. Name or service not known.")
+    assert preflight.describe_broker_error(broker, "cache.internal", None) == (
+        "the host name 'cache.internal' does not resolve",
+        "correct the host in REDIS_URL",
+    )
+
+
+def test_a_problem_is_one_line_naming_the_setting_and_hiding_the_password(tmp_path: Path) -> None:
+    found = preflight.database_problem(
+        settings(tmp_path, DATABASE_URL="mysql://receipt:s3cret@db.example/jobs")
+    )
+    assert found == Problem(
+        "DATABASE_URL",
+        "DATABASE_URL=mysql://receipt:***@db.example/jobs",
+        "unsupported scheme 'mysql' (Receipt runs on PostgreSQL)",
+        "set it to postgresql://USER:PASSWORD@HOST:PORT/DATABASE, or unset it for the embedded SQLite file",
+    )
+    assert found.line() == (
+        "DATABASE_URL=mysql://receipt:***@db.example/jobs: unsupported scheme 'mysql' (Receipt runs on "
+        "PostgreSQL); set it to postgresql://USER:PASSWORD@HOST:PORT/DATABASE, or unset it for the "
+        "embedded SQLite file"
+    )
+    assert "s3cret" not in found.line() and "\n" not in found.line()
+
+
+@pytest.mark.parametrize(
+    ("url", "what"),
+    [
+        (
+            "postgresql+asyncpg://u:p@db/jobs",
+            "unsupported scheme 'postgresql+asyncpg' (Receipt runs on PostgreSQL)",
+        ),
+        ("oracle://u:p@db/jobs", "unsupported scheme 'oracle' (Receipt runs on PostgreSQL)"),
+        ("not a url at all", "not a database URL (Could not parse SQLAlchemy URL from given URL string)"),
+    ],
+)
+def test_a_database_url_receipt_cannot_use_is_refused_before_any_connection(
+    tmp_path: Path, url: str, what: str
+) -> None:
+    found = preflight.database_problem(settings(tmp_path, DATABASE_URL=url))
+    assert found is not None and found.what == what
+
+
+@pytest.mark.parametrize(
+    ("url", "line"),
+    [
+        (
+            "amqp://guest:guest@rabbit//",
+            "REDIS_URL=amqp://guest:***@rabbit//: unsupported scheme 'amqp' (Receipt's broker is Redis); "
+            "set it to redis://[:PASSWORD@]HOST:PORT/DB (rediss:// for TLS), or unset it for the embedded "
+            "folder broker",
+        ),
+        (
+            "redis://:s3cret@cache:six/0",
+            "REDIS_URL=redis://:***@cache:six/0: not a Redis URL (Port could not be cast to integer value as "
+            "'six'); write it as redis://[:PASSWORD@]HOST:PORT/DB",
+        ),
+    ],
+)
+def test_a_broker_url_receipt_cannot_use_is_refused_before_any_connection(
+    tmp_path: Path, url: str, line: str
+) -> None:
+    found = preflight.broker_problem(settings(tmp_path, REDIS_URL=url))
+    assert found is not None and found.line() == line
+
+
+def test_the_embedded_folder_broker_needs_a_folder_it_can_create(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way")
+    found = preflight.broker_problem(Settings.from_env({"RECEIPT_HOME": str(blocker)}))
+    assert found is not None
+    assert found.line() == (
+        f"REDIS_URL unset, so the embedded folder broker {blocker / 'broker'}: cannot create or write the "
+        f"folder ({blocker} is not a folder); make RECEIPT_HOME a writable folder, or set REDIS_URL"
+    )
+    # Checking creates nothing; a fresh home that does not exist yet is fine.
+    assert preflight.broker_problem(settings(tmp_path)) is None
+    assert not (tmp_path / "home").exists()
+
+
+def sqlite_settings(tmp_path: Path) -> tuple[Settings, str]:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    return settings(tmp_path, DATABASE_URL=url), url
+
+
+def test_a_database_without_the_schema_says_to_migrate(tmp_path: Path) -> None:
+    s, url = sqlite_settings(tmp_path)
+    found = preflight.database_problem(s, Schema.HEAD)
+    assert found is not None
+    assert found.line() == (
+        f"DATABASE_URL={url}: the database has no Receipt schema yet; run `receipt migrate` "
+        "(the Procfile's release step)"
+    )
+    assert preflight.database_problem(s, Schema.ANY) is None  # migrate and up need it reachable only
+
+
+def test_an_older_schema_says_to_migrate_and_the_latest_passes(tmp_path: Path) -> None:
+    s, _url = sqlite_settings(tmp_path)
+    engine = make_engine(s.sqlalchemy_url)
+    try:
+        upgrade(engine, "0005")
+        found = preflight.database_problem(s)
+        assert found is not None
+        assert found.what == f"the schema is at migration 0005, this release needs {head()}"
+        assert found.fix == "run `receipt migrate` (the Procfile's release step)"
+        upgrade(engine)
+        assert preflight.database_problem(s) is None
+    finally:
+        engine.dispose()
+
+
+def test_a_schema_from_a_newer_release_is_named_as_such(tmp_path: Path) -> None:
+    s, _url = sqlite_settings(tmp_path)
+    engine = make_engine(s.sqlalchemy_url)
+    try:
+        upgrade(engine)
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = '0099_future'"))
+    finally:
+        engine.dispose()
+    found = preflight.database_problem(s)
+    assert found is not None
+    assert found.what == (
+        "the schema is at migration 0099_future, which this release does not know "
+        f"(a newer release migrated it; this one needs {head()})"
+    )
+
+
+def test_require_reports_every_problem_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = settings(tmp_path, DATABASE_URL="mysql://u:p@db/x", REDIS_URL="amqp://h//")
+    with pytest.raises(SystemExit) as exited:
+        preflight.require(s, database=Schema.HEAD, broker=True)
+    assert exited.value.code == preflight.EXIT_CODE == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("=", 1)[0] for line in lines] == ["DATABASE_URL", "REDIS_URL"]

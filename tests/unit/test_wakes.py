@@ -1,0 +1,85 @@
+"""The coalescing wake list (app/ops/wakes.py) on an in-memory Redis: arming, listeners, prefixes,
+and the fall-back to carrying ids in the message. tests/integration/test_dispatch.py runs the same
+list on the real redis-server with a scanner and a listening driver."""
+
+from __future__ import annotations
+
+import pytest
+from app.ops.wakes import WakeList, wake, wake_list_for
+
+from app.ops import wakes
+from tests.support.fake_redis import URL, FakeRedis
+
+
+def test_the_first_push_arms_one_scan_and_later_pushes_ride_on_it(fake_redis: FakeRedis) -> None:
+    wl = WakeList(URL)
+    assert wl.push(["a"]) is True  # armed: the caller sends the one wake-up message
+    assert wl.push(["b", "c"]) is False  # a scan is armed and has not started: it takes these too
+    assert 0 < fake_redis.client().pttl(wl.armed_key) <= wakes.ARMED_TTL_MS
+    assert wl.disarm_and_take(2) == ["a", "b"]
+    assert wl.take(10) == ["c"]
+    assert wl.take(10) == []
+    assert wl.push(["d"]) is True  # the scan disarmed: the next push sends again
+
+
+def test_a_listening_driver_means_no_message_at_all(fake_redis: FakeRedis) -> None:
+    wl = WakeList(URL)
+    assert wl.listen(10, block_s=0.01) == []  # announces itself, disarms, waits, nothing came
+    client = fake_redis.client()
+    assert 0 < client.pttl(wl.listening_key) <= wakes.LISTENING_TTL_MS
+    assert wl.push(["a", "b"]) is False  # armed, but a listener is woken by the push itself
+    assert wl.listen(10, block_s=0.01) == ["a", "b"]
+    assert not client.exists(wl.armed_key)
+    wl.stop_listening()
+    assert wl.push(["c"]) is True  # nobody listens any more: messages again
+
+
+def test_deployments_sharing_one_redis_under_different_prefixes_never_drain_each_other(
+    fake_redis: FakeRedis,
+) -> None:
+    ours = wake_list_for(URL, {"global_keyprefix": "ours:"})
+    theirs = wake_list_for(URL, {"global_keyprefix": "theirs:"})
+    assert ours is not None and theirs is not None
+    assert ours.push(["mine"]) is True and theirs.push(["yours"]) is True
+    assert theirs.take(10) == ["yours"]
+    assert ours.take(10) == ["mine"]
+    assert wake_list_for(None) is None and wake_list_for("filesystem://localhost/") is None
+
+
+def test_wake_sends_one_empty_message_when_it_armed_and_none_when_a_scan_is_armed(
+    fake_redis: FakeRedis,
+) -> None:
+    wl = WakeList(URL)
+    sent: list[list[str]] = []
+    wake(sent.append, wl, ["a"])
+    wake(sent.append, wl, ["b"])
+    assert sent == [[]]  # the ids wait on the list, not in the message
+    assert wl.disarm_and_take(10) == ["a", "b"]
+    wake(sent.append, wl, [])
+    assert sent == [[]]  # nothing to wake for
+
+
+def test_with_the_list_down_the_ids_travel_in_the_message(
+    fake_redis: FakeRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    wl = WakeList(URL)
+    sent: list[list[str]] = []
+    fake_redis.down()
+    wake(sent.append, wl, ["a", "b"])
+    assert sent == [["a", "b"]]
+    assert "wake list unavailable" in caplog.text
+
+
+def test_a_wake_up_that_cannot_be_sent_unarms_so_the_next_enqueue_sends_again(fake_redis: FakeRedis) -> None:
+    wl = WakeList(URL)
+
+    def broken(_ids: list[str]) -> None:
+        raise ConnectionError("broker down")
+
+    with pytest.raises(ConnectionError):
+        wake(broken, wl, ["a"])
+    assert not fake_redis.client().exists(wl.armed_key)
+    sent: list[list[str]] = []
+    wake(sent.append, wl, ["b"])
+    assert sent == [[]]
+    assert wl.disarm_and_take(10) == ["a", "b"]  # the first id waited on the list all along
