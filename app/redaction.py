@@ -20,11 +20,17 @@ from app.config import MASK, Setting, Settings, declared
 
 # A shorter secret would match everywhere in free text; ``redacted`` still masks it as a field.
 MIN_SECRET_TEXT: Final = 4
+# A URL's lone user-info this long is taken for a token (``https://<token>@host``), not a user name.
+LONE_TOKEN_MIN: Final = 16
 
 
 def url_secret_texts(url: str) -> set[str]:
     """What ``mask_url`` hides, as texts to look for elsewhere: the password (or a lone user-info
-    token), the query string and each query value, both as written and percent-decoded."""
+    token), the query string and each query value, both as written and percent-decoded.
+
+    A lone user-info is usually a user name (``postgres@db``), and hunting a user name in free text
+    would mangle every line that names the database (``postgresql://``): it counts as a secret text
+    only when it is as long as a token (``LONE_TOKEN_MIN``). ``mask_url`` hides it either way."""
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -32,7 +38,10 @@ def url_secret_texts(url: str) -> set[str]:
     found: set[str] = set()
     if "@" in parts.netloc:
         userinfo = parts.netloc.rsplit("@", 1)[0]
-        found.add(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
+        if ":" in userinfo:
+            found.add(userinfo.split(":", 1)[1])
+        elif len(userinfo) >= LONE_TOKEN_MIN:
+            found.add(userinfo)
     if parts.query:
         found.add(parts.query)
         found.update(value for _name, value in parse_qsl(parts.query))

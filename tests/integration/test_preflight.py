@@ -224,7 +224,9 @@ def test_flower_checks_the_broker_only(tmp_path: Path) -> None:
     done = run([PYTHON, "-m", "tasks.flower"], {"REDIS_URL": f"redis://127.0.0.1:{port}/0"}, tmp_path)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
-    assert done.stderr.strip().endswith(
-        f"ERROR receipt.flower: REDIS_URL=redis://127.0.0.1:{port}/0: no Redis answers at 127.0.0.1:{port} "
+    [line] = done.stderr.strip().splitlines()  # one line, in Receipt's log format
+    assert " ERROR " in line and " receipt.flower: " in line
+    assert line.endswith(
+        f"REDIS_URL=redis://127.0.0.1:{port}/0: no Redis answers at 127.0.0.1:{port} "
         "(connection refused); start redis-server there, or set REDIS_URL to a server that runs"
     )

@@ -1,12 +1,12 @@
-"""The broker epoch and queue probe (tasks/broker.py) on an in-memory Redis. The same probe runs on
+"""The broker epoch and queue probe (delivery/broker.py) on an in-memory Redis. The same probe runs on
 the real redis-server in tests/integration/test_broker_probe.py."""
 
 from __future__ import annotations
 
 import pytest
-from tasks.broker import EPOCH_KEY, NullProbe, RedisProbe, probe_for
 
 from app.config import Settings
+from delivery.broker import EPOCH_KEY, NullProbe, RedisProbe, probe_for
 from tests.support.fake_redis import URL, FakeRedis
 
 

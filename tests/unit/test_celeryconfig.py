@@ -18,6 +18,7 @@ import celeryconfig
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
 from app.ops import loops as registry
+from app.ops import outages, preflight
 from tasks.beat import ReceiptBeat, prepare
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
@@ -287,9 +288,17 @@ def test_the_apps_beat_is_receipts(tmp_path: Path) -> None:
     assert json_app.Beat().quiet is True  # the banner would be the only non-JSON lines
 
 
-def test_beat_prepare_refuses_an_invalid_cron_and_makes_the_home_private(tmp_path: Path) -> None:
+def test_beat_prepare_refuses_an_invalid_cron_checks_its_services_and_makes_the_home_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[dict[str, Any]] = []
+    # The start-up check itself is tests/integration/test_preflight.py's: here, that beat asks for it.
+    monkeypatch.setattr(preflight, "require", lambda settings, **kw: checked.append(kw))
+    monkeypatch.setattr(outages, "install", lambda settings: None)
     home = tmp_path / "home"
     with pytest.raises(SystemExit, match="RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON"):
         prepare(Settings(home=str(home), objective_watchdog_cron="*/5 * * *"))
+    assert checked == []  # an invalid schedule is refused before anything is opened
     prepare(Settings(home=str(home)))
+    assert [(c["database"], c["broker"]) for c in checked] == [(preflight.Schema.HEAD, True)]
     assert home.is_dir() and home.stat().st_mode & 0o777 == 0o700

@@ -290,8 +290,13 @@ def test_url_secret_texts_cover_the_password_the_query_and_their_decoded_forms()
     found = url_secret_texts("redis://:p%40ss-word@cache:6379/0?token=a%2Fb-token&plain=1")
     assert {"p%40ss-word", "p@ss-word", "a/b-token", "token=a%2Fb-token&plain=1"} <= found
     assert url_secret_texts("redis://cache:6379/0") == set()
-    assert url_secret_texts("https://only-a-token@example.com/") == {"only-a-token"}
-    assert mask_url("https://only-a-token@example.com/") == "https://***@example.com/"
+    token = "t0ken-" + "x" * 20
+    assert url_secret_texts(f"https://{token}@example.com/") == {token}
+    assert mask_url(f"https://{token}@example.com/") == "https://***@example.com/"
+    # A lone user name is hidden in the shown URL, but not hunted in free text (it would mangle
+    # every "postgresql://" of a log line whose database user is "postgres").
+    assert url_secret_texts("postgresql://postgres@db:5432/receipt") == set()
+    assert mask_url("postgresql://postgres@db:5432/receipt") == "postgresql://***@db:5432/receipt"
     # A URL that cannot be taken apart is hidden whole, in both forms.
     assert mask_url("http://u:pw-1234@[::1/x") == MASK
     assert url_secret_texts("http://u:pw-1234@[::1/x") == {"http://u:pw-1234@[::1/x"}

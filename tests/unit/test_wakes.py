@@ -1,13 +1,13 @@
-"""The coalescing wake list (app/ops/wakes.py) on an in-memory Redis: arming, listeners, prefixes,
+"""The coalescing wake list (delivery/wakes.py) on an in-memory Redis: arming, listeners, prefixes,
 and the fall-back to carrying ids in the message. tests/integration/test_dispatch.py runs the same
 list on the real redis-server with a scanner and a listening driver."""
 
 from __future__ import annotations
 
 import pytest
-from app.ops.wakes import WakeList, wake, wake_list_for
 
-from app.ops import wakes
+from delivery import wakes
+from delivery.wakes import WakeList, wake, wake_list_for
 from tests.support.fake_redis import URL, FakeRedis
 
 
