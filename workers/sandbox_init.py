@@ -257,6 +257,17 @@ def _map_user(pid: int, uid: int, gid: int) -> None:
             f.write(f"0 0 1\n{ident} {ident} 1\n")
 
 
+def _reset_dispositions() -> None:
+    """Every signal Python may set back to its default (glibc keeps 32 and 33 for itself)."""
+    for sig in _signal.valid_signals():
+        if sig in (_signal.SIGKILL, _signal.SIGSTOP):
+            continue
+        try:
+            _signal.signal(sig, _signal.SIG_DFL)
+        except (OSError, ValueError):
+            continue
+
+
 def _start(plan: dict[str, Any], argv: Sequence[str]) -> int:
     """Fork the command: in a user namespace of its own when PLAN names its user; its pid."""
     user = plan.get("user")
@@ -266,10 +277,9 @@ def _start(plan: dict[str, Any], argv: Sequence[str]) -> int:
     if pid == 0:
         os.close(made_r)
         os.close(mapped_w)
-        # The dispositions Python changed at start (it ignores SIGPIPE and SIGXFSZ) would pass
-        # through exec; the command starts with the defaults, as subprocess gives its children.
-        for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGTERM):
-            _signal.signal(sig, _signal.SIG_DFL)
+        # An ignored signal passes through exec: Python ignores SIGPIPE and SIGXFSZ, and a worker
+        # started under nohup or make ignores more. The command starts with every default.
+        _reset_dispositions()
         code = 127
         try:
             if user is not None:
