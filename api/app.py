@@ -13,7 +13,7 @@ from flask import Flask, Response, g, request
 from flask.typing import ResponseReturnValue
 from sqlalchemy.engine import Engine
 
-from api import auth, errors, health, jobs, limits, objectives, openapi, streams, ui, whoami
+from api import auth, errors, health, jobs, limits, objectives, openapi, schedules, streams, ui, whoami
 from api import metrics as metrics_view
 from api.context import EXTENSION, ApiState
 from api.ui.signin_views import browser_landing
@@ -56,6 +56,7 @@ def create_app(
     for blueprint in (
         jobs.blueprint,
         objectives.blueprint,
+        schedules.blueprint,
         streams.blueprint,
         health.blueprint,
         openapi.blueprint,

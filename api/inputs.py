@@ -60,6 +60,10 @@ def to_validation_error(error: SchemaError, root: str = "") -> ValidationError:
         extra = sorted(set(instance) - set(known))
         name = extra[0] if extra else "?"
         return ValidationError(jsonbody.field_path(path, name), "is not a known field", allowed=known)
+    if kind == "not" and isinstance(value, Mapping) and len(value.get("required", ())) > 1:
+        # Fields that exclude one another (runAt and delayMs): name the first, and say why.
+        names = list(value["required"])
+        return ValidationError(jsonbody.field_path(path, names[0]), f"give {' or '.join(names)}, not both")
     field = path or "body"
     # A schema that says why it refuses (``x-message``, an OpenAPI extension) is quoted as it says it.
     said = error.schema.get("x-message") if isinstance(error.schema, Mapping) else None

@@ -16,11 +16,12 @@ from flask.typing import ResponseReturnValue
 
 from api import auth, limits, schemas
 from api.context import state
-from api.errors import forbidden, job_not_found
+from api.errors import ApiError, forbidden, job_not_found
 from api.jsonbody import check_param
 from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
 from app.factory import service
+from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
 from app.storage.db import parse_iso
@@ -51,7 +52,7 @@ def visible_job(job_id: str) -> Job:
     return job
 
 
-def _require_own_objective(req: EnqueueRequest) -> None:
+def require_own_objective(req: EnqueueRequest) -> None:
     """A payload's objectiveId must name an objective of the job's own organisation: another's (or
     none) is the same 403, so the answer says nothing about other organisations' objectives."""
     objective_id = req.payload.get("objectiveId")
@@ -83,11 +84,59 @@ def enqueue(agentId: str, body: dict[str, Any]) -> ResponseReturnValue:
     req = validate_enqueue(agentId, body)
     identity = auth.current()
     auth.require_enqueue_allowed(identity, agentId, req)
-    _require_own_objective(req)
+    require_own_objective(req)
     result = state().queue.enqueue(req, enqueued_by=identity.enqueuer())
     job = result.job
     headers = {"Location": job_path(job)}
     return {"job": job_json(job), "async": async_block(job)}, 202, headers
+
+
+@blueprint.post("/jobs:batch")
+@operation(
+    Operation(
+        summary="Enqueue many jobs at once: one transaction, all or none.",
+        description="Each item is a single enqueue's body plus its agentId. Every item is checked before "
+        "anything is written: one invalid item refuses the whole request (400, or 403 for what the "
+        "caller may not post), naming its index (items[<i>]), and nothing is written. Each item is "
+        "idempotent by its jobId exactly as a single enqueue, singleton rules apply per item in "
+        "order, and the answer lists every item's job. At most RECEIPT_BATCH_MAX items; each counts "
+        "as one write against the organisation's write limit.",
+        tag="jobs",
+        body=schemas.BATCH_ENQUEUE_REQUEST,
+        responses={202: schemas.BATCH_ENQUEUE_RESPONSE},
+        errors=(403, 429),
+    )
+)
+def enqueue_batch(body: dict[str, Any]) -> ResponseReturnValue:
+    items: list[dict[str, Any]] = body["items"]
+    cap = state().settings.batch_max
+    if len(items) > cap:
+        raise ValidationError(
+            "items", f"holds {len(items)} jobs; a batch holds at most {cap} (RECEIPT_BATCH_MAX)"
+        )
+    limits.count_items(len(items))
+    identity = auth.current()
+    reqs = []
+    for index, item in enumerate(items):
+        where = f"items[{index}]"
+        enqueue_body = {k: v for k, v in item.items() if k != "agentId"}
+        try:
+            req = validate_enqueue(item.get("agentId"), enqueue_body)
+        except ValidationError as exc:
+            raise ValidationError(f"{where}.{exc.field}", exc.reason, exc.allowed) from None
+        try:
+            auth.require_enqueue_allowed(identity, req.agent_id, req)
+            require_own_objective(req)
+        except ApiError as exc:
+            details = {**(exc.details or {}), "index": index}
+            raise ApiError(exc.status, exc.code, f"{where}: {exc.message}", details) from None
+        reqs.append(req)
+    results = state().queue.enqueue_many(reqs, enqueued_by=identity.enqueuer())
+    jobs = [
+        {"index": i, "created": r.created, "steered": r.steered, "job": job_json(r.job)}
+        for i, r in enumerate(results)
+    ]
+    return {"jobs": jobs}, 202
 
 
 @blueprint.get("/jobs/<jobId>")

@@ -313,6 +313,27 @@ class Settings:
         "Active objectives the watchdog reads per page, oldest first (clamped to 1..2000).",
         _int,
     )
+    schedule_scan_interval_ms: int = setting(
+        "RECEIPT_SCHEDULE_SCAN_INTERVAL_MS",
+        "1000",
+        "Interval of the schedules pass, which fires every due schedule tick: a tick fires within "
+        "about one interval of its time (beat, or the local ticker of a `receipt-maintenance` consumer).",
+        _int,
+    )
+    schedule_page_size: int = setting(
+        "RECEIPT_SCHEDULE_PAGE_SIZE",
+        "500",
+        "Schedules one transaction of the schedules pass decides; a pass takes every due schedule, "
+        "page by page.",
+        _int,
+    )
+    schedules_file: str | None = setting(
+        "RECEIPT_SCHEDULES_FILE",
+        None,
+        "A TOML or JSON file of schedules, reconciled at startup by beat and the workers that run the "
+        "schedules pass: declared ones are created or updated, ones removed from the file deleted; "
+        "the same file twice changes nothing (`docs/schedules.md`).",
+    )
     integration_publish_url: str | None = setting(
         "RECEIPT_INTEGRATION_PUBLISH_URL",
         None,
@@ -515,6 +536,12 @@ class Settings:
         "RECEIPT_MAX_COMMANDS_PER_JOB",
         "1000",
         "Queue commands one job may hold (steer, follow_up, abort); past it: 409 `too_many_commands`.",
+        _int,
+    )
+    batch_max: int = setting(
+        "RECEIPT_BATCH_MAX",
+        "1000",
+        "Jobs one `POST /jobs:batch` may carry (each counts as one write against the write limit).",
         _int,
     )
     max_page_bytes: int = setting(

@@ -31,6 +31,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import requests
@@ -104,6 +105,8 @@ TERMINAL_STATUSES = frozenset({"completed", "failed", "canceled"})
 # The server sends a heartbeat comment every 15 s: a minute of silence means a dead connection.
 STREAM_READ_TIMEOUT_S = 60.0
 RECONNECT_DELAY_S = 1.0
+# Items per POST /jobs:batch (the server's default RECEIPT_BATCH_MAX).
+BATCH_SIZE = 1000
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,16 @@ def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
             yield line.rstrip(b"\r").decode("utf-8", errors="replace")
     if buffer:
         yield buffer.rstrip(b"\r").decode("utf-8", errors="replace")
+
+
+def rfc3339(value: datetime | str) -> str:
+    """A time as the API takes it: RFC 3339 with its offset. A naive datetime is refused, since it
+    names a different instant on every host."""
+    if isinstance(value, str):
+        return value
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("run_at must be timezone-aware (e.g. datetime.now(UTC) + timedelta(minutes=10))")
+    return value.isoformat()
 
 
 def _error_code(response: requests.Response) -> str:
@@ -393,16 +406,59 @@ class Client:
 
     # -- jobs ------------------------------------------------------------------------------------
 
-    def enqueue(self, agent_id: str, payload: Mapping[str, Any], **fields: Any) -> JsonObject:
+    def enqueue(
+        self,
+        agent_id: str,
+        payload: Mapping[str, Any],
+        *,
+        run_at: datetime | str | None = None,
+        delay_ms: int | None = None,
+        **fields: Any,
+    ) -> JsonObject:
         """POST /agents/<agentId>/jobs; ``fields`` are the body's other keys (jobId, lane, ...).
 
         A payload without ``authContext`` gets the token's (``with_auth_context``). With a
-        ``jobId`` the post is idempotent, so a ``503`` is repeated too.
+        ``jobId`` the post is idempotent, so a ``503`` is repeated too. ``run_at`` (an aware
+        datetime, or RFC 3339 text) or ``delay_ms`` make it a delayed job: queued, and not
+        delivered before that time (a past time runs at once).
         """
         body = {"payload": self.with_auth_context(payload), **fields}
+        if run_at is not None:
+            body["runAt"] = rfc3339(run_at)
+        if delay_ms is not None:
+            body["delayMs"] = delay_ms
         return self.request(
             "POST", f"/agents/{agent_id}/jobs", json=body, idempotent=fields.get("jobId") is not None
         )
+
+    def enqueue_many(
+        self, items: Iterable[Mapping[str, Any]], *, batch_size: int = BATCH_SIZE
+    ) -> list[JsonObject]:
+        """POST /jobs:batch, ``batch_size`` items a request: each item is a single enqueue's body plus
+        its ``agentId``; a payload without ``authContext`` gets the token's. Returns one entry per
+        item, in order (``{index, created, steered, job}``, ``index`` counted across the batches).
+
+        Each request is one transaction on the server, all or none; a refused request raises and
+        the batches before it stay written. A batch whose every item has a ``jobId`` is idempotent,
+        so a ``503`` is repeated too.
+        """
+        out: list[JsonObject] = []
+        batch: list[dict[str, Any]] = []
+
+        def send() -> None:
+            idempotent = all(i.get("jobId") is not None for i in batch)
+            answered = self.request("POST", "/jobs:batch", json={"items": batch}, idempotent=idempotent)
+            offset = len(out)
+            out.extend([{**entry, "index": entry["index"] + offset} for entry in answered["jobs"]])
+            batch.clear()
+
+        for entry in items:
+            batch.append({**entry, "payload": self.with_auth_context(entry.get("payload") or {})})
+            if len(batch) == batch_size:
+                send()
+        if batch:
+            send()
+        return out
 
     def get(self, job_id: str) -> JsonObject:
         """The job (``{"job": {...}}`` unwrapped)."""
@@ -553,6 +609,76 @@ class Client:
             if deadline is not None and time.monotonic() + reconnect_delay >= deadline:
                 raise WaitTimeout(objective_id, timeout or 0.0)
             time.sleep(reconnect_delay)
+
+    # -- schedules -------------------------------------------------------------------------------
+
+    def create_schedule(self, body: Mapping[str, Any]) -> JsonObject:
+        """POST /schedules: ``{scheduleId, cron | intervalMs, timeZone?, job: {agentId, payload, ...},
+        overlap?, catchupWindowMs?, jitterMs?, startAt?, endAt?, paused?}``; the schedule (unwrapped).
+        A template payload without ``authContext`` gets the token's (``with_auth_context``). The id
+        makes it idempotent: an existing one is returned unchanged."""
+        out = dict(body)
+        job = out.get("job")
+        if isinstance(job, Mapping) and isinstance(job.get("payload"), Mapping):
+            out["job"] = {**job, "payload": self.with_auth_context(job["payload"])}
+        schedule: JsonObject = self.request("POST", "/schedules", json=out, idempotent=True)["schedule"]
+        return schedule
+
+    def schedules(self, **filters: Any) -> JsonObject:
+        """GET /schedules with filters (status, limit, cursor, organizationId): the page as sent."""
+        return self.request("GET", "/schedules", params=filters)
+
+    def schedule(self, schedule_id: str) -> JsonObject:
+        """One schedule (unwrapped): its declaration, nextFireAt, lastOutcome and counts."""
+        schedule: JsonObject = self.request("GET", f"/schedules/{schedule_id}")["schedule"]
+        return schedule
+
+    def update_schedule(self, schedule_id: str, **changes: Any) -> JsonObject:
+        """PATCH /schedules/<id> with the fields to change (None clears one); the schedule."""
+        body = dict(changes)
+        job = body.get("job")
+        if isinstance(job, Mapping) and isinstance(job.get("payload"), Mapping):
+            body["job"] = {**job, "payload": self.with_auth_context(job["payload"])}
+        schedule: JsonObject = self.request("PATCH", f"/schedules/{schedule_id}", json=body, idempotent=True)[
+            "schedule"
+        ]
+        return schedule
+
+    def pause_schedule(self, schedule_id: str, reason: str | None = None) -> JsonObject:
+        body = {"reason": reason} if reason else {}
+        schedule: JsonObject = self.request(
+            "POST", f"/schedules/{schedule_id}/pause", json=body, idempotent=True
+        )["schedule"]
+        return schedule
+
+    def resume_schedule(self, schedule_id: str) -> JsonObject:
+        schedule: JsonObject = self.request(
+            "POST", f"/schedules/{schedule_id}/resume", json={}, idempotent=True
+        )["schedule"]
+        return schedule
+
+    def delete_schedule(self, schedule_id: str) -> JsonObject:
+        schedule: JsonObject = self.request("DELETE", f"/schedules/{schedule_id}", idempotent=True)[
+            "schedule"
+        ]
+        return schedule
+
+    def trigger_schedule(self, schedule_id: str, overlap: str | None = None) -> JsonObject:
+        """Fire a tick now: ``{"outcome": "fired" | "skipped", "job": ..., "schedule": ...}``."""
+        body = {"overlap": overlap} if overlap else {}
+        return self.request("POST", f"/schedules/{schedule_id}/trigger", json=body)
+
+    def backfill_schedule(
+        self, schedule_id: str, start_at: datetime | str, end_at: datetime | str
+    ) -> JsonObject:
+        """Fire every tick of ``[start_at, end_at]`` once: ``{"created": [...], "existing": [...]}``.
+        Safe to repeat (the ticks' ids make a repeat a no-op)."""
+        body = {"startAt": rfc3339(start_at), "endAt": rfc3339(end_at)}
+        return self.request("POST", f"/schedules/{schedule_id}/backfill", json=body, idempotent=True)
+
+    def schedule_fires(self, schedule_id: str, **params: Any) -> JsonObject:
+        """GET /schedules/<id>/fires (limit, before): tick receipts newest first, with their jobs."""
+        return self.request("GET", f"/schedules/{schedule_id}/fires", params=params)
 
     def _frames(self, path: str, after: int, deadline: float | None, subject: str) -> Iterator[SseFrame]:
         """The frames of one event-stream request (resuming after ``after``) until it ends."""

@@ -22,14 +22,16 @@ from celery.apps.beat import Beat
 from app.config import Settings
 from app.ops import logs, outages, preflight
 from app.ops import loops as registry
+from app.schedules import declared
 from app.storage.files import private_dir
 
 log = logging.getLogger("receipt.beat")
 
 
 def prepare(settings: Settings) -> None:
-    """Beat's start-up: logging, the schedule check (SystemExit when invalid), the database and the
-    broker (one line and exit 2 when either is unusable), the outage watch, the home folder."""
+    """Beat's start-up: logging, the loops' schedules and the schedules file checked (SystemExit when
+    invalid), the database and the broker (one line and exit 2 when either is unusable), the outage
+    watch, the home folder."""
     logs.configure(settings, "beat")
     errors = registry.schedule_errors(settings)
     if errors:
@@ -37,6 +39,13 @@ def prepare(settings: Settings) -> None:
         for error in errors:
             log.error("%s", error)
         raise SystemExit(f"beat: {'; '.join(errors)}")
+    if settings.schedules_file:
+        # A schedules file that cannot be loaded is a deployment error too: say so before running.
+        try:
+            declared.load(settings.schedules_file)
+        except declared.ScheduleFileError as exc:
+            log.error("%s", exc)
+            raise SystemExit(f"beat: RECEIPT_SCHEDULES_FILE: {exc}") from None
     # Beat publishes to the broker and claims loops in the database: both must work before it ticks.
     preflight.require(settings, database=preflight.Schema.HEAD, broker=True, log=log)
     outages.install(settings)

@@ -8,6 +8,8 @@ attribute ``app`` is for ``celery -A tasks.celery_app`` (beat, Flower, inspect).
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -19,10 +21,13 @@ from app.config import Settings
 from app.factory import loops as objectives
 from app.ops import logs
 from app.ops import loops as registry
+from app.schedules import declared
 from tasks import dispatch, execute, fetches, loops, redaction
 from tasks.beat import ReceiptBeat
 from tasks.cron import CronSchedule
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, get_runtime
+
+log = logging.getLogger("receipt.celery")
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -139,6 +144,34 @@ def _first_passes_after_startup_delay(sender: Any = None, **_: Any) -> None:
         beat_app.send_task(loop.task, queue=loop.queue, countdown=delay_ms / 1000)
     # Spec: objective resume runs once in every process role, after RESONATE_STARTUP_SETTLE_MS.
     objectives.schedule_resume(get_runtime(beat_app).queue, settings, "beat")
+    _reconcile_schedules_file(settings, lambda: get_runtime(beat_app))
+
+
+def _reconcile_schedules_file(settings: Settings, runtime: Callable[[], Any]) -> None:
+    """``RECEIPT_SCHEDULES_FILE`` reconciled once at start (single-flight across the processes
+    starting together), in the background: a start never waits on it, and a failure is logged."""
+    path = settings.schedules_file
+    if not path:
+        return
+
+    def run() -> None:
+        try:
+            declared.reconcile_once(runtime().queue, path)
+        except Exception:
+            log.exception("schedules file %s could not be reconciled; its schedules are as they were", path)
+
+    threading.Thread(target=run, name="schedules-file", daemon=True).start()
+
+
+def _reconcile_schedules_file_at_worker_start(sender: Any = None, **_: Any) -> None:
+    """A worker that runs the schedules pass (it consumes its queue) reconciles the file too, so a
+    beat-less deployment loads it."""
+    worker_app = getattr(sender, "app", None)
+    queues = getattr(worker_app, "receipt_ticker_queues", ()) if worker_app is not None else ()
+    settings: Settings | None = getattr(worker_app, "receipt_settings", None) if worker_app else None
+    if worker_app is None or settings is None or registry.SCHEDULES.queue not in queues:
+        return
+    _reconcile_schedules_file(settings, lambda: get_runtime(worker_app))
 
 
 def _resume_objectives_after_settle(sender: Any = None, **_: Any) -> None:
@@ -212,6 +245,7 @@ signals.task_received.connect(fetches.on_task_received)
 signals.before_task_publish.connect(fetches.on_before_task_publish)
 signals.task_failure.connect(fetches.on_task_failure)
 signals.worker_ready.connect(_resume_objectives_after_settle)
+signals.worker_ready.connect(_reconcile_schedules_file_at_worker_start)
 
 
 def __getattr__(name: str) -> Celery:

@@ -29,6 +29,7 @@ from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.ops import logs, metrics
 from app.ops import loops as registry
 from app.ops.loops import Loop
+from app.schedules import service as schedules
 from app.storage import delivery
 from app.storage import loops as claims
 from app.storage.db import db_now, transaction
@@ -266,6 +267,25 @@ def objective_outbox_redrive(rt: Runtime, p: Pass) -> dict[str, Any]:
 def objective_watchdog_tick(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Enqueue the watchdog job of the tick beat published (or of the latest tick, database clock)."""
     return objectives.watchdog_tick(rt.queue, rt.settings, p.published)
+
+
+@binds(registry.SCHEDULES)
+def fire_schedules(rt: Runtime, p: Pass) -> dict[str, Any]:
+    """Fire every due schedule tick, page by page (``app/schedules/service.py``)."""
+    totals = schedules.run_pass(rt.queue, page_size=max(1, rt.settings.schedule_page_size), keep=p.keep)
+    metrics.observe_schedules(totals.outcomes, totals.late_ms)
+    result = totals.to_json()
+    if totals.fired or totals.missed or totals.skipped or totals.failed:
+        log.info(
+            "schedules pass: %d fired (%d new), %d missed, %d skipped, %d buffered over %d schedules",
+            totals.fired,
+            totals.created,
+            totals.missed,
+            totals.skipped,
+            totals.buffered,
+            totals.schedules,
+        )
+    return result
 
 
 # -- the local ticker ------------------------------------------------------------------------------------

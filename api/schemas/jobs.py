@@ -21,6 +21,7 @@ from api.schemas.base import (
     text,
 )
 from api.schemas.payload import PAYLOAD
+from app.jobs.delay import MAX_DELAY_MS, RUN_AT_MAX_CHARS
 from app.jobs.ids import JOB_ID_PATTERN
 from app.jobs.privilege import TOKEN_SCOPES
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
@@ -28,6 +29,30 @@ from app.jobs.vocab import COMMAND_LANES, COMMAND_TYPES, LANES, SINGLETON_MODES,
 from app.storage.queue import CURSOR_PATTERN
 
 # -- requests ---------------------------------------------------------------------------------
+
+# A delayed job (app.jobs.delay): one of the two, checked further by app.jobs.validation.
+DELAY_PROPERTIES: dict[str, Schema] = {
+    "runAt": {
+        "type": ["string", "null"],
+        "format": "date-time",
+        "maxLength": RUN_AT_MAX_CHARS,
+        "description": "Do not deliver before this time (RFC 3339 with an offset). A time in the past "
+        "is accepted and runs at once. Not with delayMs.",
+    },
+    "delayMs": {
+        "type": ["integer", "null"],
+        "minimum": 0,
+        "maximum": MAX_DELAY_MS,
+        "description": "Do not deliver before this many milliseconds after the enqueue (database "
+        "clock). Not with runAt.",
+    },
+}
+
+# runAt and delayMs are two ways to say one thing: a body may give one (a null is as absent).
+DELAY_BOTH: Schema = {
+    "properties": {"runAt": {"type": "string"}, "delayMs": {"type": "integer"}},
+    "required": ["runAt", "delayMs"],
+}
 
 ENQUEUE_REQUEST: Schema = {
     "type": "object",
@@ -43,12 +68,14 @@ ENQUEUE_REQUEST: Schema = {
         "sessionKey": text(SESSION_KEY_MAX, nullable=True),
         "singletonMode": string_enum(SINGLETON_MODES, nullable=True),
         "maxAttempts": {"type": ["integer", "null"], "description": "Clamped to 1..8; default 2."},
+        **DELAY_PROPERTIES,
     },
     "required": ["payload"],
     "additionalProperties": False,
     # singletonMode cancel and steer act on a session: they need its key.
     "if": {"properties": {"singletonMode": {"enum": ["cancel", "steer"]}}, "required": ["singletonMode"]},
     "then": {"required": ["sessionKey"], "properties": {"sessionKey": {"type": "string"}}},
+    "not": DELAY_BOTH,
 }
 
 COMMAND_REQUEST: Schema = {
@@ -83,6 +110,30 @@ CANCEL_REQUEST: Schema = {
 }
 
 AGENT_ID_PARAM: Schema = {"type": "string", "minLength": 1, "maxLength": AGENT_ID_MAX, "pattern": NON_BLANK}
+
+# One job of a batch: the body of a single enqueue plus the agent it is posted to.
+BATCH_ITEM: Schema = {
+    **ENQUEUE_REQUEST,
+    "title": "BatchEnqueueItem",
+    "properties": {"agentId": AGENT_ID_PARAM, **ENQUEUE_REQUEST["properties"]},
+    "required": ["agentId", "payload"],
+}
+
+BATCH_ENQUEUE_REQUEST: Schema = {
+    "type": "object",
+    "title": "BatchEnqueueRequest",
+    "properties": {
+        "items": {
+            "type": "array",
+            "minItems": 1,
+            "items": BATCH_ITEM,
+            "description": "At most RECEIPT_BATCH_MAX jobs (default 1000), within RECEIPT_MAX_BODY_BYTES.",
+        }
+    },
+    "required": ["items"],
+    "additionalProperties": False,
+}
+
 JOB_ID_PARAM: Schema = {"type": "string", "minLength": 1, "pattern": NO_NUL}
 
 # Query parameters: one object schema per operation; integers are coerced from text first.
@@ -179,7 +230,8 @@ JOB: Schema = {
         "availableAt": {
             "type": ["string", "null"],
             "format": "date-time",
-            "description": "A retry's earliest redelivery (its backoff), or null.",
+            "description": "The earliest time the job may be delivered: a delayed job's runAt (or "
+            "the enqueue plus delayMs), a retry's backoff; null when it may be delivered at once.",
         },
         "organizationId": RECORD_ORGANIZATION_ID,
         "stream": {"type": "string", "description": STREAM_DESCRIPTION},
@@ -242,6 +294,28 @@ ENQUEUE_RESPONSE: Schema = {
 }
 
 JOB_RESPONSE: Schema = {"type": "object", "properties": {"job": ref("Job")}, "required": ["job"]}
+
+BATCH_ENQUEUE_RESPONSE: Schema = {
+    "type": "object",
+    "properties": {
+        "jobs": {
+            "type": "array",
+            "description": "One entry per item, in order: the job it created, or the one its jobId "
+            "already named (created false), or the job a singletonMode steer steered.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "index": {"type": "integer"},
+                    "created": {"type": "boolean"},
+                    "steered": {"type": "boolean"},
+                    "job": ref("Job"),
+                },
+                "required": ["index", "created", "steered", "job"],
+            },
+        }
+    },
+    "required": ["jobs"],
+}
 
 JOB_PAGE: Schema = {
     "type": "object",

@@ -3,7 +3,8 @@
 A browser signs in with an API token (``api.ui.session``); every page but sign-in needs that
 cookie, every form carries a CSRF token, and each view sets ``g.identity`` from it so the very
 scoping helpers of the JSON API (``api.auth``, ``api.jobs.visible_job``) decide what it may see.
-Pages: jobs (``jobs_views``), objectives (``objective_views``), system (``system_views``).
+Pages: jobs (``jobs_views``), objectives (``objective_views``), schedules (``schedule_views``),
+system (``system_views``).
 Live updates arrive as Server-Sent Events on cookie-authenticated endpoints under ``/ui``; the
 JSON API keeps taking only Bearer tokens.
 """
@@ -159,7 +160,7 @@ def _http(exc: HTTPException) -> ResponseReturnValue:
 
 def register(app: Flask) -> None:
     """Mount the dashboard on ``app`` (its views register on import)."""
-    from api.ui import jobs_views, objective_views, signin_views, system_views
+    from api.ui import jobs_views, objective_views, schedule_views, signin_views, system_views
 
-    del jobs_views, objective_views, signin_views, system_views
+    del jobs_views, objective_views, schedule_views, signin_views, system_views
     app.register_blueprint(blueprint)

@@ -123,8 +123,17 @@ def row_view(job: Job) -> dict[str, Any]:
         "org": job.organization_id,
         "createdAt": job.created_at,
         "updatedAt": job.updated_at,
-        "summary": redact.brief(job.error if job.status == "failed" else job.result or job.progress),
+        "summary": _waiting(job)
+        or redact.brief(job.error if job.status == "failed" else job.result or job.progress),
     }
+
+
+def _waiting(job: Job) -> str:
+    """A queued job that may not be delivered yet says until when (a delayed job, a retry's backoff)."""
+    if job.status != "queued" or not job.available_at:
+        return ""
+    what = "waits" if job.attempt == 0 else "retry"
+    return f"{what} until {job.available_at[:10]} {job.available_at[11:19]} UTC"
 
 
 def _page(f: overview.JobFilter, cursor: str | None) -> tuple[overview.JobPage, dict[str, int]]:

@@ -30,14 +30,17 @@ SYSTEM_ORGANIZATION: Final = "_system"
 KEY_SEPARATOR: Final = "/"
 
 # Shapes of the ids the system derives for itself (app.factory.vocab, app.factory.monitor,
-# app.factory.watchdog). A client may not post a jobId of these shapes, so nothing the system
-# will enqueue later can be taken in advance, even inside the client's own organisation.
+# app.factory.watchdog, app.schedules.vocab). A client may not post a jobId of these shapes, so
+# nothing the system will enqueue later can be taken in advance, even inside the client's own
+# organisation.
 RESERVED_JOB_ID_SHAPES: Final = (
     ("<objectiveId>:p<phase>:<taskId>", re.compile(r":p[0-9]+:")),
     ("<objectiveId>:control:<n>", re.compile(r":control:")),
     ("<objectiveId>:audit", re.compile(r":audit$")),
     ("<taskJobId>:monitor", re.compile(r":monitor$")),
     ("watchdog:<tick>", re.compile(r"^watchdog:")),
+    # A schedule's fire (app.schedules.vocab.fire_client_id): a tick in UTC, 20260501T090000Z.
+    ("<scheduleId>:<tick>", re.compile(r":[0-9]{8}T[0-9]{6}(?:\.[0-9]{3})?Z$")),
 )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import InvariantError, no_job_message
 from app.jobs.ids import client_id_of, organization_of_key
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
@@ -305,6 +306,8 @@ def _enqueued(r: Receipt) -> Job:
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
         max_attempts = MAX_ATTEMPTS_DEFAULT
     job_id = str(b.get("jobId") or job_id_of(r.stream))
+    # A delayed job is queued but not deliverable before this time (app.jobs.delay).
+    available = b.get(AVAILABLE_AT_FIELD)
     return Job(
         id=job_id,
         agent_id=str(b.get("agentId", "")),
@@ -316,6 +319,7 @@ def _enqueued(r: Receipt) -> Job:
         organization_id=_org_of(payload, job_id),
         created_at=r.at,
         updated_at=r.at,
+        available_at=available if isinstance(available, str) else None,
         seq=r.seq,
         enqueued_by=Enqueuer.from_json(b.get(ENQUEUED_BY_FIELD)),
     )

@@ -16,7 +16,9 @@ def iso(value: datetime | None) -> str | None:
     """Canonical text for a time: UTC, microseconds, ``Z``. Used in hashes and JSON alike."""
     if value is None:
         return None
-    return as_utc(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat, not strftime: the same text, but the year always has four digits (strftime's %Y
+    # writes year 937 as "937", which no RFC 3339 reader takes).
+    return as_utc(value).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_iso(value: str | None) -> datetime | None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, cast
 
+from app.jobs.delay import DELAY_MS_FIELD, RUN_AT_FIELD, check_delay_ms, parse_run_at
 from app.jobs.errors import ValidationError
 from app.jobs.ids import (
     JOB_ID_PATTERN,
@@ -35,7 +37,16 @@ from app.jobs.vocab import (
     CommandLane,
 )
 
-ENQUEUE_FIELDS = ("jobId", "lane", "payload", "sessionKey", "singletonMode", "maxAttempts")
+ENQUEUE_FIELDS = (
+    "jobId",
+    "lane",
+    "payload",
+    "sessionKey",
+    "singletonMode",
+    "maxAttempts",
+    RUN_AT_FIELD,
+    DELAY_MS_FIELD,
+)
 AGENT_ID_MAX = 256
 SESSION_KEY_MAX = 512
 
@@ -55,6 +66,10 @@ class EnqueueRequest:
     # watchdog tick): already qualified, used as it is. A client's request never sets it; its
     # ``job_id`` is qualified with its organisation instead (``app.jobs.ids``).
     key: str | None = None
+    # A delayed job (``app.jobs.delay``): not delivered before ``run_at``, or ``delay_ms`` after the
+    # enqueue (database clock). At most one of the two is set.
+    run_at: datetime | None = None
+    delay_ms: int | None = None
 
     @property
     def organization_id(self) -> str | None:
@@ -181,6 +196,8 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
             "maxAttempts", f"must be an integer (clamped to {MAX_ATTEMPTS_MIN}..{MAX_ATTEMPTS_MAX})"
         )
 
+    run_at, delay_ms = _delay(body)
+
     return EnqueueRequest(
         agent_id=agent_id,
         payload=dict(payload),
@@ -189,6 +206,8 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
         session_key=session_key,
         singleton_mode=mode,
         max_attempts=clamp_max_attempts(attempts),
+        run_at=run_at,
+        delay_ms=delay_ms,
     )
 
 
@@ -213,3 +232,13 @@ def steer_lane(posted: str) -> CommandLane:
     """The lane of the steer a ``singletonMode: steer`` enqueue sends: the lane it was posted with
     when that is a command lane, else ``steer`` (a chat or collect post has no command lane)."""
     return cast(CommandLane, posted) if posted in COMMAND_LANES else "steer"
+
+
+def _delay(body: Mapping[str, Any]) -> tuple[datetime | None, int | None]:
+    """``runAt`` or ``delayMs`` (null is the same as absent); both at once is refused."""
+    raw_at, raw_delay = body.get(RUN_AT_FIELD), body.get(DELAY_MS_FIELD)
+    if raw_at is not None and raw_delay is not None:
+        raise ValidationError(RUN_AT_FIELD, f"give {RUN_AT_FIELD} or {DELAY_MS_FIELD}, not both")
+    run_at = parse_run_at(raw_at) if raw_at is not None else None
+    delay_ms = check_delay_ms(raw_delay) if raw_delay is not None else None
+    return run_at, delay_ms

@@ -87,9 +87,14 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     from app.factory.reducer import fold as fold_objective
     from app.factory.vocab import OBJECTIVE_STREAM_PREFIX
+    from app.schedules.reducer import fold as fold_schedule
+    from app.schedules.vocab import SCHEDULE_STREAM_PREFIX
 
     try:
-        if receipts and receipts[0].stream.startswith(OBJECTIVE_STREAM_PREFIX):
+        if receipts and receipts[0].stream.startswith(SCHEDULE_STREAM_PREFIX):
+            schedule = fold_schedule(receipts)
+            out = schedule.to_json() if schedule is not None else None
+        elif receipts and receipts[0].stream.startswith(OBJECTIVE_STREAM_PREFIX):
             # An objectives/<id> stream folds with the objective reducer.
             obj = fold_objective(receipts)
             out = None
@@ -107,13 +112,18 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     from app.factory import storage as objective_storage
+    from app.schedules import storage as schedule_storage
     from app.storage import projection, tokens
 
     with transaction(engine_for(settings)) as conn:
         n_jobs = projection.rebuild(conn)
         n_tokens = tokens.rebuild(conn)
         n_objectives = objective_storage.rebuild(conn)
-    print(f"rebuilt {n_jobs} jobs, {n_tokens} tokens and {n_objectives} objectives from receipts")
+        n_schedules = schedule_storage.rebuild(conn)
+    print(
+        f"rebuilt {n_jobs} jobs, {n_tokens} tokens, {n_objectives} objectives and {n_schedules} "
+        "schedules from receipts"
+    )
     return 0
 
 

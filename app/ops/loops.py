@@ -51,10 +51,15 @@ def _ms(text: str | None) -> str:
 @dataclass(frozen=True)
 class Every:
     """A pass every ``interval`` (a ``Settings`` field, in ms); where ``first_delay`` (also a field,
-    in ms) is set, the first pass runs that long after a process starts instead of a whole interval."""
+    in ms) is set, the first pass runs that long after a process starts instead of a whole interval.
+    ``on_the_second``: beat sends the ticks on the clock's whole seconds (a cron with a seconds
+    field) when the interval is a whole number of seconds dividing a minute, so a pass starts just
+    after the moments things fall due (schedule ticks are whole seconds) rather than up to an
+    interval later."""
 
     interval: str
     first_delay: str | None = None
+    on_the_second: bool = False
 
     def period_ms(self, settings: Settings, now: datetime) -> int:
         value = int(getattr(settings, self.interval))
@@ -70,11 +75,18 @@ class Every:
         return reference + timedelta(milliseconds=periods * self.period_ms(settings, reference))
 
     def celery(self, settings: Settings, cron: Callable[[str], Any] | None) -> Any:
-        return timedelta(milliseconds=self.period_ms(settings, datetime.now(UTC)))
+        period = self.period_ms(settings, datetime.now(UTC))
+        seconds, rest = divmod(period, 1000)
+        if self.on_the_second and cron is not None and rest == 0 and seconds and 60 % seconds == 0:
+            # croniter's seconds field is its sixth (tasks/cron.py reads it so).
+            return cron(f"* * * * * */{seconds}")
+        return timedelta(milliseconds=period)
 
     def describe(self) -> str:
         s = _setting(self.interval)
         text = f"every `{s.env}` ({_ms(s.default)})"
+        if self.on_the_second:
+            text += ", on the clock's whole seconds"
         if self.first_delay is not None:
             d = _setting(self.first_delay)
             text += f"; the first pass `{d.env}` ({_ms(d.default)}) after start"
@@ -199,7 +211,8 @@ DUE_RETRIES: Final = Loop(
     task="receipt.dispatch_due_retries",
     queue=MAINTENANCE_QUEUE,
     schedule=Every("retry_scan_interval_ms"),
-    doc="Starts delivery of every retry whose backoff has passed.",
+    doc="Starts delivery of every retry whose backoff has passed, and of every delayed job whose "
+    "`availableAt` has come.",
 )
 CALLBACKS: Final = Loop(
     name="callbacks",
@@ -238,6 +251,18 @@ OBJECTIVE_WATCHDOG: Final = Loop(
     enabled=watchdog.enabled,
 )
 
+SCHEDULES: Final = Loop(
+    name="schedules",
+    task="receipt.fire_schedules",
+    queue=MAINTENANCE_QUEUE,
+    schedule=Every("schedule_scan_interval_ms", on_the_second=True),
+    doc="Fires every due schedule tick (one job per tick, id `<scheduleId>:<tick>`), records the ticks "
+    "outside a schedule's catch-up window missed and the ones its overlap policy skips or buffers; "
+    "paged (`RECEIPT_SCHEDULE_PAGE_SIZE` schedules per transaction).",
+    # Held while it runs (a pass over 10 000 schedules takes seconds): ticks meanwhile coalesce.
+    claim=Claim(holds=True),
+)
+
 LOOPS: Final[tuple[Loop, ...]] = (
     QUEUED_REDRIVE,
     LEASE_EXPIRY,
@@ -245,6 +270,7 @@ LOOPS: Final[tuple[Loop, ...]] = (
     CALLBACKS,
     OUTBOX_REDRIVE,
     OBJECTIVE_WATCHDOG,
+    SCHEDULES,
 )
 
 

@@ -23,7 +23,7 @@ import hmac
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -68,7 +68,13 @@ class Metrics:
     queue_wait: Histogram
     run_time: Histogram
     loop_passes: Counter
+    schedule_ticks: Counter
+    schedule_lateness: Histogram
 
+
+# A tick fires within a pass interval (1 s) normally; a catch-up after downtime is minutes late.
+LATENESS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600)
+SCHEDULE_OUTCOMES = ("fired", "missed", "skipped", "buffered")
 
 # How one attempt at a loop pass ended (``app.storage.loops.run_claimed``; ``failed``: it raised).
 LOOP_OUTCOMES = ("ran", "skipped", "lost", "failed")
@@ -136,6 +142,18 @@ def registry_metrics() -> Metrics:
                     ["group", "status"],
                     buckets=RUN_BUCKETS,
                 ),
+                schedule_ticks=Counter(
+                    "receipt_schedule_ticks",
+                    "Schedule ticks decided, by schedule (`<organizationId>/<scheduleId>`) and outcome: "
+                    "fired, missed (outside the catch-up window), skipped (overlap policy), buffered.",
+                    ["schedule", "outcome"],
+                ),
+                schedule_lateness=Histogram(
+                    "receipt_schedule_fire_lateness_seconds",
+                    "From a tick's time to its job's enqueue (database clock), for every job a "
+                    "schedules pass created.",
+                    buckets=LATENESS_BUCKETS,
+                ),
                 loop_passes=Counter(
                     "receipt_loop_passes",
                     "Recovery loop passes attempted in this process (beat's ticks and the local "
@@ -191,6 +209,17 @@ def observe(applied: Sequence[Change]) -> None:
                 m.run_time.labels(group, outcome).observe(max(0.0, (ended - started).total_seconds()))
         if job.terminal and (before is None or not before.terminal):
             m.settled.labels(job.status, group).inc()
+
+
+def observe_schedules(outcomes: Mapping[str, Mapping[str, int]], late_ms: Sequence[int]) -> None:
+    """A schedules pass's ticks, by schedule and outcome, and how late each new fire was."""
+    m = registry_metrics()
+    for schedule, counts in outcomes.items():
+        for outcome, n in counts.items():
+            if n:
+                m.schedule_ticks.labels(schedule, outcome).inc(n)
+    for ms in late_ms:
+        m.schedule_lateness.observe(ms / 1000)
 
 
 # -- state read at scrape time ---------------------------------------------------------------------

@@ -267,6 +267,28 @@ durable_activities = Table(
 )
 
 
+# Projection of `schedules/<organizationId>/<id>` streams (migration 0009): one row per schedule, with
+# the columns its pass scans: when its next tick is due (NULL: paused, deleted or past its end) and
+# whether a tick waits buffered for its previous job to end.
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("id", String(KEY_LENGTH), primary_key=True),
+    Column("organization_id", String(256), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("next_fire_at", _Time, nullable=True),
+    Column("buffered", Boolean, nullable=False),
+    Column("created_at", _Time, nullable=False),
+    Column("updated_at", _Time, nullable=False),
+    Column("last_seq", Integer, nullable=False),
+    Column("last_hash", String(64), nullable=False),
+    Column("state", _Json, nullable=False),
+    Index("ix_schedules_due", "status", "next_fire_at"),
+    Index("ix_schedules_org_created", "organization_id", "created_at", "id"),
+    Index("ix_schedules_buffered", "buffered"),
+)
+
+
 # -- engines ------------------------------------------------------------------------------
 
 

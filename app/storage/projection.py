@@ -22,8 +22,9 @@ from app.jobs.errors import AppendConflict
 from app.jobs.ids import SYSTEM_ORGANIZATION
 from app.jobs.reducer import Job, fold
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
-from app.storage import store
+from app.storage import bulk, store
 from app.storage.db import as_utc, db_now, is_sqlite, jobs, parse_iso
+from app.storage.db import receipts as receipts_table
 from app.storage.direct import Direct, multi_row_params
 from app.storage.store import StoredReceipt, fold_stream, streams
 
@@ -48,9 +49,13 @@ def load(conn: Connection, job_id: str, *, for_update: bool = False) -> Loaded |
 
 
 def load_jobs(conn: Connection, job_ids: Sequence[str]) -> list[Job]:
-    """The jobs among ``job_ids`` that exist, in one read (a dispatch scan's batch)."""
+    """The jobs among ``job_ids`` that exist, in one read (a dispatch scan's batch, a schedules
+    page's new keys). PostgreSQL: the ids as one array parameter (``= ANY``), so a page of 500 ids
+    is one statement text, not an ``IN`` list of 500 parameters to build."""
     if not job_ids:
         return []
+    if not is_sqlite(conn):
+        return [Job.from_json(state) for (state,) in _LOAD_JOBS.rows(conn, {"job_ids": list(job_ids)})]
     rows = conn.execute(select(jobs.c.state).where(jobs.c.id.in_(list(job_ids))).order_by(jobs.c.id)).all()
     return [Job.from_json(r.state) for r in rows]
 
@@ -89,6 +94,13 @@ _LOAD_IN_AT_CLOCK = Direct(
 _LOAD_JOBS_AT_CLOCK = Direct(
     select(func.clock_timestamp().label("now"), jobs.c.state)
     .select_from(_ONE.outerjoin(jobs, jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(String)))))
+    .order_by(jobs.c.id)
+)
+
+
+_LOAD_JOBS = Direct(
+    select(jobs.c.state)
+    .where(jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(String))))
     .order_by(jobs.c.id)
 )
 
@@ -260,6 +272,26 @@ def append_and_save(
         raise AppendConflict(f"{job_stream(job.id)}: projection moved past seq {previous.job.seq}")
     id_of = {int(seq): int(new_id) for new_id, seq in rows}
     return Loaded(job, chained.last_hash, changed_at), chained.stored([id_of[r["seq"]] for r in chained.rows])
+
+
+def insert_new(conn: Connection, created: Sequence[tuple[Job, store.Chained]]) -> None:
+    """Write many new jobs at once: each one's first receipts and its projection row, as two
+    statements whatever their number (``bulk.insert``; a schedules pass enqueues a page of fires
+    this way: one round trip per table, not two per job). ``AppendConflict`` when another writer
+    created one of them first; the caller's transaction then rolls back whole and re-decides."""
+    if not created:
+        return
+    receipts = [row for _job, chained in created for row in chained.rows]
+    rows = []
+    for job, chained in created:
+        changed = parse_iso(chained.at)
+        assert changed is not None
+        rows.append({"id": job.id, **_columns(job, chained.last_hash, changed)})
+    try:
+        bulk.insert(conn, receipts_table, receipts)
+        bulk.insert(conn, jobs, rows)
+    except IntegrityError as exc:
+        raise AppendConflict(f"{len(created)} new jobs: one was created by another writer first") from exc
 
 
 def _status_changed_at(job: Job, previous: Loaded | None, at: str) -> datetime:

@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection, Engine
 
-from app.jobs import transitions
+from app.jobs import delay, transitions
+from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import (
     AppendConflict,
     JobNotFound,
@@ -50,6 +51,7 @@ from app.storage.db import (
     as_utc,
     autocommit_connection,
     db_now,
+    iso,
     jobs,
     lock_key,
     transaction,
@@ -59,6 +61,7 @@ from app.storage.hooks import Change, Companion, Hook, Write, run_after
 from app.storage.retry import optimistic
 
 H = TypeVar("H", bound=Hook)
+T = TypeVar("T")
 
 log = logging.getLogger("receipt.queue")
 
@@ -120,6 +123,21 @@ class _Tx:
         if self._now is None:
             self._now = db_now(self.conn)
         return self._now
+
+
+def _organization(req: EnqueueRequest) -> str:
+    """The organisation a job is enqueued in: its authContext's, or the system's own for the jobs
+    the system enqueues for itself (no authContext)."""
+    return req.organization_id or SYSTEM_ORGANIZATION
+
+
+def _singleton(req: EnqueueRequest) -> bool:
+    return req.singleton_mode != "allow" and req.session_key is not None
+
+
+def _session_lock(req: EnqueueRequest) -> str:
+    """The lock that serialises singleton enqueues per (organisation, session key)."""
+    return f"session:{_organization(req)}:{req.session_key}"
 
 
 def _as_write(companion: Companion) -> Write:
@@ -306,75 +324,28 @@ class Queue:
         ``enqueued_by`` is who the server authenticated (issue 8): written as ``enqueuedBy`` so the
         codex handler can re-check the right to run a command. Never taken from the request.
         """
+        return self._run_enqueue(req, lambda tx: self._enqueue_in(tx, req, enqueued_by))
 
-        # The system's own jobs (no authContext) live in the system organisation.
-        org = req.organization_id or SYSTEM_ORGANIZATION
-        # A client id that existed before keys were qualified is still its organisation's.
-        legacy = req.job_id if req.key is None else None
+    def enqueue_many(
+        self, reqs: Sequence[EnqueueRequest], *, enqueued_by: Enqueuer | None = None
+    ) -> list[EnqueueResult]:
+        """Every request in one transaction, in order: all of them are written, or none.
 
-        def work(tx: _Tx) -> EnqueueResult:
-            conn = tx.conn
-            singleton = req.singleton_mode != "allow" and req.session_key is not None
-            if singleton:
-                # Serialise singleton enqueues per (organisation, session key).
-                lock_key(conn, f"session:{org}:{req.session_key}")
-            explicit = req.key or (qualify(org, req.job_id) if req.job_id is not None else None)
-            if explicit is not None:
-                if singleton:
-                    existing = projection.load_in(conn, explicit, org, legacy)
-                else:
-                    # Only this job decides: read the clock with it (the singleton path reads the
-                    # session's other jobs first, so its clock must come after those reads).
-                    existing, tx._now = projection.load_at_clock(conn, explicit, org, legacy)
-                if existing is not None:
-                    return EnqueueResult(existing.job, created=False)
-            if singleton and req.singleton_mode == "steer" and req.job_id is not None:
-                # Spec: re-posting the same enqueue never disturbs the first. A steer creates no
-                # job under its jobId, so its command carries that id, and a re-post finds it.
-                prior = self._steered_by(tx, org, req.session_key or "", req.job_id)
-                if prior is not None:
-                    return EnqueueResult(prior, created=False, steered=True)
-            job_id = explicit or qualify(org, new_id())
-            canceled: list[str] = []
-            aborted: list[str] = []
-            if singleton:
-                active = self._active_on_session(tx, org, req.session_key or "")
-                cap = self.max_commands_per_job
-                if req.singleton_mode == "steer" and active:
-                    target = active[0]  # the most recent active job
-                    events = transitions.singleton_steer(
-                        target.job,
-                        tx.now,
-                        new_id("cmd_"),
-                        req.payload,
-                        req.session_key or "",
-                        req.job_id,
-                        cap=cap,
-                        lane=steer_lane(req.lane),
-                    )
-                    steered = self._apply(tx, target, target.job.id, events)
-                    return EnqueueResult(steered, created=False, steered=True)
-                if req.singleton_mode == "cancel":
-                    for loaded in active:
-                        events = transitions.singleton_cancel(loaded.job, tx.now, new_id("cmd_"), cap=cap)
-                        if events:
-                            self._apply(tx, loaded, loaded.job.id, events)
-                            (canceled if loaded.job.status == "queued" else aborted).append(loaded.job.id)
-            body = {
-                "jobId": job_id,
-                "agentId": req.agent_id,
-                "lane": req.lane,
-                "payload": dict(req.payload),
-                "sessionKey": req.session_key,
-                "singletonMode": req.singleton_mode,
-                "maxAttempts": req.max_attempts,
-            }
-            if enqueued_by is not None:
-                body[ENQUEUED_BY_FIELD] = enqueued_by.to_json()
-            job = self._apply(tx, None, job_id, [("job.enqueued", body)])
-            return EnqueueResult(job, created=True, canceled=tuple(canceled), aborted=tuple(aborted))
+        Each is idempotent on its jobId exactly as a single enqueue (a jobId twice in one batch is
+        one job), and singleton rules apply per item in order. The session locks of the batch's
+        singleton items are all taken first, in one order, so two batches cannot deadlock.
+        """
 
-        if self._one_statement and not (req.singleton_mode != "allow" and req.session_key is not None):
+        def work(tx: _Tx) -> list[EnqueueResult]:
+            for name in sorted({_session_lock(r) for r in reqs if _singleton(r)}):
+                lock_key(tx.conn, name)
+            return [self._enqueue_in(tx, req, enqueued_by) for req in reqs]
+
+        results: list[EnqueueResult] = self._run(work)
+        return results
+
+    def _run_enqueue(self, req: EnqueueRequest, work: Callable[[_Tx], EnqueueResult]) -> EnqueueResult:
+        if self._one_statement and not _singleton(req):
             # Not a singleton (no session lock, no other job touched): the enqueue is one write,
             # autocommitted, as in ``mutate``; a concurrent identical post conflicts and re-reads.
             try:
@@ -384,6 +355,112 @@ class Queue:
                 pass
         result: EnqueueResult = self._run(work)
         return result
+
+    def _enqueue_in(self, tx: _Tx, req: EnqueueRequest, enqueued_by: Enqueuer | None) -> EnqueueResult:
+        """One enqueue inside ``tx``: ``job.enqueued`` after the singleton handling, or the job the
+        jobId already names (``enqueued_by``: who the server authenticated, never the request)."""
+        org = _organization(req)
+        # A client id that existed before keys were qualified is still its organisation's.
+        legacy = req.job_id if req.key is None else None
+        conn = tx.conn
+        singleton = _singleton(req)
+        if singleton:
+            lock_key(conn, _session_lock(req))
+        explicit = req.key or (qualify(org, req.job_id) if req.job_id is not None else None)
+        if explicit is not None:
+            if singleton:
+                existing = projection.load_in(conn, explicit, org, legacy)
+            else:
+                # Only this job decides: read the clock with it (the singleton path reads the
+                # session's other jobs first, so its clock must come after those reads).
+                existing, tx._now = projection.load_at_clock(conn, explicit, org, legacy)
+            if existing is not None:
+                return EnqueueResult(existing.job, created=False)
+        if singleton and req.singleton_mode == "steer" and req.job_id is not None:
+            # Spec: re-posting the same enqueue never disturbs the first. A steer creates no
+            # job under its jobId, so its command carries that id, and a re-post finds it.
+            prior = self._steered_by(tx, org, req.session_key or "", req.job_id)
+            if prior is not None:
+                return EnqueueResult(prior, created=False, steered=True)
+        job_id = explicit or qualify(org, new_id())
+        canceled: list[str] = []
+        aborted: list[str] = []
+        if singleton:
+            active = self._active_on_session(tx, org, req.session_key or "")
+            cap = self.max_commands_per_job
+            if req.singleton_mode == "steer" and active:
+                target = active[0]  # the most recent active job
+                events = transitions.singleton_steer(
+                    target.job,
+                    tx.now,
+                    new_id("cmd_"),
+                    req.payload,
+                    req.session_key or "",
+                    req.job_id,
+                    cap=cap,
+                    lane=steer_lane(req.lane),
+                )
+                steered = self._apply(tx, target, target.job.id, events)
+                return EnqueueResult(steered, created=False, steered=True)
+            if req.singleton_mode == "cancel":
+                for loaded in active:
+                    events = transitions.singleton_cancel(loaded.job, tx.now, new_id("cmd_"), cap=cap)
+                    if events:
+                        self._apply(tx, loaded, loaded.job.id, events)
+                        (canceled if loaded.job.status == "queued" else aborted).append(loaded.job.id)
+        body = _enqueued_body(job_id, req, enqueued_by, tx)
+        job = self._apply(tx, None, job_id, [("job.enqueued", body)])
+        return EnqueueResult(job, created=True, canceled=tuple(canceled), aborted=tuple(aborted))
+
+    def batch(self, work: Callable[[Batch], T]) -> T:
+        """Run ``work`` in one transaction (``Batch``), re-running it from scratch when it loses an
+        append race, and the hooks' after-commit halves once it commits."""
+        result: T = self._run(lambda tx: work(Batch(self, tx)))
+        return result
+
+    def _enqueue_many(
+        self, tx: _Tx, items: Sequence[tuple[EnqueueRequest, Enqueuer | None]]
+    ) -> list[EnqueueResult]:
+        keys = []
+        for req, _by in items:
+            if req.singleton_mode != "allow" and req.session_key is not None:
+                raise ValueError("a batch enqueue takes no singleton mode")
+            org = req.organization_id or SYSTEM_ORGANIZATION
+            keys.append(req.key or qualify(org, req.job_id or new_id()))
+        known = {job.id: job for job in projection.load_jobs(tx.conn, list(dict.fromkeys(keys)))}
+        results: list[EnqueueResult] = []
+        created: list[tuple[Job, store.Chained]] = []
+        writes: list[tuple[int, Write]] = []
+        for (req, by), key in zip(items, keys, strict=True):
+            if key in known:
+                results.append(EnqueueResult(known[key], created=False))
+                continue
+            body = _enqueued_body(key, req, by, tx)
+            chained = store.chain(job_stream(key), 0, [("job.enqueued", body)], prev_hash=None, at=tx.now)
+            job = reduce(None, chained.receipts()[0])
+            assert job is not None
+            known[key] = job
+            change = Change(None, job, ("job.enqueued",), tx.now)
+            for index, hook in enumerate(self.hooks):
+                effect = hook.during(change)
+                if isinstance(effect, Companion):
+                    writes.append((index, _as_write(effect)))
+                elif effect is not None:
+                    writes.append((index, effect))
+            created.append((job, chained))
+            tx.changes.append(change)
+            results.append(EnqueueResult(job, created=True))
+        projection.insert_new(tx.conn, created)
+        for index, write in writes:
+            tx.results.setdefault(index, []).append(write.run(tx.conn))
+        return results
+
+    def _cancel_in(self, tx: _Tx, job_id: str, reason: str | None) -> Job | None:
+        loaded = projection.load(tx.conn, job_id)
+        if loaded is None or loaded.job.terminal:
+            return None
+        events = transitions.cancel(loaded.job, tx.now, new_id("cmd_"), reason, cap=self.max_commands_per_job)
+        return self._apply(tx, loaded, job_id, events) if events else loaded.job
 
     def _steered_by(self, tx: _Tx, org: str, session_key: str, job_id: str) -> Job | None:
         """The job on this session key that an earlier steer enqueue with ``job_id`` steered."""
@@ -619,6 +696,62 @@ class Queue:
                 q = q.where(~delivery.in_flight(jobs.c.id, now, epoch))
             rows = conn.execute(q.order_by(since).limit(limit)).all()
         return [(Job.from_json(r.state), as_utc(r.status_changed_at)) for r in rows]
+
+
+def _enqueued_body(job_id: str, req: EnqueueRequest, enqueued_by: Enqueuer | None, tx: _Tx) -> dict[str, Any]:
+    """The ``job.enqueued`` body of a new job. ``enqueuedBy`` is who the server authenticated; a
+    delayed job's ``availableAt`` is decided on the database clock (``app.jobs.delay``)."""
+    body: dict[str, Any] = {
+        "jobId": job_id,
+        "agentId": req.agent_id,
+        "lane": req.lane,
+        "payload": dict(req.payload),
+        "sessionKey": req.session_key,
+        "singletonMode": req.singleton_mode,
+        "maxAttempts": req.max_attempts,
+    }
+    if enqueued_by is not None:
+        body[ENQUEUED_BY_FIELD] = enqueued_by.to_json()
+    if req.run_at is not None or req.delay_ms is not None:
+        when = delay.available_at(tx.now, req.run_at, req.delay_ms)
+        if when is not None:
+            body[AVAILABLE_AT_FIELD] = iso(when)
+    return body
+
+
+class Batch:
+    """One queue transaction several writes share (``Queue.batch``): a page of new jobs enqueued in
+    two statements, cancels, and the caller's own writes on ``conn`` (a schedules pass writes its
+    schedules' receipts there), all committed together. The hooks run as for any transition:
+    in the transaction, then after the commit (the dispatch wake-up, metrics)."""
+
+    def __init__(self, queue: Queue, tx: _Tx) -> None:
+        self._queue = queue
+        self._tx = tx
+
+    @property
+    def conn(self) -> Connection:
+        return self._tx.conn
+
+    @property
+    def now(self) -> datetime:
+        """The database clock, read once, on first use (after the reads that decide)."""
+        return self._tx.now
+
+    def jobs(self, job_ids: Sequence[str]) -> dict[str, Job]:
+        """The jobs among ``job_ids`` that exist (storage keys), in one read."""
+        return {job.id: job for job in projection.load_jobs(self._tx.conn, list(dict.fromkeys(job_ids)))}
+
+    def enqueue_new(self, items: Sequence[tuple[EnqueueRequest, Enqueuer | None]]) -> list[EnqueueResult]:
+        """Enqueue each request under its storage key (``EnqueueRequest.key``), unless a job of that
+        key exists, which is returned unchanged (``created`` False): the idempotency contract, for
+        ids the system derives. Singleton modes are not taken here (they lock a session)."""
+        return self._queue._enqueue_many(self._tx, items)
+
+    def cancel(self, job_id: str, reason: str | None) -> Job | None:
+        """Cancel a job in this transaction (a queued one outright, a running one gets an abort);
+        None when it does not exist or has ended."""
+        return self._queue._cancel_in(self._tx, job_id, reason)
 
 
 # A list cursor is the keyset position after a page: ``<createdAt in µs since the epoch>.<job key>``.

@@ -1,4 +1,5 @@
-"""The developer CLI over HTTP (`RECEIPT_URL`, `RECEIPT_TOKEN`): `receipt jobs`, `receipt objective`.
+"""The developer CLI over HTTP (`RECEIPT_URL`, `RECEIPT_TOKEN`): `receipt jobs`, `receipt objective`,
+`receipt schedules`.
 
 Built on click + rich. The operator verbs (migrate, verify, token, up, …) live in ``app.ops.cli``,
 which hands these groups their arguments.
@@ -14,6 +15,8 @@ import click
 GROUPS = {
     "jobs": "enqueue, list, show, cancel and follow jobs over HTTP (RECEIPT_URL, RECEIPT_TOKEN)",
     "objective": "launch, follow, show, list, replan and cancel Factory objectives over HTTP",
+    "schedules": "declare, list, show, update, pause, resume, delete, trigger and backfill schedules, "
+    "and read their fires, over HTTP",
 }
 
 
@@ -23,7 +26,7 @@ def dev() -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    from receipt.cli import jobs, objectives  # noqa: F401  (registers the groups)
+    from receipt.cli import jobs, objectives, schedules  # noqa: F401  (registers the groups)
 
     try:
         result = dev.main(args=list(argv), prog_name="receipt", standalone_mode=False)

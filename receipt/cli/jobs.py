@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from receipt.cli import GROUPS, dev
+from receipt.cli import GROUPS, dev, timing
 from receipt.cli.output import client_from_env, fail, no_retry_option, print_json
 from receipt.client import Client, JobEvent, ReceiptError
 
@@ -50,7 +50,7 @@ def show(job_id: str) -> int:
     return 0
 
 
-def _payload(text: str, kind: str) -> dict[str, Any]:
+def payload_option_value(text: str, kind: str) -> dict[str, Any]:
     """``--payload``: a JSON object, or ``@file`` holding one; ``--kind`` is set on it."""
     if text.startswith("@"):
         try:
@@ -69,14 +69,25 @@ def _payload(text: str, kind: str) -> dict[str, Any]:
 
 
 @jobs.command("enqueue")
-@click.argument("agent_id")
-@click.option("--kind", required=True, help="The payload kind, e.g. factory.run.")
+@click.argument("agent_id", required=False)
+@click.option("--kind", help="The payload kind, e.g. factory.run (required without --from).")
 @click.option("--payload", "payload_text", default="{}", show_default=True, help="JSON object, or @file.")
 @click.option("--job-id", help="Idempotency key: re-posting it returns the existing job.")
 @click.option("--lane", help="chat, collect, steer or follow_up.")
 @click.option("--session-key", help="Session the job belongs to.")
 @click.option("--singleton-mode", help="allow, cancel or steer (with --session-key).")
 @click.option("--max-attempts", type=int, help="1..8 (default 2).")
+@click.option(
+    "--at",
+    "run_at",
+    help="Do not start before this time: RFC 3339 (2026-05-01T09:00:00Z); without an offset it is "
+    "this machine's local time. A past time starts at once.",
+)
+@click.option(
+    "--in",
+    "delay",
+    help="Do not start before this long from now: 90s, 10m, 1h30m, 2d, 500ms.",
+)
 @click.option("--follow", is_flag=True, help="Then follow it like `tail` (and exit like it).")
 @click.option(
     "--user",
@@ -86,27 +97,46 @@ def _payload(text: str, kind: str) -> dict[str, Any]:
 @click.option(
     "-q", "--quiet", is_flag=True, help="Print only the job id (JOB=$(receipt jobs enqueue ... -q))."
 )
+@click.option(
+    "--from",
+    "from_file",
+    type=click.File("r"),
+    help="Enqueue every line of a JSON-lines file (- for stdin) instead: each line one enqueue's body "
+    "plus its agentId, sent in batches (POST /jobs:batch); prints one line per job.",
+)
 @no_retry_option
 def enqueue(
-    agent_id: str,
-    kind: str,
+    agent_id: str | None,
+    kind: str | None,
     payload_text: str,
     job_id: str | None,
     lane: str | None,
     session_key: str | None,
     singleton_mode: str | None,
     max_attempts: int | None,
+    run_at: str | None,
+    delay: str | None,
     follow: bool,
     user: str | None,
     quiet: bool,
+    from_file: TextIO | None,
 ) -> int:
     """Enqueue a job for AGENT_ID; prints it as JSON (or follows it with --follow).
 
-    A payload without authContext gets the token's organisation and a userId (--user).
+    A payload without authContext gets the token's organisation and a userId (--user). With
+    --from FILE, every line of FILE is one job instead (its own agentId, kind and fields).
     """
     if quiet and follow:
         raise click.UsageError("--quiet prints the id and exits; it cannot be combined with --follow")
-    payload = _payload(payload_text, kind)
+    if from_file is not None:
+        if agent_id is not None or kind is not None or follow:
+            raise click.UsageError(
+                "--from takes each job's agentId and kind from its line: no AGENT_ID, --kind or --follow"
+            )
+        return _enqueue_lines(from_file, user=user, quiet=quiet)
+    if agent_id is None or kind is None:
+        raise click.UsageError("AGENT_ID and --kind are required (or --from FILE)")
+    payload = payload_option_value(payload_text, kind)
     fields = {
         "jobId": job_id,
         "lane": lane,
@@ -114,9 +144,17 @@ def enqueue(
         "singletonMode": singleton_mode,
         "maxAttempts": max_attempts,
     }
+    if run_at is not None and delay is not None:
+        raise click.UsageError("--at and --in say the same thing: give one")
     client = client_from_env(user=user)
     try:
-        created = client.enqueue(agent_id, payload, **{k: v for k, v in fields.items() if v is not None})
+        created = client.enqueue(
+            agent_id,
+            payload,
+            run_at=timing.at_option(run_at) if run_at is not None else None,
+            delay_ms=timing.duration_ms(delay, "--in") if delay is not None else None,
+            **{k: v for k, v in fields.items() if v is not None},
+        )
     except ReceiptError as exc:
         raise fail(exc) from exc
     job = created["job"]
@@ -128,6 +166,34 @@ def enqueue(
         return 0
     Console(stderr=True).print(f"enqueued [bold]{job['id']}[/bold] for {agent_id}")
     return _tail(client, job["id"])
+
+
+def _enqueue_lines(lines: TextIO, *, user: str | None, quiet: bool) -> int:
+    items = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError as exc:
+            raise click.BadParameter(f"line {number} is not valid JSON ({exc})", param_hint="--from") from exc
+        if not isinstance(entry, dict):
+            raise click.BadParameter(f"line {number} is not a JSON object", param_hint="--from")
+        items.append(entry)
+    if not items:
+        raise click.BadParameter("holds no job", param_hint="--from")
+    try:
+        answered = client_from_env(user=user).enqueue_many(items)
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    for entry in answered:
+        job = entry["job"]
+        if quiet:
+            click.echo(job["id"])
+        else:
+            fields = {"index": entry["index"], "created": entry["created"], "steered": entry["steered"]}
+            click.echo(json.dumps({**fields, "id": job["id"], "status": job["status"]}))
+    return 0
 
 
 @jobs.command("list")
@@ -146,7 +212,7 @@ def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit:
     if as_json:
         print_json(page)
         return 0
-    table = Table("id", "agent", "lane", "status", "attempt", "updated")
+    table = Table("id", "agent", "lane", "status", "attempt", "updated", "not before")
     for job in page["jobs"]:
         style = STATUS_STYLE.get(job["status"], "")
         table.add_row(
@@ -156,6 +222,7 @@ def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit:
             f"[{style}]{job['status']}[/{style}]" if style else job["status"],
             f"{job['attempt']}/{job['maxAttempts']}",
             job["updatedAt"] or "",
+            job.get("availableAt") or "" if job["status"] == "queued" else "",
         )
     console = Console()
     console.print(table)

@@ -231,7 +231,7 @@ def test_rebuild_projections_reproduces_identical_rows(cli_env: str, engine: Eng
     assert _rows(engine) != before
 
     assert main(["rebuild-projections"]) == 0
-    assert capsys.readouterr().out == "rebuilt 4 jobs, 2 tokens and 0 objectives from receipts\n"
+    assert capsys.readouterr().out == "rebuilt 4 jobs, 2 tokens, 0 objectives and 0 schedules from receipts\n"
     assert _rows(engine) == before
     assert main(["rebuild-projections"]) == 0  # and again: still identical
     assert _rows(engine) == before

@@ -8,6 +8,7 @@ which the client and the CLI wait out by themselves.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -175,3 +176,162 @@ def test_the_cli_waits_out_the_limit_saying_so_and_no_retry_fails_at_once(
     assert receipt_main([*argv, "--no-retry"]) == 1
     out = capsys.readouterr()
     assert out.out == "" and "rate_limited" in out.err and "trying again" not in out.err
+
+
+# -- bulk enqueue --------------------------------------------------------------------------------
+
+
+def test_enqueue_many_sends_batches_fills_auth_context_and_numbers_every_item(
+    serve: Serve, token: tuple[str, str]
+) -> None:
+    client = Client(serve("disabled"), token=token[1])
+    items = [
+        {"agentId": "factory", "jobId": f"bulk-{n}", "payload": {"kind": "factory.run"}} for n in range(5)
+    ]
+    answered = client.enqueue_many(items, batch_size=2)  # three requests: 2 + 2 + 1
+    assert [e["index"] for e in answered] == [0, 1, 2, 3, 4]
+    assert [e["job"]["id"] for e in answered] == [f"bulk-{n}" for n in range(5)]
+    assert all(e["created"] and e["job"]["payload"]["authContext"]["organizationId"] == ORG for e in answered)
+    again = client.enqueue_many(items, batch_size=5)  # idempotent by jobId
+    assert [e["created"] for e in again] == [False] * 5
+
+
+def test_the_cli_enqueues_a_json_lines_file(
+    serve: Serve,
+    token: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    cli_env(monkeypatch, serve("disabled"), token[1])
+    lines = tmp_path / "jobs.jsonl"
+    lines.write_text(
+        '{"agentId": "factory", "jobId": "file-1", "payload": {"kind": "factory.run"}}\n'
+        "\n"
+        '{"agentId": "factory", "payload": {"kind": "factory.run"}, "lane": "chat"}\n'
+    )
+    assert receipt_main(["jobs", "enqueue", "--from", str(lines)]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(p["index"], p["created"], p["status"]) for p in printed] == [
+        (0, True, "queued"),
+        (1, True, "queued"),
+    ]
+    assert printed[0]["id"] == "file-1"
+    assert receipt_main(["jobs", "enqueue", "--from", str(lines), "-q"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "file-1"  # re-posted: the same job
+    lines.write_text('{"agentId": "factory", "payload": {"kind": "factory.run"}}\nnot json\n')
+    assert receipt_main(["jobs", "enqueue", "--from", str(lines)]) == 2
+    assert "line 2 is not valid JSON" in capsys.readouterr().err
+
+
+# -- delayed jobs --------------------------------------------------------------------------------
+
+
+def test_delayed_jobs_from_the_client_and_the_cli(
+    serve: Serve, token: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from app.storage.db import parse_iso
+
+    url = serve("disabled")
+    client = Client(url, token=token[1])
+    at = datetime(2099, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert client.enqueue("factory", {"kind": "factory.run"}, run_at=at)["job"]["availableAt"] == (
+        "2099-01-02T03:04:05.000000Z"
+    )
+    with pytest.raises(ValueError, match="timezone-aware"):
+        client.enqueue("factory", {"kind": "factory.run"}, run_at=datetime(2099, 1, 2))
+    cli_env(monkeypatch, url, token[1])
+    base = ["jobs", "enqueue", "factory", "--kind", "factory.run", "-q"]
+    assert receipt_main([*base, "--in", "1h30m"]) == 0
+    job = client.get(capsys.readouterr().out.strip())
+    waited = parse_iso(job["availableAt"]) - parse_iso(job["createdAt"])  # type: ignore[operator]
+    assert waited == timedelta(hours=1, minutes=30)
+    assert receipt_main([*base, "--at", "2099-06-01T12:00:00+02:00"]) == 0
+    assert client.get(capsys.readouterr().out.strip())["availableAt"] == "2099-06-01T10:00:00.000000Z"
+    # Bad values are refused before anything is sent, naming the option.
+    assert receipt_main([*base, "--in", "soon"]) == 2
+    assert "--in" in capsys.readouterr().err
+    assert receipt_main([*base, "--in", "5m", "--at", "2099-06-01T12:00:00Z"]) == 2
+
+
+# -- schedules -----------------------------------------------------------------------------------
+
+
+def test_schedules_from_the_client_and_the_cli(
+    serve: Serve, token: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    url = serve("disabled")
+    client = Client(url, token=token[1])
+    made = client.create_schedule(
+        {
+            "scheduleId": "hourly",
+            "cron": "0 * * * *",
+            "job": {"agentId": "factory", "payload": {"kind": "factory.run"}},
+        }
+    )
+    assert made["job"]["payload"]["authContext"] == {"userId": f"token:{token[0]}", "organizationId": ORG}
+    assert client.schedule("hourly")["cron"] == "0 * * * *"
+    assert client.update_schedule("hourly", overlap="allow")["overlap"] == "allow"
+    cli_env(monkeypatch, url, token[1])
+    monkeypatch.setenv("COLUMNS", "250")  # rich draws its tables to this width
+    assert (
+        receipt_main(
+            [
+                "schedules",
+                "create",
+                "weekday-report",
+                "--cron",
+                "0 9 * * 1-5",
+                "--tz",
+                "Europe/Paris",
+                "--agent",
+                "factory",
+                "--kind",
+                "factory.run",
+                "--payload",
+                '{"goal": "report"}',
+                "--catchup",
+                "10m",
+            ]
+        )
+        == 0
+    )
+    created = json.loads(capsys.readouterr().out)
+    assert (created["id"], created["timeZone"], created["catchupWindowMs"]) == (
+        "weekday-report",
+        "Europe/Paris",
+        600_000,
+    )
+    assert receipt_main(["schedules", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "weekday-report" in listing and "hourly" in listing and "Europe/Paris" in listing
+    assert receipt_main(["schedules", "trigger", "weekday-report", "-q"]) == 0
+    job_id = capsys.readouterr().out.strip()
+    assert job_id.startswith("weekday-report:") and client.get(job_id)["payload"]["goal"] == "report"
+    # Its job is still queued (no worker here): under skip, a second trigger is skipped, exit 1.
+    assert receipt_main(["schedules", "trigger", "weekday-report", "-q"]) == 1
+    assert capsys.readouterr().out == ""
+    span = ["--from", "2026-01-05T00:00:00Z", "--to", "2026-01-07T23:00:00Z"]
+    assert receipt_main(["schedules", "backfill", "weekday-report", *span]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert len(first["created"]) == 3 and first["existing"] == []
+    assert receipt_main(["schedules", "backfill", "weekday-report", *span]) == 0
+    assert json.loads(capsys.readouterr().out) == {"created": [], "existing": first["created"]}
+    assert receipt_main(["schedules", "fires", "weekday-report"]) == 0
+    fires = capsys.readouterr().out
+    assert "fired" in fires and "skipped" in fires and "queued" in fires
+    assert receipt_main(["schedules", "pause", "weekday-report", "--reason", "holiday"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "paused"
+    assert receipt_main(["schedules", "resume", "weekday-report"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "active"
+    assert receipt_main(["schedules", "delete", "weekday-report"]) == 0
+    capsys.readouterr()
+    assert receipt_main(["schedules", "show", "weekday-report"]) == 1
+    assert "not_found" in capsys.readouterr().err
+    # Bad input is named before anything is sent.
+    assert receipt_main(["schedules", "create", "x", "--agent", "factory", "--kind", "factory.run"]) == 2
+    assert "--cron or --every" in capsys.readouterr().err

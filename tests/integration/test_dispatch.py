@@ -651,6 +651,27 @@ def test_a_retry_backs_off_then_the_due_retries_pass_delivers_it(runtime: Any) -
     assert dispatch.drive(rt, *driver.args)["fence"] == f"{job.id}:attempt:2"
 
 
+def test_a_delayed_job_is_not_delivered_before_available_at_then_the_due_pass_starts_it(runtime: Any) -> None:
+    """The enqueue's own wake-up and a redrive start nothing while the job waits; once the database
+    clock passes availableAt, the due-retries pass starts it (within one scan)."""
+    from app.jobs.validation import validate_enqueue
+
+    rt, sent, _ = runtime
+    fast_scanner(rt, sent)
+    body = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
+    job = rt.queue.enqueue(validate_enqueue("factory", {**body, "delayMs": 700})).job
+    assert job.status == "queued" and job.available_at is not None
+    assert [t.name for t in sent.sent] == [DISPATCH_TASK]  # woken, and the scan claimed nothing
+    assert delivery_rows(rt.engine, job.id) == []
+    assert dispatch.start_driver(rt, job.id, redrive_key(job.id, job.seq, "queued")) is None
+    rt.settings = replace(rt.settings, retry_scan_interval_ms=0)
+    assert loops.dispatch_due_retries(rt) == {"started": []}
+    wait_until_db_time(rt.engine, parse_iso(job.available_at))
+    assert loops.dispatch_due_retries(rt) == {"started": [job.id]}
+    [driver] = sent.named(DRIVER_TASK)
+    assert dispatch.drive(rt, *driver.args)["fence"] == f"{job.id}:attempt:1"
+
+
 def read_stream_of(engine: Engine, job_id: str) -> list[Any]:
     from app.storage import store
 

@@ -135,6 +135,7 @@ def test_the_local_ticker_runs_an_overdue_loop_once_and_leaves_a_fresh_one_alone
             RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="0",
             RECEIPT_RETRY_SCAN_INTERVAL_MS="1000",
             RECEIPT_LEASE_EXPIRY_INTERVAL_MS="1000",
+            RECEIPT_SCHEDULE_SCAN_INTERVAL_MS="600000",  # another test's subject
         ),
     )
     job = enqueue(rt.queue, "factory")

@@ -83,6 +83,7 @@ def test_the_tickers_first_queued_redrive_comes_5000_ms_after_start_by_the_injec
         RECEIPT_RESONATE_QUEUED_REDRIVE_COOLDOWN_MS="0",
         RECEIPT_LEASE_EXPIRY_INTERVAL_MS=QUIET,
         RECEIPT_RETRY_SCAN_INTERVAL_MS=QUIET,
+        RECEIPT_SCHEDULE_SCAN_INTERVAL_MS=QUIET,
     )
     assert rt.settings.queued_redrive_startup_delay_ms == 5_000
     job = enqueue(rt.queue, "factory")
@@ -102,7 +103,11 @@ def test_the_tickers_first_queued_redrive_comes_5000_ms_after_start_by_the_injec
 
 
 def test_a_pass_since_start_makes_the_first_one_unneeded(rt_of: Any) -> None:
-    rt, _ = rt_of(RECEIPT_LEASE_EXPIRY_INTERVAL_MS=QUIET, RECEIPT_RETRY_SCAN_INTERVAL_MS=QUIET)
+    rt, _ = rt_of(
+        RECEIPT_LEASE_EXPIRY_INTERVAL_MS=QUIET,
+        RECEIPT_RETRY_SCAN_INTERVAL_MS=QUIET,
+        RECEIPT_SCHEDULE_SCAN_INTERVAL_MS=QUIET,
+    )
     clock = ManualClock()
     ticker = task_loops.LocalTicker(rt, (MAINTENANCE_QUEUE,), clock=clock)
     assert ticker.tick() == []
@@ -193,6 +198,7 @@ def test_without_beat_the_control_workers_ticker_runs_the_factorys_loops(rt_of: 
         RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS=QUIET,
         RECEIPT_LEASE_EXPIRY_INTERVAL_MS=QUIET,
         RECEIPT_RETRY_SCAN_INTERVAL_MS=QUIET,
+        RECEIPT_SCHEDULE_SCAN_INTERVAL_MS=QUIET,
     )
     key = lost_control_message(rt.engine, "lost-1")
     assert control_job(rt.queue, key) is None

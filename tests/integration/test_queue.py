@@ -659,3 +659,54 @@ def test_on_dispatchable_failure_never_fails_the_operation(
     assert result.created and queue.get(qualify(ORG_A, "kept")) == result.job
     assert "dispatch wake-up failed" in caplog.text
     check_all(engine)
+
+
+# -- delayed jobs (app.jobs.delay) ------------------------------------------------------------------
+
+
+def test_a_delayed_job_is_queued_with_available_at_from_the_database_clock(q: Any, engine: Engine) -> None:
+    job = q.enqueue(req(jobId="later", delayMs=60_000)).job
+    created, available = parse_iso(job.created_at), parse_iso(job.available_at)
+    assert job.status == "queued" and created is not None and available is not None
+    assert available - created == timedelta(milliseconds=60_000)
+    [enqueued] = stream_of(engine, job.id)
+    assert enqueued.body["availableAt"] == job.available_at
+    # Not due yet: the due-retries scan (which starts delayed jobs too) leaves it alone.
+    assert [j.id for j in q.due_retries()] == []
+    # Re-posting the same jobId returns it unchanged (its availableAt too).
+    again = q.enqueue(req(jobId="later", delayMs=1))
+    assert not again.created and again.job == job
+
+
+def test_a_past_run_at_is_due_at_once(q: Any, engine: Engine) -> None:
+    job = q.enqueue(req(jobId="overdue", runAt="2000-01-01T00:00:00Z")).job
+    assert job.available_at == job.created_at  # clamped to the enqueue's own time
+    wait_for_db_clock_past(engine, job.available_at)
+    assert [j.id for j in q.due_retries()] == [job.id]
+
+
+def test_a_delayed_job_becomes_due_when_the_database_clock_passes_it(q: Any, engine: Engine) -> None:
+    job = q.enqueue(req(jobId="soon", delayMs=300)).job
+    assert job.id not in [j.id for j in q.due_retries()]
+    wait_for_db_clock_past(engine, job.available_at)
+    assert [j.id for j in q.due_retries()] == [job.id]
+
+
+def test_a_waiting_job_takes_commands_and_can_be_canceled(q: Any, engine: Engine) -> None:
+    job = q.enqueue(req(jobId="waiting", runAt="2099-01-01T00:00:00Z")).job
+    steered = q.command(job.id, "steer", {"note": "change of plan"}).job
+    followed = q.command(job.id, "follow_up", {"next": 1}).job
+    assert [c.type for c in followed.commands] == ["steer", "follow_up"] and steered.status == "queued"
+    canceled = q.cancel(job.id, "not needed").job
+    assert (canceled.status, canceled.error) == ("canceled", "not needed")
+    assert types_of(engine, job.id) == ["job.enqueued", "queue.command", "queue.command", "job.canceled"]
+
+
+def test_singleton_rules_apply_to_a_waiting_job_at_enqueue_time(q: Any, engine: Engine) -> None:
+    waiting = q.enqueue(req(jobId="w1", sessionKey="s", runAt="2099-01-01T00:00:00Z")).job
+    steered = q.enqueue(req(sessionKey="s", singletonMode="steer", payload=payload(ORG_A, note="x")))
+    assert steered.steered and steered.job.id == waiting.id
+    replaced = q.enqueue(req(jobId="w2", sessionKey="s", singletonMode="cancel", delayMs=60_000))
+    assert replaced.created and replaced.canceled == (waiting.id,)
+    assert replaced.job.available_at is not None
+    assert q.get(waiting.id).status == "canceled"

@@ -11,8 +11,9 @@ A row is one request shape. Its templates name world values in braces, filled pe
 - ``{jobId}``, ``{sessionKey}``, ``{jobStream}``: a job organisation A holds (its stream is the one
   the job's JSON names); ``{objectiveId}``, ``{objectiveStream}``: an objective A holds;
   ``{tokenStream}``: the ``tokens/<id>`` stream of one of A's tokens; ``{org}``: A's organisation.
-- ``{claimJobId}``, ``{claimObjectiveId}``: the id a create posts. Organisation B posts A's id
-  (it knows it); every other caller posts a new one.
+- ``{scheduleId}``: a schedule A holds (a yearly cron, so nothing fires on its own).
+- ``{claimJobId}``, ``{claimObjectiveId}``, ``{claimScheduleId}``: the id a create posts.
+  Organisation B posts A's id (it knows it); every other caller posts a new one.
 - ``{authOrg}``: the ``authContext.organizationId`` the caller posts: its own organisation (A for
   the system token, which acts for A).
 - ``{taskId}``, ``{watchdogTick}``, ``{missingObjectiveId}``: new values, never held by anyone.
@@ -56,6 +57,8 @@ A_VALUES: Final[frozenset[str]] = frozenset(
         "org",
         "claimJobId",
         "claimObjectiveId",
+        "scheduleId",
+        "claimScheduleId",
     }
 )
 PLACEHOLDER = re.compile(r"\{([A-Za-z]+)\}")
@@ -228,6 +231,7 @@ _RESERVED: Final[tuple[tuple[str, str], ...]] = (
     ("an audit id `...:audit`", "{objectiveId}:audit"),
     ("a monitor id `...:monitor`", "{objectiveId}:p1:pre:monitor"),
     ("a watchdog tick's id", "{watchdogTick}"),
+    ("a schedule fire's id `<scheduleId>:<tick>`", "{scheduleId}:20300101T000000Z"),
 )
 
 
@@ -268,6 +272,51 @@ def _enqueue_variants() -> list[Row]:
             )
         )
     return rows
+
+
+BATCH: Final = "/jobs:batch"
+
+
+def _batch_rows() -> list[Row]:
+    """A batch is checked item by item as single enqueues are, before anything is written."""
+    run = {"agentId": "factory", "payload": _run_payload()}
+    return [
+        Row(
+            "POST",
+            BATCH,
+            (202, 202, 202, 202, 401),
+            case="two `factory.run` jobs, one of A's jobId",
+            json={"items": [{**run, "jobId": "{claimJobId}"}, run]},
+        ),
+        Row(
+            "POST",
+            BATCH,
+            (202, 202, 403, 202, 401),
+            case="an item that runs a command",
+            json={
+                "items": [
+                    run,
+                    {
+                        "agentId": "codex",
+                        "payload": {"kind": "factory.task.run", "authContext": _AUTH, "command": ["true"]},
+                    },
+                ]
+            },
+            scope=COMMANDS,
+        ),
+        Row(
+            "POST",
+            BATCH,
+            (202, 403, 202, 202, 401),
+            case="an item naming A's objectiveId",
+            json={
+                "items": [
+                    run,
+                    {"agentId": "factory-control", "payload": _kind_payload("factory.objective.audit")},
+                ]
+            },
+        ),
+    ]
 
 
 def _by_id(method: str, path: str, owner: int, **kw: Any) -> Row:
@@ -319,6 +368,7 @@ def _api_rows() -> list[Row]:
         Row("GET", "/static/{filename}", (404, 404, 404, 404, 401), args={"filename": "ui.css"}),
         *_kind_rows(),
         *_enqueue_variants(),
+        *_batch_rows(),
         Row(
             "GET",
             "/jobs",
@@ -382,8 +432,80 @@ def _api_rows() -> list[Row]:
             by_id=True,
         ),
         _by_id("GET", "/objectives/{objectiveId}/events", 200, streams=True),
+        *_schedule_rows(),
     ]
     return rows
+
+
+def _schedule_body(job: Mapping[str, Any]) -> dict[str, Any]:
+    return {"scheduleId": "{claimScheduleId}", "cron": "0 0 1 1 *", "job": dict(job)}
+
+
+_RUN_TEMPLATE: Final = {"agentId": "factory", "payload": {"kind": "factory.run", "authContext": _AUTH}}
+_COMMAND_TEMPLATE: Final = {
+    "agentId": "codex",
+    "payload": {"kind": "factory.task.run", "authContext": _AUTH, "command": ["true"]},
+}
+_SYSTEM_TEMPLATE: Final = {"agentId": "factory-control", "payload": {"kind": "factory.objective.watchdog"}}
+SCHEDULE = "/schedules/{scheduleId}"
+
+
+def _schedule_rows() -> list[Row]:
+    return [
+        Row(
+            "POST",
+            "/schedules",
+            (201, 201, 201, 201, 401),
+            case="B posts A's scheduleId",
+            json=_schedule_body(_RUN_TEMPLATE),
+        ),
+        Row(
+            "POST",
+            "/schedules",
+            (201, 201, 403, 201, 401),
+            case="a template that runs a command",
+            json=_schedule_body(_COMMAND_TEMPLATE),
+            scope=COMMANDS,
+        ),
+        # Every tick posts the template with the declarer's rights: a system-only kind, system only.
+        Row(
+            "POST",
+            "/schedules",
+            (403, 403, 403, 201, 401),
+            case="a template of a system-only kind (`factory.objective.watchdog`)",
+            json=_schedule_body(_SYSTEM_TEMPLATE),
+        ),
+        Row(
+            "GET",
+            "/schedules",
+            (200, 403, 200, 200, 401),
+            case="organizationId=A",
+            query={ORG_PARAM: "{org}"},
+        ),
+        _by_id("GET", SCHEDULE, 200),
+        Row("GET", SCHEDULE, (200, 404, 200, 404, 401), case="system token without organizationId"),
+        _by_id("PATCH", SCHEDULE, 200, json={"overlap": "allow"}),
+        Row(
+            "PATCH",
+            SCHEDULE,
+            (200, 404, 403, 200, 401),
+            case="a template that runs a command",
+            json={"job": _COMMAND_TEMPLATE},
+            scope=COMMANDS,
+            by_id=True,
+        ),
+        _by_id("DELETE", SCHEDULE, 200),
+        _by_id("POST", SCHEDULE + "/pause", 200, json={}),
+        _by_id("POST", SCHEDULE + "/resume", 200, json={}),
+        _by_id("POST", SCHEDULE + "/trigger", 202, json={}),
+        _by_id(
+            "POST",
+            SCHEDULE + "/backfill",
+            200,
+            json={"startAt": "2019-12-31T23:59:00Z", "endAt": "2020-01-01T00:01:00Z"},
+        ),
+        _by_id("GET", SCHEDULE + "/fires", 200),
+    ]
 
 
 _CSRF_CASES: Final[Mapping[Csrf, str]] = {
@@ -474,6 +596,14 @@ def _ui_rows() -> list[Row]:
         ),
         Row("GET", "/ui/objectives/{objectiveId}/fragment", page, by_id=True),
         Row("GET", "/ui/objectives/{objectiveId}/events", stream, by_id=True, streams=True),
+        Row("GET", "/ui/schedules", (200, 200, 200, 200, 302)),
+        Row("GET", "/ui/schedules/{scheduleId}", page, by_id=True),
+        Row(
+            "GET",
+            "/ui/schedules/{scheduleId}",
+            (200, 404, 200, 404, 302),
+            case="system token without organizationId",
+        ),
     ]
 
 

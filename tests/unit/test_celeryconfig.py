@@ -133,7 +133,12 @@ def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> N
     outbox = schedule.pop("objective-outbox-redrive")
     assert outbox["task"] == OUTBOX_TASK and outbox["options"]["queue"] == OBJECTIVES_QUEUE
     assert outbox["schedule"].total_seconds() == 2.5
-    assert {e["task"] for e in schedule.values()} == {REDRIVE_TASK, EXPIRE_TASK, RETRY_TASK}
+    assert {e["task"] for e in schedule.values()} == {
+        REDRIVE_TASK,
+        EXPIRE_TASK,
+        RETRY_TASK,
+        registry.SCHEDULES.task,
+    }
     by_task = {e["task"]: e for e in schedule.values()}
     assert by_task[REDRIVE_TASK]["schedule"].total_seconds() == 7.0
     assert by_task[EXPIRE_TASK]["schedule"].total_seconds() == 3.0

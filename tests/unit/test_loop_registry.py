@@ -23,6 +23,7 @@ from sqlalchemy.engine import Engine
 from api.health import check_loops
 from app.config import Settings
 from app.factory import loops as factory_loops
+from app.factory.watchdog import next_tick
 from app.jobs.routing import MAINTENANCE_QUEUE, OBJECTIVES_QUEUE
 from app.ops import loops as registry
 from app.ops import metrics
@@ -67,6 +68,7 @@ def test_which_loops_a_deployment_runs() -> None:
         "callbacks",
         "objective-outbox-redrive",
         "objective-watchdog",
+        "schedules",
     }
     assert names(registry.active(Settings())) == every - {"callbacks"}
     assert names(registry.active(Settings(callback_url="http://h.invalid/"))) == every
@@ -148,8 +150,23 @@ def test_beat_refuses_to_start_on_a_schedule_that_cannot_run(tmp_path: Path) -> 
 
 def expected_schedule(loop: Loop, s: Settings) -> Any:
     if isinstance(loop.schedule, Every):
-        return timedelta(milliseconds=loop.schedule.period_ms(s, T0))
+        period = loop.schedule.period_ms(s, T0)
+        if loop.schedule.on_the_second and period % 1000 == 0 and 60 % (period // 1000) == 0:
+            return CronSchedule(f"* * * * * */{period // 1000}")
+        return timedelta(milliseconds=period)
     return CronSchedule(loop.schedule.checked(s))
+
+
+def test_the_schedules_pass_ticks_on_the_clocks_seconds_when_its_interval_allows() -> None:
+    on_time = registry.SCHEDULES.schedule.celery(Settings(schedule_scan_interval_ms=2000), CronSchedule)
+    assert on_time == CronSchedule("* * * * * */2")
+    assert next_tick("* * * * * */2", T0.replace(second=3, microsecond=1)) == T0.replace(
+        second=4, microsecond=0
+    )
+    # An interval that is not whole seconds dividing a minute keeps beat's fixed rate.
+    assert registry.SCHEDULES.schedule.celery(
+        Settings(schedule_scan_interval_ms=7000), CronSchedule
+    ) == timedelta(seconds=7)
 
 
 def test_beat_schedules_exactly_the_active_loops(deployment: Settings) -> None:
@@ -282,3 +299,24 @@ def test_a_declared_loop_without_a_pass_stops_the_celery_app(
     monkeypatch.setattr(registry, "LOOPS", (*registry.LOOPS, extra))
     with pytest.raises(RuntimeError, match="orphan"):
         make_celery(settings(tmp_path))
+
+
+def test_beat_refuses_to_start_on_a_schedules_file_it_cannot_load(tmp_path: Path) -> None:
+    from tasks.beat import prepare
+
+    broken = tmp_path / "schedules.toml"
+    broken.write_text('[[schedules]]\nscheduleId = "x"\norganizationId = "acme"\ncron = "every day"\n')
+    with pytest.raises(SystemExit, match=r"RECEIPT_SCHEDULES_FILE: .*schedule 1: cron"):
+        prepare(settings(tmp_path, RECEIPT_SCHEDULES_FILE=str(broken)))
+    missing = tmp_path / "nowhere.json"
+    with pytest.raises(SystemExit, match="cannot be read"):
+        prepare(settings(tmp_path, RECEIPT_SCHEDULES_FILE=str(missing)))
+
+
+def test_the_schedules_pass_counts_its_ticks_by_schedule_and_outcome() -> None:
+    counter = metrics.registry_metrics().schedule_ticks
+    before = counter.labels("acme/nightly", "fired")._value.get()
+    missed = counter.labels("acme/nightly", "missed")._value.get()
+    metrics.observe_schedules({"acme/nightly": {"fired": 2, "missed": 5, "skipped": 0}}, [120, 900])
+    assert counter.labels("acme/nightly", "fired")._value.get() == before + 2
+    assert counter.labels("acme/nightly", "missed")._value.get() == missed + 5

@@ -195,7 +195,16 @@ def test_auth_context_unknown_field_names_the_allowed_ones() -> None:
 def test_unknown_body_fields_are_rejected_naming_the_known_ones() -> None:
     err = rejected(ok(priority=1))
     assert err.field == "priority" and err.allowed == list(ENQUEUE_FIELDS)
-    assert set(ENQUEUE_FIELDS) == {"jobId", "lane", "payload", "sessionKey", "singletonMode", "maxAttempts"}
+    assert set(ENQUEUE_FIELDS) == {
+        "jobId",
+        "lane",
+        "payload",
+        "sessionKey",
+        "singletonMode",
+        "maxAttempts",
+        "runAt",
+        "delayMs",
+    }
 
 
 @pytest.mark.parametrize("body", [None, [], "x", 1])

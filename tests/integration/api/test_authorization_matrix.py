@@ -102,6 +102,7 @@ def env(pg_admin: Engine, pg_template: str, tmp_path_factory: pytest.TempPathFac
                 # started; this module's app lives longer than the defaults allow.
                 queued_redrive_interval_ms=hour,
                 retry_scan_interval_ms=hour,
+                schedule_scan_interval_ms=hour,
                 lease_expiry_interval_ms=hour,
             )
             api = build_api(engine, settings)
@@ -154,6 +155,16 @@ def a_world(env: Env, row: Row) -> dict[str, str]:
         response = client.post("/objectives", json=body, headers=headers)
         assert response.status_code == 202, response.get_data(as_text=True)
         world.update(objectiveId=objective_id, objectiveStream=json_of(response)["async"]["stream"])
+    if names & {"scheduleId", "claimScheduleId"}:
+        schedule_id = fresh("schedule")
+        body = {
+            "scheduleId": schedule_id,
+            "cron": "0 0 1 1 *",
+            "job": {"agentId": "factory", "payload": {"kind": "factory.run"}},
+        }
+        response = client.post("/schedules", json=body, headers=headers)
+        assert response.status_code == 201, response.get_data(as_text=True)
+        world["scheduleId"] = schedule_id
     return world
 
 
@@ -164,8 +175,10 @@ def values_for(identity: Identity, world: Mapping[str, str]) -> dict[str, str]:
     if identity == "other_org":
         values["claimJobId"] = world.get("jobId", fresh("job"))
         values["claimObjectiveId"] = world.get("objectiveId", fresh("objective"))
+        values["claimScheduleId"] = world.get("scheduleId", fresh("schedule"))
     else:
         values["claimJobId"], values["claimObjectiveId"] = fresh("job"), fresh("objective")
+        values["claimScheduleId"] = fresh("schedule")
     values["taskId"] = fresh("task")
     values["missingObjectiveId"] = fresh("objective")
     tick = datetime(2030, 1, 1, tzinfo=UTC) + timedelta(minutes=secrets.randbelow(1_000_000))
@@ -177,7 +190,12 @@ def never_used(values: Mapping[str, str]) -> dict[str, str]:
     """``values`` with each of A's ids replaced by one no one holds (streams keep their shape)."""
     out = dict(values)
     replacements = {}
-    for name, prefix in (("jobId", "job"), ("objectiveId", "objective"), ("sessionKey", "session")):
+    for name, prefix in (
+        ("jobId", "job"),
+        ("objectiveId", "objective"),
+        ("sessionKey", "session"),
+        ("scheduleId", "schedule"),
+    ):
         if name in values:
             replacements[values[name]] = out[name] = fresh(prefix)
     for name in ("jobStream", "objectiveStream"):
@@ -190,6 +208,7 @@ def never_used(values: Mapping[str, str]) -> dict[str, str]:
     out["org"] = fresh("org")
     out["claimJobId"] = replacements.get(values["claimJobId"], values["claimJobId"])
     out["claimObjectiveId"] = replacements.get(values["claimObjectiveId"], values["claimObjectiveId"])
+    out["claimScheduleId"] = replacements.get(values["claimScheduleId"], values["claimScheduleId"])
     return out
 
 
@@ -299,6 +318,9 @@ def a_view(env: Env, world: Mapping[str, str]) -> list[Any]:
         objective = json_of(client.get(f"/objectives/{world['objectiveId']}", headers=headers))["objective"]
         objective.pop("ledger", None)
         out.append(objective)
+    if "scheduleId" in world:
+        out.append(json_of(client.get(f"/schedules/{world['scheduleId']}", headers=headers)))
+        out.append(json_of(client.get(f"/schedules/{world['scheduleId']}/fires", headers=headers)))
     return out
 
 

@@ -236,3 +236,36 @@ def test_trailing_newline_job_id_is_refused(api: Api) -> None:
     response = api.enqueue(jobId="abc\n")
     assert response.status_code == 400
     assert json_of(response)["error"]["details"]["field"] == "jobId"
+
+
+# -- delayed jobs -----------------------------------------------------------------------------------
+
+
+def test_delay_ms_sets_available_at_on_the_database_clock(api: Api) -> None:
+    from app.storage.db import parse_iso
+
+    job = api.job(delayMs=90_000)
+    created, available = parse_iso(job["createdAt"]), parse_iso(job["availableAt"])
+    assert job["status"] == "queued" and created is not None and available is not None
+    assert (available - created).total_seconds() == 90
+    # The wake-up still fires (the scanner decides it is not yet deliverable).
+    assert [j.id for j in api.woken] == [key(job)]
+
+
+def test_run_at_in_the_future_is_kept_and_a_past_one_is_clamped_to_now(api: Api) -> None:
+    later = api.job(runAt="2099-03-04T05:06:07+02:00")
+    assert later["availableAt"] == "2099-03-04T03:06:07.000000Z"
+    past = api.job(runAt="2001-01-01T00:00:00Z")
+    assert past["availableAt"] == past["createdAt"]
+
+
+def test_bad_delay_input_is_a_400_naming_the_field(api: Api) -> None:
+    for body, field in (
+        ({"runAt": "2099-03-04T05:06:07"}, "runAt"),  # no offset
+        ({"runAt": "next tuesday"}, "runAt"),
+        ({"delayMs": -5}, "delayMs"),
+        ({"delayMs": 1000, "runAt": "2099-03-04T05:06:07Z"}, "runAt"),
+    ):
+        response = api.enqueue(**body)
+        assert response.status_code == 400, (body, response.json)
+        assert json_of(response)["error"]["details"]["field"] == field, body

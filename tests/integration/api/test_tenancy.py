@@ -200,6 +200,8 @@ def test_owner_and_system_can_see_and_act_on_it(api: Api) -> None:
         ("obj:p1:A:monitor", "<objectiveId>:p<phase>:<taskId>"),
         ("task-job:monitor", "<taskJobId>:monitor"),
         ("watchdog:2026-01-01T00:00", "watchdog:<tick>"),
+        ("nightly:20260101T090000Z", "<scheduleId>:<tick>"),
+        ("nightly:20260101T090000.250Z", "<scheduleId>:<tick>"),
     ],
 )
 def test_reserved_id_shapes_are_400_naming_jobid_and_the_rule(
@@ -219,7 +221,17 @@ def test_reserved_id_shapes_are_400_naming_jobid_and_the_rule(
 
 
 def test_ids_that_merely_resemble_a_reserved_shape_are_accepted(sqlite_api: Api) -> None:
-    for job_id in ("objp1A", "obj:p:A", "obj:pX:A", "audit:obj", "obj:auditor", "my-watchdog:1", "control"):
+    for job_id in (
+        "objp1A",
+        "obj:p:A",
+        "obj:pX:A",
+        "audit:obj",
+        "obj:auditor",
+        "my-watchdog:1",
+        "control",
+        "nightly:2026-01-01T09:00:00Z",
+        "nightly:20260101T090000Z-rerun",
+    ):
         assert sqlite_api.job(jobId=job_id)["id"] == job_id
 
 

@@ -1,0 +1,1 @@
+"""Schedules: time as an input, kept as receipts (``docs/schedules.md``)."""

@@ -1,0 +1,467 @@
+"""Schedule operations: declare, change, pause, resume, delete, trigger, backfill, read, and the pass.
+
+Each operation is one queue transaction (``Queue.batch``): the schedule's row is locked, the pure
+rules decide (``app/schedules/plan.py``), and its receipts, its row and the jobs its ticks enqueue
+commit together. So a tick's ``schedule.fired`` receipt exists exactly when its job does, and a
+pass that dies before its commit leaves nothing behind; and because a tick's job id is derived from
+the tick (``<scheduleId>:<tick>``), whoever decides that tick again — a second beat, a retried pass,
+a repeated backfill — finds the job there and enqueues nothing.
+
+**The pass** (``run_pass``; the ``schedules`` recovery loop, ``app/ops/loops.py``) is paged: it takes
+the due schedules ``page_size`` at a time, soonest first, each page one transaction of a few
+multi-row statements (the page's fires enqueued together, its receipts written together, its rows
+updated by one statement), so 10 000 schedules cost one pass of twenty transactions, not 10 000.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy.engine import Engine
+
+from app.jobs.delay import parse_run_at
+from app.jobs.errors import ValidationError
+from app.jobs.privilege import Enqueuer
+from app.jobs.reducer import Job
+from app.jobs.times import iso
+from app.schedules import plan, storage
+from app.schedules.reducer import Schedule
+from app.schedules.spec import Declared, Spec, merged, validate_spec
+from app.schedules.vocab import OVERLAPS
+from app.storage import projection
+from app.storage.db import db_now, read_connection
+from app.storage.queue import Batch, EnqueueResult, Queue
+
+log = logging.getLogger("receipt.schedules")
+
+PAGE_SIZE_DEFAULT: Final = 500
+# Pages one pass takes at most (10 000 schedules at the default page are 20).
+MAX_PAGES: Final = 1000
+
+
+class ScheduleNotFound(Exception):
+    """No schedule with that id in this organisation (another's of the same id is exactly as absent)."""
+
+
+def _now_text(b: Batch) -> str:
+    text = iso(b.now)
+    assert text is not None
+    return text
+
+
+def _locked(b: Batch, key: str) -> storage.Loaded:
+    loaded = storage.load(b.conn, key, for_update=True)
+    if loaded is None or loaded.schedule.status == "deleted":
+        raise ScheduleNotFound(key)
+    return loaded
+
+
+# -- reads ------------------------------------------------------------------------------------------
+
+
+def find(engine: Engine, organization_id: str, schedule_id: str) -> Schedule | None:
+    """The schedule its organisation knows as ``schedule_id`` (None when absent or deleted)."""
+    key = storage.key_of(organization_id, schedule_id)
+    if key is None:
+        return None
+    with read_connection(engine) as conn:
+        loaded = storage.load(conn, key)
+    if loaded is None or loaded.schedule.status == "deleted":
+        return None
+    return loaded.schedule
+
+
+@dataclass(frozen=True)
+class FireRecord:
+    """One tick receipt of a schedule and, for a fire, its job as it is now (None once gone)."""
+
+    seq: int
+    type: str
+    at: str
+    body: Mapping[str, Any]
+    job: Job | None = None
+
+
+def fires(engine: Engine, key: str, *, before: int | None, limit: int) -> list[FireRecord]:
+    """A page of the schedule's tick receipts, newest first, each fire with its job (one read)."""
+    with read_connection(engine) as conn:
+        receipts = storage.tick_receipts(conn, key, before=before, limit=limit)
+        org = key.rpartition("/")[0]
+        job_keys = [f"{org}/{r.body['jobId']}" for r in receipts if r.type == "schedule.fired"]
+        jobs = {j.id: j for j in projection.load_jobs(conn, job_keys)}
+    out = []
+    for r in receipts:
+        job = jobs.get(f"{org}/{r.body['jobId']}") if r.type == "schedule.fired" else None
+        out.append(FireRecord(r.seq, r.type, r.at, r.body, job))
+    return out
+
+
+# -- declare, change, pause, resume, delete ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Created:
+    schedule: Schedule
+    created: bool
+
+
+def create(queue: Queue, declared: Declared, *, enqueued_by: Enqueuer) -> Created:
+    """Declare a schedule; an id its organisation already uses returns that schedule unchanged
+    (the idempotency contract of jobs and objectives). A deleted one's id may be declared again."""
+    key = storage.key_of(declared.organization_id, declared.schedule_id)
+    assert key is not None
+
+    def work(b: Batch) -> Created:
+        loaded = storage.load(b.conn, key, for_update=True)
+        if loaded is not None and loaded.schedule.status != "deleted":
+            return Created(loaded.schedule, False)
+        body: dict[str, Any] = {
+            "scheduleId": declared.schedule_id,
+            "organizationId": declared.organization_id,
+            "spec": declared.spec.to_json(),
+            "paused": declared.paused,
+            "enqueuedBy": enqueued_by.to_json(),
+            "cursor": _now_text(b),
+        }
+        done = storage.apply(b.conn, loaded, key, [("schedule.created", body)], at=b.now)
+        return Created(done.schedule, True)
+
+    return queue.batch(work)
+
+
+def update(
+    queue: Queue,
+    key: str,
+    patch: Any,
+    *,
+    enqueued_by: Enqueuer,
+    default_auth: Mapping[str, Any] | None = None,
+    replace_with: Spec | None = None,
+    check: Callable[[Spec], None] | None = None,
+) -> Schedule:
+    """Change a schedule's declaration (``patch`` merged onto it, or the whole ``replace_with``).
+    A change of when it ticks restarts its cursor at the change: ticks before it are not owed. The
+    same declaration again writes nothing. ``check`` may refuse the new declaration (the caller's
+    right to post its job template) before anything is written."""
+
+    def work(b: Batch) -> Schedule:
+        loaded = _locked(b, key)
+        s = loaded.schedule
+        spec = replace_with or validate_spec(
+            merged(s.spec, patch), default_auth=default_auth, source=s.spec.source
+        )
+        org = spec.job.organization_id
+        if org is not None and org != s.organization_id:
+            raise ValidationError(
+                "job.payload.authContext.organizationId",
+                f"must be the schedule's own organisation ({s.organization_id})",
+            )
+        if spec.to_json() == s.spec.to_json():
+            return s
+        if check is not None:
+            check(spec)
+        body: dict[str, Any] = {"spec": spec.to_json(), "enqueuedBy": enqueued_by.to_json()}
+        if spec.timing_changed(s.spec):
+            body["cursor"] = _now_text(b)
+        return storage.apply(b.conn, loaded, key, [("schedule.updated", body)], at=b.now).schedule
+
+    return queue.batch(work)
+
+
+def _one_event(
+    queue: Queue, key: str, decide: Callable[[Schedule, Batch], tuple[str, dict[str, Any]] | None]
+) -> Schedule:
+    def work(b: Batch) -> Schedule:
+        loaded = _locked(b, key)
+        event = decide(loaded.schedule, b)
+        if event is None:
+            return loaded.schedule
+        return storage.apply(b.conn, loaded, key, [event], at=b.now).schedule
+
+    return queue.batch(work)
+
+
+def pause(queue: Queue, key: str, reason: str | None = None) -> Schedule:
+    """Stop ticking (an already paused schedule is left as it is). A buffered tick stays buffered."""
+    return _one_event(
+        queue, key, lambda s, b: ("schedule.paused", {"reason": reason}) if s.status == "active" else None
+    )
+
+
+def resume(queue: Queue, key: str) -> Schedule:
+    """Tick again from now: the ticks that fell while it was paused are not owed (backfill them)."""
+    return _one_event(
+        queue,
+        key,
+        lambda s, b: ("schedule.resumed", {"cursor": _now_text(b)}) if s.status == "paused" else None,
+    )
+
+
+def delete(queue: Queue, key: str, reason: str | None = None) -> Schedule:
+    """End the schedule: no more ticks; its receipts and the jobs it fired stay."""
+    return _one_event(queue, key, lambda s, b: ("schedule.deleted", {"reason": reason}))
+
+
+# -- trigger and backfill ---------------------------------------------------------------------------
+
+
+def _enqueuer(s: Schedule) -> Enqueuer | None:
+    return Enqueuer.from_json(s.enqueued_by)
+
+
+def _fire(b: Batch, s: Schedule, p: plan.Plan, reason: str) -> list[EnqueueResult]:
+    """Cancel, enqueue and mark, in the batch: the plan's fires become jobs; a fire whose job was
+    there already says so (``existing``)."""
+    if p.cancel is not None:
+        b.cancel(p.cancel, reason)
+    enqueuer = _enqueuer(s)
+    results = b.enqueue_new([(s.spec.job.request(f.job_key, f.available_at), enqueuer) for f in p.fires])
+    existing = {r.job.id for r in results if not r.created}
+    fired = iter(p.fires)
+    for type_, body in p.events:
+        if type_ == "schedule.fired" and next(fired).job_key in existing:
+            body["existing"] = True
+    return results
+
+
+@dataclass(frozen=True)
+class Triggered:
+    schedule: Schedule
+    outcome: str  # fired | skipped
+    job: Job | None
+
+
+def trigger(queue: Queue, key: str, overlap: str | None = None) -> Triggered:
+    """Fire a tick now (``plan.trigger``), whatever the schedule's status but deleted."""
+    if overlap is not None and overlap not in OVERLAPS:
+        raise ValidationError("overlap", "is not an overlap policy", allowed=OVERLAPS)
+
+    def work(b: Batch) -> Triggered:
+        loaded = _locked(b, key)
+        s = loaded.schedule
+        last = b.jobs([s.last_job_id]).get(s.last_job_id) if s.last_job_id else None
+        p = plan.trigger(s, b.now, last, overlap)
+        results = _fire(b, s, p, f"cancelPrevious: schedule {s.client_id} was triggered")
+        done = storage.apply(b.conn, loaded, key, p.events, at=b.now).schedule
+        job = results[0].job if results else None
+        return Triggered(done, "fired" if job is not None else "skipped", job)
+
+    return queue.batch(work)
+
+
+@dataclass(frozen=True)
+class Backfilled:
+    schedule: Schedule
+    created: list[Job]
+    existing: list[Job]
+
+
+def backfill(queue: Queue, key: str, start_at: Any, end_at: Any) -> Backfilled:
+    """Fire every tick of ``[startAt, endAt]`` once (``plan.backfill``): only the ticks without a job
+    get one, and a ``schedule.fired`` receipt; a repeated backfill writes nothing."""
+    start, end = parse_run_at(start_at, "startAt"), parse_run_at(end_at, "endAt")
+
+    def work(b: Batch) -> Backfilled:
+        loaded = _locked(b, key)
+        s = loaded.schedule
+        p = plan.backfill(s, start, end, b.now)
+        results = _fire(b, s, p, "backfill")
+        created = {r.job.id for r in results if r.created}
+        fired = iter(p.fires)
+        events = [(t, body) for t, body in p.events if next(fired).job_key in created]
+        if events:
+            s = storage.apply(b.conn, loaded, key, events, at=b.now).schedule
+        return Backfilled(s, [r.job for r in results if r.created], [r.job for r in results if not r.created])
+
+    return queue.batch(work)
+
+
+# -- the pass ---------------------------------------------------------------------------------------
+
+Outcomes = Mapping[str, Counter[str]]
+
+
+@dataclass
+class PassTotals:
+    schedules: int = 0
+    pages: int = 0
+    fired: int = 0
+    created: int = 0
+    missed: int = 0
+    skipped: int = 0
+    buffered: int = 0
+    canceled: int = 0
+    failed: list[str] = field(default_factory=list)
+    # Per schedule key: fired / missed / skipped / buffered (the metrics' counter, by schedule).
+    outcomes: dict[str, Counter[str]] = field(default_factory=dict)
+    # How late each new fire was (ms after its tick): the tick-to-enqueued latency.
+    late_ms: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schedules": self.schedules,
+            "pages": self.pages,
+            "fired": self.fired,
+            "created": self.created,
+            "missed": self.missed,
+            "skipped": self.skipped,
+            "buffered": self.buffered,
+            "canceled": self.canceled,
+            "failed": self.failed,
+            "lateMsMax": max(self.late_ms, default=0),
+        }
+
+
+def _count(totals: PassTotals, key: str, events: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    counter = totals.outcomes.setdefault(key, Counter())
+    for type_, body in events:
+        if type_ == "schedule.fired":
+            totals.fired += 1
+            counter["fired"] += 1
+            if not body.get("existing"):
+                totals.created += 1
+                totals.late_ms.append(int(body.get("lateMs", 0)))
+        elif type_ == "schedule.missed":
+            totals.missed += int(body["count"])
+            counter["missed"] += int(body["count"])
+        elif type_ == "schedule.skipped":
+            totals.skipped += 1
+            counter["skipped"] += 1
+        elif type_ == "schedule.buffered":
+            totals.buffered += 1
+            counter["buffered"] += 1
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What one page's transaction wrote: counted only once it committed (a lost append race
+    re-runs the page from scratch)."""
+
+    schedules: int
+    events: list[tuple[str, list[tuple[str, dict[str, Any]]]]]
+    canceled: int
+
+
+def _page(b: Batch, due: list[storage.Loaded]) -> _Written:
+    """Decide and write one page of locked schedules in the batch's transaction."""
+    # The previous jobs an overlap policy (or a buffered tick) looks at; `allow` looks at none.
+    last_keys = [
+        x.schedule.last_job_id
+        for x in due
+        if x.schedule.last_job_id and (x.schedule.spec.overlap != "allow" or x.schedule.buffered_tick)
+    ]
+    jobs = b.jobs(last_keys) if last_keys else {}
+    now = b.now  # read after the rows were locked: no receipt seen here is newer
+    planned = []
+    stale = []
+    for x in due:
+        s = x.schedule
+        p = plan.due(s, now, jobs.get(s.last_job_id) if s.last_job_id else None)
+        if not p.empty:
+            planned.append((x, p))
+        elif s.active:
+            stale.append(x)
+    if stale:
+        # Said due, yet nothing to decide: the row's next_fire_at is out of date (the zone database
+        # changed under it). It is derived from the fold, so it is written again, and the page moves on.
+        storage.refresh_next_fire(b.conn, stale)
+    enqueues: list[tuple[Any, Enqueuer | None]] = []
+    canceled = 0
+    for x, p in planned:
+        s = x.schedule
+        if p.cancel is not None:
+            b.cancel(p.cancel, f"cancelPrevious: a newer tick of schedule {s.client_id} fired")
+            canceled += 1
+        enqueuer = _enqueuer(s)
+        enqueues.extend((s.spec.job.request(f.job_key, f.available_at), enqueuer) for f in p.fires)
+    existing = {r.job.id for r in b.enqueue_new(enqueues) if not r.created} if enqueues else set()
+    for _x, p in planned:
+        fired = iter(p.fires)
+        for type_, body in p.events:
+            if type_ == "schedule.fired" and next(fired).job_key in existing:
+                body["existing"] = True
+    if planned:
+        storage.apply_many(b.conn, [(x, x.schedule.id, p.events) for x, p in planned], at=now)
+    return _Written(len(due), [(x.schedule.id, p.events) for x, p in planned], canceled)
+
+
+def _record(totals: PassTotals, written: _Written) -> None:
+    totals.schedules += written.schedules
+    totals.canceled += written.canceled
+    for key, events in written.events:
+        _count(totals, key, events)
+
+
+def run_pass(
+    queue: Queue,
+    *,
+    page_size: int = PAGE_SIZE_DEFAULT,
+    keep: Callable[[], None] | None = None,
+) -> PassTotals:
+    """One pass over every due schedule, a page per transaction, soonest first (see the module doc).
+
+    Due means due when the pass began: ticks falling due while it runs are the next pass's, so a pass
+    always ends. A page that fails is retried one schedule at a time, and a schedule that still fails
+    is left out of this pass (logged; the next pass tries again), so one bad schedule never holds the
+    others back. ``keep`` runs before each page (the loop claim's renewal)."""
+    with queue.engine.connect() as conn:
+        started = db_now(conn)
+    totals = PassTotals()
+    failed: set[str] = set()
+    for page in range(MAX_PAGES):
+        if keep is not None:
+            keep()
+        # The schedules holding a buffered tick are looked at once per pass, with the first page.
+        buffered = page == 0
+
+        def work(b: Batch, buffered: bool = buffered) -> _Written:
+            rows = storage.due(b.conn, started, page_size)
+            if buffered:
+                seen = {x.schedule.id for x in rows}
+                more = storage.due(b.conn, started, page_size, buffered=True)
+                rows += [x for x in more if x.schedule.id not in seen]
+            return _page(b, [x for x in rows if x.schedule.id not in failed])
+
+        try:
+            written = queue.batch(work)
+        except Exception:
+            log.exception("schedules pass: a page failed; trying its schedules one at a time")
+            written = _one_by_one(queue, started, page_size, totals, failed)
+        _record(totals, written)
+        totals.pages += 1
+        if written.schedules < page_size:
+            break
+        if written.schedules and not written.events:
+            # Rows said due and nothing was: their next_fire_at is stale (a zone database updated
+            # under them). The next pass reads them again; this one must not loop on them.
+            log.warning("schedules pass: %d due rows had nothing to decide", written.schedules)
+            break
+    return totals
+
+
+def _one_by_one(
+    queue: Queue, started: datetime, page_size: int, totals: PassTotals, failed: set[str]
+) -> _Written:
+    with queue.engine.connect() as conn:
+        keys = [x.schedule.id for x in storage.due(conn, started, page_size) if x.schedule.id not in failed]
+    done = _Written(0, [], 0)
+    for key in keys:
+
+        def work(b: Batch, key: str = key) -> _Written:
+            loaded = storage.load(b.conn, key, for_update=True)
+            return _page(b, [loaded] if loaded is not None else [])
+
+        try:
+            one = queue.batch(work)
+        except Exception:
+            log.exception("schedules pass: schedule %s failed; the next pass tries it again", key)
+            failed.add(key)
+            totals.failed.append(key)
+            continue
+        done = _Written(done.schedules + 1, done.events + one.events, done.canceled + one.canceled)
+    return done
