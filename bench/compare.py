@@ -84,8 +84,8 @@ from sqlalchemy.engine import Engine
 
 from bench.runtime_bench import CpuMeter, backend_pids, child_env, fresh_database, log, percentile
 from bench.systems import BY_NAME, DEFAULT_SYSTEMS, SYSTEMS, Database, Deployment, System
-from tests.support.processes import PYTHON, Harness
-from tests.support.waiting import wait_for
+from devharness.processes import PYTHON, Harness
+from devharness.waiting import wait_for
 
 POLL_S = 0.05
 IDLE_POLL_S = 0.002

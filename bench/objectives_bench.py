@@ -43,8 +43,8 @@ from bench.runtime_bench import (
     percentile,
     wait_until,
 )
-from tests.support.processes import Harness, Proc
-from tests.support.waiting import free_port
+from devharness.processes import Harness, Proc
+from devharness.waiting import free_port
 
 ORG = "bench-org"
 IDLE_SAMPLE_S = 10.0

@@ -34,9 +34,9 @@ from bench.runtime_bench import (
     latencies_ms,
     make_baseline_app,
 )
-from tests.support.processes import PYTHON, Harness
-from tests.support.services import RedisServer
-from tests.support.stack import ORG, make_stack
+from devharness.processes import PYTHON, Harness
+from devharness.services import RedisServer
+from devharness.stack import ORG, make_stack
 
 BOOT_TIMEOUT_S = 120.0
 

@@ -387,9 +387,20 @@ def transaction(engine: Engine) -> Iterator[Connection]:
 # -- the database clock ---------------------------------------------------------------------
 
 
+# A SQLite engine may carry a clock of its own, ``engine.execution_options(receipt_clock=fn)``:
+# the test kit's hand-moved clock (``receipt.testing``), so a test reaches a delayed job or a retry's
+# backoff without waiting. Deployments never set it. On PostgreSQL the clock is read inside the
+# statements that decide (``projection.load_at_clock``), so no option could stand in for it there.
+CLOCK_OPTION = "receipt_clock"
+
+
 def db_now(conn: Connection) -> datetime:
     """The database's clock (not the host's), so skewed hosts cannot steal or keep leases."""
     if is_sqlite(conn):
+        clock = conn.get_execution_options().get(CLOCK_OPTION)
+        if clock is not None:
+            now: datetime = clock()
+            return now
         raw = conn.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
         return datetime.strptime(raw, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
     [(value,)] = _CLOCK.rows(conn, {})

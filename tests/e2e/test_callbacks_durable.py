@@ -20,7 +20,7 @@ from sqlalchemy import select
 from standardwebhooks.webhooks import Webhook
 
 from app.storage.db import callback_outbox
-from tests.e2e import handlers
+from devharness import handlers
 from tests.support.stack import Stack
 from tests.support.waiting import free_port, wait_for
 

@@ -21,8 +21,8 @@ from sqlalchemy.engine import Engine, make_url
 
 from app.composition import queue_for
 from app.jobs.validation import validate_enqueue
+from devharness import handlers
 from tasks import fetches
-from tests.e2e import handlers
 from tests.support.services import TcpProxy
 from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, worker_pid
 from tests.support.waiting import wait_for

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from app.ops.cli import main as receipt_main
+from devharness import handlers
 from receipt.client import Client, InvalidRequest, NotFound, WaitTimeout
-from tests.e2e import handlers
 from tests.support.services import TcpProxy
 from tests.support.stack import ORG, Stack
 

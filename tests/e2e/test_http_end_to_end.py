@@ -19,9 +19,9 @@ from app.jobs.routing import QUEUES
 from app.storage.db import parse_iso
 from app.storage.delivery import attempt_fence
 from app.storage.store import StoredReceipt
+from devharness import handlers
 from tasks.celery_app import make_celery
 from tasks.runtime import EXECUTE_TASK
-from tests.e2e import handlers
 from tests.support.stack import Stack, terminal_receipts, worker_pid
 from tests.support.waiting import wait_for
 

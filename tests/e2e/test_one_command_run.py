@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from app.ops.supervisor import STOP_GRACE_S
-from tests.e2e import handlers
+from devharness import handlers
 from tests.support.processes import REPO_ROOT, Harness, base_env, descendants_of, pid_alive
 from tests.support.waiting import free_port, wait_for
 
