@@ -144,6 +144,7 @@ class Running:
         self._ran: Ran | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"receipt-testing:{job_id}", daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
         try:
@@ -210,9 +211,14 @@ class InlineRuntime:
             **{CLOCK_OPTION: self.clock}
         )
         self.queue: Queue = queue_for(self._engine, max_commands_per_job=self.settings.max_commands_per_job)
-        self.registry: HandlerRegistry = default_registry(handler_modules)
+        self.registry = HandlerRegistry()
         self._contexts: dict[str, JobContext] = {}
         self._lock = threading.Lock()
+        loaded = default_registry(handler_modules)
+        for agent_id in loaded.agent_ids():
+            handler = loaded.get(agent_id)
+            assert handler is not None
+            self.register(agent_id, handler)
         for agent_id, handler in (handlers or {}).items():
             self.register(agent_id, handler)
 
@@ -224,6 +230,11 @@ class InlineRuntime:
             # The attempt's context, so ``cancel`` signals it at once, as the runner's abort poll does.
             with self._lock:
                 self._contexts[ctx.job.id] = ctx
+            # An abort that arrived after the attempt started and before the context was known:
+            # ``cancel`` writes before it looks the context up, so one of the two sees the other.
+            now = self.queue.get(ctx.job.id)
+            if now is not None and now.abort_requested:
+                ctx.cancel(now.abort_reason or "abort")
             try:
                 return handler(ctx)
             finally:
@@ -326,9 +337,7 @@ class InlineRuntime:
 
     def start(self, job_id: str) -> Running:
         """Run the job's next attempt in a background thread; ``Running.wait`` returns its outcome."""
-        running = Running(self, self.key(job_id))
-        running._thread.start()
-        return running
+        return Running(self, self.key(job_id))
 
     def expire_leases(self) -> list[Job]:
         """The lease-expiry pass at the current clock (a deployment runs it every few seconds)."""

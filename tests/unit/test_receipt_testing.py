@@ -14,6 +14,7 @@ from app.jobs.errors import ValidationError, no_handler_message
 from app.jobs.timing import retry_delay_ms
 from receipt.testing import Clock, HandlerError, InlineRuntime, JobContext
 from tests.support.databases import assert_projection_equals_fold
+from workers import runner
 
 
 def greet(ctx: JobContext) -> Any:
@@ -243,3 +244,16 @@ def test_the_documented_example_runs_as_written(path: str, section: str) -> None
     assert tests, f"{path}: the example defines no test"
     for test in tests:
         test()
+
+
+def test_cancel_reaches_a_handler_loaded_from_a_module_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The worker's own abort poll (and its heartbeat, every 100 s here) would come too late for the
+    # bounded wait below: only the runtime's immediate signal can stop the handler in time.
+    monkeypatch.setattr(runner, "ABORT_POLL_S", 3600.0)
+    with InlineRuntime(handler_modules=["devharness.handlers"]) as runtime:
+        job = runtime.enqueue("e2e-wait-cancel", {"seconds": 60})
+        running = runtime.start(job.id)
+        running.wait_for(lambda j: j.status == "running")
+        runtime.cancel(job.id, "stop")
+        assert running.wait(timeout=20).status == "canceled"
+        assert runtime.job(job.id).progress["sawCancel"] == "stop"
