@@ -80,7 +80,7 @@ def at_ms(text: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    # 999 + the fan-in task = 1 000, the most a plan may hold (issue 9 caps plans at 1 000 tasks).
+    # 999 + the fan-in task = 1 000, the most a plan may hold.
     parser.add_argument("--fanout", type=int, default=999)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--chain", type=int, default=100)

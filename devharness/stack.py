@@ -315,7 +315,7 @@ def make_stack(harness: Harness, database_url: str, home: Path, **env_overrides:
     server = RedisServer(harness)
     server.start()
     engine = make_engine(database_url)
-    # The organisation's token may post command jobs (issue 8): the codex tests run one.
+    # The organisation's token may post command jobs: the codex tests run one.
     _info, secret = tokens.create(engine, ORG, scopes=["commands"])
     _sys, system_secret = tokens.create(engine, SYSTEM_ORG, system=True)
     home.mkdir(parents=True, exist_ok=True)

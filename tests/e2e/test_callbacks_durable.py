@@ -1,4 +1,4 @@
-"""Durable, signed callbacks across real processes (issue 11 item 3).
+"""Durable, signed callbacks across real processes.
 
 A receiver in the test process stands in for the callback target. The sender runs in the
 maintenance consumers (driver, control) on beat ticks and their local tickers, never in the

@@ -47,7 +47,7 @@ def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(
     assert up.alive() and isinstance(match, re.Match), up.tail()
     token = match.group(1)
     assert "SQLite" in up.log() and "folder broker" in up.log()
-    # Issue 13: the first screen (through "Press Ctrl-C") fits in 15 lines, and names the logs.
+    # The first screen (through "Press Ctrl-C") fits in 15 lines, and names the logs.
     wait_for(lambda: "Press Ctrl-C" in up.log(), 10, what="the end of the banner")
     first_screen = [*up.log().split("Press Ctrl-C", 1)[0].splitlines(), "Press Ctrl-C ..."]
     assert len(first_screen) <= 15, "\n".join(first_screen)
