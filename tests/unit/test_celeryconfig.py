@@ -1,4 +1,4 @@
-"""Celery settings chosen for "Postgres receipts decide, Celery delivers" (issue 4, item 6).
+"""Celery settings chosen for "Postgres receipts decide, Celery delivers".
 
 Each assertion pins one decision recorded in ``celeryconfig.py`` and docs/design.md.
 """

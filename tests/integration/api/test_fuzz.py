@@ -32,7 +32,7 @@ from tests.support.api import ORG_A, Api, build_api, make_settings
 # make test-fast does not.
 pytestmark = pytest.mark.slow
 
-# Issue 8's bounds, made tight so the fuzzer meets them (429, 409 too_many_commands, short pages)
+# The tenant bounds, made tight so the fuzzer meets them (429, 409 too_many_commands, short pages)
 # and checks those responses against the document too.
 TIGHT = {
     "rate_limit_writes": "8/minute",
@@ -64,7 +64,7 @@ def fuzz_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
         make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024, **tight, **loops_idle),
     )
     api.job("a", jobId="known-job", sessionKey="s")
-    # A token with the commands scope (issue 8): its codex posts are accepted, others' get 403.
+    # A token with the commands scope: its codex posts are accepted, others' get 403.
     api.secrets["commands"] = tokens.create(engine, ORG_A, scopes=["commands"])[1]
     yield api
     assert api.state.internal_errors == 0, "a fuzzed request reached the catch-all 500 handler"

@@ -130,7 +130,7 @@ def test_healthz_does_no_io(sqlite_engine: Engine, tmp_path: Path) -> None:
 def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_three_intervals(
     sqlite_api: Api,
 ) -> None:
-    """Issue 13: /readyz reports each recovery loop's last run and fails past 3x its interval."""
+    """/readyz reports each recovery loop's last run and fails past 3x its interval."""
     from datetime import timedelta
 
     from app.ops import loops
