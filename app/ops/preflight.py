@@ -40,6 +40,7 @@ from app.storage.db import make_engine
 
 # Exit status of an entry point refused by its checks: the configuration cannot work as it is.
 EXIT_CODE = 2
+log = logging.getLogger("receipt.preflight")
 CONNECT_TIMEOUT_S = 3
 DATABASE = "DATABASE_URL"
 BROKER = "REDIS_URL"
@@ -147,11 +148,16 @@ def _schema_problem(conn: Connection, problem: Callable[[str, str], Problem]) ->
         return problem("the database has no Receipt schema yet", MIGRATE)
     if known(current):
         return problem(f"the schema is at migration {current}, this release needs {needed}", MIGRATE)
-    return problem(
-        f"the schema is at migration {current}, which this release does not know "
-        f"(a newer release migrated it; this one needs {needed})",
-        "run the release that migrated it, or point DATABASE_URL at this release's database",
+    # A newer release migrated it. Every migration is expand-only in the release that ships it
+    # (docs/design.md, "Releases are compatible both ways"), so this release runs on it: during a
+    # deploy the previous release keeps serving after the new one's release phase migrated.
+    log.warning(
+        "the schema is at migration %s, newer than this release's %s: "
+        "running on it (migrations are expand-only)",
+        current,
+        needed,
     )
+    return None
 
 
 _SERVER_SAYS = re.compile(r"FATAL:\s+(.*)", re.DOTALL)
