@@ -36,6 +36,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
 from app.config import Settings, mask_url
+from app.jobs import liveness
 from app.storage.db import make_engine
 
 # Exit status of an entry point refused by its checks: the configuration cannot work as it is.
@@ -319,9 +320,28 @@ def describe_broker_error(
 # -- running the checks -----------------------------------------------------------------------------
 
 
+def settings_problems(settings: Settings) -> list[Problem]:
+    """Settings that parse but cannot work together: the worker liveness thresholds' ordering."""
+    errors = liveness.ordering_errors(
+        settings.worker_liveness_interval_ms, settings.worker_self_fence_ms, settings.worker_dead_after_ms
+    )
+    return [
+        Problem(
+            liveness.DEAD_AFTER_ENV,
+            f"{liveness.INTERVAL_ENV}={settings.worker_liveness_interval_ms}, "
+            f"{liveness.SELF_FENCE_ENV}={settings.worker_self_fence_ms}, "
+            f"{liveness.DEAD_AFTER_ENV}={settings.worker_dead_after_ms}",
+            error,
+            "raise it, or unset the three for their defaults (docs/reliability.md, worker liveness)",
+        )
+        for error in errors
+    ]
+
+
 def problems(settings: Settings, *, database: Schema | None, broker: bool) -> list[Problem]:
-    """Every problem of the checks asked for: ``database`` (None: not checked) and ``broker``."""
-    found: list[Problem] = []
+    """Every problem of the checks asked for: ``database`` (None: not checked) and ``broker``;
+    and always the settings that cannot work together."""
+    found: list[Problem] = settings_problems(settings)
     if database is not None:
         db = database_problem(settings, database)
         if db is not None:

@@ -246,6 +246,21 @@ def test_a_schema_from_a_newer_release_is_run_on_with_a_warning(
     assert f"the schema is at migration 0099_future, newer than this release's {head()}" in caplog.text
 
 
+def test_liveness_thresholds_out_of_order_are_refused_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = settings(tmp_path, RECEIPT_WORKER_SELF_FENCE_MS="6000", RECEIPT_WORKER_DEAD_AFTER_MS="7000")
+    found = preflight.problems(s, database=None, broker=False)
+    assert [p.setting for p in found] == ["RECEIPT_WORKER_DEAD_AFTER_MS"]
+    assert (
+        "RECEIPT_WORKER_DEAD_AFTER_MS=7000 must be at least RECEIPT_WORKER_SELF_FENCE_MS=6000 + 2000 ms"
+        in (found[0].line())
+    )
+    with pytest.raises(SystemExit):
+        preflight.require(s, database=None, broker=False)
+    assert preflight.problems(settings(tmp_path), database=None, broker=False) == []
+
+
 def test_require_reports_every_problem_and_exits_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from app.jobs import kinds
 from app.jobs.contracts import COMMAND_FIELD
+from app.jobs.liveness import FENCED
 from app.jobs.privilege import COMMANDS_SCOPE, runs_command
 from workers import sandbox
 from workers.handler import HandlerError, JobContext
@@ -217,7 +218,9 @@ def _run(
             if time.monotonic() - last_report >= PROGRESS_EVERY_S:
                 _report(ctx, output)
                 last_report = time.monotonic()
-        if stop_reason is not None:
+        if stop_reason == FENCED:
+            proc.kill()  # at once: another worker may start this job once the fence's margin is spent
+        elif stop_reason is not None:
             proc.terminate(KILL_GRACE_S)
     finally:
         # Every attempt ends with the whole tree gone, however it ended.

@@ -1,0 +1,229 @@
+"""This worker process's liveness: renewed every couple of seconds, and the self-fence.
+
+The rules and the margin between the two thresholds are in ``app/jobs/liveness.py``; the record in
+``app/storage/liveness.py``. Two daemon threads:
+
+- ``renew``: renews the record every ``RECEIPT_WORKER_LIVENESS_INTERVAL_MS``. It may block on a
+  database that stopped answering; nothing else waits for it.
+- ``watch``: every ``FENCE_CHECK_MS``, and without touching the network, fences the process when
+  its last successful renewal *started* more than ``RECEIPT_WORKER_SELF_FENCE_MS`` ago, or at once
+  when a renewal finds the record declared dead.
+
+Fencing cancels every attempt running under the current identity with reason ``worker_fenced``
+(the codex handler then SIGKILLs its command's whole tree; the runner returns without writing
+anything), and moves the process to a new identity (a new epoch), so attempts it starts later are
+not mistaken for the fenced ones, whose jobs the ``worker-liveness`` loop expires once the old
+record lapses. A fenced identity is never renewed again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.engine import Engine
+
+from app.config import Settings
+from app.jobs import liveness as rules
+from app.storage import liveness as records
+from workers.handler import JobContext
+
+log = logging.getLogger("receipt.liveness")
+
+
+def _hex(digits: int) -> str:
+    return uuid.uuid4().hex[:digits]
+
+
+def process_base(settings: Settings) -> str:
+    return settings.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+
+
+class ProcessLiveness:
+    """The liveness of one worker process (one per process: ``install``/``current``)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        role: str,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        base: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.role = role
+        self.interval_s = settings.worker_liveness_interval_ms / 1000
+        self.self_fence_ms = settings.worker_self_fence_ms
+        self.clock = clock
+        self.base = base or process_base(settings)
+        self._lock = threading.Lock()
+        self.process = rules.process_id(self.base, _hex(rules.EPOCH_HEX))
+        self._last_ok = clock()
+        self._attempts: dict[str, set[JobContext]] = {}
+        self._fenced: set[str] = set()
+        self.fences: list[tuple[str, str, int]] = []  # (identity, why, attempts cancelled)
+        self._stop = threading.Event()
+        self._renew_now = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._renew_loop, name="receipt-liveness-renew", daemon=True),
+            threading.Thread(target=self._watch_loop, name="receipt-liveness-watch", daemon=True),
+        ]
+        self._outage_logged = False
+
+    # -- identities and attempts
+    def holder_id(self) -> str:
+        """A lease holder id for a new attempt under the current identity."""
+        with self._lock:
+            return rules.holder_id(self.process, _hex(8))
+
+    @contextmanager
+    def running(self, ctx: JobContext) -> Iterator[None]:
+        """Hold ``ctx`` as one of this process's running attempts while the block runs."""
+        identity = ctx.worker_id[:-8] if len(ctx.worker_id) > 8 else ctx.worker_id
+        with self._lock:
+            fenced = identity in self._fenced
+            if not fenced:
+                self._attempts.setdefault(identity, set()).add(ctx)
+        if fenced:  # its identity was fenced between the lease and now
+            ctx.cancel(rules.FENCED)
+        try:
+            yield
+        finally:
+            with self._lock:
+                held = self._attempts.get(identity)
+                if held is not None:
+                    held.discard(ctx)
+                    if not held:
+                        del self._attempts[identity]
+
+    def running_count(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._attempts.values())
+
+    # -- start and stop
+    def start(self) -> None:
+        started = self.clock()
+        try:
+            records.register(self.engine, self.process, self.role)
+            with self._lock:
+                self._last_ok = started
+        except Exception as exc:  # the renew thread inserts it once the database answers
+            log.warning("could not record this worker's liveness at start: %s", exc)
+        for t in self._threads:
+            t.start()
+        log.info(
+            "worker liveness %s: renewed every %.1f s; fences itself after %d ms without a renewal",
+            self.process,
+            self.interval_s,
+            self.self_fence_ms,
+        )
+
+    def stop(self) -> None:
+        """Stop renewing; a process stopping with no attempt left deletes its record."""
+        self._stop.set()
+        self._renew_now.set()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout=5)
+        if self.running_count() == 0:
+            try:
+                records.forget(self.engine, self.process)
+            except Exception as exc:
+                log.warning("could not delete this worker's liveness record: %s", exc)
+
+    # -- renewing
+    def renew_once(self) -> None:
+        started = self.clock()
+        with self._lock:
+            identity = self.process
+        try:
+            outcome = records.renew(self.engine, identity, self.role)
+        except Exception as exc:
+            if not self._outage_logged:
+                log.warning("worker liveness %s: renewal failed: %s", identity, exc)
+                self._outage_logged = True
+            return
+        if self._outage_logged:
+            log.info("worker liveness %s: renewed again", identity)
+            self._outage_logged = False
+        if outcome == "dead":
+            self.fence(identity, "its record was declared dead")
+            return
+        with self._lock:
+            if identity == self.process:
+                self._last_ok = max(self._last_ok, started)
+
+    def _renew_loop(self) -> None:
+        while not self._stop.is_set():
+            self._renew_now.wait(self.interval_s)
+            self._renew_now.clear()
+            if self._stop.is_set():
+                return
+            self.renew_once()
+
+    # -- fencing
+    def check(self) -> bool:
+        """Fence the current identity if its deadline passed; True when it did."""
+        with self._lock:
+            identity = self.process
+            due = rules.fence_due(self._last_ok, self.clock(), self.self_fence_ms)
+        if due:
+            self.fence(identity, f"no liveness renewal for {self.self_fence_ms} ms")
+        return due
+
+    def _watch_loop(self) -> None:
+        while not self._stop.wait(rules.FENCE_CHECK_MS / 1000):
+            self.check()
+
+    def fence(self, identity: str, why: str) -> None:
+        """Cancel every attempt of ``identity`` (their commands are killed) and move to a new one."""
+        with self._lock:
+            if identity in self._fenced or identity != self.process:
+                return
+            self._fenced.add(identity)
+            cancelled = list(self._attempts.pop(identity, ()))
+            self.process = rules.process_id(self.base, _hex(rules.EPOCH_HEX))
+            self._last_ok = self.clock()
+            self.fences.append((identity, why, len(cancelled)))
+        for ctx in cancelled:
+            ctx.cancel(rules.FENCED)
+        level = logging.ERROR if cancelled else logging.INFO
+        log.log(
+            level,
+            "worker fenced itself as %s (%s): cancelled %d attempts and killed their commands; now %s",
+            identity,
+            why,
+            len(cancelled),
+            self.process,
+        )
+        self._renew_now.set()
+
+
+_CURRENT: ProcessLiveness | None = None
+
+
+def install(liveness: ProcessLiveness | None) -> None:
+    global _CURRENT
+    _CURRENT = liveness
+
+
+def current() -> ProcessLiveness | None:
+    return _CURRENT
+
+
+@contextmanager
+def running(ctx: JobContext) -> Iterator[None]:
+    """``ProcessLiveness.running`` of this process's liveness, or nothing when none is installed."""
+    live = _CURRENT
+    if live is None:
+        yield
+        return
+    with live.running(ctx):
+        yield
