@@ -24,8 +24,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import weakref
+from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
 
@@ -66,7 +66,7 @@ class ProcessLiveness:
         self._lock = threading.Lock()
         self.process = rules.process_id(self.base, _hex(rules.EPOCH_HEX))
         self._last_ok = clock()
-        self._attempts: dict[str, set[JobContext]] = {}
+        self._attempts: weakref.WeakSet[JobContext] = weakref.WeakSet()
         self._fenced: set[str] = set()
         self.fences: list[tuple[str, str, int]] = []  # (identity, why, attempts cancelled)
         self._stop = threading.Event()
@@ -83,29 +83,19 @@ class ProcessLiveness:
         with self._lock:
             return rules.holder_id(self.process, _hex(8))
 
-    @contextmanager
-    def running(self, ctx: JobContext) -> Iterator[None]:
-        """Hold ``ctx`` as one of this process's running attempts while the block runs."""
+    def track(self, ctx: JobContext) -> None:
+        """Count ``ctx`` among this process's attempts, so a fence of its identity cancels it.
+
+        Held weakly and never removed: cancelling an attempt that already ended changes nothing."""
         identity = ctx.worker_id[:-8] if len(ctx.worker_id) > 8 else ctx.worker_id
         with self._lock:
             fenced = identity in self._fenced
-            if not fenced:
-                self._attempts.setdefault(identity, set()).add(ctx)
+            self._attempts.add(ctx)
         if fenced:  # its identity was fenced between the lease and now
             ctx.cancel(rules.FENCED)
-        try:
-            yield
-        finally:
-            with self._lock:
-                held = self._attempts.get(identity)
-                if held is not None:
-                    held.discard(ctx)
-                    if not held:
-                        del self._attempts[identity]
 
-    def running_count(self) -> int:
-        with self._lock:
-            return sum(len(v) for v in self._attempts.values())
+    def _of(self, identity: str) -> list[JobContext]:
+        return [c for c in self._attempts if c.worker_id.startswith(identity) and c.worker_id != identity]
 
     # -- start and stop
     def start(self) -> None:
@@ -126,17 +116,17 @@ class ProcessLiveness:
         )
 
     def stop(self) -> None:
-        """Stop renewing; a process stopping with no attempt left deletes its record."""
+        """Stop renewing; a process stopping with no job leased under its identity deletes its record
+        (one that still holds a lease leaves it to lapse, and the worker-liveness loop expires it)."""
         self._stop.set()
         self._renew_now.set()
         for t in self._threads:
             if t.is_alive():
                 t.join(timeout=5)
-        if self.running_count() == 0:
-            try:
-                records.forget(self.engine, self.process)
-            except Exception as exc:
-                log.warning("could not delete this worker's liveness record: %s", exc)
+        try:
+            records.forget_unless_holding(self.engine, self.process)
+        except Exception as exc:
+            log.warning("could not delete this worker's liveness record: %s", exc)
 
     # -- renewing
     def renew_once(self) -> None:
@@ -188,7 +178,7 @@ class ProcessLiveness:
             if identity in self._fenced or identity != self.process:
                 return
             self._fenced.add(identity)
-            cancelled = list(self._attempts.pop(identity, ()))
+            cancelled = self._of(identity)
             self.process = rules.process_id(self.base, _hex(rules.EPOCH_HEX))
             self._last_ok = self.clock()
             self.fences.append((identity, why, len(cancelled)))
@@ -197,7 +187,7 @@ class ProcessLiveness:
         level = logging.ERROR if cancelled else logging.INFO
         log.log(
             level,
-            "worker fenced itself as %s (%s): cancelled %d attempts and killed their commands; now %s",
+            "worker fenced itself as %s (%s): cancelled its %d attempts and killed their commands; now %s",
             identity,
             why,
             len(cancelled),
@@ -218,12 +208,8 @@ def current() -> ProcessLiveness | None:
     return _CURRENT
 
 
-@contextmanager
-def running(ctx: JobContext) -> Iterator[None]:
-    """``ProcessLiveness.running`` of this process's liveness, or nothing when none is installed."""
+def track(ctx: JobContext) -> None:
+    """``ProcessLiveness.track`` of this process's liveness; nothing when none is installed."""
     live = _CURRENT
-    if live is None:
-        yield
-        return
-    with live.running(ctx):
-        yield
+    if live is not None:
+        live.track(ctx)

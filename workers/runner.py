@@ -143,14 +143,14 @@ def run_attempt(
         return this.settle(error=no_handler_message(job.agent_id), retryable=False, status="failed")
 
     ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms)
-    with liveness.running(ctx):
-        thread = _HANDLERS.submit(lambda: handler(ctx))
-        stop = _race(this, ctx, thread, timing)
-        if stop == FENCED:
-            # This process fenced itself (its liveness lapsed): the job is the worker-liveness
-            # loop's to expire, so nothing is written, whatever the handler returns.
-            thread.join(CANCEL_GRACE_S)
-            return AttemptResult("lease_lost", None, "this worker fenced itself: liveness not renewed")
+    liveness.track(ctx)
+    thread = _HANDLERS.submit(lambda: handler(ctx))
+    stop = _race(this, ctx, thread, timing)
+    if stop == FENCED:
+        # This process fenced itself (its liveness lapsed): the job is the worker-liveness loop's
+        # to expire, so nothing is written, whatever the handler returns.
+        thread.join(CANCEL_GRACE_S)
+        return AttemptResult("lease_lost", None, "this worker fenced itself: liveness not renewed")
     if stop == "lease_lost":
         return AttemptResult("lease_lost", queue.get(job_id), "lease lost while running")
     if stop is not None:

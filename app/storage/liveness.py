@@ -77,10 +77,13 @@ def renew(engine: Engine, process: str, role: str) -> Renewal:
         return "inserted"
 
 
-def forget(engine: Engine, process: str) -> None:
-    """Delete ``process``'s row (a clean stop holding no job)."""
+def forget_unless_holding(engine: Engine, process: str) -> bool:
+    """Delete ``process``'s row unless a job is still leased under it (a clean stop); True if deleted."""
     with transaction(engine) as conn:
+        if _held_ids(conn, process, 1):
+            return False
         conn.execute(delete(worker_liveness).where(worker_liveness.c.process_id == process))
+    return True
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,14 @@ from app.jobs.vocab import job_stream
 from app.storage import liveness as records
 from app.storage import store
 from app.storage.db import worker_liveness
+from tests.support.queue_ops import lease
 from workers import liveness
 from workers.handler import JobContext
 from workers.registry import HandlerRegistry
 from workers.runner import run_attempt
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+BODY = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
 
 
 # -- the ordering of the three settings ----------------------------------------------------------------
@@ -146,24 +148,31 @@ def test_a_process_that_cannot_renew_fences_itself_at_the_self_fence_and_takes_a
     first = live.process
     ctx = _ctx(live.holder_id())
     assert ctx.worker_id.startswith(first) and len(ctx.worker_id) == len(first) + 8
-    with live.running(ctx):
-        clock.t += 2.0
-        live.renew_once()  # renewed: the deadline moves to 1002 + 6
-        clock.t = 1007.9
-        assert not live.check() and not ctx.cancelled.is_set()
-        sqlite_engine.dispose()
-        live.engine = _broken_engine()
-        clock.t = 1008.0
-        live.renew_once()  # fails: nothing changes
-        assert not ctx.cancelled.is_set()
-        assert live.check()
-        assert ctx.cancelled.is_set() and ctx.cancel_reason == rules.FENCED
+    live.track(ctx)
+    clock.t += 2.0
+    live.renew_once()  # renewed: the deadline moves to 1002 + 6
+    clock.t = 1007.9
+    assert not live.check() and not ctx.cancelled.is_set()
+    sqlite_engine.dispose()
+    live.engine = _broken_engine()
+    clock.t = 1008.0
+    live.renew_once()  # fails: nothing changes
+    assert not ctx.cancelled.is_set()
+    assert live.check()
+    assert ctx.cancelled.is_set() and ctx.cancel_reason == rules.FENCED
     assert live.process != first and live.process.startswith("host:42:")
     assert live.fences == [(first, "no liveness renewal for 6000 ms", 1)]
-    # An attempt leased under the fenced identity a moment too late is cancelled as it starts.
+    # An attempt leased under the fenced identity a moment too late is cancelled as it starts ...
     late = _ctx(rules.holder_id(first, "abcdef01"))
-    with live.running(late):
-        assert late.cancel_reason == rules.FENCED
+    live.track(late)
+    assert late.cancel_reason == rules.FENCED
+    # ... and one under the new identity runs on, until that identity is fenced in its turn.
+    fresh = _ctx(live.holder_id())
+    live.track(fresh)
+    assert not fresh.cancelled.is_set()
+    clock.t += 6.0
+    assert live.check() and fresh.cancel_reason == rules.FENCED
+    assert [n for _, _, n in live.fences] == [1, 1]
 
 
 def test_a_process_whose_record_was_declared_dead_fences_at_once(sqlite_engine: Engine) -> None:
@@ -173,21 +182,29 @@ def test_a_process_whose_record_was_declared_dead_fences_at_once(sqlite_engine: 
     ctx = _ctx(live.holder_id())
     with sqlite_engine.begin() as conn:
         conn.execute(update(worker_liveness).values(dead_at=NOW))
-    with live.running(ctx):
-        live.renew_once()
-        assert ctx.cancel_reason == rules.FENCED
+    live.track(ctx)
+    live.renew_once()
+    assert ctx.cancel_reason == rules.FENCED
     assert live.fences[0][1] == "its record was declared dead"
     # The new identity is recorded by its first renewal (a missing row is re-inserted).
     live.renew_once()
     assert {r.process_id for r in records.records(sqlite_engine) if r.dead_at is None} == {live.process}
 
 
-def test_a_clean_stop_without_attempts_deletes_the_record(sqlite_engine: Engine) -> None:
+def test_a_clean_stop_deletes_the_record_unless_a_lease_is_held_under_it(sqlite_engine: Engine) -> None:
     live = _process(sqlite_engine, Clock())
     live.start()
     assert [r.process_id for r in records.records(sqlite_engine)] == [live.process]
     live.stop()
     assert records.records(sqlite_engine) == []
+
+    holding = _process(sqlite_engine, Clock())
+    holding.start()
+    queue = queue_for(sqlite_engine)
+    job_id = queue.enqueue(validate_enqueue("factory", BODY)).job.id
+    assert lease(queue, job_id, holding.holder_id(), 60_000, start=True).applied
+    holding.stop()  # left to lapse: the worker-liveness loop expires the lease it still holds
+    assert [r.process_id for r in records.records(sqlite_engine)] == [holding.process]
 
 
 class _Broken:
@@ -207,8 +224,7 @@ def _broken_engine() -> Any:
 
 def test_a_fenced_attempt_returns_lease_lost_and_writes_no_settlement(sqlite_engine: Engine) -> None:
     queue = queue_for(sqlite_engine)
-    body = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
-    job_id = queue.enqueue(validate_enqueue("factory", body)).job.id
+    job_id = queue.enqueue(validate_enqueue("factory", BODY)).job.id
     started = threading.Event()
     seen: dict[str, Any] = {}
 
