@@ -367,7 +367,8 @@ class Settings:
     worker_id: str | None = setting(
         "RECEIPT_WORKER_ID",
         None,
-        "Worker identity written on leases. Unset: `<hostname>:<pid>`.",
+        "Worker identity written on leases, followed by the process's liveness epoch and a nonce per "
+        "attempt. Unset: `<hostname>:<pid>`.",
     )
     worker_liveness_interval_ms: int = setting(
         "RECEIPT_WORKER_LIVENESS_INTERVAL_MS",
