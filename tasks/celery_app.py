@@ -242,8 +242,8 @@ def _start_liveness(sender: Any = None, **_: Any) -> None:
     role = getattr(worker_app, "receipt_liveness_role", None) if worker_app is not None else None
     if worker_app is None or role is None:
         return
-    rt = get_runtime(worker_app)
-    live = worker_liveness.ProcessLiveness(rt.engine, rt.settings, role)
+    settings = get_runtime(worker_app).settings
+    live = worker_liveness.ProcessLiveness(worker_liveness.liveness_engine(settings), settings, role)
     worker_liveness.install(live)
     live.start()
 
@@ -252,6 +252,7 @@ def _stop_liveness(sender: Any = None, **_: Any) -> None:
     live = worker_liveness.current()
     if live is not None:
         live.stop()
+        live.engine.dispose()
         worker_liveness.install(None)
 
 

@@ -32,9 +32,13 @@ from sqlalchemy.engine import Engine
 from app.config import Settings
 from app.jobs import liveness as rules
 from app.storage import liveness as records
+from app.storage.db import make_engine
 from workers.handler import JobContext
 
 log = logging.getLogger("receipt.liveness")
+
+# libpq counts whole seconds (and treats less than 2 as 2).
+CONNECT_TIMEOUT_S = 2
 
 
 def _hex(digits: int) -> str:
@@ -43,6 +47,22 @@ def _hex(digits: int) -> str:
 
 def process_base(settings: Settings) -> str:
     return settings.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def liveness_engine(settings: Settings) -> Engine:
+    """An engine of its own for the renewals: a worker whose pool is busy with its handlers' queries
+    must not miss renewals waiting for a connection, and fence itself for that. One connection (and
+    one spare), given up on after ``CONNECT_TIMEOUT_S`` when the database does not answer."""
+    url = settings.sqlalchemy_url
+    if url.startswith("sqlite"):
+        return make_engine(url)
+    return make_engine(
+        url,
+        pool_size=1,
+        max_overflow=1,
+        pool_timeout=CONNECT_TIMEOUT_S,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+    )
 
 
 class ProcessLiveness:
@@ -67,6 +87,9 @@ class ProcessLiveness:
         self.process = rules.process_id(self.base, _hex(rules.EPOCH_HEX))
         self._last_ok = clock()
         self._attempts: weakref.WeakSet[JobContext] = weakref.WeakSet()
+        self._kills: weakref.WeakKeyDictionary[JobContext, list[Callable[[], None]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._fenced: set[str] = set()
         self.fences: list[tuple[str, str, int]] = []  # (identity, why, attempts cancelled)
         self._stop = threading.Event()
@@ -93,6 +116,21 @@ class ProcessLiveness:
             self._attempts.add(ctx)
         if fenced:  # its identity was fenced between the lease and now
             ctx.cancel(rules.FENCED)
+
+    def on_fence(self, ctx: JobContext, kill: Callable[[], None]) -> Callable[[], None]:
+        """Have a fence of ``ctx``'s identity call ``kill`` itself (from the watch thread), not only
+        cancel ``ctx``: a handler thread blocked on the unreachable database would not see the
+        cancellation. Returns the call that withdraws it."""
+        with self._lock:
+            self._kills.setdefault(ctx, []).append(kill)
+
+        def withdraw() -> None:
+            with self._lock:
+                kills = self._kills.get(ctx)
+                if kills is not None and kill in kills:
+                    kills.remove(kill)
+
+        return withdraw
 
     def _of(self, identity: str) -> list[JobContext]:
         return [c for c in self._attempts if c.worker_id.startswith(identity) and c.worker_id != identity]
@@ -179,11 +217,17 @@ class ProcessLiveness:
                 return
             self._fenced.add(identity)
             cancelled = self._of(identity)
+            kills = [k for c in cancelled for k in self._kills.get(c, ())]
             self.process = rules.process_id(self.base, _hex(rules.EPOCH_HEX))
             self._last_ok = self.clock()
             self.fences.append((identity, why, len(cancelled)))
         for ctx in cancelled:
             ctx.cancel(rules.FENCED)
+        for kill in kills:
+            try:
+                kill()
+            except Exception:  # the handler's own kill path (on cancellation) still runs
+                log.exception("killing a fenced attempt's command failed")
         level = logging.ERROR if cancelled else logging.INFO
         log.log(
             level,
@@ -213,3 +257,11 @@ def track(ctx: JobContext) -> None:
     live = _CURRENT
     if live is not None:
         live.track(ctx)
+
+
+def on_fence(ctx: JobContext, kill: Callable[[], None]) -> Callable[[], None]:
+    """``ProcessLiveness.on_fence`` of this process's liveness; a no-op when none is installed."""
+    live = _CURRENT
+    if live is None:
+        return lambda: None
+    return live.on_fence(ctx, kill)

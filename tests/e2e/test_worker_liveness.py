@@ -88,9 +88,13 @@ def _lines(path: Path) -> list[float]:
     return [float(x) for x in path.read_text().split()]
 
 
+@pytest.mark.parametrize("partition", ["cut", "stall"])
 def test_a_partitioned_worker_kills_its_command_before_its_job_runs_elsewhere(
-    stack: Stack, shared_dir: Path
+    stack: Stack, shared_dir: Path, partition: str
 ) -> None:
+    """``cut``: every connection is closed and new ones refused. ``stall``: connections stay open and
+    no byte moves, so the worker's threads that touch the database block (its handler thread too):
+    the fence must still kill the command."""
     stack.timings["CODEX_JOB_LEASE_MS"] = SEVEN_MINUTES_MS
     stack.env_overrides["RECEIPT_CODEX_WORKSPACE_ROOT"] = str(shared_dir)
     pg, rd = make_url(stack.database_url), make_url(stack.redis_url)
@@ -118,8 +122,11 @@ def test_a_partitioned_worker_kills_its_command_before_its_job_runs_elsewhere(
         wait_for(lambda: len(_lines(first_marker)) >= 5, 10, what="the command to write")
         stack.start_worker("worker-codex", "codex-2")
 
-        pg_proxy.cut()
-        redis_proxy.cut()
+        for proxy in (pg_proxy, redis_proxy):
+            if partition == "cut":
+                proxy.cut()
+            else:
+                proxy.hold()
         cut_at = time.time()
         again = stack.wait_running(job["id"], attempt=2, timeout=60)
         assert again.lease is not None and worker_pid(again.lease.worker_id) == stack.procs["codex-2"].pid
@@ -138,7 +145,7 @@ def test_a_partitioned_worker_kills_its_command_before_its_job_runs_elsewhere(
         assert expired_at is not None
         handed_over = expired_at.timestamp()
         print(
-            f"\n[partition] command stopped {first_stopped - cut_at:.2f} s after the cut; job expired "
+            f"\n[partition {partition}] command stopped {first_stopped - cut_at:.2f} s after the cut; job expired "
             f"{handed_over - cut_at:.2f} s after it; "
             f"second command started {second_started - cut_at:.2f} s after it"
         )

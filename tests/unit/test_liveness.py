@@ -259,3 +259,22 @@ def test_a_fenced_attempt_returns_lease_lost_and_writes_no_settlement(sqlite_eng
     with sqlite_engine.connect() as conn:
         types = [r.type for r in store.read_stream(conn, job_stream(job_id))]
     assert types == ["job.enqueued", "job.leased", "job.heartbeat"]
+
+
+def test_a_fence_kills_registered_commands_itself_and_a_withdrawn_kill_is_not_called(
+    sqlite_engine: Engine,
+) -> None:
+    # The handler thread may be stuck on the unreachable database: the fence does not wait for it.
+    clock = Clock()
+    live = _process(sqlite_engine, clock)
+    ctx, done = _ctx(live.holder_id()), _ctx(live.holder_id())
+    killed: list[str] = []
+    live.track(ctx)
+    live.track(done)
+    live.on_fence(ctx, lambda: killed.append("running"))
+    withdraw = live.on_fence(done, lambda: killed.append("ended"))
+    withdraw()  # its command ended: the handler withdrew the kill
+    clock.t += 6.0
+    assert live.check()
+    assert killed == ["running"]
+    assert ctx.cancel_reason == rules.FENCED

@@ -34,7 +34,7 @@ from app.jobs import kinds
 from app.jobs.contracts import COMMAND_FIELD
 from app.jobs.liveness import FENCED
 from app.jobs.privilege import COMMANDS_SCOPE, runs_command
-from workers import sandbox
+from workers import liveness, sandbox
 from workers.handler import HandlerError, JobContext
 from workers.kinds import handles
 from workers.sandbox_users import NoFreeUid, UnusableLockDir
@@ -190,6 +190,7 @@ def _run(
     except (OSError, ValueError) as exc:
         raise HandlerError(f"cannot start {argv[0]!r}: {exc}", retryable=False) from exc
 
+    withdraw = liveness.on_fence(ctx, proc.kill)  # a fenced worker kills it even if this thread is stuck
     output = _Output(ctx.settings.codex_output_tail_bytes)
     stdout = proc.popen.stdout
     assert isinstance(stdout, io.BufferedReader)  # Popen(stdout=PIPE), unbuffered=False: read1 exists
@@ -224,6 +225,7 @@ def _run(
             proc.terminate(KILL_GRACE_S)
     finally:
         # Every attempt ends with the whole tree gone, however it ended.
+        withdraw()
         proc.finish()
     reader.join(timeout=KILL_GRACE_S)
     _report(ctx, output)
