@@ -145,8 +145,8 @@ def test_a_partitioned_worker_kills_its_command_before_its_job_runs_elsewhere(
         assert expired_at is not None
         handed_over = expired_at.timestamp()
         print(
-            f"\n[partition {partition}] command stopped {first_stopped - cut_at:.2f} s after the cut; job expired "
-            f"{handed_over - cut_at:.2f} s after it; "
+            f"\n[partition {partition}] command stopped {first_stopped - cut_at:.2f} s after the cut; "
+            f"job expired {handed_over - cut_at:.2f} s after it; "
             f"second command started {second_started - cut_at:.2f} s after it"
         )
         # Same host, same clock: the first command was dead before the job was handed over, and the
