@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections import deque
 from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
@@ -91,7 +92,8 @@ class ProcessLiveness:
             weakref.WeakKeyDictionary()
         )
         self._fenced: set[str] = set()
-        self.fences: list[tuple[str, str, int]] = []  # (identity, why, attempts cancelled)
+        # The latest fences, (identity, why, attempts cancelled): one every self-fence while cut off.
+        self.fences: deque[tuple[str, str, int]] = deque(maxlen=100)
         self._stop = threading.Event()
         self._renew_now = threading.Event()
         self._threads = [

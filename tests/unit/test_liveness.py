@@ -161,7 +161,7 @@ def test_a_process_that_cannot_renew_fences_itself_at_the_self_fence_and_takes_a
     assert live.check()
     assert ctx.cancelled.is_set() and ctx.cancel_reason == rules.FENCED
     assert live.process != first and live.process.startswith("host:42:")
-    assert live.fences == [(first, "no liveness renewal for 6000 ms", 1)]
+    assert list(live.fences) == [(first, "no liveness renewal for 6000 ms", 1)]
     # An attempt leased under the fenced identity a moment too late is cancelled as it starts ...
     late = _ctx(rules.holder_id(first, "abcdef01"))
     live.track(late)
