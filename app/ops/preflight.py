@@ -339,9 +339,10 @@ def settings_problems(settings: Settings) -> list[Problem]:
 
 
 def problems(settings: Settings, *, database: Schema | None, broker: bool) -> list[Problem]:
-    """Every problem of the checks asked for: ``database`` (None: not checked) and ``broker``;
-    and always the settings that cannot work together."""
-    found: list[Problem] = settings_problems(settings)
+    """Every problem of the checks asked for: ``database`` (None: not checked) and ``broker``; and,
+    for a process that asks for either (every server process; not ``receipt config``, which shows
+    the settings to fix), the settings that cannot work together."""
+    found: list[Problem] = settings_problems(settings) if database is not None or broker else []
     if database is not None:
         db = database_problem(settings, database)
         if db is not None:

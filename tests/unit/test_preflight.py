@@ -250,15 +250,18 @@ def test_liveness_thresholds_out_of_order_are_refused_at_start(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     s = settings(tmp_path, RECEIPT_WORKER_SELF_FENCE_MS="6000", RECEIPT_WORKER_DEAD_AFTER_MS="7000")
-    found = preflight.problems(s, database=None, broker=False)
+    # `receipt config` (which checks nothing) still shows the settings to fix.
+    assert preflight.problems(s, database=None, broker=False) == []
+    found = preflight.settings_problems(s)
     assert [p.setting for p in found] == ["RECEIPT_WORKER_DEAD_AFTER_MS"]
     assert (
         "RECEIPT_WORKER_DEAD_AFTER_MS=7000 must be at least RECEIPT_WORKER_SELF_FENCE_MS=6000 + 2000 ms"
         in (found[0].line())
     )
     with pytest.raises(SystemExit):
-        preflight.require(s, database=None, broker=False)
-    assert preflight.problems(settings(tmp_path), database=None, broker=False) == []
+        preflight.require(s, database=None, broker=True)  # flower's check, say
+    assert "RECEIPT_WORKER_DEAD_AFTER_MS=7000 must be at least" in capsys.readouterr().err
+    assert preflight.settings_problems(settings(tmp_path)) == []
 
 
 def test_require_reports_every_problem_and_exits_2(
