@@ -196,7 +196,10 @@ class ProcessLiveness:
             self._renew_now.clear()
             if self._stop.is_set():
                 return
-            self.renew_once()
+            try:
+                self.renew_once()
+            except Exception:  # the thread must outlive a bug: the watch fences while it cannot renew
+                log.exception("worker liveness renewal raised")
 
     # -- fencing
     def check(self) -> bool:
