@@ -97,7 +97,9 @@ TEXT_RULED = frozenset(
     ],
     ids=["positive-system", "negative-system", "positive-org", "positive-commands", "positive-org-tight"],
 )
-def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: str) -> None:
+def test_api_conforms_to_its_document(
+    fuzz_api: Api, mode: GenerationMode, who: str, request: pytest.FixtureRequest
+) -> None:
     # /openapi.json needs a token like everything but /healthz.
     headers = fuzz_api.headers(who)
     schema = schemathesis.openapi.from_wsgi("/openapi.json", fuzz_api.app, headers=headers)
@@ -105,6 +107,11 @@ def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: 
     # before it is parsed: that is a rejection too (schemathesis's default list lacks 413).
     rejection = schema.config.checks.negative_data_rejection
     rejection.expected_statuses = [*rejection.expected_statuses, "413"]
+    if "tight" in request.node.callspec.id:
+        # A batch of more jobs than one window of the tight write limit allows could never pass:
+        # 413 (split it), a limit of this deployment that the document cannot state as a schema.
+        acceptance = schema.config.checks.positive_data_acceptance
+        acceptance.expected_statuses = [*acceptance.expected_statuses, "413"]
     ran = 0
     calls: list[int] = []
     no_negative: list[str] = []
