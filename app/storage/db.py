@@ -170,6 +170,21 @@ loop_runs = Table(
 )
 
 
+# One row per worker process identity (app/jobs/liveness.py): renewed every couple of seconds by
+# its process, marked dead by the worker-liveness loop, which then expires the jobs it holds.
+# Best-effort and rebuildable: a live process re-inserts a missing row at its next renewal; a row
+# lost with its process only delays that process's jobs to their own lease expiry.
+worker_liveness = Table(
+    "worker_liveness",
+    metadata,
+    Column("process_id", String(300), primary_key=True),
+    Column("role", String(64), nullable=False),
+    Column("started_at", _Time, nullable=False),
+    Column("renewed_at", _Time, nullable=False),
+    Column("dead_at", _Time, nullable=True),
+    Index("ix_worker_liveness_renewed", "dead_at", "renewed_at"),
+)
+
 # The callback outbox: one row per (callback event, target), written in the same transaction as
 # the receipt that caused it (``dispatched``, which has no receipt, just before its message is
 # sent). Bookkeeping, not truth: each row is derived from a receipt; a lost row loses one

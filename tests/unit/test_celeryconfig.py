@@ -138,6 +138,7 @@ def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> N
         EXPIRE_TASK,
         RETRY_TASK,
         registry.SCHEDULES.task,
+        registry.WORKER_LIVENESS.task,
     }
     by_task = {e["task"]: e for e in schedule.values()}
     assert by_task[REDRIVE_TASK]["schedule"].total_seconds() == 7.0
