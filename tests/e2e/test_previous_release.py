@@ -23,7 +23,7 @@ from packaging.requirements import Requirement
 from sqlalchemy.engine import Engine
 
 from app.storage.migrate import current, head, upgrade
-from tests.e2e import handlers
+from devharness import handlers
 from tests.support.processes import PYTHON, REPO_ROOT, Harness
 from tests.support.stack import Stack, make_stack
 from tests.support.waiting import free_port, wait_for
@@ -96,10 +96,18 @@ def old_stack(harness: Harness, pg_database_url: str, tmp_path: Path) -> Iterato
         harness.stop_all()
 
 
-def _start(stack: Stack, code: Path, name: str, argv: list[str]) -> Any:
+# The previous release's workers load its own test handlers (same agent names as devharness's).
+OLD_HANDLERS = "tests.e2e.handlers"
+
+
+def _old_env(stack: Stack, code: Path) -> dict[str, str]:
     # PYTHONPATH and the working directory both name the old checkout: its modules shadow this
     # checkout's editable install (asserted below).
-    env = stack.env(PYTHONPATH=str(code))
+    return stack.env(PYTHONPATH=str(code), RECEIPT_HANDLER_MODULES=OLD_HANDLERS)
+
+
+def _start(stack: Stack, code: Path, name: str, argv: list[str]) -> Any:
+    env = _old_env(stack, code)
     if name == "web":
         env.update(RECEIPT_PROCESS_ROLE="api", WEB_CONCURRENCY="1")
     proc = stack.harness.start(name, argv, env, cwd=code)
@@ -111,7 +119,7 @@ def _old(stack: Stack, code: Path, *args: str) -> subprocess.CompletedProcess[st
     return subprocess.run(
         [PYTHON, *args],
         cwd=code,
-        env=stack.env(PYTHONPATH=str(code)),
+        env=_old_env(stack, code),
         capture_output=True,
         text=True,
         timeout=120,

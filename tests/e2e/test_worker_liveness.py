@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from app.jobs.times import parse_iso
-from tests.e2e import handlers
+from devharness import handlers
 from tests.support.services import TcpProxy
 from tests.support.stack import Stack, worker_pid
 from tests.support.waiting import wait_for
