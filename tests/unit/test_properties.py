@@ -134,6 +134,7 @@ BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     ),
     "queue.command.consumed": st.fixed_dictionaries({"commandId": st.sampled_from([*COMMAND_IDS, "c9"])}),
     "job.lease_expired": merged(fence, maybe("error", st.just("lease expired"))),
+    "job.released": merged(fence, maybe("reason", st.just("shutdown"))),
 }
 assert set(BODIES) == set(EVENT_TYPES)
 
@@ -151,9 +152,18 @@ _WEIGHTS = {
     "queue.command": 2,
     "queue.command.consumed": 2,
     "job.lease_expired": 3,
+    "job.released": 2,
 }
 WEIGHTED_TYPES = [t for t in EVENT_TYPES for _ in range(_WEIGHTS[t])]
-FENCED = ("job.heartbeat", "job.progress", "job.completed", "job.failed", "job.canceled", "job.lease_expired")
+FENCED = (
+    "job.heartbeat",
+    "job.progress",
+    "job.completed",
+    "job.failed",
+    "job.canceled",
+    "job.lease_expired",
+    "job.released",
+)
 
 
 @st.composite
