@@ -13,12 +13,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from app.composition import queue_for
 from app.jobs.times import parse_iso
+from receipt.client import Client
 from tests.e2e import handlers
 from tests.support.processes import Proc, descendants_of
 from tests.support.stack import Stack, worker_pid
@@ -150,3 +153,49 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_follower_across_a_web_restart_misses_and_repeats_nothing(stack: Stack) -> None:
+    """SIGTERM to the web process: its open event stream ends at once with a ``retry:`` (not at the
+    graceful timeout), the client resumes on the next web process from ``Last-Event-ID``, and the
+    states it receives are every receipt's, each once, in order, including those written while no
+    web process ran."""
+    _slow(stack)  # the job outlives the restart: no 5 s execution timeout
+    stack.start("web", "driver", "chat")
+    job = stack.post_job(handlers.COMMANDS, expect=3)
+    job_id = job["id"]
+    stack.wait_running(job_id)
+    client = Client(stack.url(""), token=stack.token, timeout=15)
+    seen: list[tuple[int, str]] = []
+    box: dict[str, BaseException] = {}
+
+    def follow() -> None:
+        try:
+            for event in client.follow(job_id, reconnect_delay=0.2, timeout=60):
+                seen.append((event.seq, event.status))
+        except BaseException as exc:  # reported by the test below
+            box["error"] = exc
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    stack.command(job_id, "steer", payload={"n": 1})
+    wait_for(lambda: len(seen) >= 5, timeout=15, what="the first command's states")
+
+    web = stack.procs.pop("web")
+    os.kill(web.pid, signal.SIGTERM)  # the graceful timeout is 19 s: the stream must not hold it
+    took = _exited_within(web, 10)
+    # Well inside the 19 s graceful timeout; what remains is an idle keep-alive connection's 5 s.
+    assert took < 8, f"the web process took {took:.1f} s to drain"
+    assert "event streams told to reconnect" in web.log()
+    queue = queue_for(stack.engine)
+    queue.command(stack.key(job_id), "steer", payload={"n": 2})  # written while no web process runs
+
+    stack.start_web("web-2")
+    stack.command(job_id, "steer", payload={"n": 3})
+    done = stack.wait_terminal(job_id, timeout=20)
+    assert done.status == "completed", (done.error, stack.types(job_id))
+    follower.join(20)
+    assert not follower.is_alive() and "error" not in box, box
+    last = stack.receipts(job_id)[-1].seq
+    assert [s for s, _ in seen] == list(range(1, last + 1))  # every state, once, in order
+    assert seen[-1][1] == "completed"
