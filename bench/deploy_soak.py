@@ -234,10 +234,13 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
     t0 = time.monotonic()
     try:
         grace_ms = int(args.grace * 1000)
+        # Room for every long job at once on the two chat workers: a handed-back job then waits for
+        # its delivery, never for a free slot, so the rerun delay measures the hand-back alone.
+        slots = args.long_jobs // 2 + 16
         env = {
             **SOAK_TIMINGS,
             "RECEIPT_SHUTDOWN_GRACE_MS": str(grace_ms),
-            "RECEIPT_RESONATE_EXECUTE_CONCURRENCY": "16",
+            "RECEIPT_RESONATE_EXECUTE_CONCURRENCY": str(slots),
         }
         stack = make_stack(harness, url, workdir / "home", **env)
         stack.timings = {}  # production leases: a job can only come back promptly through a release
