@@ -11,8 +11,10 @@ its wake-up, never through lease expiry or a redrive.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -24,7 +26,7 @@ from app.jobs.times import parse_iso
 from receipt.client import Client
 from tests.e2e import handlers
 from tests.support.processes import Proc, descendants_of
-from tests.support.stack import Stack, worker_pid
+from tests.support.stack import ORG, Stack, worker_pid
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
@@ -199,3 +201,32 @@ def test_a_follower_across_a_web_restart_misses_and_repeats_nothing(stack: Stack
     last = stack.receipts(job_id)[-1].seq
     assert [s for s, _ in seen] == list(range(1, last + 1))  # every state, once, in order
     assert seen[-1][1] == "completed"
+
+
+def test_a_post_in_flight_when_the_web_is_told_to_stop_still_finishes(stack: Stack) -> None:
+    """SIGTERM while a request is half sent: the web stops accepting, but the request in flight is
+    read to its end, answered and written (gunicorn's graceful stop, inside the grace)."""
+    stack.start("web")
+    body = json.dumps(
+        {
+            "jobId": "in-flight",
+            "payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": ORG}},
+        }
+    ).encode()
+    head = (
+        f"POST /agents/{handlers.ECHO}/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {stack.token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    web = stack.procs.pop("web")
+    with socket.create_connection(("127.0.0.1", stack.web_port), timeout=15) as sock:
+        sock.sendall(head + body[:10])
+        os.kill(web.pid, signal.SIGTERM)
+        wait_for(lambda: "draining:" in web.log(), timeout=10, what="the web worker to begin its stop")
+        sock.sendall(body[10:])
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 202"), answer[:200]
+    _exited_within(web, 10)
+    assert stack.status("in-flight") == "queued"  # written, though no worker runs to take it
