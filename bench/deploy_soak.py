@@ -49,10 +49,10 @@ from app.storage import store
 from app.storage.db import jobs, make_engine
 from app.storage.migrate import upgrade
 from bench.soak import SOAK_TIMINGS
+from devharness import handlers
+from devharness.processes import Harness, Proc, descendants_of
+from devharness.stack import ORG, Stack, make_stack
 from receipt.client import Client
-from tests.e2e import handlers
-from tests.support.processes import Harness, Proc, descendants_of
-from tests.support.stack import ORG, Stack, make_stack
 
 WORKERS = {
     "chat-a": "worker-chat",

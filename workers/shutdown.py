@@ -10,7 +10,7 @@ the SIGTERM to the exit, split in two (``GracePlan``):
   handed back with ``job.released``: queued again at once and not charged to ``maxAttempts``.
 
 So a platform's SIGKILL finds nothing left to lose. A crash (SIGKILL with no SIGTERM) never sets the
-flag: its jobs come back through lease expiry, as before.
+flag: its jobs come back through ``job.lease_expired`` (the worker-liveness loop), charged.
 
 ``PROCESS`` is the one flag of this process; the Celery wiring (``tasks/shutdown.py``) begins it on
 ``worker_shutting_down``, the runner (``workers/runner.py``) and the wake listener read it. Nothing

@@ -23,8 +23,8 @@ import pytest
 
 from app.composition import queue_for
 from app.jobs.times import parse_iso
+from devharness import handlers
 from receipt.client import Client
-from tests.e2e import handlers
 from tests.support.processes import Proc, descendants_of
 from tests.support.stack import ORG, Stack, worker_pid
 from tests.support.waiting import wait_for
