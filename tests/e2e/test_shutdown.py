@@ -120,7 +120,8 @@ def test_sigterm_to_every_process_at_once_hands_the_codex_job_back_and_a_new_dep
     running = stack.wait_running(job_id)
     codex, driver, beat = (stack.procs.pop(n) for n in ("codex", "driver", "beat"))
     assert running.lease is not None and worker_pid(running.lease.worker_id) == codex.pid
-    command_tree = wait_for(lambda: descendants_of(codex.pid), timeout=10, what="the command's processes")
+    # The whole tree, once the command itself runs (not while the sandbox is still being set up).
+    command_tree = wait_for(lambda: _tree_running(codex.pid, "/bin/sleep"), timeout=10, what="the command")
 
     # Heroku: every process of every dyno at once, the command and its sandbox included.
     signalled_at = time.time()
@@ -146,6 +147,20 @@ def test_sigterm_to_every_process_at_once_hands_the_codex_job_back_and_a_new_dep
     _released_once_then_rerun(stack, job_id, codex.pid, stack.procs["codex-2"].pid)
     stack.cancel(job_id, "test over")
     assert stack.wait_terminal(job_id, timeout=15).status == "canceled"
+
+
+def _tree_running(pid: int, command: str) -> list[int] | None:
+    """Every descendant of ``pid``, once one of them runs ``command``."""
+    tree = descendants_of(pid)
+    return tree if any(_cmdline(p).startswith(command) for p in tree) else None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _alive(pid: int) -> bool:
