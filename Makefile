@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast unit lint install bench docs soak
+.PHONY: run test test-fast unit lint install bench docs soak deploy-soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -55,6 +55,11 @@ bench: $(STAMP)
 ## SOAK_ARGS="--jobs 1500 --rate 15" for a shorter run; the figures are in docs/faults.md.
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
+
+## Deploy soak: 300 jobs of 10-60 s through 3 rolling deploys a minute apart (~6 min; the machine's
+## PostgreSQL + a private redis-server). DEPLOY_SOAK_ARGS="--long-jobs 30 --rounds 2 --interval 20".
+deploy-soak: $(STAMP)
+	$(BIN)/python -m bench.deploy_soak $(DEPLOY_SOAK_ARGS)
 
 ## Regenerate the README's configuration table from app/config.py, docs/reliability.md's loop table
 ## from app/ops/loops.py, and docs/security.md's authorization matrix from tests/support/authz_matrix.py.

@@ -13,6 +13,11 @@ keep flowing. Two things make that true rather than hopeful:
 - gevent's worker sends its heartbeat to the arbiter from its own greenlet, so ``timeout`` is
   about a *stuck worker*, not a long request: open streams are not killed at 30 s.
 
+A restart drains (SIGTERM): the worker stops accepting at once, every open event stream ends with
+a short ``retry:`` (its client resumes on the next process from ``Last-Event-ID``, missing and
+repeating nothing), and in-flight requests finish, all within ``graceful_timeout``, which is kept
+inside ``RECEIPT_SHUTDOWN_GRACE_MS`` (one second under it, at least one second).
+
 Environment (PaaS conventions): ``PORT`` (default 8080), ``WEB_CONCURRENCY`` worker processes
 (default 2, one per core of the reference machine), ``WEB_WORKER_CONNECTIONS`` greenlets per
 worker (default 1000). Command-line flags (e.g. ``-b 127.0.0.1:9000``) override these.
@@ -34,14 +39,16 @@ workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 worker_class = "gevent"
 worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS", "1000"))
 timeout = 30
-graceful_timeout = 30
+_SETTINGS = Settings.from_env()
+graceful_timeout = max(1, _SETTINGS.shutdown_grace_ms // 1000 - 1)
+DRAIN_WATCH_S = 0.1  # how often a worker looks whether it was told to stop
 keepalive = 5
 # Build the app in each worker after fork (and after gevent patches): no engine crosses a fork.
 preload_app = False
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
 # gunicorn's own lines and the app's share Receipt's one logging configuration (plain or JSON).
-logconfig_dict = logs.dict_config(Settings.from_env(), "web")
+logconfig_dict = logs.dict_config(_SETTINGS, "web")
 
 
 # Prometheus multiprocess mode: each gunicorn worker writes its counters to files in one folder,
@@ -97,6 +104,26 @@ def post_worker_init(worker: Any) -> None:
 
     outages.install(Settings.from_env())
     start_api_resume()
+    _drain_on_stop(worker)
+
+
+def _drain_on_stop(worker: Any) -> None:
+    """When the arbiter tells this worker to stop (SIGTERM: ``alive`` turns false), end every open
+    event stream with a ``retry:`` at once, instead of holding the graceful timeout and then being
+    cut: the client reconnects to the next process from ``Last-Event-ID``."""
+    import gevent
+
+    from api.context import EXTENSION
+
+    def watch() -> None:
+        while worker.alive:
+            gevent.sleep(DRAIN_WATCH_S)
+        st = getattr(getattr(worker, "wsgi", None), "extensions", {}).get(EXTENSION)
+        if st is not None:
+            told = st.poller.drain()
+            logging.getLogger("receipt.api").info("draining: %d event streams told to reconnect", told)
+
+    gevent.spawn(watch)
 
 
 # gunicorn >= 25.1 opens a control socket at one fixed per-user path ($HOME/.gunicorn/gunicorn.ctl),

@@ -5,7 +5,8 @@ receipt with ``id: <seq>``, so a client that reconnects with ``Last-Event-ID`` r
 after the last event it saw. Job events carry the folded job state *after each receipt* (every
 state, none skipped); receipt events carry the raw receipt. A job stream ends once its job is
 terminal and every receipt has been sent; any stream ends after ``max_seconds`` (the client
-resumes). Nothing here touches the request: a follower runs after the view has returned.
+resumes), and at once when the web process drains for a restart (``DRAINING``, with a short
+``retry:``). Nothing here touches the request: a follower runs after the view has returned.
 
 Resuming reads from the resume point, not from seq 1: a job follower starts from the
 job's projection when the projection is not past the resume point (the projection *is* the fold
@@ -49,6 +50,9 @@ BATCH = 500
 STORAGE_UNAVAILABLE = ": storage unavailable, reconnect\n\n"
 REVOKED = ": credentials revoked or expired\n\n"
 HEARTBEAT = ": heartbeat\n\n"
+# The web process is restarting (SIGTERM): reconnect soon, to the next process, from Last-Event-ID.
+DRAIN_RETRY_MS = 500
+DRAINING = f"retry: {DRAIN_RETRY_MS}\n: server restarting, reconnect with Last-Event-ID\n\n"
 
 
 @dataclass(frozen=True)
@@ -71,10 +75,12 @@ def format_event(event: str, seq: int | None, data: Any) -> str:
 
 
 def ended(sub: Subscription) -> str | None:
-    """The frame that ends a follower's stream now (its token was revoked, or the shared poll
-    failed), or None while it may go on."""
+    """The frame that ends a follower's stream now (its token was revoked, the shared poll failed,
+    or the process is draining), or None while it may go on."""
     if sub.revoked:
         return REVOKED
+    if sub.draining:
+        return DRAINING
     if sub.failed:
         return STORAGE_UNAVAILABLE
     return None

@@ -42,6 +42,7 @@ class Subscription:
         self._event = threading.Event()
         self.revoked = False
         self.failed = False
+        self.draining = False  # the process is shutting down: end the stream, the client resumes
         self.wakes = 0  # how often the poller woke this subscriber (tests read it)
 
     # -- the follower's side --------------------------------------------------------------------
@@ -94,17 +95,32 @@ class StreamPoller:
         self._conn: Connection | None = None  # the poller thread's own (see ``_connection``)
         self._held = contextlib.ExitStack()  # keeps ``_conn`` checked out until it is released
         self.ticks = 0
+        self.draining = False
 
     def subscribe(self, streams: Mapping[str, int], token_id: str | None) -> Subscription:
         """Follow ``streams`` (stream → seq read so far); ``token_id`` is checked every tick."""
         sub = Subscription(self, streams, token_id)
         with self.lock:
+            sub.draining = self.draining
             self._subscribers.add(sub)
             start = not self._running
             self._running = True
         if start:
             threading.Thread(target=self._run, name="receipt-sse-poller", daemon=True).start()
         return sub
+
+    def drain(self) -> int:
+        """The process is shutting down: wake every follower to end its stream with a ``retry:``
+        hint (its client resumes on the next process with ``Last-Event-ID``), and end any stream
+        that starts from now on the same way. Returns how many followers were told."""
+        with self.lock:
+            self.draining = True
+            subs = list(self._subscribers)
+            for sub in subs:
+                sub.draining = True
+        for sub in subs:
+            sub._wake()
+        return len(subs)
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self.lock:

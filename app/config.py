@@ -391,6 +391,15 @@ class Settings:
         "redelivered. At least `RECEIPT_WORKER_SELF_FENCE_MS` + 2000 (checked at start).",
         _int,
     )
+    shutdown_grace_ms: int = setting(
+        "RECEIPT_SHUTDOWN_GRACE_MS",
+        "20000",
+        "From SIGTERM to exit, for every worker, the driver and the web process: running attempts "
+        "may finish for its first three quarters (at most grace - 1 s), then are cancelled and handed "
+        "back uncharged (`job.released`). Set it a few seconds under the platform's kill timeout "
+        "(Heroku, Render: 30 s; Fly: 5 s unless `kill_timeout` is raised, so 4000 there).",
+        _int,
+    )
     # -- callbacks
     callback_url: str | None = setting(
         "RECEIPT_RESONATE_CALLBACK_URL",

@@ -63,7 +63,7 @@ from devharness.stack import ORG, Stack, make_stack
 from devharness.waiting import free_port
 
 TERMINAL_TYPES = ("job.completed", "job.failed", "job.canceled")
-FENCED_TYPES = ("job.heartbeat", "job.progress", *TERMINAL_TYPES)
+FENCED_TYPES = ("job.heartbeat", "job.progress", "job.released", *TERMINAL_TYPES)
 
 
 # -- what is posted ----------------------------------------------------------------------------------
@@ -379,7 +379,7 @@ def superseded_writes(stream_receipts: list[Any]) -> list[str]:
             lease = (body["workerId"], body["attempt"])
         elif r.type in FENCED_TYPES and "workerId" in body and lease != (body["workerId"], body["attempt"]):
             bad.append(f"{r.stream}#{r.seq} {r.type}")
-        if r.type in ("job.lease_expired", *TERMINAL_TYPES):
+        if r.type in ("job.lease_expired", "job.released", *TERMINAL_TYPES):
             lease = None
     return bad
 

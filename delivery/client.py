@@ -123,6 +123,10 @@ class DeliveryClient:
         wake list the message carries the ids."""
         wake(self._send_wake, self.wakes, [j.id for j in jobs])
 
+    def wake_ids(self, ids: Sequence[str]) -> None:
+        """``wake`` for job ids already known dispatchable (wake-ups a stopping driver hands back)."""
+        wake(self._send_wake, self.wakes, list(ids))
+
     def _send_wake(self, ids: list[str]) -> None:
         self.send(DISPATCH_TASK, [ids], queue=DRIVER_QUEUE)
 

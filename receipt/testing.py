@@ -58,6 +58,7 @@ from app.storage.store import StoredReceipt
 from workers.handler import Handler, HandlerError, JobContext
 from workers.registry import HandlerRegistry, default_registry
 from workers.runner import run_attempt
+from workers.shutdown import Shutdown
 
 __all__ = [
     "Clock",
@@ -212,6 +213,8 @@ class InlineRuntime:
         )
         self.queue: Queue = queue_for(self._engine, max_commands_per_job=self.settings.max_commands_per_job)
         self.registry = HandlerRegistry()
+        # This runtime's worker shutdown (``shut_down``), apart from the test process's own.
+        self._shutdown = Shutdown()
         self._contexts: dict[str, JobContext] = {}
         self._lock = threading.Lock()
         loaded = default_registry(handler_modules)
@@ -315,11 +318,27 @@ class InlineRuntime:
 
     def run(self, job_id: str) -> Ran:
         """Run the job's next attempt through the real worker path, in this thread."""
+        if self._shutdown.requested:
+            raise AssertionError("this runtime's worker is shut down (shut_down): call restart() first")
         key = self.key(job_id)
         job = self.job(key)
         attempt = job.attempt + 1
-        out = run_attempt(self.queue, self.settings, self.registry, key, attempt)
+        out = run_attempt(self.queue, self.settings, self.registry, key, attempt, shutdown=self._shutdown)
         return Ran(key, attempt, out.status, out.job, out.error)
+
+    def shut_down(self, grace_ms: int = 1000) -> None:
+        """A SIGTERM to this runtime's worker, as a deploy sends it. Attempts running (``start``) may
+        finish for the first three quarters of ``grace_ms``; then each handler's ``ctx.cancelled``
+        fires with ``ctx.cancel_reason == "shutdown"``, it gets half the rest to save a checkpoint
+        (``ctx.progress``), and its attempt is handed back: ``job.released``, the job queued again,
+        not charged to ``maxAttempts`` (``Running.wait`` reports ``released``). ``ctx.shutting_down``
+        is true from now on. Nothing runs again until ``restart``."""
+        self._shutdown.begin(grace_ms)
+
+    def restart(self) -> None:
+        """The new release: jobs run again (``drain``), a handed-back one with the progress its
+        stopped attempt saved as ``ctx.checkpoint``."""
+        self._shutdown = Shutdown()
 
     def drain(self, *, max_attempts: int = 1000) -> list[Ran]:
         """Run due jobs until none is due, jobs enqueued meanwhile (by handlers, by the Factory's

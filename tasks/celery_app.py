@@ -22,7 +22,7 @@ from app.factory import loops as objectives
 from app.ops import logs
 from app.ops import loops as registry
 from app.schedules import declared
-from tasks import dispatch, execute, fetches, loops, redaction
+from tasks import dispatch, execute, fetches, loops, redaction, shutdown
 from tasks.beat import ReceiptBeat
 from tasks.cron import CronSchedule
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, get_runtime
@@ -268,6 +268,8 @@ signals.task_received.connect(fetches.on_task_received)
 signals.before_task_publish.connect(fetches.on_before_task_publish)
 signals.task_failure.connect(fetches.on_task_failure)
 signals.worker_ready.connect(_resume_objectives_after_settle)
+# SIGTERM: stop intake, let attempts finish within the grace, hand the rest back (tasks/shutdown.py).
+shutdown.install()
 signals.worker_ready.connect(_reconcile_schedules_file_at_worker_start)
 
 

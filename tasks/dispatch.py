@@ -27,6 +27,7 @@ from app.storage.retry import retry_transient
 from delivery.wakes import LISTEN_BLOCK_S
 from tasks import fetches
 from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime
+from workers.shutdown import PROCESS
 
 log = logging.getLogger("receipt.dispatch")
 
@@ -67,10 +68,14 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
 
 
 def _drain(rt: Runtime, batch: list[str]) -> list[str]:
-    """Claim a batch taken from the wake list, then the rest of the list, batch by batch."""
+    """Claim a batch taken from the wake list, then the rest of the list, batch by batch. Once the
+    process is shutting down, a batch taken and not yet claimed goes back for the next driver."""
     assert rt.wakes is not None
     started: list[str] = []
     while batch:
+        if PROCESS.requested:
+            hand_back_wakes(rt, batch)
+            break
         # No message named these jobs: record that this process holds them, so a delivery it
         # claims and then dies with is known lost (tasks/fetches.py).
         fetches.record_scan(batch)
@@ -81,6 +86,20 @@ def _drain(rt: Runtime, batch: list[str]) -> list[str]:
             raise
         batch = rt.wakes.take(CLAIM_BATCH) if len(batch) == CLAIM_BATCH else []
     return started
+
+
+def hand_back_wakes(rt: Runtime, batch: list[str]) -> None:
+    """Put wake-ups this process took but will not scan back on the wake list (sending the wake-up
+    message if no listener is left), so the next driver scans them at once instead of the queued
+    redrive finding them after its minimum age."""
+    assert rt.wakes is not None
+    with contextlib.suppress(Exception):
+        rt.wakes.stop_listening()  # this process listens no more: a push must send a message
+    try:
+        rt.delivery.wake_ids(batch)
+        log.info("shutting down: %d wake-ups handed back to the next driver", len(batch))
+    except Exception:  # best-effort, like every wake-up: the queued redrive still delivers them
+        log.exception("shutting down: could not hand back %d wake-ups", len(batch))
 
 
 class WakeListener:
@@ -115,6 +134,9 @@ class WakeListener:
         while not self._stop.is_set():
             try:
                 batch = self.wakes.listen(CLAIM_BATCH)
+                if batch and (self._stop.is_set() or PROCESS.requested):
+                    hand_back_wakes(self.rt, batch)
+                    break
                 if batch:
                     _drain(self.rt, batch)
                     self.scans += 1

@@ -3,7 +3,9 @@
 A handler is ``Callable[[JobContext], Any]``: it returns the job's result (JSON) or raises
 ``HandlerError``. It receives its payload, a progress reporter, the pending queue commands
 (consuming one writes ``queue.command.consumed``) and a cancellation signal set by ``abort``,
-by losing the lease, or by the execution timeout.
+by losing the lease, by the execution timeout, or by the worker shutting down (reason
+``shutdown``: the attempt is then handed back uncharged, and what the handler saved with
+``progress`` is what its next attempt finds in ``ctx.checkpoint``).
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ from app.config import Settings
 from app.jobs.reducer import Command, Job
 from app.jobs.vocab import FailureStatus
 from app.storage.queue import Queue
+from workers.shutdown import PROCESS, Shutdown
 
 
 class HandlerError(Exception):
-    """A handler's failure. ``retryable`` decides between requeue and ``failed``."""
+    """A handler's failure. ``retryable`` decides between requeue and ``failed``.
+
+    ``interrupted``: the work was stopped from outside (a command killed by a signal). While the
+    worker is shutting down that is the shutdown, and the attempt is handed back uncharged instead.
+    """
 
     def __init__(
         self,
@@ -28,12 +35,14 @@ class HandlerError(Exception):
         retryable: bool = True,
         status: FailureStatus = "failed",
         result: Mapping[str, Any] | None = None,
+        interrupted: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.retryable = retryable
         self.status = status
         self.result = dict(result) if result is not None else None
+        self.interrupted = interrupted
 
 
 class JobContext:
@@ -47,6 +56,7 @@ class JobContext:
         attempt: int,
         settings: Settings,
         execution_timeout_ms: int,
+        shutdown: Shutdown = PROCESS,
     ) -> None:
         self._queue = queue
         self.job = job
@@ -57,6 +67,20 @@ class JobContext:
         self.cancelled = threading.Event()
         self.cancel_reason: str | None = None
         self._lock = threading.Lock()
+        self._shutdown = shutdown
+
+    @property
+    def checkpoint(self) -> Any:
+        """The progress the job held when this attempt started: what an earlier attempt saved with
+        ``progress`` (one stopped by a shutdown saves where it got to, and this one resumes there)."""
+        return self.job.progress
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once the worker has begun a planned shutdown (SIGTERM). The attempt may still finish
+        within the grace; a handler that can checkpoint early may do so now. ``cancelled`` fires with
+        reason ``shutdown`` when the grace's finish window is over."""
+        return self._shutdown.requested
 
     @property
     def payload(self) -> Mapping[str, Any]:

@@ -22,7 +22,7 @@ from app.jobs.errors import no_handler_message
 from app.jobs.liveness import FENCED
 from app.jobs.reducer import Job
 from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
-from app.jobs.vocab import AttemptStatus, FailureStatus
+from app.jobs.vocab import AttemptStatus, FailureStatus, ReleaseReason
 from app.ops import logs
 from app.redaction import redactor
 from app.storage.queue import Queue
@@ -31,11 +31,16 @@ from workers import liveness
 from workers.handler import HandlerError, JobContext
 from workers.handler_pool import HandlerPool, HandlerRun
 from workers.registry import HandlerRegistry
+from workers.shutdown import PROCESS, SHUTDOWN, Shutdown
 
 log = logging.getLogger("receipt.worker")
 
 ABORT_POLL_S = 1.0  # how often a running attempt looks for an abort between heartbeats
 CANCEL_GRACE_S = 5.0  # how long a cancelled handler gets to stop before the attempt settles anyway
+# How long a handler interrupted from outside (its command died of a signal) waits to learn whether
+# its process is shutting down: a platform signals every process of a dyno at once, and the command
+# may die a moment before the worker's own signal handler has run.
+INTERRUPTED_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,17 @@ class Attempt:
         # Spec: the worker's return value carries the failure status whether or not the receipt does.
         return AttemptResult(status, out.job, error)
 
+    def release(self, reason: ReleaseReason = SHUTDOWN) -> AttemptResult:
+        """Hand the attempt back uncharged (``job.released``): queued again now, its delivery settled
+        in the same statement, and the scanner woken after the commit (the queue's dispatch hook)."""
+        out = retry_transient(lambda: self.queue.release(self.job_id, self.worker_id, self.number, reason))
+        if not out.applied:
+            return AttemptResult("settlement_conflict", out.job, "lease no longer held at release")
+        if out.job.status == "canceled":
+            return AttemptResult("canceled", out.job, out.job.abort_reason)
+        log.info("attempt %s of %s handed back (%s)", self.number, self.job_id, reason)
+        return AttemptResult("released", out.job, reason)
+
 
 def run_attempt(
     queue: Queue,
@@ -116,6 +132,7 @@ def run_attempt(
     attempt: int,
     *,
     worker_id: str | None = None,
+    shutdown: Shutdown = PROCESS,
 ) -> AttemptResult:
     worker_id = worker_id or new_worker_id(settings)
     logs.update_job(workerId=worker_id, attempt=attempt)
@@ -142,10 +159,10 @@ def run_attempt(
         # settle() cancels when an abort is pending, so a job aborted before it ran never runs.
         return this.settle(error=no_handler_message(job.agent_id), retryable=False, status="failed")
 
-    ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms)
+    ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms, shutdown)
     liveness.track(ctx)
     thread = _HANDLERS.submit(lambda: handler(ctx))
-    stop = _race(this, ctx, thread, timing)
+    stop = _race(this, ctx, thread, timing, shutdown)
     if stop == FENCED:
         # This process fenced itself (its liveness lapsed): the job is the worker-liveness loop's
         # to expire, so nothing is written, whatever the handler returns.
@@ -153,6 +170,11 @@ def run_attempt(
         return AttemptResult("lease_lost", None, "this worker fenced itself: liveness not renewed")
     if stop == "lease_lost":
         return AttemptResult("lease_lost", queue.get(job_id), "lease lost while running")
+    if stop == SHUTDOWN:
+        # Past the finish window: whatever the cancelled handler returns, the attempt is handed
+        # back; what it saved with ctx.progress is what the next attempt reads.
+        thread.join(shutdown.plan.handler_stop_ms / 1000)
+        return this.release()
     if stop is not None:
         thread.join(CANCEL_GRACE_S)
     # Every settlement below re-reads the job under the attempt fence inside its transaction and
@@ -165,6 +187,10 @@ def run_attempt(
         )
     if isinstance(thread.error, HandlerError):
         err = thread.error
+        if err.interrupted and shutdown.wait(INTERRUPTED_WAIT_S):
+            # Its command died of the platform's own SIGTERM, sent to every process at once: a
+            # shutdown, not a failure of the job.
+            return this.release()
         return this.settle(error=err.message, retryable=err.retryable, status=err.status, result=err.result)
     if thread.error is not None:
         log.error("handler for %s raised", job_id, exc_info=thread.error)
@@ -174,8 +200,11 @@ def run_attempt(
     return this.settle(result=thread.result)
 
 
-def _race(this: Attempt, ctx: JobContext, thread: HandlerRun, timing: JobTiming) -> str | None:
-    """Wait for the handler while heartbeating, watching for abort and the execution timeout.
+def _race(
+    this: Attempt, ctx: JobContext, thread: HandlerRun, timing: JobTiming, shutdown: Shutdown
+) -> str | None:
+    """Wait for the handler while heartbeating, watching for abort, the execution timeout and the
+    end of a shutdown's finish window.
 
     Returns None when the handler finished on its own, else why it was stopped.
     """
@@ -185,11 +214,18 @@ def _race(this: Attempt, ctx: JobContext, thread: HandlerRun, timing: JobTiming)
     deadline = started + timing.execution_timeout_ms / 1000
     while True:
         now = time.monotonic()
-        thread.join(max(0.0, min(ABORT_POLL_S, next_beat - now, deadline - now)))
+        to_cancel = shutdown.seconds_to_cancel()
+        wait = min(ABORT_POLL_S, next_beat - now, deadline - now)
+        if to_cancel is not None:
+            wait = min(wait, to_cancel)
+        thread.join(max(0.0, wait))
         if ctx.cancel_reason == FENCED:
             return FENCED
         if not thread.is_alive():
             return None
+        if shutdown.cancel_due():
+            ctx.cancel(SHUTDOWN)
+            return SHUTDOWN
         now = time.monotonic()
         if now >= deadline:
             ctx.cancel("execution_timeout")

@@ -219,6 +219,11 @@ JOB: Schema = {
         "singletonMode": {"type": "string", "enum": list(SINGLETON_MODES)},
         "maxAttempts": {"type": "integer"},
         "attempt": {"type": "integer"},
+        "released": {
+            "type": "integer",
+            "description": "Attempts handed back uncharged (job.released, a worker shutting down); "
+            "present once one was. The retry budget counts attempt - released against maxAttempts.",
+        },
         "lease": ref("Lease"),
         "abortRequested": {"type": "boolean"},
         "commands": {"type": "array", "items": ref("Command")},

@@ -186,6 +186,9 @@ def _list_frames(f: overview.JobFilter, timing: sse.Timing) -> Iterator[str]:
     next_session_check = start + SESSION_RECHECK_SECONDS
     seq = 0
     while True:
+        if state().poller.draining:
+            yield sse.DRAINING  # the web process is restarting: the browser reconnects to the next
+            return
         try:
             page, counts = _page(f, None)
         except Exception:

@@ -29,6 +29,7 @@ _PHASE_OF = {
     "job.failed": "settlement",
     "job.canceled": "settlement",
     "job.lease_expired": "expiry",
+    "job.released": "expiry",
 }
 
 
@@ -72,6 +73,8 @@ def _title(type_: str, body: Mapping[str, Any], before: Job | None, after: Job |
         return "canceled"
     if type_ == "job.lease_expired":
         return "lease expired"
+    if type_ == "job.released":
+        return f"handed back ({body.get('reason', '?')}), not charged"
     if type_ == "job.failed":
         if after is not None and after.status == "queued":
             return "failed, will retry"
@@ -98,6 +101,7 @@ def _details(type_: str, body: Mapping[str, Any]) -> dict[str, Any]:
         "job.failed": ("error", "status", "retryable", "retryAt", "result"),
         "job.canceled": ("reason",),
         "job.lease_expired": ("error", "expiresAt"),
+        "job.released": ("reason",),
     }.get(type_, ())
     return {k: body[k] for k in keys if k in body and body[k] is not None}
 

@@ -59,13 +59,22 @@ log = logging.getLogger("receipt.ledger")
 
 # Receipt types that change a ledger row (heartbeats, progress and queue commands never do).
 LEDGER_EVENTS: Final[frozenset[str]] = frozenset(
-    {"job.enqueued", "job.leased", "job.completed", "job.failed", "job.canceled", "job.lease_expired"}
+    {
+        "job.enqueued",
+        "job.leased",
+        "job.completed",
+        "job.failed",
+        "job.canceled",
+        "job.lease_expired",
+        "job.released",
+    }
 )
 ENDINGS: Final[Mapping[str, str]] = {
     "job.completed": "completed",
     "job.failed": "failed",
     "job.canceled": "canceled",
     "job.lease_expired": "expired",
+    "job.released": "released",
 }
 OBJECTIVE_CONTROL: Final = "objective-control"
 RUN: Final = "run"

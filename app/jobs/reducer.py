@@ -10,6 +10,10 @@ nowhere else:
    same check, so a superseded attempt's event is inert.
 3. An event for a job that does not exist raises ``Invariant: no job for <jobId>``, except
    ``job.failed`` and ``job.lease_expired``, which are ignored.
+
+``job.released`` (beyond the spec's ten, docs/deviations.md) passes the same fence as
+``job.lease_expired``: the lease holder hands its attempt back, the job is queued again at once,
+and ``released`` counts it so the retry budget charges ``attempt - released`` attempts.
 """
 
 from __future__ import annotations
@@ -119,6 +123,8 @@ class Job:
     updated_at: str | None = None
     available_at: str | None = None
     seq: int = 0
+    # Attempts handed back with job.released (a worker shutting down): never charged to maxAttempts.
+    released: int = 0
     # Who posted the job, as the server recorded it on job.enqueued (None: written by another path).
     enqueued_by: Enqueuer | None = None
 
@@ -138,6 +144,11 @@ class Job:
     @property
     def kind(self) -> str:
         return str(self.payload.get("kind", ""))
+
+    @property
+    def charged_attempts(self) -> int:
+        """The attempts the retry budget counts: every attempt but those handed back uncharged."""
+        return self.attempt - self.released
 
     @property
     def pending_commands(self) -> tuple[Command, ...]:
@@ -184,6 +195,9 @@ class Job:
             "stream": self.stream,
             "seq": self.seq,
             ENQUEUED_BY_FIELD: self.enqueued_by.to_json() if self.enqueued_by else None,
+            # Only once an attempt was released: a projection folded before releases existed stays
+            # byte-equal to a rebuild of the same receipts.
+            **({"released": self.released} if self.released else {}),
         }
 
     @classmethod
@@ -223,6 +237,7 @@ class Job:
             updated_at=data.get("updatedAt"),
             available_at=data.get("availableAt"),
             seq=data.get("seq", 0),
+            released=data.get("released", 0),
             enqueued_by=Enqueuer.from_json(data.get(ENQUEUED_BY_FIELD)),
         )
 
@@ -391,7 +406,7 @@ def _settle_failure(
 ) -> Job:
     """Retryable with attempts left → back to queued (not before ``retry_at``), status kept out of
     result; else failed."""
-    if retryable and s.attempt < s.max_attempts:
+    if retryable and s.charged_attempts < s.max_attempts:
         return _evolve(s, status="queued", lease=None, error=error, available_at=retry_at)
     merged: dict[str, Any] = dict(result) if isinstance(result, Mapping) else {}
     merged["status"] = status
@@ -449,6 +464,14 @@ def _lease_expired(s: Job, b: Mapping[str, Any]) -> Job | None:
     )
 
 
+def _released(s: Job, b: Mapping[str, Any]) -> Job | None:
+    # The lease holder hands its attempt back (its process is shutting down): queued again now,
+    # not at lease expiry, and not charged. Any other lease's release is inert, like its expiry.
+    if not s.holds_lease(b.get("workerId"), b.get("attempt")):
+        return None
+    return _evolve(s, status="queued", lease=None, available_at=None, released=s.released + 1)
+
+
 _HANDLERS = {
     "job.enqueued": _duplicate_enqueue,
     "job.leased": _leased,
@@ -460,4 +483,5 @@ _HANDLERS = {
     "queue.command": _command,
     "queue.command.consumed": _command_consumed,
     "job.lease_expired": _lease_expired,
+    "job.released": _released,
 }

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, TooManyCommands
 from app.jobs.reducer import Job
 from app.jobs.times import iso, parse_iso
-from app.jobs.vocab import LEASED_STATUSES, CommandLane, EventType, FailureStatus
+from app.jobs.vocab import LEASED_STATUSES, CommandLane, EventType, FailureStatus, ReleaseReason
 
 Event = tuple[EventType, dict[str, Any]]
 
@@ -135,9 +135,21 @@ def settle_holder(
     if status is None:
         return [("job.completed", {**fence, "result": result})]
     body: dict[str, Any] = {**fence, **failure_body(error, retryable=retryable, status=status, result=result)}
-    if retryable and retry_delay_ms > 0 and job.attempt < job.max_attempts:
+    if retryable and retry_delay_ms > 0 and job.charged_attempts < job.max_attempts:
         body["retryAt"] = deadline(now, retry_delay_ms)
     return [("job.failed", body)]
+
+
+def release_holder(job: Job, worker_id: str, attempt: int, reason: ReleaseReason) -> list[Event]:
+    """Hand the attempt back uncharged (``job.released``): only the lease holder may, and only while
+    it holds the lease, so a release can never move a newer attempt's job (the fence of
+    ``job.lease_expired``). An abort that arrived meanwhile still wins: the holder cancels instead."""
+    if not job.holds_lease(worker_id, attempt):
+        return []
+    fence = _fence(worker_id, attempt)
+    if job.abort_requested:
+        return [("job.canceled", {**fence, "reason": job.abort_reason})]
+    return [("job.released", {**fence, "reason": reason})]
 
 
 def expire_lease(job: Job, now: datetime) -> list[Event]:

@@ -25,6 +25,8 @@ EventType = Literal[
     "queue.command",
     "queue.command.consumed",
     "job.lease_expired",
+    # Beyond the spec's ten (docs/deviations.md): the lease holder hands its attempt back uncharged.
+    "job.released",
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
 
@@ -74,8 +76,13 @@ DeliveryOutcome = Literal[
 ]
 DELIVERY_OUTCOMES: Final[tuple[str, ...]] = get_args(DeliveryOutcome)
 
-# How one worker attempt ended: completed, or one of the spec's failure statuses.
-AttemptStatus = Literal["completed"] | FailureStatus
+# Why a lease holder handed its attempt back with ``job.released`` (not a failure: nothing is charged).
+ReleaseReason = Literal["shutdown"]
+RELEASE_REASONS: Final[tuple[str, ...]] = get_args(ReleaseReason)
+
+# How one worker attempt ended: completed, released (handed back uncharged), or one of the spec's
+# failure statuses.
+AttemptStatus = Literal["completed", "released"] | FailureStatus
 
 MAX_ATTEMPTS_DEFAULT: Final = 2
 MAX_ATTEMPTS_MIN: Final = 1

@@ -205,7 +205,9 @@ def observe(applied: Sequence[Change]) -> None:
                 started = _open_leases.pop((job.id, before.attempt), None)
             ended = parse_iso(job.updated_at)
             if started is not None and ended is not None:
-                outcome = job.status if job.status != "queued" else "retried"
+                outcome: str = job.status if job.status != "queued" else "retried"
+                if "job.released" in types:
+                    outcome = "released"  # handed back by a worker shutting down, not charged
                 m.run_time.labels(group, outcome).observe(max(0.0, (ended - started).total_seconds()))
         if job.terminal and (before is None or not before.terminal):
             m.settled.labels(job.status, group).inc()

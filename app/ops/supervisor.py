@@ -35,7 +35,11 @@ from app.jobs.privilege import COMMANDS_SCOPE
 from app.storage.db import engine_for
 from app.storage.files import private_dir, write_private
 
-STOP_GRACE_S = 15.0
+# Beyond a child's own RECEIPT_SHUTDOWN_GRACE_MS, in which it hands its running attempts back: the
+# interpreter's exit. Killing a child earlier would leave its jobs to lease expiry.
+STOP_MARGIN_S = 5.0
+# The longest ``receipt up`` waits for its children with the default grace.
+STOP_GRACE_S = Settings().shutdown_grace_ms / 1000 + STOP_MARGIN_S
 READY_TIMEOUT_S = 60.0
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
@@ -295,7 +299,7 @@ def run_up(settings: Settings, *, port: int = 8080, host: str = "127.0.0.1", ver
     _say(lock, "receipt up: stopping")
     for child in children:
         child.stop()
-    deadline = time.monotonic() + STOP_GRACE_S
+    deadline = time.monotonic() + settings.shutdown_grace_ms / 1000 + STOP_MARGIN_S
     for child in children:
         proc = child.proc
         if proc is None:

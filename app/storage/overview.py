@@ -180,7 +180,7 @@ class RecentEvents:
 
 
 # The receipt types the system page counts, and what it calls them.
-RECENT_RECEIPT_TYPES = ("job.lease_expired", "job.failed", "job.completed", "job.enqueued")
+RECENT_RECEIPT_TYPES = ("job.lease_expired", "job.released", "job.failed", "job.completed", "job.enqueued")
 
 
 def recent_events(

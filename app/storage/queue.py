@@ -44,6 +44,7 @@ from app.jobs.vocab import (
     LEASED_STATUSES,
     STATUSES,
     FailureStatus,
+    ReleaseReason,
     job_stream,
 )
 from app.storage import delivery, projection, store
@@ -593,6 +594,13 @@ class Queue:
                 status=status,
                 retry_delay_ms=retry_delay_ms,
             ),
+        )
+
+    def release(self, job_id: str, worker_id: str, attempt: int, reason: ReleaseReason) -> Outcome:
+        """Hand the attempt back uncharged (``job.released``), re-read under the attempt fence: the
+        job is queued again at once; a pending abort cancels it instead (``transitions.release_holder``)."""
+        return self.mutate(
+            job_id, lambda job, now: transitions.release_holder(job, worker_id, attempt, reason)
         )
 
     # -- commands and cancel -----------------------------------------------------------------------

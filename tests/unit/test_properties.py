@@ -134,6 +134,7 @@ BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     ),
     "queue.command.consumed": st.fixed_dictionaries({"commandId": st.sampled_from([*COMMAND_IDS, "c9"])}),
     "job.lease_expired": merged(fence, maybe("error", st.just("lease expired"))),
+    "job.released": merged(fence, maybe("reason", st.just("shutdown"))),
 }
 assert set(BODIES) == set(EVENT_TYPES)
 
@@ -151,9 +152,18 @@ _WEIGHTS = {
     "queue.command": 2,
     "queue.command.consumed": 2,
     "job.lease_expired": 3,
+    "job.released": 2,
 }
 WEIGHTED_TYPES = [t for t in EVENT_TYPES for _ in range(_WEIGHTS[t])]
-FENCED = ("job.heartbeat", "job.progress", "job.completed", "job.failed", "job.canceled", "job.lease_expired")
+FENCED = (
+    "job.heartbeat",
+    "job.progress",
+    "job.completed",
+    "job.failed",
+    "job.canceled",
+    "job.lease_expired",
+    "job.released",
+)
 
 
 @st.composite
@@ -348,21 +358,29 @@ def test_the_three_invariants_hold_step_by_step(events: list[Receipt]) -> None:
         # Retryable failures requeue with the status kept out of the result; final ones carry it.
         if r.type == "job.failed" and after != inert:
             if after.status == "queued":
-                assert body.get("retryable") and before.attempt < before.max_attempts
+                assert body.get("retryable") and before.charged_attempts < before.max_attempts
                 assert after.result == before.result
             else:
                 assert after.status == "failed" and after.result["status"] == body.get("status", "failed")
         if r.type == "job.lease_expired" and after != inert:
             assert before.status in LEASED_STATUSES and holds
-            assert after.status == ("queued" if before.attempt < before.max_attempts else "failed")
+            assert after.status == ("queued" if before.charged_attempts < before.max_attempts else "failed")
+        # A release by the holder requeues uncharged, whatever the budget; anyone else's is inert.
+        if r.type == "job.released":
+            if holds:
+                assert after.status == "queued" and after.released == before.released + 1
+                assert after.charged_attempts == before.charged_attempts - 1
+            else:
+                assert after == inert
         # State-wide consistency.
         assert after.status in STATUSES
         assert (after.lease is not None) == (after.status in LEASED_STATUSES)
         if after.lease is not None:
             assert after.lease.attempt == after.attempt
-        assert after.attempt <= after.max_attempts
+        # The budget counts charged attempts: a released one was handed back, not used up.
+        assert after.charged_attempts <= after.max_attempts and 0 <= after.released <= after.attempt
         if after.status == "queued":
-            assert after.attempt < after.max_attempts  # a queued job always has an attempt left
+            assert after.charged_attempts < after.max_attempts  # a queued job always has one left
         assert after.attempt >= before.attempt and (after.abort_requested or not before.abort_requested)
         assert [c.id for c in after.commands[: len(before.commands)]] == [c.id for c in before.commands]
         assert all(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -243,9 +244,25 @@ def _run(
         return result
     if exit_code != 0:
         raise HandlerError(
-            f"command exited with {exit_code}: {output.tail()[-500:]}", retryable=True, result=result
+            f"command exited with {exit_code}: {output.tail()[-500:]}",
+            retryable=True,
+            result=result,
+            interrupted=killed_by_stop_signal(exit_code),
         )
     return result
+
+
+# The signals a platform stops a process with (and an operator's Ctrl-C, a closed terminal).
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
+
+
+def killed_by_stop_signal(exit_code: int | None) -> bool:
+    """Whether a command's exit status says a stop signal ended it: ``-N`` when the sandbox's first
+    process died of it, ``128 + N`` when a shell or the sandbox passed its child's death on."""
+    if exit_code is None:
+        return False
+    number = -exit_code if exit_code < 0 else exit_code - 128
+    return number in STOP_SIGNALS
 
 
 def _report(ctx: JobContext, output: _Output) -> None:

@@ -16,7 +16,7 @@ from werkzeug.test import TestResponse
 from api.ui import session as ui_session
 from app.config import Settings
 from app.storage import tokens
-from tests.support.api import ORG_A, ORG_B, Api, EventReader, key, make_settings, payload
+from tests.support.api import ORG_A, ORG_B, WORKER, Api, EventReader, key, make_settings, payload
 
 SIGNIN = "/ui/signin"
 
@@ -586,3 +586,18 @@ def test_nothing_malformed_reaches_a_500(sqlite_api: Api) -> None:
     ]
     for response in probes:
         assert 400 <= response.status_code < 500, (response.request.path, response.status_code)
+
+
+def test_a_released_attempt_shows_on_the_job_page_and_its_timeline(sqlite_api: Api) -> None:
+    """A worker shutting down handed the attempt back: the page says it was not charged."""
+    job = sqlite_api.job(maxAttempts=1)
+    k = key(job)
+    attempt = sqlite_api.lease_and_start(k)
+    assert not sqlite_api.queue.release(k, "another-worker", attempt, "shutdown").applied  # not the holder
+    assert sqlite_api.queue.release(k, WORKER, attempt, "shutdown").applied
+    sign_in(sqlite_api)
+    page = text(sqlite_api.client.get(f"/ui/jobs/{job['id']}/fragment"))
+    assert "(1 handed back, not charged)" in page
+    assert "handed back (shutdown), not charged" in page
+    listed = sqlite_api.client.get(f"/jobs/{job['id']}", headers=sqlite_api.headers("a")).get_json()["job"]
+    assert (listed["status"], listed["attempt"], listed["released"]) == ("queued", 1, 1)

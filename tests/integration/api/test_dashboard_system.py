@@ -23,7 +23,7 @@ from app.storage import delivery, loops, overview
 from app.storage.db import db_now, transaction
 from delivery.client import consumers_by_queue
 from tests.integration.api.test_dashboard import sign_in, text
-from tests.support.api import ORG_A, ORG_B, Api, build_api, key, make_settings, payload
+from tests.support.api import ORG_A, ORG_B, WORKER, Api, build_api, key, make_settings, payload
 from tests.support.queue_ops import lease
 from tests.unit.test_ui_graph import DIAMOND
 
@@ -85,6 +85,7 @@ def test_recent_events_count_expiries_and_redrives_in_the_window(api: Api) -> No
     assert recent.counts["job.lease_expired"] == 1
     assert recent.counts["redrive"] == 1
     assert recent.counts["job.enqueued"] == 2
+    assert recent.counts["job.released"] == 0
     assert recent.complete
     assert empty.counts["job.lease_expired"] == 0 and empty.counts["redrive"] == 0
 
@@ -289,3 +290,12 @@ def test_a_bad_objective_status_filter_is_a_400(sqlite_api: Api) -> None:
     response = sqlite_api.client.get("/ui/objectives?status=done")
     assert response.status_code == 400
     assert "active, completed, failed, canceled" in text(response)
+
+
+def test_recent_events_count_hand_backs(api: Api) -> None:
+    job_key = key(api.job())
+    attempt = api.lease_and_start(job_key)
+    assert api.queue.release(job_key, WORKER, attempt, "shutdown").applied
+    with api.engine.connect() as conn:
+        recent = overview.recent_events(conn, window=timedelta(hours=1))
+    assert recent.counts["job.released"] == 1
