@@ -289,6 +289,41 @@ schedules = Table(
 )
 
 
+# Tombstones (migration 0010): one row per stream the archiving pass moved out of the database
+# (app/retention/archive.py), written in the transaction that removes the stream's receipts, so the
+# database keeps proving what left it: the stream's receipt count and final hash, the archive segment
+# that holds it, and the pass that moved it. The append-only trigger lets a receipt go only while a
+# pass's guard is set and its stream's tombstone names that pass. ``summary`` is what a re-post or a
+# read of the archived id answers with. Never updated or deleted: a key stays taken.
+archived_streams = Table(
+    "archived_streams",
+    metadata,
+    Column("stream", String(512), primary_key=True),
+    Column("kind", String(16), nullable=False),  # job | objective
+    Column("key", String(KEY_LENGTH), nullable=False),
+    Column("organization_id", String(256), nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("receipt_count", Integer, nullable=False),
+    Column("final_hash", String(64), nullable=False),
+    Column("ended_at", _Time, nullable=False),
+    Column("segment", String(256), nullable=False),
+    Column("pass_id", String(64), nullable=False),
+    Column("archived_at", _Time, nullable=False),
+    Column("summary", JSON(), nullable=False),
+    Index("ix_archived_streams_segment", "segment"),
+)
+
+# SQLite's guard (migration 0010): the pass inserts its id here at the start of its transaction and
+# removes it before commit; the delete trigger allows a receipt's removal only while a row names
+# the pass its stream's tombstone records. SQLite has one writer at a time, so no other transaction
+# ever sees the row. PostgreSQL uses a transaction-local setting (``receipt.archiving``) instead.
+archive_guard = Table(
+    "archive_guard",
+    metadata,
+    Column("pass_id", String(64), primary_key=True),
+)
+
+
 # -- engines ------------------------------------------------------------------------------
 
 
