@@ -45,6 +45,7 @@ from app.retention.policy import (
 from app.retention.sink import ArchiveSink
 from app.storage import tombstones
 from app.storage.db import (
+    archive_segments,
     archived_streams,
     as_utc,
     callback_outbox,
@@ -429,6 +430,7 @@ def remove(
     *,
     pass_id: str,
     segment: str,
+    segment_bytes: int,
     now: datetime,
     checkpoint: Callable[[str], None] = _nothing,
 ) -> int:
@@ -456,6 +458,16 @@ def remove(
             }
             for m in page
         ],
+    )
+    conn.execute(
+        archive_segments.insert().values(
+            segment=segment,
+            pass_id=pass_id,
+            streams=len(page),
+            receipts=sum(m.last_seq for m in page),
+            bytes=segment_bytes,
+            written_at=now,
+        )
     )
     checkpoint("tombstones_written")
     streams = [m.stream for m in page]
@@ -543,7 +555,13 @@ def run_pass(
         try:
             with transaction(engine) as conn:
                 removed = remove(
-                    conn, kept, pass_id=totals.pass_id, segment=name, now=db_now(conn), checkpoint=checkpoint
+                    conn,
+                    kept,
+                    pass_id=totals.pass_id,
+                    segment=name,
+                    segment_bytes=written.bytes,
+                    now=db_now(conn),
+                    checkpoint=checkpoint,
                 )
         except PageMoved as exc:
             sink.remove(name)  # this pass's own, never committed: no tombstone names it
@@ -577,3 +595,34 @@ def oldest_live_terminal(conn: Connection) -> datetime | None:
 
 def tombstone_count(conn: Connection) -> int:
     return int(conn.execute(select(func.count()).select_from(archived_streams)).scalar_one())
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """One archiving pass as its segments recorded it."""
+
+    pass_id: str
+    finished_at: datetime
+    segments: int
+    streams: int
+    receipts: int
+    bytes: int
+
+
+def recent_passes(conn: Connection, limit: int = 5) -> list[PassRecord]:
+    """The latest passes that archived anything, newest first."""
+    s = archive_segments.c
+    rows = conn.execute(
+        select(
+            s.pass_id,
+            func.max(s.written_at).label("finished"),
+            func.count(),
+            func.sum(s.streams),
+            func.sum(s.receipts),
+            func.sum(s.bytes),
+        )
+        .group_by(s.pass_id)
+        .order_by(func.max(s.written_at).desc())
+        .limit(limit)
+    ).all()
+    return [PassRecord(r[0], as_utc(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5])) for r in rows]

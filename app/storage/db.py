@@ -313,6 +313,21 @@ archived_streams = Table(
     Index("ix_archived_streams_segment", "segment"),
 )
 
+# One row per segment an archiving pass committed, written in the transaction of its tombstones:
+# what each pass moved (streams, receipts, bytes), for the system page and the pass's own sweep.
+# Bookkeeping: verification reads the tombstones and the archive, never this.
+archive_segments = Table(
+    "archive_segments",
+    metadata,
+    Column("segment", String(256), primary_key=True),
+    Column("pass_id", String(64), nullable=False),
+    Column("streams", Integer, nullable=False),
+    Column("receipts", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("written_at", _Time, nullable=False),
+    Index("ix_archive_segments_written", "written_at"),
+)
+
 # SQLite's guard (migration 0010): the pass inserts its id here at the start of its transaction and
 # removes it before commit; the delete trigger allows a receipt's removal only while a row names
 # the pass its stream's tombstone records. SQLite has one writer at a time, so no other transaction

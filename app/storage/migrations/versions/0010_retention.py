@@ -4,7 +4,8 @@
 trigger on ``receipts`` now lets a receipt go only under the pass's guard (PostgreSQL: the
 transaction-local setting ``receipt.archiving`` holds the pass id; SQLite: a row of
 ``archive_guard``) and only when the stream's tombstone names that pass and covers the receipt's
-seq. UPDATE and TRUNCATE stay refused on every path. Expand-only: new tables, and a trigger that
+seq. ``archive_segments`` logs each segment a pass committed (what the system page and the metrics
+read; bookkeeping, rebuilt by nothing and needed by no verification). UPDATE and TRUNCATE stay refused on every path. Expand-only: new tables, and a trigger that
 refuses everything the previous release ever tried (it never deletes a receipt).
 
 Revision ID: 0010
@@ -43,6 +44,16 @@ def upgrade() -> None:
         sa.Column("summary", sa.JSON(), nullable=False),
     )
     op.create_index("ix_archived_streams_segment", "archived_streams", ["segment"])
+    op.create_table(
+        "archive_segments",
+        sa.Column("segment", sa.String(256), primary_key=True),
+        sa.Column("pass_id", sa.String(64), nullable=False),
+        sa.Column("streams", sa.Integer, nullable=False),
+        sa.Column("receipts", sa.Integer, nullable=False),
+        sa.Column("bytes", sa.BigInteger, nullable=False),
+        sa.Column("written_at", _Time, nullable=False),
+    )
+    op.create_index("ix_archive_segments_written", "archive_segments", ["written_at"])
     op.create_table("archive_guard", sa.Column("pass_id", sa.String(64), primary_key=True))
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"""
@@ -86,5 +97,7 @@ def downgrade() -> None:
             BEGIN SELECT RAISE(ABORT, '{MESSAGE}'); END;
         """)
     op.drop_table("archive_guard")
+    op.drop_index("ix_archive_segments_written", table_name="archive_segments")
+    op.drop_table("archive_segments")
     op.drop_index("ix_archived_streams_segment", table_name="archived_streams")
     op.drop_table("archived_streams")
