@@ -313,7 +313,6 @@ ARCHIVED_SUMMARY: Schema = {
         "maxAttempts": {"type": "integer"},
         "createdAt": {"type": ["string", "null"]},
         "updatedAt": {"type": ["string", "null"]},
-        "stream": {"type": "string"},
         "jobs": {"type": "integer"},
         "archive": {
             "type": "object",

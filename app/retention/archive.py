@@ -167,7 +167,6 @@ def _job_summary(job: Job) -> dict[str, Any]:
         "maxAttempts": job.max_attempts,
         "createdAt": job.created_at,
         "updatedAt": job.updated_at,
-        "stream": job.stream,
     }
 
 
@@ -295,7 +294,6 @@ def select_page(
                         "title": r.title,
                         "createdAt": iso(as_utc(r.created_at)),
                         "updatedAt": iso(as_utc(r.updated_at)),
-                        "stream": OBJECTIVE_STREAM_PREFIX + r.id,
                         "jobs": len(owned),
                     },
                 )
