@@ -31,7 +31,7 @@ from sqlalchemy import and_, delete, false, func, or_, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
-from app.jobs.ids import SYSTEM_ORGANIZATION, client_id_of, qualify
+from app.jobs.ids import SYSTEM_ORGANIZATION, qualify
 from app.jobs.reducer import Job
 from app.jobs.vocab import TERMINAL_STATUSES
 from app.retention.policy import (
@@ -158,8 +158,6 @@ def _old_enough(policy: Policy, now: datetime, org_col: Any, changed_col: Any) -
 
 def _job_summary(job: Job) -> dict[str, Any]:
     return {
-        "id": client_id_of(job.id),
-        "organizationId": job.organization_id,
         "agentId": job.agent_id,
         "kind": job.kind,
         "lane": job.lane,
@@ -289,8 +287,6 @@ def select_page(
                     int(r.last_seq),
                     r.last_hash,
                     {
-                        "id": client_id_of(r.id),
-                        "organizationId": r.organization_id,
                         "title": r.title,
                         "createdAt": iso(as_utc(r.created_at)),
                         "updatedAt": iso(as_utc(r.updated_at)),
@@ -496,10 +492,11 @@ def remove(
 
 
 def sweep(engine: Engine, sink: ArchiveSink) -> int:
-    """Remove segments no tombstone names: what a pass that crashed before its commit wrote. Runs
+    """Remove segments whose commit never happened (no ``archive_segments`` row, written with their
+    tombstones): what a pass that crashed before its commit wrote. Runs
     at the start of a pass, which holds the loop's claim (no other pass is writing one)."""
     with engine.connect() as conn:
-        named = tombstones.segments(conn)
+        named = tombstones.committed_segments(conn)
     orphans = [n for n in sink.names() if n not in named]
     for name in orphans:
         sink.remove(name)
@@ -527,7 +524,7 @@ def run_pass(
 
     ``clock``: the time eligibility is judged at (the database clock; a test moves it forward).
     ``checkpoint(step)`` is called at each of ``STEPS`` (a test fails there to crash the pass)."""
-    totals = Totals(pass_id or uuid.uuid4().hex)
+    totals = Totals(pass_id or uuid.uuid4().hex[:16])
     if not policy.enabled:
         return totals
     totals.orphans_removed = sweep(engine, sink)

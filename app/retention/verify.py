@@ -69,50 +69,70 @@ def _streams_of(lines: Iterator[dict[str, Any]]) -> Iterator[tuple[str, list[dic
 
 
 def verify_archive(sink: ArchiveSink, conn: Connection | None = None) -> Report:
-    """Recompute every archived chain; with ``conn``, hold each against its tombstone."""
+    """Recompute every archived chain; with ``conn``, hold each against its tombstone.
+
+    Segments and tombstones are both walked in segment order and merged, so the check reads each
+    once and holds one segment's tombstones at a time."""
     report = Report()
-    present = set(sink.names())
-    for name in sorted(present):
-        report.segments += 1
-        expected = {t.stream: t for t in tombstones.in_segment(conn, name)} if conn is not None else {}
-        seen: set[str] = set()
-        try:
-            grouped = list(_streams_of(sink.read(name)))
-        except (OSError, ValueError, EOFError) as exc:
-            report.problem(f"segment {name}: unreadable ({exc})")
-            continue
-        for stream, chain in grouped:
-            if stream in seen:
-                report.problem(f"segment {name}: {stream} appears twice")
-                continue
-            seen.add(stream)
-            report.streams += 1
-            report.receipts += len(chain)
-            problem = chain_problem(stream, chain)
-            if problem is not None:
-                report.problem(f"segment {name}: {stream}: {problem}")
-                continue
-            if conn is None:
-                continue
-            tomb = expected.get(stream)
-            if tomb is None:
-                report.unreferenced += 1  # a copy no tombstone names: the database still holds it
-                continue
-            if tomb.receipt_count != len(chain):
-                report.problem(
-                    f"segment {name}: {stream} holds {len(chain)} receipts, its tombstone counts "
-                    f"{tomb.receipt_count}"
-                )
-            elif tomb.final_hash != chain[-1]["hash"]:
-                report.problem(f"segment {name}: {stream}: final hash differs from its tombstone's")
-        for stream in sorted(set(expected) - seen):
-            report.problem(f"segment {name}: {stream} is missing, though its tombstone names this segment")
-    if conn is not None:
-        named = tombstones.segments(conn)
-        for name in sorted(named - present):
-            report.problem(f"segment {name} is named by tombstones but is not in the archive")
-        report.tombstones = sum(1 for _ in tombstones.iter_all(conn))
+    groups = tombstones.by_segment(conn) if conn is not None else iter(())
+    pending = next(groups, None)
+
+    def missing(segment: str, count: int) -> None:
+        report.tombstones += count
+        report.problem(f"segment {segment} is named by tombstones but is not in the archive")
+
+    for name in sorted(sink.names()):
+        while pending is not None and pending[0] < name:
+            missing(pending[0], len(pending[1]))
+            pending = next(groups, None)
+        expected: dict[str, tombstones.Tombstone] = {}
+        if pending is not None and pending[0] == name:
+            expected = pending[1]
+            report.tombstones += len(expected)
+            pending = next(groups, None)
+        _check_segment(sink, name, expected, conn is not None, report)
+    while pending is not None:
+        missing(pending[0], len(pending[1]))
+        pending = next(groups, None)
     return report
+
+
+def _check_segment(
+    sink: ArchiveSink, name: str, expected: dict[str, tombstones.Tombstone], against: bool, report: Report
+) -> None:
+    report.segments += 1
+    seen: set[str] = set()
+    try:
+        grouped = list(_streams_of(sink.read(name)))
+    except (OSError, ValueError, EOFError) as exc:
+        report.problem(f"segment {name}: unreadable ({exc})")
+        return
+    for stream, chain in grouped:
+        if stream in seen:
+            report.problem(f"segment {name}: {stream} appears twice")
+            continue
+        seen.add(stream)
+        report.streams += 1
+        report.receipts += len(chain)
+        problem = chain_problem(stream, chain)
+        if problem is not None:
+            report.problem(f"segment {name}: {stream}: {problem}")
+            continue
+        if not against:
+            continue
+        tomb = expected.get(stream)
+        if tomb is None:
+            report.unreferenced += 1  # a copy no tombstone names: the database still holds it
+            continue
+        if tomb.receipt_count != len(chain):
+            report.problem(
+                f"segment {name}: {stream} holds {len(chain)} receipts, its tombstone counts "
+                f"{tomb.receipt_count}"
+            )
+        elif tomb.final_hash != chain[-1]["hash"]:
+            report.problem(f"segment {name}: {stream}: final hash differs from its tombstone's")
+    for stream in sorted(set(expected) - seen):
+        report.problem(f"segment {name}: {stream} is missing, though its tombstone names this segment")
 
 
 def verify_tombstones(conn: Connection, *, batch: int = 1000) -> Report:

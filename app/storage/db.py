@@ -310,12 +310,12 @@ archived_streams = Table(
     Column("pass_id", String(64), nullable=False),
     Column("archived_at", _Time, nullable=False),
     Column("summary", JSON(), nullable=False),
-    Index("ix_archived_streams_segment", "segment"),
 )
 
 # One row per segment an archiving pass committed, written in the transaction of its tombstones:
-# what each pass moved (streams, receipts, bytes), for the system page and the pass's own sweep.
-# Bookkeeping: verification reads the tombstones and the archive, never this.
+# what each pass moved (streams, receipts, bytes), for the system page, and the segments the pass's
+# sweep keeps (a segment with no row here was never committed). Never updated or deleted.
+# Verification holds the archive against the tombstones themselves.
 archive_segments = Table(
     "archive_segments",
     metadata,

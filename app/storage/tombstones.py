@@ -6,7 +6,7 @@ written only by the archiving pass (``app/retention/archive.py``), under its gua
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,7 +15,8 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import Connection
 
 from app.jobs.errors import JobArchived
-from app.storage.db import archive_guard, archived_streams, as_utc, is_sqlite, iso
+from app.jobs.ids import client_id_of
+from app.storage.db import archive_guard, archive_segments, archived_streams, as_utc, is_sqlite, iso
 
 # PostgreSQL: the transaction-local setting the receipts trigger reads (migration 0010).
 GUARD_SETTING = "receipt.archiving"
@@ -40,7 +41,11 @@ class Tombstone:
 
     def to_json(self) -> dict[str, Any]:
         """The summary a client is answered with, and where the history went."""
+        # The summary holds what no column does (agent, kind, times...): the id, organisation and
+        # status are the tombstone's own columns.
         return {
+            "id": client_id_of(self.key),
+            "organizationId": self.organization_id,
             **self.summary,
             "status": self.status,
             "archived": True,
@@ -87,9 +92,20 @@ def find_many(conn: Connection, streams: Iterable[str]) -> dict[str, Tombstone]:
     return {r.stream: _row(r) for r in rows}
 
 
-def in_segment(conn: Connection, segment: str) -> list[Tombstone]:
-    rows = conn.execute(select(archived_streams).where(archived_streams.c.segment == segment))
-    return [_row(r) for r in rows]
+def by_segment(conn: Connection) -> Iterator[tuple[str, dict[str, Tombstone]]]:
+    """Every tombstone, grouped by the segment it names, in segment order (one sorted scan,
+    streamed: the archive's verification merges it with the segments, also sorted)."""
+    q = select(archived_streams).order_by(archived_streams.c.segment, archived_streams.c.stream)
+    current: str | None = None
+    group: dict[str, Tombstone] = {}
+    for r in conn.execution_options(yield_per=2000).execute(q):
+        if r.segment != current:
+            if current is not None:
+                yield current, group
+            current, group = r.segment, {}
+        group[r.stream] = _row(r)
+    if current is not None:
+        yield current, group
 
 
 def iter_all(conn: Connection, *, batch: int = 1000) -> Iterable[Tombstone]:
@@ -109,8 +125,9 @@ def iter_all(conn: Connection, *, batch: int = 1000) -> Iterable[Tombstone]:
         after = rows[-1].stream
 
 
-def segments(conn: Connection) -> set[str]:
-    return {r[0] for r in conn.execute(select(archived_streams.c.segment).distinct())}
+def committed_segments(conn: Connection) -> set[str]:
+    """The segments whose tombstones committed (``archive_segments``, written in their transaction)."""
+    return {r[0] for r in conn.execute(select(archive_segments.c.segment))}
 
 
 def set_guard(conn: Connection, pass_id: str) -> None:

@@ -4,8 +4,8 @@
 trigger on ``receipts`` now lets a receipt go only under the pass's guard (PostgreSQL: the
 transaction-local setting ``receipt.archiving`` holds the pass id; SQLite: a row of
 ``archive_guard``) and only when the stream's tombstone names that pass and covers the receipt's
-seq. ``archive_segments`` logs each segment a pass committed (what the system page and the metrics
-read; bookkeeping, rebuilt by nothing and needed by no verification). UPDATE and TRUNCATE stay refused on every path. Expand-only: new tables, and a trigger that
+seq. ``archive_segments`` logs each segment a pass committed, in the transaction of its tombstones
+(what the system page reads, and the segments the pass's sweep keeps). UPDATE and TRUNCATE stay refused on every path. Expand-only: new tables, and a trigger that
 refuses everything the previous release ever tried (it never deletes a receipt).
 
 Revision ID: 0010
@@ -43,7 +43,6 @@ def upgrade() -> None:
         sa.Column("archived_at", _Time, nullable=False),
         sa.Column("summary", sa.JSON(), nullable=False),
     )
-    op.create_index("ix_archived_streams_segment", "archived_streams", ["segment"])
     op.create_table(
         "archive_segments",
         sa.Column("segment", sa.String(256), primary_key=True),
@@ -99,5 +98,4 @@ def downgrade() -> None:
     op.drop_table("archive_guard")
     op.drop_index("ix_archive_segments_written", table_name="archive_segments")
     op.drop_table("archive_segments")
-    op.drop_index("ix_archived_streams_segment", table_name="archived_streams")
     op.drop_table("archived_streams")
