@@ -60,6 +60,13 @@ def test_an_archived_job_answers_410_with_its_summary(api: Api, tmp_path: Path) 
     ):
         response = getattr(api.client, method)(url, json=body, headers=api.headers("a"))
         _is_archived_answer(response, "old-job")
+    # Its receipts are in the archive, not behind the stream routes (the summary says where).
+    stream = details["archive"]["stream"]
+    for url in (f"/streams/{stream}/receipts", f"/streams/{stream}/events"):
+        response = api.client.get(url, headers=api.headers("a"))
+        assert response.status_code == 404, (url, response.status_code)
+    listed = json_of(api.client.get("/jobs", headers=api.headers("a")))
+    assert all(j["id"] != "old-job" for j in listed["jobs"])
     # A system token naming the organisation reads it too.
     named = api.client.get(
         "/jobs/old-job", query_string={"organizationId": ORG_A}, headers=api.headers("system")
