@@ -395,17 +395,20 @@ class Queue:
         if explicit is not None:
             if singleton:
                 existing = projection.load_in(conn, explicit, org, legacy)
+                # Read after the projection: the pass removes the row and writes the tombstone in
+                # one commit, so one of the two reads sees the job.
+                archived = existing is None and tombstones.find(conn, job_stream(explicit)) is not None
             else:
                 # Only this job decides: read the clock with it (the singleton path reads the
-                # session's other jobs first, so its clock must come after those reads).
-                existing, tx._now = projection.load_at_clock(conn, explicit, org, legacy)
+                # session's other jobs first, so its clock must come after those reads), and
+                # whether its id was archived, in the same statement.
+                existing, tx._now, archived = projection.load_for_enqueue(conn, explicit, org, legacy)
             if existing is not None:
                 return EnqueueResult(existing.job, created=False)
-            # Read after the projection: the pass removes the row and writes the tombstone in one
-            # commit, so one of the two reads sees the job.
-            archived = tombstones.find(conn, job_stream(explicit))
-            if archived is not None:
-                raise archived.refusal()
+            if archived:
+                gone = tombstones.find(conn, job_stream(explicit))
+                assert gone is not None  # tombstones are never removed
+                raise gone.refusal()
         if singleton and req.singleton_mode == "steer" and req.job_id is not None:
             # Spec: re-posting the same enqueue never disturbs the first. A steer creates no
             # job under its jobId, so its command carries that id, and a re-post finds it.
