@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -179,7 +180,15 @@ def main(argv: list[str] | None = None) -> int:
             raise result["error"]
         totals: archive.Totals = result["totals"]
         seconds: float = result["seconds"]
-        during = during_samples[len(during_samples) // 2] if during_samples else before
+        # Each round timed every operation a few times; the figure is the median over the rounds.
+        during = (
+            {
+                db: {op: statistics.median(r[db][op] for r in during_samples) for op in before[db]}
+                for db in before
+            }
+            if during_samples
+            else before
+        )
         after_pass = sizes(large)
         log("VACUUM (ANALYZE)")
         vacuum_s = vacuum(large)
