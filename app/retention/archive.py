@@ -12,14 +12,16 @@ One page at a time (``RECEIPT_ARCHIVE_PAGE_SIZE`` streams):
    names this pass), the projection rows, deliveries, callback outbox and ledger rows, close the
    guard, commit.
 
-A crash before step 4 commits leaves the database as it was (at most a segment no tombstone names,
-which the next pass removes first); a crash after it leaves the page archived. Either way the next
+A crash before step 4 commits leaves the database as it was (at most a segment that no
+``archive_segments`` row names, which the next pass removes first); a crash after it leaves the
+page archived. Either way the next
 pass resumes with what is still eligible, and nothing is lost or archived twice.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -33,7 +35,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from app.jobs.ids import SYSTEM_ORGANIZATION, qualify
 from app.jobs.reducer import Job
-from app.jobs.vocab import TERMINAL_STATUSES
+from app.jobs.vocab import JOB_STREAM_PREFIX, TERMINAL_STATUSES
 from app.retention.policy import (
     TERMINAL_OBJECTIVE_STATUSES,
     Ended,
@@ -98,7 +100,7 @@ class Member:
 
     @property
     def stream(self) -> str:
-        return (OBJECTIVE_STREAM_PREFIX if self.kind == "objective" else "jobs/") + self.key
+        return (OBJECTIVE_STREAM_PREFIX if self.kind == "objective" else JOB_STREAM_PREFIX) + self.key
 
 
 @dataclass
@@ -240,6 +242,44 @@ def owned_jobs(conn: Connection, objective_key: str) -> list[Any]:
     return list(rows.values())
 
 
+_OBJECTIVE_COLUMNS = (
+    objectives.c.id,
+    objectives.c.organization_id,
+    objectives.c.status,
+    objectives.c.status_changed_at,
+    objectives.c.last_seq,
+    objectives.c.last_hash,
+    objectives.c.title,
+    objectives.c.created_at,
+    objectives.c.updated_at,
+)
+
+
+def _walk(
+    conn: Connection,
+    table: Any,
+    columns: Sequence[Any],
+    statuses: Iterable[str],
+    old_enough: ColumnElement[bool],
+    after: tuple[datetime, str] | None,
+    batch: int,
+) -> list[Any]:
+    """The next ``batch`` ended rows after ``after`` in (ended, key) order. One query per status,
+    merged here: each is a range of the (status, status_changed_at) index, where one query over
+    every status would sort all the matching rows for each page."""
+    changed, key = table.c.status_changed_at, table.c.id
+    runs = [
+        conn.execute(
+            select(*columns)
+            .where(table.c.status == status, old_enough, _after(after, changed, key))
+            .order_by(changed, key)
+            .limit(batch)
+        ).all()
+        for status in sorted(statuses)
+    ]
+    return list(heapq.merge(*runs, key=lambda r: (r.status_changed_at, r.id)))[:batch]
+
+
 def select_page(
     conn: Connection, policy: Policy, now: datetime, page_size: int, cursor: Cursor
 ) -> list[Member]:
@@ -247,26 +287,15 @@ def select_page(
     page: list[Member] = []
     batch = max(page_size, 1)
     while not cursor.objectives_done and len(page) < page_size:
-        rows = conn.execute(
-            select(
-                objectives.c.id,
-                objectives.c.organization_id,
-                objectives.c.status,
-                objectives.c.status_changed_at,
-                objectives.c.last_seq,
-                objectives.c.last_hash,
-                objectives.c.title,
-                objectives.c.created_at,
-                objectives.c.updated_at,
-            )
-            .where(
-                objectives.c.status.in_(sorted(TERMINAL_OBJECTIVE_STATUSES)),
-                _old_enough(policy, now, objectives.c.organization_id, objectives.c.status_changed_at),
-                _after(cursor.objectives, objectives.c.status_changed_at, objectives.c.id),
-            )
-            .order_by(objectives.c.status_changed_at, objectives.c.id)
-            .limit(batch)
-        ).all()
+        rows = _walk(
+            conn,
+            objectives,
+            _OBJECTIVE_COLUMNS,
+            TERMINAL_OBJECTIVE_STATUSES,
+            _old_enough(policy, now, objectives.c.organization_id, objectives.c.status_changed_at),
+            cursor.objectives,
+            batch,
+        )
         if not rows:
             cursor.objectives_done = True
             break
@@ -298,16 +327,15 @@ def select_page(
             if len(page) >= page_size:
                 return page
     while not cursor.jobs_done and len(page) < page_size:
-        job_rows = conn.execute(
-            select(*_JOB_COLUMNS)
-            .where(
-                jobs.c.status.in_(sorted(TERMINAL_STATUSES)),
-                _old_enough(policy, now, jobs.c.organization_id, jobs.c.status_changed_at),
-                _after(cursor.jobs, jobs.c.status_changed_at, jobs.c.id),
-            )
-            .order_by(jobs.c.status_changed_at, jobs.c.id)
-            .limit(batch)
-        ).all()
+        job_rows = _walk(
+            conn,
+            jobs,
+            _JOB_COLUMNS,
+            TERMINAL_STATUSES,
+            _old_enough(policy, now, jobs.c.organization_id, jobs.c.status_changed_at),
+            cursor.jobs,
+            batch,
+        )
         if not job_rows:
             cursor.jobs_done = True
             break

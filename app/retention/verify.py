@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
+from app.jobs.vocab import JOB_STREAM_PREFIX
 from app.retention.archive import OBJECTIVE_STREAM_PREFIX, chain_problem
 from app.retention.sink import ArchiveSink
 from app.storage import tombstones
@@ -154,7 +155,7 @@ def verify_tombstones(conn: Connection, *, batch: int = 1000) -> Report:
                 for r in conn.execute(select(objectives.c.id).where(objectives.c.id.in_(objective_keys)))
             }
         for t in page:
-            prefix = OBJECTIVE_STREAM_PREFIX if t.kind == "objective" else "jobs/"
+            prefix = OBJECTIVE_STREAM_PREFIX if t.kind == "objective" else JOB_STREAM_PREFIX
             if t.kind not in ("job", "objective") or t.stream != prefix + t.key:
                 report.problem(f"tombstone {t.stream}: kind {t.kind!r} and key {t.key!r} do not name it")
             if t.receipt_count < 1 or not _HASH.match(t.final_hash):
