@@ -221,9 +221,11 @@ class Cursor:
 
 
 def _after(cursor: tuple[datetime, str] | None, changed: Any, key: Any) -> ColumnElement[bool]:
+    """Rows after ``cursor`` in (ended, key) order. The ``>=`` conjunct is implied by the rest; it
+    is there so the index range starts at the cursor instead of at the oldest row."""
     if cursor is None:
         return and_(key.is_not(None))
-    return or_(changed > cursor[0], and_(changed == cursor[0], key > cursor[1]))
+    return and_(changed >= cursor[0], or_(changed > cursor[0], and_(changed == cursor[0], key > cursor[1])))
 
 
 def owned_jobs(conn: Connection, objective_key: str) -> list[Any]:

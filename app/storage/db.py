@@ -192,6 +192,8 @@ callback_outbox = Table(
     Column("last_error", String(512), nullable=True),
     UniqueConstraint("target", "event_id", name="uq_callback_outbox_target_event"),
     Index("ix_callback_outbox_state", "state", "id"),
+    # Migration 0010: the archiving pass removes a page's rows by job.
+    Index("ix_callback_outbox_job", "job_id"),
 )
 
 
@@ -249,6 +251,7 @@ durable_workflows = Table(
     Column("ended_at", _Time, nullable=True),
     Column("updated_at", _Time, nullable=False),
     Index("ix_durable_workflows_objective", "objective_id"),
+    Index("ix_durable_workflows_job", "job_id"),  # migration 0010: the archiving pass, by job
 )
 
 durable_activities = Table(

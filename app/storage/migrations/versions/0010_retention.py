@@ -5,8 +5,9 @@ trigger on ``receipts`` now lets a receipt go only under the pass's guard (Postg
 transaction-local setting ``receipt.archiving`` holds the pass id; SQLite: a row of
 ``archive_guard``) and only when the stream's tombstone names that pass and covers the receipt's
 seq. ``archive_segments`` logs each segment a pass committed, in the transaction of its tombstones
-(what the system page reads, and the segments the pass's sweep keeps). UPDATE and TRUNCATE stay refused on every path. Expand-only: new tables, and a trigger that
-refuses everything the previous release ever tried (it never deletes a receipt).
+(what the system page reads, and the segments the pass's sweep keeps). UPDATE and TRUNCATE stay
+refused on every path. Expand-only: new tables, two indexes, and a trigger that refuses everything
+the previous release ever tried (it never deletes a receipt).
 
 Revision ID: 0010
 Revises: 0009
@@ -25,6 +26,7 @@ depends_on = None
 _Time = sa.DateTime(timezone=True)
 MESSAGE = "receipts are append-only"
 GUARD = "receipt.archiving"
+_BY_JOB = (("ix_callback_outbox_job", "callback_outbox"), ("ix_durable_workflows_job", "durable_workflows"))
 
 
 def upgrade() -> None:
@@ -54,6 +56,12 @@ def upgrade() -> None:
     )
     op.create_index("ix_archive_segments_written", "archive_segments", ["written_at"])
     op.create_table("archive_guard", sa.Column("pass_id", sa.String(64), primary_key=True))
+    # The pass removes a page's callback-outbox and ledger rows by job: without these, each page
+    # would scan both tables. A deployment whose tables are large builds them first without
+    # blocking writes (`CREATE INDEX CONCURRENTLY IF NOT EXISTS ...`, docs/runbook.md): then
+    # nothing is built here.
+    for name, table in _BY_JOB:
+        op.create_index(name, table, ["job_id"], if_not_exists=True)
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"""
             CREATE OR REPLACE FUNCTION receipts_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -96,6 +104,8 @@ def downgrade() -> None:
             BEGIN SELECT RAISE(ABORT, '{MESSAGE}'); END;
         """)
     op.drop_table("archive_guard")
+    for name, table in _BY_JOB:
+        op.drop_index(name, table_name=table)
     op.drop_index("ix_archive_segments_written", table_name="archive_segments")
     op.drop_table("archive_segments")
     op.drop_table("archived_streams")
