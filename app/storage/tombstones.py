@@ -98,7 +98,7 @@ def by_segment(conn: Connection) -> Iterator[tuple[str, dict[str, Tombstone]]]:
     q = select(archived_streams).order_by(archived_streams.c.segment, archived_streams.c.stream)
     current: str | None = None
     group: dict[str, Tombstone] = {}
-    for r in conn.execution_options(yield_per=2000).execute(q):
+    for r in conn.execute(q.execution_options(yield_per=2000)):
         if r.segment != current:
             if current is not None:
                 yield current, group
