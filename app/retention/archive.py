@@ -33,7 +33,7 @@ from sqlalchemy import and_, delete, false, func, or_, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
-from app.jobs.ids import SYSTEM_ORGANIZATION, qualify
+from app.jobs.ids import KEY_SEPARATOR, SYSTEM_ORGANIZATION, qualify
 from app.jobs.reducer import Job
 from app.jobs.vocab import JOB_STREAM_PREFIX, TERMINAL_STATUSES
 from app.retention.policy import (
@@ -207,6 +207,8 @@ def _payload_objective(member: Member, state: Any) -> str | None:
     objective_id = payload.get("objectiveId")
     if not isinstance(objective_id, str) or not objective_id:
         return None
+    if KEY_SEPARATOR in objective_id:
+        return objective_id  # already a key (some of the Factory's own payloads carry one)
     return qualify(member.organization_id or SYSTEM_ORGANIZATION, objective_id)
 
 
