@@ -3,10 +3,10 @@
 Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>``. A token belongs to one
 organisation; a system token may act for any. With ``RECEIPT_AUTH=disabled`` a request without
 credentials acts as an anonymous identity that may act for every organisation but is *not* a
-system identity and holds no scopes (issue 8: disabling auth never grants system or commands
+system identity and holds no scopes (disabling auth never grants system or commands
 rights); every response carries a warning header.
 
-Scopes (issue 8): posting a job that would run a command needs the ``commands`` scope or a
+Scopes: posting a job that would run a command needs the ``commands`` scope or a
 system token (``app.jobs.privilege``); without it the POST is a 403 naming the scope.
 
 Scoping rule used everywhere: a job is visible only to its own organisation (and to system

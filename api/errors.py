@@ -42,13 +42,13 @@ UNAVAILABLE = "unavailable"
 INTERNAL = "internal_error"
 # An id whose job or objective the archiving pass moved out (410; details hold its tombstone summary).
 ARCHIVED = "archived"
-# Issue 8: a token without the scope an operation needs (details.scope names it).
+# A token without the scope an operation needs (details.scope names it).
 MISSING_SCOPE = "missing_scope"
-# Issue 8: a job already holds RECEIPT_MAX_COMMANDS_PER_JOB queue commands.
+# A job already holds RECEIPT_MAX_COMMANDS_PER_JOB queue commands.
 TOO_MANY_COMMANDS = "too_many_commands"
-# Issue 8: the organisation's write rate limit (429, Retry-After).
+# The organisation's write rate limit (429, Retry-After).
 RATE_LIMITED = "rate_limited"
-# Issue 8: too many open event streams for this token or this process (429, Retry-After).
+# Too many open event streams for this token or this process (429, Retry-After).
 TOO_MANY_STREAMS = "too_many_streams"
 
 ERROR_CODES = (

@@ -1,4 +1,4 @@
-"""Bounds per tenant (issue 8, "Bounds per tenant"): page bytes, open event streams, write rate.
+"""Bounds per tenant: page bytes, open event streams, write rate.
 
 - **Pages** (``GET /jobs``, receipts pages) stop before ``RECEIPT_MAX_PAGE_BYTES`` of items and
   return the cursor of the last item sent, so a client pages on instead of one response growing
@@ -13,9 +13,9 @@
   Redis when ``REDIS_URL`` is set, so every API process shares them; the embedded deployment
   counts in memory, per process. System tokens are operators and Receipt's own components: they
   are not limited. ``WriteLimit`` calls ``limits`` from one ``before_request`` hook: the same
-  counters, keys and 429 as the Flask-Limiter extension it replaced, without that extension's
-  per-request resolution of decorated, blueprint and default limits (issue 12: it cost more CPU
-  than the counting itself).
+  counters, keys and 429 as the Flask-Limiter extension, without that extension's per-request
+  resolution of decorated, blueprint and default limits (it cost more CPU than the counting
+  itself).
 - **Items, not requests**: a request counts as one write, but a route whose one request carries
   many items (a bulk enqueue) counts each: once it has read how many, it calls
   ``count_items(n)``, which counts the ``n - 1`` the hook did not. A request carrying more items

@@ -109,7 +109,7 @@ def launch(body: dict[str, Any]) -> ResponseReturnValue:
     if not identity.may_act_for(spec.organization_id):
         raise forbidden("authContext.organizationId is not the organisation of this token")
     for task in spec.tasks:
-        # A task that runs a command needs the same right as posting that job directly (issue 8).
+        # A task that runs a command needs the same right as posting that job directly.
         auth.require_command_scope(identity, task.agent_id, task.kind, task.payload)
     result = service.launch(state().queue, spec, launched_by=identity.enqueuer().to_json())
     obj = result.objective

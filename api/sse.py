@@ -7,7 +7,7 @@ state, none skipped); receipt events carry the raw receipt. A job stream ends on
 terminal and every receipt has been sent; any stream ends after ``max_seconds`` (the client
 resumes). Nothing here touches the request: a follower runs after the view has returned.
 
-Resuming reads from the resume point, not from seq 1 (issue 8): a job follower starts from the
+Resuming reads from the resume point, not from seq 1: a job follower starts from the
 job's projection when the projection is not past the resume point (the projection *is* the fold
 at its seq) — the usual reconnect, where the client saw the latest state. Only a client that is
 behind the projection makes the follower fold the stream's head up to its resume point, because

@@ -1,6 +1,6 @@
-"""One poller per API process for every open event stream (issue 12).
+"""One poller per API process for every open event stream.
 
-An event-stream follower no longer polls on its own. It subscribes the streams it follows (with
+An event-stream follower does not poll on its own. It subscribes the streams it follows (with
 the last seq it has read of each) and its token, then waits. One poller thread asks the database,
 once per tick (``RECEIPT_SSE_POLL_MS``), for the heads of every subscribed stream and which of
 the subscribers' tokens are still live — one statement (``app.storage.heads``) however many

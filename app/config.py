@@ -419,7 +419,29 @@ class Settings:
     worker_id: str | None = setting(
         "RECEIPT_WORKER_ID",
         None,
-        "Worker identity written on leases. Unset: `<hostname>:<pid>`.",
+        "Worker identity written on leases, followed by the process's liveness epoch and a nonce per "
+        "attempt. Unset: `<hostname>:<pid>`.",
+    )
+    worker_liveness_interval_ms: int = setting(
+        "RECEIPT_WORKER_LIVENESS_INTERVAL_MS",
+        "2000",
+        "How often each worker process renews its own liveness record (apart from per-job heartbeats), "
+        "and the interval of the `worker-liveness` loop that looks for lapsed ones.",
+        _int,
+    )
+    worker_self_fence_ms: int = setting(
+        "RECEIPT_WORKER_SELF_FENCE_MS",
+        "6000",
+        "A worker that could not renew its liveness for this long cancels its attempts and kills their "
+        "commands, then takes a new identity. At least 2 renewal intervals.",
+        _int,
+    )
+    worker_dead_after_ms: int = setting(
+        "RECEIPT_WORKER_DEAD_AFTER_MS",
+        "10000",
+        "A worker whose liveness lapsed this long is dead: its jobs get `job.lease_expired` at once and are "
+        "redelivered. At least `RECEIPT_WORKER_SELF_FENCE_MS` + 2000 (checked at start).",
+        _int,
     )
     # -- callbacks
     callback_url: str | None = setting(

@@ -49,7 +49,7 @@ from app.storage import projection, store
 from app.storage.db import make_engine
 from app.storage.migrate import upgrade
 from app.storage.queue import Queue
-from tests.support.databases import new_database
+from devharness.databases import new_database
 
 ADMIN_URL = os.environ.get("RECEIPT_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 APPENDS = int(os.environ.get("RECEIPT_BENCH_APPENDS", "3000"))

@@ -29,8 +29,8 @@ from typing import Any
 from celery import Celery
 
 from bench.runtime_bench import child_env, tree_cpu, wait_until
-from tests.support.processes import Harness
-from tests.support.services import RedisServer
+from devharness.processes import Harness
+from devharness.services import RedisServer
 
 TASK = "bench.floor.noop"
 QUEUE = "bench-floor"

@@ -27,11 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from devharness.processes import base_env, harness_at  # noqa: E402
+from devharness.services import private_postgres, private_redis  # noqa: E402
+from devharness.up import start_up  # noqa: E402
+from devharness.waiting import free_port  # noqa: E402
 from receipt.client import Client  # noqa: E402  (after the path is set)
-from tests.support.processes import base_env, harness_at  # noqa: E402
-from tests.support.services import private_postgres, private_redis  # noqa: E402
-from tests.support.up import start_up  # noqa: E402
-from tests.support.waiting import free_port  # noqa: E402
 
 
 @contextlib.contextmanager

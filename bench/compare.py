@@ -1,4 +1,4 @@
-"""Receipt against Procrastinate and Celery, no-op jobs end to end, in one run (issue 12).
+"""Receipt against Procrastinate and Celery, no-op jobs end to end, in one run.
 
     .venv/bin/python -m bench.compare [--jobs 1000] [--rounds 3] [--idle 50] [--count-jobs 200]
     .venv/bin/python -m bench.compare --quick        # small counts: proves it runs (~5 min)
@@ -18,7 +18,7 @@ its own private redis-server on a free port — and only one system runs at a ti
 * **Celery** — ``bench.runtime_bench:baseline_app`` (a no-op task), ``--pool prefork
   --concurrency 2``, Redis broker, Postgres result backend through psycopg2.
 * On request (``--systems``), **the floors** of ``bench/floor.py`` (``floor``, ``floor-reads``): not
-  Receipt, the least work any design keeping issue 12's constraints does per job, to show which
+  Receipt, the least work any design keeping Receipt's contract does per job, to show which
   ratio targets are reachable at all on this machine.
 
 Receipt runs with its production timings and with prepared statements on
@@ -84,8 +84,8 @@ from sqlalchemy.engine import Engine
 
 from bench.runtime_bench import CpuMeter, backend_pids, child_env, fresh_database, log, percentile
 from bench.systems import BY_NAME, DEFAULT_SYSTEMS, SYSTEMS, Database, Deployment, System
-from tests.support.processes import PYTHON, Harness
-from tests.support.waiting import wait_for
+from devharness.processes import PYTHON, Harness
+from devharness.waiting import wait_for
 
 POLL_S = 0.05
 IDLE_POLL_S = 0.002

@@ -1,8 +1,8 @@
-"""The floor under issue 12's ratios: the least work any design keeping Receipt's contract must do.
+"""The floor under the throughput ratios: the least work any design keeping Receipt's contract must do.
 
 ``bench/compare.py --systems floor,…`` runs it beside the peers, in the same rounds. It is not
 Receipt; it is a generous lower bound on what a Receipt job costs, so that a ratio target can be
-checked against what is reachable at all. Per job it does only the parts issue 12 says may not
+checked against what is reachable at all. Per job it does only the parts the contract says may not
 change, each in its cheapest form, with nothing of Receipt's code:
 
 * **enqueue** — one autocommitted statement: the projection row, the ``job.enqueued`` receipt

@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.runtime_bench import tree_cpu  # noqa: E402
-from tests.support.databases import new_database  # noqa: E402  (after the path is set)
-from tests.support.waiting import free_port, wait_for  # noqa: E402
+from devharness.databases import new_database  # noqa: E402  (after the path is set)
+from devharness.waiting import free_port, wait_for  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get(
     "RECEIPT_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"

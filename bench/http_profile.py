@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 # The same database, Redis and request body as the HTTP enqueue bench.
 from bench.http_enqueue_bench import ORG, PG_ADMIN_URL, REDIS_URL  # noqa: E402
 from bench.http_enqueue_bench import _payload as _payload  # noqa: E402
-from tests.support.databases import new_database  # noqa: E402  (after the path is set)
+from devharness.databases import new_database  # noqa: E402  (after the path is set)
 
 ROUNDS = 5
 

@@ -1,4 +1,4 @@
-"""What one ``/metrics`` scrape costs as the ``jobs`` projection grows (issue 13, item 2).
+"""What one ``/metrics`` scrape costs as the ``jobs`` projection grows.
 
     .venv/bin/python bench/metrics_scrape_bench.py [--sizes 1000,10000,100000] [--scrapes 15]
 

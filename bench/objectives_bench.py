@@ -43,8 +43,8 @@ from bench.runtime_bench import (
     percentile,
     wait_until,
 )
-from tests.support.processes import Harness, Proc
-from tests.support.waiting import free_port
+from devharness.processes import Harness, Proc
+from devharness.waiting import free_port
 
 ORG = "bench-org"
 IDLE_SAMPLE_S = 10.0
@@ -80,7 +80,7 @@ def at_ms(text: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    # 999 + the fan-in task = 1 000, the most a plan may hold (issue 9 caps plans at 1 000 tasks).
+    # 999 + the fan-in task = 1 000, the most a plan may hold.
     parser.add_argument("--fanout", type=int, default=999)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--chain", type=int, default=100)

@@ -46,9 +46,9 @@ from celery import Celery
 
 from app.composition import queue_for
 from app.jobs.vocab import job_stream
-from tests.support.databases import new_database
-from tests.support.processes import Harness, base_env
-from tests.support.waiting import free_port, wait_for
+from devharness.databases import new_database
+from devharness.processes import Harness, base_env
+from devharness.waiting import free_port, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get("BENCH_PG_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")

@@ -53,8 +53,8 @@ def database(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from tests.support.databases import new_database
-    from tests.support.services import private_postgres
+    from devharness.databases import new_database
+    from devharness.services import private_postgres
 
     with private_postgres() as admin_url:
         admin = make_engine(admin_url)

@@ -57,10 +57,10 @@ from app.jobs.vocab import TERMINAL_STATUSES, job_stream
 from app.storage import store
 from app.storage.db import jobs, make_engine, parse_iso
 from app.storage.migrate import upgrade
-from tests.e2e import handlers
-from tests.support.processes import PYTHON, REPO_ROOT, Harness, base_env
-from tests.support.stack import ORG, Stack, make_stack
-from tests.support.waiting import free_port
+from devharness import handlers
+from devharness.processes import PYTHON, REPO_ROOT, Harness, base_env
+from devharness.stack import ORG, Stack, make_stack
+from devharness.waiting import free_port
 
 TERMINAL_TYPES = ("job.completed", "job.failed", "job.canceled")
 FENCED_TYPES = ("job.heartbeat", "job.progress", *TERMINAL_TYPES)

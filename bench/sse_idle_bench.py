@@ -38,9 +38,9 @@ from bench.compare import STATEMENT, server_log_path  # noqa: E402  (after the p
 
 # The same database and Redis as the HTTP enqueue bench.
 from bench.http_enqueue_bench import ORG, PG_ADMIN_URL, REDIS_URL  # noqa: E402
-from tests.support.databases import new_database  # noqa: E402
-from tests.support.processes import descendants_of  # noqa: E402
-from tests.support.waiting import free_port, wait_for  # noqa: E402
+from devharness.databases import new_database  # noqa: E402
+from devharness.processes import descendants_of  # noqa: E402
+from devharness.waiting import free_port, wait_for  # noqa: E402
 
 
 def open_stream(port: int, token: str, job_id: str) -> socket.socket:

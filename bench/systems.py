@@ -34,9 +34,9 @@ from bench.runtime_bench import (
     latencies_ms,
     make_baseline_app,
 )
-from tests.support.processes import PYTHON, Harness
-from tests.support.services import RedisServer
-from tests.support.stack import ORG, make_stack
+from devharness.processes import PYTHON, Harness
+from devharness.services import RedisServer
+from devharness.stack import ORG, make_stack
 
 BOOT_TIMEOUT_S = 120.0
 
@@ -103,7 +103,7 @@ class Deployment:
 
 @dataclass(frozen=True)
 class Target:
-    """One of issue 12's throughput targets: this system's jobs/s at least ``least`` times ``peer``'s."""
+    """One throughput target: this system's jobs/s at least ``least`` times ``peer``'s."""
 
     claim: str
     peer: str
@@ -133,7 +133,7 @@ class System(ABC):
     # CPU groups that sit idle in this system's runs, left out of its figure.
     idle_groups: tuple[str, ...] = ()
     targets: tuple[Target, ...] = ()
-    # issue 12's latency targets apply: idle p50 <= 8 ms, loaded p99 <= 100 ms.
+    # the latency targets apply: idle p50 <= 8 ms, loaded p99 <= 100 ms.
     latency_targets = False
 
     @abstractmethod
@@ -481,7 +481,7 @@ class Floor(System):
         self.label = label
         self.reads = reads
         # A floor does less than any design keeping the contract; a target it misses is out of
-        # reach for Receipt too, on this machine and under issue 12's own constraints.
+        # reach for Receipt too, on this machine and under the contract's own constraints.
         self.targets = (
             Target(f"{name} >= 1.0x Procrastinate", "procrastinate", 1.0),
             Target(f"{name} >= 2x Celery", "celery", 2.0),

@@ -2,7 +2,7 @@
 
 Spec step 6: a JSON POST on ``dispatched``, ``completed``, ``failed`` and ``canceled`` to
 ``RECEIPT_RESONATE_CALLBACK_URL`` and ``RECEIPT_EVENT_CALLBACK_URL``, 5 s timeout,
-``Authorization: Bearer $RECEIPT_CALLBACK_TOKEN`` when set. Issue 11 makes them durable: terminal
+``Authorization: Bearer $RECEIPT_CALLBACK_TOKEN`` when set. They are durable: terminal
 events are outbox rows written with their receipt (``app/storage/outbox.py``); ``dispatched`` has
 no receipt and is recorded here just before the worker message is sent.
 

@@ -26,6 +26,7 @@ from tasks import dispatch, execute, fetches, loops, redaction
 from tasks.beat import ReceiptBeat
 from tasks.cron import CronSchedule
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, get_runtime
+from workers import liveness as worker_liveness
 
 log = logging.getLogger("receipt.celery")
 
@@ -235,6 +236,28 @@ def _write_pending_ledger_rows(sender: Any = None, **_: Any) -> None:
         rt.queue.close()
 
 
+def _start_liveness(sender: Any = None, **_: Any) -> None:
+    """Before the first delivery: this process's liveness record and its self-fence."""
+    worker_app = getattr(sender, "app", None)
+    role = getattr(worker_app, "receipt_liveness_role", None) if worker_app is not None else None
+    if worker_app is None or role is None:
+        return
+    settings = get_runtime(worker_app).settings
+    live = worker_liveness.ProcessLiveness(worker_liveness.liveness_engine(settings), settings, role)
+    worker_liveness.install(live)
+    live.start()
+
+
+def _stop_liveness(sender: Any = None, **_: Any) -> None:
+    live = worker_liveness.current()
+    if live is not None:
+        live.stop()
+        live.engine.dispose()
+        worker_liveness.install(None)
+
+
+signals.worker_init.connect(_start_liveness)
+signals.worker_shutdown.connect(_stop_liveness)
 signals.worker_ready.connect(_start_wake_listener)
 signals.worker_shutdown.connect(_stop_wake_listener)
 signals.worker_shutdown.connect(_write_pending_ledger_rows)

@@ -26,7 +26,7 @@ def execute(rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation:
         return {"status": "stale_attempt", "error": f"fence {fence} is not for job {job_id}"}
     result = run_attempt(rt.queue, rt.settings, rt.registry, job_id, attempt)
     job = result.job
-    # Celery's own "succeeded" line no longer shows the return value (tasks/redaction.py): the
+    # Celery's own "succeeded" line does not show the return value (tasks/redaction.py): the
     # outcome, a vocabulary word, is logged here instead, never the job's payload or result.
     log.info("delivery %s: %s", fence, result.status)
     if result.status not in NOT_OWNED:

@@ -4,7 +4,7 @@ Flower's web UI answers anyone who can reach it (and can revoke or rate-limit ta
 
 - it binds loopback (``127.0.0.1``) unless ``FLOWER_ADDRESS`` says otherwise;
 - bound anywhere but loopback, it always requires authentication (``FLOWER_BASIC_AUTH=user:password``
-  or Flower's OAuth via ``FLOWER_AUTH``), whatever ``RECEIPT_AUTH`` says (issue 8);
+  or Flower's OAuth via ``FLOWER_AUTH``), whatever ``RECEIPT_AUTH`` says;
 - on loopback it still requires authentication unless the deployment runs with
   ``RECEIPT_AUTH=disabled``, the same switch that opens Receipt's own API.
 

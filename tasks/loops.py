@@ -34,6 +34,7 @@ from app.retention.policy import Policy
 from app.retention.sink import DirectorySink
 from app.schedules import service as schedules
 from app.storage import delivery
+from app.storage import liveness as worker_liveness
 from app.storage import loops as claims
 from app.storage.db import db_now, transaction
 from tasks import fetches
@@ -289,6 +290,22 @@ def fire_schedules(rt: Runtime, p: Pass) -> dict[str, Any]:
             totals.schedules,
         )
     return result
+
+
+@binds(registry.WORKER_LIVENESS)
+def expire_dead_workers(rt: Runtime, p: Pass) -> dict[str, Any]:
+    """Expire at once the jobs of every worker process whose liveness lapsed (app/storage/liveness.py)."""
+    declared = worker_liveness.expire_dead(
+        rt.queue, rt.settings.worker_dead_after_ms, limit=SCAN_LIMIT, between=p.keep
+    )
+    for d in declared:
+        log.warning(
+            "worker %s declared dead (last renewed %s): expired %d leases",
+            d.process_id,
+            d.renewed_at.isoformat(),
+            len(d.expired),
+        )
+    return {"dead": [d.process_id for d in declared], "expired": [j for d in declared for j in d.expired]}
 
 
 @binds(registry.ARCHIVE)

@@ -1,4 +1,4 @@
-"""Celery never logs a task's arguments or its return value (issue 8, "Hygiene").
+"""Celery never logs a task's arguments or its return value.
 
 Celery's worker writes ``Task … succeeded in …s: <return value>`` and carries the arguments on
 received/failed log records and on task events (which Flower shows). Receipt's task arguments and

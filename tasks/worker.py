@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     app.receipt_ticker_queues = role.queues
     # The scanning role also blocks on the Redis wake list: enqueues then send no message.
     app.receipt_wake_listener = DRIVER_QUEUE in role.queues
+    # Every worker process keeps a liveness record of its own (workers/liveness.py).
+    app.receipt_liveness_role = role.name
     app.worker_main(worker_argv(settings, raw))
 
 

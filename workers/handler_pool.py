@@ -1,4 +1,4 @@
-"""Daemon threads that run job handlers, reused from one attempt to the next (issue 12).
+"""Daemon threads that run job handlers, reused from one attempt to the next.
 
 An attempt runs its handler off the worker's own thread, so the worker can race it against the
 heartbeat loop, aborts and the execution timeout (``workers/runner.py``). Starting a thread per

@@ -19,6 +19,7 @@ from typing import Any
 
 from app.config import Settings
 from app.jobs.errors import no_handler_message
+from app.jobs.liveness import FENCED
 from app.jobs.reducer import Job
 from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
 from app.jobs.vocab import AttemptStatus, FailureStatus
@@ -26,6 +27,7 @@ from app.ops import logs
 from app.redaction import redactor
 from app.storage.queue import Queue
 from app.storage.retry import retry_transient
+from workers import liveness
 from workers.handler import HandlerError, JobContext
 from workers.handler_pool import HandlerPool, HandlerRun
 from workers.registry import HandlerRegistry
@@ -47,6 +49,9 @@ class AttemptResult:
 
 def new_worker_id(settings: Settings) -> str:
     """A lease holder id unique to one execution, so a duplicate delivery can never pass the fence."""
+    live = liveness.current()
+    if live is not None:  # the process's liveness identity, so its death expires the lease
+        return live.holder_id()
     base = settings.worker_id or f"{socket.gethostname()}:{os.getpid()}"
     return f"{base}:{uuid.uuid4().hex[:8]}"
 
@@ -138,8 +143,14 @@ def run_attempt(
         return this.settle(error=no_handler_message(job.agent_id), retryable=False, status="failed")
 
     ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms)
+    liveness.track(ctx)
     thread = _HANDLERS.submit(lambda: handler(ctx))
     stop = _race(this, ctx, thread, timing)
+    if stop == FENCED:
+        # This process fenced itself (its liveness lapsed): the job is the worker-liveness loop's
+        # to expire, so nothing is written, whatever the handler returns.
+        thread.join(CANCEL_GRACE_S)
+        return AttemptResult("lease_lost", None, "this worker fenced itself: liveness not renewed")
     if stop == "lease_lost":
         return AttemptResult("lease_lost", queue.get(job_id), "lease lost while running")
     if stop is not None:
@@ -175,6 +186,8 @@ def _race(this: Attempt, ctx: JobContext, thread: HandlerRun, timing: JobTiming)
     while True:
         now = time.monotonic()
         thread.join(max(0.0, min(ABORT_POLL_S, next_beat - now, deadline - now)))
+        if ctx.cancel_reason == FENCED:
+            return FENCED
         if not thread.is_alive():
             return None
         now = time.monotonic()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-# Issue 9's vocabularies: task statuses and objective statuses.
+# The Factory's vocabularies: task statuses and objective statuses.
 TASK_STATUSES = ("pending", "queued", "running", "completed", "failed", "canceled", "skipped")
 OBJECTIVE_STATUSES = ("active", "completed", "failed", "canceled")
 TERMINAL_TASK_STATUSES = frozenset({"completed", "failed", "canceled", "skipped"})

@@ -269,7 +269,7 @@ LINGER_S = 0.05
 
 
 class BackgroundWriter:
-    """Writes ledger rows off the caller's path, batched (issue 12).
+    """Writes ledger rows off the caller's path, batched.
 
     ``submit`` records the newest fold per ``run`` job, and the jobs whose rows must be re-derived
     from their streams (activities, an objective's control workflow), then wakes one daemon thread,

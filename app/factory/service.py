@@ -372,7 +372,7 @@ def enqueue_task_job(queue: Queue, obj: Objective, task: Task, payload: Mapping[
     """The one place a task's job is enqueued (deterministic id: objective, phase, task).
 
     Launcher identity: the objective's ``launchedBy`` ({tokenId, scopes, system}) is recorded as
-    the job's ``enqueuedBy``, so the codex handler's re-check (issue 8) applies to task jobs exactly
+    the job's ``enqueuedBy``, so the codex handler's re-check applies to task jobs exactly
     as to jobs posted over HTTP.
     """
     req = EnqueueRequest(

@@ -47,7 +47,7 @@ CONTROL_REASONS: Final[tuple[str, ...]] = get_args(ControlReason)
 BROAD_REASONS: Final[frozenset[str]] = frozenset(
     {"launch", "cancel", "resume", "redrive", "reconcile", "replan"}
 )
-# Issue 10: a replan's earlier phases are stopped with this reason (queued jobs canceled, running
+# A replan's earlier phases are stopped with this reason (queued jobs canceled, running
 # ones sent an abort command; never-started tasks canceled).
 PHASE_SUPERSEDED: Final = "phase superseded"
 

@@ -74,7 +74,7 @@ class ConflictError(ReceiptError):
 
 
 class TooManyCommands(ConflictError):
-    """The job already holds ``RECEIPT_MAX_COMMANDS_PER_JOB`` queue commands (issue 8)."""
+    """The job already holds ``RECEIPT_MAX_COMMANDS_PER_JOB`` queue commands."""
 
 
 class DeliveryGenerationsExceeded(ReceiptError):

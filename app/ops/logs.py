@@ -29,7 +29,7 @@ from app.redaction import Redactor
 
 LogFormat = Literal["plain", "json"]
 LOG_FORMATS: Final[tuple[str, ...]] = ("plain", "json")
-# The job fields a job-related line carries (issue 13: jobId, attempt, fence, workerId, org).
+# The job fields a job-related line carries.
 JOB_FIELDS: Final[tuple[str, ...]] = ("jobId", "attempt", "fence", "workerId", "org")
 
 _job: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("receipt_job", default=None)

@@ -263,6 +263,16 @@ SCHEDULES: Final = Loop(
     claim=Claim(holds=True),
 )
 
+WORKER_LIVENESS: Final = Loop(
+    name="worker-liveness",
+    task="receipt.expire_dead_workers",
+    queue=MAINTENANCE_QUEUE,
+    schedule=Every("worker_liveness_interval_ms"),
+    doc="Declares dead every worker process whose liveness record lapsed past "
+    "`RECEIPT_WORKER_DEAD_AFTER_MS` (database clock) and appends `job.lease_expired` (error "
+    "`worker <id> liveness lapsed`) for each job it holds, whatever its lease deadline.",
+)
+
 
 def _retention_configured(settings: Settings) -> bool:
     return settings.retention_enabled
@@ -289,6 +299,7 @@ LOOPS: Final[tuple[Loop, ...]] = (
     OUTBOX_REDRIVE,
     OBJECTIVE_WATCHDOG,
     SCHEDULES,
+    WORKER_LIVENESS,
     ARCHIVE,
 )
 

@@ -36,10 +36,12 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
 from app.config import Settings, mask_url
+from app.jobs import liveness
 from app.storage.db import make_engine
 
 # Exit status of an entry point refused by its checks: the configuration cannot work as it is.
 EXIT_CODE = 2
+log = logging.getLogger("receipt.preflight")
 CONNECT_TIMEOUT_S = 3
 DATABASE = "DATABASE_URL"
 BROKER = "REDIS_URL"
@@ -147,11 +149,16 @@ def _schema_problem(conn: Connection, problem: Callable[[str, str], Problem]) ->
         return problem("the database has no Receipt schema yet", MIGRATE)
     if known(current):
         return problem(f"the schema is at migration {current}, this release needs {needed}", MIGRATE)
-    return problem(
-        f"the schema is at migration {current}, which this release does not know "
-        f"(a newer release migrated it; this one needs {needed})",
-        "run the release that migrated it, or point DATABASE_URL at this release's database",
+    # A newer release migrated it. Every migration is expand-only in the release that ships it
+    # (docs/design.md, "Releases are compatible both ways"), so this release runs on it: during a
+    # deploy the previous release keeps serving after the new one's release phase migrated.
+    log.warning(
+        "the schema is at migration %s, newer than this release's %s: "
+        "running on it (migrations are expand-only)",
+        current,
+        needed,
     )
+    return None
 
 
 _SERVER_SAYS = re.compile(r"FATAL:\s+(.*)", re.DOTALL)
@@ -313,9 +320,29 @@ def describe_broker_error(
 # -- running the checks -----------------------------------------------------------------------------
 
 
+def settings_problems(settings: Settings) -> list[Problem]:
+    """Settings that parse but cannot work together: the worker liveness thresholds' ordering."""
+    errors = liveness.ordering_errors(
+        settings.worker_liveness_interval_ms, settings.worker_self_fence_ms, settings.worker_dead_after_ms
+    )
+    return [
+        Problem(
+            liveness.DEAD_AFTER_ENV,
+            f"{liveness.INTERVAL_ENV}={settings.worker_liveness_interval_ms}, "
+            f"{liveness.SELF_FENCE_ENV}={settings.worker_self_fence_ms}, "
+            f"{liveness.DEAD_AFTER_ENV}={settings.worker_dead_after_ms}",
+            error,
+            "raise it, or unset the three for their defaults (docs/reliability.md, worker liveness)",
+        )
+        for error in errors
+    ]
+
+
 def problems(settings: Settings, *, database: Schema | None, broker: bool) -> list[Problem]:
-    """Every problem of the checks asked for: ``database`` (None: not checked) and ``broker``."""
-    found: list[Problem] = []
+    """Every problem of the checks asked for: ``database`` (None: not checked) and ``broker``; and,
+    for a process that asks for either (every server process; not ``receipt config``, which shows
+    the settings to fix), the settings that cannot work together."""
+    found: list[Problem] = settings_problems(settings) if database is not None or broker else []
     if database is not None:
         db = database_problem(settings, database)
         if db is not None:

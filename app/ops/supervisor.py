@@ -140,7 +140,7 @@ def _prepare(settings: Settings) -> str:
 
     private_dir(settings.home_path)
     engine = engine_for(settings)
-    # Issue 8: the dev token may run commands only where the deployment runs them at all.
+    # The dev token may run commands only where the deployment runs them at all.
     scopes = (COMMANDS_SCOPE,) if settings.codex_commands else ()
     try:
         upgrade(engine)

@@ -103,7 +103,7 @@ jobs = Table(
     Index("ix_jobs_org_created", "organization_id", "created_at", "id"),
     Index("ix_jobs_lease_expiry", "status", "lease_expires_at"),
     Index("ix_jobs_available", "status", "available_at"),
-    # Migration 0006 (issue 12): the status-filtered list, and the queued redrive's ordered batch.
+    # Migration 0006: the status-filtered list, and the queued redrive's ordered batch.
     Index("ix_jobs_org_status_created", "organization_id", "status", "created_at", "id"),
 )
 # The queued redrive reads queued jobs in the order they became deliverable: a partial
@@ -170,6 +170,21 @@ loop_runs = Table(
 )
 
 
+# One row per worker process identity (app/jobs/liveness.py): renewed every couple of seconds by
+# its process, marked dead by the worker-liveness loop, which then expires the jobs it holds.
+# Best-effort and rebuildable: a live process re-inserts a missing row at its next renewal; a row
+# lost with its process only delays that process's jobs to their own lease expiry.
+worker_liveness = Table(
+    "worker_liveness",
+    metadata,
+    Column("process_id", String(300), primary_key=True),
+    Column("role", String(64), nullable=False),
+    Column("started_at", _Time, nullable=False),
+    Column("renewed_at", _Time, nullable=False),
+    Column("dead_at", _Time, nullable=True),
+    Index("ix_worker_liveness_renewed", "dead_at", "renewed_at"),
+)
+
 # The callback outbox: one row per (callback event, target), written in the same transaction as
 # the receipt that caused it (``dispatched``, which has no receipt, just before its message is
 # sent). Bookkeeping, not truth: each row is derived from a receipt; a lost row loses one
@@ -192,7 +207,7 @@ callback_outbox = Table(
     Column("last_error", String(512), nullable=True),
     UniqueConstraint("target", "event_id", name="uq_callback_outbox_target_event"),
     Index("ix_callback_outbox_state", "state", "id"),
-    # Migration 0010: the archiving pass removes a page's rows by job.
+    # Migration 0011: the archiving pass removes a page's rows by job.
     Index("ix_callback_outbox_job", "job_id"),
 )
 
@@ -235,7 +250,7 @@ objective_tasks = Table(
 )
 
 
-# The durable ledger beside receipts (migration 0007, issue 10): rebuildable from receipts
+# The durable ledger beside receipts (migration 0007): rebuildable from receipts
 # (`receipt rebuild-ledger`), written after the receipt commits and best effort.
 durable_workflows = Table(
     "durable_workflows",
@@ -251,7 +266,7 @@ durable_workflows = Table(
     Column("ended_at", _Time, nullable=True),
     Column("updated_at", _Time, nullable=False),
     Index("ix_durable_workflows_objective", "objective_id"),
-    Index("ix_durable_workflows_job", "job_id"),  # migration 0010: the archiving pass, by job
+    Index("ix_durable_workflows_job", "job_id"),  # migration 0011: the archiving pass, by job
 )
 
 durable_activities = Table(
@@ -292,7 +307,7 @@ schedules = Table(
 )
 
 
-# Tombstones (migration 0010): one row per stream the archiving pass moved out of the database
+# Tombstones (migration 0011): one row per stream the archiving pass moved out of the database
 # (app/retention/archive.py), written in the transaction that removes the stream's receipts, so the
 # database keeps proving what left it: the stream's receipt count and final hash, the archive segment
 # that holds it, and the pass that moved it. The append-only trigger lets a receipt go only while a
@@ -331,7 +346,7 @@ archive_segments = Table(
     Index("ix_archive_segments_written", "written_at"),
 )
 
-# SQLite's guard (migration 0010): the pass inserts its id here at the start of its transaction and
+# SQLite's guard (migration 0011): the pass inserts its id here at the start of its transaction and
 # removes it before commit; the delete trigger allows a receipt's removal only while a row names
 # the pass its stream's tombstone records. SQLite has one writer at a time, so no other transaction
 # ever sees the row. PostgreSQL uses a transaction-local setting (``receipt.archiving``) instead.
@@ -348,7 +363,7 @@ archive_guard = Table(
 def make_engine(url: str, *, prepared_statements: bool = False, **kwargs: Any) -> Engine:
     """Open an engine; SQLite gets WAL, a busy timeout and explicit BEGIN for write locking.
 
-    Every engine hides SQL parameters from its errors and logs (issue 8): a failed statement
+    Every engine hides SQL parameters from its errors and logs: a failed statement
     must not put a payload, a token hash or a tenant's data into a log line.
     ``prepared_statements`` (``RECEIPT_DB_PREPARED_STATEMENTS``, PostgreSQL only): the hot
     statements are prepared once per connection (``app/storage/direct.py``).
@@ -402,7 +417,7 @@ def engine_for(settings: Settings) -> Engine:
     return make_engine(settings.sqlalchemy_url, prepared_statements=settings.db_prepared_statements)
 
 
-# Issue 12: a pooled connection is pinged at checkout only when it sat idle this long. A busy
+# A pooled connection is pinged at checkout only when it sat idle this long. A busy
 # process reuses its connections within milliseconds, so it skips the round trip that a ping on
 # every checkout costs (one statement and one server transaction per checkout); a connection that
 # sat idle through a database restart is still found dead here, and replaced before use.
@@ -440,9 +455,20 @@ def transaction(engine: Engine) -> Iterator[Connection]:
 # -- the database clock ---------------------------------------------------------------------
 
 
+# A SQLite engine may carry a clock of its own, ``engine.execution_options(receipt_clock=fn)``:
+# the test kit's hand-moved clock (``receipt.testing``), so a test reaches a delayed job or a retry's
+# backoff without waiting. Deployments never set it. On PostgreSQL the clock is read inside the
+# statements that decide (``projection.load_at_clock``), so no option could stand in for it there.
+CLOCK_OPTION = "receipt_clock"
+
+
 def db_now(conn: Connection) -> datetime:
     """The database's clock (not the host's), so skewed hosts cannot steal or keep leases."""
     if is_sqlite(conn):
+        clock = conn.get_execution_options().get(CLOCK_OPTION)
+        if clock is not None:
+            now: datetime = clock()
+            return now
         raw = conn.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')")).scalar_one()
         return datetime.strptime(raw, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
     [(value,)] = _CLOCK.rows(conn, {})

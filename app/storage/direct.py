@@ -1,4 +1,4 @@
-"""Hot statements run straight on the driver's cursor (issue 12, "per-job cost").
+"""Hot statements run straight on the driver's cursor (docs/design.md, "Per-job cost").
 
 A job's four transactions (enqueue, claim, lease, settle) are a handful of small statements each,
 and SQLAlchemy's per-execution machinery -- an execution context, parameter processing, result
@@ -15,7 +15,7 @@ What does not change:
 - **Errors are SQLAlchemy's.** A driver error goes through the connection's own handler, so a
   unique violation is still ``sqlalchemy.exc.IntegrityError`` (an append conflict), a dropped
   connection still invalidates the pooled connection, and parameters stay hidden from messages
-  (``hide_parameters``, issue 8).
+  (``hide_parameters``).
 - **Observers see every statement.** When anything listens for cursor executions (a bench's
   statement counter, a test), the statement runs through SQLAlchemy so the listener sees it.
 - **SQLite** (the embedded default) runs every statement through SQLAlchemy as before: only

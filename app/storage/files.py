@@ -1,4 +1,4 @@
-"""Files Receipt creates on disk, private from their first byte (issue 8, "Hygiene").
+"""Files Receipt creates on disk, private from their first byte.
 
 ``RECEIPT_HOME`` holds the embedded database, the broker folders and the dev token: it is created
 0700, and the database and the dev-token file 0600 through ``os.open`` with that mode, so there is

@@ -1,7 +1,7 @@
 """The callback outbox: durable callback events, recorded with their receipts, sent at least once.
 
 Spec step 6 names the events (``dispatched``, ``completed``, ``failed``, ``canceled``) and the
-targets (``RECEIPT_RESONATE_CALLBACK_URL``, ``RECEIPT_EVENT_CALLBACK_URL``). Issue 11 makes them
+targets (``RECEIPT_RESONATE_CALLBACK_URL``, ``RECEIPT_EVENT_CALLBACK_URL``). They are
 durable: a terminal receipt and its outbox rows commit in one transaction (whichever process
 wrote the receipt: a worker, the driver, a loop, or the API cancelling a queued job), so a process
 dying right after it settles cannot lose the callback. Each row has a stable event id, used as the

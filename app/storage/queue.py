@@ -66,7 +66,7 @@ T = TypeVar("T")
 
 log = logging.getLogger("receipt.queue")
 
-# Issue 8: RECEIPT_MAX_COMMANDS_PER_JOB's default. Every command is folded into the job's state,
+# RECEIPT_MAX_COMMANDS_PER_JOB's default. Every command is folded into the job's state,
 # so without a cap one tenant could grow a job (and every read of it) without bound.
 MAX_COMMANDS_PER_JOB_DEFAULT = 1000
 
@@ -339,7 +339,7 @@ class Queue:
     def enqueue(self, req: EnqueueRequest, *, enqueued_by: Enqueuer | None = None) -> EnqueueResult:
         """Append ``job.enqueued`` (after singleton handling). Idempotent on an explicit jobId.
 
-        ``enqueued_by`` is who the server authenticated (issue 8): written as ``enqueuedBy`` so the
+        ``enqueued_by`` is who the server authenticated: written as ``enqueuedBy`` so the
         codex handler can re-check the right to run a command. Never taken from the request.
         """
         return self._run_enqueue(req, lambda tx: self._enqueue_in(tx, req, enqueued_by))

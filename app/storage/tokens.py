@@ -156,7 +156,7 @@ def revoke(engine: Engine, token: str) -> bool:
 
 
 # Built once: every authenticated API request runs it, and building the statement (and its cache
-# key) each time cost as much CPU as executing it (issue 12).
+# key) each time cost as much CPU as executing it.
 # On PostgreSQL it runs on the driver's cursor (app/storage/direct.py).
 class _Found(NamedTuple):
     id: str

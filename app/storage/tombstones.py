@@ -18,7 +18,7 @@ from app.jobs.errors import JobArchived
 from app.jobs.ids import client_id_of
 from app.storage.db import archive_guard, archive_segments, archived_streams, as_utc, is_sqlite, iso
 
-# PostgreSQL: the transaction-local setting the receipts trigger reads (migration 0010).
+# PostgreSQL: the transaction-local setting the receipts trigger reads (migration 0011).
 GUARD_SETTING = "receipt.archiving"
 
 

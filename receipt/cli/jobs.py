@@ -18,7 +18,7 @@ from receipt.cli import GROUPS, dev, timing
 from receipt.cli.output import client_from_env, fail, no_retry_option, print_json
 from receipt.client import Client, JobEvent, ReceiptError
 
-# Issue 13: the exit status mirrors the job's end.
+# The exit status mirrors the job's end.
 EXIT_CODES = {"completed": 0, "failed": 1, "canceled": 2}
 EXIT_NOT_FOLLOWED = 3
 # Consecutive failed reconnects (about a second apart) before tail gives up on the server.

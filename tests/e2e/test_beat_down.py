@@ -28,7 +28,7 @@ from app.factory.reducer import Objective
 from app.factory.vocab import control_job_id, objective_stream
 from app.storage import store
 from app.storage.db import db_now, transaction
-from tests.e2e.handlers import TASK
+from devharness.handlers import TASK
 from tests.support.processes import Harness
 from tests.support.stack import ORG, Stack, make_stack
 from tests.support.waiting import wait_for

@@ -1,4 +1,4 @@
-"""Durable, signed callbacks across real processes (issue 11 item 3).
+"""Durable, signed callbacks across real processes.
 
 A receiver in the test process stands in for the callback target. The sender runs in the
 maintenance consumers (driver, control) on beat ticks and their local tickers, never in the
@@ -20,7 +20,7 @@ from sqlalchemy import select
 from standardwebhooks.webhooks import Webhook
 
 from app.storage.db import callback_outbox
-from tests.e2e import handlers
+from devharness import handlers
 from tests.support.stack import Stack
 from tests.support.waiting import free_port, wait_for
 

@@ -1,4 +1,4 @@
-"""Recovery under compound faults (issue 11): broker loss with deliveries in flight, and beat gone.
+"""Recovery under compound faults: broker loss with deliveries in flight, and beat gone.
 
 Each test gets its own deployment (fresh database, own redis-server). Short timings come from
 ``FAST_TIMINGS`` (lease 6 s, lease expiry every 0.5 s, queued redrive every 1 s for jobs queued
@@ -21,8 +21,8 @@ from sqlalchemy.engine import Engine, make_url
 
 from app.composition import queue_for
 from app.jobs.validation import validate_enqueue
+from devharness import handlers
 from tasks import fetches
-from tests.e2e import handlers
 from tests.support.services import TcpProxy
 from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, worker_pid
 from tests.support.waiting import wait_for
@@ -57,7 +57,7 @@ def test_after_the_broker_loses_queued_deliveries_every_job_is_delivered_again_a
             stack.redis_server.start()  # same port, empty
         lost_at = time.monotonic()
         # Redelivered: a fresh message per job is waiting again (no chat worker yet), long before
-        # the 120 s driver timeout that used to bound this wait.
+        # the 120 s driver timeout.
         wait_for(lambda: broker.llen("receipt-chat") >= len(ids), 60, what="every job to be sent again")
         recovered_s = time.monotonic() - lost_at
     finally:

@@ -1,4 +1,4 @@
-"""The Python client and the ``receipt jobs`` CLI against a live stack (issue 13, items 4 and 5).
+"""The Python client and the ``receipt jobs`` CLI against a live stack.
 
 Real gunicorn, workers and beat on PostgreSQL and Redis (``module_stack``). The CLI runs
 in-process through the same ``receipt`` entry point a shell uses.
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from app.ops.cli import main as receipt_main
+from devharness import handlers
 from receipt.client import Client, InvalidRequest, NotFound, WaitTimeout
-from tests.e2e import handlers
 from tests.support.services import TcpProxy
 from tests.support.stack import ORG, Stack
 

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from app.storage import tokens
-from tests.e2e import handlers
+from devharness import handlers
 from tests.support.databases import IN_CI
 from tests.support.processes import REPO_ROOT, Harness
 from tests.support.stack import ORG, Stack, make_stack

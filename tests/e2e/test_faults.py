@@ -24,10 +24,10 @@ from app.config import Settings, mask_url
 from app.jobs.errors import no_handler_message
 from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.jobs.validation import validate_enqueue
+from devharness import handlers
 from tasks.celery_app import make_celery
 from tasks.loops import REDRIVE_LOOP
 from tasks.runtime import DISPATCH_TASK, EXECUTE_TASK
-from tests.e2e import handlers
 from tests.support.processes import Proc
 from tests.support.queue_ops import complete, settle_canceled
 from tests.support.services import TcpProxy

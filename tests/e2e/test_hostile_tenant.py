@@ -24,7 +24,7 @@ from app.jobs.ids import SYSTEM_ORGANIZATION, qualify
 from app.jobs.validation import EnqueueRequest
 from app.storage import tokens
 from app.storage.db import db_now
-from tests.e2e.handlers import TASK
+from devharness.handlers import TASK
 from tests.support.processes import Harness
 from tests.support.stack import ORG, Stack, make_stack
 from tests.support.waiting import wait_for

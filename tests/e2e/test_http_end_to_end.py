@@ -19,9 +19,9 @@ from app.jobs.routing import QUEUES
 from app.storage.db import parse_iso
 from app.storage.delivery import attempt_fence
 from app.storage.store import StoredReceipt
+from devharness import handlers
 from tasks.celery_app import make_celery
 from tasks.runtime import EXECUTE_TASK
-from tests.e2e import handlers
 from tests.support.stack import Stack, terminal_receipts, worker_pid
 from tests.support.waiting import wait_for
 
@@ -81,7 +81,7 @@ def test_control_group_runs_the_watchdog_with_a_system_token(module_stack: Stack
 
     done = s.wait_terminal(key, timeout=20)
 
-    # Issue 10's watchdog: one pass over the active objectives, reporting what it reconciled.
+    # The objective watchdog: one pass over the active objectives, reporting what it reconciled.
     assert done.status == "completed", (done.error, done.result)
     assert done.attempt == 1 and done.result["timedOut"] is False and "reconciled" in done.result
     leased = next(r for r in s.receipts(key) if r.type == "job.leased")
@@ -230,7 +230,7 @@ def test_duplicate_delivery_of_the_same_worker_message_is_inert(module_stack: St
         app.send_task(EXECUTE_TASK, args=args, task_id=fence, queue=QUEUES["chat"])
         wait_for(lambda: chat.log_count(done_line) == 3, 15, what="the late duplicate to be processed")
         assert chat.log_count(f"delivery {fence}: terminal_state") == 1
-        assert "<redacted>" in chat.lines_with(done_line)[2]  # Celery logs no return value (issue 8)
+        assert "<redacted>" in chat.lines_with(done_line)[2]  # Celery logs no return value
     finally:
         app.close()
 

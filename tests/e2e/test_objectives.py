@@ -1,6 +1,6 @@
 """Factory objectives end to end: real gunicorn, celery workers and beat on PostgreSQL and Redis.
 
-Tasks run the ``e2e-task`` handler (``tests/e2e/handlers.py``; it routes to the chat group like any
+Tasks run the ``e2e-task`` handler (``devharness/handlers.py``; it routes to the chat group like any
 unknown agent id), so no command execution is needed. Each test counts receipts straight from
 the database: "completed" alone never passes.
 """

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from app.ops.supervisor import STOP_GRACE_S
-from tests.e2e import handlers
+from devharness import handlers
 from tests.support.processes import REPO_ROOT, Harness, base_env, descendants_of, pid_alive
 from tests.support.waiting import free_port, wait_for
 
@@ -47,7 +47,7 @@ def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(
     assert up.alive() and isinstance(match, re.Match), up.tail()
     token = match.group(1)
     assert "SQLite" in up.log() and "folder broker" in up.log()
-    # Issue 13: the first screen (through "Press Ctrl-C") fits in 15 lines, and names the logs.
+    # The first screen (through "Press Ctrl-C") fits in 15 lines, and names the logs.
     wait_for(lambda: "Press Ctrl-C" in up.log(), 10, what="the end of the banner")
     first_screen = [*up.log().split("Press Ctrl-C", 1)[0].splitlines(), "Press Ctrl-C ..."]
     assert len(first_screen) <= 15, "\n".join(first_screen)

@@ -98,6 +98,29 @@ def test_the_install_is_not_editable(installed: Path, neutral: tuple[Path, dict[
     assert "script.py.mako" in migrations and "versions" in migrations and "env.py" in migrations
 
 
+def test_the_installed_test_kit_runs_a_handler(installed: Path, neutral: tuple[Path, dict[str, str]]) -> None:
+    """``receipt.testing`` ships with the package: from the installed copy (its migrations included)
+    a job runs through the worker path; the development harness is the repository's, not the wheel's."""
+    cwd, env = neutral
+    script = (
+        "import receipt.testing as t; from pathlib import Path; "
+        "rt = t.InlineRuntime({'greeter': lambda ctx: {'hi': ctx.payload['name']}}); "
+        "rt.enqueue('greeter', {'name': 'Ada'}); [ran] = rt.drain(); rt.close(); "
+        "print(Path(t.__file__).resolve()); print(ran.status, ran.job.result['hi'])"
+    )
+    where, outcome = _run([str(installed / "python"), "-c", script], env, cwd).splitlines()
+    assert Path(where).is_relative_to(installed.parent.resolve()), f"receipt.testing imported from {where}"
+    assert outcome == "completed Ada"
+    missing = subprocess.run(
+        [str(installed / "python"), "-c", "import devharness"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        timeout=60,
+    )
+    assert missing.returncode != 0 and b"ModuleNotFoundError" in missing.stderr
+
+
 def test_celeryconfig_is_installed_and_celery_reads_it_by_name(
     installed: Path, neutral: tuple[Path, dict[str, str]]
 ) -> None:

@@ -1,4 +1,4 @@
-"""``schemathesis run --checks all`` against a live web process (issue 13, item 7), on a bounded budget.
+"""``schemathesis run --checks all`` against a live web process, on a bounded budget.
 
 The in-process fuzz test (tests/integration/api/test_fuzz.py) runs the same checks through the
 Python API; this runs the command line exactly as a user would — including its coverage phase,

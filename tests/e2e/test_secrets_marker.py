@@ -43,7 +43,7 @@ from standardwebhooks.webhooks import Webhook
 from app.config import SETTINGS
 from app.ops.supervisor import STOP_GRACE_S
 from app.storage.db import callback_outbox, make_engine
-from tests.e2e import handlers
+from devharness import handlers
 from tests.support.processes import REPO_ROOT, Harness, base_env, descendants_of, pid_alive
 from tests.support.services import RedisServer
 from tests.support.waiting import free_port, wait_for

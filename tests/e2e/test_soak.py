@@ -1,4 +1,4 @@
-"""The small chaos soak (issue 11 item 1): ~300 jobs, three faults, the safety targets asserted.
+"""The small chaos soak: ~300 jobs, three faults, the safety targets asserted.
 
 The full run is ``make soak`` (``bench/soak.py``: 5 000 jobs, every fault, a private Postgres it
 may restart); its figures are in ``docs/faults.md``. This one runs on a cloned database of the

@@ -21,7 +21,7 @@ from app.jobs.reducer import Job
 from app.schedules.vocab import schedule_stream
 from app.storage import store
 from app.storage.db import db_now, jobs, parse_iso
-from tests.e2e import handlers
+from devharness import handlers
 from tests.support.processes import Harness
 from tests.support.stack import ORG, Stack, make_stack
 from tests.support.waiting import wait_for

@@ -215,7 +215,8 @@ def test_two_beats_give_one_watchdog_job_per_tick(wstack: Stack) -> None:
     # Every tick enqueued exactly once: the second beat's message for a tick either finds the job
     # (created=False) or, arriving while the first pass holds the loop's claim, is dropped by it.
     assert len(created) == len(set(created)) >= 3
-    assert {j.id for j in watchdog_jobs(wstack)} == set(created)
+    # Read after the log: a later tick may have enqueued meanwhile, so the log's jobs are a subset.
+    assert set(created) <= {j.id for j in watchdog_jobs(wstack)}
 
 
 def test_a_computer_task_is_followed_by_its_monitor_until_it_ends(wstack: Stack, tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def task_payload(kind: str = "factory.task.run", **extra: Any) -> dict[str, Any]
     return {"kind": kind, "authContext": {"userId": "u1", "organizationId": ORG}, **extra}
 
 
-# Who the API would have recorded for a token holding the ``commands`` scope (issue 8).
+# Who the API would have recorded for a token holding the ``commands`` scope.
 COMMANDS_ENQUEUER = Enqueuer(token_id="tok_test", scopes=("commands",), system=False)
 
 

@@ -1,4 +1,4 @@
-"""The broker epoch and queue probe (issue 11 item 4) against the real Redis test database."""
+"""The broker epoch and queue probe against the real Redis test database."""
 
 from __future__ import annotations
 

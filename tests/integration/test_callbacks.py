@@ -1,4 +1,4 @@
-"""Durable, signed callbacks (spec step 6; issue 11 item 3): an outbox written with the receipt,
+"""Durable, signed callbacks (spec step 6): an outbox written with the receipt,
 a sender that delivers at least once, in order per job, signed with Standard Webhooks headers.
 
 A real HTTP server on 127.0.0.1 receives them. "Slow" is a handler blocked on an Event, so the

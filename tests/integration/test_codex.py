@@ -1,4 +1,4 @@
-"""The ``codex`` handler with real subprocesses (issue 4, "Handlers": argv, never a shell; group kill).
+"""The ``codex`` handler with real subprocesses (argv, never a shell; group kill).
 
 Commands are small ``python3 -c`` scripts. Receipts go to a SQLite file database: the handler's
 behaviour does not depend on the backend, and the runner suite already covers both.
@@ -301,7 +301,7 @@ def test_codex_runs_only_the_kinds_declared_for_it(queue: Queue) -> None:
 def test_a_job_without_the_commands_scope_fails_before_anything_runs(
     queue: Queue, shared_dir: Path, enqueuer: Enqueuer | None
 ) -> None:
-    """Issue 8: the handler re-checks enqueuedBy, so a job written by another path stays inert."""
+    """The handler re-checks enqueuedBy, so a job written by another path stays inert."""
     job = enqueue(
         queue,
         "codex",

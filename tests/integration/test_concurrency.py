@@ -242,7 +242,7 @@ def test_receipt_time_is_read_after_the_state_it_follows(
     assert_projection_equals_fold(pg_engine, job.id)
 
 
-# -- idempotent enqueue under concurrent identical posts (issue 11 item 6) --------------------------
+# -- idempotent enqueue under concurrent identical posts ---------------------------------------------
 
 
 def test_concurrent_identical_steer_posts_leave_exactly_one_steer_and_the_same_answer(

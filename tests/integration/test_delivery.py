@@ -101,7 +101,7 @@ def test_a_delivery_past_its_deadline_no_longer_blocks(engine: Engine) -> None:
 
 
 def test_a_redrive_sends_nothing_beside_a_live_delivery_of_another_key(engine: Engine) -> None:
-    """Issue 11 item 5: redrive does not send a message for a job with a live delivery in flight."""
+    """Redrive does not send a message for a job with a live delivery in flight."""
     begin(engine, "job-1")
     d = begin(engine, "job-1:redrive:1:queued")
     assert (d.created, d.reason) == (False, ACTIVE_DELIVERY_REASON)
@@ -116,7 +116,7 @@ def test_a_redrive_sends_nothing_beside_a_live_delivery_of_another_key(engine: E
 
 
 def test_a_delivery_sent_to_an_earlier_broker_epoch_is_superseded_at_once(engine: Engine) -> None:
-    """Issue 11 item 4: after a broker restart or flush, the pending delivery is known lost."""
+    """After a broker restart or flush, the pending delivery is known lost."""
     begin(engine, epoch="epoch-a")
     assert begin(engine, epoch="epoch-a").created is False
     d = begin(engine, epoch="epoch-b")
@@ -144,7 +144,7 @@ def test_presume_lost_ends_every_pending_delivery_of_the_job_older_than_the_boun
 
 
 def test_a_job_id_equal_to_another_jobs_redrive_key_does_not_collide(engine: Engine) -> None:
-    """Issue 8 item 6: a client jobId may contain ':'; keys are structured, so no collision."""
+    """A client jobId may contain ':'; keys are structured, so no collision."""
     victim, squatter = "x", "x:redrive:1:queued"
     d = begin(engine, squatter, job_id=squatter)  # the squatter's own (base) delivery, pending
     assert d.created

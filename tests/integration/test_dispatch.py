@@ -117,7 +117,7 @@ def test_scanner_pass_starts_one_driver_per_job_and_a_second_pass_sends_nothing(
 def test_coalesced_wake_ups_one_message_one_scan_one_claim_transaction(
     engine: Engine, redis_url: str
 ) -> None:
-    """Issue 12: with the Redis wake list, five enqueues send one wake-up; its scan claims all five
+    """With the Redis wake list, five enqueues send one wake-up; its scan claims all five
     in one transaction (one commit) and sends their five worker messages."""
     from sqlalchemy import event
 
@@ -263,7 +263,7 @@ def broker_runtime(engine: Engine, redis_url: str) -> tuple[Runtime, RecordingCa
 def test_a_scan_batch_sends_its_worker_messages_in_one_pipeline_when_the_batch_is_claimed(
     engine: Engine, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Issue 12: "their worker messages go out in one pipeline". None has left while the batch is
+    # Their worker messages go out in one pipeline. None has left while the batch is
     # still being driven; all of them have when the scan returns.
     rt, callbacks, queued = broker_runtime(engine, redis_url)
     jobs = [enqueue(rt.queue, "factory") for _ in range(3)]
@@ -515,7 +515,7 @@ def test_a_job_completes_through_a_real_worker(
 def test_a_saturated_threads_worker_without_prefetch_keeps_fetching(redis_url: str) -> None:
     """With every slot busy the transport stops polling; it must resume within a tick, not ~1 s.
 
-    Task events are off here: they used to wake the loop as a side effect and hide the stall
+    Task events are off here: they would wake the loop as a side effect and hide the stall
     (30 x 50 ms tasks on 2 threads took ~14 s instead of ~0.8 s).
     """
     import time

@@ -1,4 +1,4 @@
-"""Hostile commands against the sandbox, with real processes (issue 8, "Hostile-command tests").
+"""Hostile commands against the sandbox, with real processes.
 
 Each command is what a hostile tenant holding the ``commands`` scope would try. For each: the
 attempt is contained (it settles with a clear outcome), the worker survives (this process goes

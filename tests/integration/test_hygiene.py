@@ -1,4 +1,4 @@
-"""Hygiene (issue 8, item 5): no secret in logs or on screen, private files from their first byte."""
+"""Hygiene: no secret in logs or on screen, private files from their first byte."""
 
 from __future__ import annotations
 

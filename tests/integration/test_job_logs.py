@@ -1,4 +1,4 @@
-"""JSON logs around a real attempt (issue 13, item 6): the handler's own lines and Celery's outcome
+"""JSON logs around a real attempt: the handler's own lines and Celery's outcome
 line carry ``jobId``, ``attempt``, ``fence``, ``workerId``, ``role`` and ``org``."""
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def test_the_cli_verb_rebuilds_the_ledger(
 def test_the_background_writer_batches_run_rows_and_an_older_fold_never_replaces_a_newer_one(
     engine: Engine,
 ) -> None:
-    """Issue 12: long-lived processes write fold-derived ``run`` rows off the mutation's path."""
+    """Long-lived processes write fold-derived ``run`` rows off the mutation's path."""
     queue = queue_for(engine, ledger_in_background=True)
     body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
     enqueued = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-1")).job

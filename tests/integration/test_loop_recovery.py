@@ -1,4 +1,4 @@
-"""Loops that survive their own death, and recovery without beat (issue 11, items 2 and 5).
+"""Loops that survive their own death, and recovery without beat.
 
 A redrive pass whose database goes away mid-pass cannot release its claim; the claim's deadline
 frees the loop about one interval later (not ten). The local ticker runs a loop whose last run is

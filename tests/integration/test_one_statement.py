@@ -1,4 +1,4 @@
-"""A job's transition as one autocommitted statement (issue 12, app/storage/queue.py ``_mutate``).
+"""A job's transition as one autocommitted statement (app/storage/queue.py ``_mutate``).
 
 On PostgreSQL a single-job transition -- its receipts, its projection row and the settlement of
 its deliveries -- is one statement on an autocommit connection: no BEGIN and COMMIT round trips.

@@ -1,4 +1,4 @@
-"""Pooled Postgres connections (issue 12): pinged at checkout only after sitting idle, so a busy
+"""Pooled Postgres connections: pinged at checkout only after sitting idle, so a busy
 process skips the ping round trip while a connection that went stale while idle is replaced."""
 
 from __future__ import annotations

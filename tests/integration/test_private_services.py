@@ -14,7 +14,7 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from tests.support import services
+from devharness import services
 from tests.support.waiting import free_port, port_open
 
 

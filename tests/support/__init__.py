@@ -1,12 +1,14 @@
-"""Test support shared by ``tests/`` and ``bench/``: each conftest keeps only its fixtures.
+"""Test support: each conftest keeps only its fixtures.
 
-- ``waiting``: ``wait_for`` (poll a condition against a deadline) and ``free_port``.
-- ``processes``: the process harness (start by argv, stop by PID), the child environment.
-- ``services``: PostgreSQL and Redis for the tests: the machine's, or private throwaway ones
-  started with pytest-postgresql / pytest-redis when none answers; ``RedisServer``, ``TcpProxy``.
-- ``databases``: fresh databases cloned from a migrated template; the projection == fold check.
-- ``stack``: one real deployment (gunicorn, workers, beat) and the helpers tests use against it.
+The process harness (``waiting``, ``processes``, ``services``, ``stack``, ``up``) lives in
+``devharness``, which ``bench/`` imports too; the modules of those names here re-export it for the
+tests (``stack.make_stack`` skips a test when redis-server is missing). Test-only helpers:
+
+- ``databases``: a missing service's skip (a failure in CI) and the projection == fold check;
+  fresh databases re-exported from ``devharness.databases``.
 - ``api``: the API in-process (Flask test client over a given engine), tokens, an SSE reader,
   ``json_of`` (a response's JSON, typed for indexing).
 - ``queue_ops``: queue transitions only tests drive directly (no production caller).
+- ``clock``, ``fake_redis``, ``authz_matrix``: a hand-moved loop clock, Redis in memory, the
+  authorization matrix.
 """

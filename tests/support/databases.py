@@ -1,20 +1,16 @@
-"""Fresh databases for tests and benchmarks, and the check that the projection equals the fold.
+"""A missing service's skip (a failure in CI), and the check that the projection equals the fold.
 
-PostgreSQL tests get a database cloned from a migrated template (fast, isolated, and the
-append-only trigger stays on: no test needs to delete receipts). A missing service skips its
-tests; in CI (``CI=true``) it fails them.
+Fresh databases come from ``devharness.databases`` (re-exported here for the tests). A missing
+service skips its tests; in CI (``CI=true``) it fails them.
 """
 
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
@@ -22,7 +18,17 @@ from app.jobs.reducer import Job, fold
 from app.jobs.vocab import job_stream
 from app.storage import store
 from app.storage.db import as_utc, jobs, parse_iso
-from tests.support.services import resolved_pg_admin_url
+from devharness.databases import autocommit, new_database, pg_url_for, worker_suffix
+
+__all__ = [
+    "IN_CI",
+    "assert_projection_equals_fold",
+    "autocommit",
+    "new_database",
+    "pg_url_for",
+    "unavailable",
+    "worker_suffix",
+]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -33,33 +39,6 @@ def unavailable(what: str, exc: Exception) -> NoReturn:
     if IN_CI:
         pytest.fail(message + " (CI=true: services must be up)")
     pytest.skip(message)
-
-
-def worker_suffix() -> str:
-    """The xdist worker id (``gw0`` without xdist): keeps names and Redis databases apart."""
-    return os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-
-
-def pg_url_for(database: str, admin_url: str | None = None) -> str:
-    """The URL of ``database`` on the server of ``admin_url`` (default: the session's)."""
-    base, _, _ = (admin_url or resolved_pg_admin_url()).rpartition("/")
-    return f"{base}/{database}"
-
-
-def autocommit(admin: Engine, sql: str) -> None:
-    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(text(sql))
-
-
-@contextmanager
-def new_database(admin: Engine, prefix: str, template: str | None = None) -> Iterator[str]:
-    """A fresh database (a clone of ``template`` if given), dropped forcibly on exit; yields its URL."""
-    name = f"{prefix}_{worker_suffix()}_{uuid.uuid4().hex[:10]}"
-    autocommit(admin, f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
-    try:
-        yield pg_url_for(name, admin.url.render_as_string(hide_password=False))
-    finally:
-        autocommit(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 # Projection columns that hold a folded field as it is.

@@ -1,4 +1,4 @@
-"""Celery settings chosen for "Postgres receipts decide, Celery delivers" (issue 4, item 6).
+"""Celery settings chosen for "Postgres receipts decide, Celery delivers".
 
 Each assertion pins one decision recorded in ``celeryconfig.py`` and docs/design.md.
 """
@@ -138,6 +138,7 @@ def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> N
         EXPIRE_TASK,
         RETRY_TASK,
         registry.SCHEDULES.task,
+        registry.WORKER_LIVENESS.task,
     }
     by_task = {e["task"]: e for e in schedule.values()}
     assert by_task[REDRIVE_TASK]["schedule"].total_seconds() == 7.0

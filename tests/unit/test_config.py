@@ -80,7 +80,7 @@ def test_embedded_default_is_a_sqlite_file_under_receipt_home(tmp_path: Path) ->
     assert s.embedded and s.sqlalchemy_url == f"sqlite:///{tmp_path / 'receipt.db'}"
 
 
-# The Factory/objective settings another branch is wiring up (issue 7 leaves them to it); every
+# The Factory/objective settings another branch is wiring up; every
 # other listed setting must be read by the code it configures.
 FACTORY_SETTINGS_IN_PROGRESS = frozenset(
     {

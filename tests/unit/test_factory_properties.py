@@ -1,4 +1,4 @@
-"""Property tests of the pure Factory core (issue 9 "Proof": random DAGs with random outcomes).
+"""Property tests of the pure Factory core (random DAGs with random outcomes).
 
 Whatever order control steps, stale steps and job progress interleave in, and however often a
 step repeats, the objective ends in the same terminal state: under ``continue`` every task's

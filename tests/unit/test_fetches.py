@@ -98,7 +98,7 @@ def test_a_scan_batch_from_the_wake_list_is_recorded_like_a_message_that_named_i
 
 
 def test_a_scan_batch_records_its_worker_messages_sent_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 12: one write for the batch, before any publish; the per-publish hook adds none."""
+    """One write for the batch, before any publish; the per-publish hook adds none."""
 
     class Stub:
         consumer = "c1"

@@ -27,7 +27,7 @@ def test_flower_binds_loopback_by_default_and_may_run_open_there_only_when_recei
 
 @pytest.mark.parametrize("address", ["0.0.0.0", "10.1.2.3", "::", "flower.internal"])
 def test_flower_off_loopback_always_requires_authentication(address: str) -> None:
-    """Issue 8: even RECEIPT_AUTH=disabled does not open Flower beyond this machine."""
+    """Even RECEIPT_AUTH=disabled does not open Flower beyond this machine."""
     with pytest.raises(SystemExit, match="required even with RECEIPT_AUTH=disabled"):
         flower_argv({"FLOWER_ADDRESS": address}, OPEN)
     authed = flower_argv({"FLOWER_ADDRESS": address, "FLOWER_BASIC_AUTH": "ops:pw"}, OPEN)

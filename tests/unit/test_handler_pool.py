@@ -1,4 +1,4 @@
-"""The handler pool (issue 12): handler threads reused across attempts, never one left unserved."""
+"""The handler pool: handler threads reused across attempts, never one left unserved."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Logging (issue 13, item 6): JSON lines carry the job fields; plain lines stay readable."""
+"""Logging: JSON lines carry the job fields; plain lines stay readable."""
 
 from __future__ import annotations
 

@@ -69,6 +69,7 @@ def test_which_loops_a_deployment_runs() -> None:
         "objective-outbox-redrive",
         "objective-watchdog",
         "schedules",
+        "worker-liveness",
         "archive",
     }
     assert names(registry.active(Settings())) == every - {"callbacks", "archive"}

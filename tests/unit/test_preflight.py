@@ -229,7 +229,10 @@ def test_an_older_schema_says_to_migrate_and_the_latest_passes(tmp_path: Path) -
         engine.dispose()
 
 
-def test_a_schema_from_a_newer_release_is_named_as_such(tmp_path: Path) -> None:
+def test_a_schema_from_a_newer_release_is_run_on_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Migrations are expand-only, so the previous release keeps serving after the new one migrated.
     s, _url = sqlite_settings(tmp_path)
     engine = make_engine(s.sqlalchemy_url)
     try:
@@ -238,12 +241,27 @@ def test_a_schema_from_a_newer_release_is_named_as_such(tmp_path: Path) -> None:
             conn.execute(text("UPDATE alembic_version SET version_num = '0099_future'"))
     finally:
         engine.dispose()
-    found = preflight.database_problem(s)
-    assert found is not None
-    assert found.what == (
-        "the schema is at migration 0099_future, which this release does not know "
-        f"(a newer release migrated it; this one needs {head()})"
+    with caplog.at_level("WARNING", logger="receipt.preflight"):
+        assert preflight.database_problem(s) is None
+    assert f"the schema is at migration 0099_future, newer than this release's {head()}" in caplog.text
+
+
+def test_liveness_thresholds_out_of_order_are_refused_at_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = settings(tmp_path, RECEIPT_WORKER_SELF_FENCE_MS="6000", RECEIPT_WORKER_DEAD_AFTER_MS="7000")
+    # `receipt config` (which checks nothing) still shows the settings to fix.
+    assert preflight.problems(s, database=None, broker=False) == []
+    found = preflight.settings_problems(s)
+    assert [p.setting for p in found] == ["RECEIPT_WORKER_DEAD_AFTER_MS"]
+    assert (
+        "RECEIPT_WORKER_DEAD_AFTER_MS=7000 must be at least RECEIPT_WORKER_SELF_FENCE_MS=6000 + 2000 ms"
+        in (found[0].line())
     )
+    with pytest.raises(SystemExit):
+        preflight.require(s, database=None, broker=True)  # flower's check, say
+    assert "RECEIPT_WORKER_DEAD_AFTER_MS=7000 must be at least" in capsys.readouterr().err
+    assert preflight.settings_problems(settings(tmp_path)) == []
 
 
 def test_require_reports_every_problem_and_exits_2(

@@ -1,4 +1,4 @@
-"""The objective reducer's ``objective.replanned`` rules (issue 10: phases)."""
+"""The objective reducer's ``objective.replanned`` rules (phases)."""
 
 from __future__ import annotations
 

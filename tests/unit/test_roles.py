@@ -1,4 +1,4 @@
-"""Process roles and the worker command line (spec: "Who executes a job", issue 4 "Recovery and roles").
+"""Process roles and the worker command line (spec: "Who executes a job").
 
 Five role names; anything else resolves to ``all`` (maintenance only, parks) with a loud warning
 naming the five; ``RECEIPT_RESONATE_EXECUTE_CONCURRENCY`` overrides every role's default.
@@ -22,8 +22,8 @@ SPEC_ROLES = ("api", "driver", "worker-chat", "worker-codex", "worker-control")
 WORKER_ROLES = [r for r in SPEC_ROLES if r != "api"]
 
 # Which queues each role consumes: each worker group its own queue; the beat-scheduled loops on
-# receipt-maintenance, consumed by driver, worker-control and all (issue 4); the objective-control
-# outbox redrive on receipt-objectives, consumed by worker-control and all only (spec, issue 9).
+# receipt-maintenance, consumed by driver, worker-control and all; the objective-control
+# outbox redrive on receipt-objectives, consumed by worker-control and all only (spec).
 EXPECTED_QUEUES = {
     "api": (),
     "driver": (DRIVER_QUEUE, MAINTENANCE_QUEUE),

@@ -32,8 +32,9 @@ from typing import Any
 
 from app.jobs import kinds
 from app.jobs.contracts import COMMAND_FIELD
+from app.jobs.liveness import FENCED
 from app.jobs.privilege import COMMANDS_SCOPE, runs_command
-from workers import sandbox
+from workers import liveness, sandbox
 from workers.handler import HandlerError, JobContext
 from workers.kinds import handles
 from workers.sandbox_users import NoFreeUid, UnusableLockDir
@@ -189,6 +190,7 @@ def _run(
     except (OSError, ValueError) as exc:
         raise HandlerError(f"cannot start {argv[0]!r}: {exc}", retryable=False) from exc
 
+    withdraw = liveness.on_fence(ctx, proc.kill)  # a fenced worker kills it even if this thread is stuck
     output = _Output(ctx.settings.codex_output_tail_bytes)
     stdout = proc.popen.stdout
     assert isinstance(stdout, io.BufferedReader)  # Popen(stdout=PIPE), unbuffered=False: read1 exists
@@ -217,10 +219,13 @@ def _run(
             if time.monotonic() - last_report >= PROGRESS_EVERY_S:
                 _report(ctx, output)
                 last_report = time.monotonic()
-        if stop_reason is not None:
+        if stop_reason == FENCED:
+            proc.kill()  # at once: another worker may start this job once the fence's margin is spent
+        elif stop_reason is not None:
             proc.terminate(KILL_GRACE_S)
     finally:
         # Every attempt ends with the whole tree gone, however it ended.
+        withdraw()
         proc.finish()
     reader.join(timeout=KILL_GRACE_S)
     _report(ctx, output)

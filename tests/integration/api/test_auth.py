@@ -94,7 +94,7 @@ def test_auth_disabled_allows_anonymous_with_a_warning_on_every_response(
     ]
     for response in responses:
         assert response.headers["X-Receipt-Warning"] == "authentication disabled"
-    # Anonymous sees every organisation but is no system identity (issue 8): no watchdog posts.
+    # Anonymous sees every organisation but is no system identity: no watchdog posts.
     watchdog = client.post(
         "/agents/factory-control/jobs", json={"payload": {"kind": "factory.objective.watchdog"}}
     )

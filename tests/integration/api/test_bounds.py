@@ -1,4 +1,4 @@
-"""Bounds per tenant (issue 8, item 4): page bytes, commands per job, open streams, write rate."""
+"""Bounds per tenant: page bytes, commands per job, open streams, write rate."""
 
 from __future__ import annotations
 

@@ -382,7 +382,7 @@ def test_filters_combine_and_counts_ignore_the_status_filter(sqlite_api: Api) ->
     chat = sqlite_api.job(jobId="alpha-1", lane="chat")
     codex = sqlite_api.job(agent="codex", jobId="beta-2")
     control = sqlite_api.job(agent="factory-control", jobId="alpha-3")
-    # Integration kinds run commands (issue 10): the system token posts it, for organisation a.
+    # Integration kinds run commands: the system token posts it, for organisation a.
     integration = sqlite_api.job("system", jobId="gamma-4", payload=payload("factory.integration.publish"))
     sqlite_api.queue.cancel(key(control))
     sign_in(sqlite_api)

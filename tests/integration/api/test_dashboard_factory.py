@@ -1,4 +1,4 @@
-"""The objective pages over the real Factory (issue 9), through ``api.ui.objectives.FactoryReader``.
+"""The objective pages over the real Factory, through ``api.ui.objectives.FactoryReader``.
 
 Skipped where the Factory is not installed (the pages then answer 501: test_dashboard_system.py).
 """
@@ -14,7 +14,7 @@ from app.storage import tokens
 from tests.integration.api.test_dashboard import sign_in, text
 from tests.support.api import ORG_A, ORG_B, Api
 
-pytest.importorskip("app.factory.service", reason="the Factory (issue 9) is not in this build")
+pytest.importorskip("app.factory.service", reason="the Factory is not in this build")
 
 
 def _task(task_id: str, *deps: str) -> dict[str, Any]:
@@ -33,7 +33,7 @@ def launch(api: Api, objective_id: str, who: str = "a") -> dict[str, Any]:
         "goal": "Fetch, check twice, report.",
         "plan": {"tasks": [_task("A"), _task("B", "A"), _task("C", "A"), _task("D", "B", "C")]},
     }
-    # Codex tasks run commands: launching them needs the `commands` scope (issue 8).
+    # Codex tasks run commands: launching them needs the `commands` scope.
     org = ORG_B if who == "b" else ORG_A
     secret = tokens.create(api.engine, org, scopes=("commands",))[1]
     r = api.client.post("/objectives", json=body, headers={"Authorization": f"Bearer {secret}"})

@@ -35,7 +35,7 @@ def test_the_worker_group_filter_is_exactly_the_routing_rule(api: Api) -> None:
     expected: dict[str, set[str]] = {g: set() for g in WORKER_GROUPS}
     for agent in AGENTS:
         for kind in KINDS:
-            # A system token: codex task runs need the `commands` scope (issue 8).
+            # A system token: codex task runs need the `commands` scope.
             job = api.job("system", agent=agent, payload=payload(kind))
             expected[worker_group_for(agent, kind)].add(key(job))
     scope = overview.Scope(ORG_A)

@@ -65,7 +65,7 @@ def test_routing_is_agent_first(api: Api) -> None:
         agent="factory-control", payload=payload("factory.objective.control", objectiveId=objective["id"])
     )
     assert control["route"]["queue"] == "receipt-control"
-    # Integration kinds run commands (issue 10): the system token may post them.
+    # Integration kinds run commands: the system token may post them.
     integration = api.job("system", agent="factory", payload=payload("factory.integration.publish"))
     assert integration["route"]["workerGroup"] == "codex"
     dispatch = api.job(agent="factory", payload=payload("factory.dispatch"))

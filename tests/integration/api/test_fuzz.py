@@ -32,7 +32,7 @@ from tests.support.api import ORG_A, Api, build_api, make_settings
 # make test-fast does not.
 pytestmark = pytest.mark.slow
 
-# Issue 8's bounds, made tight so the fuzzer meets them (429, 409 too_many_commands, short pages)
+# The tenant bounds, made tight so the fuzzer meets them (429, 409 too_many_commands, short pages)
 # and checks those responses against the document too.
 TIGHT = {
     "rate_limit_writes": "8/minute",
@@ -64,7 +64,7 @@ def fuzz_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
         make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024, **tight, **loops_idle),
     )
     api.job("a", jobId="known-job", sessionKey="s")
-    # A token with the commands scope (issue 8): its codex posts are accepted, others' get 403.
+    # A token with the commands scope: its codex posts are accepted, others' get 403.
     api.secrets["commands"] = tokens.create(engine, ORG_A, scopes=["commands"])[1]
     yield api
     assert api.state.internal_errors == 0, "a fuzzed request reached the catch-all 500 handler"
@@ -97,7 +97,9 @@ TEXT_RULED = frozenset(
     ],
     ids=["positive-system", "negative-system", "positive-org", "positive-commands", "positive-org-tight"],
 )
-def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: str) -> None:
+def test_api_conforms_to_its_document(
+    fuzz_api: Api, mode: GenerationMode, who: str, request: pytest.FixtureRequest
+) -> None:
     # /openapi.json needs a token like everything but /healthz.
     headers = fuzz_api.headers(who)
     schema = schemathesis.openapi.from_wsgi("/openapi.json", fuzz_api.app, headers=headers)
@@ -105,6 +107,11 @@ def test_api_conforms_to_its_document(fuzz_api: Api, mode: GenerationMode, who: 
     # before it is parsed: that is a rejection too (schemathesis's default list lacks 413).
     rejection = schema.config.checks.negative_data_rejection
     rejection.expected_statuses = [*rejection.expected_statuses, "413"]
+    if "tight" in request.node.callspec.id:
+        # A batch of more jobs than one window of the tight write limit allows could never pass:
+        # 413 (split it), a limit of this deployment that the document cannot state as a schema.
+        acceptance = schema.config.checks.positive_data_acceptance
+        acceptance.expected_statuses = [*acceptance.expected_statuses, "413"]
     ran = 0
     calls: list[int] = []
     no_negative: list[str] = []

@@ -130,7 +130,7 @@ def test_healthz_does_no_io(sqlite_engine: Engine, tmp_path: Path) -> None:
 def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_three_intervals(
     sqlite_api: Api,
 ) -> None:
-    """Issue 13: /readyz reports each recovery loop's last run and fails past 3x its interval."""
+    """/readyz reports each recovery loop's last run and fails past 3x its interval."""
     from datetime import timedelta
 
     from app.ops import loops
@@ -156,6 +156,7 @@ def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_thr
         "objective-outbox-redrive",
         "objective-watchdog",
         "schedules",
+        "worker-liveness",
     }
     assert runs["queued-redrive"]["intervalMs"] == 1000 and runs["queued-redrive"]["overdue"] is False
     assert runs["queued-redrive"]["lastRun"] is not None

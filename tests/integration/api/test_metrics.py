@@ -1,4 +1,4 @@
-"""``/metrics`` (issue 13, item 2): who may scrape, and that the counters move with jobs.
+"""``/metrics``: who may scrape, and that the counters move with jobs.
 
 In-process (single-process registry); the multiprocess path — gunicorn and the Celery workers
 adding up one folder — is scraped end to end in tests/e2e/test_one_command_run.py.

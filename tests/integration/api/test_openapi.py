@@ -155,7 +155,7 @@ AUTH = {"userId": "u", "organizationId": "org-a"}
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        # U+0000 anywhere in a string or key (PostgreSQL cannot store it): issue 13, item 7.
+        # U+0000 anywhere in a string or key (PostgreSQL cannot store it).
         ({"payload": {"kind": "factory.run", "authContext": AUTH, "note": {"deep": ["a\u0000b"]}}}, None),
         ({"payload": {"kind": "factory.run", "authContext": AUTH, "k\u0000": 1}}, None),
         ({"payload": {"kind": "factory.run", "authContext": {**AUTH, "source": "x\u0000"}}}, None),

@@ -1,4 +1,4 @@
-"""Commands are a privilege (issue 8, item 1): token scopes and expiry at the API.
+"""Commands are a privilege: token scopes and expiry at the API.
 
 A hostile tenant's ordinary token must not be able to make Receipt run a command: posting a job
 that would run one needs the ``commands`` scope (or a system token), and the server records who

@@ -1,4 +1,4 @@
-"""A PostgreSQL restart under the API (issue 11): every storage outage answers 503 ``unavailable``
+"""A PostgreSQL restart under the API: every storage outage answers 503 ``unavailable``
 with Retry-After, never a 500, and writes nothing partial.
 
 Real PostgreSQL: the API's backends are killed with ``pg_terminate_backend`` while requests run

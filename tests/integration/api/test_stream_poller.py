@@ -1,4 +1,4 @@
-"""The shared event-stream poller (issue 12): one query per tick for every open stream.
+"""The shared event-stream poller: one query per tick for every open stream.
 
 Real Postgres (and SQLite where the subject is not the database), real server threads for the
 HTTP case: followers wait for the poller in the server's own threads, as under gunicorn.

@@ -1,4 +1,4 @@
-"""Indexes that keep the list and redrive queries flat as the history grows (issue 12).
+"""Indexes that keep the list and redrive queries flat as the history grows.
 
 * ``ix_jobs_org_status_created`` — ``GET /jobs?status=…`` filters an organisation's jobs by
   status, newest first. ``ix_jobs_org_created`` alone walks every newer job of the organisation

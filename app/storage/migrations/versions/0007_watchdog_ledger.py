@@ -1,4 +1,4 @@
-"""The durable ledger: ``durable_workflows`` and ``durable_activities`` (issue 10).
+"""The durable ledger: ``durable_workflows`` and ``durable_activities``.
 
 Beside receipts, not above them: rebuildable from receipts (``receipt rebuild-ledger``), written
 after the receipt commits and best effort.

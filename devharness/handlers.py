@@ -1,6 +1,7 @@
-"""Handlers for the end-to-end tests, loaded by every worker.
+"""The fake handlers of the end-to-end tests and the soak, loaded by every worker they start.
 
-Every worker loads them with ``RECEIPT_HANDLER_MODULES=tests.e2e.handlers``.
+Every worker the harness starts loads them (``RECEIPT_HANDLER_MODULES=devharness.handlers``,
+``devharness.processes.base_env``).
 
 Each agent id below is unknown to the built-in registry, so it routes to the chat group exactly
 like any unrecognised agent id (spec: "Actual Resonate routing"). Every handler reports the
@@ -30,7 +31,7 @@ TASK = "e2e-task"
 LEAKY = "e2e-leaky"
 
 POLL_S = 0.05
-log = logging.getLogger("tests.e2e.handlers")
+log = logging.getLogger("devharness.handlers")
 
 
 def _who(ctx: JobContext) -> dict[str, Any]:

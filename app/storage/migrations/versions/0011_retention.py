@@ -9,8 +9,8 @@ seq. ``archive_segments`` logs each segment a pass committed, in the transaction
 refused on every path. Expand-only: new tables, two indexes, and a trigger that refuses everything
 the previous release ever tried (it never deletes a receipt).
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0011
+Revises: 0010
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0009"
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
