@@ -18,6 +18,7 @@ from werkzeug.exceptions import HTTPException
 from app.factory.service import ObjectiveNotFound
 from app.jobs.errors import (
     ConflictError,
+    JobArchived,
     JobNotFound,
     TooManyCommands,
     ValidationError,
@@ -39,6 +40,8 @@ PAYLOAD_TOO_LARGE = "payload_too_large"
 NOT_READY = "not_ready"
 UNAVAILABLE = "unavailable"
 INTERNAL = "internal_error"
+# An id whose job or objective the archiving pass moved out (410; details hold its tombstone summary).
+ARCHIVED = "archived"
 # A token without the scope an operation needs (details.scope names it).
 MISSING_SCOPE = "missing_scope"
 # A job already holds RECEIPT_MAX_COMMANDS_PER_JOB queue commands.
@@ -65,6 +68,7 @@ ERROR_CODES = (
     TOO_MANY_COMMANDS,
     RATE_LIMITED,
     TOO_MANY_STREAMS,
+    ARCHIVED,
 )
 
 # One message for "no such job" and "another organisation's job": the two must be identical.
@@ -97,6 +101,18 @@ def invalid_json(message: str) -> ApiError:
 def job_not_found() -> ApiError:
     """The one 404 for a job: unknown and not-yours must be indistinguishable."""
     return ApiError(404, NOT_FOUND, JOB_NOT_FOUND_MESSAGE)
+
+
+def archived(summary: Mapping[str, Any]) -> ApiError:
+    """The 410 of an archived job or objective: its tombstone's summary, and where its history went."""
+    what = "objective" if "title" in summary else "job"
+    return ApiError(
+        410,
+        ARCHIVED,
+        f"this {what} was archived: its receipts are in archive segment "
+        f"{summary.get('archive', {}).get('segment')}; the id stays taken",
+        summary,
+    )
 
 
 def stream_not_found() -> ApiError:
@@ -143,6 +159,11 @@ def register_error_handlers(app: Flask, on_internal_error: Any) -> None:
     @app.errorhandler(JobNotFound)
     def _not_found(exc: JobNotFound) -> Response:
         return error_response(404, NOT_FOUND, JOB_NOT_FOUND_MESSAGE)
+
+    @app.errorhandler(JobArchived)
+    def _archived(exc: JobArchived) -> Response:
+        err = archived(exc.summary)
+        return error_response(err.status, err.code, err.message, err.details)
 
     @app.errorhandler(TooManyCommands)
     def _too_many_commands(exc: TooManyCommands) -> Response:

@@ -16,7 +16,7 @@ from flask.typing import ResponseReturnValue
 
 from api import auth, limits, schemas
 from api.context import state
-from api.errors import ApiError, forbidden, job_not_found
+from api.errors import ApiError, archived, forbidden, job_not_found
 from api.jsonbody import check_param
 from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
@@ -25,7 +25,7 @@ from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
 from app.storage.db import parse_iso
-from app.storage.queue import decode_cursor, encode_cursor, validate_status_filter
+from app.storage.queue import Archived, decode_cursor, encode_cursor, validate_status_filter
 
 blueprint = Blueprint("jobs", __name__)
 
@@ -46,7 +46,12 @@ _FOLLOW_THE_JOB = {
 def visible_job(job_id: str) -> Job:
     """The job its organisation knows as ``job_id``, in the organisation this route acts in;
     otherwise the one 404 (another organisation's job of the same id is exactly as absent)."""
-    job = state().queue.find(auth.scoped_organization(), job_id)
+    org = auth.scoped_organization()
+    job = state().queue.find(org, job_id)
+    if job is None:
+        gone = state().queue.archived(org, job_id)
+        if gone is not None:
+            raise archived(gone.to_json())
     if job is None or not auth.current().may_see(job):
         raise job_not_found()
     return job
@@ -69,14 +74,15 @@ def require_own_objective(req: EnqueueRequest) -> None:
     Operation(
         summary="Enqueue a job for an agent.",
         description="Appends job.enqueued and returns 202 with the job and where to follow it. A jobId "
-        "is unique within the organisation: re-posting one returns that job unchanged; the same id in "
+        "is unique within the organisation: re-posting one returns that job unchanged (an archived one: 410 "
+        "with its summary, nothing written); the same id in "
         "another organisation is another job. singletonMode steer returns the steered job. Unknown "
         "agent ids are accepted.",
         tag="jobs",
         body=schemas.ENQUEUE_REQUEST,
         path={"agentId": schemas.AGENT_ID_PARAM},
         responses={202: schemas.ENQUEUE_RESPONSE},
-        errors=(403, 409, 429),
+        errors=(403, 409, 410, 429),
         links=_FOLLOW_THE_JOB,
     )
 )
@@ -132,10 +138,12 @@ def enqueue_batch(body: dict[str, Any]) -> ResponseReturnValue:
             raise ApiError(exc.status, exc.code, f"{where}: {exc.message}", details) from None
         reqs.append(req)
     results = state().queue.enqueue_many(reqs, enqueued_by=identity.enqueuer())
-    jobs = [
-        {"index": i, "created": r.created, "steered": r.steered, "job": job_json(r.job)}
-        for i, r in enumerate(results)
-    ]
+    jobs: list[dict[str, Any]] = []
+    for i, r in enumerate(results):
+        if isinstance(r, Archived):
+            jobs.append({"index": i, "created": False, "steered": False, "archived": dict(r.summary)})
+        else:
+            jobs.append({"index": i, "created": r.created, "steered": r.steered, "job": job_json(r.job)})
     return {"jobs": jobs}, 202
 
 
@@ -143,9 +151,12 @@ def enqueue_batch(body: dict[str, Any]) -> ResponseReturnValue:
 @operation(
     Operation(
         summary="Read one job.",
+        description="An archived job answers 410 with its summary (from its tombstone) and the "
+        "archive segment holding its receipts.",
         tag="jobs",
         path=_JOB_PATH,
         responses={200: schemas.JOB_RESPONSE},
+        errors=(410,),
         scoped=True,
     )
 )
@@ -213,7 +224,7 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
         scoped=True,
         body=schemas.COMMAND_REQUEST,
         responses={202: schemas.JOB_RESPONSE},
-        errors=(409, 429),
+        errors=(409, 410, 429),
     )
 )
 def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
@@ -236,7 +247,7 @@ def send_command(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
         body=schemas.CANCEL_REQUEST,
         body_required=False,
         responses={202: schemas.JOB_RESPONSE},
-        errors=(409, 429),
+        errors=(409, 410, 429),
     )
 )
 def cancel(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 
 from api import auth, schemas, sse
 from api.context import read_connection, state
-from api.errors import ApiError, forbidden
+from api.errors import ApiError, archived, forbidden
 from api.following import held_stream, resume_point, sse_timing
 from api.jsonbody import check_param
 from api.objective_view import ObjectiveView, objective_json, overlaid_jobs
@@ -59,7 +59,12 @@ def live_json(obj: Objective) -> dict[str, Any]:
 def visible_objective(objective_id: str) -> Objective:
     """The objective (every task) its organisation knows as ``objective_id``, in the organisation
     this route acts in; otherwise the one 404 (another's of the same id is exactly as absent)."""
-    obj = service.find(state().engine, auth.scoped_organization(), objective_id)
+    org = auth.scoped_organization()
+    obj = service.find(state().engine, org, objective_id)
+    if obj is None:
+        gone = service.archived(state().engine, org, objective_id)
+        if gone is not None:
+            raise archived(gone.to_json())
     if obj is None or not auth.current().may_act_for(obj.organization_id):
         raise objective_not_found()
     return obj
@@ -81,11 +86,12 @@ def _objective_path(obj: Objective, suffix: str = "") -> str:
         description="Validates the whole plan before writing anything (a cycle, an unknown dependency, a "
         "duplicate task id, an empty plan, more than 1000 tasks, a kind that cannot be a task, or a task "
         "payload the job validation refuses are each a 400 naming the problem). Re-posting an existing "
-        "objectiveId returns that objective unchanged.",
+        "objectiveId returns that objective unchanged; an archived one answers 410 with its summary "
+        "and writes nothing.",
         tag="objectives",
         body=schemas.OBJECTIVE_REQUEST,
         responses={202: schemas.OBJECTIVE_LAUNCH_RESPONSE},
-        errors=(403, 409, 429),
+        errors=(403, 409, 410, 429),
     )
 )
 def launch(body: dict[str, Any]) -> ResponseReturnValue:
@@ -128,6 +134,7 @@ def launch(body: dict[str, Any]) -> ResponseReturnValue:
         tag="objectives",
         path=_PATH,
         responses={200: schemas.OBJECTIVE_RESPONSE},
+        errors=(410,),
         scoped=True,
     )
 )
@@ -191,7 +198,7 @@ def list_objectives(query: dict[str, Any]) -> ResponseReturnValue:
         body=schemas.CANCEL_REQUEST,
         body_required=False,
         responses={202: schemas.OBJECTIVE_RESPONSE},
-        errors=(409, 429),
+        errors=(409, 410, 429),
         scoped=True,
     )
 )
@@ -213,7 +220,7 @@ def cancel(objectiveId: str, body: dict[str, Any]) -> ResponseReturnValue:
         path=_PATH,
         body=schemas.REPLAN_REQUEST,
         responses={202: schemas.OBJECTIVE_RESPONSE},
-        errors=(400, 403, 409, 429),
+        errors=(400, 403, 409, 410, 429),
         scoped=True,
     )
 )
@@ -340,6 +347,7 @@ def _rewatch(sub: Subscription, by_job: Mapping[str, str], jobs: dict[str, Job |
         query=schemas.EVENTS_QUERY,
         headers={"Last-Event-ID": schemas.LAST_EVENT_ID_HEADER},
         responses={200: schemas.OBJECTIVE_EVENT},
+        errors=(410,),
         streams=True,
         scoped=True,
     )

@@ -33,6 +33,9 @@ _ERROR_DESCRIPTIONS = {
     404: "No such job or stream (another organisation's job answers the same way), or no such route.",
     409: "The job's (or objective's) state does not allow this, its id belongs to someone else, or the "
     "job already holds RECEIPT_MAX_COMMANDS_PER_JOB queue commands (code too_many_commands).",
+    410: "The id names a job (or objective) the archiving pass moved out of the database (code "
+    "archived): details hold its summary from the tombstone and the archive segment holding its "
+    "receipts. The id stays taken: nothing was written.",
     413: "The request body is larger than the configured limit.",
     429: "Too many requests: the organisation's write rate limit (code rate_limited) or this token's or "
     "this server's open event streams (code too_many_streams). Retry-After says when to try again.",
@@ -173,7 +176,7 @@ def _operation_object(op: Operation, endpoint: str, path_args: list[str]) -> dic
     for status in op.error_statuses():
         responses[str(status)] = {
             "description": _ERROR_DESCRIPTIONS[status],
-            "content": _content(schemas.ERROR),
+            "content": _content(schemas.ARCHIVED_ERROR if status == 410 else schemas.ERROR),
         }
         if status == 429:
             responses[str(status)]["headers"] = {

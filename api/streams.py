@@ -109,7 +109,7 @@ def stream_events(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
         query=schemas.EVENTS_QUERY,
         headers=_RESUME_HEADERS,
         responses={200: schemas.JOB_EVENT},
-        errors=(429,),
+        errors=(410, 429),
         streams=True,
         scoped=True,
     )

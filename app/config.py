@@ -80,6 +80,25 @@ def _int(text: str) -> int:
     return int(text.strip())
 
 
+def _days(text: str) -> int:
+    value = int(text.strip())
+    if value < 0:
+        raise ValueError("must be 0 (keep everything) or a positive number of days")
+    return value
+
+
+def _retention_overrides(text: str) -> tuple[tuple[str, int], ...]:
+    pairs: dict[str, int] = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        org, sep, days = item.partition("=")
+        if not sep or not org.strip() or not days.strip().isdigit():
+            raise ValueError(f"{item.strip()!r}: expected org=days (days a whole number, 0 keeps everything)")
+        pairs[org.strip()] = int(days)
+    return tuple(sorted(pairs.items()))
+
+
 def _log_format(text: str) -> str:
     value = text.strip().lower()
     if value not in ("plain", "json"):
@@ -325,6 +344,39 @@ class Settings:
         "500",
         "Schedules one transaction of the schedules pass decides; a pass takes every due schedule, "
         "page by page.",
+        _int,
+    )
+    retention_days: int = setting(
+        "RECEIPT_RETENTION_DAYS",
+        "0",
+        "Days a job or objective stays in the database after it ended; the archiving pass then moves "
+        "its receipts to the archive (`RECEIPT_ARCHIVE_DIR`) and leaves a tombstone. `0` keeps "
+        "everything: nothing leaves an audit log unless an operator asks (`docs/runbook.md`, Retention).",
+        _days,
+    )
+    retention_days_by_organization: tuple[tuple[str, int], ...] = setting(
+        "RECEIPT_RETENTION_DAYS_BY_ORGANIZATION",
+        "",
+        "Per-organisation windows overriding `RECEIPT_RETENTION_DAYS`: `org=days` pairs, comma-separated "
+        "(`acme=30,audited=0`; `0` keeps that organisation's history).",
+        _retention_overrides,
+    )
+    archive_dir: str | None = setting(
+        "RECEIPT_ARCHIVE_DIR",
+        None,
+        "Where the archiving pass writes segments (gzip JSON lines, one receipt a line). Unset: "
+        "`$RECEIPT_HOME/archive`.",
+    )
+    archive_interval_ms: int = setting(
+        "RECEIPT_ARCHIVE_INTERVAL_MS",
+        "3600000",
+        "Interval of the archiving pass (runs only where a retention window is set).",
+        _int,
+    )
+    archive_page_size: int = setting(
+        "RECEIPT_ARCHIVE_PAGE_SIZE",
+        "500",
+        "Streams one segment (and one transaction) of the archiving pass holds.",
         _int,
     )
     schedules_file: str | None = setting(
@@ -672,6 +724,18 @@ class Settings:
         if self.database_url:
             return normalise_database_url(self.database_url)
         return f"sqlite:///{self.home_path / 'receipt.db'}"
+
+    @property
+    def archive_path(self) -> Path:
+        """Where archived segments go: ``RECEIPT_ARCHIVE_DIR`` or ``$RECEIPT_HOME/archive``."""
+        if self.archive_dir:
+            return Path(self.archive_dir).expanduser().resolve()
+        return self.home_path / "archive"
+
+    @property
+    def retention_enabled(self) -> bool:
+        """Whether any organisation's history ever leaves the database."""
+        return self.retention_days > 0 or any(days > 0 for _, days in self.retention_days_by_organization)
 
     @property
     def embedded(self) -> bool:

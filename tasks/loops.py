@@ -29,6 +29,9 @@ from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.ops import logs, metrics
 from app.ops import loops as registry
 from app.ops.loops import Loop
+from app.retention import archive as retention
+from app.retention.policy import Policy
+from app.retention.sink import DirectorySink
 from app.schedules import service as schedules
 from app.storage import delivery
 from app.storage import liveness as worker_liveness
@@ -303,6 +306,34 @@ def expire_dead_workers(rt: Runtime, p: Pass) -> dict[str, Any]:
             len(d.expired),
         )
     return {"dead": [d.process_id for d in declared], "expired": [j for d in declared for j in d.expired]}
+
+
+@binds(registry.ARCHIVE)
+def archive(rt: Runtime, p: Pass) -> dict[str, Any]:
+    """Archive every eligible stream, page by page (``app/retention/archive.py``)."""
+    s = rt.settings
+    totals = retention.run_pass(
+        rt.engine,
+        DirectorySink(s.archive_path),
+        Policy.from_settings(s),
+        page_size=max(1, s.archive_page_size),
+        keep=p.keep,
+    )
+    metrics.observe_archive(totals)
+    if totals.streams or totals.orphans_removed or totals.skipped:
+        log.info(
+            "archive pass: %d streams (%d jobs, %d objectives, %d receipts) in %d segments, %d bytes; "
+            "%d left in place, %d stray segments removed",
+            totals.streams,
+            totals.jobs,
+            totals.objectives,
+            totals.receipts,
+            len(totals.segments),
+            totals.bytes,
+            totals.skipped,
+            totals.orphans_removed,
+        )
+    return totals.to_json()
 
 
 # -- the local ticker ------------------------------------------------------------------------------------

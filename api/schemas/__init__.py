@@ -39,6 +39,8 @@ from api.schemas.base import (
 )
 from api.schemas.jobs import (
     AGENT_ID_PARAM,
+    ARCHIVED_ERROR,
+    ARCHIVED_SUMMARY,
     ASYNC_BLOCK,
     BATCH_ENQUEUE_REQUEST,
     BATCH_ENQUEUE_RESPONSE,
@@ -109,6 +111,8 @@ COMPONENTS: dict[str, Schema] = {
     "Receipt": RECEIPT,
     "ReceiptPage": RECEIPT_PAGE,
     "Error": ERROR,
+    "ArchivedError": ARCHIVED_ERROR,
+    "Archived": ARCHIVED_SUMMARY,
     "JsonValue": JSON_VALUE_COMPONENT,
     "Health": HEALTH,
     "Ready": READY,
@@ -139,6 +143,8 @@ def component_name(schema: Schema) -> str | None:
 
 __all__ = [
     "AGENT_ID_PARAM",
+    "ARCHIVED_ERROR",
+    "ARCHIVED_SUMMARY",
     "ASYNC_BLOCK",
     "AUTH_CONTEXT",
     "BATCH_ENQUEUE_REQUEST",

@@ -300,6 +300,58 @@ ENQUEUE_RESPONSE: Schema = {
 
 JOB_RESPONSE: Schema = {"type": "object", "properties": {"job": ref("Job")}, "required": ["job"]}
 
+# What a tombstone answers for an archived job or objective (410's details, a batch item's
+# ``archived``): who it was, how it ended, and where its receipts went.
+ARCHIVED_SUMMARY: Schema = {
+    "type": "object",
+    "description": "An archived job's (or objective's) summary, from its tombstone.",
+    "properties": {
+        "id": {"type": "string"},
+        "organizationId": {"type": ["string", "null"]},
+        "status": {"type": "string"},
+        "archived": {"const": True},
+        "agentId": {"type": "string"},
+        "kind": {"type": "string"},
+        "lane": {"type": "string"},
+        "title": {"type": "string"},
+        "attempt": {"type": "integer"},
+        "maxAttempts": {"type": "integer"},
+        "createdAt": {"type": ["string", "null"]},
+        "updatedAt": {"type": ["string", "null"]},
+        "jobs": {"type": "integer"},
+        "archive": {
+            "type": "object",
+            "properties": {
+                "stream": {"type": "string"},
+                "segment": {"type": "string"},
+                "receiptCount": {"type": "integer"},
+                "finalHash": {"type": "string"},
+                "archivedAt": {"type": ["string", "null"]},
+            },
+            "required": ["stream", "segment", "receiptCount", "finalHash", "archivedAt"],
+        },
+    },
+    "required": ["id", "organizationId", "status", "archived", "archive"],
+}
+
+ARCHIVED_ERROR: Schema = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "code": {"const": "archived"},
+                "message": {"type": "string"},
+                "details": ARCHIVED_SUMMARY,
+            },
+            "required": ["code", "message", "details"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["error"],
+    "additionalProperties": False,
+}
+
 BATCH_ENQUEUE_RESPONSE: Schema = {
     "type": "object",
     "properties": {
@@ -314,8 +366,11 @@ BATCH_ENQUEUE_RESPONSE: Schema = {
                     "created": {"type": "boolean"},
                     "steered": {"type": "boolean"},
                     "job": ref("Job"),
+                    "archived": ARCHIVED_SUMMARY,
                 },
-                "required": ["index", "created", "steered", "job"],
+                "required": ["index", "created", "steered"],
+                "description": "`job` for a live job; `archived` (and no `job`) when the jobId names a "
+                "job the archiving pass moved out: nothing is written for that item.",
             },
         }
     },

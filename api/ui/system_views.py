@@ -1,5 +1,6 @@
 """The system page: queues and their consumers, the recovery loops' last runs, the last hour's events,
-and the configuration this web process runs with (as ``receipt config`` shows it: secrets as ``***``).
+retention (what the archiving pass moved, what is left, the archive's free space), and the
+configuration this web process runs with (as ``receipt config`` shows it: secrets as ``***``).
 
 Everything here spans every organisation (a queue's depth counts everyone's jobs), so only a
 system token sees it; an organisation's token gets a 403 page saying so.
@@ -8,17 +9,23 @@ system token sees it; an organisation's token gets a 403 page saying so.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from flask import current_app, render_template
 from flask.typing import ResponseReturnValue
+from sqlalchemy.engine import Connection
 
 from api.context import read_connection, state
 from api.ui import UiError, blueprint, current_session
 from api.ui.system import QueueOverview
 from api.wake import WakePublisher
-from app.config import SETTINGS, redacted
+from app.config import SETTINGS, Settings, redacted
 from app.ops import loops as registry
+from app.retention import archive
+from app.retention.policy import Policy
+from app.retention.sink import DirectorySink
 from app.storage import overview
+from app.storage.db import db_now
 
 WINDOW = timedelta(hours=1)
 PROBE_EXTENSION = "receipt.ui.broker_probe"
@@ -51,6 +58,7 @@ def system() -> ResponseReturnValue:
     with read_connection(st.engine) as conn:
         loops = overview.loop_runs_all(conn)
         recent = overview.recent_events(conn, window=WINDOW)
+        retention = _retention(conn, st.settings)
     # The loops this deployment runs (app/ops/loops.py), and each one's period (for "is it late?").
     intervals = {}
     now = datetime.now(UTC)
@@ -72,4 +80,21 @@ def system() -> ResponseReturnValue:
         ages=ages,
         recent=recent,
         configuration=[(s.env, shown[s.attr]) for s in SETTINGS],
+        retention=retention,
     )
+
+
+def _retention(conn: Connection, settings: Settings) -> dict[str, Any]:
+    """What the retention section shows: the policy, what the latest passes moved, what is left to
+    move (the oldest ended job still here) and the room left where segments go."""
+    ended = archive.oldest_live_terminal(conn)
+    policy = Policy.from_settings(settings)
+    return {
+        "enabled": policy.enabled,
+        "days": policy.days,
+        "overrides": sorted(policy.by_organization.items()),
+        "directory": str(settings.archive_path),
+        "free_bytes": DirectorySink(settings.archive_path).free_bytes() if policy.enabled else None,
+        "oldest_age_s": (db_now(conn) - ended).total_seconds() if ended is not None else None,
+        "passes": archive.recent_passes(conn),
+    }

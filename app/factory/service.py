@@ -40,15 +40,16 @@ from app.jobs.errors import (
     ReceiptError,
     ValidationError,
 )
-from app.jobs.ids import client_id_of, new_id, qualify
+from app.jobs.ids import KEY_SEPARATOR, client_id_of, new_id, qualify
 from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import MAX_ATTEMPTS_DEFAULT, job_stream
-from app.storage import store
+from app.storage import store, tombstones
 from app.storage.db import Reads, db_now, jobs, read_connection, session_lock, shared_reads, transaction
 from app.storage.queue import Queue
 from app.storage.retry import optimistic
+from app.storage.tombstones import Tombstone
 
 log = logging.getLogger("receipt.factory")
 
@@ -98,6 +99,14 @@ def find(
         key = storage.key_of(conn, organization_id, objective_id)
         loaded = storage.load(conn, key, all_tasks=all_tasks) if key is not None else None
     return loaded.objective if loaded else None
+
+
+def archived(engine: Engine, organization_id: str | None, objective_id: str) -> Tombstone | None:
+    """The tombstone of the objective an organisation knew as ``objective_id``, if it was archived."""
+    if KEY_SEPARATOR in objective_id:
+        return None
+    with read_connection(engine) as conn:
+        return tombstones.find(conn, objective_stream(qualify(organization_id, objective_id)))
 
 
 def key_of(engine: Engine, organization_id: str | None, objective_id: str) -> str:
@@ -158,6 +167,10 @@ def launch(queue: Queue, spec: ObjectiveSpec, *, launched_by: Mapping[str, Any])
             existing = storage.load(conn, known) if known is not None else None
             if existing is not None:
                 return LaunchResult(existing.objective, created=False)
+            if explicit is not None:
+                gone = tombstones.find(conn, objective_stream(objective_id))
+                if gone is not None:
+                    raise gone.refusal()  # archived: the id stays taken
             events: list[storage.Event] = [
                 ("objective.launched", body),
                 ("objective.control_requested", {"requestId": "launch", "reason": "launch"}),

@@ -5,7 +5,7 @@ Tests compare against the constants and format functions here, never a copy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # -- the spec's exact strings ---------------------------------------------------------
@@ -83,3 +83,13 @@ class DeliveryGenerationsExceeded(ReceiptError):
 
 class TransientStorageError(ReceiptError):
     """A storage failure worth retrying (connection lost, serialization failure)."""
+
+
+class JobArchived(ReceiptError):
+    """The key names a stream the archiving pass moved to the archive: the id stays taken, and
+    ``summary`` (its tombstone's) is what a re-post or a read answers with."""
+
+    def __init__(self, key: str, summary: Mapping[str, Any]) -> None:
+        super().__init__(f"{key} was archived")
+        self.key = key
+        self.summary = summary

@@ -273,6 +273,24 @@ WORKER_LIVENESS: Final = Loop(
     "`worker <id> liveness lapsed`) for each job it holds, whatever its lease deadline.",
 )
 
+
+def _retention_configured(settings: Settings) -> bool:
+    return settings.retention_enabled
+
+
+ARCHIVE: Final = Loop(
+    name="archive",
+    task="receipt.archive",
+    queue=MAINTENANCE_QUEUE,
+    schedule=Every("archive_interval_ms"),
+    doc="Moves every job and objective that ended longer ago than its organisation's retention window "
+    "to the archive (`RECEIPT_ARCHIVE_DIR`), one segment per page of `RECEIPT_ARCHIVE_PAGE_SIZE` "
+    "streams, leaving a tombstone per stream. Runs only where a retention window is set.",
+    # Held while it runs (a page writes a segment and removes thousands of rows): ticks coalesce.
+    claim=Claim(holds=True),
+    enabled=_retention_configured,
+)
+
 LOOPS: Final[tuple[Loop, ...]] = (
     QUEUED_REDRIVE,
     LEASE_EXPIRY,
@@ -282,6 +300,7 @@ LOOPS: Final[tuple[Loop, ...]] = (
     OBJECTIVE_WATCHDOG,
     SCHEDULES,
     WORKER_LIVENESS,
+    ARCHIVE,
 )
 
 

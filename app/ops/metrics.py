@@ -35,12 +35,15 @@ from app.config import Settings
 from app.jobs.routing import worker_group_for
 from app.jobs.vocab import LEASED_STATUSES
 from app.ops import loops
-from app.storage.db import as_utc, jobs, loop_runs, parse_iso
+from app.retention.archive import oldest_live_terminal
+from app.retention.sink import DirectorySink
+from app.storage.db import as_utc, db_now, jobs, loop_runs, parse_iso
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Histogram
     from prometheus_client.registry import CollectorRegistry
 
+    from app.retention.archive import Totals
     from app.storage.hooks import Change
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -70,6 +73,9 @@ class Metrics:
     loop_passes: Counter
     schedule_ticks: Counter
     schedule_lateness: Histogram
+    archived_streams: Counter
+    archived_receipts: Counter
+    archived_bytes: Counter
 
 
 # A tick fires within a pass interval (1 s) normally; a catch-up after downtime is minutes late.
@@ -154,6 +160,20 @@ def registry_metrics() -> Metrics:
                     "schedules pass created.",
                     buckets=LATENESS_BUCKETS,
                 ),
+                archived_streams=Counter(
+                    "receipt_archived_streams",
+                    "Streams the archiving pass moved to the archive (each leaves a tombstone), by kind: "
+                    "job or objective.",
+                    ["kind"],
+                ),
+                archived_receipts=Counter(
+                    "receipt_archived_receipts",
+                    "Receipts the archiving pass moved to the archive and removed from the database.",
+                ),
+                archived_bytes=Counter(
+                    "receipt_archived_bytes",
+                    "Bytes of archive segments the archiving pass wrote (compressed).",
+                ),
                 loop_passes=Counter(
                     "receipt_loop_passes",
                     "Recovery loop passes attempted in this process (beat's ticks and the local "
@@ -162,6 +182,8 @@ def registry_metrics() -> Metrics:
                     ["loop", "outcome"],
                 ),
             )
+            for kind in ("job", "objective"):
+                _metrics.archived_streams.labels(kind)
             # Every declared loop's series exist from the first scrape, at zero.
             for loop in loops.LOOPS:
                 for outcome in LOOP_OUTCOMES:
@@ -224,6 +246,19 @@ def observe_schedules(outcomes: Mapping[str, Mapping[str, int]], late_ms: Sequen
         m.schedule_lateness.observe(ms / 1000)
 
 
+def observe_archive(totals: Totals) -> None:
+    """What one archiving pass moved out."""
+    m = registry_metrics()
+    if totals.jobs:
+        m.archived_streams.labels("job").inc(totals.jobs)
+    if totals.objectives:
+        m.archived_streams.labels("objective").inc(totals.objectives)
+    if totals.receipts:
+        m.archived_receipts.inc(totals.receipts)
+    if totals.bytes:
+        m.archived_bytes.inc(totals.bytes)
+
+
 # -- state read at scrape time ---------------------------------------------------------------------
 
 
@@ -267,7 +302,20 @@ class StateCollector:
             "for a cron loop); /readyz calls a loop overdue past 3 periods.",
             labels=["loop"],
         )
+        oldest = GaugeMetricFamily(
+            "receipt_oldest_terminal_job_age_seconds",
+            "Age of the longest-ended job still in the database (since it ended): what retention has "
+            "yet to take. Absent when no ended job is left.",
+        )
+        free = GaugeMetricFamily(
+            "receipt_archive_free_bytes",
+            "Free space where the archiving pass writes segments (RECEIPT_ARCHIVE_DIR), where retention "
+            "is on.",
+        )
         with self.engine.connect() as conn:
+            ended = oldest_live_terminal(conn)
+            if ended is not None:
+                oldest.add_metric([], max(0.0, (db_now(conn) - ended).total_seconds()))
             counts: dict[tuple[str, str, str, str], int] = {}
             rows = conn.execute(
                 select(jobs.c.status, jobs.c.lane, jobs.c.agent_id, jobs.c.kind, func.count()).group_by(
@@ -296,7 +344,11 @@ class StateCollector:
                     period.add_metric([loop.name], loop.schedule.period_ms(self.settings, now) / 1000)
                 except loops.ScheduleError:
                     continue  # /readyz names it; a gauge has no value to give
-        yield from (by_status, last_start, last_success, duration, period)
+        if self.settings is not None and self.settings.retention_enabled:
+            space = DirectorySink(self.settings.archive_path).free_bytes()
+            if space is not None:
+                free.add_metric([], space)
+        yield from (by_status, last_start, last_success, duration, period, oldest, free)
 
 
 def exposition(engine: Engine, settings: Settings | None = None) -> tuple[bytes, str]:

@@ -207,6 +207,8 @@ callback_outbox = Table(
     Column("last_error", String(512), nullable=True),
     UniqueConstraint("target", "event_id", name="uq_callback_outbox_target_event"),
     Index("ix_callback_outbox_state", "state", "id"),
+    # Migration 0011: the archiving pass removes a page's rows by job.
+    Index("ix_callback_outbox_job", "job_id"),
 )
 
 
@@ -264,6 +266,7 @@ durable_workflows = Table(
     Column("ended_at", _Time, nullable=True),
     Column("updated_at", _Time, nullable=False),
     Index("ix_durable_workflows_objective", "objective_id"),
+    Index("ix_durable_workflows_job", "job_id"),  # migration 0011: the archiving pass, by job
 )
 
 durable_activities = Table(
@@ -301,6 +304,56 @@ schedules = Table(
     Index("ix_schedules_due", "status", "next_fire_at"),
     Index("ix_schedules_org_created", "organization_id", "created_at", "id"),
     Index("ix_schedules_buffered", "buffered"),
+)
+
+
+# Tombstones (migration 0011): one row per stream the archiving pass moved out of the database
+# (app/retention/archive.py), written in the transaction that removes the stream's receipts, so the
+# database keeps proving what left it: the stream's receipt count and final hash, the archive segment
+# that holds it, and the pass that moved it. The append-only trigger lets a receipt go only while a
+# pass's guard is set and its stream's tombstone names that pass. ``summary`` is what a re-post or a
+# read of the archived id answers with. Never updated or deleted: a key stays taken.
+archived_streams = Table(
+    "archived_streams",
+    metadata,
+    Column("stream", String(512), primary_key=True),
+    Column("kind", String(16), nullable=False),  # job | objective
+    Column("key", String(KEY_LENGTH), nullable=False),
+    Column("organization_id", String(256), nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("receipt_count", Integer, nullable=False),
+    Column("final_hash", String(64), nullable=False),
+    Column("ended_at", _Time, nullable=False),
+    Column("segment", String(256), nullable=False),
+    Column("pass_id", String(64), nullable=False),
+    Column("archived_at", _Time, nullable=False),
+    Column("summary", JSON(), nullable=False),
+)
+
+# One row per segment an archiving pass committed, written in the transaction of its tombstones:
+# what each pass moved (streams, receipts, bytes), for the system page, and the segments the pass's
+# sweep keeps (a segment with no row here was never committed). Never updated or deleted.
+# Verification holds the archive against the tombstones themselves.
+archive_segments = Table(
+    "archive_segments",
+    metadata,
+    Column("segment", String(256), primary_key=True),
+    Column("pass_id", String(64), nullable=False),
+    Column("streams", Integer, nullable=False),
+    Column("receipts", Integer, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("written_at", _Time, nullable=False),
+    Index("ix_archive_segments_written", "written_at"),
+)
+
+# SQLite's guard (migration 0011): the pass inserts its id here at the start of its transaction and
+# removes it before commit; the delete trigger allows a receipt's removal only while a row names
+# the pass its stream's tombstone records. SQLite has one writer at a time, so no other transaction
+# ever sees the row. PostgreSQL uses a transaction-local setting (``receipt.archiving``) instead.
+archive_guard = Table(
+    "archive_guard",
+    metadata,
+    Column("pass_id", String(64), primary_key=True),
 )
 
 

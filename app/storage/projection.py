@@ -23,7 +23,7 @@ from app.jobs.ids import SYSTEM_ORGANIZATION
 from app.jobs.reducer import Job, fold
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
 from app.storage import bulk, store
-from app.storage.db import as_utc, db_now, is_sqlite, jobs, parse_iso
+from app.storage.db import archived_streams, as_utc, db_now, is_sqlite, jobs, parse_iso
 from app.storage.db import receipts as receipts_table
 from app.storage.direct import Direct, multi_row_params
 from app.storage.store import StoredReceipt, fold_stream, streams
@@ -90,6 +90,21 @@ _LOAD_IN_AT_CLOCK = Direct(
 )
 
 
+# An enqueue's read: the same, plus whether the key's stream was archived (its tombstone), in the
+# same statement and snapshot: the pass removes the row and writes the tombstone in one commit.
+_ARCHIVED = exists(select(archived_streams.c.stream).where(archived_streams.c.stream == bindparam("stream")))
+_LOAD_FOR_ENQUEUE = Direct(
+    _AT_CLOCK.add_columns(_ARCHIVED.label("archived")).select_from(
+        _ONE.outerjoin(jobs, jobs.c.id == bindparam("job_id"))
+    )
+)
+_LOAD_IN_FOR_ENQUEUE = Direct(
+    _AT_CLOCK.add_columns(_ARCHIVED.label("archived"))
+    .select_from(_ONE.outerjoin(jobs, legacy_owned(bindparam("job_id"), bindparam("bare"), bindparam("org"))))
+    .limit(1)
+)
+
+
 # PostgreSQL only: the ids as one array parameter (``= ANY``), so the statement text never varies.
 _LOAD_JOBS_AT_CLOCK = Direct(
     select(func.clock_timestamp().label("now"), jobs.c.state)
@@ -148,6 +163,27 @@ def load_at_clock(
     if state is None:
         return None, now
     return Loaded(Job.from_json(state), last_hash, as_utc(status_changed_at)), now
+
+
+def load_for_enqueue(
+    conn: Connection, job_id: str, organization_id: str, bare: str | None
+) -> tuple[Loaded | None, datetime, bool]:
+    """``load_at_clock`` for an enqueue, and whether ``job_id``'s stream was archived (PostgreSQL:
+    one statement)."""
+    if is_sqlite(conn):
+        found, now = load_at_clock(conn, job_id, organization_id, bare)
+        archived = conn.execute(select(_ARCHIVED), {"stream": job_stream(job_id)}).scalar_one()
+        return found, now, bool(archived)
+    params: dict[str, Any] = {"job_id": job_id, "stream": job_stream(job_id)}
+    if bare is None:
+        [(now_, state, last_hash, status_changed_at, archived)] = _LOAD_FOR_ENQUEUE.rows(conn, params)
+    else:
+        params.update(bare=bare, org=organization_id)
+        [(now_, state, last_hash, status_changed_at, archived)] = _LOAD_IN_FOR_ENQUEUE.rows(conn, params)
+    now = as_utc(now_)
+    if state is None:
+        return None, now, bool(archived)
+    return Loaded(Job.from_json(state), last_hash, as_utc(status_changed_at)), now, bool(archived)
 
 
 # Built once (hot path): an optimistic update of one job's row at the seq it was read at.

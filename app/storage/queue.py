@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -24,6 +24,7 @@ from app.jobs import delay, transitions
 from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import (
     AppendConflict,
+    JobArchived,
     JobNotFound,
     ValidationError,
 )
@@ -47,7 +48,7 @@ from app.jobs.vocab import (
     ReleaseReason,
     job_stream,
 )
-from app.storage import delivery, projection, store
+from app.storage import delivery, projection, store, tombstones
 from app.storage.db import (
     as_utc,
     autocommit_connection,
@@ -94,6 +95,15 @@ class EnqueueResult:
     steered: bool = False
     canceled: tuple[str, ...] = ()
     aborted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Archived:
+    """A batch item whose jobId names an archived job: nothing written, its tombstone's summary."""
+
+    key: str
+    summary: Mapping[str, Any]
+    created: bool = False
 
 
 @dataclass(frozen=True)
@@ -279,6 +289,14 @@ class Queue:
             loaded = projection.load_in(conn, qualify(org, client_id), org, client_id)
         return loaded.job if loaded else None
 
+    def archived(self, organization_id: str | None, client_id: str) -> tombstones.Tombstone | None:
+        """The tombstone of the job an organisation knew by ``client_id``, when it was archived."""
+        if KEY_SEPARATOR in client_id:
+            return None
+        org = organization_id or SYSTEM_ORGANIZATION
+        with self.engine.connect() as conn:
+            return tombstones.find(conn, job_stream(qualify(org, client_id)))
+
     def list_jobs(
         self,
         *,
@@ -329,20 +347,27 @@ class Queue:
 
     def enqueue_many(
         self, reqs: Sequence[EnqueueRequest], *, enqueued_by: Enqueuer | None = None
-    ) -> list[EnqueueResult]:
+    ) -> list[EnqueueResult | Archived]:
         """Every request in one transaction, in order: all of them are written, or none.
 
         Each is idempotent on its jobId exactly as a single enqueue (a jobId twice in one batch is
-        one job), and singleton rules apply per item in order. The session locks of the batch's
+        one job; an archived one is answered with its tombstone, ``Archived``), and singleton rules
+        apply per item in order. The session locks of the batch's
         singleton items are all taken first, in one order, so two batches cannot deadlock.
         """
 
-        def work(tx: _Tx) -> list[EnqueueResult]:
+        def work(tx: _Tx) -> list[EnqueueResult | Archived]:
             for name in sorted({_session_lock(r) for r in reqs if _singleton(r)}):
                 lock_key(tx.conn, name)
-            return [self._enqueue_in(tx, req, enqueued_by) for req in reqs]
+            out: list[EnqueueResult | Archived] = []
+            for req in reqs:
+                try:
+                    out.append(self._enqueue_in(tx, req, enqueued_by))
+                except JobArchived as exc:
+                    out.append(Archived(exc.key, exc.summary))
+            return out
 
-        results: list[EnqueueResult] = self._run(work)
+        results: list[EnqueueResult | Archived] = self._run(work)
         return results
 
     def _run_enqueue(self, req: EnqueueRequest, work: Callable[[_Tx], EnqueueResult]) -> EnqueueResult:
@@ -371,12 +396,20 @@ class Queue:
         if explicit is not None:
             if singleton:
                 existing = projection.load_in(conn, explicit, org, legacy)
+                # Read after the projection: the pass removes the row and writes the tombstone in
+                # one commit, so one of the two reads sees the job.
+                archived = existing is None and tombstones.find(conn, job_stream(explicit)) is not None
             else:
                 # Only this job decides: read the clock with it (the singleton path reads the
-                # session's other jobs first, so its clock must come after those reads).
-                existing, tx._now = projection.load_at_clock(conn, explicit, org, legacy)
+                # session's other jobs first, so its clock must come after those reads), and
+                # whether its id was archived, in the same statement.
+                existing, tx._now, archived = projection.load_for_enqueue(conn, explicit, org, legacy)
             if existing is not None:
                 return EnqueueResult(existing.job, created=False)
+            if archived:
+                gone = tombstones.find(conn, job_stream(explicit))
+                assert gone is not None  # tombstones are never removed
+                raise gone.refusal()
         if singleton and req.singleton_mode == "steer" and req.job_id is not None:
             # Spec: re-posting the same enqueue never disturbs the first. A steer creates no
             # job under its jobId, so its command carries that id, and a re-post finds it.
@@ -429,6 +462,7 @@ class Queue:
             org = req.organization_id or SYSTEM_ORGANIZATION
             keys.append(req.key or qualify(org, req.job_id or new_id()))
         known = {job.id: job for job in projection.load_jobs(tx.conn, list(dict.fromkeys(keys)))}
+        gone = tombstones.find_many(tx.conn, (job_stream(k) for k in keys if k not in known))
         results: list[EnqueueResult] = []
         created: list[tuple[Job, store.Chained]] = []
         writes: list[tuple[int, Write]] = []
@@ -436,6 +470,10 @@ class Queue:
             if key in known:
                 results.append(EnqueueResult(known[key], created=False))
                 continue
+            if job_stream(key) in gone:
+                # The system derives these ids from a tick or a plan: one named again after its job
+                # was archived is a fault to surface, never a second job.
+                raise gone[job_stream(key)].refusal()
             body = _enqueued_body(key, req, by, tx)
             chained = store.chain(job_stream(key), 0, [("job.enqueued", body)], prev_hash=None, at=tx.now)
             job = reduce(None, chained.receipts()[0])

@@ -366,3 +366,66 @@ def test_token_create_refuses_bad_scope_or_expiry(
     assert named in capsys.readouterr().err
     with engine.connect() as conn:
         assert tokens.list_all(conn) == []
+
+
+# -- across the archive boundary ----------------------------------------------------------------------
+
+
+def test_verify_and_replay_across_the_archive_boundary(
+    cli_env: str, engine: Engine, tmp_path: Path, capsys: Capture
+) -> None:
+    from app.retention import archive
+    from app.retention.policy import Policy
+    from app.retention.sink import DirectorySink
+    from app.storage.db import archived_streams, db_now
+
+    ids = some_jobs(engine)
+    before: dict[str, Any] = {}
+    with engine.connect() as conn:
+        for i in ids:
+            folded = fold(r.to_receipt() for r in store.read_stream(conn, job_stream(i)))
+            assert folded is not None
+            before[i] = folded
+    folder = tmp_path / "archive"
+    totals = archive.run_pass(
+        engine,
+        DirectorySink(folder),
+        Policy(days=30),
+        page_size=1,
+        clock=lambda conn: db_now(conn) + timedelta(days=31),
+    )
+    assert totals.jobs == 2  # the completed and the canceled job; queued and running stay
+    archived_ids = [i for i in ids if before[i].terminal]
+    live = [i for i in ids if i not in archived_ids]
+    live_receipts = sum(before[i].seq for i in live)
+    archived_receipts = sum(before[i].seq for i in archived_ids)
+
+    assert main(["verify"]) == 0
+    assert capsys.readouterr().out == (
+        f"ok: {live_receipts} receipts verified; 2 tombstones of archived streams checked\n"
+    )
+    assert main(["verify", "--archive", str(folder)]) == 0
+    assert capsys.readouterr().out == (
+        f"ok: {archived_receipts} archived receipts of 2 streams in 2 segments verified "
+        "against 2 tombstones\n"
+    )
+    for job_id in archived_ids:
+        assert main(["replay", "--archive", str(folder), job_stream(job_id)]) == 0
+        assert json.loads(capsys.readouterr().out) == before[job_id].to_json()
+    assert main(["replay", "--archive", str(folder), job_stream(live[0])]) == 1
+    assert "holds no stream" in capsys.readouterr().err
+
+    # A tombstone whose stream still has receipts, and a segment gone: both are named.
+    segment = totals.segments[0]
+    (folder / f"{segment}.jsonl.gz").unlink()
+    assert main(["verify", "--archive", str(folder)]) == 1
+    assert f"segment {segment} is named by tombstones but is not in the archive" in capsys.readouterr().err
+    with engine.begin() as conn:
+        conn.execute(
+            archived_streams.update()
+            .where(archived_streams.c.segment == totals.segments[1])
+            .values(stream=job_stream(live[0]), key=live[0])
+        )
+    assert main(["verify"]) == 1
+    err = capsys.readouterr().err
+    assert f"tombstone {job_stream(live[0])}: receipts of the stream are still in the database" in err

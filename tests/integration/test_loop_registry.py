@@ -219,3 +219,46 @@ def test_without_beat_the_control_workers_ticker_runs_the_factorys_loops(rt_of: 
         )
     # The watchdog tick enqueued its tick's job, in the system's organisation.
     assert watchdog_jobs and all(j.startswith("_system/watchdog:") for j in watchdog_jobs)
+
+
+def test_the_archive_pass_runs_claimed_with_its_settings_and_counts_what_it_moved(
+    rt_of: Any, tmp_path: Any
+) -> None:
+    from sqlalchemy import update
+
+    from app.ops import metrics
+    from app.retention.sink import DirectorySink
+    from tests.support.queue_ops import complete, lease
+
+    rt, _ = rt_of(
+        RECEIPT_RETENTION_DAYS="30",
+        RECEIPT_ARCHIVE_DIR=str(tmp_path / "segments"),
+        RECEIPT_ARCHIVE_PAGE_SIZE="2",
+    )
+    assert registry.ARCHIVE in registry.active(rt.settings)
+    keys = []
+    for _ in range(3):
+        key = enqueue(rt.queue, "codex").id
+        lease(rt.queue, key, "w1", 60_000)
+        complete(rt.queue, key, "w1", 1, {})
+        keys.append(key)
+    # The projection says when each ended (it is what the pass selects by): forty days ago.
+    with transaction(rt.engine) as conn:
+        conn.execute(
+            update(jobs)
+            .where(jobs.c.id.in_(keys))
+            .values(status_changed_at=jobs.c.status_changed_at - timedelta(days=40))
+        )
+    m = metrics.registry_metrics()
+    before = (m.archived_streams.labels("job")._value.get(), m.archived_bytes._value.get())
+    result = task_loops.run(rt, registry.ARCHIVE)
+    assert (result["streams"], result["jobs"], result["pages"]) == (3, 3, 2)
+    assert sorted(DirectorySink(tmp_path / "segments").names()) == sorted(result["segments"])
+    assert m.archived_streams.labels("job")._value.get() - before[0] == 3
+    assert m.archived_bytes._value.get() - before[1] == result["bytes"] > 0
+    with rt.engine.connect() as conn:
+        assert conn.execute(select(jobs.c.id).where(jobs.c.id.in_(keys))).all() == []
+        ran = conn.execute(select(loop_runs.c.finished_at).where(loop_runs.c.name == "archive")).scalar_one()
+    assert ran is not None
+    # A tick right after is a duplicate (half a period): skipped.
+    assert task_loops.run(rt, registry.ARCHIVE) == {"skipped": True}

@@ -17,6 +17,8 @@ A row is one request shape. Its templates name world values in braces, filled pe
 - ``{authOrg}``: the ``authContext.organizationId`` the caller posts: its own organisation (A for
   the system token, which acts for A).
 - ``{taskId}``, ``{watchdogTick}``, ``{missingObjectiveId}``: new values, never held by anyone.
+- ``{archivedJobId}``: a job A held, which the archiving pass has since moved out (a tombstone
+  keeps its id: A gets 410 with its summary, B the unknown id's 404).
 
 B's answer for A's ids is compared with its answer for ids no one holds (status and body, the
 ids themselves and timestamps masked): B must not be able to tell them apart.
@@ -59,6 +61,7 @@ A_VALUES: Final[frozenset[str]] = frozenset(
         "claimObjectiveId",
         "scheduleId",
         "claimScheduleId",
+        "archivedJobId",
     }
 )
 PLACEHOLDER = re.compile(r"\{([A-Za-z]+)\}")
@@ -386,6 +389,33 @@ def _api_rows() -> list[Row]:
             for t in COMMAND_TYPES
         ),
         _by_id("POST", "/jobs/{jobId}/cancel", 202, json={}),
+        # An archived job: its id stays A's (410 with the tombstone's summary), and B cannot tell
+        # it from an id no one holds.
+        _by_id("GET", "/jobs/{jobId}", 410, case="archived job", args={"jobId": "{archivedJobId}"}),
+        _by_id(
+            "GET",
+            "/jobs/{jobId}/events",
+            410,
+            case="archived job",
+            args={"jobId": "{archivedJobId}"},
+            streams=True,
+        ),
+        _by_id(
+            "POST",
+            "/jobs/{jobId}/cancel",
+            410,
+            case="archived job",
+            args={"jobId": "{archivedJobId}"},
+            json={},
+        ),
+        Row(
+            "POST",
+            ENQUEUE,
+            (410, 202, 410, 410, 401),
+            case="jobId of A's archived job (B: a job of its own)",
+            args={"agentId": "factory"},
+            json={"jobId": "{archivedJobId}", "payload": {"kind": "factory.run", "authContext": _AUTH}},
+        ),
     ]
     for route, streams in (("/streams/{stream}/receipts", False), ("/streams/{stream}/events", True)):
         for case, stream, expect in _STREAMS:

@@ -70,13 +70,18 @@ def test_which_loops_a_deployment_runs() -> None:
         "objective-watchdog",
         "schedules",
         "worker-liveness",
+        "archive",
     }
-    assert names(registry.active(Settings())) == every - {"callbacks"}
-    assert names(registry.active(Settings(callback_url="http://h.invalid/"))) == every
+    assert names(registry.active(Settings())) == every - {"callbacks", "archive"}
+    assert names(registry.active(Settings(callback_url="http://h.invalid/", retention_days=30))) == every
     assert names(registry.active(Settings(objective_watchdog_enabled=False))) == every - {
         "callbacks",
         "objective-watchdog",
+        "archive",
     }
+    # One organisation's window is enough to run the pass; a 0 override alone is not.
+    assert "archive" in names(registry.active(Settings(retention_days_by_organization=(("acme", 5),))))
+    assert "archive" not in names(registry.active(Settings(retention_days_by_organization=(("acme", 0),))))
 
 
 # -- the spec's defaults, exactly ---------------------------------------------------------------------

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -155,6 +156,8 @@ def a_world(env: Env, row: Row) -> dict[str, str]:
         response = client.post("/objectives", json=body, headers=headers)
         assert response.status_code == 202, response.get_data(as_text=True)
         world.update(objectiveId=objective_id, objectiveStream=json_of(response)["async"]["stream"])
+    if "archivedJobId" in names:
+        world["archivedJobId"] = archived_job(env, client, headers)
     if names & {"scheduleId", "claimScheduleId"}:
         schedule_id = fresh("schedule")
         body = {
@@ -166,6 +169,35 @@ def a_world(env: Env, row: Row) -> dict[str, str]:
         assert response.status_code == 201, response.get_data(as_text=True)
         world["scheduleId"] = schedule_id
     return world
+
+
+def archived_job(env: Env, client: Any, headers: Mapping[str, str]) -> str:
+    """A job of A's, completed, ended forty days ago (as its projection row says), archived."""
+    from sqlalchemy import update
+
+    from app.retention import archive
+    from app.retention.policy import Policy
+    from app.retention.sink import DirectorySink
+    from app.storage.db import jobs, transaction
+    from tests.support.queue_ops import complete, lease
+
+    job_id = fresh("archived")
+    body = {
+        "jobId": job_id,
+        "payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": ORG_A}},
+    }
+    response = client.post("/agents/factory/jobs", json=body, headers=headers)
+    assert response.status_code == 202, response.get_data(as_text=True)
+    key = f"{ORG_A}/{job_id}"
+    lease(env.api.queue, key, "w1", 60_000)
+    complete(env.api.queue, key, "w1", 1, {})
+    with transaction(env.api.engine) as conn:
+        ended = jobs.c.status_changed_at - timedelta(days=40)
+        conn.execute(update(jobs).where(jobs.c.id == key).values(status_changed_at=ended))
+    sink = DirectorySink(Path(env.api.state.settings.home) / "archive")
+    totals = archive.run_pass(env.api.engine, sink, Policy(days=30), page_size=10)
+    assert totals.jobs == 1, totals
+    return job_id
 
 
 def values_for(identity: Identity, world: Mapping[str, str]) -> dict[str, str]:
@@ -195,6 +227,7 @@ def never_used(values: Mapping[str, str]) -> dict[str, str]:
         ("objectiveId", "objective"),
         ("sessionKey", "session"),
         ("scheduleId", "schedule"),
+        ("archivedJobId", "archived"),
     ):
         if name in values:
             replacements[values[name]] = out[name] = fresh(prefix)

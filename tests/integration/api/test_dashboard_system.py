@@ -299,3 +299,45 @@ def test_recent_events_count_hand_backs(api: Api) -> None:
     with api.engine.connect() as conn:
         recent = overview.recent_events(conn, window=timedelta(hours=1))
     assert recent.counts["job.released"] == 1
+
+
+def test_system_page_shows_what_retention_moved_and_what_is_left(
+    sqlite_engine: Engine, tmp_path: Any
+) -> None:
+    from app.retention import archive
+    from app.retention.policy import Policy
+    from app.retention.sink import DirectorySink
+    from tests.support.queue_ops import complete
+
+    settings = make_settings(
+        tmp_path,
+        retention_days=30,
+        retention_days_by_organization=(("audited", 0),),
+        archive_dir=str(tmp_path / "segments"),
+    )
+    api = build_api(sqlite_engine, settings)
+    api.app.extensions[PROBE_EXTENSION] = FakeProbe(BrokerReport("redis", [], None, 0, []))
+    sign_in(api, "system")
+    page = text(api.client.get("/ui/system"))
+    assert '30 days; <span class="mono">audited</span>: kept' in page
+    assert "No pass has archived anything yet." in page
+    assert (
+        '<tr data-retention="oldest"><th>Oldest ended job still here</th><td><span class="muted">none' in page
+    )
+    for i in range(3):
+        job = api.job("a", jobId=f"j{i}")
+        lease(api.queue, key(job), "w1", 60_000)
+        complete(api.queue, key(job), "w1", 1, {})
+    page = text(api.client.get("/ui/system"))
+    assert "0.0 days ago" in page
+    totals = archive.run_pass(
+        api.engine,
+        DirectorySink(settings.archive_path),
+        Policy.from_settings(settings),
+        page_size=2,
+        clock=lambda conn: db_now(conn) + timedelta(days=31),
+    )
+    page = text(api.client.get("/ui/system"))
+    assert f'<tr data-pass="{totals.pass_id}">' in page
+    assert "<td data-streams>3</td>" in page and f"<td data-bytes>{totals.bytes}</td>" in page
+    assert str(tmp_path / "segments") in page and "GB free" in page

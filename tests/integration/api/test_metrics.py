@@ -117,3 +117,22 @@ def test_who_may_scrape(metrics_api: Api, who: str, status: int) -> None:
 def test_the_metrics_token_opens_nothing_but_metrics(metrics_api: Api) -> None:
     response = metrics_api.client.get("/jobs", headers={"Authorization": f"Bearer {SCRAPE_SECRET}"})
     assert response.status_code == 401
+
+
+def test_retention_gauges_say_what_is_left_and_the_room_for_segments(sqlite_engine, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    settings = make_settings(
+        tmp_path, metrics_token=SCRAPE_SECRET, retention_days=30, archive_dir=str(tmp_path / "segs")
+    )
+    api = build_api(sqlite_engine, settings)
+    samples = scrape(api, SCRAPE_SECRET)
+    assert ("receipt_oldest_terminal_job_age_seconds", ()) not in samples  # nothing has ended
+    assert value(samples, "receipt_archive_free_bytes") > 0
+    assert ("receipt_archived_streams_total", (("kind", "job"),)) in samples
+    done = key(api.job(agent="factory"))
+    attempt = api.lease_and_start(done)
+    assert api.queue.settle_attempt(done, WORKER, attempt, result={}).applied
+    samples = scrape(api, SCRAPE_SECRET)
+    assert 0 <= value(samples, "receipt_oldest_terminal_job_age_seconds") < 60
+    # Without a retention window there is no archive to measure.
+    plain = build_api(sqlite_engine, make_settings(tmp_path, metrics_token=SCRAPE_SECRET))
+    assert ("receipt_archive_free_bytes", ()) not in scrape(plain, SCRAPE_SECRET)

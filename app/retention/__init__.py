@@ -1,0 +1,1 @@
+"""Retention: finished streams leave the hot database for an archive, with their proof."""
