@@ -425,8 +425,14 @@ class Settings:
     worker_liveness_interval_ms: int = setting(
         "RECEIPT_WORKER_LIVENESS_INTERVAL_MS",
         "2000",
-        "How often each worker process renews its own liveness record (apart from per-job heartbeats), "
-        "and the interval of the `worker-liveness` loop that looks for lapsed ones.",
+        "How often each worker process renews its own liveness record (apart from per-job heartbeats).",
+        _int,
+    )
+    worker_liveness_scan_interval_ms: int = setting(
+        "RECEIPT_WORKER_LIVENESS_SCAN_INTERVAL_MS",
+        "2000",
+        "Interval of the `worker-liveness` loop that looks for lapsed worker processes: a dead one's "
+        "jobs run again within `RECEIPT_WORKER_DEAD_AFTER_MS` plus this.",
         _int,
     )
     worker_self_fence_ms: int = setting(

@@ -267,7 +267,7 @@ WORKER_LIVENESS: Final = Loop(
     name="worker-liveness",
     task="receipt.expire_dead_workers",
     queue=MAINTENANCE_QUEUE,
-    schedule=Every("worker_liveness_interval_ms"),
+    schedule=Every("worker_liveness_scan_interval_ms"),
     doc="Declares dead every worker process whose liveness record lapsed past "
     "`RECEIPT_WORKER_DEAD_AFTER_MS` (database clock) and appends `job.lease_expired` (error "
     "`worker <id> liveness lapsed`) for each job it holds, whatever its lease deadline.",
@@ -328,6 +328,12 @@ def settings_read() -> frozenset[str]:
         if loop.claim.slow_after is not None:
             fields.add(loop.claim.slow_after)
     return frozenset(fields)
+
+
+def interval_settings() -> tuple[Setting, ...]:
+    """The interval declaration of every loop that runs on one (a test deployment with no worker
+    sets them long, so ``/readyz`` does not rightly call it not ready)."""
+    return tuple(_setting(loop.schedule.interval) for loop in LOOPS if isinstance(loop.schedule, Every))
 
 
 def active(settings: Settings) -> tuple[Loop, ...]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from app.ops import loops as loop_registry
 from tests.support.processes import PYTHON
 from tests.support.stack import Stack
 
@@ -34,14 +35,8 @@ def test_schemathesis_run_with_every_check_passes(stack: Stack, tmp_path: Path) 
     stack.env_overrides["RECEIPT_SSE_MAX_SECONDS"] = "1"
     # No worker runs, so no recovery loop does: long intervals keep /readyz from (rightly)
     # answering 503 "loops overdue" while the fuzzer runs.
-    for name in (
-        "RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS",
-        "RECEIPT_LEASE_EXPIRY_INTERVAL_MS",
-        "RECEIPT_RETRY_SCAN_INTERVAL_MS",
-        "RECEIPT_OBJECTIVE_CONTROL_OUTBOX_REDRIVE_INTERVAL_MS",
-        "RECEIPT_SCHEDULE_SCAN_INTERVAL_MS",
-    ):
-        stack.env_overrides[name] = "600000"
+    for declared in loop_registry.interval_settings():
+        stack.env_overrides[declared.env] = "600000"
     stack.env_overrides["RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED"] = "0"
     stack.start("web")
 

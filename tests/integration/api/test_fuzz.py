@@ -25,6 +25,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from sqlalchemy.engine import Engine
 
+from app.ops import loops as loop_registry
 from app.storage import tokens
 from tests.support.api import ORG_A, Api, build_api, make_settings
 
@@ -52,13 +53,7 @@ def fuzz_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
     # Event streams end at once (max 0 s): the fuzzer checks their headers and errors, not waits.
     # No worker runs here, so no recovery loop does: long loop intervals keep /readyz from
     # (rightly) calling the deployment not ready while the fuzzer runs.
-    loops_idle = {
-        "queued_redrive_interval_ms": 600_000,
-        "retry_scan_interval_ms": 600_000,
-        "schedule_scan_interval_ms": 600_000,
-        "lease_expiry_interval_ms": 600_000,
-        "objective_control_outbox_redrive_interval_ms": 600_000,
-    }
+    loops_idle = {declared.attr: 600_000 for declared in loop_registry.interval_settings()}
     api = build_api(
         engine,
         make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024, **tight, **loops_idle),
