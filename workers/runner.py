@@ -9,6 +9,7 @@ is inert. Celery only calls ``run_attempt``; nothing here knows about it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -74,6 +75,9 @@ class Attempt:
     job_id: str
     worker_id: str
     number: int
+    # Which charged attempt this is (``number`` less the attempts handed back uncharged): the
+    # retry backoff grows with it, as the budget does.
+    charged: int | None = None
 
     def settle(
         self,
@@ -90,7 +94,8 @@ class Attempt:
         """
         if error:
             error = redactor(self.settings)(error)
-        delay = retry_delay_ms(self.number, self.settings) if status is not None and retryable else 0
+        charged = self.number if self.charged is None else self.charged
+        delay = retry_delay_ms(charged, self.settings) if status is not None and retryable else 0
         out = retry_transient(
             lambda: self.queue.settle_attempt(
                 self.job_id,
@@ -147,6 +152,7 @@ def run_attempt(
     if start.job is None:
         return AttemptResult("stale_attempt", None, f"no job {job_id}")
     job = start.job
+    this = dataclasses.replace(this, charged=job.charged_attempts)
     logs.update_job(org=job.organization_id)
     if start.status == "stale_attempt":
         return AttemptResult("stale_attempt", job, f"fence is for attempt {attempt}, job is at {job.attempt}")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
+from app.jobs.times import parse_iso
 from app.storage.queue import Queue
 from workers.handler import HandlerError, JobContext
 from workers.runner import run_attempt
@@ -153,3 +155,35 @@ def test_an_abort_pending_at_release_cancels_instead(queue: Queue) -> None:
     shutdown.begin(0)  # cancel at once: the abort and the shutdown race, the abort must win
     t.join(BOUND_S)
     assert box["r"].job.status == "canceled"
+
+
+def test_the_retry_backoff_after_a_release_counts_charged_attempts(queue: Queue, engine: Engine) -> None:
+    # RECEIPT_RETRY_BACKOFF_MS * 2^(charged - 1): a released attempt adds no step to the backoff.
+    settings = Settings.from_env(
+        {"RECEIPT_RETRY_BACKOFF_MS": "60000", "RECEIPT_RETRY_BACKOFF_MAX_MS": "600000"}
+    )
+    handler = Checkpointing()
+    registry = registry_of({"test-shutdown": handler})
+    job = enqueue(queue, "test-shutdown", max_attempts=3)
+    shutdown = Shutdown()
+    box: dict[str, Any] = {}
+    t = threading.Thread(
+        target=lambda: box.update(r=run_attempt(queue, settings, registry, job.id, 1, shutdown=shutdown))
+    )
+    t.start()
+    assert handler.started.wait(BOUND_S)
+    shutdown.begin(GRACE_MS)
+    t.join(BOUND_S)
+    assert box["r"].status == "released"
+
+    def fails(ctx: JobContext) -> Any:
+        raise HandlerError("boom", retryable=True)
+
+    out = run_attempt(queue, settings, registry_of({"test-shutdown": fails}), job.id, 2, shutdown=Shutdown())
+    assert out.job is not None and out.job.status == "queued" and out.job.charged_attempts == 1
+    failed = receipts_of(engine, job.id)[-1]
+    assert failed.type == "job.failed"
+    assert failed.body["retryAt"] is not None
+    waited = parse_iso(failed.body["retryAt"]) - parse_iso(failed.at)
+    # The first charged attempt's delay (60 s), not the second's (120 s).
+    assert timedelta(seconds=55) < waited < timedelta(seconds=65), waited
