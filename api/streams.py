@@ -14,12 +14,12 @@ from flask.typing import ResponseReturnValue
 
 from api import auth, limits, schemas, sse
 from api.context import read_connection, state
-from api.errors import job_not_found, stream_not_found
+from api.errors import ApiError, archived, job_not_found, stream_not_found
 from api.following import held_stream, resume_point, sse_timing
 from api.jobs import visible_job
 from api.openapi import Operation, operation
 from app.jobs.vocab import is_job_stream, job_id_of
-from app.storage import store
+from app.storage import store, tombstones
 
 blueprint = Blueprint("streams", __name__)
 
@@ -35,18 +35,33 @@ def readable_stream(stream: str) -> None:
     """
     if is_job_stream(stream):
         job = state().queue.get(job_id_of(stream))
+        if job is None:
+            _refuse_if_archived(stream)
         if job is None or not auth.current().may_see(job):
             raise job_not_found()
         return
     from api.objectives import readable_objective_stream
 
-    if readable_objective_stream(stream):
-        return  # an objective's stream is readable by its organisation
+    try:
+        if readable_objective_stream(stream):
+            return  # an objective's stream is readable by its organisation
+    except ApiError:
+        _refuse_if_archived(stream)
+        raise
     if not auth.current().system:
         raise stream_not_found()
     with read_connection(state().engine) as conn:
         if store.head(conn, stream) is None:
             raise stream_not_found()
+
+
+def _refuse_if_archived(stream: str) -> None:
+    """The 410 of an archived stream its caller may read: its history is in an archive segment.
+    For anyone else it stays the 404 of a stream that never was."""
+    with read_connection(state().engine) as conn:
+        gone = tombstones.find(conn, stream)
+    if gone is not None and auth.current().may_act_for(gone.organization_id):
+        raise archived(gone.to_json())
 
 
 def _follow(stream: str, after: int, kind: sse.EventKind) -> Response:
@@ -60,11 +75,13 @@ def _follow(stream: str, after: int, kind: sse.EventKind) -> Response:
     Operation(
         summary="Read a stream's raw receipts in order.",
         description="A page stops early at RECEIPT_MAX_PAGE_BYTES; nextAfter then continues after its last "
-        "receipt.",
+        "receipt. An archived job's or objective's stream answers 410 with its summary and the archive "
+        "segment holding its receipts (receipt replay --archive reads it).",
         tag="streams",
         path=_STREAM_PATH,
         query=schemas.RECEIPTS_QUERY,
         responses={200: schemas.RECEIPT_PAGE},
+        errors=(410,),
     )
 )
 def receipts(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
@@ -89,7 +106,7 @@ def receipts(stream: str, query: dict[str, Any]) -> ResponseReturnValue:
         query=schemas.EVENTS_QUERY,
         headers=_RESUME_HEADERS,
         responses={200: schemas.RECEIPT_EVENT},
-        errors=(429,),
+        errors=(410, 429),
         streams=True,
     )
 )

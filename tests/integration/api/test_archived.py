@@ -60,11 +60,14 @@ def test_an_archived_job_answers_410_with_its_summary(api: Api, tmp_path: Path) 
     ):
         response = getattr(api.client, method)(url, json=body, headers=api.headers("a"))
         _is_archived_answer(response, "old-job")
-    # Its receipts are in the archive, not behind the stream routes (the summary says where).
+    # Its receipts are in the archive, not behind the stream routes: they answer the same 410 (the
+    # summary says which segment), and another organisation the 404 of a stream that never was.
     stream = details["archive"]["stream"]
     for url in (f"/streams/{stream}/receipts", f"/streams/{stream}/events"):
-        response = api.client.get(url, headers=api.headers("a"))
-        assert response.status_code == 404, (url, response.status_code)
+        _is_archived_answer(api.client.get(url, headers=api.headers("a")), "old-job")
+        hidden = api.client.get(url, headers=api.headers("b"))
+        never = api.client.get(url.replace("old-job", "never-was"), headers=api.headers("b"))
+        assert hidden.status_code == 404 and hidden.get_data() == never.get_data(), url
     listed = json_of(api.client.get("/jobs", headers=api.headers("a")))
     assert all(j["id"] != "old-job" for j in listed["jobs"])
     # A system token naming the organisation reads it too.
@@ -128,6 +131,10 @@ def test_an_archived_objective_answers_410(api: Api, tmp_path: Path) -> None:
     response = api.client.get("/objectives/obj-old", headers=api.headers("a"))
     details = _is_archived_answer(response, objective["id"])
     assert details["title"] == objective["title"]
+    stream = details["archive"]["stream"]
+    assert stream.startswith("objectives/")
+    _is_archived_answer(api.client.get(f"/streams/{stream}/receipts", headers=api.headers("a")), "obj-old")
+    assert api.client.get(f"/streams/{stream}/receipts", headers=api.headers("b")).status_code == 404
     relaunch = api.client.post(
         "/objectives",
         json={
