@@ -7,13 +7,14 @@
 It starts web, driver, two chat workers, codex, control and beat (the e2e harness, ``tests/support``)
 on a fresh database with the **production** lease defaults (so nothing recovers through lease expiry
 within the run) and a ``RECEIPT_SHUTDOWN_GRACE_MS`` under the platform grace. Load: ``--long-jobs``
-sleeping jobs of ``--long`` seconds, a stream of short ones, a few ``codex`` commands, and one
-follower (``Client.follow``) on a job that lives through every deploy. Each deploy SIGTERMs every
-worker, the driver and beat (the last round every process, the web and the commands included, as
-Heroku does), SIGKILLs whatever is left after ``--platform-grace`` seconds, then starts the new
-processes. Then it waits for every job to end and reports:
+sleeping jobs of ``--long`` seconds, a stream of short ones, a few ``codex`` commands,
+``--objectives`` objectives (a chain of three tasks of ``--long`` seconds each, driven by the control
+worker, which is deployed too), and one follower (``Client.follow``) on a job that lives through
+every deploy. Each deploy SIGTERMs every worker, the driver and beat (the last round every process,
+the web and the commands included, as Heroku does), SIGKILLs whatever is left after
+``--platform-grace`` seconds, then starts the new processes. Then it waits for every job to end and reports:
 
-- jobs not completed (every job here completes without deploys);
+- jobs not completed (every job here completes without deploys), and objectives not completed;
 - attempts charged to a deploy (``job.failed`` or ``job.lease_expired`` on a soak job) — target 0;
 - overlapping executions (a fenced receipt from an attempt after the next one was leased) — target 0;
 - processes the platform had to SIGKILL — target 0;
@@ -76,6 +77,8 @@ class Deploy:
 class Report:
     jobs: int = 0
     not_completed: int = 0
+    objectives: int = 0
+    objectives_not_completed: int = 0
     charged_to_deploys: int = 0
     overlaps: list[str] = field(default_factory=list)
     platform_kills: int = 0
@@ -91,6 +94,7 @@ class Report:
         return "\n".join(
             [
                 f"jobs {self.jobs}, not completed {self.not_completed}, wall {self.wall_s:.0f} s",
+                f"objectives {self.objectives}, not completed {self.objectives_not_completed}",
                 f"attempts charged to a deploy: {self.charged_to_deploys}",
                 f"overlapping executions: {len(self.overlaps)}",
                 f"processes the platform SIGKILLed: {self.platform_kills}",
@@ -106,6 +110,8 @@ class Report:
         out = []
         if self.not_completed:
             out.append(f"{self.not_completed} jobs did not complete")
+        if self.objectives_not_completed:
+            out.append(f"{self.objectives_not_completed} objectives did not complete")
         if self.charged_to_deploys:
             out.append(f"{self.charged_to_deploys} attempts charged to deploys")
         if self.overlaps:
@@ -135,6 +141,46 @@ def _post(stack: Stack, agent: str, job_id: str, payload: dict[str, Any], max_at
                 return
         time.sleep(0.5)
     raise RuntimeError(f"could not post {job_id}")
+
+
+ENDED = ("completed", "failed", "canceled")
+
+
+def _launch(stack: Stack, objective_id: str, seconds: list[float]) -> None:
+    """An objective of a chain of tasks, each sleeping its ``seconds``; retried like ``_post``."""
+    tasks: list[dict[str, Any]] = []
+    for i, s in enumerate(seconds):
+        task: dict[str, Any] = {
+            "id": f"t{i}",
+            "agentId": handlers.TASK,
+            "payload": {"kind": "factory.task.run", "seconds": s},
+        }
+        if i:
+            task["dependsOn"] = [f"t{i - 1}"]
+        tasks.append(task)
+    body: dict[str, Any] = {
+        "objectiveId": objective_id,
+        "title": "deploy soak",
+        "goal": "survive deploys",
+        "plan": {"tasks": tasks},
+    }
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(requests.RequestException):
+            r = requests.post(stack.url("/objectives"), json=body, headers=stack.headers(), timeout=15)
+            if r.status_code == 202:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"could not launch {objective_id}")
+
+
+def _objective_status(stack: Stack, objective_id: str) -> str | None:
+    with contextlib.suppress(requests.RequestException):
+        r = requests.get(stack.url(f"/objectives/{objective_id}"), headers=stack.headers(), timeout=15)
+        if r.status_code == 200:
+            status: str = r.json()["objective"]["status"]
+            return status
+    return None
 
 
 def _deploy(stack: Stack, n: int, everything: bool, platform_grace_s: float) -> Deploy:
@@ -266,6 +312,9 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
                     {"kind": "factory.task.run", "command": ["/bin/sleep", str(int(hi))]},
                     max_attempts=1,
                 )
+            objectives = [f"{prefix}obj-{n}" for n in range(args.objectives)]
+            for objective_id in objectives:
+                _launch(stack, objective_id, [rng.uniform(lo, hi) for _ in range(3)])
             # Followed through every deploy: it waits for a gate opened after the last one.
             followed = f"{prefix}followed"
             gate = workdir / "followed.gate"
@@ -323,11 +372,15 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
                         )
                         .limit(1)
                     ).first()
-                if left is None:
+                if left is None and all(_objective_status(stack, o) in ENDED for o in objectives):
                     break
                 time.sleep(1)
             follower.join(30)
             _analyse(stack, key_prefix, deploys, report)
+            report.objectives = len(objectives)
+            report.objectives_not_completed = sum(
+                1 for o in objectives if _objective_status(stack, o) != "completed"
+            )
             last = stack.job(followed)
             report.follower_events = len(seen)
             if last is not None:
@@ -350,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-jobs", type=int, default=300)
     parser.add_argument("--long", type=lambda s: tuple(float(x) for x in s.split(",")), default=(10.0, 60.0))
     parser.add_argument("--commands", type=int, default=4, help="codex jobs running /bin/sleep")
+    parser.add_argument("--objectives", type=int, default=2, help="objectives of three chained tasks")
     parser.add_argument("--short-rate", type=float, default=5.0, help="short jobs posted per second")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between deploys")
@@ -369,8 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             os.chmod(workdir, 0o755)
         print(
             f"deploy soak: {args.long_jobs} jobs of {args.long[0]:.0f}-{args.long[1]:.0f} s, {args.commands} "
-            f"commands, short jobs at {args.short_rate}/s, {args.rounds} deploys "
-            f"{args.interval:.0f} s apart, "
+            f"commands, {args.objectives} objectives, short jobs at {args.short_rate}/s, "
+            f"{args.rounds} deploys {args.interval:.0f} s apart, "
             f"grace {args.grace:.0f} s under a {args.platform_grace:.0f} s platform grace",
             flush=True,
         )
