@@ -465,7 +465,11 @@ SOAK_TIMINGS = {
 
 @contextlib.contextmanager
 def deployment(
-    workdir: Path, database_url: str | None, private_pg: bool, extra_env: dict[str, str] | None = None
+    workdir: Path,
+    database_url: str | None,
+    private_pg: bool,
+    extra_env: dict[str, str] | None = None,
+    production_leases: bool = False,
 ) -> Iterator[tuple[Stack, PrivatePostgres | None]]:
     pg: PrivatePostgres | None = None
     harness = Harness(workdir / "logs")
@@ -480,6 +484,10 @@ def deployment(
         upgrade(engine)
         engine.dispose()
         stack = make_stack(harness, database_url, workdir / "home", **{**SOAK_TIMINGS, **(extra_env or {})})
+        if production_leases:
+            # The leases and heartbeats a deployment runs with (5-15 min): a killed worker's jobs
+            # come back through its lapsed liveness record, not through a short test lease.
+            stack.timings = {}
         try:
             stack.start("web", "driver", "chat-a", "chat-b", "control", "codex", "beat")
             yield stack, pg
@@ -591,6 +599,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run every process with RECEIPT_DB_PREPARED_STATEMENTS=enabled",
     )
     parser.add_argument("--workdir", help="keep the processes' logs (and the private Postgres) here")
+    parser.add_argument(
+        "--production-leases",
+        action="store_true",
+        help="the production lease and heartbeat defaults instead of the e2e harness's short ones",
+    )
     args = parser.parse_args(argv)
     schedule = tuple(f for f in args.faults.split(",") if f)
     unknown = [f for f in schedule if f not in FAULTS]
@@ -607,9 +620,16 @@ def main(argv: list[str] | None = None) -> int:
             os.chmod(workdir, 0o755)
         extra = {"RECEIPT_DB_PREPARED_STATEMENTS": "enabled"} if args.prepared else {}
         private = args.database_url is None
-        with deployment(workdir, args.database_url, private_pg=private, extra_env=extra) as (stack, pg):
+        with deployment(
+            workdir,
+            args.database_url,
+            private_pg=private,
+            extra_env=extra,
+            production_leases=args.production_leases,
+        ) as (stack, pg):
             print(
-                f"soak: {args.jobs} jobs at {args.rate}/s, faults {schedule}, worker kills every {lo}-{hi} s",
+                f"soak: {args.jobs} jobs at {args.rate}/s, faults {schedule}, worker kills every {lo}-{hi} s"
+                + (", production leases" if args.production_leases else ""),
                 flush=True,
             )
             report = run(
