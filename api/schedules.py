@@ -11,7 +11,8 @@ because every tick posts it with the declarer's rights.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from flask import Blueprint, request
@@ -99,6 +100,19 @@ def _require_may_post(spec: Spec, organization_id: str) -> None:
 
 def _missing(exc: service.ScheduleNotFound) -> ApiError:
     return schedule_not_found()
+
+
+T = TypeVar("T")
+
+
+def _acting(schedule_id: str, act: Callable[[str], T]) -> T:
+    """``act`` on the schedule this caller knows as ``schedule_id``: the 404 when it is not theirs,
+    or when it went between the read and the act (deleted meanwhile)."""
+    s = visible_schedule(schedule_id)
+    try:
+        return act(s.id)
+    except service.ScheduleNotFound as exc:
+        raise _missing(exc) from None
 
 
 @blueprint.post("/schedules")
@@ -220,11 +234,7 @@ def update(scheduleId: str, body: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def delete(scheduleId: str) -> ResponseReturnValue:
-    s = visible_schedule(scheduleId)
-    try:
-        done = service.delete(state().queue, s.id)
-    except service.ScheduleNotFound as exc:
-        raise _missing(exc) from None
+    done = _acting(scheduleId, lambda key: service.delete(state().queue, key))
     return {"schedule": schedule_json(done)}
 
 
@@ -242,11 +252,7 @@ def delete(scheduleId: str) -> ResponseReturnValue:
     )
 )
 def pause(scheduleId: str, body: dict[str, Any]) -> ResponseReturnValue:
-    s = visible_schedule(scheduleId)
-    try:
-        done = service.pause(state().queue, s.id, body.get("reason"))
-    except service.ScheduleNotFound as exc:
-        raise _missing(exc) from None
+    done = _acting(scheduleId, lambda key: service.pause(state().queue, key, body.get("reason")))
     return {"schedule": schedule_json(done)}
 
 
@@ -265,11 +271,7 @@ def pause(scheduleId: str, body: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def resume(scheduleId: str, body: dict[str, Any]) -> ResponseReturnValue:
-    s = visible_schedule(scheduleId)
-    try:
-        done = service.resume(state().queue, s.id)
-    except service.ScheduleNotFound as exc:
-        raise _missing(exc) from None
+    done = _acting(scheduleId, lambda key: service.resume(state().queue, key))
     return {"schedule": schedule_json(done)}
 
 
@@ -288,11 +290,7 @@ def resume(scheduleId: str, body: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def trigger(scheduleId: str, body: dict[str, Any]) -> ResponseReturnValue:
-    s = visible_schedule(scheduleId)
-    try:
-        done = service.trigger(state().queue, s.id, body.get("overlap"))
-    except service.ScheduleNotFound as exc:
-        raise _missing(exc) from None
+    done = _acting(scheduleId, lambda key: service.trigger(state().queue, key, body.get("overlap")))
     job = job_json(done.job) if done.job is not None else None
     return {"outcome": done.outcome, "job": job, "schedule": schedule_json(done.schedule)}, 202
 
@@ -311,11 +309,9 @@ def trigger(scheduleId: str, body: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def backfill(scheduleId: str, body: dict[str, Any]) -> ResponseReturnValue:
-    s = visible_schedule(scheduleId)
-    try:
-        done = service.backfill(state().queue, s.id, body["startAt"], body["endAt"])
-    except service.ScheduleNotFound as exc:
-        raise _missing(exc) from None
+    done = _acting(
+        scheduleId, lambda key: service.backfill(state().queue, key, body["startAt"], body["endAt"])
+    )
     return {
         "created": [job_json(j) for j in done.created],
         "existing": [j.client_id for j in done.existing],
