@@ -4,15 +4,16 @@
     python -m bench.deploy_soak --long-jobs 30 --long 5,20 --rounds 2 --interval 20   # a brief run
     make deploy-soak                                    # the first line
 
-It starts web, driver, two chat workers, codex, control and beat (the e2e harness, ``tests/support``)
-on a fresh database with the **production** lease defaults (so nothing recovers through lease expiry
-within the run) and a ``RECEIPT_SHUTDOWN_GRACE_MS`` under the platform grace. Load: ``--long-jobs``
-sleeping jobs of ``--long`` seconds, a stream of short ones, a few ``codex`` commands,
-``--objectives`` objectives (a chain of three tasks of ``--long`` seconds each, driven by the control
-worker, which is deployed too), and one follower (``Client.follow``) on a job that lives through
-every deploy. Each deploy SIGTERMs every worker, the driver and beat (the last round every process,
-the web and the commands included, as Heroku does), SIGKILLs whatever is left after
-``--platform-grace`` seconds, then starts the new processes. Then it waits for every job to end and reports:
+It starts web, driver, two chat workers, codex, control and beat (the process harness,
+``devharness``) on a fresh database with the **production** lease defaults (so nothing recovers
+through lease expiry within the run) and a ``RECEIPT_SHUTDOWN_GRACE_MS`` under the platform grace.
+Load: ``--long-jobs`` sleeping jobs of ``--long`` seconds, arriving evenly over the deploys' span, a
+stream of short ones, a few ``codex`` commands, ``--objectives`` objectives (a chain of three tasks
+of ``--long`` seconds each, driven by the control worker, which is deployed too), and one follower
+(``Client.follow``) on a job that lives through every deploy. Each deploy SIGTERMs every worker, the
+driver and beat (the last round every process, the web and the commands included, as Heroku does),
+SIGKILLs whatever is left after ``--platform-grace`` seconds, then starts the new processes. Then it
+waits for every job to end and reports:
 
 - jobs not completed (every job here completes without deploys), and objectives not completed;
 - attempts charged to a deploy (``job.failed`` or ``job.lease_expired`` on a soak job) — target 0;
@@ -296,14 +297,27 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
             prefix = f"ds-{uuid.uuid4().hex[:6]}-"
             key_prefix = qualify(ORG, prefix)
             lo, hi = args.long
-            for n in range(args.long_jobs):
-                _post(
-                    stack,
-                    handlers.SLEEP,
-                    f"{prefix}long-{n:04d}",
-                    {"kind": "factory.run", "seconds": rng.uniform(lo, hi)},
-                    max_attempts=1,
-                )
+            # The long jobs arrive evenly over the deploys' span (the first at once), so every deploy
+            # finds a share of them running, whatever their length.
+            span = args.rounds * args.interval
+            durations = [rng.uniform(lo, hi) for _ in range(args.long_jobs)]
+            began = time.monotonic()
+
+            def long_stream() -> None:
+                for n, seconds in enumerate(durations):
+                    wait = began + n * span / max(1, args.long_jobs) - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                    _post(
+                        stack,
+                        handlers.SLEEP,
+                        f"{prefix}long-{n:04d}",
+                        {"kind": "factory.run", "seconds": seconds},
+                        max_attempts=1,
+                    )
+
+            long_poster = threading.Thread(target=long_stream, daemon=True)
+            long_poster.start()
             for n in range(args.commands):
                 _post(
                     stack,
@@ -361,6 +375,7 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
                 report.platform_kills += len(d.killed)
             stop.set()
             poster.join(30)
+            long_poster.join(120)
             gate.touch()
             deadline = time.monotonic() + args.settle
             while time.monotonic() < deadline:
