@@ -9,7 +9,7 @@ each is deployed afresh — a new database (created and dropped here) and, where
 its own private redis-server on a free port — and only one system runs at a time:
 
 * **Receipt, Python enqueue** — the real processes (gunicorn, a ``driver``, a ``worker-chat`` with
-  the ``noop`` agent of ``bench.handlers``, execute concurrency 8); the producer calls
+  the ``noop`` agent of ``devharness.handlers``, execute concurrency 8); the producer calls
   ``Queue.enqueue`` in-process with the API's own wake-up publisher (``api.wake.default_waker``).
 * **Receipt, HTTP enqueue** — the same deployment (started again); the producer posts ``/agents/noop/jobs`` to
   gunicorn (its default two gevent workers) over keep-alive connections.

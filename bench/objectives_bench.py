@@ -4,7 +4,7 @@
 
 A fresh Postgres database, migrated; real processes on Redis with **default settings** —
 gunicorn (the API), ``driver``, ``worker-chat`` (tasks run the ``noop`` agent of
-``bench.handlers``), ``worker-control`` (objective control) and beat. Objectives are launched
+``devharness.handlers``), ``worker-control`` (objective control) and beat. Objectives are launched
 over HTTP; every figure comes from receipt times (the database clock) or /proc.
 
 (1) Fan-out: ``--fanout`` (default 999) independent tasks and one task depending on all of them —
@@ -107,7 +107,7 @@ def main() -> int:
             DATABASE_URL=db_url,
             REDIS_URL=redis_url,
             RECEIPT_HOME=home,
-            RECEIPT_HANDLER_MODULES="bench.handlers",
+            RECEIPT_HANDLER_MODULES="devharness.handlers",
         )
         py = sys.executable
         try:

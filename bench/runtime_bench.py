@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.runtime_bench [--jobs 1000] [--clients 4] [--idle 50]
 
 (A) Receipt: a fresh Postgres database, migrated; real processes — gunicorn (the API), a
-``driver`` and a ``worker-chat`` (``RECEIPT_HANDLER_MODULES=bench.handlers``: agent ``noop``
+``driver`` and a ``worker-chat`` (``RECEIPT_HANDLER_MODULES=devharness.handlers``: agent ``noop``
 returns ``{}``) on Redis. A load generator in a second process posts N jobs over HTTP from a few
 keep-alive clients; the run ends when every job is ``completed`` (polled in the jobs table).
 Latency per job is ``job.enqueued`` -> ``job.completed``, both receipt times (database clock).
@@ -115,7 +115,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, procs: H
 
 def child_env(**extra: str) -> dict[str, str]:
     """A benchmark process's environment: the harness's, without the benchmark's own variables."""
-    env = {k: v for k, v in base_env(handlers="bench.handlers").items() if not k.startswith("BENCH_")}
+    env = {k: v for k, v in base_env(handlers="devharness.handlers").items() if not k.startswith("BENCH_")}
     env.update(extra)
     return env
 
@@ -589,8 +589,8 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
     from app.jobs.validation import validate_enqueue
     from app.storage.db import make_engine
     from app.storage.migrate import upgrade
-    from bench import handlers
     from delivery.client import DeliveryClient
+    from devharness import handlers
     from tasks import dispatch, execute
     from tasks.callbacks import Callbacks
     from tasks.celery_app import make_celery

@@ -199,7 +199,7 @@ class Receipt(System):
             harness,
             db.url,
             home / f"receipt-{db.name}",
-            RECEIPT_HANDLER_MODULES="bench.handlers",
+            RECEIPT_HANDLER_MODULES="devharness.handlers",
             RECEIPT_RESONATE_EXECUTE_CONCURRENCY="8",
             # A throughput bench posts faster than the default per-organisation write limit allows.
             RECEIPT_RATE_LIMIT_WRITES="1000000/minute",

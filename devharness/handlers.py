@@ -29,6 +29,8 @@ COMMANDS = "e2e-commands"
 FAIL = "e2e-fail"
 TASK = "e2e-task"
 LEAKY = "e2e-leaky"
+# The benchmarks' agent: it returns at once, so a bench measures the delivery path and nothing else.
+NOOP = "noop"
 
 POLL_S = 0.05
 log = logging.getLogger("devharness.handlers")
@@ -36,6 +38,10 @@ log = logging.getLogger("devharness.handlers")
 
 def _who(ctx: JobContext) -> dict[str, Any]:
     return {"pid": os.getpid(), "attempt": ctx.attempt, "workerId": ctx.worker_id}
+
+
+def noop(ctx: JobContext) -> Any:
+    return {}
 
 
 def echo(ctx: JobContext) -> Any:
@@ -133,3 +139,4 @@ def register(registry: HandlerRegistry) -> None:
     registry.register(FAIL, fail)
     registry.register(TASK, task)
     registry.register(LEAKY, leaky)
+    registry.register(NOOP, noop)
