@@ -45,7 +45,9 @@ from typing import Any
 from celery import Celery
 
 from app.composition import queue_for
+from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import job_stream
+from app.storage.queue import EnqueueResult, Queue
 from devharness.databases import new_database
 from devharness.processes import Harness, base_env
 from devharness.waiting import free_port, wait_for
@@ -639,10 +641,11 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
                 deltas[name]["messages"] = len(sent) - messages
 
             for i in range(PROFILE_JOBS):
-                job_id = f"profile-{i}"
-                req = validate_enqueue(AGENT, job_body(job_id))
+                req = validate_enqueue(AGENT, job_body(f"profile-{i}"))
                 sent.clear()
-                step(names[0], functools.partial(queue.enqueue, req))
+                made: list[EnqueueResult] = []
+                step(names[0], functools.partial(_enqueue_into, queue, req, made))
+                job_id = made[0].job.id  # the organisation-qualified key the driver and worker use
                 step(names[1], functools.partial(dispatch.dispatch_jobs, rt, [job_id]))
                 # The wake-up's scan drives in-process: the worker message is its only send.
                 _, fence, key, generation = next(a for n, a in sent if n == EXECUTE_TASK)
@@ -650,6 +653,10 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
             return [(n, {**deltas[n], "cpu_ms": statistics.median(cpu[n])}) for n in names]
         finally:
             engine.dispose()
+
+
+def _enqueue_into(queue: Queue, req: EnqueueRequest, made: list[EnqueueResult]) -> None:
+    made.append(queue.enqueue(req))
 
 
 # -- main ---------------------------------------------------------------------------------------------
