@@ -184,6 +184,8 @@ def test_the_retry_backoff_after_a_release_counts_charged_attempts(queue: Queue,
     failed = receipts_of(engine, job.id)[-1]
     assert failed.type == "job.failed"
     assert failed.body["retryAt"] is not None
-    waited = parse_iso(failed.body["retryAt"]) - parse_iso(failed.at)
+    retry_at, failed_at = parse_iso(failed.body["retryAt"]), parse_iso(failed.at)
+    assert retry_at is not None and failed_at is not None
+    waited = retry_at - failed_at
     # The first charged attempt's delay (60 s), not the second's (120 s).
     assert timedelta(seconds=55) < waited < timedelta(seconds=65), waited
