@@ -45,6 +45,7 @@ from typing import Any
 from celery import Celery
 
 from app.composition import queue_for
+from app.jobs.ids import qualify
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import job_stream
 from app.storage.queue import EnqueueResult, Queue
@@ -325,7 +326,8 @@ def count_status(engine: Any, prefix: str) -> dict[str, int]:
 
     with engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT status, count(*) FROM jobs WHERE id LIKE :p GROUP BY status"), {"p": f"{prefix}%"}
+            text("SELECT status, count(*) FROM jobs WHERE id LIKE :p GROUP BY status"),
+            {"p": f"{prefix}%"},
         ).all()
     return {str(s): int(n) for s, n in rows}
 
@@ -390,7 +392,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
             for i in range(args.warmup):
                 post(f"warm-{i:04d}")
             wait_until(
-                lambda: count_status(engine, "warm-").get("completed", 0) == args.warmup,
+                lambda: count_status(engine, qualify(ORG, "warm-")).get("completed", 0) == args.warmup,
                 60,
                 "the warm-up jobs",
                 procs,
@@ -439,7 +441,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
                 raise RuntimeError(f"{sent['errorCount']} enqueues failed, e.g. {sent['errors']}")
 
             def all_done() -> bool:
-                counts = count_status(engine, "load-")
+                counts = count_status(engine, qualify(ORG, "load-"))
                 bad = {k: v for k, v in counts.items() if k in ("failed", "canceled")}
                 if bad:
                     raise RuntimeError(f"jobs ended badly: {counts}")
@@ -448,7 +450,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
             wait_until(all_done, 300, f"{args.jobs} jobs to complete", procs)
             done_wall = time.time()
             cpu = meter.stop()
-            lat = latencies_ms(engine, "load-")
+            lat = latencies_ms(engine, qualify(ORG, "load-"))
             from sqlalchemy import text
 
             with engine.connect() as conn:
@@ -469,7 +471,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
                 post(job_id)
                 done = functools.partial(_is_completed, engine, job_id)
                 wait_until(done, 30, f"idle job {job_id}", procs)
-            idle = latencies_ms(engine, "idle-")
+            idle = latencies_ms(engine, qualify(ORG, "idle-"))
             return ReceiptFigures(
                 throughput=args.jobs / (done_wall - sent["start"]),
                 db_span_throughput=args.jobs / span_s,
@@ -478,8 +480,8 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
                 p99_ms=percentile(lat, 99),
                 idle_p50_ms=statistics.median(idle),
                 idle_p99_ms=percentile(idle, 99),
-                load_segments=segments_ms(engine, "load-"),
-                idle_segments=segments_ms(engine, "idle-"),
+                load_segments=segments_ms(engine, qualify(ORG, "load-")),
+                idle_segments=segments_ms(engine, qualify(ORG, "idle-")),
                 cpu_ms_per_job={k: v * 1000 / args.jobs for k, v in cpu.items()},
             )
         finally:
