@@ -460,8 +460,9 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
                             "SELECT EXTRACT(EPOCH FROM (max(c.at) - min(e.at))) FROM receipts e JOIN "
                             "receipts c "
                             "ON c.stream = e.stream AND c.type = 'job.completed' "
-                            "WHERE e.type = 'job.enqueued' AND e.stream LIKE 'jobs/load-%'"
-                        )
+                            "WHERE e.type = 'job.enqueued' AND e.stream LIKE :p"
+                        ),
+                        {"p": job_stream(f"{qualify(ORG, 'load-')}%")},
                     ).scalar_one()
                 )
 
