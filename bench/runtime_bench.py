@@ -470,7 +470,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
             for i in range(args.idle):
                 job_id = f"idle-{i:04d}"
                 post(job_id)
-                done = functools.partial(_is_completed, engine, job_id)
+                done = functools.partial(_is_completed, engine, qualify(ORG, job_id))
                 wait_until(done, 30, f"idle job {job_id}", procs)
             idle = latencies_ms(engine, qualify(ORG, "idle-"))
             return ReceiptFigures(
