@@ -118,6 +118,11 @@ def task(ctx: JobContext) -> Any:
     return {"task": ctx.payload.get("taskId"), "inputs": ctx.payload.get("inputs", {}), **_who(ctx)}
 
 
+def failing_task(ctx: JobContext) -> Any:
+    """An objective's task that always fails, for good (the in-process Factory tests' ``test-fail``)."""
+    raise HandlerError(f"task {ctx.payload.get('taskId')} failed on purpose", retryable=False)
+
+
 def leaky(ctx: JobContext) -> Any:
     """Logs, then fails quoting, every secret and URL setting this worker holds: the careless
     handler that redaction exists for. ``raise`` picks the path: ``handler`` (a HandlerError) or

@@ -7,7 +7,6 @@ queued — the same receipts a deployment writes, without Celery.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from sqlalchemy import select
@@ -15,7 +14,7 @@ from sqlalchemy import select
 from app.config import Settings
 from app.storage.db import jobs
 from app.storage.queue import Queue
-from workers.handler import HandlerError, JobContext
+from devharness import handlers
 from workers.registry import HandlerRegistry, default_registry
 from workers.runner import run_attempt
 
@@ -24,18 +23,10 @@ FAIL = "test-fail"
 HOLD = "test-hold"
 
 
-def echo(ctx: JobContext) -> Any:
-    """Completes with its task id and the inputs it received."""
-    return {"task": ctx.payload.get("taskId"), "inputs": ctx.payload.get("inputs", {}), "pid": os.getpid()}
-
-
-def fail(ctx: JobContext) -> Any:
-    raise HandlerError(f"task {ctx.payload.get('taskId')} failed on purpose", retryable=False)
-
-
 def register(registry: HandlerRegistry) -> None:
-    registry.register(ECHO, echo)
-    registry.register(FAIL, fail)
+    # The harness's task handlers under the agent ids these tests' plans name.
+    registry.register(ECHO, handlers.task)
+    registry.register(FAIL, handlers.failing_task)
 
 
 def registry() -> HandlerRegistry:
