@@ -71,6 +71,18 @@ class Identity:
 ANONYMOUS = Identity(organization_id=None, system=False, token_id=None, any_organization=True)
 
 
+def listing_scope(requested: str | None) -> dict[str, Any]:
+    """Which organisations a list answers for: the one ``?organizationId=`` names (403 unless this
+    caller may act for it), every one for a caller of all organisations who names none, or the
+    caller's own."""
+    identity = current()
+    if requested is not None and not identity.may_act_for(requested):
+        raise forbidden("organizationId is not the organisation of this token")
+    if identity.all_organizations:
+        return {"organization_id": requested, "all_organizations": requested is None}
+    return {"organization_id": identity.organization_id, "all_organizations": False}
+
+
 def _unauthorized(code: str, message: str) -> ApiError:
     challenge = _CHALLENGE if code == UNAUTHORIZED else f'{_CHALLENGE}, error="invalid_token"'
     return ApiError(401, code, message, headers={"WWW-Authenticate": challenge})

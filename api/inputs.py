@@ -22,6 +22,7 @@ from api.context import state
 from api.errors import INVALID_JSON, PAYLOAD_TOO_LARGE, ApiError
 from api.schemas import Schema
 from app.jobs.errors import ValidationError
+from app.storage.queue import decode_cursor
 
 _INTEGER = re.compile(r"-?[0-9]{1,30}")
 
@@ -149,6 +150,14 @@ def read_body(schema: Schema, *, required: bool = True) -> Any:
 
 
 # -- query and path ---------------------------------------------------------------------------
+
+
+def checked_cursor(cursor: str | None) -> str | None:
+    """A list's ``cursor`` as given, once it decodes and its id passes the parameter text rules."""
+    if cursor is not None:
+        _, last_id = decode_cursor(cursor)
+        jsonbody.check_param(last_id, "cursor")
+    return cursor
 
 
 def read_query(schema: Schema, args: Mapping[str, str] | None = None) -> dict[str, Any]:

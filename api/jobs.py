@@ -14,10 +14,9 @@ from typing import Any
 from flask import Blueprint
 from flask.typing import ResponseReturnValue
 
-from api import auth, limits, schemas
+from api import auth, inputs, limits, schemas
 from api.context import state
 from api.errors import ApiError, archived, forbidden, job_not_found
-from api.jsonbody import check_param
 from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
 from app.factory import service
@@ -25,7 +24,7 @@ from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
 from app.storage.db import parse_iso
-from app.storage.queue import Archived, decode_cursor, encode_cursor, validate_status_filter
+from app.storage.queue import Archived, encode_cursor, validate_status_filter
 
 blueprint = Blueprint("jobs", __name__)
 
@@ -179,20 +178,9 @@ def get_job(jobId: str) -> ResponseReturnValue:
     )
 )
 def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
-    identity = auth.current()
-    org = query.get("organizationId")
-    if org is not None and not identity.may_act_for(org):
-        raise forbidden("organizationId is not the organisation of this token")
+    scope = auth.listing_scope(query.get("organizationId"))
     validate_status_filter(query.get("status"))
-    cursor = query.get("cursor")
-    if cursor is not None:
-        _, last_id = decode_cursor(cursor)
-        check_param(last_id, "cursor")
-    scope: dict[str, Any]
-    if identity.all_organizations:
-        scope = {"organization_id": org, "all_organizations": org is None}
-    else:
-        scope = {"organization_id": identity.organization_id}
+    cursor = inputs.checked_cursor(query.get("cursor"))
     page = state().queue.list_jobs(
         **scope,
         status=query.get("status"),

@@ -17,11 +17,10 @@ from flask import Blueprint, request
 from flask.typing import ResponseReturnValue
 from sqlalchemy.engine import Engine
 
-from api import auth, schemas, sse
+from api import auth, inputs, schemas, sse
 from api.context import read_connection, state
 from api.errors import ApiError, archived, forbidden
 from api.following import held_stream, resume_point, sse_timing
-from api.jsonbody import check_param
 from api.objective_view import ObjectiveView, objective_json, overlaid_jobs
 from api.objective_view import task_json as task_json
 from api.openapi import Operation, operation
@@ -37,7 +36,6 @@ from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.vocab import job_id_of, job_stream
 from app.storage import store
-from app.storage.queue import decode_cursor
 
 log = logging.getLogger("receipt.api")
 blueprint = Blueprint("objectives", __name__)
@@ -162,18 +160,8 @@ def get_objective(objectiveId: str) -> ResponseReturnValue:
     )
 )
 def list_objectives(query: dict[str, Any]) -> ResponseReturnValue:
-    identity = auth.current()
-    org = query.get("organizationId")
-    if org is not None and not identity.may_act_for(org):
-        raise forbidden("organizationId is not the organisation of this token")
-    cursor = query.get("cursor")
-    if cursor is not None:
-        _, last_id = decode_cursor(cursor)
-        check_param(last_id, "cursor")
-    if identity.system:
-        scope: dict[str, Any] = {"organization_id": org, "all_organizations": org is None}
-    else:
-        scope = {"organization_id": identity.organization_id, "all_organizations": False}
+    scope = auth.listing_scope(query.get("organizationId"))
+    cursor = inputs.checked_cursor(query.get("cursor"))
     engine = state().engine
     with read_connection(engine) as conn:
         page = storage.list_page(

@@ -18,11 +18,10 @@ from urllib.parse import urlencode
 from flask import Blueprint, request
 from flask.typing import ResponseReturnValue
 
-from api import auth, schemas
+from api import auth, inputs, schemas
 from api.context import read_connection, state
 from api.errors import ApiError, forbidden
 from api.jobs import require_own_objective
-from api.jsonbody import check_param
 from api.openapi import Operation, operation
 from api.present import job_json
 from api.schemas import schedules as schedule_schemas
@@ -31,7 +30,6 @@ from app.jobs.times import iso
 from app.schedules import service, storage
 from app.schedules.reducer import Schedule
 from app.schedules.spec import Spec, validate_create
-from app.storage.queue import decode_cursor
 
 blueprint = Blueprint("schedules", __name__)
 
@@ -158,18 +156,8 @@ def create(body: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def list_schedules(query: dict[str, Any]) -> ResponseReturnValue:
-    identity = auth.current()
-    org = query.get("organizationId")
-    if org is not None and not identity.may_act_for(org):
-        raise forbidden("organizationId is not the organisation of this token")
-    cursor = query.get("cursor")
-    if cursor is not None:
-        _, last_id = decode_cursor(cursor)
-        check_param(last_id, "cursor")
-    if identity.all_organizations:
-        scope: dict[str, Any] = {"organization_id": org, "all_organizations": org is None}
-    else:
-        scope = {"organization_id": identity.organization_id, "all_organizations": False}
+    scope = auth.listing_scope(query.get("organizationId"))
+    cursor = inputs.checked_cursor(query.get("cursor"))
     with read_connection(state().engine) as conn:
         page = storage.list_page(
             conn, **scope, status=query.get("status"), limit=query["limit"], cursor=cursor
