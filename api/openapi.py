@@ -76,6 +76,12 @@ class Operation:
 
     def effective_query(self) -> Schema | None:
         """The query schema the route validates and documents (a scoped route adds organizationId)."""
+        return self._effective_query
+
+    @functools.cached_property
+    def _effective_query(self) -> Schema | None:
+        # Built once per route: the validators are compiled and kept per schema object, so a new
+        # dict per request would compile (and keep) a validator per request.
         return schemas.scoped_query(self.query) if self.scoped else self.query
 
     def error_statuses(self) -> list[int]:
