@@ -92,6 +92,14 @@ def test_sigkill_of_the_worker_mid_job_reruns_it_once_on_a_new_process(stack: St
 def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: Path) -> None:
     # Two chat workers, one job slot each: a busy worker does not fetch, so a frozen one cannot
     # swallow the rerun's message.
+    # Process liveness is another fence: a thawed worker whose renewals lapsed fences itself, and may
+    # do so before its handler settles. Renewals every 5 minutes keep that layer out of the way here
+    # (tests/e2e/test_worker_liveness.py covers it), so the settlement meets the attempt fence.
+    stack.env_overrides.update(
+        RECEIPT_WORKER_LIVENESS_INTERVAL_MS="300000",
+        RECEIPT_WORKER_SELF_FENCE_MS="600000",
+        RECEIPT_WORKER_DEAD_AFTER_MS="602000",
+    )
     stack.start("web", "driver", "beat")
     workers = [
         stack.start_worker("worker-chat", name, wait=False, RECEIPT_RESONATE_EXECUTE_CONCURRENCY="1")
