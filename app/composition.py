@@ -40,6 +40,7 @@ def queue_for(
     control_fast_path: bool = True,
     on_applied: Callable[[Sequence[Change]], None] | None = None,
     ledger_in_background: bool = False,
+    group_commit_max: int = 1,
 ) -> Queue:
     """A queue with every hook: ``on_dispatchable`` wakes delivery after a commit; the control
     fast path is off only in tests of the outbox redrive; long-lived processes write ledger rows
@@ -56,7 +57,9 @@ def queue_for(
         hooks.insert(2, Observer(on_applied))
     if on_dispatchable is not None:
         hooks.insert(2, DispatchWake(on_dispatchable))
-    return Queue(engine, hooks=hooks, max_commands_per_job=max_commands_per_job)
+    return Queue(
+        engine, hooks=hooks, max_commands_per_job=max_commands_per_job, group_commit_max=group_commit_max
+    )
 
 
 def build_queue(
@@ -64,9 +67,12 @@ def build_queue(
     *,
     engine: Engine | None = None,
     on_dispatchable: Callable[[Sequence[Job]], None] | None = None,
+    group_commit: bool = False,
 ) -> Queue:
     """The queue of a long-lived process: its settings, metrics, and ledger rows written in the
-    background. ``on_dispatchable`` is how this process wakes the dispatch scanner after a commit."""
+    background. ``on_dispatchable`` is how this process wakes the dispatch scanner after a commit.
+    ``group_commit``: the process runs many transitions at once on threads (a Celery worker), so
+    they share commits (``RECEIPT_GROUP_COMMIT_MAX``)."""
     return queue_for(
         engine if engine is not None else engine_for(settings),
         on_dispatchable=on_dispatchable,
@@ -74,4 +80,5 @@ def build_queue(
         callback_targets=settings.callback_targets,
         on_applied=metrics.observe,
         ledger_in_background=True,
+        group_commit_max=settings.group_commit_max if group_commit else 1,
     )

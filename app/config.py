@@ -627,6 +627,14 @@ class Settings:
         "Queue commands one job may hold (steer, follow_up, abort); past it: 409 `too_many_commands`.",
         _int,
     )
+    group_commit_max: int = setting(
+        "RECEIPT_GROUP_COMMIT_MAX",
+        "64",
+        "Worker and driver processes: job transitions (heartbeats, progress, settlements) that arrive "
+        "while another commits share the next commit, this many at most; one arriving alone commits "
+        "at once. `1` commits each alone.",
+        _int,
+    )
     batch_max: int = setting(
         "RECEIPT_BATCH_MAX",
         "1000",

@@ -61,7 +61,7 @@ def get_runtime(app: Celery) -> Runtime:
             settings: Settings = app.receipt_settings
             engine = engine_for(settings)
             client = DeliveryClient.through(app, settings)
-            queue = build_queue(settings, engine=engine, on_dispatchable=client.wake)
+            queue = build_queue(settings, engine=engine, on_dispatchable=client.wake, group_commit=True)
             registry = default_registry(settings.handler_modules.split(","))
             rt = Runtime(
                 settings, app, engine, queue, registry, Callbacks(settings), client, probe_for(settings)

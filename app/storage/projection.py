@@ -128,6 +128,30 @@ def load_jobs_at_clock(conn: Connection, job_ids: Sequence[str]) -> tuple[list[J
     return [Job.from_json(state) for _now, state in rows if state is not None], as_utc(rows[0][0])
 
 
+# The same read with each row's stream head, for appending after every one of them (a group commit).
+_LOAD_HEADS_AT_CLOCK = Direct(
+    _AT_CLOCK.select_from(
+        _ONE.outerjoin(jobs, jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(String))))
+    ).order_by(jobs.c.id)
+)
+
+
+def load_many_at_clock(conn: Connection, job_ids: Sequence[str]) -> tuple[dict[str, Loaded], datetime]:
+    """The jobs among ``job_ids`` that exist, each with its stream head, and the database clock,
+    read together (PostgreSQL: one statement): what a transaction deciding for several jobs at once
+    appends after."""
+    if is_sqlite(conn) or not job_ids:
+        found = {job_id: load(conn, job_id) for job_id in job_ids}
+        return {k: v for k, v in found.items() if v is not None}, db_now(conn)
+    rows = _LOAD_HEADS_AT_CLOCK.rows(conn, {"job_ids": list(dict.fromkeys(job_ids))})
+    heads = {}
+    for _now, state, last_hash, changed_at in rows:
+        if state is not None:
+            job = Job.from_json(state)
+            heads[job.id] = Loaded(job, last_hash, as_utc(changed_at))
+    return heads, as_utc(rows[0][0])
+
+
 def load_in(conn: Connection, key: str, organization_id: str, bare: str | None) -> Loaded | None:
     """The job with ``key``, or else the organisation's bare-keyed job ``bare`` (see ``legacy_owned``)."""
     if bare is None:

@@ -59,10 +59,13 @@ from app.storage.db import (
     transaction,
 )
 from app.storage.direct import DIRECT_DRIVER, Direct
+from app.storage.group_commit import GroupCommit
 from app.storage.hooks import Change, Companion, Hook, Write, run_after
 from app.storage.retry import optimistic
 
 H = TypeVar("H", bound=Hook)
+# A transition's decision: the receipts to append, from the job as read and the database clock.
+Decide = Callable[[Job, datetime], Sequence[Event]]
 T = TypeVar("T")
 
 log = logging.getLogger("receipt.queue")
@@ -169,10 +172,14 @@ class Queue:
         *,
         hooks: Sequence[Hook] = (),
         max_commands_per_job: int = MAX_COMMANDS_PER_JOB_DEFAULT,
+        group_commit_max: int = 1,
     ) -> None:
         """``hooks``: the effects a transition causes beyond its own receipts (``app/storage/hooks.py``),
-        composed at one root (``app/composition.py``). Without any, this is a bare job queue."""
+        composed at one root (``app/composition.py``). Without any, this is a bare job queue.
+        ``group_commit_max`` above 1: concurrent ``mutate`` calls share commits, that many at most
+        (``GroupCommit``)."""
         self.engine = engine
+        self._group = GroupCommit(self, group_commit_max) if group_commit_max > 1 else None
         # PostgreSQL (the direct path): a single-job transition is one autocommitted statement.
         self._one_statement = engine.dialect.driver == DIRECT_DRIVER
         self.max_commands_per_job = max_commands_per_job
@@ -211,6 +218,13 @@ class Queue:
     def _apply(self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]) -> Job:
         """Append ``events`` to ``jobs/<job_id>`` after ``loaded``, write the projection, and what the
         hooks' in-transaction halves add."""
+        return self._apply_head(tx, loaded, job_id, events).job
+
+    def _apply_head(
+        self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]
+    ) -> projection.Loaded:
+        """``_apply``, returning the stream's new head (what a later append in the same
+        transaction follows)."""
         state = loaded.job if loaded else None
         if not events:
             raise AppendConflict(f"{job_stream(job_id)}: nothing to apply")
@@ -240,14 +254,54 @@ class Queue:
         # The receipts, the projection row after them and the companion (the deliveries'
         # settlement): one statement on PostgreSQL.
         pair = (companion.statement, companion.params) if companion is not None else None
-        projection.append_and_save(tx.conn, state, previous=loaded, chained=chained, companion=pair)
+        head, _stored = projection.append_and_save(tx.conn, state, previous=loaded, chained=chained, companion=pair)
         for index, write in writes:
             tx.results.setdefault(index, []).append(write.run(tx.conn))
         tx.changes.append(change)
-        return state
+        return head
 
-    def mutate(self, job_id: str, decide: Callable[[Job, datetime], Sequence[Event]]) -> Outcome:
-        """Load a job, let ``decide`` choose receipts from its state, append them."""
+    def mutate(self, job_id: str, decide: Decide) -> Outcome:
+        """Load a job, let ``decide`` choose receipts from its state, append them.
+
+        With group commit on (a worker process), a call made while another commit is in flight
+        waits for it and then shares one transaction with the calls that queued beside it."""
+        if self._group is not None:
+            return self._group.mutate(job_id, decide)
+        return self.mutate_alone(job_id, decide)
+
+    def mutate_many(self, items: Sequence[tuple[str, Decide]]) -> list[Outcome | Exception]:
+        """Several ``mutate`` calls in one transaction and one commit, decided in order on one read of
+        their jobs and one clock; a job named twice is decided the second time on what the first
+        appended. Each item's answer is its ``Outcome``, or the exception its own decision raised
+        (``JobNotFound``, or ``decide`` raising), which writes nothing for it and spoils nothing
+        else. A write that fails rolls the whole transaction back and raises: no item took effect.
+        Losing an append race re-reads and re-decides every item."""
+
+        def work(tx: _Tx) -> list[Outcome | Exception]:
+            heads, tx._now = projection.load_many_at_clock(tx.conn, [job_id for job_id, _ in items])
+            answers: list[Outcome | Exception] = []
+            for job_id, decide in items:
+                loaded = heads.get(job_id)
+                if loaded is None:
+                    answers.append(JobNotFound(job_id))
+                    continue
+                try:
+                    events = decide(loaded.job, tx.now)
+                except Exception as exc:  # this item's own refusal: nothing written for it
+                    answers.append(exc)
+                    continue
+                if not events:
+                    answers.append(Outcome(loaded.job, False))
+                    continue
+                heads[job_id] = self._apply_head(tx, loaded, job_id, events)
+                answers.append(Outcome(heads[job_id].job, True))
+            return answers
+
+        result: list[Outcome | Exception] = self._run(work)
+        return result
+
+    def mutate_alone(self, job_id: str, decide: Decide) -> Outcome:
+        """``mutate`` in a transition of its own (never grouped)."""
 
         def work(tx: _Tx) -> Outcome:
             # One job decides: its row and the clock come in one round trip (projection.load_at_clock).
