@@ -41,6 +41,7 @@ def queue_for(
     on_applied: Callable[[Sequence[Change]], None] | None = None,
     ledger_in_background: bool = False,
     group_commit_max: int = 1,
+    observe_group_commit: Callable[[int], None] | None = None,
 ) -> Queue:
     """A queue with every hook: ``on_dispatchable`` wakes delivery after a commit; the control
     fast path is off only in tests of the outbox redrive; long-lived processes write ledger rows
@@ -58,7 +59,11 @@ def queue_for(
     if on_dispatchable is not None:
         hooks.insert(2, DispatchWake(on_dispatchable))
     return Queue(
-        engine, hooks=hooks, max_commands_per_job=max_commands_per_job, group_commit_max=group_commit_max
+        engine,
+        hooks=hooks,
+        max_commands_per_job=max_commands_per_job,
+        group_commit_max=group_commit_max,
+        observe_group_commit=observe_group_commit,
     )
 
 
@@ -81,4 +86,5 @@ def build_queue(
         on_applied=metrics.observe,
         ledger_in_background=True,
         group_commit_max=settings.group_commit_max if group_commit else 1,
+        observe_group_commit=metrics.observe_group_commit,
     )

@@ -96,7 +96,8 @@ def print_sizes(title: str, s: dict[str, int], per: int) -> None:
 
 
 def ratios(title: str, medians: dict[str, dict[str, float]]) -> float:
-    print(f"  hot queries {title}: median ms, large / small (target <= 2.0)")
+    columns = "median ms on the small, then the large database, and large / small"
+    print(f"  hot queries {title}: {columns} (target <= 2.0)")
     worst = 0.0
     for name in medians["small"]:
         s, lg = medians["small"][name], medians["large"][name]

@@ -352,6 +352,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
                 RECEIPT_HOME=str(home),
                 RECEIPT_RATE_LIMIT_WRITES="disabled",  # throughput, not the write limit, is measured
                 RECEIPT_RESONATE_EXECUTE_CONCURRENCY=str(args.concurrency),
+                **dict(setting.split("=", 1) for setting in args.setting),
             )
             py = sys.executable
             procs.start(
@@ -688,7 +689,17 @@ def main(argv: list[str] | None = None) -> int:
         default=8,
         help="threads of the Receipt driver and worker, and of the Celery worker",
     )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Receipt setting for every Receipt process (repeatable), e.g. RECEIPT_GROUP_COMMIT_MAX=1",
+    )
     args = parser.parse_args(argv)
+    bad = [s for s in args.setting if "=" not in s or not s.startswith("RECEIPT_")]
+    if bad:
+        parser.error(f"--setting takes RECEIPT_NAME=VALUE, got {bad}")
 
     if args.command == "loadgen":
         print(json.dumps(loadgen(args.url, args.token, args.jobs, args.clients, args.prefix)))

@@ -76,11 +76,15 @@ class Metrics:
     archived_streams: Counter
     archived_receipts: Counter
     archived_bytes: Counter
+    group_commit_writes: Histogram
 
 
 # A tick fires within a pass interval (1 s) normally; a catch-up after downtime is minutes late.
 LATENESS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600)
 SCHEDULE_OUTCOMES = ("fired", "missed", "skipped", "buffered")
+
+# A group commit carries 1 (idle) up to RECEIPT_GROUP_COMMIT_MAX (64 by default) transitions.
+GROUP_COMMIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 # How one attempt at a loop pass ended (``app.storage.loops.run_claimed``; ``failed``: it raised).
 LOOP_OUTCOMES = ("ran", "skipped", "lost", "failed")
@@ -174,6 +178,12 @@ def registry_metrics() -> Metrics:
                     "receipt_archived_bytes",
                     "Bytes of archive segments the archiving pass wrote (compressed).",
                 ),
+                group_commit_writes=Histogram(
+                    "receipt_group_commit_writes",
+                    "Job transitions each commit of this process's group commit carried (1: it "
+                    "committed alone, nothing else was waiting).",
+                    buckets=GROUP_COMMIT_BUCKETS,
+                ),
                 loop_passes=Counter(
                     "receipt_loop_passes",
                     "Recovery loop passes attempted in this process (beat's ticks and the local "
@@ -233,6 +243,11 @@ def observe(applied: Sequence[Change]) -> None:
                 m.run_time.labels(group, outcome).observe(max(0.0, (ended - started).total_seconds()))
         if job.terminal and (before is None or not before.terminal):
             m.settled.labels(job.status, group).inc()
+
+
+def observe_group_commit(writes: int) -> None:
+    """One commit of the group commit, and how many transitions it carried."""
+    registry_metrics().group_commit_writes.observe(writes)
 
 
 def observe_schedules(outcomes: Mapping[str, Mapping[str, int]], late_ms: Sequence[int]) -> None:

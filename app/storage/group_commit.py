@@ -2,16 +2,16 @@
 
 A worker runs many attempts at once, and each writes a heartbeat, progress or a settlement now and
 then. Alone, each is its own round trips and its own commit (a WAL flush). Here the writes that
-arrive while a commit is in flight wait for it, and the next commit carries them all: the
+arrive while commits are in flight wait, and the next commit carries them all: the
 leader/follower scheme of PostgreSQL's own group commit and of River's batch completer.
 
-- **Adaptive.** A write that finds no commit in flight is committed at once, alone, exactly as
-  without this module (one statement on PostgreSQL), so an idle process's latency does not grow.
-  Under load the batches grow by themselves: a batch is whatever queued during the previous commit,
-  up to ``max_items``.
-- **The leader is a caller.** No thread of its own: the first caller to find nobody committing
-  takes the queued writes (its own first) and commits them in its thread; the others wait for its
-  answer, then one of those still queued leads the next commit. Nothing to start or stop.
+- **Adaptive.** A write that finds a commit slot free (``COMMITS_IN_FLIGHT``) is committed at
+  once, alone, exactly as without this module (one statement on PostgreSQL), so an idle process's
+  latency does not grow. Under load the batches grow by themselves: a batch is whatever queued
+  while the slots were busy, up to ``max_items``.
+- **The leader is a caller.** No thread of its own: a caller that finds a free slot takes the
+  queued writes (its own first) and commits them in its thread; the others wait for their answer,
+  and one of those still queued leads the next commit. Nothing to start or stop.
 - **Every write keeps its own fence and receipts.** ``Queue.mutate_many`` decides each write on its
   own job as read, appends its own hash-chained receipts to its own stream, and answers each apart.
 - **A failed commit settles nobody.** The transaction rolls back whole: every write of the batch
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,13 @@ from app.storage.retry import is_transient
 
 if TYPE_CHECKING:
     from app.storage.queue import Decide, Outcome, Queue
+
+
+# Two commits may run at once, each on its own connection. With one, every write of the process
+# queued behind a single leader's round trips: on 2 cores (bench/group_commit_bench.py) that
+# cost 9 % of the transitions per second and added ~25 ms to the loaded p50 end to end, while two
+# keep the database busy on both connections and still cut the commits by more than half.
+COMMITS_IN_FLIGHT = 2
 
 
 class GroupCommitAbandoned(RuntimeError):
@@ -43,6 +51,7 @@ class _Write:
     decide: Decide
     outcome: Outcome | None = None
     error: BaseException | None = None
+    taken: bool = False  # in a commit's batch
     done: bool = False
 
     def answer(self) -> Outcome:
@@ -55,14 +64,27 @@ class _Write:
 class GroupCommit:
     """Coalesces one process's concurrent ``Queue.mutate`` calls into shared commits."""
 
-    def __init__(self, queue: Queue, max_items: int) -> None:
-        if max_items < 2:
-            raise ValueError(f"group commit needs max_items >= 2, got {max_items}")
+    def __init__(
+        self,
+        queue: Queue,
+        max_items: int,
+        observe: Callable[[int], None] | None = None,
+        *,
+        in_flight: int = COMMITS_IN_FLIGHT,
+    ) -> None:
+        """``observe`` is told how many writes each commit carried (metrics); ``in_flight`` commits
+        may run at once."""
+        if max_items < 2 or in_flight < 1:
+            raise ValueError(
+                f"group commit needs max_items >= 2 and in_flight >= 1, got {max_items}, {in_flight}"
+            )
+        self.in_flight = in_flight
         self._queue = queue
         self.max_items = max_items
+        self._observe = observe
         self._cond = threading.Condition()
         self._pending: deque[_Write] = deque()
-        self._committing = False
+        self._in_flight = 0  # commits running now
         self._leading = threading.local()
         # Read by tests and the bench: how many commits, and how many writes they carried.
         self.commits = 0
@@ -77,11 +99,11 @@ class GroupCommit:
         write = _Write(job_id, decide)
         with self._cond:
             self._pending.append(write)
-            while self._committing and not write.done:
+            while (write.taken or self._in_flight >= self.in_flight) and not write.done:
                 self._cond.wait()
             if write.done:
                 return write.answer()
-            self._committing = True
+            self._in_flight += 1
             batch = self._take(write)
         self._leading.active = True
         try:
@@ -93,7 +115,7 @@ class GroupCommit:
                     if not each.done:
                         each.error = GroupCommitAbandoned(f"the commit carrying {each.job_id} did not finish")
                         each.done = True
-                self._committing = False
+                self._in_flight -= 1
                 self._cond.notify_all()
         return write.answer()
 
@@ -103,12 +125,16 @@ class GroupCommit:
         batch = [own]
         while self._pending and len(batch) < self.max_items:
             batch.append(self._pending.popleft())
+        for write in batch:
+            write.taken = True
         self.commits += 1
         self.writes += len(batch)
         self.largest = max(self.largest, len(batch))
         return batch
 
     def _commit(self, batch: list[_Write]) -> None:
+        if self._observe is not None:
+            self._observe(len(batch))
         if len(batch) == 1:
             self._alone(batch[0])
             return

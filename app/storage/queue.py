@@ -173,13 +173,16 @@ class Queue:
         hooks: Sequence[Hook] = (),
         max_commands_per_job: int = MAX_COMMANDS_PER_JOB_DEFAULT,
         group_commit_max: int = 1,
+        observe_group_commit: Callable[[int], None] | None = None,
     ) -> None:
         """``hooks``: the effects a transition causes beyond its own receipts (``app/storage/hooks.py``),
         composed at one root (``app/composition.py``). Without any, this is a bare job queue.
         ``group_commit_max`` above 1: concurrent ``mutate`` calls share commits, that many at most
-        (``GroupCommit``)."""
+        (``GroupCommit``), each commit's size told to ``observe_group_commit``."""
         self.engine = engine
-        self._group = GroupCommit(self, group_commit_max) if group_commit_max > 1 else None
+        self._group = (
+            GroupCommit(self, group_commit_max, observe_group_commit) if group_commit_max > 1 else None
+        )
         # PostgreSQL (the direct path): a single-job transition is one autocommitted statement.
         self._one_statement = engine.dialect.driver == DIRECT_DRIVER
         self.max_commands_per_job = max_commands_per_job
@@ -254,7 +257,9 @@ class Queue:
         # The receipts, the projection row after them and the companion (the deliveries'
         # settlement): one statement on PostgreSQL.
         pair = (companion.statement, companion.params) if companion is not None else None
-        head, _stored = projection.append_and_save(tx.conn, state, previous=loaded, chained=chained, companion=pair)
+        head, _stored = projection.append_and_save(
+            tx.conn, state, previous=loaded, chained=chained, companion=pair
+        )
         for index, write in writes:
             tx.results.setdefault(index, []).append(write.run(tx.conn))
         tx.changes.append(change)

@@ -23,6 +23,7 @@ from app.jobs.validation import validate_enqueue
 from app.storage import delivery, projection, store
 from app.storage import queue as queue_module
 from app.storage.db import db_now, deliveries, transaction
+from app.storage.group_commit import GroupCommit
 from app.storage.hooks import Change, Hook, Write
 from app.storage.queue import Decide, Outcome, Queue
 from tests.support.waiting import wait_for
@@ -70,7 +71,7 @@ def types_of(engine: Engine, job_id: str) -> list[str]:
     with engine.connect() as conn:
         receipts = store.read_stream(conn, f"jobs/{job_id}")
         assert store.verify(conn, stream=f"jobs/{job_id}") == (len(receipts), None)
-        assert projection.load(conn, job_id).job == fold(receipts)  # type: ignore[union-attr]
+        assert projection.load(conn, job_id).job == fold(r.to_receipt() for r in receipts)  # type: ignore[union-attr]
     return [r.type for r in receipts]
 
 
@@ -173,8 +174,11 @@ def concurrent_settlements(
 
 
 def grouped_queue(engine: Engine, hook: Poison) -> Queue:
+    """Group commit with one commit in flight at a time, so every write behind the held one queues."""
     base = queue_for(engine)
-    return Queue(engine, hooks=(*base.hooks, hook), group_commit_max=64)
+    queue = Queue(engine, hooks=(*base.hooks, hook))
+    queue._group = GroupCommit(queue, 64, in_flight=1)
+    return queue
 
 
 def test_concurrent_settlements_queued_behind_a_commit_share_the_next(
