@@ -747,18 +747,19 @@ def report_bulk(args: argparse.Namespace, bulk: dict[BulkRow, list[BulkFigures]]
     med = {row.name: statistics.median(f.throughput for f in v) for row, v in bulk.items() if v}
     # The peer a bulk target is held against: the faster of its two ways of sending many jobs.
     peer = max((med[n] for n in ("procrastinate", "procrastinate-single") if n in med), default=None)
+    width = max(len(row.label) for row in bulk)
     print()
     print(
         f"Bulk, no-op jobs: {args.bulk} per row in batches of {args.bulk_size}, each of the "
         f"{args.clients} producer threads sending whole batches (rows sending one job at a time: "
         f"{args.clients} threads too), each row on a fresh deployment, {rounds} rounds alternated (medians)"
     )
-    print(f"  {'system':<40} {'jobs/s':>8} {'/Procr. best':>13}")
+    print(f"  {'system':<{width}} {'jobs/s':>8} {'/Procr. best':>13}")
     for row, v in bulk.items():
         if not v:
             continue
         vs_p = f"{med[row.name] / peer:13.2f}" if peer else f"{'-':>13}"
-        print(f"  {row.label:<40} {med[row.name]:8.1f} {vs_p}")
+        print(f"  {row.label:<{width}} {med[row.name]:8.1f} {vs_p}")
     print("  (/Procr. best: against the faster of Procrastinate's two rows; jobs/s per round:", end="")
     print(
         "; ".join(f" {row.name} " + "/".join(f"{f.throughput:.0f}" for f in v) for row, v in bulk.items())
@@ -776,7 +777,7 @@ def report_bulk(args: argparse.Namespace, bulk: dict[BulkRow, list[BulkFigures]]
             continue
         parts = {k: statistics.median(f.cpu_ms.get(k, 0.0) for f in v) for k in v[0].cpu_ms}
         print(
-            f"    {row.label:<40} "
+            f"    {row.label:<{width}} "
             + ", ".join(f"{k} {x:.2f}" for k, x in parts.items())
             + f"; total {sum(parts.values()):.2f}"
         )
