@@ -1,7 +1,9 @@
 """Receipt against Procrastinate and Celery, no-op jobs end to end, in one run.
 
     .venv/bin/python -m bench.compare [--jobs 1000] [--rounds 3] [--idle 50] [--count-jobs 200]
+                                      [--bulk [N]] [--bulk-size 500]
     .venv/bin/python -m bench.compare --quick        # small counts: proves it runs (~5 min)
+    .venv/bin/python -m bench.compare --bulk         # also the bulk phase: 10 000 jobs, batches of 500
 
 Needs the ``bench`` extra (``pip install -e '.[bench]'``; ``make bench`` does it), PostgreSQL on
 127.0.0.1:5432 (``BENCH_PG_ADMIN_URL``) and ``redis-server`` on PATH. Four systems; in every round
@@ -31,17 +33,33 @@ at a steady 50 % of that round's measured rate for ``--loaded-s`` seconds (loade
 systems take turns within a round, in a rotated order each round; the table shows the medians
 over the rounds.
 
+With ``--bulk [N]`` (``N`` 10 000 when not given; ``--quick``: 1 000), each round also has a bulk
+phase: every system with a bulk path of its own sends ``N`` jobs in calls of ``--bulk-size`` jobs
+(500; ``--quick``: 100), its ``--clients`` producer threads each sending whole batches flat out,
+and the round waits until all are done. The rows: Receipt's ``Queue.enqueue_many`` in-process
+(the same queue and wake-up publisher as its Python enqueue: the queue's after-commit hook wakes
+delivery once per batch, as the API's batch route does), Receipt's ``POST /jobs:batch`` over
+keep-alive connections (``--bulk-size`` at most ``RECEIPT_BATCH_MAX``, 1 000), Procrastinate's
+``batch_defer`` and — the same ``N`` jobs — its ``defer`` one at a time, and Celery's ``group`` of
+signatures (``apply_async``: one message per task, its normal bulk path). The floors have no bulk
+path and are left out. Each row runs on a fresh deployment of its own, the rows in a rotated order
+each round; the bulk table shows each row's median jobs/s (first enqueue → last completion, as
+below), its CPU ms per job by process, and the ratio of Receipt's HTTP bulk row to the faster of
+Procrastinate's two rows (the target: at least 1.5).
+
 Definitions (the same for everyone as far as each system records it):
 
 * jobs/s = jobs / (first enqueue → last completion), both from what the system stores: Receipt's
   ``job.enqueued`` / ``job.completed`` receipt times (database clock); Procrastinate's
   ``deferred`` / ``succeeded`` events (database ``now()``); for Celery, which stores no enqueue
-  time, the producer's clock before the first send → the latest ``date_done``.
+  time, the producer's clock before the first send → the latest ``date_done`` (in the bulk phase,
+  before the first batch's send: a batch's tasks all carry its send time).
 * latency = the same two times per job.
-* CPU ms per job = CPU time (``/proc``) of each process over the burst phase ÷ jobs. Process trees
-  count (gunicorn's workers, Celery's prefork children); the producer reports its own CPU over
-  its send loop; Postgres = the backends connected to that system's database (including the
-  producer's and this script's polling, both small).
+* CPU ms per job = CPU time (``/proc``) of each process over the burst phase (the bulk phase's
+  own, for the bulk table) ÷ jobs. Process trees count (gunicorn's workers, Celery's prefork
+  children); the producer reports its own CPU over its send loop; Postgres = the backends
+  connected to that system's database (including the producer's and this script's polling, both
+  small; the bulk phase polls every 0.25 s).
 * Statements, round trips and commits per job: ``pg_stat_statements`` is not loaded on the shared
   server (and ``shared_preload_libraries`` cannot change without a restart), so each system gets
   one more short deployment on a database with ``log_statement = 'all'`` (set on that database
@@ -77,7 +95,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
@@ -89,8 +107,17 @@ from devharness.waiting import wait_for
 
 POLL_S = 0.05
 IDLE_POLL_S = 0.002
+# A bulk batch's done count reads thousands of rows (Celery's: every task id it was sent): polled
+# less often, its own cost on the database stays small beside the system's.
+BULK_POLL_S = 0.25
+BULK_JOBS, BULK_SIZE = 10_000, 500
+QUICK_BULK_JOBS, QUICK_BULK_SIZE = 1000, 100
+# Receipt's HTTP bulk row at least this many times the faster of Procrastinate's two bulk rows.
+BULK_TARGET = 1.5
 DONE_TIMEOUT_S = 300.0
 STATS_FLUSH_S = 11.0  # PostgreSQL 15 flushes an idle backend's pending counters within 10 s
+
+T = TypeVar("T")
 
 
 # -- deployments ------------------------------------------------------------------------------------
@@ -176,6 +203,7 @@ def produce(
     *,
     clients: int = 1,
     rate: float = 0.0,
+    batch: int = 0,
     on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run the producer process; ``on_result`` runs while it is still alive (its backends too)."""
@@ -190,6 +218,7 @@ def produce(
         str(n),
         str(clients),
         str(rate),
+        str(batch),
     ]
     proc = subprocess.Popen(
         argv,
@@ -224,14 +253,20 @@ def produce(
             proc.wait(timeout=10)
 
 
-def producer_main(system: System, mode: str, prefix: str, n: int, clients: int, rate: float) -> None:
-    """Send ``n`` jobs: ``burst`` (``clients`` threads, flat out), ``rate`` (one thread, ``rate``/s),
-    ``idle`` (one at a time, each after the previous completed). Prints one JSON line, then waits
-    for stdin to close so the caller can sample its database backends."""
+def producer_main(
+    system: System, mode: str, prefix: str, n: int, clients: int, rate: float, batch: int
+) -> None:
+    """Send ``n`` jobs: ``burst`` (``clients`` threads, flat out), ``bulk`` (``clients`` threads,
+    flat out, each sending whole batches of ``batch`` jobs through the system's bulk path), ``rate``
+    (one thread, ``rate``/s), ``idle`` (one at a time, each after the previous completed). Prints
+    one JSON line, then waits for stdin to close so the caller can sample its database backends."""
     from app.storage.db import make_engine
 
     engine = make_engine(os.environ["BENCH_DB"], pool_size=16, prepared_statements=system.producer_prepared())
-    send, is_done = system.sender(engine, prefix)
+    if mode == "bulk":
+        send_many = system.bulk_sender(engine, prefix)
+    else:
+        send, is_done = system.sender(engine, prefix)
     ids = [f"{prefix}{i:06d}" for i in range(n)]
     sent: dict[str, float] = {}
     errors: list[str] = []
@@ -239,35 +274,51 @@ def producer_main(system: System, mode: str, prefix: str, n: int, clients: int, 
 
     retried = [0]
 
-    def one(job_id: str) -> str:
-        at = time.time()
-        for attempt in range(5):
+    def retrying(call: Callable[[], T]) -> T:
+        for _ in range(4):
             try:
-                key = send(job_id)
-                break
+                return call()
             except Exception as exc:
                 # The shared server's connection limit, reached by other work on the machine: a
                 # retry, counted and reported. Anything else fails the run.
-                if "too many clients" not in str(exc) or attempt == 4:
+                if "too many clients" not in str(exc):
                     raise
                 retried[0] += 1
                 time.sleep(0.5)
+        return call()
+
+    def one(job_id: str) -> str:
+        at = time.time()
+        key = retrying(lambda: send(job_id))
         with lock:
             sent[key] = at
         return key
 
+    def many(job_ids: list[str]) -> None:
+        at = time.time()
+        keys = retrying(lambda: send_many(job_ids))
+        with lock:
+            sent.update(dict.fromkeys(keys, at))
+
+    def single(job_ids: list[str]) -> None:
+        one(job_ids[0])
+
     cpu0 = time.process_time()
     start = time.time()
-    if mode == "burst":
+    if mode in ("burst", "bulk"):
+        if mode == "bulk":
+            units, send_unit = [ids[i : i + batch] for i in range(0, n, batch)], many
+        else:
+            units, send_unit = [[job_id] for job_id in ids], single
 
-        def client(share: list[str]) -> None:
-            for job_id in share:
+        def client(share: list[list[str]]) -> None:
+            for unit in share:
                 try:
-                    one(job_id)
+                    send_unit(unit)
                 except Exception as exc:  # reported, and the run fails
-                    errors.append(f"{job_id}: {exc!r}"[:300])
+                    errors.append(f"{unit[0]}: {exc!r}"[:300])
 
-        threads = [threading.Thread(target=client, args=(ids[i::clients],)) for i in range(clients)]
+        threads = [threading.Thread(target=client, args=(units[i::clients],)) for i in range(clients)]
         for t in threads:
             t.start()
         for t in threads:
@@ -312,25 +363,41 @@ class RoundFigures:
     cpu_ms: dict[str, float]
 
 
-def run_round(
-    dep: Deployment, system: System, tag: str, args: argparse.Namespace, harness: Harness
-) -> RoundFigures:
+def measure_burst(
+    dep: Deployment,
+    system: System,
+    prefix: str,
+    n: int,
+    args: argparse.Namespace,
+    harness: Harness,
+    *,
+    batch: int = 0,
+    interval: float = POLL_S,
+) -> tuple[float, dict[str, float]]:
+    """Send ``n`` jobs flat out from ``--clients`` threads (in batches of ``batch`` through the
+    system's bulk path, when given) and wait for them: (jobs/s, CPU ms per job by process)."""
     meter = CpuMeter(dep.cpu_groups)
     producer_cpu: dict[str, float] = {}
-    prefix = f"{tag}-b-"
 
     def finish(result: dict[str, Any]) -> None:
-        wait_done(dep, prefix, args.jobs, result, harness)
+        wait_done(dep, prefix, n, result, harness, interval=interval)
         producer_cpu["producer"] = result["cpu_s"]
         meter.stop()
 
+    mode = "bulk" if batch else "burst"
     meter.start()
-    burst = produce(dep, system, "burst", prefix, args.jobs, clients=args.clients, on_result=finish)
+    burst = produce(dep, system, mode, prefix, n, clients=args.clients, batch=batch, on_result=finish)
     _, span = timings(dep, prefix, burst)
-    throughput = args.jobs / span
-    cpu = {k: v * 1000 / args.jobs for k, v in {**producer_cpu, **meter.used}.items()}
+    cpu = {k: v * 1000 / n for k, v in {**producer_cpu, **meter.used}.items()}
     for idle_group in system.idle_groups:
         cpu.pop(idle_group, None)
+    return n / span, cpu
+
+
+def run_round(
+    dep: Deployment, system: System, tag: str, args: argparse.Namespace, harness: Harness
+) -> RoundFigures:
+    throughput, cpu = measure_burst(dep, system, f"{tag}-b-", args.jobs, args, harness)
 
     idle_prefix = f"{tag}-i-"
     idle = produce(dep, system, "idle", idle_prefix, args.idle)
@@ -348,6 +415,62 @@ def run_round(
         f"loaded p99 {percentile(loaded_lat, 99):.1f} ms at {achieved:.1f}/s"
     )
     return RoundFigures(throughput, idle_lat, loaded_lat, achieved, cpu)
+
+
+# -- the bulk phase: many jobs per call --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BulkRow:
+    """One row of the bulk table: a system's own bulk path, or (``batched`` false) the same jobs
+    sent one at a time."""
+
+    system: System
+    batched: bool
+
+    @property
+    def name(self) -> str:
+        return self.system.name if self.batched else f"{self.system.name}-single"
+
+    @property
+    def label(self) -> str:
+        if self.batched and self.system.bulk_label is not None:
+            return self.system.bulk_label
+        return f"{self.system.label}, one at a time"
+
+
+def bulk_rows(systems: list[System]) -> list[BulkRow]:
+    """The bulk table's rows of these systems; one without a bulk path (the floors) has none."""
+    rows: list[BulkRow] = []
+    for system in systems:
+        if system.bulk_label is not None:
+            rows.append(BulkRow(system, batched=True))
+        if system.bulk_singles:
+            rows.append(BulkRow(system, batched=False))
+    return rows
+
+
+@dataclass
+class BulkFigures:
+    throughput: float
+    cpu_ms: dict[str, float]
+
+
+def run_bulk_round(
+    dep: Deployment, row: BulkRow, tag: str, args: argparse.Namespace, harness: Harness
+) -> BulkFigures:
+    throughput, cpu = measure_burst(
+        dep,
+        row.system,
+        f"{tag}-k-",
+        args.bulk,
+        args,
+        harness,
+        batch=args.bulk_size if row.batched else 0,
+        interval=BULK_POLL_S,
+    )
+    log(f"  {row.label}: {throughput:.1f} jobs/s")
+    return BulkFigures(throughput, cpu)
 
 
 # -- statements, round trips and commits per job ---------------------------------------------------------
@@ -434,9 +557,21 @@ def xacts(engine: Engine) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["produce"]:
-        name, mode, prefix, n, clients, rate = argv[1:7]
-        producer_main(BY_NAME[name], mode, prefix, int(n), int(clients), float(rate))
+        name, mode, prefix, n, clients, rate, batch = argv[1:8]
+        producer_main(BY_NAME[name], mode, prefix, int(n), int(clients), float(rate), int(batch))
         return 0
+    args = parse_args(argv)
+    try:
+        import procrastinate  # noqa: F401
+    except ImportError:
+        print("bench/compare.py needs the bench extra: .venv/bin/pip install -e '.[bench]'", file=sys.stderr)
+        return 2
+    systems = [BY_NAME[s] for s in args.systems.split(",") if s]
+    run(args, systems)
+    return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.compare")
     parser.add_argument("--jobs", type=int, default=1000, help="jobs in each throughput burst")
     parser.add_argument("--rounds", type=int, default=3)
@@ -454,23 +589,46 @@ def main(argv: list[str] | None = None) -> int:
         help="run Receipt without prepared statements (RECEIPT_DB_PREPARED_STATEMENTS's default)",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="--jobs 200 --idle 10 --loaded-s 3 --count-jobs 50"
+        "--bulk",
+        type=int,
+        nargs="?",
+        const=None,
+        default=0,
+        metavar="N",
+        help=f"also a bulk phase of N jobs per row ({BULK_JOBS} when N is not given; 0: none)",
+    )
+    parser.add_argument(
+        "--bulk-size",
+        type=int,
+        default=BULK_SIZE,
+        help="jobs per call in the bulk phase (Receipt's HTTP row: at most RECEIPT_BATCH_MAX, 1000)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"--jobs 200 --idle 10 --loaded-s 3 --count-jobs 50; --bulk: {QUICK_BULK_JOBS} jobs "
+        f"in batches of {QUICK_BULK_SIZE}",
     )
     if "--quick" in argv:  # smaller defaults; flags given explicitly still win
-        parser.set_defaults(jobs=200, idle=10, loaded_s=3.0, count_jobs=50)
+        parser.set_defaults(jobs=200, idle=10, loaded_s=3.0, count_jobs=50, bulk_size=QUICK_BULK_SIZE)
     args = parser.parse_args(argv)
-    try:
-        import procrastinate  # noqa: F401
-    except ImportError:
-        print("bench/compare.py needs the bench extra: .venv/bin/pip install -e '.[bench]'", file=sys.stderr)
-        return 2
+    if args.bulk is None:  # --bulk without N
+        args.bulk = QUICK_BULK_JOBS if args.quick else BULK_JOBS
+    if args.bulk < 0 or args.bulk_size < 1:
+        parser.error("--bulk must be at least 0 and --bulk-size at least 1")
     unknown = [s for s in args.systems.split(",") if s and s not in BY_NAME]
     if unknown:
         parser.error(f"--systems: unknown {', '.join(unknown)}; choose from {', '.join(BY_NAME)}")
-    systems = [BY_NAME[s] for s in args.systems.split(",") if s]
+    return args
+
+
+def run(args: argparse.Namespace, systems: list[System]) -> None:
+    """Every round of every system (and bulk row), then the report."""
+    rows = bulk_rows(systems) if args.bulk else []
     load_start = os.getloadavg()
     deadline = time.monotonic() + args.budget_s
     figures: dict[System, list[RoundFigures]] = {s: [] for s in systems}
+    bulk: dict[BulkRow, list[BulkFigures]] = {row: [] for row in rows}
     with tempfile.TemporaryDirectory(prefix="receipt-compare-") as tmp:
         home = Path(tmp)
         for r in range(args.rounds):
@@ -488,10 +646,22 @@ def main(argv: list[str] | None = None) -> int:
                         figures[system].append(run_round(dep, system, f"r{r}-{system.name}", args, harness))
                 finally:
                     harness.stop_all()
+            bulk_order = rows[r % len(rows) :] + rows[: r % len(rows)] if rows else []
+            if bulk_order:
+                log(f"round {r + 1}/{args.rounds}, bulk: {', '.join(row.name for row in bulk_order)}")
+            for row in bulk_order:
+                # Each row on a fresh deployment too: a row never runs on what an earlier one left.
+                harness = Harness(home / f"logs-{r}-bulk-{row.name}")
+                try:
+                    with deploy(row.system, harness, home, prepared=not args.unprepared) as dep:
+                        bulk[row].append(run_bulk_round(dep, row, f"r{r}-{row.name}", args, harness))
+                finally:
+                    harness.stop_all()
         counted = count_statements(args, home, systems) if args.count_jobs else {}
     load_end = os.getloadavg()
     report(args, figures, counted, load_start, load_end)
-    return 0
+    if rows:
+        report_bulk(args, bulk)
 
 
 def report(
@@ -570,6 +740,47 @@ def report(
                 f"    {s.label:<32} {c['statements']:11.1f} {c['transaction control']:31.1f} "
                 f"{c['commits']:8.1f} {c['rollbacks']:10.1f}"
             )
+
+
+def report_bulk(args: argparse.Namespace, bulk: dict[BulkRow, list[BulkFigures]]) -> None:
+    rounds = min(len(v) for v in bulk.values())
+    med = {row.name: statistics.median(f.throughput for f in v) for row, v in bulk.items() if v}
+    # The peer a bulk target is held against: the faster of its two ways of sending many jobs.
+    peer = max((med[n] for n in ("procrastinate", "procrastinate-single") if n in med), default=None)
+    width = max(len(row.label) for row in bulk)
+    print()
+    print(
+        f"Bulk, no-op jobs: {args.bulk} per row in batches of {args.bulk_size}, each of the "
+        f"{args.clients} producer threads sending whole batches (rows sending one job at a time: "
+        f"{args.clients} threads too), each row on a fresh deployment, {rounds} rounds alternated (medians)"
+    )
+    print(f"  {'system':<{width}} {'jobs/s':>8} {'/Procr. best':>13}")
+    for row, v in bulk.items():
+        if not v:
+            continue
+        vs_p = f"{med[row.name] / peer:13.2f}" if peer else f"{'-':>13}"
+        print(f"  {row.label:<{width}} {med[row.name]:8.1f} {vs_p}")
+    print("  (/Procr. best: against the faster of Procrastinate's two rows; jobs/s per round:", end="")
+    print(
+        "; ".join(f" {row.name} " + "/".join(f"{f.throughput:.0f}" for f in v) for row, v in bulk.items())
+        + ")"
+    )
+    if peer and "receipt-http" in med:
+        value = med["receipt-http"] / peer
+        print(
+            f"  target: Receipt HTTP bulk >= {BULK_TARGET}x the faster Procrastinate mode: "
+            f"{value:.2f}  {'met' if value >= BULK_TARGET else 'NOT met'}"
+        )
+    print("  CPU ms per job (median over rounds; 'postgres' = that database's backends):")
+    for row, v in bulk.items():
+        if not v:
+            continue
+        parts = {k: statistics.median(f.cpu_ms.get(k, 0.0) for f in v) for k in v[0].cpu_ms}
+        print(
+            f"    {row.label:<{width}} "
+            + ", ".join(f"{k} {x:.2f}" for k, x in parts.items())
+            + f"; total {sum(parts.values()):.2f}"
+        )
 
 
 if __name__ == "__main__":

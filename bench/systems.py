@@ -3,8 +3,9 @@ Procrastinate, Celery and the floors of ``bench/floor.py``.
 
 A ``System`` says how it is started on the fresh database ``bench.compare`` made for it (its
 processes, the CPU groups to sample, the producer's environment), how a producer sends it one job
-and sees it done, and how its own records say how many jobs of a batch completed and when. Every
-system is driven the same way, by ``bench.compare``: what differs between them is all here.
+and sees it done, how it sends many at once where it has a bulk path of its own, and how its own
+records say how many jobs of a batch completed and when. Every system is driven the same way, by
+``bench.compare``: what differs between them is all here.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sqlalchemy.engine import Connection, Engine
 from app.composition import queue_for
 from app.config import switch
 from app.jobs.ids import qualify
+from app.storage.queue import Queue
 from bench.runtime_bench import (
     AGENT,
     BASELINE_QUEUE,
@@ -42,6 +44,8 @@ BOOT_TIMEOUT_S = 120.0
 
 # In the producer: (send one job -> the key it is known by, is that key's job done?).
 Sender = tuple[Callable[[str], str], Callable[[str], bool]]
+# In the producer: send a batch of jobs in one call -> their keys, in order.
+BulkSender = Callable[[list[str]], list[str]]
 
 
 def job_body(job_id: str) -> dict[str, Any]:
@@ -122,7 +126,8 @@ class System(ABC):
     its own records say how many jobs completed and when.
 
     Every system is measured the same way (``run_round``): the producer sends single jobs from its
-    threads, so a system's CPU groups, its done count and its timings are all that differ.
+    threads, so a system's CPU groups, its done count and its timings are all that differ. The bulk
+    phase (``run_bulk_round``) sends whole batches through ``bulk_sender`` the same way.
     """
 
     name: str  # as ``--systems`` spells it
@@ -135,6 +140,11 @@ class System(ABC):
     targets: tuple[Target, ...] = ()
     # the latency targets apply: idle p50 <= 8 ms, loaded p99 <= 100 ms.
     latency_targets = False
+    # Its row in the bulk table (``bulk_sender``); None: no bulk path, left out of the bulk phase.
+    bulk_label: str | None = None
+    # The bulk phase also sends the same jobs one at a time (a row labelled ``label``): the peer a
+    # bulk target is compared with at the faster of its two ways of sending many jobs.
+    bulk_singles = False
 
     @abstractmethod
     def start(
@@ -155,6 +165,11 @@ class System(ABC):
     @abstractmethod
     def sender(self, engine: Engine, prefix: str) -> Sender:
         """In the producer process: send one job, and see whether it is done (from the environment)."""
+
+    def bulk_sender(self, engine: Engine, prefix: str) -> BulkSender:
+        """In the producer process: send many jobs in one call, the system's own bulk path (only
+        where ``bulk_label`` is set)."""
+        raise NotImplementedError(f"{self.name} has no bulk path")
 
     def producer_prepared(self) -> bool:
         """Whether the producer's engine uses prepared statements."""
@@ -269,26 +284,45 @@ class ReceiptPython(Receipt):
         Target("Python enqueue >= 2x Celery", "celery", 2.0),
     )
 
+    bulk_label = "Receipt, Queue.enqueue_many"
+
     def producer_prepared(self) -> bool:
         return switch(os.environ.get("BENCH_RECEIPT_PREPARED") or "0")
 
-    def sender(self, engine: Engine, prefix: str) -> Sender:
+    def queue(self, engine: Engine) -> Queue:
+        """The producer's queue, with the API's own wake-up publisher: a commit wakes delivery from
+        the queue's hook, as the API's enqueue routes (single and batch) do."""
         from api.wake import default_waker
         from app.config import Settings
-        from app.jobs.validation import validate_enqueue
 
         settings = Settings.from_env(
             {"REDIS_URL": os.environ["BENCH_REDIS"], "DATABASE_URL": os.environ["BENCH_DB"]}
         )
         # Configured as every long-lived Receipt process is (api/, tasks/runtime.py): ledger rows
         # written off the enqueue's path, batched.
-        queue = queue_for(engine, on_dispatchable=default_waker(settings), ledger_in_background=True)
+        return queue_for(engine, on_dispatchable=default_waker(settings), ledger_in_background=True)
+
+    def sender(self, engine: Engine, prefix: str) -> Sender:
+        from app.jobs.validation import validate_enqueue
+
+        queue = self.queue(engine)
 
         def send(job_id: str) -> str:
             queue.enqueue(validate_enqueue(AGENT, job_body(job_id)))
             return job_id
 
         return send, self.done_check(engine)
+
+    def bulk_sender(self, engine: Engine, prefix: str) -> BulkSender:
+        from app.jobs.validation import validate_enqueue
+
+        queue = self.queue(engine)
+
+        def send_many(job_ids: list[str]) -> list[str]:
+            queue.enqueue_many([validate_enqueue(AGENT, job_body(job_id)) for job_id in job_ids])
+            return job_ids
+
+        return send_many
 
 
 class ReceiptHttp(Receipt):
@@ -297,27 +331,48 @@ class ReceiptHttp(Receipt):
     name = "receipt-http"
     label = "Receipt, HTTP enqueue"
     targets = (Target("HTTP enqueue >= 0.7x Procrastinate", "procrastinate", 0.7),)
+    bulk_label = "Receipt, HTTP POST /jobs:batch"
 
-    def sender(self, engine: Engine, prefix: str) -> Sender:
+    def post(self) -> Callable[[str, dict[str, Any]], Any]:
+        """POST a JSON body to a path of the deployment's API, with its token, over one keep-alive
+        session per producer thread; the response."""
         import requests
 
         local = threading.local()
         base, token = os.environ["BENCH_WEB"], os.environ["BENCH_TOKEN"]
 
-        def send(job_id: str) -> str:
+        def post(path: str, body: dict[str, Any]) -> requests.Response:
             if not hasattr(local, "session"):
                 local.session = requests.Session()
-            r = local.session.post(
-                f"{base}/agents/{AGENT}/jobs",
-                json=job_body(job_id),
-                headers={"Authorization": f"Bearer {token}"},
-                timeout=30,
+            response: requests.Response = local.session.post(
+                f"{base}{path}", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30
             )
-            if r.status_code != 202:
-                raise RuntimeError(f"{r.status_code} {r.text[:200]}")
+            if response.status_code != 202:
+                raise RuntimeError(f"{response.status_code} {response.text[:200]}")
+            return response
+
+        return post
+
+    def sender(self, engine: Engine, prefix: str) -> Sender:
+        post = self.post()
+
+        def send(job_id: str) -> str:
+            post(f"/agents/{AGENT}/jobs", job_body(job_id))
             return job_id
 
         return send, self.done_check(engine)
+
+    def bulk_sender(self, engine: Engine, prefix: str) -> BulkSender:
+        post = self.post()
+
+        def send_many(job_ids: list[str]) -> list[str]:
+            items = [{**job_body(job_id), "agentId": AGENT} for job_id in job_ids]
+            jobs = post("/jobs:batch", {"items": items}).json()["jobs"]
+            if len(jobs) != len(job_ids) or not all(j.get("created") for j in jobs):
+                raise RuntimeError(f"batch of {len(job_ids)}: not every job created: {str(jobs)[:200]}")
+            return job_ids
+
+        return send_many
 
 
 class Procrastinate(System):
@@ -325,6 +380,8 @@ class Procrastinate(System):
 
     name = kind = "procrastinate"
     label = "Procrastinate 3, c=8, defer"
+    bulk_label = "Procrastinate 3, c=8, batch_defer"
+    bulk_singles = True
 
     def start(
         self, stack: ExitStack, harness: Harness, home: Path, db: Database, *, prepared: bool
@@ -393,6 +450,17 @@ class Procrastinate(System):
 
         return send, done
 
+    def bulk_sender(self, engine: Engine, prefix: str) -> BulkSender:
+        from bench.peers import noop, procrastinate_app
+
+        procrastinate_app.open()
+
+        def send_many(job_ids: list[str]) -> list[str]:
+            # One statement inserts every job of the call (Procrastinate's documented bulk defer).
+            return [str(key) for key in noop.batch_defer(*({"tag": prefix} for _ in job_ids))]
+
+        return send_many
+
 
 class Celery(System):
     """``bench.runtime_bench:baseline_app`` (a no-op task), prefork c=2, Redis broker, Postgres results.
@@ -401,6 +469,7 @@ class Celery(System):
 
     name = kind = "celery"
     label = "Celery prefork c=2, PG results"
+    bulk_label = "Celery prefork c=2, group"
 
     def start(
         self, stack: ExitStack, harness: Harness, home: Path, db: Database, *, prepared: bool
@@ -469,6 +538,18 @@ class Celery(System):
                 return False
 
         return send, done
+
+    def bulk_sender(self, engine: Engine, prefix: str) -> BulkSender:
+        from celery import group
+
+        app = make_baseline_app(os.environ["BENCH_CELERY_BROKER"], os.environ["BENCH_CELERY_BACKEND"])
+
+        def send_many(job_ids: list[str]) -> list[str]:
+            # Celery's bulk path: one producer for the group, still one message per task.
+            signatures = [app.signature(BASELINE_TASK, queue=BASELINE_QUEUE) for _ in job_ids]
+            return [str(r.id) for r in group(signatures).apply_async().results]
+
+        return send_many
 
 
 class Floor(System):
