@@ -36,7 +36,10 @@ from tests.support.databases import (  # noqa: F401
 )
 from tests.support.fake_redis import fake_redis  # noqa: F401 - the in-memory Redis fixture
 from tests.support.processes import is_isolated
-from tests.support.queue_ops import close_queues
+from tests.support.queue_ops import (
+    close_queues,
+    transactions,  # noqa: F401 - counts the transactions the queue opens
+)
 
 
 @pytest.fixture(autouse=True)

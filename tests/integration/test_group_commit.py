@@ -5,14 +5,12 @@ The coordination alone is tests/unit/test_group_commit.py."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
-import pytest
 from sqlalchemy import select, text
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 
 from app.composition import queue_for
@@ -21,7 +19,6 @@ from app.jobs.errors import JobNotFound
 from app.jobs.reducer import fold
 from app.jobs.validation import validate_enqueue
 from app.storage import delivery, projection, store
-from app.storage import queue as queue_module
 from app.storage.db import db_now, deliveries, transaction
 from app.storage.group_commit import GroupCommit
 from app.storage.hooks import Change, Hook, Write
@@ -30,21 +27,6 @@ from tests.support.waiting import wait_for
 
 BODY = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
 WAIT_S = 20
-
-
-@pytest.fixture
-def transactions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    opened: list[str] = []
-    real = transaction
-
-    @contextmanager
-    def counted(engine: Engine) -> Iterator[Connection]:
-        opened.append("tx")
-        with real(engine) as conn:
-            yield conn
-
-    monkeypatch.setattr(queue_module, "transaction", counted)
-    return opened
 
 
 def leased(queue: Queue, engine: Engine, n: int) -> list[str]:

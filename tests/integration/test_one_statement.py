@@ -8,38 +8,18 @@ whenever the transition must write more (callback outbox rows, an objective's co
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import pytest
 from sqlalchemy import select
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.jobs.ids import qualify
 from app.jobs.validation import validate_enqueue
 from app.storage import delivery, store
-from app.storage import queue as queue_module
 from app.storage.db import callback_outbox, db_now, deliveries, transaction
 
 BODY = {"payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": "o"}}}
-
-
-@pytest.fixture
-def transactions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Counts the transactions the queue opens (the one-statement path opens none)."""
-    opened: list[str] = []
-    real = transaction
-
-    @contextmanager
-    def counted(engine: Engine) -> Iterator[Connection]:
-        opened.append("tx")
-        with real(engine) as conn:
-            yield conn
-
-    monkeypatch.setattr(queue_module, "transaction", counted)
-    return opened
 
 
 def pending_delivery(engine: Engine, job_id: str) -> None:

@@ -7,15 +7,19 @@ reach a state (completed, canceled in flight) or race a stale holder without run
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
 from app.jobs.transitions import fenced_holder, lease_queued
 from app.storage import delivery
-from app.storage.db import deliveries
+from app.storage import queue as queue_module
+from app.storage.db import deliveries, transaction
 from app.storage.queue import Outcome, Queue
 
 
@@ -70,3 +74,19 @@ def closed_with_engine(queue: Queue) -> None:
 def close_queues(engine: Engine) -> None:
     for queue in _CLOSE_WITH_ENGINE.pop(engine, []):
         queue.close()
+
+
+@pytest.fixture
+def transactions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Counts the transactions the queue opens (the one-statement path opens none)."""
+    opened: list[str] = []
+    real = transaction
+
+    @contextmanager
+    def counted(engine: Engine) -> Iterator[Connection]:
+        opened.append("tx")
+        with real(engine) as conn:
+            yield conn
+
+    monkeypatch.setattr(queue_module, "transaction", counted)
+    return opened
