@@ -457,7 +457,8 @@ class Procrastinate(System):
 
         def send_many(job_ids: list[str]) -> list[str]:
             # One statement inserts every job of the call (Procrastinate's documented bulk defer).
-            return [str(key) for key in noop.batch_defer(*({"tag": prefix} for _ in job_ids))]
+            each: list[dict[str, Any]] = [{"tag": prefix} for _ in job_ids]
+            return [str(key) for key in noop.batch_defer(*each)]
 
         return send_many
 
