@@ -105,14 +105,6 @@ _LOAD_IN_FOR_ENQUEUE = Direct(
 )
 
 
-# PostgreSQL only: the ids as one array parameter (``= ANY``), so the statement text never varies.
-_LOAD_JOBS_AT_CLOCK = Direct(
-    select(func.clock_timestamp().label("now"), jobs.c.state)
-    .select_from(_ONE.outerjoin(jobs, jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(String)))))
-    .order_by(jobs.c.id)
-)
-
-
 _LOAD_JOBS = Direct(
     select(jobs.c.state)
     .where(jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(String))))
@@ -124,11 +116,12 @@ def load_jobs_at_clock(conn: Connection, job_ids: Sequence[str]) -> tuple[list[J
     """``load_jobs`` and the database clock, read together (Postgres: one statement)."""
     if is_sqlite(conn) or not job_ids:
         return load_jobs(conn, job_ids), db_now(conn)
-    rows = _LOAD_JOBS_AT_CLOCK.rows(conn, {"job_ids": list(job_ids)})
-    return [Job.from_json(state) for _now, state in rows if state is not None], as_utc(rows[0][0])
+    heads, now = load_many_at_clock(conn, job_ids)
+    return [head.job for head in heads.values()], now
 
 
-# The same read with each row's stream head, for appending after every one of them (a group commit).
+# The rows among many ids with each one's stream head, and the clock, in one statement (PostgreSQL
+# only: the ids as one array parameter, ``= ANY``, so the statement text never varies).
 _LOAD_HEADS_AT_CLOCK = Direct(
     _AT_CLOCK.select_from(
         _ONE.outerjoin(jobs, jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(String))))
@@ -139,9 +132,9 @@ _LOAD_HEADS_AT_CLOCK = Direct(
 def load_many_at_clock(conn: Connection, job_ids: Sequence[str]) -> tuple[dict[str, Loaded], datetime]:
     """The jobs among ``job_ids`` that exist, each with its stream head, and the database clock,
     read together (PostgreSQL: one statement): what a transaction deciding for several jobs at once
-    appends after."""
+    appends after. Ordered by id, as ``load_jobs``."""
     if is_sqlite(conn) or not job_ids:
-        found = {job_id: load(conn, job_id) for job_id in job_ids}
+        found = {job_id: load(conn, job_id) for job_id in sorted(set(job_ids))}
         return {k: v for k, v in found.items() if v is not None}, db_now(conn)
     rows = _LOAD_HEADS_AT_CLOCK.rows(conn, {"job_ids": list(dict.fromkeys(job_ids))})
     heads = {}

@@ -268,8 +268,8 @@ class Queue:
     def mutate(self, job_id: str, decide: Decide) -> Outcome:
         """Load a job, let ``decide`` choose receipts from its state, append them.
 
-        With group commit on (a worker process), a call made while another commit is in flight
-        waits for it and then shares one transaction with the calls that queued beside it."""
+        With group commit on (a worker process), a call made while the process's commit slots are
+        busy waits, then shares one transaction with the calls that queued beside it."""
         if self._group is not None:
             return self._group.mutate(job_id, decide)
         return self.mutate_alone(job_id, decide)
