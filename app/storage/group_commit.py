@@ -78,7 +78,7 @@ class GroupCommit:
             raise ValueError(
                 f"group commit needs max_items >= 2 and in_flight >= 1, got {max_items}, {in_flight}"
             )
-        self.in_flight = in_flight
+        self.slots = in_flight  # commits that may run at once
         self._queue = queue
         self.max_items = max_items
         self._observe = observe
@@ -99,7 +99,7 @@ class GroupCommit:
         write = _Write(job_id, decide)
         with self._cond:
             self._pending.append(write)
-            while (write.taken or self._in_flight >= self.in_flight) and not write.done:
+            while (write.taken or self._in_flight >= self.slots) and not write.done:
                 self._cond.wait()
             if write.done:
                 return write.answer()
