@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import String, and_, any_, bindparam, func, or_, select, update
+from sqlalchemy import Select, String, and_, any_, bindparam, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 
@@ -372,6 +372,24 @@ def in_flight(job_id: Any, now: datetime, epoch: str | None = None) -> Any:
     if epoch is not None:
         live.append(or_(c.broker_epoch.is_(None), c.broker_epoch == epoch))
     return select(c.generation).where(*live).exists()
+
+
+# Costing a merge join makes PostgreSQL's planner read the actual ends of the join keys' indexes.
+# While the archiving pass deletes the oldest jobs and deliveries, those ends are deleted entries
+# that every plan steps over until a vacuum: measured half way through a million-job pass, the
+# due-retries scan planned in 3 ms against 0.35 ms still, to execute in 0.05 ms. The anti-join's
+# outer side is a scan page, for which a nested loop or a hash join is the plan anyway.
+_NO_MERGE_JOIN = text("SET LOCAL enable_mergejoin = off")
+
+
+def without_in_flight(
+    conn: Connection, q: Select[Any], job_id: Any, now: datetime, epoch: str | None
+) -> Select[Any]:
+    """``q`` leaving out the jobs ``in_flight``, to run on ``conn`` in its current transaction,
+    which plans without merge joins from here on."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_NO_MERGE_JOIN)
+    return q.where(~in_flight(job_id, now, epoch))
 
 
 # -- deliveries whose fetcher died (tasks/fetches.py) --------------------------------------------------

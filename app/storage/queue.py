@@ -778,7 +778,7 @@ class Queue:
                 jobs.c.status == "queued", jobs.c.available_at.is_not(None), jobs.c.available_at <= now
             )
             if skip_in_flight:
-                q = q.where(~delivery.in_flight(jobs.c.id, now, epoch))
+                q = delivery.without_in_flight(conn, q, jobs.c.id, now, epoch)
             rows = conn.execute(q.order_by(jobs.c.available_at).limit(limit)).all()
         return [Job.from_json(r.state) for r in rows]
 
@@ -798,7 +798,7 @@ class Queue:
                 jobs.c.status == "queued", since <= now - timedelta(milliseconds=min_age_ms)
             )
             if skip_in_flight:
-                q = q.where(~delivery.in_flight(jobs.c.id, now, epoch))
+                q = delivery.without_in_flight(conn, q, jobs.c.id, now, epoch)
             rows = conn.execute(q.order_by(since).limit(limit)).all()
         return [(Job.from_json(r.state), as_utc(r.status_changed_at)) for r in rows]
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from app.composition import queue_for
 from app.jobs.errors import JobArchived
 from app.jobs.ids import qualify
 from app.jobs.validation import EnqueueRequest, validate_enqueue
@@ -450,3 +451,67 @@ def test_an_active_objective_keeps_its_finished_task_jobs(
     assert (totals.streams, totals.objectives) == (1, 0)
     assert not live_job(engine, lone) and live_job(engine, named.id)
     assert len(owned(engine, key)) >= 3
+
+
+def _planning_buffers(conn: Connection, sql: str) -> int:
+    """Shared buffers PostgreSQL's planner touched planning ``sql`` (0 when it lists none)."""
+    plan = conn.execute(text("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql)).scalar_one()
+    buffers = plan[0].get("Planning", {})
+    return sum(int(buffers.get(k, 0)) for k in ("Shared Hit Blocks", "Shared Read Blocks"))
+
+
+def test_the_recovery_scans_plan_without_stepping_over_archived_index_entries(
+    pg_engine: Engine, sink: DirectorySink
+) -> None:
+    """While a pass has deleted the oldest jobs and no vacuum has run, costing a merge join reads the
+    join keys' index ends, dead entries first; the scans that leave in-flight jobs out plan
+    without merge joins, and the setting ends with their transaction."""
+    engine, queue = pg_engine, queue_for(pg_engine)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for table in ("jobs", "deliveries"):
+            conn.execute(text(f"ALTER TABLE {table} SET (autovacuum_enabled = false)"))
+    keys = [finished(queue, f"a-{i:04d}") for i in range(300)]
+    with engine.begin() as conn:  # each with the settled delivery a dispatched job keeps
+        now = db_now(conn)
+        conn.execute(
+            deliveries.insert(),
+            [
+                {
+                    "job_id": k,
+                    "purpose": "dispatch",
+                    "observed": "",
+                    "generation": 0,
+                    "dispatch_key": k,
+                    "task_id": k,
+                    "state": "settled",
+                    "created_at": now,
+                    "deadline_at": now,
+                }
+                for k in keys
+            ],
+        )
+    queue.enqueue(req("z-waiting"))
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("ANALYZE jobs"))
+        conn.execute(text("ANALYZE deliveries"))
+    assert archive.run_pass(engine, sink, POLICY, page_size=100, clock=later(31)).streams == 300
+
+    scans: list[tuple[str, str]] = []  # each scan's SQL, and enable_mergejoin as it ran
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def seen(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        if "FROM jobs" in statement and "deliveries" in statement:
+            show = cursor.connection.cursor()
+            show.execute("SHOW enable_mergejoin")
+            scans.append((cursor.mogrify(statement, params).decode(), show.fetchone()[0]))
+
+    queue.due_retries(skip_in_flight=True, epoch="e")
+    queue.queued_older_than(0, skip_in_flight=True, epoch="e")
+    event.remove(engine, "before_cursor_execute", seen)
+    assert [planned for _, planned in scans] == ["off", "off"]
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW enable_mergejoin").scalar_one() == "on"  # SET LOCAL: ended
+        due_retries = scans[0][0]
+        costed = _planning_buffers(conn, due_retries)
+        conn.execute(text("SET LOCAL enable_mergejoin = off"))
+        assert costed > 2 * _planning_buffers(conn, due_retries)
