@@ -2,6 +2,7 @@
 
     python -m bench.soak                       # 5 000 jobs at 15/s, every fault, a private Postgres
     python -m bench.soak --jobs 1500 --rate 15
+    python -m bench.soak --bulk 50              # the plain jobs posted 50 a batch (POST /jobs:batch)
     make soak                                   # the same as the first line
 
 It starts gunicorn (web), the driver, two chat workers, control, codex and beat on a fresh
@@ -78,7 +79,8 @@ class Client:
     lost: list[str] = field(default_factory=list)
     retry_for_s: float = 120.0
 
-    def post(self, path: str, body: dict[str, Any], job_id: str) -> dict[str, Any] | None:
+    def post(self, path: str, body: dict[str, Any], *job_ids: str) -> dict[str, Any] | None:
+        """POST ``body`` until it is accepted, or for ``retry_for_s``; then its jobs are lost."""
         deadline = time.monotonic() + self.retry_for_s
         while True:
             try:
@@ -90,7 +92,7 @@ class Client:
             except requests.RequestException as exc:
                 self.errors[type(exc).__name__] += 1
             if time.monotonic() > deadline:
-                self.lost.append(job_id)
+                self.lost.extend(job_ids)
                 return None
             time.sleep(0.5)
 
@@ -100,13 +102,26 @@ def _body(job_id: str, payload: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"jobId": job_id, "payload": payload, **extra}
 
 
-def post_success(c: Client, job_id: str) -> None:
-    c.post(f"/agents/{handlers.ECHO}/jobs", _body(job_id, {"message": job_id}), job_id)
+def success_item(job_id: str) -> dict[str, Any]:
+    return {"agentId": handlers.ECHO, **_body(job_id, {"message": job_id})}
 
 
-def post_retryable_failure(c: Client, job_id: str) -> None:
+def retryable_failure_item(job_id: str) -> dict[str, Any]:
     # Fails retryably on every attempt: ends `failed` after maxAttempts (3).
-    c.post(f"/agents/{handlers.FAIL}/jobs", _body(job_id, {}, maxAttempts=3), job_id)
+    return {"agentId": handlers.FAIL, **_body(job_id, {}, maxAttempts=3)}
+
+
+def _post_item(item_of: Callable[[str], dict[str, Any]]) -> Callable[[Client, str], None]:
+    def post(c: Client, job_id: str) -> None:
+        item = item_of(job_id)
+        c.post(f"/agents/{item.pop('agentId')}/jobs", item, job_id)
+
+    return post
+
+
+def post_batch(c: Client, items: list[tuple[str, dict[str, Any]]]) -> None:
+    """One ``POST /jobs:batch``, retried whole with the same jobIds (re-posting writes nothing)."""
+    c.post("/jobs:batch", {"items": [item for _, item in items]}, *(job_id for job_id, _ in items))
 
 
 def post_steer(c: Client, job_id: str) -> None:
@@ -136,12 +151,13 @@ def post_cancel(c: Client, job_id: str) -> None:
         time.sleep(0.5)
 
 
-# name -> (weight, post function). Add an "objective" entry here once objectives exist.
-MIX: dict[str, tuple[int, Callable[[Client, str], None]]] = {
-    "success": (70, post_success),
-    "retryable_failure": (10, post_retryable_failure),
-    "steer": (10, post_steer),
-    "cancel": (10, post_cancel),
+# name -> (weight, post function, its bulk item or None). An entry with a bulk item is posted in
+# ``POST /jobs:batch`` batches when the soak runs with ``--bulk``; the others always one by one.
+MIX: dict[str, tuple[int, Callable[[Client, str], None], Callable[[str], dict[str, Any]] | None]] = {
+    "success": (70, _post_item(success_item), success_item),
+    "retryable_failure": (10, _post_item(retryable_failure_item), retryable_failure_item),
+    "steer": (10, post_steer, None),
+    "cancel": (10, post_cancel, None),
 }
 
 
@@ -509,6 +525,7 @@ def run(
     kill_every_s: tuple[float, float] = (4.0, 8.0),
     settle_timeout_s: float = 600.0,
     seed: int = 7,
+    bulk: int = 0,
 ) -> Report:
     rng = random.Random(seed)
     prefix = f"soak-{uuid.uuid4().hex[:6]}-"
@@ -541,6 +558,7 @@ def run(
     fault_thread.start()
     with ThreadPoolExecutor(max_workers=16, thread_name_prefix="soak-post") as pool:
         futures = []
+        batch: list[tuple[str, dict[str, Any]]] = []
         for n in range(n_jobs):
             due = t0 + n / rate
             delay = due - time.monotonic()
@@ -551,7 +569,16 @@ def run(
             posted.append(job_id)
             if kind == "steer":
                 posted.append(f"{job_id}-steer")  # the steer's own jobId: it must NOT become a job
-            futures.append(pool.submit(MIX[kind][1], client, job_id))
+            _, post, item_of = MIX[kind]
+            if bulk and item_of is not None:
+                batch.append((job_id, item_of(job_id)))
+                if len(batch) >= bulk:
+                    futures.append(pool.submit(post_batch, client, batch))
+                    batch = []
+            else:
+                futures.append(pool.submit(post, client, job_id))
+        if batch:
+            futures.append(pool.submit(post_batch, client, batch))
         for f in futures:
             f.result()
     last_post_at = time.monotonic() - t0
@@ -594,6 +621,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", help="also write the report here")
     parser.add_argument(
+        "--bulk",
+        type=int,
+        default=0,
+        help="post the mix's plain jobs in POST /jobs:batch batches of this many (same rate); 0 = one by one",
+    )
+    parser.add_argument(
         "--prepared",
         action="store_true",
         help="run every process with RECEIPT_DB_PREPARED_STATEMENTS=enabled",
@@ -629,11 +662,18 @@ def main(argv: list[str] | None = None) -> int:
         ) as (stack, pg):
             print(
                 f"soak: {args.jobs} jobs at {args.rate}/s, faults {schedule}, worker kills every {lo}-{hi} s"
-                + (", production leases" if args.production_leases else ""),
+                + (", production leases" if args.production_leases else "")
+                + (f", plain jobs posted {args.bulk} a batch" if args.bulk else ""),
                 flush=True,
             )
             report = run(
-                stack, pg, n_jobs=args.jobs, rate=args.rate, schedule=schedule, kill_every_s=(lo, hi)
+                stack,
+                pg,
+                n_jobs=args.jobs,
+                rate=args.rate,
+                schedule=schedule,
+                kill_every_s=(lo, hi),
+                bulk=args.bulk,
             )
     print(report.text())
     if args.json:
