@@ -87,6 +87,13 @@ def _days(text: str) -> int:
     return value
 
 
+def _percent(text: str) -> int:
+    value = int(text.strip())
+    if not 1 <= value <= 100:
+        raise ValueError("must be a whole percentage from 1 to 100")
+    return value
+
+
 def _retention_overrides(text: str) -> tuple[tuple[str, int], ...]:
     pairs: dict[str, int] = {}
     for item in text.split(","):
@@ -378,6 +385,14 @@ class Settings:
         "500",
         "Streams one segment (and one transaction) of the archiving pass holds.",
         _int,
+    )
+    archive_duty_percent: int = setting(
+        "RECEIPT_ARCHIVE_DUTY_PERCENT",
+        "50",
+        "The share of its running time the archiving pass spends working (1-100): after each page it "
+        "rests for as long as that keeps it to this share, so the hot queries keep their speed while "
+        "it deletes (`100`: no rest).",
+        _percent,
     )
     schedules_file: str | None = setting(
         "RECEIPT_SCHEDULES_FILE",

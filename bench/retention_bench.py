@@ -48,6 +48,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
+from app.config import Settings
 from app.retention import archive, verify
 from app.retention.policy import Policy
 from app.retention.sink import DirectorySink
@@ -115,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--budget-s", type=float, default=120)
     parser.add_argument("--seed", type=int, default=26)
+    parser.add_argument(
+        "--duty-percent",
+        type=int,
+        default=int(Settings.from_env({}).archive_duty_percent),
+        help="the pass's RECEIPT_ARCHIVE_DUTY_PERCENT (default: the setting's default; 100 = no rest)",
+    )
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     load_before = os.getloadavg()
@@ -161,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                     Policy(days=30),
                     page_size=args.page_size,
                     clock=lambda conn: db_now(conn) + timedelta(days=31),
+                    duty_percent=args.duty_percent,
                 )
             except BaseException as exc:  # reported below, never swallowed
                 result["error"] = exc
@@ -168,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
         log(
             f"archiving {args.finished} finished jobs, {args.page_size} a segment, "
+            f"working {args.duty_percent} % of the time, "
             "timing the hot queries meanwhile"
         )
         load_during = os.getloadavg()
@@ -218,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.getloadavg()[0]:.1f}; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
         )
         print(
-            f"  archive pass: {totals.streams} streams ({totals.receipts} receipts) in {seconds:.1f} s = "
+            f"  archive pass ({args.duty_percent} % duty): {totals.streams} streams ({totals.receipts} "
+            f"receipts) in {seconds:.1f} s = "
             f"{totals.streams / seconds:.0f} streams/s, {totals.receipts / seconds:.0f} receipts/s; "
             f"{len(totals.segments)} segments, {totals.bytes / MiB:.1f} MiB compressed "
             f"({totals.bytes / max(totals.streams, 1):.0f} B/job), {totals.skipped} left in place"

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.schedules_bench [--schedules 10000] [--minutes 3] [--page-size 500]
                                               [--overlap allow] [--database-url URL]
+                                              [--variants lanes=1,lanes=2,lanes=1/gc]
 
 A private throwaway PostgreSQL cluster (``--database-url`` to use another server's empty database),
 migrated. ``--schedules`` schedules of ``* * * * *`` (every minute, UTC) are declared straight through
@@ -31,6 +32,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from app import gc_pause
 from app.composition import queue_for
 from app.jobs.privilege import Enqueuer
 from app.schedules import service, storage
@@ -114,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         "the background; factory.dispatch has none)",
     )
     p.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL"))
+    p.add_argument(
+        "--variants",
+        default=f"lanes={service.LANES}",
+        help="comma-separated pass configurations taken in turn, one per minute after the warm-up: "
+        "lanes=N (the pass's threads), lanes=N/gc (the cyclic collector left running)",
+    )
     args = p.parse_args(argv)
     load = os.getloadavg()
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)")
@@ -145,7 +153,9 @@ def run(queue: Queue, args: Any) -> list[dict[str, Any]]:
         began = time.monotonic()
         with queue.engine.connect() as conn:
             now = db_now(conn)
-        totals = service.run_pass(queue, page_size=args.page_size)
+        variant = args.variants.split(",")[max(0, len(fired) - 1) % len(args.variants.split(","))]
+        with pass_configured(variant) as lanes:
+            totals = service.run_pass(queue, page_size=args.page_size, lanes=lanes)
         elapsed = time.monotonic() - began
         if totals.created:
             # Every schedule is on the same minute cron: the pass fired the minute it began in.
@@ -160,10 +170,11 @@ def run(queue: Queue, args: Any) -> list[dict[str, Any]]:
                     "jobs": len(late),
                     "lateness": late,
                     "idleMs": statistics.median(idle) if idle else None,
+                    "variant": variant,
                 }
             )
             print(
-                f"tick {tick:%H:%M}: pass {elapsed * 1000:.0f} ms, {totals.pages} pages, "
+                f"tick {tick:%H:%M} [{variant}]: pass {elapsed * 1000:.0f} ms, {totals.pages} pages, "
                 f"{totals.created} jobs; tick->enqueued p50 {quantile(late, 0.5):.0f} ms, "
                 f"p99 {quantile(late, 0.99):.0f} ms, max {max(late):.0f} ms",
                 flush=True,
@@ -177,7 +188,34 @@ def run(queue: Queue, args: Any) -> list[dict[str, Any]]:
     return fired
 
 
+@contextlib.contextmanager
+def pass_configured(variant: str) -> Iterator[int]:
+    """``lanes=N`` or ``lanes=N/gc``: the pass's lanes, and with ``/gc`` its collector pause undone."""
+    lanes, _, extra = variant.removeprefix("lanes=").partition("/")
+    if extra not in ("", "gc"):
+        raise SystemExit(f"--variants: {variant!r} is lanes=N or lanes=N/gc")
+    if extra != "gc":
+        yield int(lanes)
+        return
+    paused = gc_pause.paused
+    gc_pause.paused = contextlib.nullcontext  # type: ignore[assignment]
+    try:
+        yield int(lanes)
+    finally:
+        gc_pause.paused = paused
+
+
 def report(results: list[dict[str, Any]], args: Any) -> int:
+    variants = args.variants.split(",")
+    if len(variants) > 1:
+        for v in variants:
+            mine = [r for r in results[1:] if r["variant"] == v]
+            if mine:
+                late_v = [x for r in mine for x in r["lateness"]]
+                print(
+                    f"  [{v}] {len(mine)} ticks: pass {statistics.median(r['passMs'] for r in mine):.0f} ms "
+                    f"median; tick->enqueued p99 {quantile(late_v, 0.99):.0f} ms"
+                )
     steady = results[1:] or results
     pass_ms = [r["passMs"] for r in steady]
     late = [x for r in steady for x in r["lateness"]]

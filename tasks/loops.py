@@ -318,6 +318,7 @@ def archive(rt: Runtime, p: Pass) -> dict[str, Any]:
         Policy.from_settings(s),
         page_size=max(1, s.archive_page_size),
         keep=p.keep,
+        duty_percent=s.archive_duty_percent,
     )
     metrics.observe_archive(totals)
     if totals.streams or totals.orphans_removed or totals.skipped:

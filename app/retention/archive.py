@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -551,11 +552,14 @@ def run_pass(
     max_pages: int | None = None,
     pass_id: str | None = None,
     clock: Callable[[Connection], datetime] = db_now,
+    duty_percent: int = 100,
+    rest: Callable[[float], None] = time.sleep,
 ) -> Totals:
     """Archive every eligible stream, page by page (``keep`` between pages renews the claim).
 
     ``clock``: the time eligibility is judged at (the database clock; a test moves it forward).
-    ``checkpoint(step)`` is called at each of ``STEPS`` (a test fails there to crash the pass)."""
+    ``checkpoint(step)`` is called at each of ``STEPS`` (a test fails there to crash the pass).
+    ``duty_percent``: after each page the pass ``rest``s (seconds) for ``rest_after`` of its work."""
     totals = Totals(pass_id or uuid.uuid4().hex[:16])
     if not policy.enabled:
         return totals
@@ -563,8 +567,14 @@ def run_pass(
     checkpoint("swept")
     cursor = Cursor()
     retries = 0
+    worked_from: float | None = None
     while max_pages is None or totals.pages < max_pages:
+        if worked_from is not None:
+            pause = rest_after(time.monotonic() - worked_from, duty_percent)
+            if pause > 0:
+                rest(pause)
         keep()
+        worked_from = time.monotonic()
         before = (cursor.objectives, cursor.jobs, cursor.objectives_done, cursor.jobs_done)
         with engine.connect() as conn:
             now = clock(conn)
@@ -608,6 +618,15 @@ def run_pass(
         totals.bytes += written.bytes
         totals.segments.append(name)
     return totals
+
+
+def rest_after(worked_s: float, duty_percent: int) -> float:
+    """How long to rest after ``worked_s`` of work so that work is ``duty_percent`` of the time.
+
+    Each page's deletes leave dead rows and index entries on pages the hot queries read (the first
+    reader after a delete prunes them) and churn the buffer cache; at full speed on two cores that
+    doubled a dispatch claim at a million jobs (``bench/README.md``, "retention_bench.py")."""
+    return max(0.0, worked_s) * (100 - duty_percent) / duty_percent
 
 
 def oldest_live_terminal(conn: Connection) -> datetime | None:

@@ -15,15 +15,19 @@ updated by one statement), so 10 000 schedules cost one pass of twenty transacti
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
 from sqlalchemy.engine import Engine
 
+from app import gc_pause
 from app.jobs.delay import parse_run_at
 from app.jobs.errors import ValidationError
 from app.jobs.privilege import Enqueuer
@@ -34,7 +38,7 @@ from app.schedules.reducer import Schedule
 from app.schedules.spec import Declared, Spec, merged, validate_spec
 from app.schedules.vocab import OVERLAPS
 from app.storage import projection
-from app.storage.db import db_now, read_connection
+from app.storage.db import db_now, is_sqlite, read_connection
 from app.storage.queue import Batch, EnqueueResult, Queue
 
 log = logging.getLogger("receipt.schedules")
@@ -42,6 +46,9 @@ log = logging.getLogger("receipt.schedules")
 PAGE_SIZE_DEFAULT: Final = 500
 # Pages one pass takes at most (10 000 schedules at the default page are 20).
 MAX_PAGES: Final = 1000
+# Threads one pass runs its pages on (PostgreSQL): two, so that the database writes one page while
+# this process decides the next; a third would only wait for its turn to write.
+LANES: Final = 2
 
 
 class ScheduleNotFound(Exception):
@@ -347,8 +354,11 @@ class _Written:
     canceled: int
 
 
-def _page(b: Batch, due: list[storage.Loaded]) -> _Written:
-    """Decide and write one page of locked schedules in the batch's transaction."""
+def _page(
+    b: Batch, due: list[storage.Loaded], writing: AbstractContextManager[Any] = contextlib.nullcontext()
+) -> _Written:
+    """Decide and write one page of locked schedules in the batch's transaction; its statements run
+    inside ``writing`` (the pass's lanes take turns there, see ``run_pass``)."""
     # The previous jobs an overlap policy (or a buffered tick) looks at; `allow` looks at none.
     last_keys = [
         x.schedule.last_job_id
@@ -366,27 +376,30 @@ def _page(b: Batch, due: list[storage.Loaded]) -> _Written:
             planned.append((x, p))
         elif s.active:
             stale.append(x)
-    if stale:
-        # Said due, yet nothing to decide: the row's next_fire_at is out of date (the zone database
-        # changed under it). It is derived from the fold, so it is written again, and the page moves on.
-        storage.refresh_next_fire(b.conn, stale)
     enqueues: list[tuple[Any, Enqueuer | None]] = []
-    canceled = 0
     for x, p in planned:
         s = x.schedule
-        if p.cancel is not None:
-            b.cancel(p.cancel, f"cancelPrevious: a newer tick of schedule {s.client_id} fired")
-            canceled += 1
         enqueuer = _enqueuer(s)
         enqueues.extend((s.spec.job.request(f.job_key, f.available_at), enqueuer) for f in p.fires)
-    existing = {r.job.id for r in b.enqueue_new(enqueues) if not r.created} if enqueues else set()
-    for _x, p in planned:
-        fired = iter(p.fires)
-        for type_, body in p.events:
-            if type_ == "schedule.fired" and next(fired).job_key in existing:
-                body["existing"] = True
-    if planned:
-        storage.apply_many(b.conn, [(x, x.schedule.id, p.events) for x, p in planned], at=now)
+    canceled = 0
+    with writing:
+        if stale:
+            # Said due, yet nothing to decide: the row's next_fire_at is out of date (the zone
+            # database changed under it). It is derived from the fold, so it is written again, and
+            # the page moves on.
+            storage.refresh_next_fire(b.conn, stale)
+        for x, p in planned:
+            if p.cancel is not None:
+                b.cancel(p.cancel, f"cancelPrevious: a newer tick of schedule {x.schedule.client_id} fired")
+                canceled += 1
+        existing = {r.job.id for r in b.enqueue_new(enqueues) if not r.created} if enqueues else set()
+        for _x, p in planned:
+            fired = iter(p.fires)
+            for type_, body in p.events:
+                if type_ == "schedule.fired" and next(fired).job_key in existing:
+                    body["existing"] = True
+        if planned:
+            storage.apply_many(b.conn, [(x, x.schedule.id, p.events) for x, p in planned], at=now)
     return _Written(len(due), [(x.schedule.id, p.events) for x, p in planned], canceled)
 
 
@@ -397,51 +410,108 @@ def _record(totals: PassTotals, written: _Written) -> None:
         _count(totals, key, events)
 
 
+@dataclass
+class _Pass:
+    """One pass's shared state: its lanes take pages from it and record into it under ``lock``."""
+
+    queue: Queue
+    started: datetime
+    page_size: int
+    keep: Callable[[], None] | None
+    totals: PassTotals = field(default_factory=PassTotals)
+    failed: set[str] = field(default_factory=set)
+    taken: int = 0  # pages begun
+    done: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # The lanes' statements take turns: one lane's writes run while the other decides its page.
+    writing: threading.Lock = field(default_factory=threading.Lock)
+
+
 def run_pass(
     queue: Queue,
     *,
     page_size: int = PAGE_SIZE_DEFAULT,
     keep: Callable[[], None] | None = None,
+    lanes: int = LANES,
 ) -> PassTotals:
     """One pass over every due schedule, a page per transaction, soonest first (see the module doc).
 
     Due means due when the pass began: ticks falling due while it runs are the next pass's, so a pass
     always ends. A page that fails is retried one schedule at a time, and a schedule that still fails
     is left out of this pass (logged; the next pass tries again), so one bad schedule never holds the
-    others back. ``keep`` runs before each page (the loop claim's renewal)."""
+    others back. ``keep`` runs before each page (the loop claim's renewal).
+
+    On PostgreSQL ``lanes`` threads take pages at once (``SKIP LOCKED`` keeps their rows apart), their
+    write statements taking turns: while one lane's page is written, the next is read and decided,
+    so the database's work and this process's overlap. SQLite, which cannot skip a locked row, runs
+    one lane."""
     with queue.engine.connect() as conn:
         started = db_now(conn)
-    totals = PassTotals()
-    failed: set[str] = set()
-    for page in range(MAX_PAGES):
-        if keep is not None:
-            keep()
+    with gc_pause.paused():  # thousands of rows, receipts and states, no cycles among them
+        return _run(_Pass(queue, started, page_size, keep), 1 if is_sqlite(queue.engine) else max(1, lanes))
+
+
+def _run(state: _Pass, n: int) -> PassTotals:
+    if n == 1:
+        _lane(state, contextlib.nullcontext())
+        return state.totals
+    errors: list[BaseException] = []
+
+    def lane() -> None:
+        try:
+            _lane(state, state.writing)
+        except BaseException as exc:  # raised below, in the pass's own thread; the other lanes stop
+            with state.lock:
+                state.done = True
+                errors.append(exc)
+
+    threads = [threading.Thread(target=lane, name=f"schedules-lane-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return state.totals
+
+
+def _lane(state: _Pass, writing: AbstractContextManager[Any]) -> None:
+    """Take pages until one is short (nothing due is left unlocked) or the pass is done."""
+    while True:
+        with state.lock:
+            if state.done or state.taken >= MAX_PAGES:
+                return
+            page = state.taken
+            state.taken += 1
+            if state.keep is not None:
+                state.keep()
         # The schedules holding a buffered tick are looked at once per pass, with the first page.
         buffered = page == 0
 
         def work(b: Batch, buffered: bool = buffered) -> _Written:
-            rows = storage.due(b.conn, started, page_size)
+            rows = storage.due(b.conn, state.started, state.page_size)
             if buffered:
                 seen = {x.schedule.id for x in rows}
-                more = storage.due(b.conn, started, page_size, buffered=True)
+                more = storage.due(b.conn, state.started, state.page_size, buffered=True)
                 rows += [x for x in more if x.schedule.id not in seen]
-            return _page(b, [x for x in rows if x.schedule.id not in failed])
+            return _page(b, [x for x in rows if x.schedule.id not in state.failed], writing)
 
         try:
-            written = queue.batch(work)
+            written = state.queue.batch(work)
         except Exception:
             log.exception("schedules pass: a page failed; trying its schedules one at a time")
-            written = _one_by_one(queue, started, page_size, totals, failed)
-        _record(totals, written)
-        totals.pages += 1
-        if written.schedules < page_size:
-            break
-        if written.schedules and not written.events:
-            # Rows said due and nothing was: their next_fire_at is stale (a zone database updated
-            # under them). The next pass reads them again; this one must not loop on them.
-            log.warning("schedules pass: %d due rows had nothing to decide", written.schedules)
-            break
-    return totals
+            with state.lock:
+                written = _one_by_one(state.queue, state.started, state.page_size, state.totals, state.failed)
+        with state.lock:
+            _record(state.totals, written)
+            state.totals.pages += 1
+            if written.schedules and not written.events:
+                # Rows said due and nothing was: their next_fire_at is stale (a zone database
+                # updated under them). The next pass reads them again; this one must not loop on them.
+                log.warning("schedules pass: %d due rows had nothing to decide", written.schedules)
+                state.done = True
+            if written.schedules < state.page_size:
+                return
 
 
 def _one_by_one(

@@ -515,3 +515,21 @@ def test_the_recovery_scans_plan_without_stepping_over_archived_index_entries(
         costed = _planning_buffers(conn, due_retries)
         conn.execute(text("SET LOCAL enable_mergejoin = off"))
         assert costed > 2 * _planning_buffers(conn, due_retries)
+
+
+def test_the_pass_rests_between_pages_for_its_duty_cycle(
+    engine: Engine, queue: Queue, sink: DirectorySink
+) -> None:
+    for i in range(5):
+        finished(queue, f"paced-{i}")
+    rests: list[float] = []
+    totals = archive.run_pass(
+        engine, sink, POLICY, page_size=2, clock=later(31), duty_percent=25, rest=rests.append
+    )
+    assert (totals.pages, totals.streams) == (3, 5)
+    # After each page but before the first: three times its work at 25 %, never nothing.
+    assert len(rests) == 3 and all(r > 0 for r in rests)
+    assert (
+        archive.run_pass(engine, sink, POLICY, page_size=2, clock=later(31), rest=rests.append).streams == 0
+    )
+    assert len(rests) == 3  # 100 %: no rest

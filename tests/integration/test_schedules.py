@@ -170,6 +170,45 @@ def test_passes_at_once_give_one_job_per_tick(q: Queue, engine: Engine) -> None:
     assert sum(r.created for r in results) == sum(len(jobs_of(engine, ORG, f"p{n}")) for n in range(20))
 
 
+def test_a_pass_s_lanes_split_its_pages_and_fire_every_schedule_once(
+    q: Queue, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for n in range(30):
+        declare_as_of(q, declaration(f"l{n}", cron="*/5 * * * * *", catchupWindowMs=60_000), 5.5)
+    lanes: set[str] = set()
+    real = service._page
+
+    def page(*args: Any, **kwargs: Any) -> Any:
+        lanes.add(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(service, "_page", page)
+    totals = service.run_pass(q, page_size=4, lanes=2)
+    fired = {n: fired_ticks(engine, qualify(ORG, f"l{n}")) for n in range(30)}
+    assert all(ticks and len(ticks) == len(set(ticks)) for ticks in fired.values()), fired
+    assert totals.created == sum(len(t) for t in fired.values()) == totals.fired
+    assert totals.schedules == 30 and totals.pages >= 8
+    if engine.dialect.name == "postgresql":  # SQLite cannot skip a locked row: one lane
+        assert lanes == {"schedules-lane-0", "schedules-lane-1"}
+    else:
+        assert len(lanes) == 1
+    assert service.run_pass(q, lanes=2).fired == 0
+
+
+def test_a_lane_s_failure_reaches_the_pass_s_caller(q: Queue, engine: Engine) -> None:
+    for n in range(6):
+        declare_as_of(q, declaration(f"k{n}"), 2.5)
+    renewals: list[int] = []
+
+    def keep() -> None:  # the loop claim lost on the third page: the pass must not end quietly
+        renewals.append(1)
+        if len(renewals) == 3:
+            raise RuntimeError("claim lost")
+
+    with pytest.raises(RuntimeError, match="claim lost"):
+        service.run_pass(q, page_size=1, lanes=2, keep=keep)
+
+
 def test_a_pass_that_dies_before_its_commit_leaves_nothing_and_the_next_fires_once(
     q: Queue, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

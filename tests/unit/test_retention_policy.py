@@ -88,3 +88,11 @@ def test_the_settings_give_the_policy() -> None:
             Settings.from_env({"RECEIPT_RETENTION_DAYS_BY_ORGANIZATION": bad})
     with pytest.raises(ValueError, match="RECEIPT_RETENTION_DAYS"):
         Settings.from_env({"RECEIPT_RETENTION_DAYS": "-1"})
+
+
+@pytest.mark.parametrize(
+    ("worked_s", "duty", "rest_s"), [(1.0, 50, 1.0), (1.0, 25, 3.0), (0.2, 100, 0.0), (-1.0, 50, 0.0)]
+)
+def test_rest_keeps_the_pass_to_its_duty_percent(worked_s: float, duty: int, rest_s: float) -> None:
+    """RECEIPT_ARCHIVE_DUTY_PERCENT (default 50): work is that share of the pass's time."""
+    assert archive.rest_after(worked_s, duty) == pytest.approx(rest_s)
