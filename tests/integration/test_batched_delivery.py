@@ -30,6 +30,7 @@ from tasks import dispatch, execute, fetches
 from tasks import loops as task_loops
 from tasks.celery_app import make_celery
 from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
+from workers import runner
 from workers.handler import JobContext
 from workers.shutdown import Shutdown
 from workers.slots import Slots
@@ -255,7 +256,7 @@ def test_the_leases_of_a_batch_are_one_transaction(engine: Engine, redis_url: st
         transactions.append(("alone", 1))
         return real_alone(job_id, decide)
 
-    queue.mutate_many = many  # type: ignore[method-assign]
+    queue.mutate_many = many  # type: ignore[method-assign,assignment]
     queue.mutate_alone = alone  # type: ignore[method-assign]
     execute.execute_batch(rt, items)
     # The five leases first, in one transaction; then each attempt's own settlement.
@@ -298,7 +299,7 @@ def test_a_batch_never_runs_more_attempts_than_the_slots_and_leases_the_rest_as_
     single = enqueue(rt.queue, AGENT)
     items = dispatched_items(rt, sent, [j.id for j in jobs])
     groups: list[int] = []
-    real = execute.lease_attempts
+    real = runner.lease_attempts
 
     def recording(queue: Any, settings: Any, attempts: Any, worker_ids: Any) -> Any:
         groups.append(len(attempts))
@@ -421,7 +422,6 @@ def test_a_failed_lease_statement_with_the_database_answering_again_runs_the_red
     from sqlalchemy.exc import OperationalError
 
     from app.storage import retry as retry_module
-    from workers import runner
 
     sleeps: list[float] = []
     monkeypatch.setattr(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from app.config import Settings
@@ -184,7 +186,7 @@ def test_a_broker_that_is_down_costs_the_records_and_one_warning_never_an_error(
 
 
 def test_a_batch_message_records_each_of_its_deliveries_under_its_own_key() -> None:
-    items = [["a", "a:attempt:1", "a", 0], ["b", "b:attempt:3", "b:redrive:4:queued", 2]]
+    items: list[list[Any]] = [["a", "a:attempt:1", "a", 0], ["b", "b:attempt:3", "b:redrive:4:queued", 2]]
     keys = [FETCH_PREFIX + driver_task_id("a", 0), FETCH_PREFIX + driver_task_id("b:redrive:4:queued", 2)]
     assert fetched_entries(EXECUTE_BATCH_TASK, [items], "c9") == [(k, "worker c9") for k in keys]
     assert failed_entries(EXECUTE_BATCH_TASK, [items]) == [(k, FAILED) for k in keys]
