@@ -212,10 +212,7 @@ def _deliver_grouped(
             if job.abort_requested:
                 _cancel_aborted(rt, job, job.id, decision.generation)
                 continue
-            fence = delivery.attempt_fence(job.id, job.attempt + 1)
-            logs.update_job(org=job.organization_id, attempt=job.attempt + 1, fence=fence)
-            queue_name = route(job.agent_id, job.kind).queue
-            evt = rt.callbacks.dispatched(rt.engine, job, fence)
+            fence, queue_name, evt = _dispatched(rt, job)
             buffered.append(_Buffered(job.id, job.id, decision.generation, evt))
             by_queue.setdefault(queue_name, []).append([job.id, fence, job.id, decision.generation])
     size = rt.settings.delivery_batch_max
@@ -382,12 +379,7 @@ def deliver(
     job_id = job.id
     if job.abort_requested:
         return _cancel_aborted(rt, job, dispatch_key, generation)
-    fence = delivery.attempt_fence(job_id, job.attempt + 1)
-    logs.update_job(org=job.organization_id, attempt=job.attempt + 1, fence=fence)
-    queue_name = route(job.agent_id, job.kind).queue
-    # Recorded before the message leaves, so "dispatched" is ordered before the job's terminal
-    # event (which the worker's settlement records) for every receiver.
-    evt = rt.callbacks.dispatched(rt.engine, job, fence)
+    fence, queue_name, evt = _dispatched(rt, job)
     try:
         rt.delivery.send(
             EXECUTE_TASK,
@@ -405,6 +397,15 @@ def deliver(
         rt.callbacks.forget(rt.engine, evt)
         raise
     return {"outcome": "dispatched", "fence": fence, "queue": queue_name}
+
+
+def _dispatched(rt: Runtime, job: Job) -> tuple[str, str, str | None]:
+    """A worker message about to be sent: its attempt fence, its routed queue, and the
+    ``dispatched`` callback event, recorded before the message leaves so that it is ordered before
+    the job's terminal event (which the worker's settlement records) for every receiver."""
+    fence = delivery.attempt_fence(job.id, job.attempt + 1)
+    logs.update_job(org=job.organization_id, attempt=job.attempt + 1, fence=fence)
+    return fence, route(job.agent_id, job.kind).queue, rt.callbacks.dispatched(rt.engine, job, fence)
 
 
 def _cancel_aborted(rt: Runtime, job: Job, dispatch_key: str, generation: int) -> DriveResult:
