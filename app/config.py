@@ -80,6 +80,13 @@ def _int(text: str) -> int:
     return int(text.strip())
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text.strip())
+    if value < 1:
+        raise ValueError("must be 1 or more")
+    return value
+
+
 def _days(text: str) -> int:
     value = int(text.strip())
     if value < 0:
@@ -649,6 +656,14 @@ class Settings:
         "while another commits share the next commit, this many at most; one arriving alone commits "
         "at once. `1` commits each alone.",
         _int,
+    )
+    delivery_batch_max: int = setting(
+        "RECEIPT_DELIVERY_BATCH_MAX",
+        "1",
+        "Driver scans: worker messages bound for one worker queue leave as one `receipt.execute_batch` "
+        "message of up to this many attempts, each under its own fence; the worker leases them in one "
+        "commit and runs them within its concurrency. `1` sends one `receipt.execute` per attempt.",
+        _at_least_one,
     )
     batch_max: int = setting(
         "RECEIPT_BATCH_MAX",

@@ -8,6 +8,7 @@ fixtures flushing, its in-process workers consuming) can touch its broker.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -307,6 +308,25 @@ def worker_pid(worker_id: str) -> int:
     return int(match.group(1))
 
 
+# Settings for every process of every stack of a run, e.g. the fault tests once with batched
+# deliveries: RECEIPT_TEST_STACK_ENV="RECEIPT_DELIVERY_BATCH_MAX=8" (Receipt's own variables are
+# never inherited from the shell; a test's own overrides still win).
+STACK_ENV = "RECEIPT_TEST_STACK_ENV"
+
+
+def stack_env_from(environ: Mapping[str, str]) -> dict[str, str]:
+    """``NAME=VALUE`` pairs, comma-separated, from ``RECEIPT_TEST_STACK_ENV``."""
+    pairs: dict[str, str] = {}
+    for item in (environ.get(STACK_ENV) or "").split(","):
+        name, sep, value = item.strip().partition("=")
+        if not item.strip():
+            continue
+        if not sep or not name.strip():
+            raise ValueError(f"{STACK_ENV}: expected NAME=VALUE pairs, got {item.strip()!r}")
+        pairs[name.strip()] = value.strip()
+    return pairs
+
+
 def make_stack(harness: Harness, database_url: str, home: Path, **env_overrides: str) -> Stack:
     """A deployment on ``database_url`` with its own redis-server (nothing else on the machine can
     consume, flush or restart its broker), and two API tokens (an organisation's and a system one)."""
@@ -325,7 +345,7 @@ def make_stack(harness: Harness, database_url: str, home: Path, **env_overrides:
         server.url,
         home,
         engine,
-        dict(env_overrides),
+        {**stack_env_from(os.environ), **env_overrides},
         token=secret,
         system_token=system_secret,
         redis_server=server,

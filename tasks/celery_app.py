@@ -25,7 +25,7 @@ from app.schedules import declared
 from tasks import dispatch, execute, fetches, loops, redaction, shutdown
 from tasks.beat import ReceiptBeat
 from tasks.cron import CronSchedule
-from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, get_runtime
+from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, get_runtime, slots_of
 from workers import liveness as worker_liveness
 
 log = logging.getLogger("receipt.celery")
@@ -78,10 +78,23 @@ def _register(app: Celery) -> None:
     def execute_task(
         self: Any, job_id: str, fence: str, dispatch_key: str, generation: int
     ) -> dict[str, Any]:
-        return execute.execute(get_runtime(self.app), job_id, fence, dispatch_key, generation)
+        return execute.execute(
+            get_runtime(self.app), job_id, fence, dispatch_key, generation, queue=_queue_of(self.request)
+        )
+
+    @_task(app, EXECUTE_BATCH_TASK)
+    def execute_batch_task(self: Any, items: list[list[Any]]) -> dict[str, Any]:
+        return execute.execute_batch(get_runtime(self.app), items, queue=_queue_of(self.request))
 
     for loop in registry.LOOPS:
         _register_loop(app, loop)
+
+
+def _queue_of(request: Any) -> str | None:
+    """The queue a worker message came from (each queue has its own routing key), for a hand-back."""
+    info = getattr(request, "delivery_info", None) or {}
+    key = info.get("routing_key") if isinstance(info, dict) else None
+    return key if isinstance(key, str) and key else None
 
 
 def _register_loop(app: Celery, loop: registry.Loop) -> None:
@@ -248,6 +261,18 @@ def _start_liveness(sender: Any = None, **_: Any) -> None:
     live.start()
 
 
+def _size_slots(sender: Any = None, **_: Any) -> None:
+    """The process's slots (``tasks/runtime.py``) are as many as its pool's threads, made before
+    its consumer starts, which stops fetching while they are all taken (``tasks/consumer.py``)."""
+    worker_app = getattr(sender, "app", None)
+    size = getattr(sender, "concurrency", None)
+    if worker_app is None or getattr(worker_app, "receipt_settings", None) is None:
+        return
+    if isinstance(size, int) and size > 0:
+        worker_app.receipt_concurrency = size
+    slots_of(worker_app, worker_app.receipt_settings)
+
+
 def _stop_liveness(sender: Any = None, **_: Any) -> None:
     live = worker_liveness.current()
     if live is not None:
@@ -257,6 +282,7 @@ def _stop_liveness(sender: Any = None, **_: Any) -> None:
 
 
 signals.worker_init.connect(_start_liveness)
+signals.worker_init.connect(_size_slots)
 signals.worker_shutdown.connect(_stop_liveness)
 signals.worker_ready.connect(_start_wake_listener)
 signals.worker_shutdown.connect(_stop_wake_listener)

@@ -48,6 +48,26 @@ class BackoffConsumer(Consumer):  # type: ignore[misc]
         super().register_with_event_loop(hub)
         if self.app.conf.worker_disable_prefetch:
             hub.call_repeatedly(RESUME_TICK_S, _tick)
+            self._gate_on_slots()
+
+    def _gate_on_slots(self) -> None:
+        """Fetch nothing while every slot of the process is taken (``workers/slots.py``).
+
+        Celery counts a batch message as one task, but it runs several attempts: with its pool's
+        threads alone as the limit, a process running a full batch would fetch more messages it
+        cannot start while another worker idles. The tick above resumes fetching once a slot frees.
+        """
+        slots = getattr(self.app, "receipt_slots", None)
+        qos = getattr(getattr(getattr(self, "task_consumer", None), "channel", None), "qos", None)
+        if slots is None or qos is None or getattr(qos, "receipt_gated", False):
+            return
+        celery_can_consume = qos.can_consume
+
+        def can_consume() -> bool:
+            return bool(slots.free > 0 and celery_can_consume())
+
+        qos.can_consume = can_consume
+        qos.receipt_gated = True
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         """Drop the lost connection; never let its cleanup kill the worker.

@@ -26,7 +26,7 @@ from app.storage.db import db_now, parse_iso, transaction
 from app.storage.retry import retry_transient
 from delivery.wakes import LISTEN_BLOCK_S
 from tasks import fetches
-from tasks.runtime import DRIVER_TASK, EXECUTE_TASK, Runtime
+from tasks.runtime import DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
 from workers.shutdown import PROCESS
 
 log = logging.getLogger("receipt.dispatch")
@@ -168,11 +168,14 @@ def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
         try:
             # The batch's worker messages leave in one pipeline, when the loop is done.
             with rt.delivery.batch() as producer:
-                for job, decision in to_send:
-                    with logs.bind_job(jobId=job.id):
-                        _count_delivery(decision, "dispatch")
-                        started.append(job.id)
-                        deliver(rt, job, job.id, decision.generation, batch=(producer, buffered))
+                if rt.settings.delivery_batch_max > 1:
+                    started += _deliver_grouped(rt, to_send, producer, buffered)
+                else:
+                    for job, decision in to_send:
+                        with logs.bind_job(jobId=job.id):
+                            _count_delivery(decision, "dispatch")
+                            started.append(job.id)
+                            deliver(rt, job, job.id, decision.generation, batch=(producer, buffered))
         except Exception:
             # The pipeline did not go (kombu discards what a failed batch buffered): end each of
             # these deliveries, as a failed send does, so the next pass may start another. A message
@@ -183,6 +186,56 @@ def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
                 rt.callbacks.forget(rt.engine, b.callback_event)
             raise
     return started
+
+
+# One attempt as a worker message carries it: [job id, attempt fence, dispatch key, generation].
+Item = list[Any]
+
+
+def _deliver_grouped(
+    rt: Runtime,
+    to_send: list[tuple[Job, delivery.StartDecision]],
+    producer: Any,
+    buffered: list[_Buffered],
+) -> list[str]:
+    """The scan's deliveries with ``RECEIPT_DELIVERY_BATCH_MAX`` above 1: each decided as ``deliver``
+    decides (an abort cancels; else a fence, and ``dispatched`` recorded before anything leaves),
+    then the attempts bound for one worker queue leave as messages of up to that many items
+    (``send_items``). Each item is buffered as soon as it is decided, so a failure anywhere before
+    the pipeline goes ends every delivery decided so far."""
+    started: list[str] = []
+    by_queue: dict[str, list[Item]] = {}
+    for job, decision in to_send:
+        with logs.bind_job(jobId=job.id):
+            _count_delivery(decision, "dispatch")
+            started.append(job.id)
+            if job.abort_requested:
+                _cancel_aborted(rt, job, job.id, decision.generation)
+                continue
+            fence, queue_name, evt = _dispatched(rt, job)
+            buffered.append(_Buffered(job.id, job.id, decision.generation, evt))
+            by_queue.setdefault(queue_name, []).append([job.id, fence, job.id, decision.generation])
+    size = rt.settings.delivery_batch_max
+    for queue_name, items in by_queue.items():
+        for at in range(0, len(items), size):
+            send_items(rt, queue_name, items[at : at + size], producer=producer)
+    return started
+
+
+def send_items(rt: Runtime, queue: str, items: list[Item], *, producer: Any = None) -> None:
+    """Send attempts bound for ``queue`` as one message: ``receipt.execute`` for one (its task id
+    the fence), ``receipt.execute_batch`` for several (its task id the first fence and the count)."""
+    if len(items) == 1:
+        rt.delivery.send(EXECUTE_TASK, items[0], task_id=items[0][1], queue=queue, producer=producer)
+        return
+    rt.delivery.send(
+        EXECUTE_BATCH_TASK, [items], task_id=batch_task_id(items), queue=queue, producer=producer
+    )
+
+
+def batch_task_id(items: list[Item]) -> str:
+    """A batch message's Celery task id, derived from its first attempt's fence as single ones are."""
+    return f"{items[0][1]}:batch:{len(items)}"
 
 
 @dataclass(frozen=True)
@@ -325,15 +378,8 @@ def deliver(
     the list the scan keeps), the message is buffered and recorded there; it leaves with the batch."""
     job_id = job.id
     if job.abort_requested:
-        retry_transient(lambda: rt.queue.cancel_queued(job_id, job.abort_reason))
-        settle_delivery(rt, job_id, dispatch_key, generation, "canceled")
-        return {"outcome": "canceled"}
-    fence = delivery.attempt_fence(job_id, job.attempt + 1)
-    logs.update_job(org=job.organization_id, attempt=job.attempt + 1, fence=fence)
-    queue_name = route(job.agent_id, job.kind).queue
-    # Recorded before the message leaves, so "dispatched" is ordered before the job's terminal
-    # event (which the worker's settlement records) for every receiver.
-    evt = rt.callbacks.dispatched(rt.engine, job, fence)
+        return _cancel_aborted(rt, job, dispatch_key, generation)
+    fence, queue_name, evt = _dispatched(rt, job)
     try:
         rt.delivery.send(
             EXECUTE_TASK,
@@ -351,6 +397,22 @@ def deliver(
         rt.callbacks.forget(rt.engine, evt)
         raise
     return {"outcome": "dispatched", "fence": fence, "queue": queue_name}
+
+
+def _dispatched(rt: Runtime, job: Job) -> tuple[str, str, str | None]:
+    """A worker message about to be sent: its attempt fence, its routed queue, and the
+    ``dispatched`` callback event, recorded before the message leaves so that it is ordered before
+    the job's terminal event (which the worker's settlement records) for every receiver."""
+    fence = delivery.attempt_fence(job.id, job.attempt + 1)
+    logs.update_job(org=job.organization_id, attempt=job.attempt + 1, fence=fence)
+    return fence, route(job.agent_id, job.kind).queue, rt.callbacks.dispatched(rt.engine, job, fence)
+
+
+def _cancel_aborted(rt: Runtime, job: Job, dispatch_key: str, generation: int) -> DriveResult:
+    """A queued job whose abort is pending is canceled instead of delivered."""
+    retry_transient(lambda: rt.queue.cancel_queued(job.id, job.abort_reason))
+    settle_delivery(rt, job.id, dispatch_key, generation, "canceled")
+    return {"outcome": "canceled"}
 
 
 def deliver_stale(rt: Runtime, job: Job, min_age_ms: int) -> bool:

@@ -1,30 +1,71 @@
-"""The worker message: run one attempt and settle its delivery record.
+"""The worker messages: run one attempt (``receipt.execute``) or several (``receipt.execute_batch``),
+and settle each delivery record.
 
-Callbacks need nothing here: a terminal settlement writes its outbox rows in its own transaction.
+Both draw from the process's slots (``workers/slots.py``), so the process never runs more attempts
+at once than its role's concurrency. A batch leases as many of its attempts as it has slots for, in
+one statement and one commit (``workers.runner.lease_attempts``), runs them on threads of their own,
+and leases the rest, again together, as slots free. An attempt not yet leased when the process
+begins shutting down is handed back to its queue, as a warm shutdown puts back a message it fetched
+and did not start. Callbacks need nothing here: a terminal settlement writes its outbox rows in its
+own transaction.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
+from app.jobs.routing import EXECUTE_BATCH_TASK, route
+from app.ops import logs
 from app.storage.delivery import parse_fence
-from tasks.dispatch import settle_delivery
+from tasks import fetches
+from tasks.dispatch import Item, send_items, settle_delivery
 from tasks.runtime import Runtime
-from workers.runner import run_attempt
+from workers.runner import AttemptResult, Started, lease_attempts, new_worker_id, run_attempt, run_started
+from workers.shutdown import PROCESS, Shutdown
+from workers.slots import Slots
 
 log = logging.getLogger("receipt.execute")
 
 # Outcomes in which this delivery did not own the job (a duplicate or superseded message):
 # its delivery record is left to the attempt that does own it, and no callback is posted.
 NOT_OWNED = frozenset({"lease_lost", "stale_attempt", "terminal_state"})
+# A delivery waiting for a slot looks this often whether its process began shutting down.
+SLOT_POLL_S = 0.5
+# What the task returns for an attempt it did not run: handed back at shutdown, or not leased
+# because its lease statement failed (its delivery is then recorded failed, and redelivered).
+HANDED_BACK, NOT_LEASED = "handed_back", "not_leased"
 
 
-def execute(rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation: int) -> dict[str, Any]:
+def execute(
+    rt: Runtime,
+    job_id: str,
+    fence: str,
+    dispatch_key: str,
+    generation: int,
+    *,
+    queue: str | None = None,
+    shutdown: Shutdown = PROCESS,
+) -> dict[str, Any]:
     fenced_job, attempt = parse_fence(fence)
     if fenced_job != job_id:
         return {"status": "stale_attempt", "error": f"fence {fence} is not for job {job_id}"}
-    result = run_attempt(rt.queue, rt.settings, rt.registry, job_id, attempt)
+    slots = rt.slots
+    if not take_slots(slots, 1, shutdown):
+        hand_back(rt, queue, [[job_id, fence, dispatch_key, generation]])
+        return {"status": HANDED_BACK, "jobStatus": None, "error": None}
+    try:
+        result = run_attempt(rt.queue, rt.settings, rt.registry, job_id, attempt, shutdown=shutdown)
+    finally:
+        slots.give(1)
+    return finish(rt, job_id, fence, dispatch_key, generation, result)
+
+
+def finish(
+    rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation: int, result: AttemptResult
+) -> dict[str, Any]:
+    """After an attempt ended: its delivery record, and the wake-up of a job it requeued."""
     job = result.job
     # Celery's own "succeeded" line does not show the return value (tasks/redaction.py): the
     # outcome, a vocabulary word, is logged here instead, never the job's payload or result.
@@ -47,3 +88,112 @@ def execute(rt: Runtime, job_id: str, fence: str, dispatch_key: str, generation:
     elif result.status == "terminal_state":
         settle_delivery(rt, job_id, dispatch_key, generation, result.status)
     return {"status": result.status, "jobStatus": job.status if job else None, "error": result.error}
+
+
+def take_slots(slots: Slots, want: int, shutdown: Shutdown) -> int:
+    """Wait for at least one slot (up to ``want``); 0 once the process is shutting down instead."""
+    while True:
+        got = slots.take(want, SLOT_POLL_S)
+        if got or shutdown.requested:
+            return got
+
+
+def hand_back(rt: Runtime, queue: str | None, items: list[Item]) -> None:
+    """Put attempts this process fetched and will not start back on their worker queue, in one
+    message (the next worker fetches it; each fence still guards its attempt). Without the queue
+    the message came from, each job's route says it. If the publish fails, their fetch records
+    still name this process, whose death then makes each delivery lost for the redrive."""
+    by_queue: dict[str, list[Item]] = {}
+    try:
+        for item in items:
+            name = queue
+            if name is None:
+                job = rt.queue.get(item[0])
+                if job is None:
+                    continue
+                name = route(job.agent_id, job.kind).queue
+            by_queue.setdefault(name, []).append(item)
+        for name, group in by_queue.items():
+            send_items(rt, name, group)
+        log.info("shutting down: %d fetched attempts handed back to their queue", len(items))
+    except Exception:
+        log.exception("shutting down: could not hand back %d fetched attempts", len(items))
+
+
+def execute_batch(
+    rt: Runtime, items: list[Item], *, queue: str | None = None, shutdown: Shutdown = PROCESS
+) -> dict[str, Any]:
+    """Run the attempts of one ``receipt.execute_batch`` message within this process's slots."""
+    results: dict[str, dict[str, Any]] = {}
+    pending: list[tuple[Item, int]] = []
+    for item in items:
+        job_id, fence = item[0], item[1]
+        fenced_job, attempt = parse_fence(fence)
+        if fenced_job != job_id:
+            results[fence] = {"status": "stale_attempt", "error": f"fence {fence} is not for job {job_id}"}
+        else:
+            pending.append((item, attempt))
+    slots = rt.slots
+    running: list[threading.Thread] = []
+    lock = threading.Lock()
+
+    def record(fence: str, outcome: dict[str, Any]) -> None:
+        with lock:
+            results[fence] = outcome
+
+    def run(item: Item, started: Started) -> None:
+        job_id, fence, key, generation = item
+        try:
+            with logs.bind_job(jobId=job_id, fence=fence, workerId=started.attempt.worker_id):
+                result = run_started(started, rt.registry, shutdown)
+                record(fence, finish(rt, job_id, fence, key, generation, result))
+        except Exception as exc:
+            # As a single delivery's task raising: its delivery is recorded failed (redelivered).
+            log.exception("attempt %s raised", fence)
+            fetches.record_failed(EXECUTE_BATCH_TASK, [[item]])
+            record(fence, {"status": NOT_LEASED, "error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            slots.give(1)
+
+    while pending:
+        got = 0 if shutdown.requested else take_slots(slots, len(pending), shutdown)
+        if not got:
+            # Shutting down: what is not leased yet goes back to its queue, never started here.
+            hand_back(rt, queue, [item for item, _ in pending])
+            for item, _ in pending:
+                results[item[1]] = {"status": HANDED_BACK}
+            break
+        group, pending = pending[:got], pending[got:]
+        try:
+            outcomes = lease_attempts(
+                rt.queue,
+                rt.settings,
+                [(item[0], attempt) for item, attempt in group],
+                [new_worker_id(rt.settings) for _ in group],
+            )
+        except Exception as exc:
+            # The statement rolled back: none of these holds a lease. Each delivery is recorded
+            # failed, so the redrive redelivers it; the attempts not yet tried go on.
+            slots.give(got)
+            log.exception("could not lease %d attempts of a batch", len(group))
+            fetches.record_failed(EXECUTE_BATCH_TASK, [[item for item, _ in group]])
+            for item, _ in group:
+                results[item[1]] = {"status": NOT_LEASED, "error": f"{type(exc).__name__}: {exc}"}
+            continue
+        for (item, _), outcome in zip(group, outcomes, strict=True):
+            if isinstance(outcome, Started):
+                thread = threading.Thread(target=run, args=(item, outcome), name=f"receipt-attempt-{item[1]}")
+                running.append(thread)
+                thread.start()
+                continue
+            slots.give(1)
+            if isinstance(outcome, Exception):
+                log.error("could not lease %s: %s", item[1], outcome)
+                fetches.record_failed(EXECUTE_BATCH_TASK, [[item]])
+                results[item[1]] = {"status": NOT_LEASED, "error": f"{type(outcome).__name__}: {outcome}"}
+            else:
+                with logs.bind_job(jobId=item[0], fence=item[1]):
+                    results[item[1]] = finish(rt, item[0], item[1], item[2], item[3], outcome)
+    for thread in running:
+        thread.join()
+    return {"items": [{"fence": item[1], **results[item[1]]} for item in items]}

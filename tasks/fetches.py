@@ -22,6 +22,9 @@ worker message sent     the driver                  ``sent <consumer>``
 worker message fetched  the worker                  ``worker <consumer>``
 ======================  ==========================  ===================================
 
+A ``receipt.execute_batch`` message carries several deliveries: each is recorded under its own key,
+all in the one write per message, so a worker killed holding a batch leaves every one of them lost.
+
 Each write follows the one before it in time (a message is recorded as sent before it is
 published, so before anyone can fetch it), so the value is the delivery's latest stage. A scan
 message (``receipt.dispatch``, whose driver runs in-process) records ``receipt:dispatching:<jobId>``
@@ -59,7 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.config import Settings
-from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK
+from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
 from app.jobs.timing import DRIVER_TIMEOUT_FLOOR_MS, DRIVER_TIMEOUT_PAD_MS
 from app.storage.delivery import driver_task_id
 
@@ -237,12 +240,26 @@ def fetched_entries(name: str, args: Any, consumer: str) -> list[tuple[str, str]
         if name == EXECUTE_TASK:
             _job_id, _fence, key, generation = args
             return [(FETCH_PREFIX + driver_task_id(key, int(generation)), f"{WORKER} {consumer}")]
+        if name == EXECUTE_BATCH_TASK:
+            return [(k, f"{WORKER} {consumer}") for k in batch_keys(args)]
         if name == DISPATCH_TASK:
             (job_ids,) = args
             return [(DISPATCHING_PREFIX + str(job_id), consumer) for job_id in job_ids]
     except (TypeError, ValueError):  # a malformed message: the task itself will reject it
         return []
     return []
+
+
+def batch_keys(args: Any) -> list[str]:
+    """The fetch record key of every delivery a ``receipt.execute_batch`` message carries (pure):
+    each attempt in it is its own delivery, recorded and judged on its own. Raises
+    ``TypeError``/``ValueError`` on a malformed message."""
+    (items,) = args
+    keys = []
+    for item in items:
+        _job_id, _fence, key, generation = item
+        keys.append(FETCH_PREFIX + driver_task_id(key, int(generation)))
+    return keys
 
 
 def failed_entries(name: str, args: Any) -> list[tuple[str, str]]:
@@ -255,12 +272,22 @@ def failed_entries(name: str, args: Any) -> list[tuple[str, str]]:
         if name == EXECUTE_TASK:
             _job_id, _fence, key, generation = args
             return [(FETCH_PREFIX + driver_task_id(key, int(generation)), FAILED)]
+        if name == EXECUTE_BATCH_TASK:
+            return [(k, FAILED) for k in batch_keys(args)]
         if name == DISPATCH_TASK:
             (job_ids,) = args
             return [(DISPATCHING_PREFIX + str(job_id), FAILED) for job_id in job_ids]
     except (TypeError, ValueError):
         return []
     return []
+
+
+def record_failed(name: str, args: Any) -> None:
+    """Record that this process gave up on these deliveries while it lives on (a batch whose lease
+    statement failed): the redrive then judges each lost, as it does a task that raised."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.write(failed_entries(name, args))
 
 
 def scan_entries(job_ids: Sequence[str], holder: str) -> list[tuple[str, str]]:
@@ -308,6 +335,8 @@ def published_entries(name: str, task_id: str | None, args: Any, consumer: str) 
         if name == EXECUTE_TASK:
             _job_id, _fence, key, generation = args
             return [(FETCH_PREFIX + driver_task_id(key, int(generation)), f"{SENT} {consumer}")]
+        if name == EXECUTE_BATCH_TASK:
+            return [(k, f"{SENT} {consumer}") for k in batch_keys(args)]
     except (TypeError, ValueError):
         return []
     return []
@@ -365,7 +394,7 @@ def on_task_failure(sender: Any = None, args: Any = None, **_: Any) -> None:
 def on_before_task_publish(sender: Any = None, body: Any = None, headers: Any = None, **_: Any) -> None:
     """In a consuming process only: mark a driver or worker message sent before it is published."""
     recorder = _recorder
-    if recorder is None or sender not in (DRIVER_TASK, EXECUTE_TASK):
+    if recorder is None or sender not in (DRIVER_TASK, EXECUTE_TASK, EXECUTE_BATCH_TASK):
         return
     args = body[0] if isinstance(body, tuple) and body else None
     task_id = headers.get("id") if isinstance(headers, dict) else None

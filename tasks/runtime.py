@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from celery import Celery
 from sqlalchemy.engine import Engine
@@ -20,6 +21,7 @@ from app.composition import build_queue
 from app.config import Settings
 from app.jobs.routing import DISPATCH_TASK as DISPATCH_TASK
 from app.jobs.routing import DRIVER_TASK as DRIVER_TASK
+from app.jobs.routing import EXECUTE_BATCH_TASK as EXECUTE_BATCH_TASK
 from app.jobs.routing import EXECUTE_TASK as EXECUTE_TASK
 from app.storage.db import engine_for
 from app.storage.queue import Queue
@@ -28,6 +30,8 @@ from delivery.client import DeliveryClient
 from delivery.wakes import WakeList
 from tasks.callbacks import Callbacks
 from workers.registry import HandlerRegistry, default_registry
+from workers.roles import concurrency, resolve_role
+from workers.slots import Slots
 
 
 @dataclass
@@ -43,12 +47,35 @@ class Runtime:
     broker: BrokerProbe = field(default_factory=NullProbe)
 
     @property
+    def slots(self) -> Slots:
+        """The attempts this process may run at once, shared by every delivery it runs."""
+        return slots_of(self.app, self.settings)
+
+    @property
     def wakes(self) -> WakeList | None:
         """The coalescing wake list (Redis brokers only): the scanner drains it (delivery/wakes.py)."""
         return self.delivery.wakes
 
 
 _lock = threading.Lock()
+
+
+def slots_of(app: Any, settings: Settings) -> Slots:
+    """The process's one slot counter, kept on its Celery app: as many slots as the worker's pool
+    has threads (``app.receipt_concurrency``, set when the worker starts), else the role's
+    concurrency (``workers/roles.py``)."""
+    slots: Slots | None = getattr(app, "receipt_slots", None)
+    if slots is not None:
+        return slots
+    with _lock:
+        slots = getattr(app, "receipt_slots", None)
+        if slots is None:
+            size = getattr(app, "receipt_concurrency", None) or concurrency(
+                resolve_role(settings.process_role)[0], settings.execute_concurrency
+            )
+            slots = Slots(int(size))
+            app.receipt_slots = slots
+    return slots
 
 
 def get_runtime(app: Celery) -> Runtime:

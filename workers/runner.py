@@ -15,6 +15,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
 from app.jobs.vocab import AttemptStatus, FailureStatus, ReleaseReason
 from app.ops import logs
 from app.redaction import redactor
-from app.storage.queue import Queue
+from app.storage.queue import AttemptStart, Queue
 from app.storage.retry import retry_transient
 from workers import liveness
 from workers.handler import HandlerError, JobContext
@@ -129,6 +130,37 @@ class Attempt:
         return AttemptResult("released", out.job, reason)
 
 
+@dataclass(frozen=True)
+class Started:
+    """An attempt whose first write took the lease (or the start-fence heartbeat): it runs next."""
+
+    attempt: Attempt
+    job: Job
+
+
+def lease_ms_for(settings: Settings) -> Callable[[Job], int]:
+    """The lease an attempt takes on the job as read (its timing depends on kind and payload)."""
+
+    def lease_ms(job: Job) -> int:
+        return timing_for(job.agent_id, job.kind, job.payload, settings).lease_ms
+
+    return lease_ms
+
+
+def begun(this: Attempt, start: AttemptStart) -> Started | AttemptResult:
+    """What an attempt's first write means: it runs (``Started``), or it ends here and why."""
+    if start.job is None:
+        return AttemptResult("stale_attempt", None, f"no job {this.job_id}")
+    job = start.job
+    if start.status == "stale_attempt":
+        return AttemptResult(
+            "stale_attempt", job, f"fence is for attempt {this.number}, job is at {job.attempt}"
+        )
+    if start.status != "started":
+        return AttemptResult(start.status, job)
+    return Started(dataclasses.replace(this, charged=job.charged_attempts), job)
+
+
 def run_attempt(
     queue: Queue,
     settings: Settings,
@@ -139,25 +171,47 @@ def run_attempt(
     worker_id: str | None = None,
     shutdown: Shutdown = PROCESS,
 ) -> AttemptResult:
+    """One delivered attempt: its first write (``start_attempt``), then ``run_started``."""
     worker_id = worker_id or new_worker_id(settings)
     logs.update_job(workerId=worker_id, attempt=attempt)
     this = Attempt(queue, settings, job_id, worker_id, attempt)
-
-    def lease_ms(job: Job) -> int:
-        return timing_for(job.agent_id, job.kind, job.payload, settings).lease_ms
-
     # One transaction reads the job and leases it (queued → leased → running in one commit), or
     # takes the start-fence heartbeat of redelivered work; it says why when it did neither.
-    start = retry_transient(lambda: queue.start_attempt(job_id, worker_id, attempt, lease_ms))
-    if start.job is None:
-        return AttemptResult("stale_attempt", None, f"no job {job_id}")
-    job = start.job
-    this = dataclasses.replace(this, charged=job.charged_attempts)
-    logs.update_job(org=job.organization_id)
-    if start.status == "stale_attempt":
-        return AttemptResult("stale_attempt", job, f"fence is for attempt {attempt}, job is at {job.attempt}")
-    if start.status != "started":
-        return AttemptResult(start.status, job)
+    start = retry_transient(lambda: queue.start_attempt(job_id, worker_id, attempt, lease_ms_for(settings)))
+    if start.job is not None:
+        logs.update_job(org=start.job.organization_id)
+    outcome = begun(this, start)
+    if isinstance(outcome, AttemptResult):
+        return outcome
+    return run_started(outcome, registry, shutdown)
+
+
+def lease_attempts(
+    queue: Queue, settings: Settings, attempts: Sequence[tuple[str, int]], worker_ids: Sequence[str]
+) -> list[Started | AttemptResult | Exception]:
+    """The first writes of several delivered attempts (job id, attempt number) in one statement and
+    one commit (``Queue.start_attempts``), each under its own fence; each answer as ``begun`` gives
+    it. Raises when the statement fails: then no attempt of them holds a lease. An attempt whose own
+    decision raised answers with that exception (nothing was written for it)."""
+    items = [
+        (job_id, worker_id, number) for (job_id, number), worker_id in zip(attempts, worker_ids, strict=True)
+    ]
+    starts = retry_transient(lambda: queue.start_attempts(items, lease_ms_for(settings)))
+    out: list[Started | AttemptResult | Exception] = []
+    for (job_id, worker_id, number), start in zip(items, starts, strict=True):
+        if isinstance(start, Exception):
+            out.append(start)
+        else:
+            out.append(begun(Attempt(queue, settings, job_id, worker_id, number), start))
+    return out
+
+
+def run_started(started: Started, registry: HandlerRegistry, shutdown: Shutdown = PROCESS) -> AttemptResult:
+    """The rest of an attempt that holds its lease: abort check, the handler raced against the
+    heartbeat loop and the execution timeout, then the settlement under the attempt fence."""
+    this, job = started.attempt, started.job
+    queue, settings, job_id = this.queue, this.settings, this.job_id
+    worker_id, attempt = this.worker_id, this.number
     timing = timing_for(job.agent_id, job.kind, job.payload, settings)
 
     handler = registry.get(job.agent_id)

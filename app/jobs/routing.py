@@ -31,6 +31,8 @@ OBJECTIVES_QUEUE: Final = "receipt-objectives"
 DISPATCH_TASK: Final = "receipt.dispatch"
 DRIVER_TASK: Final = "receipt.driver"
 EXECUTE_TASK: Final = "receipt.execute"
+# Several attempts bound for one worker queue in one message (RECEIPT_DELIVERY_BATCH_MAX above 1).
+EXECUTE_BATCH_TASK: Final = "receipt.execute_batch"
 
 # Spec: `job.payload.kind startsWith "factory.integration."` -> receipt-codex. A declared kind says
 # this itself (its ``route``; a test holds the two together); the prefix routes a kind no one

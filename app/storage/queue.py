@@ -632,6 +632,40 @@ class Queue:
             return AttemptStart("stale_attempt", None)
         return AttemptStart(verdict[0], out.job)
 
+    def start_attempts(
+        self, items: Sequence[tuple[str, str, int]], lease_ms: Callable[[Job], int]
+    ) -> list[AttemptStart | Exception]:
+        """``start_attempt`` for several delivered attempts (job id, worker id, attempt) in one
+        transaction and one commit (``mutate_many``), each decided on its own job under its own
+        fence. An item whose own decision raised answers with that exception. Raises when the
+        transaction fails: then none of them was written."""
+        verdicts: list[list[AttemptStartStatus]] = [[] for _ in items]
+
+        def decide_for(verdict: list[AttemptStartStatus], worker_id: str, attempt: int) -> Decide:
+            def decide(job: Job, now: datetime) -> Sequence[Event]:
+                verdict.clear()
+                start = transitions.start_attempt(job, now, worker_id, attempt, lease_ms(job))
+                verdict.append(start.status)
+                return start.events
+
+            return decide
+
+        answers = self.mutate_many(
+            [
+                (job_id, decide_for(verdict, worker_id, attempt))
+                for (job_id, worker_id, attempt), verdict in zip(items, verdicts, strict=True)
+            ]
+        )
+        out: list[AttemptStart | Exception] = []
+        for answer, verdict in zip(answers, verdicts, strict=True):
+            if isinstance(answer, JobNotFound):
+                out.append(AttemptStart("stale_attempt", None))
+            elif isinstance(answer, Exception):
+                out.append(answer)
+            else:
+                out.append(AttemptStart(verdict[0], answer.job))
+        return out
+
     def heartbeat(self, job_id: str, worker_id: str, attempt: int, lease_ms: int) -> Outcome:
         """Renew the lease (and promote leased → running); inert for a superseded attempt."""
         return self.mutate(

@@ -27,7 +27,7 @@ from app.jobs.validation import validate_enqueue
 from devharness import handlers
 from tasks.celery_app import make_celery
 from tasks.loops import REDRIVE_LOOP
-from tasks.runtime import DISPATCH_TASK, EXECUTE_TASK
+from tasks.runtime import DISPATCH_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
 from tests.support.processes import Proc
 from tests.support.queue_ops import complete, settle_canceled
 from tests.support.services import TcpProxy
@@ -87,6 +87,46 @@ def test_sigkill_of_the_worker_mid_job_reruns_it_once_on_a_new_process(stack: St
     # Nothing of the dead attempt was written after its lease expired.
     after = receipts[receipts.index(expired[0]) + 1 :]
     assert all(r.body.get("workerId") != running.lease.worker_id for r in after)
+
+
+def test_sigkill_of_a_worker_holding_a_batch_redelivers_every_job_of_it_which_completes_once(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Six jobs in one ``receipt.execute_batch``; the worker has two slots, so it leases two and holds
+    four unleased. SIGKILL: the two leased come back through the worker-liveness loop, the four
+    held through their fetch records (each its own delivery, lost with its fetcher)."""
+    stack.env_overrides["RECEIPT_DELIVERY_BATCH_MAX"] = "8"
+    stack.start("web")
+    gate = tmp_path / "gate"
+    # No driver yet: the six wait together, and the first scan claims them in one batch.
+    ids = [stack.post_job(handlers.GATE, gate=str(gate), max_attempts=3)["id"] for _ in range(6)]
+    first = stack.start_worker("worker-chat", "chat", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="2")
+    stack.start("driver", "beat")
+    wait_for(lambda: first.log_count(f"{EXECUTE_BATCH_TASK}[") >= 1, 30, what="the batch to be fetched")
+    wait_for(lambda: sum(stack.status(i) == "running" for i in ids) == 2, 30, what="two attempts to run")
+    leased = [i for i in ids if stack.status(i) == "running"]
+    held = [i for i in ids if i not in leased]
+    # Never more attempts than the role's concurrency: the other four wait unleased.
+    assert [(stack.status(i), stack.job(i).attempt) for i in held] == [("queued", 0)] * 4  # type: ignore[union-attr]
+
+    stack.harness.kill(stack.procs.pop("chat"))  # SIGKILL: no hand-back, no record deleted
+    gate.touch()
+    replacement = stack.start_worker("worker-chat", "chat-2")
+
+    for job_id in ids:
+        done = stack.wait_terminal(job_id, timeout=60)
+        assert done.status == "completed" and done.result["pid"] == replacement.pid, (job_id, done)
+        _one_of_each(stack, job_id)
+    for job_id in leased:
+        assert stack.job(job_id).attempt == 2  # type: ignore[union-attr]
+        assert stack.types(job_id).count("job.lease_expired") == 1
+    for job_id in held:
+        # Never leased by the dead worker: its first attempt ran on the replacement ...
+        receipts = stack.receipts(job_id)
+        assert [r.body["attempt"] for r in receipts if r.type == "job.leased"] == [1]
+        assert "job.lease_expired" not in [r.type for r in receipts]
+        # ... redelivered because its own delivery was judged lost with the process that fetched it.
+        assert "fetcher_lost" in [d.outcome for d in stack.deliveries(job_id)]
 
 
 def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: Path) -> None:

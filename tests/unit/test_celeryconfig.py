@@ -22,7 +22,7 @@ from app.ops import outages, preflight
 from tasks.beat import ReceiptBeat, prepare
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
-from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK
+from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
 
 REDRIVE_TASK = registry.QUEUED_REDRIVE.task
 EXPIRE_TASK = registry.LEASE_EXPIRY.task
@@ -158,6 +158,7 @@ def test_make_celery_applies_the_configuration_and_registers_every_task(tmp_path
         DISPATCH_TASK,
         DRIVER_TASK,
         EXECUTE_TASK,
+        EXECUTE_BATCH_TASK,
         REDRIVE_TASK,
         EXPIRE_TASK,
         RETRY_TASK,

@@ -149,8 +149,9 @@ SWITCHES = [s for s in SETTINGS if s.parse is switch]
 
 def test_every_on_off_setting_uses_the_one_parser() -> None:
     """A setting whose default is an on/off word is parsed by ``switch``, and only those are."""
-    # A count whose default happens to be 0 is a number, not a switch (0 days: keep everything).
-    numbers = {"RECEIPT_RETENTION_DAYS"}
+    # A count whose default happens to be 0 or 1 is a number, not a switch (0 days: keep
+    # everything; 1 attempt per worker message).
+    numbers = {"RECEIPT_RETENTION_DAYS", "RECEIPT_DELIVERY_BATCH_MAX"}
     assert {s.env for s in SWITCHES} == {
         s.env for s in SETTINGS if s.default in ON + OFF and s.env not in numbers
     }
@@ -318,3 +319,11 @@ def test_the_readme_table_says_which_settings_are_secrets() -> None:
         [row] = [line for line in table.splitlines() if line.startswith(f"| `{s.env}` |")]
         assert ("Secret: shown as `***`" in row) == s.secret, s.env
         assert ("password and query string are shown as `***`" in row) == s.url, s.env
+
+
+def test_the_delivery_batch_is_one_attempt_by_default_and_never_less() -> None:
+    assert Settings.from_env({}).delivery_batch_max == 1
+    assert Settings.from_env({"RECEIPT_DELIVERY_BATCH_MAX": " 8 "}).delivery_batch_max == 8
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(ValueError, match="RECEIPT_DELIVERY_BATCH_MAX"):
+            Settings.from_env({"RECEIPT_DELIVERY_BATCH_MAX": bad})

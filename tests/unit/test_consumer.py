@@ -11,6 +11,7 @@ import pytest
 
 from tasks import consumer
 from tasks.consumer import BackoffConsumer, reconnect_delays
+from workers.slots import Slots
 
 
 def test_reconnect_delays_start_at_1s_double_and_cap_at_30s() -> None:
@@ -101,3 +102,25 @@ def test_with_prefetch_no_extra_tick_is_registered() -> None:
     hub = _Hub()
     BackoffConsumer.register_with_event_loop(_consumer_with(disable_prefetch=False), hub)
     assert hub.timers == []
+
+
+def test_no_message_is_fetched_while_every_slot_of_the_process_is_taken() -> None:
+    """A batch runs several attempts on one Celery thread: the slots, not the pool, say when to fetch."""
+    fake = _consumer_with(disable_prefetch=True)
+    slots = Slots(2)
+    fake.app.receipt_slots = slots
+    celery_says = [True]
+    qos = SimpleNamespace(can_consume=lambda: celery_says[0])
+    fake.task_consumer = SimpleNamespace(channel=SimpleNamespace(qos=qos))
+    BackoffConsumer.register_with_event_loop(fake, _Hub())
+    assert qos.can_consume() is True
+    assert slots.take(2, 0) == 2
+    assert qos.can_consume() is False  # every slot taken: fetch nothing
+    slots.give(1)
+    assert qos.can_consume() is True
+    celery_says[0] = False
+    assert qos.can_consume() is False  # Celery's own limit still holds
+    # A reconnect registers again: the gate is not stacked on itself.
+    BackoffConsumer.register_with_event_loop(fake, _Hub())
+    celery_says[0] = True
+    assert qos.can_consume() is True

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from app.config import Settings
-from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK
+from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
 from app.storage.delivery import driver_task_id
 from tasks import fetches
 from tasks.fetches import (
     DISPATCHING_PREFIX,
+    FAILED,
     FETCH_PREFIX,
     HELD_ALIVE,
     INLINE_MIN_AGE_MS,
@@ -180,3 +183,21 @@ def test_a_broker_that_is_down_costs_the_records_and_one_warning_never_an_error(
     fake_redis.up()
     recorder.write([("k", "v")])
     assert fake_redis.client().get("k") == b"v"
+
+
+def test_a_batch_message_records_each_of_its_deliveries_under_its_own_key() -> None:
+    items: list[list[Any]] = [["a", "a:attempt:1", "a", 0], ["b", "b:attempt:3", "b:redrive:4:queued", 2]]
+    keys = [FETCH_PREFIX + driver_task_id("a", 0), FETCH_PREFIX + driver_task_id("b:redrive:4:queued", 2)]
+    assert fetched_entries(EXECUTE_BATCH_TASK, [items], "c9") == [(k, "worker c9") for k in keys]
+    assert failed_entries(EXECUTE_BATCH_TASK, [items]) == [(k, FAILED) for k in keys]
+    assert published_entries(EXECUTE_BATCH_TASK, "a:attempt:1:batch:2", [items], "c1") == [
+        (k, "sent c1") for k in keys
+    ]
+    # Each item is judged on its own record: the batch's consumer gone makes every one lost.
+    for (_key, value), (job, _fence, dispatch_key, generation) in zip(
+        fetched_entries(EXECUTE_BATCH_TASK, [items], "c9"), items, strict=True
+    ):
+        pending = Pending(job, "dispatch", "", generation, driver_task_id(dispatch_key, generation), 0)
+        assert verdict(pending, Record.parse(value), None, alive={"c1"}) == LOST
+        assert verdict(pending, Record.parse(value), None, alive={"c9"}) == HELD_ALIVE
+    assert fetched_entries(EXECUTE_BATCH_TASK, [[["only", "three", "fields"]]], "c1") == []
