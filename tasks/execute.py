@@ -3,7 +3,7 @@ and settle each delivery record.
 
 Both draw from the process's slots (``workers/slots.py``), so the process never runs more attempts
 at once than its role's concurrency. A batch leases as many of its attempts as it has slots for, in
-one statement and one commit (``workers.runner.lease_attempts``), runs them on threads of their own,
+one statement and one commit (``workers.runner.lease_attempts``), runs them on reused threads,
 and leases the rest, again together, as slots free. An attempt not yet leased when the process
 begins shutting down is handed back to its queue, as a warm shutdown puts back a message it fetched
 and did not start. Callbacks need nothing here: a terminal settlement writes its outbox rows in its
@@ -12,6 +12,7 @@ own transaction.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any
@@ -22,6 +23,7 @@ from app.storage.delivery import parse_fence
 from tasks import fetches
 from tasks.dispatch import Item, send_items, settle_delivery
 from tasks.runtime import Runtime
+from workers.handler_pool import HandlerPool, HandlerRun
 from workers.runner import AttemptResult, Started, lease_attempts, new_worker_id, run_attempt, run_started
 from workers.shutdown import PROCESS, Shutdown
 from workers.slots import Slots
@@ -36,6 +38,8 @@ SLOT_POLL_S = 0.5
 # What the task returns for an attempt it did not run: handed back at shutdown, or not leased
 # because its lease statement failed (its delivery is then recorded failed, and redelivered).
 HANDED_BACK, NOT_LEASED = "handed_back", "not_leased"
+# The threads a batch's attempts run on, reused from one batch to the next as handlers' are.
+_ATTEMPTS = HandlerPool()
 
 
 def execute(
@@ -134,7 +138,7 @@ def execute_batch(
         else:
             pending.append((item, attempt))
     slots = rt.slots
-    running: list[threading.Thread] = []
+    running: list[HandlerRun] = []
     lock = threading.Lock()
 
     def record(fence: str, outcome: dict[str, Any]) -> None:
@@ -182,9 +186,7 @@ def execute_batch(
             continue
         for (item, _), outcome in zip(group, outcomes, strict=True):
             if isinstance(outcome, Started):
-                thread = threading.Thread(target=run, args=(item, outcome), name=f"receipt-attempt-{item[1]}")
-                running.append(thread)
-                thread.start()
+                running.append(_ATTEMPTS.submit(functools.partial(run, item, outcome)))
                 continue
             slots.give(1)
             if isinstance(outcome, Exception):
@@ -194,6 +196,6 @@ def execute_batch(
             else:
                 with logs.bind_job(jobId=item[0], fence=item[1]):
                     results[item[1]] = finish(rt, item[0], item[1], item[2], item[3], outcome)
-    for thread in running:
-        thread.join()
+    for started_run in running:
+        started_run.join()
     return {"items": [{"fence": item[1], **results[item[1]]} for item in items]}
