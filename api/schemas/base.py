@@ -44,7 +44,11 @@ LIST_LIMIT_MAX = 500
 # it holds U+0000 (api.jsonbody: PostgreSQL text and jsonb cannot store it). The document says so
 # with these patterns, so a client (or a fuzzer) that follows the document is never refused.
 NO_NUL = r"^[^\u0000]*$"
-NON_BLANK = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+# Blank means what the server's own check means (``str.strip``): Python's whitespace, spelled out,
+# since each regex engine reading the document (ECMA, Rust, Python) has its own ``\s`` — ECMA's
+# leaves out U+001C-U+001F and U+0085, which Python strips.
+_WHITESPACE = "".join(f"\\u{c:04x}" for c in range(0x10000) if chr(c).isspace())
+NON_BLANK = rf"^[^\u0000]*[^{_WHITESPACE}\u0000][^\u0000]*$"
 MAX_JSON_DEPTH = 64  # api.jsonbody.MAX_DEPTH, stated in the document's descriptions
 
 

@@ -118,3 +118,25 @@ def test_a_trailing_newline_gets_jsonschemas_answer() -> None:
     fast, _full = inputs._compiled(schema)
     assert not fast.is_valid("abc\n")
     inputs.check("abc\n", schema)
+
+
+@pytest.mark.parametrize("char", [chr(c) for c in range(0x3001) if chr(c).isspace() or c in (0x1B, 0xFEFF)])
+def test_a_text_the_document_calls_non_blank_is_one_the_server_calls_non_empty(char: str) -> None:
+    """A userId of U+001D alone passed the document's ``\\s`` (ECMA's leaves it out) and was then
+    refused by the server's ``str.strip``: the document and the server now read blank alike, in
+    both validators."""
+    from jsonschema import Draft202012Validator
+
+    from app.jobs.validation import validate_enqueue
+
+    body = {"payload": {"kind": "factory.dispatch", "goal": "g", "authContext": {**AUTH, "userId": char}}}
+    non_blank = bool(char.strip())
+    assert Draft202012Validator(schemas.ENQUEUE_REQUEST).is_valid(body) == non_blank
+    try:
+        inputs.check(body, schemas.ENQUEUE_REQUEST)
+        accepted = True
+    except ValidationError:
+        accepted = False
+    assert accepted == non_blank
+    if accepted:
+        validate_enqueue("factory", body)  # what the document lets through, the server takes
