@@ -64,6 +64,8 @@ from typing import Any
 from app.config import Settings
 from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
 from app.jobs.timing import DRIVER_TIMEOUT_FLOOR_MS, DRIVER_TIMEOUT_PAD_MS
+from app.ops import outages
+from app.ops.preflight import BROKER
 from app.storage.delivery import driver_task_id
 
 log = logging.getLogger("receipt.fetches")
@@ -205,6 +207,8 @@ class Recorder:
             self.client.set(LIVE_PREFIX + self.consumer, b"1", px=LIVENESS_TTL_MS)
         except Exception as exc:  # broker down: the records cannot be read either
             self._warn("could not refresh this consumer's liveness key: %s", exc)
+        else:
+            self._warned = False
 
     def _run(self) -> None:
         while not self._stop.wait(LIVENESS_REFRESH_S):
@@ -222,8 +226,15 @@ class Recorder:
             pipe.execute()
         except Exception as exc:  # no record: the redrive falls back to its earlier rules
             self._warn("could not record a fetched message: %s", exc)
+        else:
+            self._warned = False
 
     def _warn(self, msg: str, exc: Exception) -> None:
+        # The liveness thread writes every second whatever the consumer is doing, so it is this
+        # process's steady sign of a lost broker: the watch hears of every failure (the debug
+        # records below reach no handler), and the warning comes once per run of failures.
+        if outages.is_broker_outage(exc):
+            outages.suspect(BROKER)
         if not self._warned:
             log.warning(msg, exc)
             self._warned = True

@@ -219,6 +219,13 @@ def observe(dependency: str, problem: Problem | None) -> None:
         watch.observe(dependency, problem)
 
 
+def suspect(dependency: str) -> bool:
+    """A failure touching ``dependency`` that is not logged at a level the handler sees: the watch
+    confirms it as a log record would have (``Watch.suspect``). False without a watch."""
+    watch = _current
+    return watch.suspect(dependency) if watch is not None else False
+
+
 def _exceptions(record: logging.LogRecord) -> Iterator[BaseException]:
     if record.exc_info and record.exc_info[1] is not None:
         yield record.exc_info[1]

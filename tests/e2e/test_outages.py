@@ -4,7 +4,9 @@ and each says one more line when it answers again — whatever its retry loops d
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import os
+import signal
 import time
 
 import pytest
@@ -29,12 +31,9 @@ def test_a_lost_broker_is_one_line_per_process_and_one_more_when_it_answers(stac
     back = f"REDIS_URL={stack.redis_url}: answers again after "
     workers = ("driver", "chat", "beat")
 
-    def said(name: str, line: str) -> int:
-        return stack.procs[name].log_count(line)
-
     server.kill()
     for name in workers:
-        wait_for(functools.partial(said, name, lost), 30, what=f"{name} to say the broker is lost")
+        _wait_or_dump_threads(stack, name, lost, "to say the broker is lost")
     readyz = stack.http.get(stack.url("/readyz"), headers=stack.headers(system=True), timeout=15)
     assert readyz.status_code == 503
     broker = readyz.json()["error"]["details"]["broker"]
@@ -43,7 +42,7 @@ def test_a_lost_broker_is_one_line_per_process_and_one_more_when_it_answers(stac
 
     server.start()
     for name in (*workers, "web"):
-        wait_for(functools.partial(said, name, back), 30, what=f"{name} to say the broker answers")
+        _wait_or_dump_threads(stack, name, back, "to say the broker answers")
     ready = stack.http.get(stack.url("/readyz"), headers=stack.headers(system=True), timeout=15)
     assert ready.status_code == 200, ready.text
     assert ready.json()["broker"] == "ok"
@@ -57,3 +56,19 @@ def test_a_lost_broker_is_one_line_per_process_and_one_more_when_it_answers(stac
         assert proc.log_count("Trying to re-establish") == 0
         assert proc.log_count("Couldn't apply scheduled task") == 0
     assert stack.procs["driver"].lines_with(lost)[0].split()[2:5] == ["ERROR", "driver", "receipt.outage:"]
+
+
+def _wait_or_dump_threads(stack: Stack, name: str, line: str, what: str) -> None:
+    """Wait for ``name`` to log ``line``; if it never does, fail with every thread's stack (Celery
+    prints them on SIGUSR1; beat and gunicorn do not, their log says what they did) and the log's
+    lines other than the recovery loops' chatter, so a silent process can be told from a slow one."""
+    proc = stack.procs[name]
+    try:
+        wait_for(lambda: proc.log_count(line), 30, what=f"{name} {what}")
+    except AssertionError as exc:
+        if name in ("driver", "chat") and proc.alive():
+            os.kill(proc.pid, signal.SIGUSR1)
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: proc.log_count("LOCAL VARIABLES"), 10, what="the thread dump")
+        kept = "\n".join(x for x in proc.log().splitlines() if "receipt.loops:" not in x)
+        raise AssertionError(f"{exc}\n----- {name}, without its loop lines -----\n{kept}") from exc

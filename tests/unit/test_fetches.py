@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
 from app.config import Settings
 from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
+from app.ops import outages
+from app.ops.outages import Watch
+from app.ops.preflight import BROKER, Problem
 from app.storage.delivery import driver_task_id
 from tasks import fetches
 from tasks.fetches import (
@@ -183,6 +187,35 @@ def test_a_broker_that_is_down_costs_the_records_and_one_warning_never_an_error(
     fake_redis.up()
     recorder.write([("k", "v")])
     assert fake_redis.client().get("k") == b"v"
+
+
+def test_each_failed_write_tells_the_watch_and_each_run_of_failures_warns_once(
+    fake_redis: FakeRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The liveness thread writes every second whatever the consumer is doing: its failures are how a
+    # process whose consumer polls nothing (every slot busy) still says the broker is lost.
+    lost = Problem(BROKER, "REDIS_URL=redis://fake", "no Redis answers", "start it")
+    asked: list[int] = []
+
+    def probe() -> Problem | None:
+        asked.append(1)
+        return None if fake_redis.server.connected else lost
+
+    watch = outages.use(Watch({BROKER: probe}, retry_s=60))
+    try:
+        recorder = fetches.Recorder(Settings.from_env({"REDIS_URL": URL}))
+        caplog.set_level(logging.DEBUG, logger="receipt.fetches")
+        fake_redis.down()
+        recorder.refresh()
+        assert watch.down(BROKER) is not None and len(asked) == 1
+        fake_redis.up()
+        recorder.refresh()
+        fake_redis.down()
+        recorder.write([("k", "v")])
+        warnings = [r for r in caplog.records if r.name == "receipt.fetches" and r.levelname == "WARNING"]
+        assert len(warnings) == 2  # one per run of failures, not one per process lifetime
+    finally:
+        outages.uninstall()
 
 
 def test_a_batch_message_records_each_of_its_deliveries_under_its_own_key() -> None:
