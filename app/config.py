@@ -94,6 +94,18 @@ def _days(text: str) -> int:
     return value
 
 
+# How far ahead of its time an `allow` schedule's tick may be decided: five minutes keeps the jobs
+# waiting ahead few, and a withdrawal's cancels one short transaction.
+SCHEDULE_LEAD_MAX_MS = 300_000
+
+
+def _lead_ms(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value <= SCHEDULE_LEAD_MAX_MS:
+        raise ValueError(f"must be 0 (decide each tick at its time) to {SCHEDULE_LEAD_MAX_MS} ms")
+    return value
+
+
 def _percent(text: str) -> int:
     value = int(text.strip())
     if not 1 <= value <= 100:
@@ -359,6 +371,15 @@ class Settings:
         "Schedules one transaction of the schedules pass decides; a pass takes every due schedule, "
         "page by page.",
         _int,
+    )
+    schedule_lead_ms: int = setting(
+        "RECEIPT_SCHEDULE_LEAD_MS",
+        "0",
+        "How long before its tick an `allow` schedule's tick is decided, its job enqueued to wait "
+        "for the tick (`availableAt`): thousands of schedules on one tick are then spread over the "
+        "passes before it. Pausing, changing or deleting a schedule withdraws its ticks decided "
+        "ahead. `0` decides each tick at its time; at most 300000.",
+        _lead_ms,
     )
     retention_days: int = setting(
         "RECEIPT_RETENTION_DAYS",

@@ -276,7 +276,12 @@ def objective_watchdog_tick(rt: Runtime, p: Pass) -> dict[str, Any]:
 @binds(registry.SCHEDULES)
 def fire_schedules(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Fire every due schedule tick, page by page (``app/schedules/service.py``)."""
-    totals = schedules.run_pass(rt.queue, page_size=max(1, rt.settings.schedule_page_size), keep=p.keep)
+    totals = schedules.run_pass(
+        rt.queue,
+        page_size=max(1, rt.settings.schedule_page_size),
+        keep=p.keep,
+        lead_ms=rt.settings.schedule_lead_ms,
+    )
     metrics.observe_schedules(totals.outcomes, totals.late_ms)
     result = totals.to_json()
     if totals.fired or totals.missed or totals.skipped or totals.failed:

@@ -340,8 +340,10 @@ BACKFILL_RESPONSE: Schema = {
 
 FIRE: Schema = {
     "type": "object",
-    "description": "One tick receipt: fired (tick, jobId, trigger, lateMs; its job as it is now), missed "
-    "(firstTick, lastTick, count), skipped (tick, reason, activeJobId) or buffered (tick).",
+    "description": "One tick receipt: fired (tick, jobId, trigger, lateMs, or aheadMs when decided before "
+    "its tick; its job as it is now), missed (firstTick, lastTick, count), skipped (tick, reason, "
+    "activeJobId), buffered (tick) or withdrawn (tick, jobId, reason: a tick decided ahead that a "
+    "pause, change or delete took back before it came; its job, canceled).",
     "properties": {
         "seq": {"type": "integer"},
         "type": {"type": "string", "enum": [t for t in EVENT_TYPES if t in TICK_EVENTS]},
@@ -351,6 +353,7 @@ FIRE: Schema = {
         "jobId": {"type": ["string", "null"]},
         "existing": {"type": "boolean"},
         "lateMs": {"type": ["integer", "null"]},
+        "aheadMs": {"type": ["integer", "null"], "description": "How long before its tick it was decided."},
         "reason": {"type": ["string", "null"]},
         "firstTick": {"type": ["string", "null"], "format": "date-time"},
         "lastTick": {"type": ["string", "null"], "format": "date-time"},
@@ -376,5 +379,16 @@ FIRES_PAGE: Schema = {
 
 def body_of(receipt_body: dict[str, Any]) -> dict[str, Any]:
     """The fields of a tick receipt a fire shows (the rest are bookkeeping)."""
-    keys = ("tick", "trigger", "jobId", "existing", "lateMs", "reason", "firstTick", "lastTick", "count")
+    keys = (
+        "tick",
+        "trigger",
+        "jobId",
+        "existing",
+        "lateMs",
+        "aheadMs",
+        "reason",
+        "firstTick",
+        "lastTick",
+        "count",
+    )
     return {k: receipt_body.get(k) for k in keys if k in receipt_body}

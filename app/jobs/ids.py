@@ -39,8 +39,9 @@ RESERVED_JOB_ID_SHAPES: Final = (
     ("<objectiveId>:audit", re.compile(r":audit$")),
     ("<taskJobId>:monitor", re.compile(r":monitor$")),
     ("watchdog:<tick>", re.compile(r"^watchdog:")),
-    # A schedule's fire (app.schedules.vocab.fire_client_id): a tick in UTC, 20260501T090000Z.
-    ("<scheduleId>:<tick>", re.compile(r":[0-9]{8}T[0-9]{6}(?:\.[0-9]{3})?Z$")),
+    # A schedule's fire (app.schedules.vocab.fire_client_id): a tick in UTC, 20260501T090000Z, and
+    # a tick decided again after a withdrawal, 20260501T090000Z-17.
+    ("<scheduleId>:<tick>", re.compile(r":[0-9]{8}T[0-9]{6}(?:\.[0-9]{3})?Z(?:-[0-9]+)?$")),
 )
 
 

@@ -13,6 +13,11 @@ The rules, in the order a pass applies them:
    ``allow`` fires; ``skip`` records it skipped; ``bufferOne`` keeps it buffered (a second one is
    skipped, ``buffer_full``); ``cancelPrevious`` cancels that job and fires (of several ticks due at
    once only the latest fires: the earlier ones are skipped ``superseded``).
+4. **Ahead**: an ``allow`` schedule's ticks up to ``lead`` after ``now`` fire too, each job waiting
+   for its tick (``availableAt``); ``allow`` looks at nothing that its time could change, so deciding
+   early decides the same. Pausing, changing or deleting the schedule before such a tick
+   **withdraws** it (``withdrawable``): the service cancels its waiting job and the tick is decided
+   again, under the schedule as it then is.
 
 Each fire's job is ``<scheduleId>:<tick>`` in the schedule's organisation (``app.schedules.vocab``):
 whoever decides the same tick again enqueues the same job, which the queue returns unchanged.
@@ -89,16 +94,19 @@ class _Builder:
 
     def fire(self, tick: datetime, trigger: str, *, jitter: bool = True) -> str:
         s = self.s
-        job_id = fire_client_id(s.client_id, tick)
+        job_id = fire_client_id(s.client_id, tick, s.revision_for(tick))
         key = qualify(s.organization_id, job_id)
         delay = jitter_ms(s.id, tick, s.spec.jitter_ms) if jitter else 0
-        available = tick + timedelta(milliseconds=delay) if delay else None
+        ahead = tick > self.now
+        available = tick + timedelta(milliseconds=delay) if delay or ahead else None
         body: dict[str, Any] = {
             "tick": _text(tick),
             "jobId": job_id,
             "trigger": trigger,
             "lateMs": _ms(self.now - tick),
         }
+        if ahead:
+            body["aheadMs"] = _ms(tick - self.now)
         if available is not None:
             body["availableAt"] = _text(available)
         self.plan.events.append(("schedule.fired", body))
@@ -116,8 +124,15 @@ class _Builder:
         self.plan.events.append(("schedule.buffered", body))
 
 
-def due(s: Schedule, now: datetime, last_job: Job | None) -> Plan:
-    """What a pass does for ``s`` at ``now`` (database clock); ``last_job`` is its last fire's job."""
+def horizon(s: Schedule, now: datetime, lead_ms: int) -> datetime:
+    """The latest tick a pass at ``now`` decides for ``s``: ``now``, or ``lead_ms`` after it for an
+    ``allow`` schedule (rule 4; ``storage.due`` selects the rows by the same rule)."""
+    return now + timedelta(milliseconds=lead_ms) if lead_ms > 0 and s.spec.overlap == "allow" else now
+
+
+def due(s: Schedule, now: datetime, last_job: Job | None, lead_ms: int = 0) -> Plan:
+    """What a pass does for ``s`` at ``now`` (database clock); ``last_job`` is its last fire's job;
+    ``lead_ms`` how far ahead an ``allow`` schedule's ticks are decided (rule 4)."""
     b = _Builder(s, now)
     if not s.active:
         return b.plan
@@ -135,7 +150,8 @@ def due(s: Schedule, now: datetime, last_job: Job | None) -> Plan:
     if tick_or_none is not None and tick_or_none < window:
         tick_or_none = _missed(b, tick_or_none, window)
     ticks: list[datetime] = []
-    while tick_or_none is not None and tick_or_none <= now and len(ticks) < FIRES_PER_PASS_MAX:
+    until = horizon(s, now, lead_ms)
+    while tick_or_none is not None and tick_or_none <= until and len(ticks) < FIRES_PER_PASS_MAX:
         ticks.append(tick_or_none)
         tick_or_none = next_tick(timing, tick_or_none)
     if spec.overlap == "cancelPrevious" and ticks:
@@ -154,6 +170,23 @@ def due(s: Schedule, now: datetime, last_job: Job | None) -> Plan:
         else:
             b.skip(tick, "buffer_full" if spec.overlap == "bufferOne" else "overlap", busy)
     return b.plan
+
+
+def withdrawable(s: Schedule, now: datetime) -> list[tuple[datetime, str]]:
+    """The schedule's own ticks decided ahead whose time has not come (after ``now``, up to its
+    cursor), each with the storage key of the job it fired: what a pause, change or delete takes back.
+    Only ahead fires put the cursor past the clock (a declaration, a resume and a timing change set
+    it to their own time), so every own tick in that span was fired."""
+    cursor = parse_iso(s.cursor)
+    assert cursor is not None
+    out: list[tuple[datetime, str]] = []
+    tick = next_tick(s.spec.timing, now) if cursor > now else None
+    while tick is not None and tick <= cursor:
+        out.append(
+            (tick, qualify(s.organization_id, fire_client_id(s.client_id, tick, s.revision_for(tick))))
+        )
+        tick = next_tick(s.spec.timing, tick)
+    return out
 
 
 def _missed(b: _Builder, first: datetime, window: datetime) -> datetime | None:

@@ -9,7 +9,12 @@ No I/O and no clock: every time arrives inside a receipt. What the fold keeps:
   ``resumed`` set it to their own time (ticks before a schedule existed, or while it was paused,
   are not owed); the tick receipts move it to their tick;
 - the last job a tick fired (the one an overlap policy looks at), a buffered tick, counts, and the
-  last outcome.
+  last outcome;
+- the **revision** of ticks withdrawn: ``schedule.withdrawn`` takes back a tick decided ahead of
+  its time (its job was canceled before it came) and moves the cursor back to just before it, the
+  one event that moves it back, never to before its own time; every tick up to the latest withdrawn
+  one is then fired as ``<scheduleId>:<tick>-<revision>`` (``app.schedules.vocab.fire_client_id``),
+  since its first id names the canceled job.
 
 Invariants: an event for a schedule that does not exist raises ``Invariant: no schedule for <id>``;
 a deleted schedule absorbs everything but ``schedule.created`` (which declares it again); a tick
@@ -22,15 +27,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from app.jobs.errors import InvariantError
 from app.jobs.ids import client_id_of, qualify
 from app.jobs.reducer import Receipt
-from app.jobs.times import parse_iso
+from app.jobs.times import iso, parse_iso
 from app.schedules.spec import Spec
 from app.schedules.vocab import ScheduleStatus, schedule_key_of, schedule_stream
 
+_TINY = timedelta(microseconds=1)
 # Fires that belong to the schedule's own sequence of ticks (and move its cursor).
 _OWN_TRIGGERS = frozenset({"schedule", "buffered"})
 
@@ -111,6 +118,9 @@ class Schedule:
     created_at: str | None = None
     updated_at: str | None = None
     seq: int = 0
+    # Ticks at or before ``revision_until`` fire under ``<scheduleId>:<tick>-<revision>``.
+    revision: int | None = None
+    revision_until: str | None = None
 
     @property
     def client_id(self) -> str:
@@ -140,6 +150,8 @@ class Schedule:
             "createdAt": self.created_at,
             "updatedAt": self.updated_at,
             "seq": self.seq,
+            "revision": self.revision,
+            "revisionUntil": self.revision_until,
         }
 
     @classmethod
@@ -159,7 +171,14 @@ class Schedule:
             created_at=data.get("createdAt"),
             updated_at=data.get("updatedAt"),
             seq=data.get("seq", 0),
+            revision=data.get("revision"),
+            revision_until=data.get("revisionUntil"),
         )
+
+    def revision_for(self, tick: datetime) -> int | None:
+        """The revision a fire of ``tick`` carries in its job id (None: the plain id)."""
+        until = parse_iso(self.revision_until) if self.revision_until else None
+        return self.revision if until is not None and tick <= until else None
 
 
 _T = TypeVar("_T")
@@ -259,6 +278,19 @@ def _deleted(s: Schedule, b: Mapping[str, Any], at: str | None) -> Schedule | No
     return replace(s, status="deleted", buffered_tick=None)
 
 
+def _withdrawn(s: Schedule, b: Mapping[str, Any], at: str | None) -> Schedule | None:
+    text, revision = b.get("tick"), b.get("revision")
+    if not isinstance(text, str) or not isinstance(revision, int):
+        return None
+    tick, cursor = parse_iso(text), parse_iso(s.cursor)
+    assert tick is not None and cursor is not None
+    before = tick - _TINY
+    until = text if s.revision_until is None else _later(s.revision_until, text)
+    return replace(
+        s, cursor=iso(before) if before < cursor else s.cursor, revision=revision, revision_until=until
+    )
+
+
 def _fired(s: Schedule, b: Mapping[str, Any], at: str | None) -> Schedule | None:
     tick, trigger = b.get("tick"), b.get("trigger")
     if not isinstance(tick, str):
@@ -325,4 +357,5 @@ _HANDLERS = {
     "schedule.missed": _missed,
     "schedule.skipped": _skipped,
     "schedule.buffered": _buffered,
+    "schedule.withdrawn": _withdrawn,
 }

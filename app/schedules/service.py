@@ -11,6 +11,13 @@ a repeated backfill — finds the job there and enqueues nothing.
 the due schedules ``page_size`` at a time, soonest first, each page one transaction of a few
 multi-row statements (the page's fires enqueued together, its receipts written together, its rows
 updated by one statement), so 10 000 schedules cost one pass of twenty transactions, not 10 000.
+
+With a **lead** (``RECEIPT_SCHEDULE_LEAD_MS``) the pass also decides an ``allow`` schedule's ticks
+that far ahead (``plan`` rule 4): their jobs wait for their ticks as delayed jobs, and the passes
+before a crowded tick spread its work. Such a pass stops taking pages of ticks still ahead once it
+has run ``AHEAD_BUDGET_S`` (the next pass, a second later, goes on); overdue ticks are never left
+for later. Pause, change and delete withdraw the ticks decided ahead whose time has not come: their
+waiting jobs are canceled in the same transaction, and each is recorded ``schedule.withdrawn``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -49,6 +57,9 @@ MAX_PAGES: Final = 1000
 # Threads one pass runs its pages on (PostgreSQL): two, so that the database writes one page while
 # this process decides the next; a third would only wait for its turn to write.
 LANES: Final = 2
+# How long a pass goes on taking pages of ticks still ahead of their time (a lead): the schedules
+# loop runs every second, so what is left is decided a second later, well before its tick.
+AHEAD_BUDGET_S: Final = 1.5
 
 
 class ScheduleNotFound(Exception):
@@ -85,7 +96,8 @@ def find(engine: Engine, organization_id: str, schedule_id: str) -> Schedule | N
 
 @dataclass(frozen=True)
 class FireRecord:
-    """One tick receipt of a schedule and, for a fire, its job as it is now (None once gone)."""
+    """One tick receipt of a schedule and, for a fire or a withdrawn tick, its job as it is now (None
+    once gone)."""
 
     seq: int
     type: str
@@ -94,16 +106,20 @@ class FireRecord:
     job: Job | None = None
 
 
+# The tick receipts that name a job: a fire's, and a withdrawn tick's (canceled).
+_WITH_JOBS: Final = ("schedule.fired", "schedule.withdrawn")
+
+
 def fires(engine: Engine, key: str, *, before: int | None, limit: int) -> list[FireRecord]:
     """A page of the schedule's tick receipts, newest first, each fire with its job (one read)."""
     with read_connection(engine) as conn:
         receipts = storage.tick_receipts(conn, key, before=before, limit=limit)
         org = key.rpartition("/")[0]
-        job_keys = [f"{org}/{r.body['jobId']}" for r in receipts if r.type == "schedule.fired"]
+        job_keys = [f"{org}/{r.body['jobId']}" for r in receipts if r.type in _WITH_JOBS]
         jobs = {j.id: j for j in projection.load_jobs(conn, job_keys)}
     out = []
     for r in receipts:
-        job = jobs.get(f"{org}/{r.body['jobId']}") if r.type == "schedule.fired" else None
+        job = jobs.get(f"{org}/{r.body['jobId']}") if r.type in _WITH_JOBS else None
         out.append(FireRecord(r.seq, r.type, r.at, r.body, job))
     return out
 
@@ -175,28 +191,59 @@ def update(
         body: dict[str, Any] = {"spec": spec.to_json(), "enqueuedBy": enqueued_by.to_json()}
         if spec.timing_changed(s.spec):
             body["cursor"] = _now_text(b)
-        return storage.apply(b.conn, loaded, key, [("schedule.updated", body)], at=b.now).schedule
+        events = [*_withdraw(b, s, "updated"), ("schedule.updated", body)]
+        return storage.apply(b.conn, loaded, key, events, at=b.now).schedule
 
     return queue.batch(work)
 
 
+def _withdraw(b: Batch, s: Schedule, reason: str) -> list[tuple[str, dict[str, Any]]]:
+    """Take back the ticks ``s`` decided ahead whose time has not come (``plan.withdrawable``): each
+    job still waiting is canceled here, and each tick gets a ``schedule.withdrawn`` receipt (whose
+    revision, this stream's next seq, names the tick's next job)."""
+    ahead = plan.withdrawable(s, b.now)
+    if not ahead:
+        return []
+    jobs = b.jobs([k for _t, k in ahead])
+    events = []
+    for tick, job_key in ahead:
+        job = jobs.get(job_key)
+        if job is not None and job.status == "queued":
+            b.cancel(job_key, f"withdrawn: schedule {s.client_id} {reason} before the tick")
+        body = {
+            "tick": iso(tick),
+            "jobId": job_key.rpartition("/")[2],
+            "reason": reason,
+            "revision": s.seq + 1,
+        }
+        events.append(("schedule.withdrawn", body))
+    return events
+
+
 def _one_event(
-    queue: Queue, key: str, decide: Callable[[Schedule, Batch], tuple[str, dict[str, Any]] | None]
+    queue: Queue, key: str, decide: Callable[[Schedule, Batch], list[tuple[str, dict[str, Any]]]]
 ) -> Schedule:
     def work(b: Batch) -> Schedule:
         loaded = _locked(b, key)
-        event = decide(loaded.schedule, b)
-        if event is None:
+        events = decide(loaded.schedule, b)
+        if not events:
             return loaded.schedule
-        return storage.apply(b.conn, loaded, key, [event], at=b.now).schedule
+        return storage.apply(b.conn, loaded, key, events, at=b.now).schedule
 
     return queue.batch(work)
 
 
 def pause(queue: Queue, key: str, reason: str | None = None) -> Schedule:
-    """Stop ticking (an already paused schedule is left as it is). A buffered tick stays buffered."""
+    """Stop ticking (an already paused schedule is left as it is). A buffered tick stays buffered;
+    ticks decided ahead are withdrawn."""
     return _one_event(
-        queue, key, lambda s, b: ("schedule.paused", {"reason": reason}) if s.status == "active" else None
+        queue,
+        key,
+        lambda s, b: (
+            [*_withdraw(b, s, "paused"), ("schedule.paused", {"reason": reason})]
+            if s.status == "active"
+            else []
+        ),
     )
 
 
@@ -205,13 +252,16 @@ def resume(queue: Queue, key: str) -> Schedule:
     return _one_event(
         queue,
         key,
-        lambda s, b: ("schedule.resumed", {"cursor": _now_text(b)}) if s.status == "paused" else None,
+        lambda s, b: [("schedule.resumed", {"cursor": _now_text(b)})] if s.status == "paused" else [],
     )
 
 
 def delete(queue: Queue, key: str, reason: str | None = None) -> Schedule:
-    """End the schedule: no more ticks; its receipts and the jobs it fired stay."""
-    return _one_event(queue, key, lambda s, b: ("schedule.deleted", {"reason": reason}))
+    """End the schedule: no more ticks; its receipts and the jobs it fired stay, but for those of
+    ticks decided ahead, withdrawn."""
+    return _one_event(
+        queue, key, lambda s, b: [*_withdraw(b, s, "deleted"), ("schedule.deleted", {"reason": reason})]
+    )
 
 
 # -- trigger and backfill ---------------------------------------------------------------------------
@@ -352,10 +402,15 @@ class _Written:
     schedules: int
     events: list[tuple[str, list[tuple[str, dict[str, Any]]]]]
     canceled: int
+    # Every tick the page decided was ahead of its time (so the pass may leave the rest for later).
+    ahead_only: bool = False
 
 
 def _page(
-    b: Batch, due: list[storage.Loaded], writing: AbstractContextManager[Any] = contextlib.nullcontext()
+    b: Batch,
+    due: list[storage.Loaded],
+    writing: AbstractContextManager[Any] = contextlib.nullcontext(),
+    lead_ms: int = 0,
 ) -> _Written:
     """Decide and write one page of locked schedules in the batch's transaction; its statements run
     inside ``writing`` (the pass's lanes take turns there, see ``run_pass``)."""
@@ -371,7 +426,7 @@ def _page(
     stale = []
     for x in due:
         s = x.schedule
-        p = plan.due(s, now, jobs.get(s.last_job_id) if s.last_job_id else None)
+        p = plan.due(s, now, jobs.get(s.last_job_id) if s.last_job_id else None, lead_ms)
         if not p.empty:
             planned.append((x, p))
         elif s.active:
@@ -400,7 +455,8 @@ def _page(
                     body["existing"] = True
         if planned:
             storage.apply_many(b.conn, [(x, x.schedule.id, p.events) for x, p in planned], at=now)
-    return _Written(len(due), [(x.schedule.id, p.events) for x, p in planned], canceled)
+    ahead_only = bool(planned) and all("aheadMs" in body for _x, p in planned for _t, body in p.events)
+    return _Written(len(due), [(x.schedule.id, p.events) for x, p in planned], canceled, ahead_only)
 
 
 def _record(totals: PassTotals, written: _Written) -> None:
@@ -418,6 +474,8 @@ class _Pass:
     started: datetime
     page_size: int
     keep: Callable[[], None] | None
+    lead_ms: int = 0
+    began: float = field(default_factory=time.monotonic)
     totals: PassTotals = field(default_factory=PassTotals)
     failed: set[str] = field(default_factory=set)
     taken: int = 0  # pages begun
@@ -433,13 +491,15 @@ def run_pass(
     page_size: int = PAGE_SIZE_DEFAULT,
     keep: Callable[[], None] | None = None,
     lanes: int = LANES,
+    lead_ms: int = 0,
 ) -> PassTotals:
     """One pass over every due schedule, a page per transaction, soonest first (see the module doc).
 
     Due means due when the pass began: ticks falling due while it runs are the next pass's, so a pass
     always ends. A page that fails is retried one schedule at a time, and a schedule that still fails
     is left out of this pass (logged; the next pass tries again), so one bad schedule never holds the
-    others back. ``keep`` runs before each page (the loop claim's renewal).
+    others back. ``keep`` runs before each page (the loop claim's renewal). ``lead_ms`` decides
+    ``allow`` schedules' ticks that far ahead (the module doc).
 
     On PostgreSQL ``lanes`` threads take pages at once (``SKIP LOCKED`` keeps their rows apart), their
     write statements taking turns: while one lane's page is written, the next is read and decided,
@@ -448,7 +508,8 @@ def run_pass(
     with queue.engine.connect() as conn:
         started = db_now(conn)
     with gc_pause.paused():  # thousands of rows, receipts and states, no cycles among them
-        return _run(_Pass(queue, started, page_size, keep), 1 if is_sqlite(queue.engine) else max(1, lanes))
+        state = _Pass(queue, started, page_size, keep, lead_ms)
+        return _run(state, 1 if is_sqlite(queue.engine) else max(1, lanes))
 
 
 def _run(state: _Pass, n: int) -> PassTotals:
@@ -489,22 +550,24 @@ def _lane(state: _Pass, writing: AbstractContextManager[Any]) -> None:
         buffered = page == 0
 
         def work(b: Batch, buffered: bool = buffered) -> _Written:
-            rows = storage.due(b.conn, state.started, state.page_size)
+            rows = storage.due(b.conn, state.started, state.page_size, lead_ms=state.lead_ms)
             if buffered:
                 seen = {x.schedule.id for x in rows}
                 more = storage.due(b.conn, state.started, state.page_size, buffered=True)
                 rows += [x for x in more if x.schedule.id not in seen]
-            return _page(b, [x for x in rows if x.schedule.id not in state.failed], writing)
+            return _page(b, [x for x in rows if x.schedule.id not in state.failed], writing, state.lead_ms)
 
         try:
             written = state.queue.batch(work)
         except Exception:
             log.exception("schedules pass: a page failed; trying its schedules one at a time")
             with state.lock:
-                written = _one_by_one(state.queue, state.started, state.page_size, state.totals, state.failed)
+                written = _one_by_one(state, state.totals, state.failed)
         with state.lock:
             _record(state.totals, written)
             state.totals.pages += 1
+            if written.ahead_only and time.monotonic() - state.began >= AHEAD_BUDGET_S:
+                state.done = True  # only ticks still ahead are left: the next pass decides them
             if written.schedules and not written.events:
                 # Rows said due and nothing was: their next_fire_at is stale (a zone database
                 # updated under them). The next pass reads them again; this one must not loop on them.
@@ -514,17 +577,17 @@ def _lane(state: _Pass, writing: AbstractContextManager[Any]) -> None:
                 return
 
 
-def _one_by_one(
-    queue: Queue, started: datetime, page_size: int, totals: PassTotals, failed: set[str]
-) -> _Written:
+def _one_by_one(state: _Pass, totals: PassTotals, failed: set[str]) -> _Written:
+    queue = state.queue
     with queue.engine.connect() as conn:
-        keys = [x.schedule.id for x in storage.due(conn, started, page_size) if x.schedule.id not in failed]
+        due = storage.due(conn, state.started, state.page_size, lead_ms=state.lead_ms)
+        keys = [x.schedule.id for x in due if x.schedule.id not in failed]
     done = _Written(0, [], 0)
     for key in keys:
 
         def work(b: Batch, key: str = key) -> _Written:
             loaded = storage.load(b.conn, key, for_update=True)
-            return _page(b, [loaded] if loaded is not None else [])
+            return _page(b, [loaded] if loaded is not None else [], lead_ms=state.lead_ms)
 
         try:
             one = queue.batch(work)

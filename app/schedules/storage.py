@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -23,6 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from app.jobs.errors import AppendConflict
 from app.jobs.ids import KEY_SEPARATOR, qualify
@@ -76,12 +77,25 @@ def load(conn: Connection, key: str, *, for_update: bool = False) -> Loaded | No
     return _loaded(row) if row is not None else None
 
 
-def due(conn: Connection, now: datetime, limit: int, *, buffered: bool = False) -> list[Loaded]:
-    """Active schedules whose next tick is at or before ``now``, soonest first (``buffered``: those
-    holding a buffered tick instead), locked for this transaction. A row another transaction holds
-    is skipped (PostgreSQL), not waited for: the next pass takes it."""
+def due(
+    conn: Connection, now: datetime, limit: int, *, buffered: bool = False, lead_ms: int = 0
+) -> list[Loaded]:
+    """Active schedules whose next tick is at or before ``now`` (an ``allow`` one's: ``lead_ms`` after
+    it, ``plan.horizon``), soonest first (``buffered``: those holding a buffered tick instead),
+    locked for this transaction. A row another transaction holds is skipped (PostgreSQL), not
+    waited for: the next pass takes it."""
     c = schedules.c
-    cond = c.buffered.is_(True) if buffered else c.next_fire_at <= now
+    cond: ColumnElement[bool]
+    if buffered:
+        cond = c.buffered.is_(True)
+    elif lead_ms > 0:
+        ahead = and_(
+            c.next_fire_at <= now + timedelta(milliseconds=lead_ms),
+            c.state["spec"]["overlap"].as_string() == "allow",
+        )
+        cond = or_(c.next_fire_at <= now, ahead)
+    else:
+        cond = c.next_fire_at <= now
     q = (
         select(c.state, c.last_hash)
         .where(c.status == "active", cond)

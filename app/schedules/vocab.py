@@ -29,6 +29,7 @@ EventType = Literal[
     "schedule.missed",
     "schedule.skipped",
     "schedule.buffered",
+    "schedule.withdrawn",
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
 # The receipts that record what became of ticks (the fires listing reads these).
@@ -37,6 +38,7 @@ TICK_EVENTS: Final[tuple[str, ...]] = (
     "schedule.missed",
     "schedule.skipped",
     "schedule.buffered",
+    "schedule.withdrawn",
 )
 
 # Why a tick fired: its own time came (on time, or late after downtime: the receipt's ``lateMs``
@@ -49,6 +51,10 @@ SkipReason = Literal["overlap", "buffer_full", "superseded"]
 SKIP_REASONS: Final[tuple[str, ...]] = get_args(SkipReason)
 MissReason = Literal["outside_catchup_window"]
 MISS_REASONS: Final[tuple[str, ...]] = get_args(MissReason)
+# Why a tick decided ahead of its time was taken back before it came (its waiting job canceled, the
+# tick decided again under the schedule as it then is): the schedule was paused, changed or deleted.
+WithdrawReason = Literal["paused", "updated", "deleted"]
+WITHDRAW_REASONS: Final[tuple[str, ...]] = get_args(WithdrawReason)
 
 # Where a schedule was declared: the API, or the schedules file loaded at startup.
 Source = Literal["api", "file"]
@@ -100,10 +106,13 @@ def tick_text(tick: datetime) -> str:
     return f"{text}.{ms:03d}Z" if ms else f"{text}Z"
 
 
-def fire_client_id(schedule_id: str, tick: datetime) -> str:
+def fire_client_id(schedule_id: str, tick: datetime, revision: int | None = None) -> str:
     """The job id of a schedule's tick, ``<scheduleId>:<tick>``: the same tick is always the same job,
-    so two beats, a retried pass or a repeated backfill enqueue it once."""
-    return f"{schedule_id}{TICK_SEPARATOR}{tick_text(tick)}"
+    so two beats, a retried pass or a repeated backfill enqueue it once. A tick decided ahead, then
+    withdrawn and decided again, is ``<scheduleId>:<tick>-<revision>`` (the withdrawal's stream seq):
+    its first job is canceled and keeps its id."""
+    base = f"{schedule_id}{TICK_SEPARATOR}{tick_text(tick)}"
+    return base if revision is None else f"{base}-{revision}"
 
 
 def fire_job_key(organization_id: str, schedule_id: str, tick: datetime) -> str:

@@ -15,7 +15,13 @@ from receipt.cli.output import client_from_env, fail, no_retry_option, print_jso
 from receipt.client import ReceiptError
 
 OVERLAPS = ("allow", "skip", "bufferOne", "cancelPrevious")
-OUTCOME_STYLE = {"fired": "green", "missed": "red", "skipped": "yellow", "buffered": "cyan"}
+OUTCOME_STYLE = {
+    "fired": "green",
+    "missed": "red",
+    "skipped": "yellow",
+    "buffered": "cyan",
+    "withdrawn": "magenta",
+}
 
 
 @dev.group(help=GROUPS["schedules"])

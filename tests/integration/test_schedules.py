@@ -540,3 +540,101 @@ def test_a_row_due_by_a_stale_next_fire_at_is_refreshed_not_fired(q: Queue, engi
     assert [r.type for r in stream(engine, key)] == ["schedule.created"]
     assert_row_equals_fold(engine, key)  # next_fire_at is the fold's again: next New Year
     assert service.run_pass(q).schedules == 0
+
+
+# -- ahead of the tick (RECEIPT_SCHEDULE_LEAD_MS) -----------------------------------------------------
+
+LEAD_MS = 30_000
+
+
+def test_a_lead_fires_allow_ticks_ahead_as_jobs_waiting_for_them_and_others_at_their_time(
+    q: Queue, engine: Engine
+) -> None:
+    ahead = declare_as_of(q, declaration("a", cron="*/10 * * * * *"), 0).id
+    skip = declare_as_of(q, declaration("k", cron="*/10 * * * * *", overlap="skip"), 0).id
+    service.run_pass(q, lead_ms=LEAD_MS)
+    after = now_of(engine)
+    fires = [r.body for r in stream(engine, ahead) if r.type == "schedule.fired"]
+    early = [b for b in fires if "aheadMs" in b]
+    # Every tick of the next 30 s (three, or four when the clock was on a tick as the pass began).
+    assert len(early) == 3 and len(fires) in (3, 4)
+    made = {j.client_id: j for j in jobs_of(engine, ORG, "a")}
+    for body in early:
+        job = made[body["jobId"]]
+        assert body["aheadMs"] > 0 and body["lateMs"] == 0 and body["tick"] > str(iso(after))
+        assert job.status == "queued" and job.available_at == body["tick"] == body["availableAt"]
+    # A policy that looks at the previous job decides each tick at its time: none is ahead.
+    assert all(t <= str(iso(after)) for t in fired_ticks(engine, skip))
+    # Decided: the next pass, a moment later, finds nothing new within the lead.
+    assert service.run_pass(q, lead_ms=LEAD_MS).fired == 0
+    assert_row_equals_fold(engine, ahead)
+    assert_row_equals_fold(engine, skip)
+
+
+@pytest.mark.parametrize("change", ["paused", "updated", "deleted"])
+def test_a_change_withdraws_the_ticks_decided_ahead_and_cancels_their_waiting_jobs(
+    q: Queue, engine: Engine, change: str
+) -> None:
+    key = declare_as_of(q, declaration(cron="*/10 * * * * *"), 0.5).id
+    service.run_pass(q, lead_ms=LEAD_MS)
+    first = {j.client_id for j in jobs_of(engine, ORG, "s")}
+    fired = [r.body for r in stream(engine, key) if r.type == "schedule.fired"]
+    if change == "paused":
+        service.pause(q, key, "maintenance")
+    elif change == "updated":
+        job = {"agentId": "factory", "payload": {"kind": "factory.run", "note": "new"}}
+        service.update(
+            q, key, {"job": job}, enqueued_by=WHO, default_auth={"userId": "u", "organizationId": ORG}
+        )
+    else:
+        service.delete(q, key)
+    receipts = stream(engine, key)
+    withdrawn = [r.body for r in receipts if r.type == "schedule.withdrawn"]
+    canceled = {j.client_id: j for j in jobs_of(engine, ORG, "s")}
+    # Every tick still ahead at the change is withdrawn and its job canceled in the same commit.
+    still_ahead = {b["jobId"] for b in fired if b["tick"] > receipts[-1].at}
+    assert still_ahead and {b["jobId"] for b in withdrawn} == still_ahead
+    assert all(b["reason"] == change for b in withdrawn)
+    assert all(canceled[b["jobId"]].status == "canceled" for b in withdrawn)
+    assert_row_equals_fold(engine, key)
+    if change == "deleted":
+        return
+    owed = still_ahead
+    if change == "paused":
+        service.resume(q, key)
+        resumed_at = stream(engine, key)[-1].at
+        # Ticks that came while it was paused are not owed (as without a lead).
+        owed = {b["jobId"] for b in withdrawn if b["tick"] > resumed_at}
+    service.run_pass(q, lead_ms=LEAD_MS)
+    # Decided again, each tick one waiting job, under the schedule as it is now.
+    waiting = [j for j in jobs_of(engine, ORG, "s") if j.status == "queued"]
+    revision = withdrawn[0]["revision"]
+    again = [j for j in waiting if j.client_id.endswith(f"Z-{revision}")]
+    assert {j.client_id.removesuffix(f"-{revision}") for j in again} == owed
+    ticks = [j.client_id.split(":")[1].split("-")[0] for j in waiting]
+    assert len(ticks) == len(set(ticks))
+    if change == "updated":
+        # A tick that came before the change keeps its job; every one decided after it is the new one's.
+        assert all(j.payload["note"] == "new" for j in waiting if j.client_id not in first)
+    assert_row_equals_fold(engine, key)
+
+
+def test_a_pass_leaves_ticks_still_ahead_to_the_next_once_over_budget_but_never_overdue_ones(
+    q: Queue, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "AHEAD_BUDGET_S", 0.0)
+    for name in ("due1", "due2"):
+        declare_as_of(q, declaration(name, cron="* * * * * *", overlap="skip", catchupWindowMs=60_000), 2.5)
+    for name in ("ahead1", "ahead2", "ahead3"):
+        declare_as_of(q, declaration(name, cron="0 0 0 1 1 *", overlap="allow"), 0)
+    # A yearly tick is not within the lead; a per-minute one from a schedule declared now may be.
+    declare_as_of(q, declaration("soon1", cron="*/10 * * * * *"), 0)
+    declare_as_of(q, declaration("soon2", cron="*/10 * * * * *"), 0)
+    totals = service.run_pass(q, page_size=1, lanes=1, lead_ms=LEAD_MS)
+    # Both overdue schedules fired although the budget was spent from the start...
+    assert all(fired_ticks(engine, qualify(ORG, n)) for n in ("due1", "due2"))
+    # ...and of the two ahead, one page was taken and the other left to the next pass.
+    fired_soon = [n for n in ("soon1", "soon2") if fired_ticks(engine, qualify(ORG, n))]
+    assert len(fired_soon) == 1 and totals.pages == 3
+    service.run_pass(q, page_size=1, lanes=1, lead_ms=LEAD_MS)
+    assert all(fired_ticks(engine, qualify(ORG, n)) for n in ("soon1", "soon2"))

@@ -150,8 +150,8 @@ SWITCHES = [s for s in SETTINGS if s.parse is switch]
 def test_every_on_off_setting_uses_the_one_parser() -> None:
     """A setting whose default is an on/off word is parsed by ``switch``, and only those are."""
     # A count whose default happens to be 0 or 1 is a number, not a switch (0 days: keep
-    # everything; 1 attempt per worker message).
-    numbers = {"RECEIPT_RETENTION_DAYS", "RECEIPT_DELIVERY_BATCH_MAX"}
+    # everything; 1 attempt per worker message; 0 ms of lead).
+    numbers = {"RECEIPT_RETENTION_DAYS", "RECEIPT_DELIVERY_BATCH_MAX", "RECEIPT_SCHEDULE_LEAD_MS"}
     assert {s.env for s in SWITCHES} == {
         s.env for s in SETTINGS if s.default in ON + OFF and s.env not in numbers
     }

@@ -217,6 +217,64 @@ def test_jitter_delays_the_job_not_the_fire() -> None:
     assert plan.due(st.s, at(1), None).fires[0].available_at == fire.available_at  # the same every time
 
 
+# -- ahead of the tick (RECEIPT_SCHEDULE_LEAD_MS) -----------------------------------------------------
+
+
+def test_an_allow_schedule_fires_its_ticks_within_the_lead_as_jobs_waiting_for_them() -> None:
+    st = Stream(at(-1), overlap="allow")
+    assert plan.due(st.s, at(-40), None, lead_ms=30_000).empty  # 09:00 is 40 s away: not yet
+    p = plan.due(st.s, at(-25), None, lead_ms=30_000)
+    assert kinds(p) == [("fired", "09:00:00")]
+    [fire] = p.fires
+    # The job is the tick's, under its usual id, and waits for the tick (a delayed job).
+    assert fire.job_key == f"{ORG}/every-minute:20260501T090000Z" and fire.available_at == T0
+    assert p.events[0][1]["aheadMs"] == 25_000 and p.events[0][1]["lateMs"] == 0
+    s = st.apply(p, at(-25))
+    assert s.cursor == text(T0) and plan.due(s, at(-20), None, lead_ms=30_000).empty
+    # A lead of 0, the default, decides each tick at its time.
+    assert plan.due(Stream(at(-1), overlap="allow").s, at(-25), None).empty
+
+
+@pytest.mark.parametrize("overlap", ["skip", "bufferOne", "cancelPrevious"])
+def test_only_allow_is_decided_ahead_since_the_others_look_at_the_previous_job(overlap: str) -> None:
+    st = Stream(at(-40), overlap=overlap)
+    assert plan.due(st.s, at(-25), None, lead_ms=30_000).empty
+    assert plan.horizon(st.s, at(-25), 30_000) == at(-25)
+    assert kinds(plan.due(st.s, at(0.2), None, lead_ms=30_000)) == [("fired", "09:00:00")]
+
+
+def test_a_pause_withdraws_the_ticks_decided_ahead_and_a_resume_decides_them_again() -> None:
+    st = Stream(at(-1), cron="*/10 * * * * *", overlap="allow")  # every 10 s
+    s = st.apply(plan.due(st.s, at(5), None, lead_ms=30_000), at(5))
+    assert s.cursor == text(at(30))  # 09:00:00 .. 09:00:30 decided
+    ahead = plan.withdrawable(s, at(12))
+    assert [t for t, _k in ahead] == [at(20), at(30)]  # 09:00:10 has come: it stays as it is
+    assert ahead[0][1] == f"{ORG}/every-minute:20260501T090020Z"
+    for tick, key in ahead:
+        body = {"tick": text(tick), "jobId": key.rpartition("/")[2], "reason": "paused", "revision": 7}
+        st.append("schedule.withdrawn", body, at(12))
+    s = st.append("schedule.paused", {"reason": None}, at(12))
+    assert s.cursor == "2026-05-01T09:00:19.999999Z" and plan.withdrawable(s, at(12)) == []
+    s = st.append("schedule.resumed", {"cursor": text(at(15))}, at(15))
+    p = plan.due(s, at(15), None, lead_ms=30_000)
+    # Decided again, under the schedule as it is now; the first jobs keep their (canceled) ids.
+    assert [f.job_key.rpartition("/")[2] for f in p.fires] == [
+        "every-minute:20260501T090020Z-7",
+        "every-minute:20260501T090030Z-7",
+        "every-minute:20260501T090040Z",
+    ]
+
+
+def test_a_withdrawal_never_moves_the_cursor_forward_nor_before_its_tick() -> None:
+    st = Stream(at(-1), overlap="allow")
+    s = st.apply(plan.due(st.s, at(-10), None, lead_ms=30_000), at(-10))
+    body = {"tick": text(T0), "jobId": "every-minute:20260501T090000Z", "reason": "updated", "revision": 3}
+    s = st.append("schedule.withdrawn", body, at(-5))
+    assert s.cursor == "2026-05-01T08:59:59.999999Z" and (s.revision, s.revision_until) == (3, text(T0))
+    # A tick past the one withdrawn fires under its plain id.
+    assert s.revision_for(at(60)) is None and s.revision_for(T0) == 3
+
+
 # -- pause, resume, update, delete -----------------------------------------------------------------
 
 

@@ -202,6 +202,8 @@ def test_owner_and_system_can_see_and_act_on_it(api: Api) -> None:
         ("watchdog:2026-01-01T00:00", "watchdog:<tick>"),
         ("nightly:20260101T090000Z", "<scheduleId>:<tick>"),
         ("nightly:20260101T090000.250Z", "<scheduleId>:<tick>"),
+        # A tick decided again after a withdrawal (app.schedules.vocab.fire_client_id).
+        ("nightly:20260101T090000Z-17", "<scheduleId>:<tick>"),
     ],
 )
 def test_reserved_id_shapes_are_400_naming_jobid_and_the_rule(
