@@ -59,7 +59,7 @@ MAX_PAGES: Final = 1000
 LANES: Final = 2
 # How long a pass goes on taking pages of ticks still ahead of their time (a lead): the schedules
 # loop runs every second, so what is left is decided a second later, well before its tick.
-AHEAD_BUDGET_S: Final = 1.5
+AHEAD_BUDGET_S: Final = 1.0
 
 
 class ScheduleNotFound(Exception):

@@ -283,6 +283,44 @@ def test_skip_and_cancel_previous_under_a_slow_job(time_stack: Stack) -> None:
     assert all("cancelPrevious" in str(j.error) for j in canceled)
 
 
+def test_with_a_lead_ticks_wait_ahead_run_at_their_time_and_a_pause_withdraws_the_rest(stack: Stack) -> None:
+    stack.env_overrides["RECEIPT_SCHEDULE_LEAD_MS"] = "5000"
+    stack.start("web", "driver", "chat", "beat")
+    declare(stack, "ahead")
+
+    def ahead_fires() -> list[store.StoredReceipt]:
+        return [
+            r for r in tick_receipts(stack, "ahead") if r.type == "schedule.fired" and "aheadMs" in r.body
+        ]
+
+    def three_ran() -> list[store.StoredReceipt] | None:
+        done = [r for r in ahead_fires() if stack.status(r.body["jobId"]) == "completed"]
+        return done if len(done) >= 3 else None
+
+    ran = wait_for(three_ran, 45, what="three ticks decided ahead to run")
+    for fire in ran:
+        tick = parse_iso(fire.body["tick"])
+        leased = next(r for r in stack.receipts(fire.body["jobId"]) if r.type == "job.leased")
+        leased_at = parse_iso(leased.at)
+        assert tick is not None and leased_at is not None
+        # Enqueued ahead (the fire's receipt is older than its tick), run only once it came, and
+        # within one due-retries scan of it.
+        assert parse_iso(fire.at) < tick <= leased_at  # type: ignore[operator]
+        assert (leased_at - tick).total_seconds() <= SCAN_MS / 1000 + SCHEDULING_SLACK_S, leased_at - tick
+    call(stack, "POST", "/schedules/ahead/pause", {"reason": "hold"})
+    withdrawn = [r for r in tick_receipts(stack, "ahead") if r.type == "schedule.withdrawn"]
+    assert withdrawn and all(r.body["reason"] == "paused" for r in withdrawn)
+    for r in withdrawn:
+        assert parse_iso(r.body["tick"]) > parse_iso(r.at)  # type: ignore[operator]
+        # Canceled while it waited: never leased, whatever the clock does now.
+        job_id = r.body["jobId"]
+        assert stack.status(job_id) == "canceled" and "job.leased" not in stack.types(job_id)
+    fires = call(stack, "GET", "/schedules/ahead/fires?limit=200")["fires"]
+    listed = [f for f in fires if f["type"] == "schedule.withdrawn"]
+    assert {f["jobId"] for f in listed} == {r.body["jobId"] for r in withdrawn}
+    assert all(f["jobStatus"] == "canceled" for f in listed)
+
+
 def test_pause_and_resume(time_stack: Stack) -> None:
     stack = time_stack
     declare(stack, "pausable")
