@@ -34,7 +34,7 @@ from app.jobs.ids import qualify
 from app.jobs.reducer import Job
 from app.jobs.times import iso, parse_iso
 from app.jobs.vocab import ACTIVE_STATUSES
-from app.schedules.reducer import Schedule
+from app.schedules.reducer import OWN_TRIGGERS, Schedule
 from app.schedules.ticks import jitter_ms, next_tick
 from app.schedules.vocab import (
     BACKFILL_TICKS_MAX,
@@ -94,7 +94,10 @@ class _Builder:
 
     def fire(self, tick: datetime, trigger: str, *, jitter: bool = True) -> str:
         s = self.s
-        job_id = fire_client_id(s.client_id, tick, s.revision_for(tick))
+        # The schedule's own ticks only: a backfill or trigger of a withdrawn tick finds its first
+        # (canceled) job under the plain id and leaves it, so neither can run a tick twice.
+        revision = s.revision_for(tick) if trigger in OWN_TRIGGERS else None
+        job_id = fire_client_id(s.client_id, tick, revision)
         key = qualify(s.organization_id, job_id)
         delay = jitter_ms(s.id, tick, s.spec.jitter_ms) if jitter else 0
         ahead = tick > self.now

@@ -39,7 +39,7 @@ from app.schedules.vocab import ScheduleStatus, schedule_key_of, schedule_stream
 
 _TINY = timedelta(microseconds=1)
 # Fires that belong to the schedule's own sequence of ticks (and move its cursor).
-_OWN_TRIGGERS = frozenset({"schedule", "buffered"})
+OWN_TRIGGERS = frozenset({"schedule", "buffered"})
 
 
 def no_schedule_message(schedule_id: str) -> str:
@@ -295,7 +295,7 @@ def _fired(s: Schedule, b: Mapping[str, Any], at: str | None) -> Schedule | None
     tick, trigger = b.get("tick"), b.get("trigger")
     if not isinstance(tick, str):
         return None
-    own = trigger in _OWN_TRIGGERS
+    own = trigger in OWN_TRIGGERS
     if own and not s.active:
         return None
     changes: dict[str, Any] = {

@@ -273,6 +273,10 @@ def test_a_withdrawal_never_moves_the_cursor_forward_nor_before_its_tick() -> No
     assert s.cursor == "2026-05-01T08:59:59.999999Z" and (s.revision, s.revision_until) == (3, text(T0))
     # A tick past the one withdrawn fires under its plain id.
     assert s.revision_for(at(60)) is None and s.revision_for(T0) == 3
+    assert plan.due(s, at(1), None).fires[0].job_key == f"{ORG}/every-minute:20260501T090000Z-3"
+    # A backfill of that tick finds its first (canceled) job under the plain id: it never runs twice.
+    [backfilled] = plan.backfill(s, at(-1), at(1), at(2)).fires
+    assert backfilled.job_key == f"{ORG}/every-minute:20260501T090000Z"
 
 
 # -- pause, resume, update, delete -----------------------------------------------------------------
