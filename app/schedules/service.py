@@ -44,7 +44,7 @@ from app.jobs.times import iso
 from app.schedules import plan, storage
 from app.schedules.reducer import Schedule
 from app.schedules.spec import Declared, Spec, merged, validate_spec
-from app.schedules.vocab import OVERLAPS
+from app.schedules.vocab import OVERLAPS, WithdrawReason
 from app.storage import projection
 from app.storage.db import db_now, is_sqlite, read_connection
 from app.storage.queue import Batch, EnqueueResult, Queue
@@ -197,7 +197,7 @@ def update(
     return queue.batch(work)
 
 
-def _withdraw(b: Batch, s: Schedule, reason: str) -> list[tuple[str, dict[str, Any]]]:
+def _withdraw(b: Batch, s: Schedule, reason: WithdrawReason) -> list[tuple[str, dict[str, Any]]]:
     """Take back the ticks ``s`` decided ahead whose time has not come (``plan.withdrawable``): each
     job still waiting is canceled here, and each tick gets a ``schedule.withdrawn`` receipt (whose
     revision, this stream's next seq, names the tick's next job)."""

@@ -27,7 +27,7 @@ from app.jobs.vocab import job_stream
 from app.schedules import declared, service, storage
 from app.schedules.reducer import Schedule, fold
 from app.schedules.spec import Declared, validate_create
-from app.schedules.vocab import schedule_stream
+from app.schedules.vocab import WITHDRAW_REASONS, schedule_stream
 from app.storage import store
 from app.storage.db import db_now, iso, jobs, schedules, transaction
 from app.storage.queue import Queue
@@ -571,7 +571,7 @@ def test_a_lead_fires_allow_ticks_ahead_as_jobs_waiting_for_them_and_others_at_t
     assert_row_equals_fold(engine, skip)
 
 
-@pytest.mark.parametrize("change", ["paused", "updated", "deleted"])
+@pytest.mark.parametrize("change", WITHDRAW_REASONS)
 def test_a_change_withdraws_the_ticks_decided_ahead_and_cancels_their_waiting_jobs(
     q: Queue, engine: Engine, change: str
 ) -> None:
