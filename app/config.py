@@ -683,7 +683,9 @@ class Settings:
         "1",
         "Driver scans: worker messages bound for one worker queue leave as one `receipt.execute_batch` "
         "message of up to this many attempts, each under its own fence; the worker leases them in one "
-        "commit and runs them within its concurrency. `1` sends one `receipt.execute` per attempt.",
+        "commit and runs them within its concurrency. A process holds the items it has no free slot for "
+        "until one frees (or their delivery deadline passes), so keep `1` where jobs run long (codex). "
+        "`1` sends one `receipt.execute` per attempt.",
         _at_least_one,
     )
     batch_max: int = setting(
