@@ -11,8 +11,8 @@ No I/O and no clock: every time arrives inside a receipt. What the fold keeps:
 - the last job a tick fired (the one an overlap policy looks at), a buffered tick, counts, and the
   last outcome;
 - the **revision** of ticks withdrawn: ``schedule.withdrawn`` takes back a tick decided ahead of
-  its time (its job was canceled before it came) and moves the cursor back to just before it, the
-  one event that moves it back, never to before its own time; every tick up to the latest withdrawn
+  its time (its job was canceled before it came) and moves the cursor back to the withdrawal's own
+  time, the one event that moves it back; every tick up to the latest withdrawn
   one is then fired as ``<scheduleId>:<tick>-<revision>`` (``app.schedules.vocab.fire_client_id``),
   since its first id names the canceled job.
 
@@ -282,12 +282,15 @@ def _withdrawn(s: Schedule, b: Mapping[str, Any], at: str | None) -> Schedule | 
     text, revision = b.get("tick"), b.get("revision")
     if not isinstance(text, str) or not isinstance(revision, int):
         return None
+    # Back to the withdrawal's own time: every tick up to it stays decided, the first one after it is
+    # the first withdrawn (or, after a timing change, the new timing's first).
     tick, cursor = parse_iso(text), parse_iso(s.cursor)
+    moment = parse_iso(at) if at else None
     assert tick is not None and cursor is not None
-    before = tick - _TINY
+    back = moment if moment is not None and moment < tick else tick - _TINY
     until = text if s.revision_until is None else _later(s.revision_until, text)
     return replace(
-        s, cursor=iso(before) if before < cursor else s.cursor, revision=revision, revision_until=until
+        s, cursor=iso(back) if back < cursor else s.cursor, revision=revision, revision_until=until
     )
 
 

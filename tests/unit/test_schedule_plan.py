@@ -254,7 +254,7 @@ def test_a_pause_withdraws_the_ticks_decided_ahead_and_a_resume_decides_them_aga
         body = {"tick": text(tick), "jobId": key.rpartition("/")[2], "reason": "paused", "revision": 7}
         st.append("schedule.withdrawn", body, at(12))
     s = st.append("schedule.paused", {"reason": None}, at(12))
-    assert s.cursor == "2026-05-01T09:00:19.999999Z" and plan.withdrawable(s, at(12)) == []
+    assert s.cursor == text(at(12)) and plan.withdrawable(s, at(12)) == []
     s = st.append("schedule.resumed", {"cursor": text(at(15))}, at(15))
     p = plan.due(s, at(15), None, lead_ms=30_000)
     # Decided again, under the schedule as it is now; the first jobs keep their (canceled) ids.
@@ -265,18 +265,30 @@ def test_a_pause_withdraws_the_ticks_decided_ahead_and_a_resume_decides_them_aga
     ]
 
 
-def test_a_withdrawal_never_moves_the_cursor_forward_nor_before_its_tick() -> None:
+def test_a_withdrawal_moves_the_cursor_back_to_its_own_time_and_no_further() -> None:
     st = Stream(at(-1), overlap="allow")
     s = st.apply(plan.due(st.s, at(-10), None, lead_ms=30_000), at(-10))
     body = {"tick": text(T0), "jobId": "every-minute:20260501T090000Z", "reason": "updated", "revision": 3}
     s = st.append("schedule.withdrawn", body, at(-5))
-    assert s.cursor == "2026-05-01T08:59:59.999999Z" and (s.revision, s.revision_until) == (3, text(T0))
+    assert s.cursor == text(at(-5)) and (s.revision, s.revision_until) == (3, text(T0))
     # A tick past the one withdrawn fires under its plain id.
     assert s.revision_for(at(60)) is None and s.revision_for(T0) == 3
     assert plan.due(s, at(1), None).fires[0].job_key == f"{ORG}/every-minute:20260501T090000Z-3"
     # A backfill of that tick finds its first (canceled) job under the plain id: it never runs twice.
     [backfilled] = plan.backfill(s, at(-1), at(1), at(2)).fires
     assert backfilled.job_key == f"{ORG}/every-minute:20260501T090000Z"
+
+
+def test_a_timing_change_that_withdraws_ticks_counts_the_new_timing_from_the_change() -> None:
+    st = Stream(at(-1), cron="*/10 * * * * *", overlap="allow")
+    s = st.apply(plan.due(st.s, at(1), None, lead_ms=30_000), at(1))  # 09:00:00 .. 09:00:30 decided
+    for tick, key in plan.withdrawable(s, at(3)):
+        body = {"tick": text(tick), "jobId": key.rpartition("/")[2], "reason": "updated", "revision": 9}
+        st.append("schedule.withdrawn", body, at(3))
+    spec = {**st.s.spec.to_json(), "cron": "*/2 * * * * *"}
+    s = st.append("schedule.updated", {"spec": spec, "cursor": text(at(3))}, at(3))
+    # Every 2 s from the change: 09:00:04 is the first, not the first withdrawn tick (09:00:10).
+    assert kinds(plan.due(s, at(5), None))[0] == ("fired", "09:00:04")
 
 
 # -- pause, resume, update, delete -----------------------------------------------------------------
