@@ -42,6 +42,7 @@ from app.schedules.vocab import (
     MISSED_COUNT_MAX,
     MISSED_LISTED_MAX,
     fire_client_id,
+    fire_job_key,
 )
 
 Event = tuple[str, dict[str, Any]]
@@ -185,9 +186,7 @@ def withdrawable(s: Schedule, now: datetime) -> list[tuple[datetime, str]]:
     out: list[tuple[datetime, str]] = []
     tick = next_tick(s.spec.timing, now) if cursor > now else None
     while tick is not None and tick <= cursor:
-        out.append(
-            (tick, qualify(s.organization_id, fire_client_id(s.client_id, tick, s.revision_for(tick))))
-        )
+        out.append((tick, fire_job_key(s.organization_id, s.client_id, tick, s.revision_for(tick))))
         tick = next_tick(s.spec.timing, tick)
     return out
 

@@ -285,9 +285,9 @@ def _withdrawn(s: Schedule, b: Mapping[str, Any], at: str | None) -> Schedule | 
     # Back to the withdrawal's own time: every tick up to it stays decided, the first one after it is
     # the first withdrawn (or, after a timing change, the new timing's first).
     tick, cursor = parse_iso(text), parse_iso(s.cursor)
-    moment = parse_iso(at) if at else None
     assert tick is not None and cursor is not None
-    back = moment if moment is not None and moment < tick else tick - _TINY
+    moment = parse_iso(at) if at else None
+    back = tick - _TINY if moment is None else min(moment, tick - _TINY)
     until = text if s.revision_until is None else _later(s.revision_until, text)
     return replace(
         s, cursor=iso(back) if back < cursor else s.cursor, revision=revision, revision_until=until

@@ -38,6 +38,7 @@ from sqlalchemy.engine import Engine
 from app import gc_pause
 from app.jobs.delay import parse_run_at
 from app.jobs.errors import ValidationError
+from app.jobs.ids import client_id_of
 from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
 from app.jobs.times import iso
@@ -212,7 +213,7 @@ def _withdraw(b: Batch, s: Schedule, reason: WithdrawReason) -> list[tuple[str, 
             b.cancel(job_key, f"withdrawn: schedule {s.client_id} {reason} before the tick")
         body = {
             "tick": iso(tick),
-            "jobId": job_key.rpartition("/")[2],
+            "jobId": client_id_of(job_key),
             "reason": reason,
             "revision": s.seq + 1,
         }

@@ -115,6 +115,6 @@ def fire_client_id(schedule_id: str, tick: datetime, revision: int | None = None
     return base if revision is None else f"{base}-{revision}"
 
 
-def fire_job_key(organization_id: str, schedule_id: str, tick: datetime) -> str:
+def fire_job_key(organization_id: str, schedule_id: str, tick: datetime, revision: int | None = None) -> str:
     """The storage key of a tick's job, in the schedule's organisation."""
-    return qualify(organization_id, fire_client_id(schedule_id, tick))
+    return qualify(organization_id, fire_client_id(schedule_id, tick, revision))
