@@ -106,6 +106,18 @@ def _lead_ms(text: str) -> int:
     return value
 
 
+# The longest a batch's attempts may wait for their process's slots: past a minute another process
+# with a free slot should have them.
+BATCH_HOLD_MAX_MS = 60_000
+
+
+def _hold_ms(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value <= BATCH_HOLD_MAX_MS:
+        raise ValueError(f"must be 0 (hand back at once) to {BATCH_HOLD_MAX_MS} ms")
+    return value
+
+
 def _percent(text: str) -> int:
     value = int(text.strip())
     if not 1 <= value <= 100:
@@ -177,6 +189,15 @@ class Settings:
         "Database URL. Unset: the embedded SQLite file `$RECEIPT_HOME/receipt.db`. `postgres://` and "
         "`postgresql://` are normalised to the psycopg2 driver.",
         url=True,
+    )
+    db_pool_size: int = setting(
+        "RECEIPT_DB_POOL_SIZE",
+        "10",
+        "PostgreSQL connections each process (each gunicorn worker, each Celery worker or driver "
+        "process) keeps open between uses; under load it opens up to 20 more, closed again when "
+        "returned. Budget `max_connections` as processes x (this + 20), plus two per worker process "
+        "for its liveness renewals. Lower it where many processes share a small database plan.",
+        _at_least_one,
     )
     db_prepared_statements: bool = setting(
         "RECEIPT_DB_PREPARED_STATEMENTS",
@@ -680,13 +701,21 @@ class Settings:
     )
     delivery_batch_max: int = setting(
         "RECEIPT_DELIVERY_BATCH_MAX",
-        "1",
+        "8",
         "Driver scans: worker messages bound for one worker queue leave as one `receipt.execute_batch` "
-        "message of up to this many attempts, each under its own fence; the worker leases them in one "
-        "commit and runs them within its concurrency. A process holds the items it has no free slot for "
-        "until one frees (or their delivery deadline passes), so keep `1` where jobs run long (codex). "
-        "`1` sends one `receipt.execute` per attempt.",
+        "message of up to this many attempts, each under its own fence; the worker leases as many as "
+        "it has free slots for in one commit and runs them within its concurrency. `1` sends one "
+        "`receipt.execute` per attempt.",
         _at_least_one,
+    )
+    delivery_batch_hold_ms: int = setting(
+        "RECEIPT_DELIVERY_BATCH_HOLD_MS",
+        "500",
+        "How long a batch's attempts that found every slot of their process busy wait for one to "
+        "free before the process hands them back to their queue in one message, for a process with a "
+        "free slot to take (a failed hand-back keeps them waiting here). Short jobs free slots well "
+        "within it; long ones (codex) do not. `0` hands back at once; at most 60000.",
+        _hold_ms,
     )
     batch_max: int = setting(
         "RECEIPT_BATCH_MAX",

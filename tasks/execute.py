@@ -4,10 +4,12 @@ and settle each delivery record.
 Both draw from the process's slots (``workers/slots.py``), so the process never runs more attempts
 at once than its role's concurrency. A batch leases as many of its attempts as it has slots for, in
 one statement and one commit (``workers.runner.lease_attempts``), runs them on reused threads,
-and leases the rest, again together, as slots free. An attempt not yet leased when the process
-begins shutting down is handed back to its queue, as a warm shutdown puts back a message it fetched
-and did not start. Callbacks need nothing here: a terminal settlement writes its outbox rows in its
-own transaction.
+and leases the rest, again together, as slots free. Attempts it cannot start within
+``RECEIPT_DELIVERY_BATCH_HOLD_MS`` (every slot busy with long jobs) are handed back to their queue
+in one message, so that a process with a free slot takes them rather than their waiting behind
+this one's running attempts; so is every attempt not yet leased when the process begins shutting
+down, as a warm shutdown puts back a message it fetched and did not start. Callbacks need nothing
+here: a terminal settlement writes its outbox rows in its own transaction.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from typing import Any
 
 from app.jobs.routing import EXECUTE_BATCH_TASK, route
@@ -94,19 +97,22 @@ def finish(
     return {"status": result.status, "jobStatus": job.status if job else None, "error": result.error}
 
 
-def take_slots(slots: Slots, want: int, shutdown: Shutdown) -> int:
-    """Wait for at least one slot (up to ``want``); 0 once the process is shutting down instead."""
+def take_slots(slots: Slots, want: int, shutdown: Shutdown, within_s: float | None = None) -> int:
+    """Wait for at least one slot (up to ``want``); 0 once the process is shutting down instead,
+    or when none freed within ``within_s`` seconds (None: no limit)."""
+    deadline = None if within_s is None else time.monotonic() + within_s
     while True:
-        got = slots.take(want, SLOT_POLL_S)
-        if got or shutdown.requested:
+        wait = SLOT_POLL_S if deadline is None else min(SLOT_POLL_S, max(0.0, deadline - time.monotonic()))
+        got = slots.take(want, wait)
+        if got or shutdown.requested or (deadline is not None and time.monotonic() >= deadline):
             return got
 
 
-def hand_back(rt: Runtime, queue: str | None, items: list[Item]) -> None:
+def hand_back(rt: Runtime, queue: str | None, items: list[Item], *, why: str = "shutting down") -> bool:
     """Put attempts this process fetched and will not start back on their worker queue, in one
     message (the next worker fetches it; each fence still guards its attempt). Without the queue
-    the message came from, each job's route says it. If the publish fails, their fetch records
-    still name this process, whose death then makes each delivery lost for the redrive."""
+    the message came from, each job's route says it. False when the publish failed: their fetch
+    records still name this process, whose death then makes each delivery lost for the redrive."""
     by_queue: dict[str, list[Item]] = {}
     try:
         for item in items:
@@ -119,15 +125,22 @@ def hand_back(rt: Runtime, queue: str | None, items: list[Item]) -> None:
             by_queue.setdefault(name, []).append(item)
         for name, group in by_queue.items():
             send_items(rt, name, group)
-        log.info("shutting down: %d fetched attempts handed back to their queue", len(items))
     except Exception:
-        log.exception("shutting down: could not hand back %d fetched attempts", len(items))
+        log.exception("%s: could not hand back %d fetched attempts", why, len(items))
+        return False
+    log.info("%s: %d fetched attempts handed back to their queue", why, len(items))
+    return True
 
 
 def execute_batch(
-    rt: Runtime, items: list[Item], *, queue: str | None = None, shutdown: Shutdown = PROCESS
+    rt: Runtime,
+    items: list[Item],
+    *,
+    queue: str | None = None,
+    shutdown: Shutdown = PROCESS,
 ) -> dict[str, Any]:
     """Run the attempts of one ``receipt.execute_batch`` message within this process's slots."""
+    hold_s = rt.settings.delivery_batch_hold_ms / 1000
     results: dict[str, dict[str, Any]] = {}
     pending: list[tuple[Item, int]] = []
     for item in items:
@@ -160,7 +173,15 @@ def execute_batch(
             slots.give(1)
 
     while pending:
-        got = 0 if shutdown.requested else take_slots(slots, len(pending), shutdown)
+        got = 0 if shutdown.requested else take_slots(slots, len(pending), shutdown, hold_s)
+        if not got and not shutdown.requested:
+            # Every slot is busy past the hold: another process may have one free. If the publish
+            # fails the attempts stay here and wait for a slot of this process's.
+            if hand_back(rt, queue, [item for item, _ in pending], why="no free slot"):
+                for item, _ in pending:
+                    results[item[1]] = {"status": HANDED_BACK}
+                break
+            got = take_slots(slots, len(pending), shutdown)
         if not got:
             # Shutting down: what is not leased yet goes back to its queue, never started here.
             hand_back(rt, queue, [item for item, _ in pending])

@@ -414,7 +414,9 @@ def make_engine(url: str, *, prepared_statements: bool = False, **kwargs: Any) -
 
 def engine_for(settings: Settings) -> Engine:
     """The engine a process opens on its configured database (``DATABASE_URL`` or the embedded file)."""
-    return make_engine(settings.sqlalchemy_url, prepared_statements=settings.db_prepared_statements)
+    url = settings.sqlalchemy_url
+    pool = {} if url.startswith("sqlite") else {"pool_size": settings.db_pool_size}
+    return make_engine(url, prepared_statements=settings.db_prepared_statements, **pool)
 
 
 # A pooled connection is pinged at checkout only when it sat idle this long. A busy

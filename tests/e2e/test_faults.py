@@ -93,9 +93,11 @@ def test_sigkill_of_a_worker_holding_a_batch_redelivers_every_job_of_it_which_co
     stack: Stack, tmp_path: Path
 ) -> None:
     """Six jobs in one ``receipt.execute_batch``; the worker has two slots, so it leases two and holds
-    four unleased. SIGKILL: the two leased come back through the worker-liveness loop, the four
-    held through their fetch records (each its own delivery, lost with its fetcher)."""
+    four unleased (a hold longer than the test). SIGKILL: the two leased come back through the
+    worker-liveness loop, the four held through their fetch records (each its own delivery, lost
+    with its fetcher)."""
     stack.env_overrides["RECEIPT_DELIVERY_BATCH_MAX"] = "8"
+    stack.env_overrides["RECEIPT_DELIVERY_BATCH_HOLD_MS"] = "60000"
     stack.start("web")
     gate = tmp_path / "gate"
     # No driver yet: the six wait together, and the first scan claims them in one batch.
@@ -127,6 +129,35 @@ def test_sigkill_of_a_worker_holding_a_batch_redelivers_every_job_of_it_which_co
         assert "job.lease_expired" not in [r.type for r in receipts]
         # ... redelivered because its own delivery was judged lost with the process that fetched it.
         assert "fetcher_lost" in [d.outcome for d in stack.deliveries(job_id)]
+
+
+def test_a_batch_s_attempts_behind_long_jobs_are_handed_back_and_run_on_a_process_with_free_slots(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """Six gated jobs in one batch to a worker with two slots: it runs two and, when no slot frees
+    within the hold, hands the four back in one message; a second worker takes and runs them while
+    the first two still hold the first worker's slots."""
+    stack.env_overrides["RECEIPT_DELIVERY_BATCH_MAX"] = "8"
+    stack.start("web")
+    gate = tmp_path / "gate"
+    ids = [stack.post_job(handlers.GATE, gate=str(gate))["id"] for _ in range(6)]
+    busy = stack.start_worker("worker-chat", "chat", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="2")
+    stack.start("driver", "beat")
+    wait_for(lambda: busy.log_count("no free slot: 4 fetched attempts handed back"), 30, what="the hand-back")
+    first = [i for i in ids if stack.status(i) == "running"]
+    assert len(first) == 2 and all(stack.status(i) == "queued" for i in ids if i not in first)
+    free = stack.start_worker("worker-chat", "chat-2", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="4")
+    rest = [i for i in ids if i not in first]
+    # The four run on the second worker while the first two still hold the first worker's slots.
+    wait_for(lambda: all(stack.status(i) == "running" for i in rest), 30, what="the four to run")
+    assert all(stack.status(i) == "running" for i in first)
+    gate.touch()
+    for job_id in ids:
+        done = stack.wait_terminal(job_id, timeout=60)
+        assert done.status == "completed", (job_id, done)
+        assert done.result["pid"] == (busy.pid if job_id in first else free.pid), job_id
+        _one_of_each(stack, job_id)
+        assert stack.job(job_id).attempt == 1  # type: ignore[union-attr]
 
 
 def test_settlement_from_a_superseded_attempt_is_inert(stack: Stack, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from app.storage import store
 from app.storage.db import db_now, parse_iso
 from app.storage.queue import Queue
 from delivery.client import DeliveryClient
+from tasks import fetches
 from tasks.celery_app import make_celery
 from tasks.runtime import Runtime
 from tests.support.waiting import wait_for
@@ -95,6 +96,11 @@ class Recorder:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, name: str, args: Any = None, kwargs: Any = None, **options: Any) -> None:
+        # As Celery's publish does: the fetch record hook runs first (a no-op unless a test made
+        # this process a recording consumer).
+        fetches.on_before_task_publish(
+            sender=name, body=(list(args or []), kwargs or {}, {}), headers={"id": options.get("task_id")}
+        )
         with self.lock:
             self.sent.append(SentTask(name, list(args or []), options.get("task_id"), options.get("queue")))
 

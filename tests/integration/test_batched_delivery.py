@@ -177,7 +177,7 @@ def test_each_delivery_of_a_batch_is_recorded_sent_before_and_fetched_on_receipt
         client.close()
 
 
-def test_the_default_sends_one_message_per_attempt_exactly_as_before(engine: Engine, redis_url: str) -> None:
+def test_a_batch_max_of_one_sends_one_message_per_attempt(engine: Engine, redis_url: str) -> None:
     rt, sent, _ = batch_runtime(engine, redis_url, batch_max=1)
     jobs = [enqueue(rt.queue, AGENT) for _ in range(3)]
     sent.clear()
@@ -294,7 +294,8 @@ def test_a_batch_never_runs_more_attempts_than_the_slots_and_leases_the_rest_as_
     engine: Engine, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = Gate()
-    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=2)
+    # A hold longer than the test: the rest wait here for this process's slots.
+    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=2, RECEIPT_DELIVERY_BATCH_HOLD_MS="60000")
     jobs = [enqueue(rt.queue, AGENT) for _ in range(5)]
     single = enqueue(rt.queue, AGENT)
     items = dispatched_items(rt, sent, [j.id for j in jobs])
@@ -328,11 +329,74 @@ def test_a_batch_never_runs_more_attempts_than_the_slots_and_leases_the_rest_as_
     assert gate.peak <= 2 and rt.slots.peak == 2 and rt.slots.in_use == 0
 
 
+def test_items_no_slot_frees_for_within_the_hold_go_back_to_their_queue_in_one_message(
+    engine: Engine, redis_url: str, recorder: fetches.Recorder
+) -> None:
+    """Every slot busy with a long attempt: the rest are not held behind it but handed back, so a
+    process with a free slot takes them; their delivery records read "sent", not held by this one."""
+    gate = Gate()
+    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1)
+    jobs = [enqueue(rt.queue, AGENT) for _ in range(3)]
+    items = dispatched_items(rt, sent, [j.id for j in jobs])
+    fetches.on_task_received(
+        sender=SimpleNamespace(app=rt.app), request=SimpleNamespace(name=EXECUTE_BATCH_TASK, args=[items])
+    )
+    keys = [fetches.FETCH_PREFIX + driver_task_id(item[2], item[3]) for item in items]
+    assert recorder.client.mget(keys) == [f"worker {recorder.consumer}".encode()] * 3
+    box: dict[str, Any] = {}
+    batch = threading.Thread(target=lambda: box.update(out=execute.execute_batch(rt, items, queue=CHAT)))
+    batch.start()
+    wait_until(lambda: sent.named(EXECUTE_BATCH_TASK), what="the rest to be handed back")
+    [back] = sent.named(EXECUTE_BATCH_TASK)
+    # The same attempts, under the same fences and delivery records, on the queue they came from,
+    # while the first still runs.
+    assert back.queue == CHAT and back.args == [items[1:]]
+    assert gate.running == 1
+    for job in jobs[1:]:
+        assert types_of(engine, job.id) == ["job.enqueued"]
+        assert delivery_rows(engine, job.id) == [(0, "pending", None)]
+    assert recorder.client.mget(keys[1:]) == [f"sent {recorder.consumer}".encode()] * 2
+    gate.opened.set()
+    batch.join(BOUND_S)
+    assert not batch.is_alive()
+    assert [r["status"] for r in box["out"]["items"]] == ["completed", "handed_back", "handed_back"]
+    assert rt.slots.in_use == 0
+
+
+def test_items_whose_hand_back_cannot_be_published_wait_for_a_slot_here(
+    engine: Engine, redis_url: str
+) -> None:
+    """The broker refuses the hand-back: the attempts are still this process's, so they run here
+    once a slot frees rather than being dropped."""
+    gate = Gate()
+    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1, RECEIPT_DELIVERY_BATCH_HOLD_MS="0")
+    jobs = [enqueue(rt.queue, AGENT) for _ in range(2)]
+    items = dispatched_items(rt, sent, [j.id for j in jobs])
+    refused = threading.Event()
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        refused.set()
+        raise ConnectionError("broker down")
+
+    rt.delivery.send = broken  # type: ignore[method-assign]
+    box: dict[str, Any] = {}
+    batch = threading.Thread(target=lambda: box.update(out=execute.execute_batch(rt, items, queue=CHAT)))
+    batch.start()
+    assert refused.wait(BOUND_S), "the hand-back was never tried"
+    gate.opened.set()
+    batch.join(BOUND_S)
+    assert not batch.is_alive()
+    assert [r["status"] for r in box["out"]["items"]] == ["completed", "completed"]
+    assert sorted(gate.ran) == sorted(j.id for j in jobs)
+    assert rt.slots.in_use == 0
+
+
 def test_items_not_yet_leased_at_shutdown_go_back_to_their_queue_unstarted(
     engine: Engine, redis_url: str
 ) -> None:
     gate = Gate()
-    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1)
+    # A hold longer than the test: only the shutdown hands the rest back.
+    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1, RECEIPT_DELIVERY_BATCH_HOLD_MS="60000")
     jobs = [enqueue(rt.queue, AGENT) for _ in range(3)]
     items = dispatched_items(rt, sent, [j.id for j in jobs])
     shutdown = Shutdown()

@@ -41,8 +41,17 @@ __all__ = [
 ]
 
 
+# Connections each process of a test stack keeps open between uses. Each of the two xdist workers
+# can have a module's stack and a dedicated one up at once, six processes each: at the default
+# (10) those four idle stacks alone hold ~85 connections, and the suite ran out of PostgreSQL's
+# default max_connections (100). Under load a process still opens what it needs.
+TEST_POOL_SIZE = "2"
+
+
 def make_stack(harness: Harness, database_url: str, home: Path, **env_overrides: str) -> Stack:
-    """``devharness.stack.make_stack``, skipping the test when redis-server is not installed."""
+    """``devharness.stack.make_stack``, skipping the test when redis-server is not installed; its
+    processes keep ``TEST_POOL_SIZE`` connections open between uses."""
+    env_overrides.setdefault("RECEIPT_DB_POOL_SIZE", TEST_POOL_SIZE)
     try:
         return _stack.make_stack(harness, database_url, home, **env_overrides)
     except ServiceUnavailable as exc:

@@ -150,8 +150,8 @@ SWITCHES = [s for s in SETTINGS if s.parse is switch]
 def test_every_on_off_setting_uses_the_one_parser() -> None:
     """A setting whose default is an on/off word is parsed by ``switch``, and only those are."""
     # A count whose default happens to be 0 or 1 is a number, not a switch (0 days: keep
-    # everything; 1 attempt per worker message; 0 ms of lead).
-    numbers = {"RECEIPT_RETENTION_DAYS", "RECEIPT_DELIVERY_BATCH_MAX", "RECEIPT_SCHEDULE_LEAD_MS"}
+    # everything; 0 ms of lead).
+    numbers = {"RECEIPT_RETENTION_DAYS", "RECEIPT_SCHEDULE_LEAD_MS"}
     assert {s.env for s in SWITCHES} == {
         s.env for s in SETTINGS if s.default in ON + OFF and s.env not in numbers
     }
@@ -321,9 +321,33 @@ def test_the_readme_table_says_which_settings_are_secrets() -> None:
         assert ("password and query string are shown as `***`" in row) == s.url, s.env
 
 
-def test_the_delivery_batch_is_one_attempt_by_default_and_never_less() -> None:
-    assert Settings.from_env({}).delivery_batch_max == 1
-    assert Settings.from_env({"RECEIPT_DELIVERY_BATCH_MAX": " 8 "}).delivery_batch_max == 8
+def test_the_delivery_batch_is_eight_attempts_by_default_and_never_less_than_one() -> None:
+    assert Settings.from_env({}).delivery_batch_max == 8
+    assert Settings.from_env({"RECEIPT_DELIVERY_BATCH_MAX": " 1 "}).delivery_batch_max == 1
     for bad in ("0", "-3", "many"):
         with pytest.raises(ValueError, match="RECEIPT_DELIVERY_BATCH_MAX"):
             Settings.from_env({"RECEIPT_DELIVERY_BATCH_MAX": bad})
+
+
+def test_a_batch_holds_a_busy_process_s_attempts_half_a_second_by_default_and_at_most_a_minute() -> None:
+    assert Settings.from_env({}).delivery_batch_hold_ms == 500
+    assert Settings.from_env({"RECEIPT_DELIVERY_BATCH_HOLD_MS": "0"}).delivery_batch_hold_ms == 0
+    assert Settings.from_env({"RECEIPT_DELIVERY_BATCH_HOLD_MS": "60000"}).delivery_batch_hold_ms == 60_000
+    for bad in ("-1", "60001", "soon"):
+        with pytest.raises(ValueError, match="RECEIPT_DELIVERY_BATCH_HOLD_MS"):
+            Settings.from_env({"RECEIPT_DELIVERY_BATCH_HOLD_MS": bad})
+
+
+def test_a_process_keeps_the_configured_number_of_postgres_connections_between_uses() -> None:
+    from app.storage.db import engine_for
+
+    url = "postgresql://u@127.0.0.1:5432/receipt"  # never connected: the pool is only sized
+    assert Settings.from_env({"DATABASE_URL": url}).db_pool_size == 10
+    engine = engine_for(Settings.from_env({"DATABASE_URL": url, "RECEIPT_DB_POOL_SIZE": "3"}))
+    try:
+        assert engine.pool.size() == 3  # type: ignore[attr-defined]
+    finally:
+        engine.dispose()
+    for bad in ("0", "-1", "ten"):
+        with pytest.raises(ValueError, match="RECEIPT_DB_POOL_SIZE"):
+            Settings.from_env({"RECEIPT_DB_POOL_SIZE": bad})
