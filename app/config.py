@@ -106,15 +106,15 @@ def _lead_ms(text: str) -> int:
     return value
 
 
-# The longest a batch's attempts may wait for their process's slots: past a minute another process
+# The longest fetched attempts may wait for their process's slots: past a minute another process
 # with a free slot should have them.
-BATCH_HOLD_MAX_MS = 60_000
+DELIVERY_HOLD_MAX_MS = 60_000
 
 
 def _hold_ms(text: str) -> int:
     value = int(text.strip())
-    if not 0 <= value <= BATCH_HOLD_MAX_MS:
-        raise ValueError(f"must be 0 (hand back at once) to {BATCH_HOLD_MAX_MS} ms")
+    if not 0 <= value <= DELIVERY_HOLD_MAX_MS:
+        raise ValueError(f"must be 0 (hand back at once) to {DELIVERY_HOLD_MAX_MS} ms")
     return value
 
 
@@ -708,13 +708,14 @@ class Settings:
         "`receipt.execute` per attempt.",
         _at_least_one,
     )
-    delivery_batch_hold_ms: int = setting(
-        "RECEIPT_DELIVERY_BATCH_HOLD_MS",
+    delivery_hold_ms: int = setting(
+        "RECEIPT_DELIVERY_HOLD_MS",
         "500",
-        "How long a batch's attempts that found every slot of their process busy wait for one to "
-        "free before the process hands them back to their queue in one message, for a process with a "
-        "free slot to take (a failed hand-back keeps them waiting here). Short jobs free slots well "
-        "within it; long ones (codex) do not. `0` hands back at once; at most 60000.",
+        "How long attempts a worker process fetched (a message's one, or a batch's not yet leased) "
+        "wait for one of its slots when every slot is busy, before it hands them back to their queue "
+        "in one message for a process with a free slot to take (a failed hand-back keeps them waiting "
+        "here). Short jobs free slots well within it; long ones (codex) do not. `0` hands back at "
+        "once; at most 60000.",
         _hold_ms,
     )
     batch_max: int = setting(

@@ -4,12 +4,12 @@ and settle each delivery record.
 Both draw from the process's slots (``workers/slots.py``), so the process never runs more attempts
 at once than its role's concurrency. A batch leases as many of its attempts as it has slots for, in
 one statement and one commit (``workers.runner.lease_attempts``), runs them on reused threads,
-and leases the rest, again together, as slots free. Attempts it cannot start within
-``RECEIPT_DELIVERY_BATCH_HOLD_MS`` (every slot busy with long jobs) are handed back to their queue
-in one message, so that a process with a free slot takes them rather than their waiting behind
-this one's running attempts; so is every attempt not yet leased when the process begins shutting
-down, as a warm shutdown puts back a message it fetched and did not start. Callbacks need nothing
-here: a terminal settlement writes its outbox rows in its own transaction.
+and leases the rest, again together, as slots free. Fetched attempts that no slot frees for within
+``RECEIPT_DELIVERY_HOLD_MS`` (every slot busy with long jobs) are handed back to their queue in one
+message, so that a process with a free slot takes them rather than their waiting behind this one's
+running attempts; so is every attempt not yet leased when the process begins shutting down, as a
+warm shutdown puts back a message it fetched and did not start. Callbacks need nothing here: a
+terminal settlement writes its outbox rows in its own transaction.
 """
 
 from __future__ import annotations
@@ -58,14 +58,12 @@ def execute(
     fenced_job, attempt = parse_fence(fence)
     if fenced_job != job_id:
         return {"status": "stale_attempt", "error": f"fence {fence} is not for job {job_id}"}
-    slots = rt.slots
-    if not take_slots(slots, 1, shutdown):
-        hand_back(rt, queue, [[job_id, fence, dispatch_key, generation]])
+    if not take_or_hand_back(rt, queue, [[job_id, fence, dispatch_key, generation]], shutdown):
         return {"status": HANDED_BACK, "jobStatus": None, "error": None}
     try:
         result = run_attempt(rt.queue, rt.settings, rt.registry, job_id, attempt, shutdown=shutdown)
     finally:
-        slots.give(1)
+        rt.slots.give(1)
     return finish(rt, job_id, fence, dispatch_key, generation, result)
 
 
@@ -108,6 +106,25 @@ def take_slots(slots: Slots, want: int, shutdown: Shutdown, within_s: float | No
             return got
 
 
+def take_or_hand_back(rt: Runtime, queue: str | None, items: list[Item], shutdown: Shutdown) -> int:
+    """Slots for up to ``len(items)`` of these fetched attempts, waiting for the first; or 0 once
+    they were handed back to their queue instead: no slot freed within ``RECEIPT_DELIVERY_HOLD_MS``
+    (another process may have one), or the process is shutting down. A busy hand-back whose
+    publish fails keeps them here, waiting for this process's slots."""
+    if not shutdown.requested:
+        got = take_slots(rt.slots, len(items), shutdown, rt.settings.delivery_hold_ms / 1000)
+        if got:
+            return got
+        if not shutdown.requested:
+            if hand_back(rt, queue, items, why="no free slot"):
+                return 0
+            got = take_slots(rt.slots, len(items), shutdown)
+            if got:
+                return got
+    hand_back(rt, queue, items)
+    return 0
+
+
 def hand_back(rt: Runtime, queue: str | None, items: list[Item], *, why: str = "shutting down") -> bool:
     """Put attempts this process fetched and will not start back on their worker queue, in one
     message (the next worker fetches it; each fence still guards its attempt). Without the queue
@@ -140,7 +157,6 @@ def execute_batch(
     shutdown: Shutdown = PROCESS,
 ) -> dict[str, Any]:
     """Run the attempts of one ``receipt.execute_batch`` message within this process's slots."""
-    hold_s = rt.settings.delivery_batch_hold_ms / 1000
     results: dict[str, dict[str, Any]] = {}
     pending: list[tuple[Item, int]] = []
     for item in items:
@@ -173,18 +189,8 @@ def execute_batch(
             slots.give(1)
 
     while pending:
-        got = 0 if shutdown.requested else take_slots(slots, len(pending), shutdown, hold_s)
-        if not got and not shutdown.requested:
-            # Every slot is busy past the hold: another process may have one free. If the publish
-            # fails the attempts stay here and wait for a slot of this process's.
-            if hand_back(rt, queue, [item for item, _ in pending], why="no free slot"):
-                for item, _ in pending:
-                    results[item[1]] = {"status": HANDED_BACK}
-                break
-            got = take_slots(slots, len(pending), shutdown)
+        got = take_or_hand_back(rt, queue, [item for item, _ in pending], shutdown)
         if not got:
-            # Shutting down: what is not leased yet goes back to its queue, never started here.
-            hand_back(rt, queue, [item for item, _ in pending])
             for item, _ in pending:
                 results[item[1]] = {"status": HANDED_BACK}
             break

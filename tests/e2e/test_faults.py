@@ -97,7 +97,7 @@ def test_sigkill_of_a_worker_holding_a_batch_redelivers_every_job_of_it_which_co
     worker-liveness loop, the four held through their fetch records (each its own delivery, lost
     with its fetcher)."""
     stack.env_overrides["RECEIPT_DELIVERY_BATCH_MAX"] = "8"
-    stack.env_overrides["RECEIPT_DELIVERY_BATCH_HOLD_MS"] = "60000"
+    stack.env_overrides["RECEIPT_DELIVERY_HOLD_MS"] = "60000"
     stack.start("web")
     gate = tmp_path / "gate"
     # No driver yet: the six wait together, and the first scan claims them in one batch.

@@ -23,7 +23,7 @@ from app.storage.queue import Queue
 from delivery.client import DeliveryClient
 from tasks import fetches
 from tasks.celery_app import make_celery
-from tasks.runtime import Runtime
+from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
 from tests.support.waiting import wait_for
 from workers.registry import HandlerRegistry
 
@@ -111,6 +111,14 @@ class Recorder:
     def clear(self) -> None:
         with self.lock:
             self.sent.clear()
+
+    def attempt_fences(self) -> list[str]:
+        """The fence of every attempt sent to a worker, alone (``receipt.execute``) or in a batch
+        (``receipt.execute_batch``), sorted."""
+        with self.lock:
+            fences = [str(t.args[1]) for t in self.sent if t.name == EXECUTE_TASK]
+            fences += [str(item[1]) for t in self.sent if t.name == EXECUTE_BATCH_TASK for item in t.args[0]]
+        return sorted(fences)
 
 
 RECORDING_TARGET = "http://callbacks.invalid/hook"

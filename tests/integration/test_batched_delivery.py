@@ -295,7 +295,7 @@ def test_a_batch_never_runs_more_attempts_than_the_slots_and_leases_the_rest_as_
 ) -> None:
     gate = Gate()
     # A hold longer than the test: the rest wait here for this process's slots.
-    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=2, RECEIPT_DELIVERY_BATCH_HOLD_MS="60000")
+    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=2, RECEIPT_DELIVERY_HOLD_MS="60000")
     jobs = [enqueue(rt.queue, AGENT) for _ in range(5)]
     single = enqueue(rt.queue, AGENT)
     items = dispatched_items(rt, sent, [j.id for j in jobs])
@@ -363,13 +363,37 @@ def test_items_no_slot_frees_for_within_the_hold_go_back_to_their_queue_in_one_m
     assert rt.slots.in_use == 0
 
 
+def test_a_single_delivery_that_finds_every_slot_busy_goes_back_to_its_queue_too(
+    engine: Engine, redis_url: str
+) -> None:
+    gate = Gate()
+    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1)
+    first, single = enqueue(rt.queue, AGENT), enqueue(rt.queue, AGENT)
+    box: dict[str, Any] = {}
+    busy = threading.Thread(
+        target=lambda: box.update(busy=execute.execute(rt, first.id, f"{first.id}:attempt:1", first.id, 0))
+    )
+    busy.start()
+    wait_until(lambda: gate.running == 1, what="the first attempt to hold the one slot")
+    fence = f"{single.id}:attempt:1"
+    out = execute.execute(rt, single.id, fence, single.id, 0, queue=CHAT)
+    assert out["status"] == "handed_back"
+    [back] = sent.named(EXECUTE_TASK)
+    assert back.queue == CHAT and back.args == [single.id, fence, single.id, 0]
+    assert types_of(engine, single.id) == ["job.enqueued"]
+    gate.opened.set()
+    busy.join(BOUND_S)
+    assert not busy.is_alive() and box["busy"]["status"] == "completed"
+    assert rt.slots.in_use == 0
+
+
 def test_items_whose_hand_back_cannot_be_published_wait_for_a_slot_here(
     engine: Engine, redis_url: str
 ) -> None:
     """The broker refuses the hand-back: the attempts are still this process's, so they run here
     once a slot frees rather than being dropped."""
     gate = Gate()
-    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1, RECEIPT_DELIVERY_BATCH_HOLD_MS="0")
+    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1, RECEIPT_DELIVERY_HOLD_MS="0")
     jobs = [enqueue(rt.queue, AGENT) for _ in range(2)]
     items = dispatched_items(rt, sent, [j.id for j in jobs])
     refused = threading.Event()
@@ -396,7 +420,7 @@ def test_items_not_yet_leased_at_shutdown_go_back_to_their_queue_unstarted(
 ) -> None:
     gate = Gate()
     # A hold longer than the test: only the shutdown hands the rest back.
-    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1, RECEIPT_DELIVERY_BATCH_HOLD_MS="60000")
+    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1, RECEIPT_DELIVERY_HOLD_MS="60000")
     jobs = [enqueue(rt.queue, AGENT) for _ in range(3)]
     items = dispatched_items(rt, sent, [j.id for j in jobs])
     shutdown = Shutdown()

@@ -105,9 +105,7 @@ def test_scanner_pass_starts_one_driver_per_job_and_a_second_pass_sends_nothing(
     # The scan runs in the driver role, so it drives in-process: no driver hop, straight to the
     # worker message under each job's first attempt fence.
     assert sent.named(DRIVER_TASK) == []
-    assert sorted(t.task_id for t in sent.named(EXECUTE_TASK)) == sorted(
-        [f"{a.id}:attempt:1", f"{b.id}:attempt:1"]
-    )
+    assert sent.attempt_fences() == sorted([f"{a.id}:attempt:1", f"{b.id}:attempt:1"])
     sent.clear()
     # Both deliveries still pending: created False, reason active_delivery, nothing sent.
     assert dispatch.dispatch_jobs(rt, [a.id, b.id]) == {"started": []}
@@ -138,9 +136,7 @@ def test_coalesced_wake_ups_one_message_one_scan_one_claim_transaction(
     finally:
         event.remove(engine, "commit", count)
     assert len(commits) == 1
-    assert sorted(str(t.task_id) for t in sent.named(EXECUTE_TASK)) == sorted(
-        f"{j.id}:attempt:1" for j in jobs
-    )
+    assert sent.attempt_fences() == sorted(f"{j.id}:attempt:1" for j in jobs)
     # Drained and disarmed: the next enqueue arms (and sends) a new wake-up.
     assert rt.wakes.take(10) == []
     sent.clear()
@@ -252,8 +248,10 @@ def broker_runtime(engine: Engine, redis_url: str) -> tuple[Runtime, RecordingCa
     and a client reading the chat queue they go to."""
     import redis
 
-    app = isolate_broker(make_celery(settings_for(redis_url)))
-    rt, _sent, callbacks = recording_runtime(engine, settings_for(redis_url), app=app)
+    # One message per attempt: these tests count the queue's messages as attempts.
+    settings = settings_for(redis_url, RECEIPT_DELIVERY_BATCH_MAX="1")
+    app = isolate_broker(make_celery(settings))
+    rt, _sent, callbacks = recording_runtime(engine, settings, app=app)
     del app.send_task  # the real one: messages leave through the broker
     prefix = app.conf.broker_transport_options["global_keyprefix"]
     client = redis.Redis.from_url(redis_url)

@@ -329,13 +329,13 @@ def test_the_delivery_batch_is_eight_attempts_by_default_and_never_less_than_one
             Settings.from_env({"RECEIPT_DELIVERY_BATCH_MAX": bad})
 
 
-def test_a_batch_holds_a_busy_process_s_attempts_half_a_second_by_default_and_at_most_a_minute() -> None:
-    assert Settings.from_env({}).delivery_batch_hold_ms == 500
-    assert Settings.from_env({"RECEIPT_DELIVERY_BATCH_HOLD_MS": "0"}).delivery_batch_hold_ms == 0
-    assert Settings.from_env({"RECEIPT_DELIVERY_BATCH_HOLD_MS": "60000"}).delivery_batch_hold_ms == 60_000
+def test_a_busy_process_holds_fetched_attempts_half_a_second_by_default_and_at_most_a_minute() -> None:
+    assert Settings.from_env({}).delivery_hold_ms == 500
+    assert Settings.from_env({"RECEIPT_DELIVERY_HOLD_MS": "0"}).delivery_hold_ms == 0
+    assert Settings.from_env({"RECEIPT_DELIVERY_HOLD_MS": "60000"}).delivery_hold_ms == 60_000
     for bad in ("-1", "60001", "soon"):
-        with pytest.raises(ValueError, match="RECEIPT_DELIVERY_BATCH_HOLD_MS"):
-            Settings.from_env({"RECEIPT_DELIVERY_BATCH_HOLD_MS": bad})
+        with pytest.raises(ValueError, match="RECEIPT_DELIVERY_HOLD_MS"):
+            Settings.from_env({"RECEIPT_DELIVERY_HOLD_MS": bad})
 
 
 def test_a_process_keeps_the_configured_number_of_postgres_connections_between_uses() -> None:
