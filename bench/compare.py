@@ -19,9 +19,10 @@ its own private redis-server on a free port — and only one system runs at a ti
   ``PsycopgConnector``, LISTEN/NOTIFY on); the producer calls ``noop.defer()`` from Python.
 * **Celery** — ``bench.runtime_bench:baseline_app`` (a no-op task), ``--pool prefork
   --concurrency 2``, Redis broker, Postgres result backend through psycopg2.
-* On request (``--systems``), **the floors** of ``bench/floor.py`` (``floor``, ``floor-reads``): not
-  Receipt, the least work any design keeping Receipt's contract does per job, to show which
-  ratio targets are reachable at all on this machine.
+* On request (``--systems``), **the floors** of ``bench/floor.py`` (``floor``, ``floor-reads``,
+  ``floor-batched``): not Receipt, the least work any design keeping Receipt's contract does per
+  job (``floor-batched``: with several attempts a message and shared commits, as issue 25 allows),
+  to show which ratio targets are reachable at all on this machine.
 
 Receipt runs with its production timings and with prepared statements on
 (``RECEIPT_DB_PREPARED_STATEMENTS=enabled``, as a deployment connecting to PostgreSQL directly

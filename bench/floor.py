@@ -29,6 +29,14 @@ hash computed in Python; ``synchronous_commit`` stays on (the server's default);
 database clock, read the way ``compare.py`` reads Receipt's (``job.enqueued`` → ``job.completed``).
 
     celery -A bench.floor:app worker --pool threads --concurrency 8 --queues bench-floor
+
+**The batched floor** (``floor-batched``, ``BENCH_FLOOR_BATCHED=1``) lifts exactly the two
+constraints issue 25 lifts, and nothing else: a Celery message may carry several attempts, and
+several jobs' transitions may share one round trip and one commit. The producer's threads
+group-commit their enqueues (a leader writes every enqueue pending when it starts, as one
+multi-statement query in one implicit transaction, then sends those attempts as one message);
+the worker leases a message's attempts in one such query and settles them in another. Every
+receipt is still its own hash-chained row written by its own guarded statement; no reads.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from app.config import switch
 from celeryconfig import REDIS_TRANSPORT
 
 TASK = "bench.floor.attempt"
+BATCH_TASK = "bench.floor.attempts"
 QUEUE = "bench-floor"
 TABLE = "floor_jobs"
 DELIVERIES = "floor_deliveries"
@@ -185,6 +194,78 @@ def attempt(job_id: str, h1: str) -> None:
     _write(SETTLE, {"id": job_id, "stream": stream, "h3": h3, "b4": b4, "h4": h4, **extra})
 
 
+def _write_many(sql: str, params: list[dict[str, Any]]) -> None:
+    """Every statement in one round trip and, autocommitted as one multi-statement query, one
+    implicit transaction: one commit for the lot."""
+    from psycopg2.extras import execute_batch
+
+    with connection().cursor() as cur:
+        execute_batch(cur, sql, params, page_size=max(1, len(params)))
+
+
+def attempts(items: list[list[str]]) -> None:
+    """The worker's part of a batch of attempts: every lease in one commit, the no-op handlers,
+    every settlement in one commit. Each statement stays guarded by the seq it follows."""
+    leases, settles = [], []
+    for job_id, h1 in items:
+        fence, stream = f"{job_id}:attempt:1", f"jobs/{job_id}"
+        b2, h2 = link(h1, "job.leased", {"attempt": 1, "fence": fence, "workerId": "floor"})
+        b3, h3 = link(h2, "job.heartbeat", {"fence": fence})
+        b4, h4 = link(h3, "job.completed", {"fence": fence, "result": {}})
+        leases.append({"id": job_id, "stream": stream, "h1": h1, "b2": b2, "h2": h2, "b3": b3, "h3": h3})
+        settles.append({"id": job_id, "stream": stream, "h3": h3, "b4": b4, "h4": h4})
+    _write_many(LEASE, leases)
+    _write_many(SETTLE, settles)
+
+
+class GroupSender:
+    """The producer's enqueue with group commit: a thread that finds no write in progress writes
+    every enqueue pending (its own and those that arrived meanwhile) in one commit and sends their
+    attempts as one message; the others wait for that commit."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: list[dict[str, Any]] = []
+        self._done: set[str] = set()
+        self._failed: dict[str, BaseException] = {}
+        self._writing = False
+
+    def __call__(self, job_id: str) -> str:
+        params = enqueue_params(job_id)
+        with self._cond:
+            self._pending.append(params)
+            while self._writing and job_id not in self._done and job_id not in self._failed:
+                self._cond.wait()
+            if job_id in self._done or job_id in self._failed:
+                return self._outcome(job_id)
+            self._writing = True
+            batch, self._pending = self._pending, []
+        error: BaseException | None = None
+        try:
+            _write_many(ENQUEUE, batch)
+            items = [[b["id"], b["h1"]] for b in batch]
+            app.send_task(BATCH_TASK, args=[items], queue=QUEUE, task_id=f"{items[0][0]}:batch:{len(items)}")
+        except BaseException as exc:  # every waiter of this batch is told
+            error = exc
+        with self._cond:
+            self._writing = False
+            for b in batch:
+                if error is None:
+                    self._done.add(b["id"])
+                else:
+                    self._failed[b["id"]] = error
+            self._cond.notify_all()
+            return self._outcome(job_id)
+
+    def _outcome(self, job_id: str) -> str:
+        """Called holding the lock: the job's batch is written (its id) or failed (raised)."""
+        self._done.discard(job_id)
+        error = self._failed.pop(job_id, None)
+        if error is not None:
+            raise error
+        return job_id
+
+
 def make_app(broker: str) -> Celery:
     floor = Celery("bench_floor_receipts", broker=broker, set_as_current=False)
     floor.conf.update(
@@ -198,14 +279,18 @@ def make_app(broker: str) -> Celery:
     # Receipt's kombu transport: one redis client per pool instead of one per publish and ack.
     floor.conf.broker_transport = REDIS_TRANSPORT
     floor.task(name=TASK, shared=False)(attempt)
+    floor.task(name=BATCH_TASK, shared=False)(attempts)
     return floor
 
 
 app = make_app(os.environ.get("BENCH_FLOOR_BROKER", "redis://127.0.0.1:6379/0"))
 
 
-def sender() -> Any:
-    """The producer's send: the enqueue statement, then the attempt's one Celery message."""
+def sender(batched: bool = False) -> Any:
+    """The producer's send: the enqueue statement, then the attempt's one Celery message; batched,
+    the group-committed enqueue and one message per commit (``GroupSender``)."""
+    if batched:
+        return GroupSender()
 
     def send(job_id: str) -> str:
         params = enqueue_params(job_id)

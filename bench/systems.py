@@ -558,10 +558,11 @@ class Floor(System):
     ``reads``, the spec's reads too. Run on request, to check a ratio target against what is
     reachable at all on this machine."""
 
-    def __init__(self, name: str, label: str, *, reads: bool) -> None:
+    def __init__(self, name: str, label: str, *, reads: bool, batched: bool = False) -> None:
         self.name = self.kind = name
         self.label = label
         self.reads = reads
+        self.batched = batched
         # A floor does less than any design keeping the contract; a target it misses is out of
         # reach for Receipt too, on this machine and under the contract's own constraints.
         self.targets = (
@@ -620,12 +621,12 @@ class Floor(System):
         def done(k: str) -> bool:
             return bool(scalar(engine, "SELECT status FROM floor_jobs WHERE id = :k", k) == "completed")
 
-        return floor.sender(), done
+        return floor.sender(self.batched), done
 
 
 RECEIPT_PYTHON = ReceiptPython()
 # Every system, in the order the targets and the statement count list them; the first
-# four run by default, the floors on request (``--systems floor,floor-reads,procrastinate,celery``).
+# four run by default, the floors on request (``--systems floor,floor-reads,floor-batched,celery``).
 SYSTEMS: tuple[System, ...] = (
     RECEIPT_PYTHON,
     ReceiptHttp(),
@@ -633,6 +634,7 @@ SYSTEMS: tuple[System, ...] = (
     Celery(),
     Floor("floor", "Floor (bench/floor.py)", reads=False),
     Floor("floor-reads", "Floor with its reads", reads=True),
+    Floor("floor-batched", "Floor, batched messages + commits", reads=False, batched=True),
 )
 DEFAULT_SYSTEMS = ("receipt-python", "receipt-http", "procrastinate", "celery")
 BY_NAME = {system.name: system for system in SYSTEMS}
