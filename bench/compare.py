@@ -702,7 +702,7 @@ def report(
         + ")"
     )
     if "procrastinate" in med and "celery" in med:
-        print("  issue 12 targets (measured here, on this machine's load):")
+        print("  targets (issue 25; measured here, on this machine's load):")
         for s in SYSTEMS:
             for target in s.targets if s.name in med else ():
                 value = med[s.name] / med[target.peer]

@@ -281,7 +281,7 @@ class ReceiptPython(Receipt):
     idle_groups = ("api (gunicorn)",)  # no request reaches the API in this variant
     targets = (
         Target("Python enqueue >= 1.0x Procrastinate", "procrastinate", 1.0),
-        Target("Python enqueue >= 2x Celery", "celery", 2.0),
+        Target("Python enqueue >= 1.5x Celery", "celery", 1.5),
     )
 
     bulk_label = "Receipt, Queue.enqueue_many"
@@ -330,7 +330,10 @@ class ReceiptHttp(Receipt):
 
     name = "receipt-http"
     label = "Receipt, HTTP enqueue"
-    targets = (Target("HTTP enqueue >= 0.7x Procrastinate", "procrastinate", 0.7),)
+    targets = (
+        Target("HTTP enqueue >= 0.7x Procrastinate", "procrastinate", 0.7),
+        Target("HTTP enqueue >= 1.0x Celery", "celery", 1.0),
+    )
     bulk_label = "Receipt, HTTP POST /jobs:batch"
 
     def post(self) -> Callable[[str, dict[str, Any]], Any]:
@@ -567,7 +570,7 @@ class Floor(System):
         # reach for Receipt too, on this machine and under the contract's own constraints.
         self.targets = (
             Target(f"{name} >= 1.0x Procrastinate", "procrastinate", 1.0),
-            Target(f"{name} >= 2x Celery", "celery", 2.0),
+            Target(f"{name} >= 1.5x Celery", "celery", 1.5),
         )
 
     def start(
