@@ -217,6 +217,24 @@ def active_log_tails() -> str:
     return "\n".join(h.tails() for h in ACTIVE)
 
 
+# A line worth showing from anywhere in a log when a test fails: a tail alone loses the warning
+# that explains the failure (a 503's "storage unavailable: ..." scrolled off by later requests).
+NOTABLE = (" WARNING ", " ERROR ", " CRITICAL ", "FATAL:", "Traceback")
+
+
+def active_notable_lines(limit: int = 40) -> str:
+    """The last ``limit`` warning and error lines of every log of every harness in use, each
+    prefixed with its process's name ("" when there are none)."""
+    found = [
+        f"{proc.name}: {line}"
+        for h in ACTIVE
+        for proc in h.procs
+        for line in proc.log().splitlines()
+        if any(mark in line for mark in NOTABLE)
+    ]
+    return "\n".join(found[-limit:])
+
+
 def wait_started(proc: Proc, marker: str, timeout: float) -> None:
     """Wait until ``marker`` appears in the process's log; fail with its log if it exits first."""
     wait_for(lambda: marker in proc.log() or not proc.alive(), timeout, what=f"{proc.name}: {marker!r}")

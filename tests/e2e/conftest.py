@@ -19,6 +19,7 @@ from tests.support.processes import (  # noqa: F401
     REPO_ROOT,
     Harness,
     active_log_tails,
+    active_notable_lines,
     base_env,
     descendants_of,
     harness_at,
@@ -33,8 +34,13 @@ from tests.support.waiting import free_port, wait_for  # noqa: F401
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if not (report.failed and report.when in ("setup", "call")):
+        return
+    notable = active_notable_lines()
+    if notable:
+        report.sections.append(("e2e process logs (warnings and errors)", notable))
     tails = active_log_tails()
-    if report.failed and report.when in ("setup", "call") and tails:
+    if tails:
         report.sections.append(("e2e process logs (tail)", tails))
 
 
