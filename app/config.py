@@ -94,28 +94,26 @@ def _days(text: str) -> int:
     return value
 
 
+def _ms_up_to(most: int, zero: str) -> Callable[[str], int]:
+    """A parser of whole milliseconds from 0 (which means ``zero``) to ``most``."""
+
+    def parse(text: str) -> int:
+        value = int(text.strip())
+        if not 0 <= value <= most:
+            raise ValueError(f"must be 0 ({zero}) to {most} ms")
+        return value
+
+    return parse
+
+
 # How far ahead of its time an `allow` schedule's tick may be decided: five minutes keeps the jobs
 # waiting ahead few, and a withdrawal's cancels one short transaction.
 SCHEDULE_LEAD_MAX_MS = 300_000
-
-
-def _lead_ms(text: str) -> int:
-    value = int(text.strip())
-    if not 0 <= value <= SCHEDULE_LEAD_MAX_MS:
-        raise ValueError(f"must be 0 (decide each tick at its time) to {SCHEDULE_LEAD_MAX_MS} ms")
-    return value
-
-
+_lead_ms = _ms_up_to(SCHEDULE_LEAD_MAX_MS, "decide each tick at its time")
 # The longest fetched attempts may wait for their process's slots: past a minute another process
 # with a free slot should have them.
 DELIVERY_HOLD_MAX_MS = 60_000
-
-
-def _hold_ms(text: str) -> int:
-    value = int(text.strip())
-    if not 0 <= value <= DELIVERY_HOLD_MAX_MS:
-        raise ValueError(f"must be 0 (hand back at once) to {DELIVERY_HOLD_MAX_MS} ms")
-    return value
+_hold_ms = _ms_up_to(DELIVERY_HOLD_MAX_MS, "hand back at once")
 
 
 def _percent(text: str) -> int:
@@ -714,8 +712,9 @@ class Settings:
         "How long attempts a worker process fetched (a message's one, or a batch's not yet leased) "
         "wait for one of its slots when every slot is busy, before it hands them back to their queue "
         "in one message for a process with a free slot to take (a failed hand-back keeps them waiting "
-        "here). Short jobs free slots well within it; long ones (codex) do not. `0` hands back at "
-        "once; at most 60000.",
+        "here, as does the embedded folder broker, whose consumer would fetch them straight back). "
+        "Short jobs free slots well within it; long ones (codex) do not. `0` hands back at once; at "
+        "most 60000.",
         _hold_ms,
     )
     batch_max: int = setting(

@@ -27,6 +27,10 @@ RECONNECT_CAP_S = 30.0
 # that resume delay; task events only hid it by waking the loop as a side effect. Cost: an idle
 # worker process used ~1.4 % of a core with it (0.1 % without; 0.6 % at 50 ms).
 RESUME_TICK_S = 0.01
+# Set on the Celery app once its consumer fetches nothing while every slot is taken: only then does
+# a process hand back attempts it has no slot for (``tasks/execute.py``), since another process,
+# not this one, will fetch them.
+FETCH_GATED = "receipt_fetch_gated"
 
 
 def reconnect_delays(start: float = RECONNECT_START_S, cap: float = RECONNECT_CAP_S) -> Iterator[float]:
@@ -68,6 +72,7 @@ class BackoffConsumer(Consumer):  # type: ignore[misc]
 
         qos.can_consume = can_consume
         qos.receipt_gated = True
+        setattr(self.app, FETCH_GATED, True)
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         """Drop the lost connection; never let its cleanup kill the worker.

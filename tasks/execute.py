@@ -24,6 +24,7 @@ from app.jobs.routing import EXECUTE_BATCH_TASK, route
 from app.ops import logs
 from app.storage.delivery import parse_fence
 from tasks import fetches
+from tasks.consumer import FETCH_GATED
 from tasks.dispatch import Item, send_items, settle_delivery
 from tasks.runtime import Runtime
 from workers.handler_pool import HandlerPool, HandlerRun
@@ -110,9 +111,12 @@ def take_or_hand_back(rt: Runtime, queue: str | None, items: list[Item], shutdow
     """Slots for up to ``len(items)`` of these fetched attempts, waiting for the first; or 0 once
     they were handed back to their queue instead: no slot freed within ``RECEIPT_DELIVERY_HOLD_MS``
     (another process may have one), or the process is shutting down. A busy hand-back whose
-    publish fails keeps them here, waiting for this process's slots."""
+    publish fails keeps them here, waiting for this process's slots. So does a process whose
+    consumer is not gated on its slots (the embedded folder broker: ``tasks/consumer.py``), which
+    would fetch the handed-back message again at once."""
     if not shutdown.requested:
-        got = take_slots(rt.slots, len(items), shutdown, rt.settings.delivery_hold_ms / 1000)
+        hold_s = rt.settings.delivery_hold_ms / 1000 if getattr(rt.app, FETCH_GATED, False) else None
+        got = take_slots(rt.slots, len(items), shutdown, hold_s)
         if got:
             return got
         if not shutdown.requested:

@@ -138,6 +138,9 @@ def test_a_batch_s_attempts_behind_long_jobs_are_handed_back_and_run_on_a_proces
     within the hold, hands the four back in one message; a second worker takes and runs them while
     the first two still hold the first worker's slots."""
     stack.env_overrides["RECEIPT_DELIVERY_BATCH_MAX"] = "8"
+    # Long jobs: an execution timeout (lease - 1 s) far past the test, so the first worker's slots
+    # stay busy until the gate opens.
+    stack.env_overrides["JOB_LEASE_MS"] = "120000"
     stack.start("web")
     gate = tmp_path / "gate"
     ids = [stack.post_job(handlers.GATE, gate=str(gate))["id"] for _ in range(6)]

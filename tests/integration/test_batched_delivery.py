@@ -29,6 +29,7 @@ from delivery.broker import RedisProbe
 from tasks import dispatch, execute, fetches
 from tasks import loops as task_loops
 from tasks.celery_app import make_celery
+from tasks.consumer import FETCH_GATED
 from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
 from workers import runner
 from workers.handler import JobContext
@@ -78,11 +79,20 @@ class Gate:
 
 
 def batch_runtime(
-    engine: Engine, redis_url: str, handler: Any = None, batch_max: int = 8, slots: int = 8, **env: str
+    engine: Engine,
+    redis_url: str,
+    handler: Any = None,
+    batch_max: int = 8,
+    slots: int = 8,
+    gated: bool = True,
+    **env: str,
 ) -> tuple[Runtime, Recorder, RecordingCallbacks]:
+    """A worker process's runtime; ``gated``: its consumer fetches nothing while every slot is
+    taken, as a Redis worker's does (``tasks/consumer.py``)."""
     settings = settings_for(redis_url, RECEIPT_DELIVERY_BATCH_MAX=str(batch_max), JOB_LEASE_MS="5000", **env)
     rt, sent, callbacks = recording_runtime(engine, settings, registry_of({AGENT: handler or Gate(True)}))
     rt.app.receipt_slots = Slots(slots)
+    setattr(rt.app, FETCH_GATED, gated)
     return rt, sent, callbacks
 
 
@@ -384,6 +394,29 @@ def test_a_single_delivery_that_finds_every_slot_busy_goes_back_to_its_queue_too
     gate.opened.set()
     busy.join(BOUND_S)
     assert not busy.is_alive() and box["busy"]["status"] == "completed"
+    assert rt.slots.in_use == 0
+
+
+def test_a_process_whose_consumer_is_not_gated_on_its_slots_keeps_what_it_fetched(
+    engine: Engine, redis_url: str
+) -> None:
+    """The embedded folder broker's consumer fetches whatever its slots: a hand-back would come
+    straight back to this process, so the attempts wait here for a slot, past the hold."""
+    gate = Gate()
+    rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1, gated=False, RECEIPT_DELIVERY_HOLD_MS="0")
+    jobs = [enqueue(rt.queue, AGENT) for _ in range(2)]
+    items = dispatched_items(rt, sent, [j.id for j in jobs])
+    box: dict[str, Any] = {}
+    batch = threading.Thread(target=lambda: box.update(out=execute.execute_batch(rt, items, queue=CHAT)))
+    batch.start()
+    wait_until(lambda: gate.running == 1, what="the first attempt to run")
+    batch.join(0.5)  # well past the hold of 0 ms: a gated process would have handed the second back
+    assert batch.is_alive()
+    assert sent.sent == []
+    gate.opened.set()
+    batch.join(BOUND_S)
+    assert not batch.is_alive()
+    assert [r["status"] for r in box["out"]["items"]] == ["completed", "completed"]
     assert rt.slots.in_use == 0
 
 
