@@ -26,7 +26,7 @@ from app.ops import loops as loop_registry
 from devharness import handlers
 from tasks import fetches
 from tests.support.services import TcpProxy
-from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, worker_pid
+from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, waiting_fences, worker_pid
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
@@ -46,10 +46,16 @@ def test_after_the_broker_loses_queued_deliveries_every_job_is_delivered_again_a
     ids = [stack.post_job(handlers.ECHO, message=f"job {n}")["id"] for n in range(20)]
     broker = redis.Redis.from_url(stack.redis_url)
     try:
-        wait_for(lambda: broker.llen("receipt-chat") >= len(ids), 60, what="every job's message to wait")
+        fences = sorted(f"{stack.key(j)}:attempt:1" for j in ids)
+
+        def waiting() -> list[str]:
+            # Attempts, not messages: a scan sends those bound for one queue in batch messages.
+            return sorted(waiting_fences(broker, "receipt-chat"))
+
+        wait_for(lambda: waiting() == fences, 60, what="every job's message to wait")
         # Redrive passes run every second meanwhile; none sends a second message beside a live one.
         time.sleep(2.5)  # an observation window of two redrive intervals past the minimum age
-        assert broker.llen("receipt-chat") == len(ids)
+        assert waiting() == fences
         assert all(sum(d.state == "pending" for d in stack.deliveries(j)) == 1 for j in ids)
         if loss == "flushall":
             broker.flushall()
@@ -60,7 +66,7 @@ def test_after_the_broker_loses_queued_deliveries_every_job_is_delivered_again_a
         lost_at = time.monotonic()
         # Redelivered: a fresh message per job is waiting again (no chat worker yet), long before
         # the 120 s driver timeout.
-        wait_for(lambda: broker.llen("receipt-chat") >= len(ids), 60, what="every job to be sent again")
+        wait_for(lambda: sorted(set(waiting())) == fences, 60, what="every job to be sent again")
         recovered_s = time.monotonic() - lost_at
     finally:
         broker.close()

@@ -5,8 +5,12 @@
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
+from typing import Any
 
+from app.jobs.routing import EXECUTE_BATCH_TASK, EXECUTE_TASK
 from devharness import stack as _stack
 from devharness.processes import Harness
 from devharness.services import ServiceUnavailable
@@ -37,6 +41,7 @@ __all__ = [
     "make_stack",
     "terminal_receipts",
     "terminate_backends",
+    "waiting_fences",
     "worker_pid",
 ]
 
@@ -56,3 +61,18 @@ def make_stack(harness: Harness, database_url: str, home: Path, **env_overrides:
         return _stack.make_stack(harness, database_url, home, **env_overrides)
     except ServiceUnavailable as exc:
         unavailable("redis-server", exc)
+
+
+def waiting_fences(broker: Any, queue: str) -> list[str]:
+    """The fence of every attempt whose worker message waits in ``queue`` of the Redis ``broker``:
+    one per ``receipt.execute`` message, one per item of a ``receipt.execute_batch`` (a scan sends
+    the attempts bound for one queue together)."""
+    fences: list[str] = []
+    for raw in broker.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        if message["headers"]["task"] == EXECUTE_BATCH_TASK:
+            fences.extend(str(item[1]) for item in args[0])
+        elif message["headers"]["task"] == EXECUTE_TASK:
+            fences.append(str(args[1]))
+    return fences
