@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from app.jobs.routing import EXECUTE_BATCH_TASK, route
-from app.ops import logs
+from app.ops import logs, metrics
 from app.storage.delivery import parse_fence
 from tasks import fetches
 from tasks.consumer import FETCH_GATED
@@ -42,6 +42,8 @@ SLOT_POLL_S = 0.5
 # What the task returns for an attempt it did not run: handed back at shutdown, or not leased
 # because its lease statement failed (its delivery is then recorded failed, and redelivered).
 HANDED_BACK, NOT_LEASED = "handed_back", "not_leased"
+# How each hand-back reason reads in the log.
+_HAND_BACK_LOG = {"busy": "no free slot", "shutdown": "shutting down"}
 # The threads a batch's attempts run on, reused from one batch to the next as handlers' are.
 _ATTEMPTS = HandlerPool()
 
@@ -120,7 +122,7 @@ def take_or_hand_back(rt: Runtime, queue: str | None, items: list[Item], shutdow
         if got:
             return got
         if not shutdown.requested:
-            if hand_back(rt, queue, items, why="no free slot"):
+            if hand_back(rt, queue, items, reason="busy"):
                 return 0
             got = take_slots(rt.slots, len(items), shutdown)
             if got:
@@ -129,11 +131,13 @@ def take_or_hand_back(rt: Runtime, queue: str | None, items: list[Item], shutdow
     return 0
 
 
-def hand_back(rt: Runtime, queue: str | None, items: list[Item], *, why: str = "shutting down") -> bool:
+def hand_back(rt: Runtime, queue: str | None, items: list[Item], *, reason: str = "shutdown") -> bool:
     """Put attempts this process fetched and will not start back on their worker queue, in one
     message (the next worker fetches it; each fence still guards its attempt). Without the queue
     the message came from, each job's route says it. False when the publish failed: their fetch
-    records still name this process, whose death then makes each delivery lost for the redrive."""
+    records still name this process, whose death then makes each delivery lost for the redrive.
+    ``reason``: one of ``metrics.HAND_BACK_REASONS``, counted and logged."""
+    why = _HAND_BACK_LOG[reason]
     by_queue: dict[str, list[Item]] = {}
     try:
         for item in items:
@@ -150,6 +154,7 @@ def hand_back(rt: Runtime, queue: str | None, items: list[Item], *, why: str = "
         log.exception("%s: could not hand back %d fetched attempts", why, len(items))
         return False
     log.info("%s: %d fetched attempts handed back to their queue", why, len(items))
+    metrics.observe_hand_back(reason, len(items))
     return True
 
 

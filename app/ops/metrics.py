@@ -77,6 +77,7 @@ class Metrics:
     archived_receipts: Counter
     archived_bytes: Counter
     group_commit_writes: Histogram
+    handed_back: Counter
 
 
 # A tick fires within a pass interval (1 s) normally; a catch-up after downtime is minutes late.
@@ -85,6 +86,9 @@ SCHEDULE_OUTCOMES = ("fired", "missed", "skipped", "buffered")
 
 # A group commit carries 1 (idle) up to RECEIPT_GROUP_COMMIT_MAX (64 by default) transitions.
 GROUP_COMMIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+# Why a worker process put fetched attempts back on their queue unstarted (``tasks/execute.py``).
+HAND_BACK_REASONS = ("busy", "shutdown")
 
 # How one attempt at a loop pass ended (``app.storage.loops.run_claimed``; ``failed``: it raised).
 LOOP_OUTCOMES = ("ran", "skipped", "lost", "failed")
@@ -178,6 +182,12 @@ def registry_metrics() -> Metrics:
                     "receipt_archived_bytes",
                     "Bytes of archive segments the archiving pass wrote (compressed).",
                 ),
+                handed_back=Counter(
+                    "receipt_attempts_handed_back",
+                    "Fetched attempts a worker process put back on their queue unstarted: busy (no "
+                    "slot freed within RECEIPT_DELIVERY_HOLD_MS) or shutdown.",
+                    ["reason"],
+                ),
                 group_commit_writes=Histogram(
                     "receipt_group_commit_writes",
                     "Job transitions each commit of this process's group commit carried (1: it "
@@ -248,6 +258,11 @@ def observe(applied: Sequence[Change]) -> None:
 def observe_group_commit(writes: int) -> None:
     """One commit of the group commit, and how many transitions it carried."""
     registry_metrics().group_commit_writes.observe(writes)
+
+
+def observe_hand_back(reason: str, attempts: int) -> None:
+    """Attempts a worker process handed back to their queue, and why (``HAND_BACK_REASONS``)."""
+    registry_metrics().handed_back.labels(reason).inc(attempts)
 
 
 def observe_schedules(outcomes: Mapping[str, Mapping[str, int]], late_ms: Sequence[int]) -> None:

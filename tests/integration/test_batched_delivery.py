@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
 from app.jobs.routing import QUEUES
+from app.ops import metrics
 from app.storage.db import deliveries
 from app.storage.delivery import driver_task_id
 from app.storage.hooks import Change, Hook, Write
@@ -104,6 +106,14 @@ def dispatched_items(rt: Runtime, sent: Recorder, job_ids: list[str]) -> list[li
     sent.clear()
     items: list[list[Any]] = message.args[0]
     return items
+
+
+def handed_back(reason: str) -> float:
+    """This process's ``receipt_attempts_handed_back_total`` for ``reason`` so far."""
+    assert reason in metrics.HAND_BACK_REASONS
+    metrics.registry_metrics()
+    value = REGISTRY.get_sample_value("receipt_attempts_handed_back_total", {"reason": reason})
+    return value or 0.0
 
 
 def delivery_rows(engine: Engine, job_id: str) -> list[tuple[int, str, str | None]]:
@@ -348,6 +358,7 @@ def test_items_no_slot_frees_for_within_the_hold_go_back_to_their_queue_in_one_m
     rt, sent, _ = batch_runtime(engine, redis_url, gate, slots=1)
     jobs = [enqueue(rt.queue, AGENT) for _ in range(3)]
     items = dispatched_items(rt, sent, [j.id for j in jobs])
+    busy_before = handed_back("busy")
     fetches.on_task_received(
         sender=SimpleNamespace(app=rt.app), request=SimpleNamespace(name=EXECUTE_BATCH_TASK, args=[items])
     )
@@ -366,6 +377,7 @@ def test_items_no_slot_frees_for_within_the_hold_go_back_to_their_queue_in_one_m
         assert types_of(engine, job.id) == ["job.enqueued"]
         assert delivery_rows(engine, job.id) == [(0, "pending", None)]
     assert recorder.client.mget(keys[1:]) == [f"sent {recorder.consumer}".encode()] * 2
+    assert handed_back("busy") == busy_before + 2  # receipt_attempts_handed_back_total{reason="busy"}
     gate.opened.set()
     batch.join(BOUND_S)
     assert not batch.is_alive()
@@ -472,6 +484,7 @@ def test_items_not_yet_leased_at_shutdown_go_back_to_their_queue_unstarted(
     batch.join(BOUND_S)
     assert not batch.is_alive()
     assert [r["status"] for r in box["out"]["items"]] == ["completed", "handed_back", "handed_back"]
+    assert handed_back("shutdown") >= 2
     for job in jobs[1:]:
         assert types_of(engine, job.id) == ["job.enqueued"]
         assert delivery_rows(engine, job.id) == [(0, "pending", None)]
