@@ -23,6 +23,7 @@ flushed before and after.
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 import tempfile
@@ -85,11 +86,15 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--chain", type=int, default=100)
     args = parser.parse_args()
+    # A SIGTERM (``timeout``, a CI runner) unwinds through the cleanup below: without this the
+    # processes started here would outlive the bench and consume the next run's Redis database.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     import requests
     from sqlalchemy import select
 
     from app.factory.vocab import objective_stream, task_job_id
+    from app.jobs.ids import qualify
     from app.jobs.kinds import CONTROL
     from app.storage import store, tokens
     from app.storage.db import deliveries, jobs, make_engine, objectives
@@ -148,9 +153,9 @@ def main() -> int:
                 r = http.post(f"{url}/objectives", json=body, headers=headers, timeout=120)
                 assert r.status_code == 202, r.text
 
-            def status(oid: str) -> str | None:
+            def status(key: str) -> str | None:
                 with engine.connect() as conn:
-                    return conn.execute(select(objectives.c.status).where(objectives.c.id == oid)).scalar()
+                    return conn.execute(select(objectives.c.status).where(objectives.c.id == key)).scalar()
 
             def claimed_ms(job_id: str) -> float:
                 with engine.connect() as conn:
@@ -174,24 +179,25 @@ def main() -> int:
             idle_rate = idle.stop()["control"] / IDLE_SAMPLE_S
             for run in range(args.runs):
                 oid = f"fan{run}"
+                key = qualify(ORG, oid)  # the objective's storage key: its jobs' and streams' prefix
                 meter = CpuMeter({"control": lambda: [control.pid]})
                 meter.start()
                 t0 = time.monotonic()
                 launch(plan_fanout(args.fanout), oid)
-                wait_until(partial(_ended, status, oid), 1800, f"objective {oid}", procs)
+                wait_until(partial(_ended, status, key), 1800, f"objective {oid}", procs)
                 wall = time.monotonic() - t0
                 cpu = max(0.0, meter.stop()["control"] - idle_rate * wall)
-                assert status(oid) == "completed"
+                assert status(key) == "completed"
                 with engine.connect() as conn:
                     q = select(jobs.c.id, jobs.c.kind, jobs.c.state).where(jobs.c.agent_id == CONTROL.agent)
                     rows = conn.execute(q).all()
-                mine = [r for r in rows if r.kind == CONTROL.name and r.id.startswith(f"{oid}:")]
+                mine = [r for r in rows if r.kind == CONTROL.name and r.id.startswith(f"{key}:")]
                 n_control = len(mine)
                 # Each control job reports its own thread CPU (StepResult.cpuMs): the step's cost alone.
                 step_cpu_ms = sum(float((r.state.get("result") or {}).get("cpuMs", 0.0)) for r in mine)
-                fanin = stream(f"jobs/{task_job_id(oid, 1, 'fanin')}")
+                fanin = stream(f"jobs/{task_job_id(key, 1, 'fanin')}")
                 last = next(r for r in fanin if r.type == "job.completed")
-                done = next(r for r in stream(objective_stream(oid)) if r.type == "objective.completed")
+                done = next(r for r in stream(objective_stream(key)) if r.type == "objective.completed")
                 gap = at_ms(done.at) - at_ms(last.at)
                 settle_to_done.append(gap)
                 n = args.fanout + 1
@@ -207,22 +213,23 @@ def main() -> int:
 
             time.sleep(2)
             oid = "chain"
+            key = qualify(ORG, oid)
             launch(plan_chain(args.chain), oid)
-            wait_until(lambda: status(oid) in ("completed", "failed"), 1800, "chain", procs)
+            wait_until(lambda: status(key) in ("completed", "failed"), 1800, "chain", procs)
             hops: list[float] = []
             parts: dict[str, list[float]] = {k: [] for k in STEPS}
             with engine.connect() as conn:
                 q = select(jobs.c.id, jobs.c.created_at).where(jobs.c.agent_id == "factory-control")
                 controls = sorted((r.created_at.timestamp() * 1000, r.id) for r in conn.execute(q))
             for i in range(1, args.chain):
-                before = stream(f"jobs/{task_job_id(oid, 1, f'c{i - 1:03d}')}")
+                before = stream(f"jobs/{task_job_id(key, 1, f'c{i - 1:03d}')}")
                 prev = next(r for r in before if r.type == "job.completed")
-                after = stream(f"jobs/{task_job_id(oid, 1, f'c{i:03d}')}")
+                after = stream(f"jobs/{task_job_id(key, 1, f'c{i:03d}')}")
                 enq = next(r for r in after if r.type == "job.enqueued")
                 nxt = next(r for r in after if r.type == "job.leased")
                 hops.append(at_ms(nxt.at) - at_ms(prev.at))
                 # The control job that ran this hop: the first one enqueued after the completion.
-                cid = next(c for t, c in controls if t >= at_ms(prev.at) - 1 and c.startswith(f"{oid}:"))
+                cid = next(c for t, c in controls if t >= at_ms(prev.at) - 1 and c.startswith(f"{key}:"))
                 ctl = stream(f"jobs/{cid}")
                 c_enq = at_ms(next(r for r in ctl if r.type == "job.enqueued").at)
                 c_lease = at_ms(next(r for r in ctl if r.type == "job.leased").at)
@@ -231,7 +238,7 @@ def main() -> int:
                 parts[STEPS[2]].append(claimed_ms(cid) - c_enq)
                 parts["control leased -> next task enqueued"].append(at_ms(enq.at) - c_lease)
                 parts["next task enqueued -> leased"].append(at_ms(nxt.at) - at_ms(enq.at))
-                parts[STEPS[5]].append(claimed_ms(task_job_id(oid, 1, f"c{i:03d}")) - at_ms(enq.at))
+                parts[STEPS[5]].append(claimed_ms(task_job_id(key, 1, f"c{i:03d}")) - at_ms(enq.at))
             print(
                 f"chain of {args.chain}: hop completion -> next lease p50 {statistics.median(hops):.1f} ms, "
                 f"p90 {percentile(hops, 90):.1f} ms, max {max(hops):.1f} ms"
