@@ -116,18 +116,18 @@ def take_or_hand_back(rt: Runtime, queue: str | None, items: list[Item], shutdow
     publish fails keeps them here, waiting for this process's slots. So does a process whose
     consumer is not gated on its slots (the embedded folder broker: ``tasks/consumer.py``), which
     would fetch the handed-back message again at once."""
+    hold_s = rt.settings.delivery_hold_ms / 1000 if getattr(rt.app, FETCH_GATED, False) else None
+    got = 0 if shutdown.requested else take_slots(rt.slots, len(items), shutdown, hold_s)
+    if got:
+        return got
     if not shutdown.requested:
-        hold_s = rt.settings.delivery_hold_ms / 1000 if getattr(rt.app, FETCH_GATED, False) else None
-        got = take_slots(rt.slots, len(items), shutdown, hold_s)
+        if hand_back(rt, queue, items, reason="busy"):
+            return 0
+        # The broker refused it: the attempts are still this process's and wait for its slots.
+        got = take_slots(rt.slots, len(items), shutdown)
         if got:
             return got
-        if not shutdown.requested:
-            if hand_back(rt, queue, items, reason="busy"):
-                return 0
-            got = take_slots(rt.slots, len(items), shutdown)
-            if got:
-                return got
-    hand_back(rt, queue, items)
+    hand_back(rt, queue, items)  # shutting down: back to the queue, never started here
     return 0
 
 
@@ -159,11 +159,7 @@ def hand_back(rt: Runtime, queue: str | None, items: list[Item], *, reason: str 
 
 
 def execute_batch(
-    rt: Runtime,
-    items: list[Item],
-    *,
-    queue: str | None = None,
-    shutdown: Shutdown = PROCESS,
+    rt: Runtime, items: list[Item], *, queue: str | None = None, shutdown: Shutdown = PROCESS
 ) -> dict[str, Any]:
     """Run the attempts of one ``receipt.execute_batch`` message within this process's slots."""
     results: dict[str, dict[str, Any]] = {}
