@@ -4,7 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast unit lint install bench docs soak deploy-soak
+.PHONY: run test test-fast unit lint install bench docs soak deploy-soak flake
+
+# Tests and tools write bytecode (and pytest its rewritten-assertion caches) even where the shell
+# says not to: without them every test process and every end-to-end subprocess compiles again.
+unexport PYTHONDONTWRITEBYTECODE
+
+# The slowest tests of each run, printed at its end (where a flake's or a slowdown's cost shows first).
+DURATIONS := --durations=25
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,17 +33,24 @@ lint: $(STAMP)
 
 ## Lint, type-check and run every test (unit, integration on real Postgres + Redis, end-to-end).
 ## PostgreSQL and Redis: the machine's on 5432/6379 if they answer, else private throwaway ones.
+## The soak is not a test tier: `make soak` runs it (tests/e2e/test_soak.py's small form: -m soak).
 test: lint
-	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not soak" $(DURATIONS) $(PYTEST_ARGS)
 
 ## A contributor's loop: unit plus integration (real PostgreSQL + Redis, no end-to-end processes),
-## without the tests marked slow and without lint; about four and a half minutes on two cores (README, "Quick start").
+## without the tests marked slow and without lint (README, "Testing").
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow" tests/unit tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow and not soak" $(DURATIONS) tests/unit tests/integration $(PYTEST_ARGS)
+
+## Rerun the suite, or the tests given, N times and list every test that failed at least once:
+## `make flake N=5`, `make flake N=10 TESTS="tests/e2e/test_faults.py"`.
+N ?= 5
+flake: $(STAMP)
+	$(BIN)/python -m devharness.flake $(N) $(TESTS) $(PYTEST_ARGS)
 
 ## The pure tier only: tests/unit (no database server, broker or processes; Redis in memory); seconds.
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n 2 tests/unit $(PYTEST_ARGS)
 
 ## Print every benchmark's figures (needs PostgreSQL and Redis on 127.0.0.1; a few minutes).
 ## The comparison with Procrastinate and Celery (issue 12) first; `make bench BENCH_ARGS=--quick` for a short run.

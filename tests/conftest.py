@@ -1,7 +1,10 @@
 """Shared fixtures: one suite over every backend.
 
-- ``engine`` is parametrised over SQLite and PostgreSQL: the same test body runs on both.
-- PostgreSQL tests get a fresh database cloned from a migrated template.
+- ``engine`` is parametrised over SQLite and PostgreSQL: the same test body runs on both, for the
+  storage contract; a module about the API's or the runtime's rules is marked ``one_backend`` and
+  runs on PostgreSQL alone.
+- PostgreSQL tests share their xdist worker's migrated database, emptied before each test
+  (``tests/support/isolation.py``); a test marked ``own_database`` gets a fresh clone.
 - PostgreSQL and Redis are the machine's when they answer on their usual ports, or private
   throwaway instances started for the session (``tests/support/services.py``); a service that
   is missing altogether skips its tests, and fails them in CI (``CI=true``).
@@ -35,6 +38,7 @@ from tests.support.databases import (  # noqa: F401
     worker_suffix,
 )
 from tests.support.fake_redis import fake_redis  # noqa: F401 - the in-memory Redis fixture
+from tests.support.isolation import OWN_DATABASE_MARKER, WorkerDatabase
 from tests.support.processes import is_isolated
 from tests.support.queue_ops import (
     close_queues,
@@ -81,11 +85,29 @@ def pg_template(pg_admin: Engine) -> Iterator[str]:
         yield url.rpartition("/")[2]
 
 
+@pytest.fixture(scope="session")
+def pg_worker_database(pg_admin: Engine, pg_template: str) -> Iterator[WorkerDatabase]:
+    """This xdist worker's migrated database, shared by its tests one at a time."""
+    with new_database(pg_admin, "receipt_w", pg_template) as url:
+        database = WorkerDatabase(url)
+        yield database
+        database.close()
+
+
 @pytest.fixture
-def pg_database_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
-    """URL of a fresh, migrated PostgreSQL database for this test alone."""
-    with new_database(pg_admin, "receipt_t", pg_template) as url:
-        yield url
+def pg_database_url(request: pytest.FixtureRequest, pg_template: str) -> Iterator[str]:
+    """URL of a migrated PostgreSQL database that holds nothing but what this test writes.
+
+    The worker's shared database, emptied first; a test marked ``own_database`` (it changes the
+    database itself: triggers, storage parameters) gets a fresh clone of its own instead."""
+    if request.node.get_closest_marker(OWN_DATABASE_MARKER) is not None:
+        pg_admin: Engine = request.getfixturevalue("pg_admin")
+        with new_database(pg_admin, "receipt_t", pg_template) as url:
+            yield url
+        return
+    database: WorkerDatabase = request.getfixturevalue("pg_worker_database")
+    database.reset()
+    yield database.url
 
 
 @pytest.fixture(scope="session")
@@ -124,9 +146,18 @@ def sqlite_engine(sqlite_database_url: str) -> Iterator[Engine]:
     yield from _opened(sqlite_database_url)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+BACKENDS = ("sqlite", "postgres")
+# Where the behaviour under test does not depend on storage (the API's and the runtime's rules
+# above the queue), one backend is enough: the production one.
+ONE_BACKEND = ("postgres",)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``backend`` is SQLite and PostgreSQL for the storage contract, PostgreSQL alone for a test
+    marked ``one_backend``."""
+    if "backend" in metafunc.fixturenames:
+        marked = metafunc.definition.get_closest_marker("one_backend") is not None
+        metafunc.parametrize("backend", ONE_BACKEND if marked else BACKENDS)
 
 
 @pytest.fixture

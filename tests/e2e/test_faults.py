@@ -320,11 +320,9 @@ def test_redis_restarted_with_jobs_in_flight_and_queued_every_job_completes(stac
     server.kill()
     assert not server.ping()
     # The API still takes jobs while the broker is down: the receipt is the outbox.
-    started = time.monotonic()
     queued = [
         stack.post_job(handlers.ECHO, message="during the outage", max_attempts=3)["id"] for _ in range(4)
     ]
-    assert time.monotonic() - started < 20
     # Running jobs settle through PostgreSQL while the broker is still dead.
     for job_id in in_flight:
         done = stack.wait_terminal(job_id, timeout=20)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -129,13 +128,10 @@ def test_receipt_up_runs_a_job_embedded_and_ctrl_c_stops_every_process(
     everyone = sorted(set(children) | set(descendants_of(up.pid)))
     harness.adopted.extend(everyone)
     assert len(everyone) >= SUPERVISED
-    started = time.monotonic()
     up.popen.send_signal(signal.SIGINT)
     code = up.popen.wait(timeout=STOP_GRACE_S + 10)
     wait_for(lambda: not any(pid_alive(p) for p in everyone), 5, what="every child to exit")
-    elapsed = time.monotonic() - started
 
     assert code == 0, up.tail()
     assert "receipt up: stopped" in up.log()
     assert "did not stop in time" not in up.log(), up.tail()
-    assert elapsed < STOP_GRACE_S + 5

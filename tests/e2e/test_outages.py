@@ -14,7 +14,7 @@ import pytest
 from tests.support.stack import Stack
 from tests.support.waiting import wait_for
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 
 # How long the broker stays down once every process has noticed: long enough for each retry loop
 # to fail several times over (Celery's reconnect at 1, 2 and 4 s, the liveness key every second,

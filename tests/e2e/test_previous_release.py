@@ -126,6 +126,7 @@ def _old(stack: Stack, code: Path, *args: str) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.own_database  # the previous release's processes migrate and run on it
 def test_the_previous_release_runs_jobs_and_an_objective_on_the_migrated_schema(
     old_stack: Stack, previous: Path, pg_engine: Engine
 ) -> None:

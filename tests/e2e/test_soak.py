@@ -1,6 +1,6 @@
 """The small chaos soak: ~300 jobs, three faults, the safety targets asserted.
 
-The full run is ``make soak`` (``bench/soak.py``: 5 000 jobs, every fault, a private Postgres it
+Not in ``make test`` (marked ``soak``: ``pytest -m soak tests/e2e/test_soak.py`` runs it). The full run is ``make soak`` (``bench/soak.py``: 5 000 jobs, every fault, a private Postgres it
 may restart); its figures are in ``docs/faults.md``. This one runs on a cloned database of the
 shared cluster, which is never restarted, so its three faults are a chat worker SIGKILL, FLUSHALL
 and a redis-server kill + empty restart. Speed is printed, not asserted.
@@ -16,7 +16,7 @@ from bench import soak
 from tests.support.processes import Harness
 from tests.support.stack import make_stack
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
+pytestmark = [pytest.mark.e2e, pytest.mark.soak, pytest.mark.xdist_group("e2e")]
 
 
 def test_a_small_soak_under_three_faults_keeps_every_safety_target(

@@ -50,6 +50,8 @@ from .runtime_support import (
     wait_until,
 )
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 AGENT = "test-batch"  # no built-in handler: routed to the chat queue
 CHAT = QUEUES["chat"]
 BOUND_S = 10.0

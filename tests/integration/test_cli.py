@@ -28,6 +28,8 @@ from app.storage.db import api_tokens, jobs, make_engine, receipts
 from app.storage.queue import Queue
 from tests.support.queue_ops import complete, lease
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 Capture = pytest.CaptureFixture[str]
 
 
@@ -88,6 +90,7 @@ def test_verify_ok(cli_env: str, engine: Engine, capsys: Capture) -> None:
     assert capsys.readouterr().out == f"ok: {one} receipts verified\n"
 
 
+@pytest.mark.own_database  # turns the append-only triggers off
 def test_verify_broken_exits_1_naming_the_first_broken_receipt(
     cli_env: str, engine: Engine, capsys: Capture
 ) -> None:

@@ -17,6 +17,8 @@ from tasks.celery_app import make_celery
 from tasks.runtime import get_runtime
 from tests.support.queue_ops import close_queues
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 CAP = 2
 
 

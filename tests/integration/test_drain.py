@@ -19,6 +19,8 @@ from workers.shutdown import PROCESS
 
 from .runtime_support import enqueue
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 TIMING = sse.Timing(poll_ms=50, max_seconds=30, heartbeat_seconds=30)
 
 

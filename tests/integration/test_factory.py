@@ -24,6 +24,8 @@ from tests.factory_support import DIAMOND, FAIL, HOLD, drain, plan
 from tests.support import queue_ops
 from tests.support.queue_ops import lease
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 LAUNCHER = {"tokenId": "tok_test", "scopes": [], "system": False}
 

@@ -28,6 +28,8 @@ from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, drain, plan, registry
 from workers.runner import run_attempt
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 
 

@@ -18,6 +18,8 @@ from app.storage.queue import Queue
 from tests.factory_support import ECHO, drain, plan
 from tests.support.queue_ops import lease, settle_canceled
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 
 

@@ -460,6 +460,7 @@ def _planning_buffers(conn: Connection, sql: str) -> int:
     return sum(int(buffers.get(k, 0)) for k in ("Shared Hit Blocks", "Shared Read Blocks"))
 
 
+@pytest.mark.own_database  # turns autovacuum off on two tables
 def test_the_recovery_scans_plan_without_stepping_over_archived_index_entries(
     pg_engine: Engine, sink: DirectorySink
 ) -> None:

@@ -28,6 +28,8 @@ from workers.runner import run_attempt
 
 from .runtime_support import enqueue, receipts_of, registry_of, types_of, wait_lease_past_deadline, wait_until
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 LEASE_3S = Settings.from_env({"JOB_LEASE_MS": "3000", "RECEIPT_RESONATE_HEARTBEAT_INTERVAL_MS": "1000"})
 WAIT_S = 10.0
 
@@ -278,7 +280,8 @@ def test_execution_timeout_fails_with_status_execution_timeout(queue: Queue, eng
     elapsed = time.monotonic() - started
     assert result.status == "execution_timeout"
     assert handler.saw_cancel == "execution_timeout"
-    assert EXECUTION_TIMEOUT_FLOOR_MS / 1000 <= elapsed < EXECUTION_TIMEOUT_FLOOR_MS / 1000 + 3
+    # Never before the floor; load can only make it later, so the ceiling is a generous bound.
+    assert EXECUTION_TIMEOUT_FLOOR_MS / 1000 <= elapsed < EXECUTION_TIMEOUT_FLOOR_MS / 1000 + 30
     assert result.job is not None
     assert result.job.status == "failed"
     assert result.job.result == {"status": "execution_timeout"}

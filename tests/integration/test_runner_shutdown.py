@@ -8,6 +8,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
@@ -18,6 +19,8 @@ from workers.runner import run_attempt
 from workers.shutdown import Shutdown
 
 from .runtime_support import enqueue, receipts_of, registry_of
+
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
 LEASE_3S = Settings.from_env({"JOB_LEASE_MS": "3000", "RECEIPT_RESONATE_HEARTBEAT_INTERVAL_MS": "1000"})
 GRACE_MS = 1_200  # finish window 200 ms, stop window 1 000 ms

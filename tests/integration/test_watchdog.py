@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
@@ -24,6 +25,8 @@ from app.storage import store
 from app.storage.db import db_now, jobs, transaction
 from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, drain, plan
+
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
 REPO = Path(__file__).resolve().parents[2]
 AUTH = {"userId": "u1", "organizationId": "org-a"}

@@ -7,12 +7,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from app.retention import archive
 from app.retention.policy import Policy
 from app.retention.sink import DirectorySink
 from app.storage.db import db_now
 from tests.support.api import ORG_A, Api, json_of, payload
 from tests.support.queue_ops import complete, lease
+
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
 LONG = 600_000
 PLAN = {"tasks": [{"id": "t1", "agentId": "test-echo", "payload": {"kind": "factory.task.run"}}]}

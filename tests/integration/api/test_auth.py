@@ -12,6 +12,8 @@ from api.app import create_app
 from app.storage import tokens
 from tests.support.api import Api, json_of, make_settings, payload
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 # One request per endpoint (path parameters need not exist: auth is checked first).
 EVERY_AUTHENTICATED_REQUEST = [
     ("POST", "/agents/factory/jobs"),

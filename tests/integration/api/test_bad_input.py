@@ -18,6 +18,8 @@ from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.vocab import LANES, SINGLETON_MODES
 from tests.support.api import Api, auth_context, json_of, key, payload
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 ENQUEUE = "/agents/factory/jobs"
 OK = payload()
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy.engine import Engine
 
 from tests.support.api import ORG_A, Api, build_api, json_of, key, make_settings, payload
+
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
 BATCH = "/jobs:batch"
 

@@ -29,6 +29,8 @@ from app.storage import tokens
 from tests.support.api import ORG_A, Api, build_api, json_of, key, make_settings, payload
 from tests.support.queue_ops import complete
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 # -- pages capped in bytes -------------------------------------------------------------------------
 
 BIG = "x" * 3000  # each job carries ~3 KB of payload

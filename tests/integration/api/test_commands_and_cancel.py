@@ -11,6 +11,8 @@ from app.storage import store
 from tests.support.api import Api, json_of, key
 from tests.support.queue_ops import complete
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 
 @pytest.mark.parametrize("type_", COMMAND_TYPES)
 def test_command_is_202_with_the_job(api: Api, type_: str) -> None:

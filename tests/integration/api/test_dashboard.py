@@ -18,6 +18,8 @@ from app.config import Settings
 from app.storage import tokens
 from tests.support.api import ORG_A, ORG_B, WORKER, Api, EventReader, key, make_settings, payload
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 SIGNIN = "/ui/signin"
 
 

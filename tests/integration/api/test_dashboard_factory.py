@@ -14,6 +14,8 @@ from app.storage import tokens
 from tests.integration.api.test_dashboard import sign_in, text
 from tests.support.api import ORG_A, ORG_B, Api
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 pytest.importorskip("app.factory.service", reason="the Factory is not in this build")
 
 

@@ -11,6 +11,8 @@ from app.jobs.kinds import PAYLOAD_KINDS
 from app.storage import store
 from tests.support.api import ORG_A, ORG_B, Api, auth_context, json_of, key, payload
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 
 def test_enqueue_returns_202_with_job_route_and_async_block(api: Api) -> None:
     response = api.enqueue(agent="factory", lane="chat", sessionKey="s-1", maxAttempts=5)

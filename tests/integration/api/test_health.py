@@ -14,6 +14,8 @@ from app.ops import outages
 from app.storage.db import make_engine
 from tests.support.api import Api, build_api, json_of, make_settings
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 
 def test_readyz_embedded_broker_folder(api: Api) -> None:
     response = api.client.get("/readyz", headers=api.headers())

@@ -13,6 +13,8 @@ from receipt.client import apply_objective_event
 from tests.factory_support import DIAMOND, HOLD, drain, plan
 from tests.support.api import ORG_A, ORG_B, Api, auth_context, json_of
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 
 def body(deps: dict[str, list[str]] | None = None, **extra: Any) -> dict[str, Any]:
     return {"title": "Ship it", "goal": "Build and check", "plan": plan(deps or DIAMOND), **extra}

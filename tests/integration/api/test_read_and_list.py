@@ -11,6 +11,8 @@ from app.jobs.vocab import STATUSES
 from tests.support.api import ORG_A, Api, json_of, key, payload
 from tests.support.queue_ops import complete
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 
 def test_get_job(api: Api) -> None:
     job = api.job()

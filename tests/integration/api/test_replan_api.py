@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.factory_support import drain, plan
 from tests.support.api import ORG_A, Api, json_of
+
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
 
 def launch(api: Api) -> str:

@@ -10,6 +10,8 @@ import pytest
 from app.schedules import service
 from tests.support.api import ORG_A, ORG_B, Api, json_of
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 
 def body(schedule_id: str = "nightly", **extra: Any) -> dict[str, Any]:
     out: dict[str, Any] = {

@@ -21,6 +21,8 @@ from app.storage import store, tokens
 from app.storage.db import db_now
 from tests.support.api import ORG_A, Api, json_of, key, make_settings, payload
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 COMMAND = ["/bin/echo", "hi"]
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import pytest
+
 from tests.support.api import ORG_A, WORKER, Api, json_of, key
 from tests.support.queue_ops import complete
+
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
 
 def _drive_to_completion(api: Api, job_id: str) -> None:

@@ -11,6 +11,8 @@ import pytest
 from app.jobs.ids import RESERVED_JOB_ID_SHAPES, SYSTEM_ORGANIZATION
 from tests.support.api import ORG_A, ORG_B, Api, auth_context, json_of, key, payload
 
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
+
 
 def _snapshot(api: Api, job_id: str) -> Any:
     return json_of(api.client.get(f"/jobs/{job_id}", headers=api.headers("a")))

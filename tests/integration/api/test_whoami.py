@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from sqlalchemy.engine import Engine
 
 from api.app import create_app
 from app.jobs.privilege import COMMANDS_SCOPE
 from app.storage import tokens
 from tests.support.api import ORG_A, Api, json_of, make_settings
+
+pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
 
 def test_whoami_answers_the_tokens_organisation_id_and_scopes_never_its_secret(api: Api) -> None:
