@@ -53,7 +53,10 @@ def fuzz_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
     # Event streams end at once (max 0 s): the fuzzer checks their headers and errors, not waits.
     # No worker runs here, so no recovery loop does: long loop intervals keep /readyz from
     # (rightly) calling the deployment not ready while the fuzzer runs.
-    loops_idle = {declared.attr: 600_000 for declared in loop_registry.interval_settings()}
+    loops_idle: dict[str, Any] = {declared.attr: 600_000 for declared in loop_registry.interval_settings()}
+    # The watchdog runs on a cron (every minute), not an interval: on for a run longer than three
+    # of its periods (a loaded machine) it was overdue and /readyz answered 503 mid-fuzz.
+    loops_idle["objective_watchdog_enabled"] = False
     api = build_api(
         engine,
         make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024, **tight, **loops_idle),
