@@ -1,6 +1,7 @@
 """Who is calling, and what they may touch: Bearer tokens and organisation scoping.
 
-Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>``. A token belongs to one
+Every endpoint but the probes needs ``Authorization: Bearer <token>`` (``/readyz`` answers its
+status without one, and its details with one: ``api/health.py``). A token belongs to one
 organisation; a system token may act for any. With ``RECEIPT_AUTH=disabled`` a request without
 credentials acts as an anonymous identity that may act for every organisation but is *not* a
 system identity and holds no scopes (disabling auth never grants system or commands
