@@ -25,8 +25,8 @@ from flask import g, request
 from sqlalchemy.engine import Engine
 
 from api import inputs
-from api.context import read_connection
-from api.errors import INVALID_TOKEN, MISSING_SCOPE, UNAUTHORIZED, ApiError, forbidden
+from api.context import read_connection, state
+from api.errors import COMMANDS_DISABLED, INVALID_TOKEN, MISSING_SCOPE, UNAUTHORIZED, ApiError, forbidden
 from api.schemas import ORGANIZATION_PARAM, SCOPE_ORGANIZATION_PARAM
 from app.jobs.errors import ValidationError
 from app.jobs.privilege import COMMANDS_SCOPE, Enqueuer, posting_refusal, runs_command
@@ -38,6 +38,7 @@ AUTH_WARNING_HEADER = "X-Receipt-Warning"
 AUTH_WARNING = "authentication disabled"
 _BEARER = "bearer "
 _CHALLENGE = 'Bearer realm="receipt"'
+CODEX_COMMANDS_SETTING = "RECEIPT_CODEX_COMMANDS"
 
 
 @dataclass(frozen=True)
@@ -173,9 +174,20 @@ def require_enqueue_allowed(identity: Identity, agent_id: str, req: EnqueueReque
 
 
 def require_command_scope(identity: Identity, agent_id: str, kind: str, payload: Mapping[str, Any]) -> None:
-    """403 ``missing_scope`` when a job of ``kind`` for ``agent_id`` with ``payload`` runs a command
-    and the caller may not run commands."""
-    if runs_command(agent_id, kind, payload) and not identity.enqueuer().may_run_commands:
+    """403 when a job of ``kind`` for ``agent_id`` with ``payload`` runs a command and either this
+    deployment runs none (``commands_disabled``: refused here rather than accepted and failed when
+    the codex handler refuses it) or the caller may not run commands (``missing_scope``)."""
+    if not runs_command(agent_id, kind, payload):
+        return
+    if not state().settings.codex_commands:
+        raise ApiError(
+            403,
+            COMMANDS_DISABLED,
+            f"a {kind} job for agent {agent_id!r} runs a command, and this deployment runs none: "
+            f"its operator may set {CODEX_COMMANDS_SETTING}=enabled",
+            {"setting": CODEX_COMMANDS_SETTING},
+        )
+    if not identity.enqueuer().may_run_commands:
         raise ApiError(
             403,
             MISSING_SCOPE,

@@ -68,9 +68,19 @@ def payload_option_value(text: str, kind: str) -> dict[str, Any]:
     return {**data, "kind": kind}
 
 
+# The kind of a job for an agent of the deployment's own (a handler RECEIPT_HANDLER_MODULES
+# registers): the built-in kinds are a closed vocabulary, and this is the one whose contract serves
+# any agent id (chat group, no command, no objective), as the README's "Using it" says.
+DEFAULT_KIND = "factory.run"
+
+
 @jobs.command("enqueue")
 @click.argument("agent_id", required=False)
-@click.option("--kind", help="The payload kind, e.g. factory.run (required without --from).")
+@click.option(
+    "--kind",
+    help=f"The payload kind: one of the built-in kinds (docs/api.md). Default {DEFAULT_KIND}, the kind "
+    "a deployment's own handlers (RECEIPT_HANDLER_MODULES) take.",
+)
 @click.option("--payload", "payload_text", default="{}", show_default=True, help="JSON object, or @file.")
 @click.option("--job-id", help="Idempotency key: re-posting it returns the existing job.")
 @click.option("--lane", help="chat, collect, steer or follow_up.")
@@ -134,9 +144,9 @@ def enqueue(
                 "--from takes each job's agentId and kind from its line: no AGENT_ID, --kind or --follow"
             )
         return _enqueue_lines(from_file, user=user, quiet=quiet)
-    if agent_id is None or kind is None:
-        raise click.UsageError("AGENT_ID and --kind are required (or --from FILE)")
-    payload = payload_option_value(payload_text, kind)
+    if agent_id is None:
+        raise click.UsageError("AGENT_ID is required (or --from FILE)")
+    payload = payload_option_value(payload_text, kind or DEFAULT_KIND)
     fields = {
         "jobId": job_id,
         "lane": lane,
