@@ -30,7 +30,7 @@ test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 ## A contributor's loop: unit plus integration (real PostgreSQL + Redis, no end-to-end processes),
-## without the tests marked slow and without lint; about four and a half minutes on two cores (README, "Quick start").
+## without the tests marked slow and without lint (README, "Quick start").
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow" tests/unit tests/integration $(PYTEST_ARGS)
 

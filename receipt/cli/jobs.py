@@ -12,10 +12,9 @@ from typing import Any, TextIO
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from receipt.cli import GROUPS, dev, timing
-from receipt.cli.output import client_from_env, fail, no_retry_option, print_json
+from receipt.cli.output import Column, client_from_env, fail, fitted_table, no_retry_option, print_json
 from receipt.client import Client, JobEvent, ReceiptError
 
 # The exit status mirrors the job's end.
@@ -222,23 +221,37 @@ def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit:
     if as_json:
         print_json(page)
         return 0
-    table = Table("id", "agent", "lane", "status", "attempt", "updated", "not before")
+    rows = []
     for job in page["jobs"]:
         style = STATUS_STYLE.get(job["status"], "")
-        table.add_row(
-            job["id"],
-            job["agentId"],
-            job["lane"],
-            f"[{style}]{job['status']}[/{style}]" if style else job["status"],
-            f"{job['attempt']}/{job['maxAttempts']}",
-            job["updatedAt"] or "",
-            job.get("availableAt") or "" if job["status"] == "queued" else "",
+        rows.append(
+            [
+                job["id"],
+                job["agentId"],
+                f"[{style}]{job['status']}[/{style}]" if style else job["status"],
+                f"{job['attempt']}/{job['maxAttempts']}",
+                job["lane"],
+                job["updatedAt"] or "",
+                job.get("availableAt") or "" if job["status"] == "queued" else "",
+            ]
         )
     console = Console()
-    console.print(table)
+    # Narrow terminals lose the right-hand columns first; an id is never cut short.
+    console.print(fitted_table(LIST_COLUMNS, rows, console.width))
     if page.get("nextCursor"):
         console.print("(more: narrow with --status/--agent/--lane, or raise --limit)")
     return 0
+
+
+LIST_COLUMNS = (
+    Column("id", ident=True),
+    Column("agent"),
+    Column("status"),
+    Column("attempt"),
+    Column("lane"),
+    Column("updated"),
+    Column("not before"),
+)
 
 
 @jobs.command("cancel")

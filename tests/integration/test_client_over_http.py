@@ -147,6 +147,27 @@ def test_enqueue_without_kind_posts_the_kind_a_deployments_own_handlers_take(
     )
 
 
+def test_jobs_list_at_80_columns_shows_every_id_whole(
+    serve: Serve, token: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Columns are dropped from the right before an id is cut short."""
+    _token_id, secret = token
+    url = serve("disabled")
+    cli_env(monkeypatch, url, secret)
+    client = Client(url, token=secret)
+    ids = [client.enqueue("a-rather-long-agent-name", {"kind": "factory.run"})["job"]["id"] for _ in range(2)]
+    monkeypatch.setenv("COLUMNS", "80")
+    assert receipt_main(["jobs", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert all(any(job_id in line for line in lines) for job_id in ids), lines
+    assert "…" not in "".join(lines)
+    assert "agent" in lines[1] and "not before" not in lines[1]  # the header: right-hand columns left out
+    monkeypatch.setenv("COLUMNS", "250")
+    assert receipt_main(["jobs", "list"]) == 0
+    assert "not before" in capsys.readouterr().out  # every column when there is room
+
+
 # -- limits waited out ---------------------------------------------------------------------------
 
 
