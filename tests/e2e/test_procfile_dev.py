@@ -127,8 +127,9 @@ def test_the_readmes_procfile_command_runs_a_job_and_sigterm_leaves_nothing(
     finally:
         engine.dispose()
     auth = {"Authorization": f"Bearer {secret}"}
-    # A factory.run whose goal carries its plan: the built-in handlers, nothing registered.
-    task = {"id": "hello", "agentId": "codex", "payload": {"kind": "factory.task.run", "command": ["true"]}}
+    # A factory.run whose goal carries its plan: the built-in handlers, nothing registered. Commands
+    # are off here, so its one task runs none (a plan with one would be refused at the door).
+    task = {"id": "hello", "agentId": "factory", "payload": {"kind": "factory.task.run"}}
     body: dict[str, Any] = {
         "payload": {
             "kind": "factory.run",

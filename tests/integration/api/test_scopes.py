@@ -215,3 +215,33 @@ def test_with_commands_off_a_batch_an_objective_or_a_schedule_holding_a_command_
     schedule = {"scheduleId": "s", "cron": "0 0 1 1 *", "job": command_job}
     assert_commands_disabled(commands_off.client.post("/schedules", json=schedule, headers=headers))
     assert commands_off.receipt_count() == before
+
+
+def test_with_commands_off_a_factory_run_or_dispatch_whose_plan_runs_a_command_is_403(
+    commands_off: Api,
+) -> None:
+    """The plan a job names outright is checked at the door too: its task would fail at run time."""
+    headers = {"Authorization": f"Bearer {commands_off.secrets['system']}"}
+    before = commands_off.receipt_count()
+    command_task = {
+        "id": "t",
+        "agentId": "codex",
+        "payload": {"kind": "factory.task.run", "command": COMMAND},
+    }
+    quiet_task = {"id": "t", "agentId": "factory", "payload": {"kind": "factory.task.run"}}
+    launch = {"title": "t", "goal": "g", "plan": {"tasks": [command_task]}}
+    for body in (
+        payload("factory.run", plan={"tasks": [command_task]}),
+        payload("factory.run", goal={"text": "g", "plan": {"tasks": [command_task]}}),
+        payload("factory.dispatch", objective={**launch, "authContext": payload()["authContext"]}),
+    ):
+        refused = commands_off.client.post("/agents/factory/jobs", json={"payload": body}, headers=headers)
+        assert_commands_disabled(
+            refused, where=f"a {body['kind']} job whose plan holds a factory.task.run task"
+        )
+    assert commands_off.receipt_count() == before
+    taken = payload("factory.run", plan={"tasks": [quiet_task]})
+    assert (
+        commands_off.client.post("/agents/factory/jobs", json={"payload": taken}, headers=headers).status_code
+        == 202
+    )
