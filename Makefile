@@ -38,7 +38,7 @@ test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not soak" $(DURATIONS) $(PYTEST_ARGS)
 
 ## A contributor's loop: unit plus integration (real PostgreSQL + Redis, no end-to-end processes),
-## without the tests marked slow and without lint (README, "Testing").
+## without the tests marked slow and without lint (README, "Quick start").
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow and not soak" $(DURATIONS) tests/unit tests/integration $(PYTEST_ARGS)
 

@@ -46,9 +46,16 @@ def broker_url_for(settings: Settings) -> str:
 REDIS_TRANSPORT = "delivery.redis_transport:Transport"
 
 
+# kombu's filesystem transport with messages that appear whole (delivery/folder_transport.py).
+FOLDER_TRANSPORT = "delivery.folder_transport:Transport"
+
+
 def broker_transport_for(settings: Settings) -> str | None:
-    """The kombu transport for the broker URL: ours for plain Redis, else the URL's own."""
-    scheme = (settings.redis_url or "").split("://", 1)[0]
+    """The kombu transport for the broker URL: ours for plain Redis and for the embedded folder
+    broker, else the URL's own."""
+    if not settings.redis_url:
+        return FOLDER_TRANSPORT
+    scheme = settings.redis_url.split("://", 1)[0]
     return REDIS_TRANSPORT if scheme in ("redis", "rediss") else None
 
 

@@ -1,6 +1,7 @@
 """Who is calling, and what they may touch: Bearer tokens and organisation scoping.
 
-Every endpoint but ``/healthz`` needs ``Authorization: Bearer <token>``. A token belongs to one
+Every endpoint but the probes needs ``Authorization: Bearer <token>`` (``/readyz`` answers its
+status without one, and its details with one: ``api/health.py``). A token belongs to one
 organisation; a system token may act for any. With ``RECEIPT_AUTH=disabled`` a request without
 credentials acts as an anonymous identity that may act for every organisation but is *not* a
 system identity and holds no scopes (disabling auth never grants system or commands
@@ -15,7 +16,7 @@ identities); anything else answers exactly as an unknown job would, so existence
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,10 +25,12 @@ from flask import g, request
 from sqlalchemy.engine import Engine
 
 from api import inputs
-from api.context import read_connection
-from api.errors import INVALID_TOKEN, MISSING_SCOPE, UNAUTHORIZED, ApiError, forbidden
+from api.context import read_connection, state
+from api.errors import COMMANDS_DISABLED, INVALID_TOKEN, MISSING_SCOPE, UNAUTHORIZED, ApiError, forbidden
 from api.schemas import ORGANIZATION_PARAM, SCOPE_ORGANIZATION_PARAM
+from app.factory.vocab import DEFAULT_TASK_AGENT, DEFAULT_TASK_KIND
 from app.jobs.errors import ValidationError
+from app.jobs.kinds import DISPATCH, RUN
 from app.jobs.privilege import COMMANDS_SCOPE, Enqueuer, posting_refusal, runs_command
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest
@@ -37,6 +40,7 @@ AUTH_WARNING_HEADER = "X-Receipt-Warning"
 AUTH_WARNING = "authentication disabled"
 _BEARER = "bearer "
 _CHALLENGE = 'Bearer realm="receipt"'
+CODEX_COMMANDS_SETTING = "RECEIPT_CODEX_COMMANDS"
 
 
 @dataclass(frozen=True)
@@ -169,12 +173,57 @@ def require_enqueue_allowed(identity: Identity, agent_id: str, req: EnqueueReque
     if not identity.may_act_for(req.organization_id):
         raise forbidden("payload.authContext.organizationId is not the organisation of this token")
     require_command_scope(identity, agent_id, kind, req.payload)
+    if not state().settings.codex_commands:
+        for task_agent, task_kind, task_payload in _explicit_plan_tasks(kind, req.payload):
+            if runs_command(task_agent, task_kind, task_payload):
+                raise _commands_disabled(
+                    f"a {kind} job whose plan holds a {task_kind} task for agent {task_agent!r} "
+                    "runs a command"
+                )
+
+
+def _explicit_plan_tasks(
+    kind: str, payload: Mapping[str, Any]
+) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """The (agent, kind, payload) of each task a ``factory.dispatch`` (``payload.objective.plan``) or
+    ``factory.run`` (``payload.plan``, ``payload.goal.plan``: app/factory/planner.py) job names
+    outright; malformed ones are left to the launch's own validation."""
+    plan: Any = None
+    if kind == DISPATCH.name and isinstance(payload.get("objective"), Mapping):
+        plan = payload["objective"].get("plan")
+    elif kind == RUN.name:
+        goal = payload.get("goal")
+        plan = goal.get("plan", payload.get("plan")) if isinstance(goal, Mapping) else payload.get("plan")
+    tasks = plan.get("tasks") if isinstance(plan, Mapping) else None
+    for task in tasks if isinstance(tasks, list) else []:
+        task_payload = task.get("payload") if isinstance(task, Mapping) else None
+        task_payload = {} if task_payload is None else task_payload
+        if not isinstance(task, Mapping) or not isinstance(task_payload, Mapping):
+            continue
+        agent = task.get("agentId") or DEFAULT_TASK_AGENT
+        task_kind = task_payload.get("kind", DEFAULT_TASK_KIND)
+        if isinstance(agent, str) and isinstance(task_kind, str):
+            yield agent, task_kind, task_payload
+
+
+def _commands_disabled(what: str) -> ApiError:
+    return ApiError(
+        403,
+        COMMANDS_DISABLED,
+        f"{what}, and this deployment runs none: its operator may set {CODEX_COMMANDS_SETTING}=enabled",
+        {"setting": CODEX_COMMANDS_SETTING},
+    )
 
 
 def require_command_scope(identity: Identity, agent_id: str, kind: str, payload: Mapping[str, Any]) -> None:
-    """403 ``missing_scope`` when a job of ``kind`` for ``agent_id`` with ``payload`` runs a command
-    and the caller may not run commands."""
-    if runs_command(agent_id, kind, payload) and not identity.enqueuer().may_run_commands:
+    """403 when a job of ``kind`` for ``agent_id`` with ``payload`` runs a command and either this
+    deployment runs none (``commands_disabled``: refused here rather than accepted and failed when
+    the codex handler refuses it) or the caller may not run commands (``missing_scope``)."""
+    if not runs_command(agent_id, kind, payload):
+        return
+    if not state().settings.codex_commands:
+        raise _commands_disabled(f"a {kind} job for agent {agent_id!r} runs a command")
+    if not identity.enqueuer().may_run_commands:
         raise ApiError(
             403,
             MISSING_SCOPE,

@@ -44,6 +44,8 @@ INTERNAL = "internal_error"
 ARCHIVED = "archived"
 # A token without the scope an operation needs (details.scope names it).
 MISSING_SCOPE = "missing_scope"
+# A job that runs a command, on a deployment that runs none (details.setting names the switch).
+COMMANDS_DISABLED = "commands_disabled"
 # A job already holds RECEIPT_MAX_COMMANDS_PER_JOB queue commands.
 TOO_MANY_COMMANDS = "too_many_commands"
 # The organisation's write rate limit (429, Retry-After).
@@ -65,6 +67,7 @@ ERROR_CODES = (
     UNAVAILABLE,
     INTERNAL,
     MISSING_SCOPE,
+    COMMANDS_DISABLED,
     TOO_MANY_COMMANDS,
     RATE_LIMITED,
     TOO_MANY_STREAMS,

@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import tempfile
+import warnings
 from typing import Any
 
 from app.config import Settings
@@ -40,6 +41,11 @@ worker_class = "gevent"
 worker_connections = int(os.environ.get("WEB_WORKER_CONNECTIONS", "1000"))
 timeout = 30
 _SETTINGS = Settings.from_env()
+# gunicorn's master imports ssl before the gevent worker patches it, so every worker start warns
+# (MonkeyPatchWarning). Nothing in the master builds an SSL object a worker then uses: the app and
+# its connections (rediss:// included) are made after the patch, in the worker, so the warning
+# says nothing here. The filter is inherited by each worker through the fork.
+warnings.filterwarnings("ignore", message="Monkey-patching ssl after ssl has already been imported")
 graceful_timeout = max(1, _SETTINGS.shutdown_grace_ms // 1000 - 1)
 DRAIN_WATCH_S = 0.1  # how often a worker looks whether it was told to stop
 keepalive = 5

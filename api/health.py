@@ -12,6 +12,10 @@ recovery loop this deployment runs (``app/ops/loops.py``) ran within three of it
 (``loop_runs``): a deployment whose loops stopped (beat down and no consumer of their queues left)
 recovers nothing, so it is not ready. A loop that never ran is given the same three periods from
 this process's start; a loop whose schedule cannot run (an invalid cron) fails the check.
+
+Both answer without a token, so a platform's HTTP health check can use them: ``/readyz`` then says
+only ``{"status": "ok"}`` (200) or ``not ready`` (503). The checks' details (hosts, causes, each
+loop's last run) are for a caller with a token (or any caller under ``RECEIPT_AUTH=disabled``).
 """
 
 from __future__ import annotations
@@ -21,12 +25,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from flask import Blueprint
+from flask import Blueprint, g, request
 from flask.typing import ResponseReturnValue
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
-from api import schemas
+from api import auth, schemas
 from api.context import read_connection, state
 from api.errors import NOT_READY, ApiError
 from api.openapi import Operation, operation
@@ -124,12 +128,20 @@ def healthz() -> ResponseReturnValue:
     Operation(
         summary="Readiness: the database and the broker are reachable; wake-ups can be published; "
         "every recovery loop ran lately.",
+        description="Answers without a token (200 or 503, for a platform's health check); the "
+        "checks' details and each loop's last run need one.",
         tag="health",
+        auth=False,
+        errors=(401, 503),
         responses={200: schemas.READY},
     )
 )
 def readyz() -> ResponseReturnValue:
     st = state()
+    detailed = bool(request.headers.get("Authorization", "").strip()) or st.settings.auth_disabled
+    if detailed:
+        # A token that is sent must be valid: a bad one is the same 401 as on every other route.
+        g.identity = auth.authenticate(st.engine, auth_disabled=st.settings.auth_disabled)
     checks: dict[str, Any] = {
         "database": check_database(st.engine, st.settings),
         "broker": check_broker(st.settings),
@@ -138,5 +150,6 @@ def readyz() -> ResponseReturnValue:
     checks["loops"], checks["loopRuns"] = check_loops(st.engine, st.settings, st.started_monotonic)
     failed = sorted(name for name, result in checks.items() if name != "loopRuns" and result != OK)
     if failed:
-        raise ApiError(503, NOT_READY, "not ready: " + ", ".join(failed) + " failed", checks)
-    return checks
+        message = "not ready: " + ", ".join(failed) + " failed"
+        raise ApiError(503, NOT_READY, message, checks if detailed else None)
+    return {"status": OK, **checks} if detailed else {"status": OK}

@@ -29,7 +29,9 @@ _ERROR_DESCRIPTIONS = {
     400: "Malformed JSON or an invalid field (details name the field and its allowed values).",
     401: "Missing or invalid credentials.",
     403: "The caller's organisation may not do this, or its token lacks a scope the operation needs "
-    "(code missing_scope, details.scope names it: posting a job that runs a command needs 'commands').",
+    "(code missing_scope, details.scope names it: posting a job that runs a command needs 'commands'), "
+    "or the job runs a command on a deployment that runs none (code commands_disabled, "
+    "details.setting names RECEIPT_CODEX_COMMANDS).",
     404: "No such job or stream (another organisation's job answers the same way), or no such route.",
     409: "The job's (or objective's) state does not allow this, its id belongs to someone else, or the "
     "job already holds RECEIPT_MAX_COMMANDS_PER_JOB queue commands (code too_many_commands).",

@@ -762,6 +762,14 @@ class Settings:
         "INFO",
         "Root log level of every process (`DEBUG`, `INFO`, ...).",
     )
+    log_ticks: bool = setting(
+        "RECEIPT_LOG_TICKS",
+        "disabled",
+        "`enabled` logs what happens on every tick at the root level too: each recovery loop's pass, "
+        "beat's every send and Celery's received/succeeded line per task. Off, they are at `DEBUG`, so "
+        "an idle process stays quiet; `receipt_loop_passes_total` and the loop gauges count them.",
+        switch,
+    )
     metrics_token: str | None = setting(
         "RECEIPT_METRICS_TOKEN",
         None,

@@ -50,6 +50,8 @@ def base_env(*, handlers: str = "devharness.handlers", **extra: str) -> dict[str
             "PYTHONDONTWRITEBYTECODE": "1",
             "RECEIPT_HANDLER_MODULES": handlers,
             "RECEIPT_CODEX_COMMANDS": "enabled",
+            # The tests read beat's sends, Celery's per-task lines and the loops' passes in the logs.
+            "RECEIPT_LOG_TICKS": "enabled",
         }
     )
     env.update(extra)

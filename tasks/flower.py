@@ -1,12 +1,13 @@
 """Entry point of Flower, Celery's monitor: ``python -m tasks.flower``.
 
-Flower's web UI answers anyone who can reach it (and can revoke or rate-limit tasks), so:
+Flower's web UI answers anyone who can reach it (and can revoke or rate-limit tasks), so it never
+serves unauthenticated beyond this machine, and it never refuses to start for want of credentials
+(a process runner such as honcho stops every process when one exits):
 
-- it binds loopback (``127.0.0.1``) unless ``FLOWER_ADDRESS`` says otherwise;
-- bound anywhere but loopback, it always requires authentication (``FLOWER_BASIC_AUTH=user:password``
-  or Flower's OAuth via ``FLOWER_AUTH``), whatever ``RECEIPT_AUTH`` says;
-- on loopback it still requires authentication unless the deployment runs with
-  ``RECEIPT_AUTH=disabled``, the same switch that opens Receipt's own API.
+- with authentication (``FLOWER_BASIC_AUTH=user:password``, or Flower's OAuth via ``FLOWER_AUTH``)
+  it binds ``FLOWER_ADDRESS``, loopback (``127.0.0.1``) by default;
+- without, it binds loopback whatever ``FLOWER_ADDRESS`` says, and logs one warning line naming
+  the setting that would open it.
 
 Port: ``PORT`` (the PaaS convention), default 5555. A PaaS that routes to ``PORT`` needs
 ``FLOWER_ADDRESS=0.0.0.0`` and therefore authentication.
@@ -39,22 +40,18 @@ def is_loopback(address: str) -> bool:
         return False  # a host name we cannot vouch for: treat as reachable from elsewhere
 
 
-def flower_argv(env: Mapping[str, str], settings: Settings) -> list[str]:
-    """The ``celery flower`` arguments; refuses (SystemExit) when Flower would run unauthenticated."""
-    address = env.get("FLOWER_ADDRESS", "").strip() or DEFAULT_ADDRESS
-    authenticated = any(env.get(name) for name in AUTH_VARIABLES)
-    if not authenticated and not is_loopback(address):
-        raise SystemExit(
-            f"refusing to start Flower on {address} without authentication: set "
-            "FLOWER_BASIC_AUTH=user:password (or FLOWER_AUTH for OAuth); off loopback this is "
-            "required even with RECEIPT_AUTH=disabled"
+def flower_argv(env: Mapping[str, str]) -> tuple[list[str], str | None]:
+    """The ``celery flower`` arguments, and the warning to log when Flower runs unauthenticated."""
+    requested = env.get("FLOWER_ADDRESS", "").strip() or DEFAULT_ADDRESS
+    address, warning = requested, None
+    if not any(env.get(name) for name in AUTH_VARIABLES):
+        address = requested if is_loopback(requested) else DEFAULT_ADDRESS
+        moved = "" if address == requested else f" (not FLOWER_ADDRESS={requested})"
+        warning = (
+            f"Flower runs without authentication, so only on {address}{moved}: set "
+            "FLOWER_BASIC_AUTH=user:password (or FLOWER_AUTH for OAuth) to serve it on another interface"
         )
-    if not authenticated and not settings.auth_disabled:
-        raise SystemExit(
-            "refusing to start Flower without authentication: set FLOWER_BASIC_AUTH=user:password "
-            "(or FLOWER_AUTH for OAuth), or RECEIPT_AUTH=disabled for a trusted machine"
-        )
-    return ["flower", f"--address={address}", f"--port={env.get('PORT', '5555')}"]
+    return ["flower", f"--address={address}", f"--port={env.get('PORT', '5555')}"], warning
 
 
 def main() -> None:
@@ -62,11 +59,11 @@ def main() -> None:
     # Receipt's one logging configuration, like every other process: its format, and its filter
     # that keeps every secret setting out of the log.
     logs.configure(settings, "flower")
-    argv = flower_argv(os.environ, settings)
+    argv, warning = flower_argv(os.environ)
     # Flower reads the broker only; it never opens the database.
     preflight.require(settings, database=None, broker=True, log=log)
-    if not any(os.environ.get(name) for name in AUTH_VARIABLES):
-        log.warning("Flower runs without authentication on loopback (RECEIPT_AUTH=disabled)")
+    if warning is not None:
+        log.warning(warning)
     make_celery(settings).start(argv)
 
 

@@ -9,7 +9,9 @@ HEALTH: Schema = {"type": "object", "properties": {"status": {"const": "ok"}}, "
 
 READY: Schema = {
     "type": "object",
+    "description": "Without a token, only status; with one, every check and each loop's last run.",
     "properties": {
+        "status": {"const": "ok"},
         "database": {"const": "ok"},
         "broker": {"const": "ok"},
         "wake": {"const": "ok"},
@@ -29,7 +31,7 @@ READY: Schema = {
             },
         },
     },
-    "required": ["database", "broker", "wake", "loops", "loopRuns"],
+    "required": ["status"],
 }
 
 WHOAMI: Schema = {

@@ -35,6 +35,14 @@ JOB_FIELDS: Final[tuple[str, ...]] = ("jobId", "attempt", "fence", "workerId", "
 _job: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("receipt_job", default=None)
 _role = "unknown"
 
+# Lines written on every tick of something periodic, so that an idle process is quiet at the
+# default level unless RECEIPT_LOG_TICKS=enabled (``dict_config``): Receipt's loop passes (logged
+# at DEBUG on this logger), and the libraries' loggers that write a line per tick or per task at
+# INFO (beat's every send; a worker's received/succeeded pair, which ``receipt.execute``'s
+# settlement line and the metrics already say), held at WARNING.
+TICK_PASSES: Final = "receipt.loops.passes"
+TICK_LOGGERS: Final[tuple[str, ...]] = ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+
 PLAIN_FORMAT = "%(asctime)s %(levelname)-7s %(role)s %(name)s: %(message)s%(job_suffix)s"
 JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(role)s %(message)s"
 
@@ -164,8 +172,22 @@ def dict_config(settings: Settings, role: str) -> dict[str, Any]:
             # gunicorn attaches its own handlers unless told to propagate to ours.
             "gunicorn.error": {"level": level, "handlers": [], "propagate": True},
             "gunicorn.access": {"level": level, "handlers": [], "propagate": True},
+            **tick_loggers(settings, level),
         },
     }
+
+
+def tick_loggers(settings: Settings, level: str) -> dict[str, Any]:
+    """The levels of the per-tick loggers (``TICK_PASSES``, ``TICK_LOGGERS``): shown with
+    RECEIPT_LOG_TICKS=enabled or at DEBUG, held back otherwise."""
+    shown = {name: {"level": level} for name in TICK_LOGGERS}
+    if settings.log_ticks:
+        return {**shown, TICK_PASSES: {"level": "DEBUG"}}
+    numeric = logging.getLevelName(level)
+    if isinstance(numeric, int) and numeric <= logging.DEBUG:
+        return {**shown, TICK_PASSES: {"level": level}}
+    held = level if isinstance(numeric, int) and numeric > logging.WARNING else "WARNING"
+    return {**{name: {"level": held} for name in TICK_LOGGERS}, TICK_PASSES: {"level": "NOTSET"}}
 
 
 def quiet_banner_args(settings: Settings) -> list[str]:

@@ -37,6 +37,7 @@ from sqlalchemy.exc import IntegrityError
 from app.storage.db import as_utc, db_now, loop_runs, transaction
 
 log = logging.getLogger("receipt.loops")
+passes = logging.getLogger("receipt.loops.passes")  # app.ops.logs.TICK_PASSES
 
 # A claim's shortest life: long enough for a loaded pass to renew it before it lapses.
 MIN_CLAIM_TTL_MS = 2000
@@ -270,8 +271,9 @@ def run_claimed(
         cancel_watch = clock.call_later(slow / 1000, said_slow)
     keep = KeepAlive(engine, name, owner, policy.ttl_ms, clock=clock, renews=not policy.holds)
     # Inside the claim: these two lines never interleave with another pass's (single flight), and
-    # they say what Celery's "succeeded" line does not show (it logs no return values).
-    log.info("loop %s: pass started", name)
+    # they say what Celery's "succeeded" line does not show (it logs no return values). One pair
+    # per tick: DEBUG (RECEIPT_LOG_TICKS shows them), and receipt_loop_passes_total counts them.
+    passes.debug("loop %s: pass started", name)
     try:
         if policy.holds:
             with Renewal(keep, engine, name, owner, policy.ttl_ms):
@@ -285,7 +287,7 @@ def run_claimed(
     finally:
         if cancel_watch is not None:
             cancel_watch()
-        log.info("loop %s: pass finished", name)
+        passes.debug("loop %s: pass finished", name)
         try:
             release(engine, name, owner)
         except Exception as exc:  # the database may be what ended the pass: the deadline frees it

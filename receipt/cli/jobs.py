@@ -12,10 +12,9 @@ from typing import Any, TextIO
 
 import click
 from rich.console import Console
-from rich.table import Table
 
 from receipt.cli import GROUPS, dev, timing
-from receipt.cli.output import client_from_env, fail, no_retry_option, print_json
+from receipt.cli.output import Column, client_from_env, fail, fitted_table, no_retry_option, print_json
 from receipt.client import Client, JobEvent, ReceiptError
 
 # The exit status mirrors the job's end.
@@ -68,9 +67,19 @@ def payload_option_value(text: str, kind: str) -> dict[str, Any]:
     return {**data, "kind": kind}
 
 
+# The kind of a job for an agent of the deployment's own (a handler RECEIPT_HANDLER_MODULES
+# registers): the built-in kinds are a closed vocabulary, and this is the one whose contract serves
+# any agent id (chat group, no command, no objective), as the README's "Using it" says.
+DEFAULT_KIND = "factory.run"
+
+
 @jobs.command("enqueue")
 @click.argument("agent_id", required=False)
-@click.option("--kind", help="The payload kind, e.g. factory.run (required without --from).")
+@click.option(
+    "--kind",
+    help=f"The payload kind: one of the built-in kinds (docs/api.md). Default {DEFAULT_KIND}, the kind "
+    "a deployment's own handlers (RECEIPT_HANDLER_MODULES) take.",
+)
 @click.option("--payload", "payload_text", default="{}", show_default=True, help="JSON object, or @file.")
 @click.option("--job-id", help="Idempotency key: re-posting it returns the existing job.")
 @click.option("--lane", help="chat, collect, steer or follow_up.")
@@ -134,9 +143,9 @@ def enqueue(
                 "--from takes each job's agentId and kind from its line: no AGENT_ID, --kind or --follow"
             )
         return _enqueue_lines(from_file, user=user, quiet=quiet)
-    if agent_id is None or kind is None:
-        raise click.UsageError("AGENT_ID and --kind are required (or --from FILE)")
-    payload = payload_option_value(payload_text, kind)
+    if agent_id is None:
+        raise click.UsageError("AGENT_ID is required (or --from FILE)")
+    payload = payload_option_value(payload_text, kind or DEFAULT_KIND)
     fields = {
         "jobId": job_id,
         "lane": lane,
@@ -212,23 +221,37 @@ def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit:
     if as_json:
         print_json(page)
         return 0
-    table = Table("id", "agent", "lane", "status", "attempt", "updated", "not before")
+    rows = []
     for job in page["jobs"]:
         style = STATUS_STYLE.get(job["status"], "")
-        table.add_row(
-            job["id"],
-            job["agentId"],
-            job["lane"],
-            f"[{style}]{job['status']}[/{style}]" if style else job["status"],
-            f"{job['attempt']}/{job['maxAttempts']}",
-            job["updatedAt"] or "",
-            job.get("availableAt") or "" if job["status"] == "queued" else "",
+        rows.append(
+            [
+                job["id"],
+                job["agentId"],
+                f"[{style}]{job['status']}[/{style}]" if style else job["status"],
+                f"{job['attempt']}/{job['maxAttempts']}",
+                job["lane"],
+                job["updatedAt"] or "",
+                job.get("availableAt") or "" if job["status"] == "queued" else "",
+            ]
         )
     console = Console()
-    console.print(table)
+    # Narrow terminals lose the right-hand columns first; an id is never cut short.
+    console.print(fitted_table(LIST_COLUMNS, rows, console.width))
     if page.get("nextCursor"):
         console.print("(more: narrow with --status/--agent/--lane, or raise --limit)")
     return 0
+
+
+LIST_COLUMNS = (
+    Column("id", ident=True),
+    Column("agent"),
+    Column("status"),
+    Column("attempt"),
+    Column("lane"),
+    Column("updated"),
+    Column("not before"),
+)
 
 
 @jobs.command("cancel")

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from receipt.cli import GROUPS, dev
-from receipt.cli.output import client_from_env, fail, no_retry_option, print_json
+from receipt.cli.output import Column, client_from_env, fail, fitted_table, no_retry_option, print_json
 from receipt.client import Client, ReceiptError
 
 TERMINAL = ("completed", "failed", "canceled")
@@ -42,23 +42,35 @@ def objective() -> None:
     pass
 
 
-def _table(obj: dict[str, Any], limit: int = 40) -> Table:
-    table = Table(title=f"{obj['title']} [{obj['status']}]", expand=False)
-    for name in ("task", "agent", "status", "attempt", "job"):
-        table.add_column(name)
+TASK_COLUMNS = (
+    Column("task", ident=True),
+    Column("agent"),
+    Column("status"),
+    Column("attempt"),
+    Column("job", ident=True),
+)
+
+
+def _table(obj: dict[str, Any], width: int, limit: int = 40) -> Table:
     tasks = obj["tasks"]
-    for t in tasks[:limit]:
-        style = STYLE.get(t["status"], "")
-        table.add_row(
-            t["id"], t["agentId"], f"[{style}]{t['status']}[/]", str(t["attempt"]), t["jobId"] or ""
-        )
+    rows = [
+        [
+            t["id"],
+            t["agentId"],
+            f"[{STYLE.get(t['status'], '')}]{t['status']}[/]",
+            str(t["attempt"]),
+            t["jobId"] or "",
+        ]
+        for t in tasks[:limit]
+    ]
     if len(tasks) > limit:
         rest: dict[str, int] = {}
         for t in tasks[limit:]:
             rest[t["status"]] = rest.get(t["status"], 0) + 1
         summary = ", ".join(f"{n} {s}" for s, n in sorted(rest.items()))
-        table.add_row(f"… {len(tasks) - limit} more", "", summary, "", "")
-    return table
+        rows.append([f"… {len(tasks) - limit} more", "", summary, "", ""])
+    # A narrow terminal loses the agent, status and attempt columns first; an id is never cut short.
+    return fitted_table(TASK_COLUMNS, rows, width, title=f"{obj['title']} [{obj['status']}]", expand=False)
 
 
 def follow(client: Client, objective_id: str, console: Console) -> dict[str, Any]:
@@ -78,17 +90,20 @@ def follow(client: Client, objective_id: str, console: Console) -> dict[str, Any
         settled = sum(1 for t in obj["tasks"] if t["status"] in SETTLED_TASK)
         description = f"{objective_id} {obj['status']}"
         progress.update(bar, completed=settled, total=len(obj["tasks"]), description=description)
-        live.update(Group(progress, _table(obj)))
+        live.update(Group(progress, _table(obj, console.width)))
 
-    with Live(Group(progress, _table(obj)), console=console, refresh_per_second=8) as live:
+    with Live(Group(progress, _table(obj, console.width)), console=console, refresh_per_second=8) as live:
         draw(live, obj)
-        if obj["status"] in TERMINAL:
-            return obj
-        for event in client.follow_objective(objective_id, max_reconnects=FOLLOW_RECONNECTS):
-            obj = event.objective
-            draw(live, obj)
-            if obj["status"] in TERMINAL:
-                break
+        if obj["status"] not in TERMINAL:
+            for event in client.follow_objective(objective_id, max_reconnects=FOLLOW_RECONNECTS):
+                obj = event.objective
+                draw(live, obj)
+                if obj["status"] in TERMINAL:
+                    break
+    if not console.is_terminal:
+        # rich ends the last frame with a newline only on a terminal: end it here, so that the
+        # result line that follows on the same file (2>&1) starts a line of its own.
+        console.line()
     return obj
 
 

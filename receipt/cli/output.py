@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
+from rich.table import Table
+from rich.text import Text
 
 from receipt.client import Client, ReceiptError, RetryNotice
 
@@ -60,3 +63,41 @@ def print_json(data: Any) -> None:
 def fail(exc: ReceiptError) -> click.ClickException:
     """A ClickException (exit 1) naming the API's error code and message."""
     return click.ClickException(f"{exc.code}: {exc.message}")
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column. An ``ident`` column (a job or objective id) is never cut short: the others,
+    from the right, are left out first until the table fits, and past that the id wraps."""
+
+    name: str
+    ident: bool = False
+
+
+def fitted_table(
+    columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int, **kwargs: Any
+) -> Table:
+    """A rich table of ``rows`` (cells may hold rich markup) that fits ``width`` without cutting
+    an id short: columns that are not ids are dropped from the right until it fits."""
+
+    def natural(index: int) -> int:
+        cells = [Text.from_markup(row[index]).cell_len for row in rows]
+        return max([len(columns[index].name), *cells])
+
+    shown = list(range(len(columns)))
+    # A rich box table: one space of padding each side of a cell, and a border between and around.
+    while sum(natural(i) + 3 for i in shown) + 1 > width:
+        droppable = [i for i in shown if not columns[i].ident]
+        if not droppable or len(shown) == 1:
+            break
+        shown.remove(droppable[-1])
+    table = Table(**kwargs)
+    for i in shown:
+        column = columns[i]
+        if column.ident:
+            table.add_column(column.name, overflow="fold", min_width=min(natural(i), max(8, width - 4)))
+        else:
+            table.add_column(column.name)
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
+    return table

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from receipt.cli import GROUPS, dev, timing
-from receipt.cli.jobs import STATUS_STYLE, payload_option_value
+from receipt.cli.jobs import DEFAULT_KIND, STATUS_STYLE, payload_option_value
 from receipt.cli.output import client_from_env, fail, no_retry_option, print_json
 from receipt.client import ReceiptError
 
@@ -54,7 +54,12 @@ def _outcome(s: dict[str, Any]) -> str:
 @click.option("--every", help="An interval instead of a cron: 30s, 5m, 1h.")
 @click.option("--tz", "time_zone", help="IANA time zone of the cron (default UTC), e.g. Europe/Paris.")
 @click.option("--agent", "agent_id", required=True, help="The agent each tick's job is for.")
-@click.option("--kind", required=True, help="The job payload's kind, e.g. factory.run.")
+@click.option(
+    "--kind",
+    default=DEFAULT_KIND,
+    show_default=True,
+    help="The job payload's kind (the default is the one a deployment's own handlers take).",
+)
 @click.option("--payload", "payload_text", default="{}", show_default=True, help="JSON object, or @file.")
 @click.option("--lane", help="chat, collect, steer or follow_up.")
 @click.option("--max-attempts", type=int, help="1..8 (default 2).")

@@ -15,11 +15,12 @@ import shlex
 from pathlib import Path
 
 import pytest
+import requests
 
 from app.ops.supervisor import TRY_COMMAND
 from tests.support.processes import REPO_ROOT, Harness, base_env
 from tests.support.up import start_up
-from tests.support.waiting import free_port
+from tests.support.waiting import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 
@@ -126,3 +127,22 @@ def test_every_command_of_the_readme_runs_as_written_against_receipt_up(
     assert receipts[0] == "job.enqueued" and receipts[-1] == "job.completed"
     canceled = json.loads(output_of('receipt jobs cancel "$SLOW"'))
     assert canceled["status"] == "canceled" or canceled["abortRequested"] is True, canceled
+
+    # The bulk example's jobs complete (each factory.run launches its plan's objective).
+    assert "bulk-1" in output_of("--from -") and "bulk-2" in output_of("--from -")
+    exported = up.env()
+    auth = {"Authorization": f"Bearer {exported['RECEIPT_TOKEN']}"}
+
+    def bulk_settled() -> list[str] | None:
+        states = [
+            requests.get(f"{exported['RECEIPT_URL']}/jobs/{job_id}", headers=auth, timeout=10).json()["job"][
+                "status"
+            ]
+            for job_id in ("bulk-1", "bulk-2")
+        ]
+        return states if all(s in ("completed", "failed", "canceled") for s in states) else None
+
+    assert wait_for(bulk_settled, 60, interval=0.25, what="the bulk example's jobs") == [
+        "completed",
+        "completed",
+    ]

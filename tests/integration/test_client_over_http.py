@@ -35,7 +35,9 @@ def serve(pg_engine: Engine, redis_url: str, tmp_path: Path) -> Iterator[Serve]:
     servers = []
 
     def start(rate: str) -> str:
-        settings = Settings(home=str(tmp_path / "home"), redis_url=redis_url, rate_limit_writes=rate)
+        settings = Settings(
+            home=str(tmp_path / "home"), redis_url=redis_url, rate_limit_writes=rate, codex_commands=True
+        )
         app = create_app(settings, engine=pg_engine, on_dispatchable=lambda jobs: None)
         server = make_server("127.0.0.1", 0, app, threaded=True)
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -127,6 +129,43 @@ def test_the_banners_command_job_enqueues_as_printed(
         Client(url, token=secret).get(capsys.readouterr().out.strip())["payload"]["authContext"]["userId"]
         == "bob"
     )
+
+
+def test_enqueue_without_kind_posts_the_kind_a_deployments_own_handlers_take(
+    serve: Serve, token: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README, "Using it": a handler registered by RECEIPT_HANDLER_MODULES takes factory.run."""
+    _token_id, secret = token
+    url = serve("disabled")
+    cli_env(monkeypatch, url, secret)
+    assert receipt_main(["jobs", "enqueue", "my-agent", "--payload", '{"message": "hi"}', "-q"]) == 0
+    job = Client(url, token=secret).get(capsys.readouterr().out.strip())
+    assert (job["agentId"], job["payload"]["kind"], job["payload"]["message"]) == (
+        "my-agent",
+        "factory.run",
+        "hi",
+    )
+
+
+def test_jobs_list_at_80_columns_shows_every_id_whole(
+    serve: Serve, token: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Columns are dropped from the right before an id is cut short."""
+    _token_id, secret = token
+    url = serve("disabled")
+    cli_env(monkeypatch, url, secret)
+    client = Client(url, token=secret)
+    ids = [client.enqueue("a-rather-long-agent-name", {"kind": "factory.run"})["job"]["id"] for _ in range(2)]
+    monkeypatch.setenv("COLUMNS", "80")
+    assert receipt_main(["jobs", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert all(any(job_id in line for line in lines) for job_id in ids), lines
+    assert "…" not in "".join(lines)
+    assert "agent" in lines[1] and "not before" not in lines[1]  # the header: right-hand columns left out
+    monkeypatch.setenv("COLUMNS", "250")
+    assert receipt_main(["jobs", "list"]) == 0
+    assert "not before" in capsys.readouterr().out  # every column when there is room
 
 
 # -- limits waited out ---------------------------------------------------------------------------

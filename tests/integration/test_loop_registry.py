@@ -181,7 +181,7 @@ def test_an_outbox_pass_within_its_timeout_logs_nothing_slow(
         return real(queue, **kwargs)
 
     monkeypatch.setattr(service, "redrive_outbox", redrive)
-    with caplog.at_level(logging.INFO, logger="receipt.loops"):
+    with caplog.at_level(logging.DEBUG, logger="receipt.loops"):
         result = task_loops.run(rt, registry.OUTBOX_REDRIVE, clock=clock)
     assert result["controlJobs"] == []
     assert "loop objective-outbox-redrive: pass finished" in caplog.text

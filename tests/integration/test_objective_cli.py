@@ -48,7 +48,11 @@ def plan_file(tmp_path: Path, **extra: Any) -> Path:
 
 
 def test_launch_follow_show_list_cancel(
-    server: str, sqlite_engine: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    server: str,
+    sqlite_engine: Engine,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     queue = queue_for(sqlite_engine)
     stop = threading.Event()
@@ -60,6 +64,7 @@ def test_launch_follow_show_list_cancel(
 
     t = threading.Thread(target=worker, daemon=True)
     t.start()
+    monkeypatch.setenv("COLUMNS", "80")
     try:
         code = receipt_main(
             [
@@ -76,10 +81,16 @@ def test_launch_follow_show_list_cancel(
     assert code == 0, out.err
     assert json.loads(out.out.strip().splitlines()[-1]) == {"objectiveId": "cli-1", "status": "completed"}
     assert "cli-1" in out.err and "completed" in out.err  # the live progress view
+    # The view ends its line, so the result line starts its own when both go to one file (2>&1).
+    assert out.err.endswith("\n")
+    frames = out.err
 
     assert receipt_main(["objective", "show", "cli-1"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["status"] == "completed" and len(shown["tasks"]) == 4
+    # At 80 columns every task's job id was shown whole, on lines no wider.
+    assert all(task["jobId"] in frames for task in shown["tasks"]), frames
+    assert max(len(line) for line in frames.splitlines()) <= 80
 
     assert receipt_main(["objective", "launch", str(plan_file(tmp_path, objectiveId="cli-2"))]) == 0
     launched = json.loads(capsys.readouterr().out)

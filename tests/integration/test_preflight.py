@@ -116,13 +116,13 @@ def case_for(request: pytest.FixtureRequest, pg_database_url: str, redis_url: st
 # -- the CLI -------------------------------------------------------------------------------------------
 
 # Each case through the verbs it stops: `migrate` and `up` need the database reachable (they bring
-# the schema up themselves) and the broker answering; every other database verb needs the schema.
+# the schema up themselves), `up` the broker answering too; every other database verb needs the schema.
 CLI_VERBS = {
     "unreachable database": (["migrate"], ["up"], ["token", "list"]),
     "unsupported scheme": (["migrate"], ["up"], ["verify"]),
     "missing migration": (["token", "list"], ["verify"], ["rebuild-projections"]),
     "wrong credentials": (["migrate"], ["up"], ["callbacks"]),
-    "unreachable broker": (["migrate"], ["up"]),
+    "unreachable broker": (["up"],),
 }
 
 
@@ -143,6 +143,22 @@ def test_the_cli_says_one_line_and_exits_2(
         captured = capsys.readouterr()
         assert (captured.out, captured.err) == ("", case.line + "\n"), verb
         assert "s3cret" not in captured.err
+
+
+def test_migrate_checks_only_the_database(
+    empty_database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """A release phase migrates with REDIS_URL naming a port where nothing answers."""
+    monkeypatch.setenv("RECEIPT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DATABASE_URL", empty_database_url)
+    monkeypatch.setenv("REDIS_URL", f"redis://127.0.0.1:{free_port()}/0")
+    assert main(["migrate"]) == 0
+    assert "REDIS_URL" not in capsys.readouterr().err
+    monkeypatch.delenv("REDIS_URL")
+    assert main(["token", "list"]) == 0  # the schema is there
 
 
 def test_migrate_fixes_what_it_said(

@@ -127,7 +127,14 @@ def build_api(engine: Engine, settings: Settings) -> Api:
 
 
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {"home": str(tmp_path / "home"), "sse_poll_ms": 10, "sse_max_seconds": 3}
+    # A deployment that runs commands (RECEIPT_CODEX_COMMANDS=enabled), so the scope rules are
+    # what a command post meets; `codex_commands=False` is the deployment that runs none.
+    values: dict[str, Any] = {
+        "home": str(tmp_path / "home"),
+        "sse_poll_ms": 10,
+        "sse_max_seconds": 3,
+        "codex_commands": True,
+    }
     values.update(overrides)
     return Settings(**values)
 

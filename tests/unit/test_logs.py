@@ -153,3 +153,57 @@ def test_without_secrets_records_pass_untouched(captured: io.StringIO) -> None:
     _configure(captured, "plain")
     logging.getLogger("receipt.test").info("plain %s", "text")
     assert captured.getvalue().rstrip().endswith("receipt.test: plain text")
+
+
+TICK_LINES = {
+    logs.TICK_PASSES: (logging.DEBUG, "loop due-retries: pass started"),
+    "celery.beat": (logging.INFO, "Scheduler: Sending due task due-retries (receipt.dispatch_due_retries)"),
+    "celery.worker.strategy": (logging.INFO, "Task receipt.dispatch_due_retries[t1] received"),
+    "celery.app.trace": (
+        logging.INFO,
+        "Task receipt.dispatch_due_retries[t1] succeeded in 0.07s: <redacted>",
+    ),
+}
+
+
+@pytest.fixture
+def tick_loggers() -> Iterator[None]:
+    saved = {name: logging.getLogger(name).level for name in TICK_LINES}
+    yield
+    for name, level in saved.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def _tick(buf: io.StringIO) -> str:
+    for name, (level, message) in TICK_LINES.items():
+        logging.getLogger(name).log(level, message)
+    logging.getLogger("celery.app.trace").error("Task receipt.execute[t2] raised unexpected: boom")
+    return buf.getvalue()
+
+
+@pytest.mark.usefixtures("tick_loggers")
+def test_per_tick_lines_are_held_back_at_the_default_level_and_failures_are_not(
+    captured: io.StringIO,
+) -> None:
+    """Quiet when idle: a loop's pass, beat's send and Celery's per-task pair write nothing at INFO."""
+    _configure(captured, "plain")
+    text = _tick(captured)
+    assert [m for _, m in TICK_LINES.values() if m in text] == []
+    assert "raised unexpected: boom" in text
+
+
+@pytest.mark.usefixtures("tick_loggers")
+@pytest.mark.parametrize("env", [{"RECEIPT_LOG_TICKS": "enabled"}, {"RECEIPT_LOG_LEVEL": "DEBUG"}])
+def test_per_tick_lines_are_shown_with_log_ticks_or_at_debug(
+    captured: io.StringIO, env: dict[str, str]
+) -> None:
+    _configure(captured, "plain", env=env)
+    text = _tick(captured)
+    assert [m for _, m in TICK_LINES.values() if m not in text] == []
+
+
+@pytest.mark.usefixtures("tick_loggers")
+def test_a_level_above_warning_holds_the_tick_loggers_there_too(captured: io.StringIO) -> None:
+    _configure(captured, "plain", env={"RECEIPT_LOG_LEVEL": "ERROR"})
+    logging.getLogger("celery.beat").warning("beat: a warning")
+    assert "a warning" not in captured.getvalue()

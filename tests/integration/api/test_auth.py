@@ -1,4 +1,4 @@
-"""Authentication: Bearer tokens everywhere but /healthz, revocation, and RECEIPT_AUTH=disabled."""
+"""Authentication: Bearer tokens everywhere but the probes, revocation, and RECEIPT_AUTH=disabled."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ EVERY_AUTHENTICATED_REQUEST = [
     ("GET", "/jobs/some-job/events"),
     ("GET", "/streams/jobs/some-job/receipts"),
     ("GET", "/streams/jobs/some-job/events"),
-    ("GET", "/readyz"),
     ("GET", "/openapi.json"),
     ("GET", "/no-such-route"),
 ]

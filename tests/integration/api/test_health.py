@@ -8,11 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
+from api import auth
+from api.auth import Identity
 from app.ops import outages
 from app.storage.db import make_engine
 from tests.support.api import Api, build_api, json_of, make_settings
+from tests.support.services import TcpProxy
 
 pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
@@ -88,15 +91,21 @@ def test_readyz_is_503_when_the_broker_folder_cannot_be_created(sqlite_api: Api,
     assert "broker" in json_of(response)["error"]["message"]
 
 
-def test_readyz_is_503_naming_an_unreachable_database(sqlite_engine: Engine, tmp_path: Path) -> None:
+def test_readyz_is_503_naming_an_unreachable_database(
+    sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     api = build_api(sqlite_engine, make_settings(tmp_path))
     # Authentication needs the database too, so swap the engine only after the token check runs.
     broken = make_engine("postgresql+psycopg2://nobody@127.0.0.1:1/none", pool_pre_ping=False)
     headers = api.headers()
+    real_authenticate = auth.authenticate
 
-    @api.app.before_request
-    def _break_database() -> None:
+    def authenticate_then_break_the_database(engine: Engine, *, auth_disabled: bool) -> Identity:
+        identity = real_authenticate(engine, auth_disabled=auth_disabled)
         api.state.engine = broken
+        return identity
+
+    monkeypatch.setattr(auth, "authenticate", authenticate_then_break_the_database)
 
     response = api.client.get("/readyz", headers=headers)
     broken.dispose()
@@ -176,3 +185,47 @@ def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_thr
     assert error["details"]["loops"].startswith("overdue: queued-redrive")
     assert error["details"]["loopRuns"]["queued-redrive"]["overdue"] is True
     assert error["details"]["loopRuns"]["due-retries"]["overdue"] is False
+
+
+# -- /readyz for a platform's health check: no token ---------------------------------------------------
+
+
+def test_readyz_without_a_token_answers_the_status_alone(api: Api) -> None:
+    response = api.client.get("/readyz")
+    assert response.status_code == 200
+    assert json_of(response) == {"status": "ok"}
+    detailed = json_of(api.client.get("/readyz", headers=api.headers()))
+    assert detailed["status"] == "ok" and detailed["database"] == "ok" and "loopRuns" in detailed
+
+
+def test_readyz_with_a_bad_token_is_401(api: Api) -> None:
+    response = api.client.get("/readyz", headers={"Authorization": "Bearer rcpt_not-a-real-token"})
+    assert response.status_code == 401
+    assert json_of(response)["error"]["code"] == "invalid_token"
+
+
+def test_readyz_without_a_token_is_503_while_postgresql_is_down_and_200_once_it_is_back(
+    pg_database_url: str, tmp_path: Path
+) -> None:
+    """A platform's probe through a proxy that drops every connection to PostgreSQL and refuses new
+    ones (a restart, seen from the web process), then lets them through again."""
+    url = make_url(pg_database_url)
+    assert url.host is not None and url.port is not None, pg_database_url
+    proxy = TcpProxy(url.host, url.port)
+    engine = make_engine(url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False))
+    try:
+        api = build_api(engine, make_settings(tmp_path))
+        assert api.client.get("/readyz").status_code == 200
+        proxy.cut()
+        down = api.client.get("/readyz")
+        assert down.status_code == 503
+        error = json_of(down)["error"]
+        assert (error["code"], error["message"]) == ("not_ready", "not ready: database, loops failed")
+        assert "details" not in error or error["details"] is None  # causes and hosts need a token
+        proxy.restore()
+        back = api.client.get("/readyz")
+        assert (back.status_code, json_of(back)) == (200, {"status": "ok"})
+        assert api.state.internal_errors == 0
+    finally:
+        proxy.close()
+        engine.dispose()

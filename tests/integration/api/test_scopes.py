@@ -19,7 +19,7 @@ from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.privilege import runs_command
 from app.storage import store, tokens
 from app.storage.db import db_now
-from tests.support.api import ORG_A, Api, json_of, key, make_settings, payload
+from tests.support.api import ORG_A, Api, build_api, json_of, key, make_settings, payload
 
 pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
@@ -158,3 +158,92 @@ def test_auth_disabled_never_grants_system_or_commands_rights(sqlite_engine: Eng
 def test_posting_a_command_job_with_a_revoked_token_is_401(api: Api, who: str) -> None:
     assert tokens.revoke(api.engine, api.secrets[who])
     assert post_codex(api, api.secrets[who]).status_code == 401
+
+
+# -- a deployment that runs no command: refused at the door -------------------------------------------
+
+
+@pytest.fixture
+def commands_off(sqlite_engine: Engine, tmp_path: Path) -> Api:
+    return build_api(sqlite_engine, make_settings(tmp_path, codex_commands=False))
+
+
+def assert_commands_disabled(response: Any, *, where: str = "") -> None:
+    assert response.status_code == 403, response.json
+    error = json_of(response)["error"]
+    assert error["code"] == "commands_disabled"
+    assert error["details"]["setting"] == "RECEIPT_CODEX_COMMANDS"
+    assert error["message"].startswith(where)
+    assert "RECEIPT_CODEX_COMMANDS=enabled" in error["message"]
+
+
+def test_with_commands_off_a_command_job_is_403_naming_the_setting_whatever_the_token(
+    commands_off: Api,
+) -> None:
+    """Never a 202 and then a failure when the codex handler refuses it."""
+    _info, commands = tokens.create(commands_off.engine, ORG_A, scopes=["commands"])
+    before = commands_off.receipt_count()
+    for secret in (commands, commands_off.secrets["system"], commands_off.secrets["a"]):
+        assert_commands_disabled(post_codex(commands_off, secret))
+    assert commands_off.receipt_count() == before
+    assert commands_off.woken == []
+    # A job that runs nothing is still taken.
+    assert (
+        commands_off.client.post(
+            "/agents/factory/jobs", json={"payload": payload()}, headers=commands_off.headers()
+        ).status_code
+        == 202
+    )
+
+
+def test_with_commands_off_a_batch_an_objective_or_a_schedule_holding_a_command_is_403(
+    commands_off: Api,
+) -> None:
+    headers = {"Authorization": f"Bearer {commands_off.secrets['system']}"}
+    before = commands_off.receipt_count()
+    command_job = {"agentId": "codex", "payload": payload("factory.task.run", command=COMMAND)}
+    batch = {"items": [{"agentId": "factory", "payload": payload()}, command_job]}
+    assert_commands_disabled(
+        commands_off.client.post("/jobs:batch", json=batch, headers=headers), where="items[1]: "
+    )
+    task = {"id": "t", "agentId": "codex", "payload": {"kind": "factory.task.run", "command": COMMAND}}
+    objective = {
+        "title": "t",
+        "goal": "g",
+        "plan": {"tasks": [task]},
+        "authContext": payload()["authContext"],
+    }
+    assert_commands_disabled(commands_off.client.post("/objectives", json=objective, headers=headers))
+    schedule = {"scheduleId": "s", "cron": "0 0 1 1 *", "job": command_job}
+    assert_commands_disabled(commands_off.client.post("/schedules", json=schedule, headers=headers))
+    assert commands_off.receipt_count() == before
+
+
+def test_with_commands_off_a_factory_run_or_dispatch_whose_plan_runs_a_command_is_403(
+    commands_off: Api,
+) -> None:
+    """The plan a job names outright is checked at the door too: its task would fail at run time."""
+    headers = {"Authorization": f"Bearer {commands_off.secrets['system']}"}
+    before = commands_off.receipt_count()
+    command_task = {
+        "id": "t",
+        "agentId": "codex",
+        "payload": {"kind": "factory.task.run", "command": COMMAND},
+    }
+    quiet_task = {"id": "t", "agentId": "factory", "payload": {"kind": "factory.task.run"}}
+    launch = {"title": "t", "goal": "g", "plan": {"tasks": [command_task]}}
+    for body in (
+        payload("factory.run", plan={"tasks": [command_task]}),
+        payload("factory.run", goal={"text": "g", "plan": {"tasks": [command_task]}}),
+        payload("factory.dispatch", objective={**launch, "authContext": payload()["authContext"]}),
+    ):
+        refused = commands_off.client.post("/agents/factory/jobs", json={"payload": body}, headers=headers)
+        assert_commands_disabled(
+            refused, where=f"a {body['kind']} job whose plan holds a factory.task.run task"
+        )
+    assert commands_off.receipt_count() == before
+    taken = payload("factory.run", plan={"tasks": [quiet_task]})
+    assert (
+        commands_off.client.post("/agents/factory/jobs", json={"payload": taken}, headers=headers).status_code
+        == 202
+    )
