@@ -18,13 +18,17 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.trace import Span
+
+from app import tracing
 from app.factory import loops as objectives
+from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.ops import logs, metrics
 from app.ops import loops as registry
@@ -67,6 +71,13 @@ class Pass:
 
     keep: claims.KeepAlive
     published: datetime | None = None
+    # The pass's span when tracing is on (``app.tracing.loop_span``); ``link`` names its jobs.
+    span: Span | None = None
+
+    def link(self, jobs: Iterable[Job]) -> None:
+        """Link the pass's span to the traces of the jobs it acted on (a no-op without tracing)."""
+        if self.span is not None:
+            tracing.link_jobs(self.span, [(job.id, job.trace_context) for job in jobs])
 
 
 PassBody = Callable[[Runtime, Pass], dict[str, Any]]
@@ -106,10 +117,15 @@ def run(
     body = PASSES[loop.name]
     policy = registry.policy(loop, rt.settings, datetime.now(UTC))
     counted = metrics.registry_metrics().loop_passes
+
+    def traced(keep: claims.KeepAlive) -> dict[str, Any]:
+        if not tracing.on():
+            return body(rt, Pass(keep, published))
+        with tracing.loop_span(loop.name) as span:
+            return body(rt, Pass(keep, published, span))
+
     try:
-        outcome = claims.run_claimed(
-            rt.engine, loop.name, policy, lambda keep: body(rt, Pass(keep, published)), clock=clock
-        )
+        outcome = claims.run_claimed(rt.engine, loop.name, policy, traced, clock=clock)
     except Exception:
         counted.labels(loop.name, "failed").inc()
         raise
@@ -176,6 +192,7 @@ def redrive_queued(rt: Runtime, p: Pass) -> dict[str, Any]:
             continue
         if decision is not None and decision.created:
             started.append(job.id)
+            p.link([job])
     if started:
         log.info("redrive started %d deliveries", len(started))
         metrics.registry_metrics().redrives.inc(len(started))
@@ -224,6 +241,7 @@ def _age_ms(now: datetime, then: datetime) -> float:
 def expire_leases(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Append ``job.lease_expired`` for every lease past its deadline (database clock)."""
     expired = rt.queue.expire_leases(limit=SCAN_LIMIT, between=p.keep)
+    p.link(expired)
     if expired:
         log.info("expired %d leases", len(expired))
     return {"expired": [j.id for j in expired]}
@@ -243,6 +261,7 @@ def dispatch_due_retries(rt: Runtime, p: Pass) -> dict[str, Any]:
             continue
         if decision is not None and decision.created:
             started.append(job.id)
+            p.link([job])
     return {"started": started}
 
 
