@@ -33,6 +33,7 @@ import contextvars
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -331,27 +332,42 @@ def job_span(
         yield span
 
 
+class LoopTrace:
+    """A recovery loop's pass in traces: a root span of its own, begun with the pass but made only
+    once the pass acts on a job (a pass that finds nothing adds no span), and linked to each job's
+    trace. Never current: a job the pass enqueues (a schedule's) starts a trace of its own."""
+
+    def __init__(self, loop: str) -> None:
+        self.loop = loop
+        self.began_ns = time.time_ns()
+        self.span: Span | None = None
+
+    def link(self, jobs: Sequence[tuple[str, Mapping[str, str] | None]]) -> None:
+        if not jobs:
+            return
+        if self.span is None:
+            self.span = tracer().start_span(
+                f"receipt.loop {self.loop}",
+                context=otel_context.Context(),
+                attributes={LOOP: self.loop},
+                start_time=self.began_ns,
+            )
+        for job_id, stored in jobs:
+            link = job_link(job_id, stored)
+            self.span.add_link(link.context, link.attributes)
+
+    def end(self) -> None:
+        if self.span is not None:
+            self.span.end()
+
+
 @contextlib.contextmanager
-def loop_span(loop: str) -> Iterator[Span]:
-    """A recovery loop's pass: a root span of its own, linked to the jobs it acts on
-    (``link_jobs``: links can be added while it is open). Not made current: a job the pass
-    enqueues (a schedule's) starts a trace of its own rather than joining the pass's."""
-    span = tracer().start_span(
-        f"receipt.loop {loop}", context=otel_context.Context(), attributes={LOOP: loop}
-    )
+def loop_trace(loop: str) -> Iterator[LoopTrace]:
+    trace_ = LoopTrace(loop)
     try:
-        yield span
+        yield trace_
     finally:
-        span.end()
-
-
-def link_jobs(span: Span, jobs: Sequence[tuple[str, Mapping[str, str] | None]]) -> None:
-    """Link ``span`` to each job's trace."""
-    if not span.is_recording():
-        return
-    for job_id, stored in jobs:
-        link = job_link(job_id, stored)
-        span.add_link(link.context, link.attributes)
+        trace_.end()
 
 
 def in_context(ctx: otel_context.Context, fn: Callable[[], T]) -> Callable[[], T]:

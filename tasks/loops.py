@@ -24,8 +24,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from opentelemetry.trace import Span
-
 from app import tracing
 from app.factory import loops as objectives
 from app.jobs.reducer import Job
@@ -71,13 +69,13 @@ class Pass:
 
     keep: claims.KeepAlive
     published: datetime | None = None
-    # The pass's span when tracing is on (``app.tracing.loop_span``); ``link`` names its jobs.
-    span: Span | None = None
+    # The pass's span when tracing is on (``link`` names its jobs).
+    trace: tracing.LoopTrace | None = None
 
     def link(self, jobs: Iterable[Job]) -> None:
         """Link the pass's span to the traces of the jobs it acted on (a no-op without tracing)."""
-        if self.span is not None:
-            tracing.link_jobs(self.span, [(job.id, job.trace_context) for job in jobs])
+        if self.trace is not None:
+            self.trace.link([(job.id, job.trace_context) for job in jobs])
 
 
 PassBody = Callable[[Runtime, Pass], dict[str, Any]]
@@ -121,8 +119,8 @@ def run(
     def traced(keep: claims.KeepAlive) -> dict[str, Any]:
         if not tracing.on():
             return body(rt, Pass(keep, published))
-        with tracing.loop_span(loop.name) as span:
-            return body(rt, Pass(keep, published, span))
+        with tracing.loop_trace(loop.name) as trace:
+            return body(rt, Pass(keep, published, trace))
 
     try:
         outcome = claims.run_claimed(rt.engine, loop.name, policy, traced, clock=clock)

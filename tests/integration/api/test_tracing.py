@@ -175,3 +175,18 @@ def test_a_trace_url_template_without_the_placeholder_is_refused() -> None:
         assert "{traceId}" in str(exc)
     else:
         raise AssertionError("accepted a template without {traceId}")
+
+
+def test_a_loop_pass_that_acts_on_no_job_adds_no_span_and_one_that_does_links_each_jobs_trace(
+    spans: Spans,
+) -> None:
+    with tracing.loop_trace("queued-redrive") as idle:
+        idle.link([])
+    assert spans.named("receipt.loop queued-redrive") == []
+    other = "00-11111111111111111111111111111111-2222222222222222-01"
+    with tracing.loop_trace("queued-redrive") as busy:
+        busy.link([("org/j1", {"traceparent": PARENT})])
+        busy.link([("org/j2", {"traceparent": other})])
+    span = spans.one("receipt.loop queued-redrive")
+    assert [f"{link.context.trace_id:032x}" for link in span.links] == [TRACE, "1" * 32]
+    assert span.parent is None and span.context.trace_id not in (int(TRACE, 16), int("1" * 32, 16))
