@@ -39,6 +39,7 @@ from app.storage import delivery
 from app.storage import liveness as worker_liveness
 from app.storage import loops as claims
 from app.storage.db import db_now, transaction
+from app.storage.queue import Queue
 from tasks import fetches
 from tasks.dispatch import deliver_stale, start_driver
 from tasks.runtime import Runtime
@@ -76,6 +77,11 @@ class Pass:
         """Link the pass's span to the traces of the jobs it acted on (a no-op without tracing)."""
         if self.trace is not None:
             self.trace.link([(job.id, job.trace_context) for job in jobs])
+
+    def link_ids(self, queue: Queue, job_ids: Iterable[str]) -> None:
+        """``link`` for jobs known by id: each is read (with tracing on only) for its stored context."""
+        if self.trace is not None:
+            self.link(job for job in (queue.get(job_id) for job_id in job_ids) if job is not None)
 
 
 PassBody = Callable[[Runtime, Pass], dict[str, Any]]
@@ -287,7 +293,10 @@ def objective_outbox_redrive(rt: Runtime, p: Pass) -> dict[str, Any]:
 @binds(registry.OBJECTIVE_WATCHDOG)
 def objective_watchdog_tick(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Enqueue the watchdog job of the tick beat published (or of the latest tick, database clock)."""
-    return objectives.watchdog_tick(rt.queue, rt.settings, p.published)
+    result = objectives.watchdog_tick(rt.queue, rt.settings, p.published)
+    if "jobId" in result:
+        p.link_ids(rt.queue, [result["jobId"]])
+    return result
 
 
 @binds(registry.SCHEDULES)
@@ -320,6 +329,7 @@ def expire_dead_workers(rt: Runtime, p: Pass) -> dict[str, Any]:
     declared = worker_liveness.expire_dead(
         rt.queue, rt.settings.worker_dead_after_ms, limit=SCAN_LIMIT, between=p.keep
     )
+    p.link_ids(rt.queue, [j for d in declared for j in d.expired])
     for d in declared:
         log.warning(
             "worker %s declared dead (last renewed %s): expired %d leases",
