@@ -134,24 +134,42 @@ def _build() -> None:
     _use(provider)
 
 
-def _exporters(env: Mapping[str, str]) -> list[Any]:
-    """The exporters ``OTEL_TRACES_EXPORTER`` names (comma-separated; default ``otlp``)."""
+_OTLP_NAMES = ("otlp", "otlp_proto_http")
+
+
+def _exporter_names(env: Mapping[str, str]) -> list[str]:
+    names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()]
+    return [n for n in names if n != "none"]
+
+
+def _entry_point(name: str) -> Any:
     from importlib.metadata import entry_points
 
-    names = [n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()]
+    found = [e for e in entry_points(group="opentelemetry_traces_exporter") if e.name == name]
+    if not found:
+        raise ValueError(f"OTEL_TRACES_EXPORTER={name!r}: no such span exporter is installed")
+    return found[0]
+
+
+def check(env: Mapping[str, str] = os.environ) -> None:
+    """Refuse, at a process's start, an ``OTEL_TRACES_EXPORTER`` naming no installed exporter
+    (rather than at its first span, in the middle of a request or a job)."""
+    if wanted(env):
+        for name in _exporter_names(env):
+            if name not in _OTLP_NAMES:
+                _entry_point(name)
+
+
+def _exporters(env: Mapping[str, str]) -> list[Any]:
+    """The exporters ``OTEL_TRACES_EXPORTER`` names (comma-separated; default ``otlp``)."""
     out: list[Any] = []
-    for name in names:
-        if name == "none":
-            continue
-        if name in ("otlp", "otlp_proto_http"):
+    for name in _exporter_names(env):
+        if name in _OTLP_NAMES:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
             out.append(OTLPSpanExporter())
-            continue
-        found = [e for e in entry_points(group="opentelemetry_traces_exporter") if e.name == name]
-        if not found:
-            raise ValueError(f"OTEL_TRACES_EXPORTER={name!r}: no such span exporter is installed")
-        out.append(found[0].load()())
+        else:
+            out.append(_entry_point(name).load()())
     return out
 
 

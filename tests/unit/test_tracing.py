@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from app import tracing
@@ -95,5 +97,42 @@ def test_off_the_tracer_is_the_no_op_one_and_nothing_is_built(monkeypatch: pytes
         assert tracing.provider() is None
         assert tracing.carrier() is None
         assert tracing.enqueue_context() is None
+    finally:
+        tracing.reset()
+
+
+def test_on_the_provider_is_built_per_process_named_for_the_role_and_rebuilt_after_a_fork(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    tracing.reset()
+    tracing.set_role("worker-codex")
+    try:
+        assert tracing.on()
+        first = tracing.provider()
+        assert first is not None
+        assert first.resource.attributes["service.name"] == "receipt-worker-codex"
+        assert tracing.provider() is first  # once per process
+        parent = os.getpid()
+        monkeypatch.setattr(os, "getpid", lambda: parent + 1)  # as in a forked child
+        second = tracing.provider()
+        assert second is not None and second is not first
+    finally:
+        tracing.reset()
+        tracing.set_role("process")
+
+
+def test_an_exporter_name_nothing_installed_provides_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin-nowhere")
+    with pytest.raises(ValueError, match="no such span exporter is installed"):
+        tracing.check()
+    tracing.check({"OTEL_TRACES_EXPORTER": "otlp,console"})
+    tracing.check({"OTEL_TRACES_EXPORTER": "zipkin-nowhere", "OTEL_SDK_DISABLED": "true"})  # off
+    tracing.reset()
+    try:
+        with pytest.raises(ValueError, match="OTEL_TRACES_EXPORTER='zipkin-nowhere'"):
+            tracing.tracer()
     finally:
         tracing.reset()
