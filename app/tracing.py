@@ -34,9 +34,9 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-T = TypeVar("T")
 
 SCOPE: Final = "receipt"
 SERVICE_PREFIX: Final = "receipt-"
@@ -200,13 +199,6 @@ def provider() -> TracerProvider | None:
     """This process's provider when tracing is on and a span was made (the Flask instrumentation)."""
     tracer()
     return _STATE.provider
-
-
-def flush(timeout_ms: int = 5000) -> None:
-    """Export what the batch processor holds (a process about to stop, a test)."""
-    p = _STATE.provider
-    if p is not None and _STATE.pid == os.getpid():
-        p.force_flush(timeout_ms)
 
 
 def ids() -> IdGenerator:
@@ -386,19 +378,6 @@ def loop_trace(loop: str) -> Iterator[LoopTrace]:
         yield trace_
     finally:
         trace_.end()
-
-
-def in_context(ctx: otel_context.Context, fn: Callable[[], T]) -> Callable[[], T]:
-    """``fn`` run with ``ctx`` attached: a thread it is handed to continues the caller's trace."""
-
-    def run() -> T:
-        token = otel_context.attach(ctx)
-        try:
-            return fn()
-        finally:
-            otel_context.detach(token)
-
-    return run
 
 
 # The command a handler ran: OpenTelemetry's process conventions name its exit code.
