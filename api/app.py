@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from flask import Flask, Response, g, request
 from flask.typing import ResponseReturnValue
+from opentelemetry import context as otel_context
 from sqlalchemy.engine import Engine
 
 from api import auth, errors, health, jobs, limits, objectives, openapi, schedules, streams, ui, whoami
@@ -18,12 +19,46 @@ from api import metrics as metrics_view
 from api.context import EXTENSION, ApiState
 from api.ui.signin_views import browser_landing
 from api.wake import default_waker
+from app import tracing
 from app.composition import build_queue
 from app.config import Settings
 from app.jobs.reducer import Job
+from app.jobs.tracecontext import TRACEPARENT, TRACESTATE
 from app.storage.db import engine_for
 
 log = logging.getLogger("receipt.api")
+
+
+# Requests that make no span: probes and scrapes, many a minute, part of no job's story.
+UNTRACED_PATHS = "health,metrics"
+
+
+def install_tracing(app: Flask) -> None:
+    """Traces (``app.tracing``): with tracing on, OpenTelemetry's Flask instrumentation makes each
+    request a server span, a child of the caller's ``traceparent``; a job enqueued in it records
+    the span's context. With tracing off no span is made, but a caller's own ``traceparent`` is
+    still recorded on the jobs it posts (one header lookup per request), so its trace goes on in
+    whatever traces the caller's side."""
+    if tracing.on():
+        from opentelemetry.instrumentation.flask import FlaskInstrumentor
+
+        FlaskInstrumentor.instrument_app(  # type: ignore[no-untyped-call]
+            app, tracer_provider=tracing.provider(), excluded_urls=UNTRACED_PATHS
+        )
+        return
+
+    @app.before_request
+    def _caller_context() -> None:
+        if TRACEPARENT in request.headers:
+            ctx = tracing.extract({k: request.headers.get(k, "") for k in (TRACEPARENT, TRACESTATE)})
+            if ctx is not None:
+                g.trace_token = otel_context.attach(ctx)
+
+    @app.teardown_request
+    def _drop_caller_context(exc: BaseException | None) -> None:
+        token = g.pop("trace_token", None)
+        if token is not None:
+            otel_context.detach(token)
 
 
 def create_app(
@@ -89,6 +124,7 @@ def create_app(
 
     # After authentication (before_request hooks run in order): the write limit keys on the caller.
     limits.install_rate_limit(app, settings)
+    install_tracing(app)
 
     if auth_disabled:
 

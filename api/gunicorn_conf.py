@@ -32,6 +32,7 @@ import tempfile
 import warnings
 from typing import Any
 
+from app import tracing
 from app.config import Settings
 from app.ops import logs, metrics, outages, preflight
 
@@ -68,7 +69,12 @@ metrics.prepare_multiprocess_dir(_OWN_METRICS_DIR)
 
 
 def on_starting(server: Any) -> None:
-    """In the master, before any worker: a wrong DATABASE_URL or REDIS_URL stops the web in one line."""
+    """In the master, before any worker: a wrong DATABASE_URL or REDIS_URL, or an
+    OTEL_TRACES_EXPORTER naming no installed exporter, stops the web in one line."""
+    try:
+        tracing.check()
+    except ValueError as exc:
+        raise SystemExit(f"tracing: {exc}") from None
     settings = Settings.from_env()
     preflight.require(
         settings, database=preflight.Schema.HEAD, broker=True, log=logging.getLogger("receipt.preflight")

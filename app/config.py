@@ -142,6 +142,16 @@ def _log_format(text: str) -> str:
     return value
 
 
+TRACE_ID_PLACEHOLDER = "{traceId}"
+
+
+def _trace_url_template(text: str) -> str:
+    value = text.strip()
+    if TRACE_ID_PLACEHOLDER not in value:
+        raise ValueError(f"must contain {TRACE_ID_PLACEHOLDER}, which each job's trace id replaces")
+    return value
+
+
 # -- the declaration --------------------------------------------------------------------------
 
 
@@ -756,6 +766,14 @@ class Settings:
         "`attempt`, `fence`, `workerId`, `role` and `org` on job-related lines). Web, workers and "
         "beat.",
         _log_format,
+    )
+    trace_url_template: str | None = setting(
+        "RECEIPT_TRACE_URL_TEMPLATE",
+        None,
+        "The dashboard's job page links to the job's trace: this URL with `{traceId}` replaced by "
+        "the trace id its enqueue recorded (Jaeger: `http://jaeger:16686/trace/{traceId}`). Unset: no "
+        "link. Tracing itself is set by the `OTEL_*` variables (docs/tracing.md).",
+        _trace_url_template,
     )
     log_level: str = setting(
         "RECEIPT_LOG_LEVEL",

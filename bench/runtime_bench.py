@@ -332,7 +332,9 @@ def count_status(engine: Any, prefix: str) -> dict[str, int]:
     return {str(s): int(n) for s, n in rows}
 
 
-def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> ReceiptFigures:
+def run_receipt(
+    args: argparse.Namespace, procs: Harness, home: Path, extra_env: dict[str, str] | None = None
+) -> ReceiptFigures:
     import requests
 
     from app.storage import tokens
@@ -353,6 +355,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
                 RECEIPT_RATE_LIMIT_WRITES="disabled",  # throughput, not the write limit, is measured
                 RECEIPT_RESONATE_EXECUTE_CONCURRENCY=str(args.concurrency),
                 **dict(setting.split("=", 1) for setting in args.setting),
+                **(extra_env or {}),
             )
             py = sys.executable
             procs.start(
@@ -473,7 +476,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
                 post(job_id)
                 done = functools.partial(_is_completed, engine, qualify(ORG, job_id))
                 wait_until(done, 30, f"idle job {job_id}", procs)
-            idle = latencies_ms(engine, qualify(ORG, "idle-"))
+            idle = latencies_ms(engine, qualify(ORG, "idle-")) or [float("nan")]
             return ReceiptFigures(
                 throughput=args.jobs / (done_wall - sent["start"]),
                 db_span_throughput=args.jobs / span_s,
@@ -483,7 +486,7 @@ def run_receipt(args: argparse.Namespace, procs: Harness, home: Path) -> Receipt
                 idle_p50_ms=statistics.median(idle),
                 idle_p99_ms=percentile(idle, 99),
                 load_segments=segments_ms(engine, qualify(ORG, "load-")),
-                idle_segments=segments_ms(engine, qualify(ORG, "idle-")),
+                idle_segments=segments_ms(engine, qualify(ORG, "idle-")) if args.idle else [],
                 cpu_ms_per_job={k: v * 1000 / args.jobs for k, v in cpu.items()},
             )
         finally:
@@ -670,6 +673,67 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def off_path_ns(calls: int = 200_000) -> float:
+    """What tracing costs a job while it is off, in-process: the checks a job's path makes (the
+    enqueue's context lookup, and about ten ``tracing.on()`` checks across the web, the driver,
+    the worker and log lines), in ns per job."""
+    from app import tracing
+
+    tracing.reset()
+    assert not tracing.on()
+    started = time.perf_counter_ns()
+    for _ in range(calls):
+        tracing.enqueue_context()
+        for _check in range(10):
+            tracing.on()
+    return (time.perf_counter_ns() - started) / calls
+
+
+def tracing_ab(args: argparse.Namespace) -> int:
+    """Receipt's CPU per job with tracing off and on, rounds alternated in one run (medians)."""
+    from devharness.otlp import OtlpReceiver
+
+    receiver = OtlpReceiver().start()
+    arms: dict[str, dict[str, str]] = {"off": {}, "on": {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    tps: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        with tempfile.TemporaryDirectory(prefix="receipt-bench-") as tmp:
+            procs = Harness(Path(tmp) / "logs", grace=STOP_GRACE_S)
+            try:
+                for round_ in range(args.tracing_ab):
+                    for arm in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
+                        flush_redis(RECEIPT_REDIS_DB)
+                        log(f"round {round_ + 1}: tracing {arm}, {args.jobs} jobs")
+                        home = Path(tmp) / f"home-{round_}-{arm}"
+                        figures = run_receipt(args, procs, home, arms[arm])
+                        total = sum(figures.cpu_ms_per_job.values())
+                        cpu[arm].append(total)
+                        tps[arm].append(figures.throughput)
+                        log(f"  CPU {total:.2f} ms/job, {figures.throughput:.1f} jobs/s")
+            finally:
+                procs.stop_all()
+                flush_redis(RECEIPT_REDIS_DB)
+        spans = len(receiver.spans())
+    finally:
+        receiver.close()
+    off, on = statistics.median(cpu["off"]), statistics.median(cpu["on"])
+    print()
+    print(
+        f"Tracing A/B: {args.tracing_ab} rounds alternated, {args.jobs} no-op jobs each, {args.clients} "
+        f"HTTP clients, concurrency {args.concurrency}, {os.cpu_count()} CPUs"
+    )
+    print(f"  CPU ms per job (api + driver + worker-chat + postgres), median: off {off:.2f}, on {on:.2f}")
+    print(f"  tracing on / off: {on / off:.3f}  (target <= 1.10); rounds off {cpu['off']}, on {cpu['on']}")
+    print(
+        f"  throughput jobs/s, median: off {statistics.median(tps['off']):.1f}, "
+        f"on {statistics.median(tps['on']):.1f}"
+    )
+    print(f"  spans the OTLP receiver decoded: {spans}")
+    print(f"  tracing off, in-process: {off_path_ns():.0f} ns per job of checks (a job costs ms of CPU)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.runtime_bench")
     sub = parser.add_subparsers(dest="command")
@@ -696,6 +760,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="a Receipt setting for every Receipt process (repeatable), e.g. RECEIPT_GROUP_COMMIT_MAX=1",
     )
+    parser.add_argument(
+        "--tracing-ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="instead of the comparison: Receipt with tracing off and on (OTLP/HTTP to a receiver on "
+        "loopback), ROUNDS rounds alternating which goes first; medians of CPU ms per job",
+    )
     args = parser.parse_args(argv)
     bad = [s for s in args.setting if "=" not in s or not s.startswith("RECEIPT_")]
     if bad:
@@ -705,6 +777,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(loadgen(args.url, args.token, args.jobs, args.clients, args.prefix)))
         return 0
 
+    if args.tracing_ab:
+        return tracing_ab(args)
     for db in (RECEIPT_REDIS_DB, BASELINE_REDIS_DB):
         flush_redis(db)
     with tempfile.TemporaryDirectory(prefix="receipt-bench-") as tmp:

@@ -96,7 +96,11 @@ def commands(ctx: JobContext) -> Any:
 
 
 def fail(ctx: JobContext) -> Any:
-    """Always fails, retryably unless ``retryable`` is false."""
+    """Fails, retryably unless ``retryable`` is false: on every attempt, or only on those listed in
+    ``failAttempts`` (the others complete)."""
+    attempts = ctx.payload.get("failAttempts")
+    if attempts is not None and ctx.attempt not in attempts:
+        return {"recovered": True, **_who(ctx)}
     raise HandlerError(
         f"e2e failure on attempt {ctx.attempt}", retryable=bool(ctx.payload.get("retryable", True))
     )

@@ -27,7 +27,14 @@ PYTHON = str(_VENV_PY) if _VENV_PY.exists() else sys.executable
 STOP_GRACE_S = 8.0
 
 # Variables of the developer's shell that must never leak into a process (or test) under test.
-ISOLATED_PREFIXES = ("RECEIPT_", "RESONATE_", "JOB_LEASE_MS", "CODEX_JOB_LEASE_MS", "FACTORY_CONTROL_JOB_")
+ISOLATED_PREFIXES = (
+    "RECEIPT_",
+    "RESONATE_",
+    "JOB_LEASE_MS",
+    "CODEX_JOB_LEASE_MS",
+    "FACTORY_CONTROL_JOB_",
+    "OTEL_",  # tracing (app/tracing.py): a test turns it on itself
+)
 ISOLATED_NAMES = ("DATABASE_URL", "REDIS_URL", "PORT", "WEB_CONCURRENCY")
 # The test suite's own knobs (service URLs) pass through.
 TEST_PREFIX = "RECEIPT_TEST_"

@@ -18,19 +18,24 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import requests
+from opentelemetry.trace import SpanKind, StatusCode
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
 from standardwebhooks.webhooks import Webhook
 
+from app import tracing
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.ops import metrics
 from app.redaction import redactor
 from app.storage import outbox
-from app.storage.db import db_now, transaction
+from app.storage.db import db_now, jobs, transaction
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -104,13 +109,17 @@ class Sender:
             headers["webhook-signature"] = self.webhook.sign(row.event_id, now, row.body)
         return headers
 
-    def send(self, row: outbox.Row, now: datetime) -> str | None:
-        """One attempt; None on a 2xx answer, else what went wrong."""
+    def send(self, row: outbox.Row, now: datetime, *, traced: bool = False) -> str | None:
+        """One attempt; None on a 2xx answer, else what went wrong. ``traced``: the current span's
+        context goes with it (``traceparent``)."""
+        headers = self.signed_headers(row, now)
+        if traced:
+            tracing.inject(headers)
         try:
             response = self._session().post(
                 row.target,
                 data=row.body.encode(),
-                headers=self.signed_headers(row, now),
+                headers=headers,
                 timeout=CALLBACK_TIMEOUT_S,
                 allow_redirects=False,
             )
@@ -121,6 +130,25 @@ class Sender:
         if 300 <= response.status_code < 400:
             return f"answered {response.status_code} (redirects are not followed)"
         return f"answered {response.status_code}"
+
+
+def trace_context_of_job(conn: Connection, job_id: str) -> Mapping[str, str] | None:
+    """The job's stored trace context ({} when it recorded none), for its callbacks' spans."""
+    row = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).first()
+    return (Job.from_json(row.state).trace_context or {}) if row is not None else {}
+
+
+def traced_send(sender: Sender, row: outbox.Row, now: datetime, stored: Mapping[str, str]) -> str | None:
+    """One delivery as a span in the job's trace (``receipt.callback``); the POST carries the span's
+    ``traceparent``, so a receiver that traces continues the job's trace."""
+    attributes = {tracing.JOB_ID: row.job_id, "receipt.callback.event": row.event}
+    with tracing.job_span(
+        "receipt.callback", row.job_id, stored or None, attributes, kind=SpanKind.CLIENT
+    ) as span:
+        error = sender.send(row, now, traced=True)
+        if error is not None:
+            span.set_status(StatusCode.ERROR, error)
+        return error
 
 
 def send_due(engine: Engine, sender: Sender, keep: Any = None) -> dict[str, Any]:
@@ -139,7 +167,8 @@ def send_due(engine: Engine, sender: Sender, keep: Any = None) -> dict[str, Any]
         for row in target_rows:
             with engine.connect() as conn:
                 now = db_now(conn)
-            error = sender.send(row, now)
+                stored = trace_context_of_job(conn, row.job_id) if tracing.on() else None
+            error = sender.send(row, now) if stored is None else traced_send(sender, row, now, stored)
             with transaction(engine) as conn:
                 now = db_now(conn)
                 if error is None:

@@ -11,10 +11,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NotRequired, TypedDict
 
+from opentelemetry.trace import SpanKind
+
+from app import tracing
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
 from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE, route
@@ -148,6 +152,7 @@ class WakeListener:
 
 
 def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
+    began_ns = time.time_ns() if tracing.on() else 0
     # Read before the messages are sent: a flush after this read is then always detected later.
     epoch = rt.broker.epoch()
     claimed = retry_transient(lambda: _claim(rt, sorted(set(job_ids)), epoch))
@@ -185,7 +190,34 @@ def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
                 settle_delivery(rt, b.job_id, b.dispatch_key, b.generation, "send_failed")
                 rt.callbacks.forget(rt.engine, b.callback_event)
             raise
+    if began_ns:
+        for job, _decision in to_send:
+            trace_dispatch(job, began_ns, "canceled" if job.abort_requested else "dispatched")
     return started
+
+
+def trace_dispatch(job: Job, began_ns: int, outcome: str) -> None:
+    """The job's dispatch in its trace: how long it waited queued (``receipt.queue_wait``, from
+    the receipt that queued it, or its backoff's end, to the claim), and the claim and send
+    (``receipt.dispatch``, from ``began_ns``)."""
+    queued = max(parse_iso(job.updated_at) or EPOCH, not_before(job))
+    attributes = {
+        tracing.JOB_ID: job.id,
+        tracing.ORGANIZATION: job.organization_id or "",
+        tracing.AGENT: job.agent_id,
+        tracing.KIND: job.kind,
+        tracing.ATTEMPT: job.attempt + 1,
+    }
+    queued_ns = int(queued.timestamp() * 1e9)
+    if queued > EPOCH and queued_ns < began_ns:
+        with tracing.job_span(
+            "receipt.queue_wait", job.id, job.trace_context, attributes, start_ns=queued_ns
+        ):
+            pass
+    with tracing.job_span(
+        "receipt.dispatch", job.id, job.trace_context, attributes, start_ns=began_ns, kind=SpanKind.PRODUCER
+    ) as span:
+        span.set_attribute(tracing.OUTCOME, outcome)
 
 
 # One attempt as a worker message carries it: [job id, attempt fence, dispatch key, generation].
@@ -331,7 +363,20 @@ def _count_delivery(decision: delivery.StartDecision, path: str) -> None:
 
 def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> DriveResult:
     """The driver: decide what this delivery does, from the job's current receipts."""
+    if not tracing.on():
+        return _drive(rt, job_id, dispatch_key, generation)
+    began_ns = time.time_ns()
     job = retry_transient(lambda: rt.queue.get(job_id))
+    result = _drive(rt, job_id, dispatch_key, generation, job)
+    if job is not None:
+        trace_dispatch(job, began_ns, result["outcome"])
+    return result
+
+
+def _drive(
+    rt: Runtime, job_id: str, dispatch_key: str, generation: int, read: Job | None = None
+) -> DriveResult:
+    job = read if read is not None else retry_transient(lambda: rt.queue.get(job_id))
     if job is None or job.terminal:
         settle_delivery(rt, job_id, dispatch_key, generation, "terminal_state")
         return {"outcome": "terminal_state"}

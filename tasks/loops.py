@@ -18,13 +18,15 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from app import tracing
 from app.factory import loops as objectives
+from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.ops import logs, metrics
 from app.ops import loops as registry
@@ -37,6 +39,7 @@ from app.storage import delivery
 from app.storage import liveness as worker_liveness
 from app.storage import loops as claims
 from app.storage.db import db_now, transaction
+from app.storage.queue import Queue
 from tasks import fetches
 from tasks.dispatch import deliver_stale, start_driver
 from tasks.runtime import Runtime
@@ -67,6 +70,18 @@ class Pass:
 
     keep: claims.KeepAlive
     published: datetime | None = None
+    # The pass's span when tracing is on (``link`` names its jobs).
+    trace: tracing.LoopTrace | None = None
+
+    def link(self, jobs: Iterable[Job]) -> None:
+        """Link the pass's span to the traces of the jobs it acted on (a no-op without tracing)."""
+        if self.trace is not None:
+            self.trace.link([(job.id, job.trace_context) for job in jobs])
+
+    def link_ids(self, queue: Queue, job_ids: Iterable[str]) -> None:
+        """``link`` for jobs known by id: each is read (with tracing on only) for its stored context."""
+        if self.trace is not None:
+            self.link(job for job in (queue.get(job_id) for job_id in job_ids) if job is not None)
 
 
 PassBody = Callable[[Runtime, Pass], dict[str, Any]]
@@ -106,10 +121,15 @@ def run(
     body = PASSES[loop.name]
     policy = registry.policy(loop, rt.settings, datetime.now(UTC))
     counted = metrics.registry_metrics().loop_passes
+
+    def traced(keep: claims.KeepAlive) -> dict[str, Any]:
+        if not tracing.on():
+            return body(rt, Pass(keep, published))
+        with tracing.loop_trace(loop.name) as trace:
+            return body(rt, Pass(keep, published, trace))
+
     try:
-        outcome = claims.run_claimed(
-            rt.engine, loop.name, policy, lambda keep: body(rt, Pass(keep, published)), clock=clock
-        )
+        outcome = claims.run_claimed(rt.engine, loop.name, policy, traced, clock=clock)
     except Exception:
         counted.labels(loop.name, "failed").inc()
         raise
@@ -176,6 +196,7 @@ def redrive_queued(rt: Runtime, p: Pass) -> dict[str, Any]:
             continue
         if decision is not None and decision.created:
             started.append(job.id)
+            p.link([job])
     if started:
         log.info("redrive started %d deliveries", len(started))
         metrics.registry_metrics().redrives.inc(len(started))
@@ -224,6 +245,7 @@ def _age_ms(now: datetime, then: datetime) -> float:
 def expire_leases(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Append ``job.lease_expired`` for every lease past its deadline (database clock)."""
     expired = rt.queue.expire_leases(limit=SCAN_LIMIT, between=p.keep)
+    p.link(expired)
     if expired:
         log.info("expired %d leases", len(expired))
     return {"expired": [j.id for j in expired]}
@@ -243,6 +265,7 @@ def dispatch_due_retries(rt: Runtime, p: Pass) -> dict[str, Any]:
             continue
         if decision is not None and decision.created:
             started.append(job.id)
+            p.link([job])
     return {"started": started}
 
 
@@ -270,7 +293,10 @@ def objective_outbox_redrive(rt: Runtime, p: Pass) -> dict[str, Any]:
 @binds(registry.OBJECTIVE_WATCHDOG)
 def objective_watchdog_tick(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Enqueue the watchdog job of the tick beat published (or of the latest tick, database clock)."""
-    return objectives.watchdog_tick(rt.queue, rt.settings, p.published)
+    result = objectives.watchdog_tick(rt.queue, rt.settings, p.published)
+    if "jobId" in result:
+        p.link_ids(rt.queue, [result["jobId"]])
+    return result
 
 
 @binds(registry.SCHEDULES)
@@ -303,6 +329,7 @@ def expire_dead_workers(rt: Runtime, p: Pass) -> dict[str, Any]:
     declared = worker_liveness.expire_dead(
         rt.queue, rt.settings.worker_dead_after_ms, limit=SCAN_LIMIT, between=p.keep
     )
+    p.link_ids(rt.queue, [j for d in declared for j in d.expired])
     for d in declared:
         log.warning(
             "worker %s declared dead (last renewed %s): expired %d leases",

@@ -14,6 +14,7 @@ import warnings
 from celery.exceptions import SecurityWarning
 
 import celeryconfig
+from app import tracing
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.ops import logs, metrics, outages, preflight
@@ -87,6 +88,10 @@ def main(argv: list[str] | None = None) -> None:
     raw = args.role if args.role is not None else settings.process_role
     role, known = resolve_role(raw)
     logs.configure(settings, role.name)
+    try:
+        tracing.check()
+    except ValueError as exc:
+        raise SystemExit(f"tracing: {exc}") from None
     if role.name == "api":
         worker_argv(settings, raw)  # refuses, naming the process to run instead
     # A wrong DATABASE_URL or REDIS_URL stops here in one line, not in a traceback or a retry loop.

@@ -44,6 +44,7 @@ from tests.support.queue_ops import (
     close_queues,
     transactions,  # noqa: F401 - counts the transactions the queue opens
 )
+from tests.support.tracing import spans, tracing_off  # noqa: F401 - tracing on (in memory) or off
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import StatusCode
+
+from app import tracing
 from app.config import Settings
 from app.jobs.errors import no_handler_message
 from app.jobs.liveness import FENCED
@@ -136,6 +141,8 @@ class Started:
 
     attempt: Attempt
     job: Job
+    # When its first write began (ns since the epoch): the start of the attempt's span.
+    began_ns: int = 0
 
 
 def lease_ms_for(settings: Settings) -> Callable[[Job], int]:
@@ -147,7 +154,7 @@ def lease_ms_for(settings: Settings) -> Callable[[Job], int]:
     return lease_ms
 
 
-def begun(this: Attempt, start: AttemptStart) -> Started | AttemptResult:
+def begun(this: Attempt, start: AttemptStart, began_ns: int = 0) -> Started | AttemptResult:
     """What an attempt's first write means: it runs (``Started``), or it ends here and why."""
     if start.job is None:
         return AttemptResult("stale_attempt", None, f"no job {this.job_id}")
@@ -158,7 +165,7 @@ def begun(this: Attempt, start: AttemptStart) -> Started | AttemptResult:
         )
     if start.status != "started":
         return AttemptResult(start.status, job)
-    return Started(dataclasses.replace(this, charged=job.charged_attempts), job)
+    return Started(dataclasses.replace(this, charged=job.charged_attempts), job, began_ns)
 
 
 def run_attempt(
@@ -175,12 +182,13 @@ def run_attempt(
     worker_id = worker_id or new_worker_id(settings)
     logs.update_job(workerId=worker_id, attempt=attempt)
     this = Attempt(queue, settings, job_id, worker_id, attempt)
+    began_ns = time.time_ns()
     # One transaction reads the job and leases it (queued → leased → running in one commit), or
     # takes the start-fence heartbeat of redelivered work; it says why when it did neither.
     start = retry_transient(lambda: queue.start_attempt(job_id, worker_id, attempt, lease_ms_for(settings)))
     if start.job is not None:
         logs.update_job(org=start.job.organization_id)
-    outcome = begun(this, start)
+    outcome = begun(this, start, began_ns)
     if isinstance(outcome, AttemptResult):
         return outcome
     return run_started(outcome, registry, shutdown)
@@ -196,19 +204,62 @@ def lease_attempts(
     items = [
         (job_id, worker_id, number) for (job_id, number), worker_id in zip(attempts, worker_ids, strict=True)
     ]
+    began_ns = time.time_ns()
     starts = retry_transient(lambda: queue.start_attempts(items, lease_ms_for(settings)))
     out: list[Started | AttemptResult | Exception] = []
     for (job_id, worker_id, number), start in zip(items, starts, strict=True):
         if isinstance(start, Exception):
             out.append(start)
         else:
-            out.append(begun(Attempt(queue, settings, job_id, worker_id, number), start))
+            out.append(begun(Attempt(queue, settings, job_id, worker_id, number), start, began_ns))
     return out
 
 
 def run_started(started: Started, registry: HandlerRegistry, shutdown: Shutdown = PROCESS) -> AttemptResult:
     """The rest of an attempt that holds its lease: abort check, the handler raced against the
-    heartbeat loop and the execution timeout, then the settlement under the attempt fence."""
+    heartbeat loop and the execution timeout, then the settlement under the attempt fence.
+
+    With tracing on, the attempt is a span in the job's trace from its lease to its settlement
+    (``receipt.attempt``, linked to the attempt before it), and the handler's run a child of it."""
+    if not tracing.on():
+        return _run_started(started, registry, shutdown)
+    this, job = started.attempt, started.job
+    attributes = {
+        tracing.JOB_ID: job.id,
+        tracing.ORGANIZATION: job.organization_id or "",
+        tracing.AGENT: job.agent_id,
+        tracing.KIND: job.kind,
+        tracing.ATTEMPT: this.number,
+        tracing.WORKER_ID: this.worker_id,
+    }
+    span = tracing.start_attempt_span(
+        job.id, job.trace_context, this.number, attributes, started.began_ns or time.time_ns()
+    )
+    with trace.use_span(span, end_on_exit=True):
+        result = _run_started(started, registry, shutdown)
+        span.set_attribute(tracing.OUTCOME, result.status)
+        if result.status != "completed":
+            span.set_status(StatusCode.ERROR, result.error or result.status)
+        return result
+
+
+def _handler_run(handler: Any, ctx: JobContext) -> Callable[[], Any]:
+    """The handler's call, on a thread of the pool; with tracing on, in a ``receipt.handler`` span
+    under the attempt's."""
+    if not tracing.on():
+        return lambda: handler(ctx)
+    parent = otel_context.get_current()
+
+    def run() -> Any:
+        with tracing.tracer().start_as_current_span(
+            "receipt.handler", context=parent, attributes={tracing.AGENT: ctx.job.agent_id}
+        ):
+            return handler(ctx)
+
+    return run
+
+
+def _run_started(started: Started, registry: HandlerRegistry, shutdown: Shutdown) -> AttemptResult:
     this, job = started.attempt, started.job
     queue, settings, job_id = this.queue, this.settings, this.job_id
     worker_id, attempt = this.worker_id, this.number
@@ -221,7 +272,7 @@ def run_started(started: Started, registry: HandlerRegistry, shutdown: Shutdown 
 
     ctx = JobContext(queue, job, worker_id, attempt, settings, timing.execution_timeout_ms, shutdown)
     liveness.track(ctx)
-    thread = _HANDLERS.submit(lambda: handler(ctx))
+    thread = _HANDLERS.submit(_handler_run(handler, ctx))
     stop = _race(this, ctx, thread, timing, shutdown)
     if stop == FENCED:
         # This process fenced itself (its liveness lapsed): the job is the worker-liveness loop's

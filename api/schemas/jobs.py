@@ -253,6 +253,14 @@ JOB: Schema = {
             },
             "required": ["tokenId", "scopes", "system"],
         },
+        "traceContext": {
+            "type": "object",
+            "description": "The W3C trace context of the enqueue (docs/tracing.md): the request's "
+            "own `traceparent`, its span's, or a new root's; every span of the job belongs to its "
+            "trace. Absent when none was recorded.",
+            "properties": {"traceparent": {"type": "string"}, "tracestate": {"type": "string"}},
+            "required": ["traceparent"],
+        },
     },
     "required": [
         "id",

@@ -24,9 +24,11 @@ from api.following import resume_point
 from api.jobs import visible_job
 from api.present import job_json
 from api.ui import BLUEPRINT, blueprint, current_session, redact, session, timeline
+from app.config import TRACE_ID_PLACEHOLDER
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.routing import route
+from app.jobs.tracecontext import trace_id_of
 from app.jobs.vocab import COMMAND_LANES, LANES, STATUSES, WORKER_GROUPS, job_stream
 from app.storage import overview, store
 from app.storage.queue import decode_cursor
@@ -225,8 +227,12 @@ def _job_context(job_id: str) -> dict[str, Any]:
     entries, folded = timeline.build(r.to_receipt() for r in stored[:TIMELINE_LIMIT])
     shown = folded if folded is not None and len(stored) <= TIMELINE_LIMIT else job
     data = job_json(shown)
+    template = state().settings.trace_url_template
+    trace_id = trace_id_of(job.trace_context)
     return {
         "job": data,
+        "trace_url": template.replace(TRACE_ID_PLACEHOLDER, trace_id) if template and trace_id else None,
+        "trace_id": trace_id,
         "route": data["route"],
         "entries": entries,
         "truncated": len(stored) > TIMELINE_LIMIT,

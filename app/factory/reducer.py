@@ -37,6 +37,7 @@ from app.factory.vocab import (
 from app.jobs.errors import InvariantError
 from app.jobs.ids import client_id_of
 from app.jobs.reducer import Receipt
+from app.jobs.tracecontext import TRACE_CONTEXT_FIELD, trace_context_of
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,8 @@ class Objective:
     # ``objective.control_consumed`` receipts so far, and the time of the last CONTROL_MOVES receipt.
     control_steps: int = 0
     control_moved_at: str | None = None
+    # The W3C context the launch ran in (app.jobs.tracecontext): the parent of its task jobs' traces.
+    trace_context: Mapping[str, str] | None = None
 
     @property
     def stream(self) -> str:
@@ -203,6 +206,8 @@ class Objective:
             "seq": self.seq,
             "controlSteps": self.control_steps,
             "controlMovedAt": self.control_moved_at,
+            # Only when recorded: a header folded without one stays byte-equal to a rebuild.
+            **({TRACE_CONTEXT_FIELD: dict(self.trace_context)} if self.trace_context else {}),
         }
 
     @classmethod
@@ -230,6 +235,7 @@ class Objective:
             seq=d.get("seq", 0),
             control_steps=d.get("controlSteps", 0),
             control_moved_at=d.get("controlMovedAt"),
+            trace_context=trace_context_of(d.get(TRACE_CONTEXT_FIELD)),
         )
 
 
@@ -321,6 +327,7 @@ def _launched(r: Receipt) -> Objective:
         updated_at=r.at,
         seq=r.seq,
         control_moved_at=r.at,
+        trace_context=trace_context_of(b.get(TRACE_CONTEXT_FIELD)),
     )
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 
+from app import tracing
 from app.factory import audit, control, monitor, storage
 from app.factory.hooks import ControlOutbox
 from app.factory.plan import ObjectiveSpec, TaskSpec, validate_plan
@@ -43,6 +44,7 @@ from app.jobs.errors import (
 from app.jobs.ids import KEY_SEPARATOR, client_id_of, new_id, qualify
 from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
+from app.jobs.tracecontext import TRACE_CONTEXT_FIELD
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import MAX_ATTEMPTS_DEFAULT, job_stream
 from app.storage import store, tombstones
@@ -159,6 +161,10 @@ def launch(queue: Queue, spec: ObjectiveSpec, *, launched_by: Mapping[str, Any])
         "phase": FIRST_PHASE,
         "tasks": [t.to_json() for t in spec.tasks],
     }
+    # The objective's own trace: its task jobs are children of it (enqueue_task_job).
+    trace_context = tracing.enqueue_context()
+    if trace_context is not None:
+        body[TRACE_CONTEXT_FIELD] = trace_context
 
     def attempt() -> LaunchResult:
         with transaction(queue.engine) as conn:
@@ -380,6 +386,7 @@ def enqueue_task_job(queue: Queue, obj: Objective, task: Task, payload: Mapping[
         payload=dict(payload),
         key=task_job_id(obj.id, task.phase, task.id),
         max_attempts=task.max_attempts or MAX_ATTEMPTS_DEFAULT,
+        trace_context=obj.trace_context,
     )
     job = queue.enqueue(req, enqueued_by=launcher_identity(obj)).job
     if task.execution_path == COMPUTER_PATH:

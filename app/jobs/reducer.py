@@ -26,6 +26,7 @@ from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import InvariantError, no_job_message
 from app.jobs.ids import client_id_of, organization_of_key
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
+from app.jobs.tracecontext import TRACE_CONTEXT_FIELD, trace_context_of
 from app.jobs.vocab import (
     COMMAND_LANES,
     LEASED_STATUSES,
@@ -127,6 +128,8 @@ class Job:
     released: int = 0
     # Who posted the job, as the server recorded it on job.enqueued (None: written by another path).
     enqueued_by: Enqueuer | None = None
+    # The W3C trace context the enqueue ran in (app.jobs.tracecontext); None: none was recorded.
+    trace_context: Mapping[str, str] | None = None
 
     @property
     def stream(self) -> str:
@@ -198,6 +201,8 @@ class Job:
             # Only once an attempt was released: a projection folded before releases existed stays
             # byte-equal to a rebuild of the same receipts.
             **({"released": self.released} if self.released else {}),
+            # Only when recorded, for the same reason.
+            **({TRACE_CONTEXT_FIELD: dict(self.trace_context)} if self.trace_context else {}),
         }
 
     @classmethod
@@ -239,6 +244,7 @@ class Job:
             seq=data.get("seq", 0),
             released=data.get("released", 0),
             enqueued_by=Enqueuer.from_json(data.get(ENQUEUED_BY_FIELD)),
+            trace_context=trace_context_of(data.get(TRACE_CONTEXT_FIELD)),
         )
 
 
@@ -337,6 +343,7 @@ def _enqueued(r: Receipt) -> Job:
         available_at=available if isinstance(available, str) else None,
         seq=r.seq,
         enqueued_by=Enqueuer.from_json(b.get(ENQUEUED_BY_FIELD)),
+        trace_context=trace_context_of(b.get(TRACE_CONTEXT_FIELD)),
     )
 
 

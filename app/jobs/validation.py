@@ -70,6 +70,10 @@ class EnqueueRequest:
     # enqueue (database clock). At most one of the two is set.
     run_at: datetime | None = None
     delay_ms: int | None = None
+    # The W3C trace context the job belongs to, when the caller decides it (an objective's task
+    # jobs are children of the objective's); None: the context the enqueue runs in
+    # (app.tracing.carrier), if any.
+    trace_context: Mapping[str, str] | None = None
 
     @property
     def organization_id(self) -> str | None:

@@ -7,7 +7,8 @@ hand-rolled ``json.dumps`` formatter, and it renders exceptions and ``extra=`` f
 Every record carries the process ``role``. While a worker or driver handles a job it binds the
 job's fields — ``jobId``, ``attempt``, ``fence``, ``workerId``, ``org`` — in a context variable
 (``bind_job``); a filter copies them onto every record logged in that context, by any library,
-so a job-related line is never missing them. Threads start with an empty context, so code that
+so a job-related line is never missing them. With tracing on (``app.tracing``), a line logged
+inside a span also carries its ``trace_id`` and ``span_id``. Threads start with an empty context, so code that
 hands a job to a thread runs the thread inside ``contextvars.copy_context()``.
 
 No secret setting is ever written: the one handler (``RedactingHandler``) runs the deployment's
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Final, Literal, TextIO
 
+from app import tracing
 from app.config import Settings
 from app.redaction import Redactor
 
@@ -93,6 +95,11 @@ class ContextFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.role = _role
+        # With tracing on, a line logged inside a span names it: trace_id and span_id, as
+        # OpenTelemetry's log data model names them, so a log query and the trace UI meet.
+        ids = tracing.current_ids() if tracing.on() else None
+        if ids is not None:
+            record.trace_id, record.span_id = ids
         fields = _job.get() or {}
         if fields:
             # Every job field on every job-related line, null when this step does not know it
@@ -103,11 +110,10 @@ class ContextFilter(logging.Filter):
         if not self.plain:
             return True
         # The plain format shows the job briefly at the end: readable, and greppable by job id.
-        if fields:
-            shown = " ".join(f"{k}={fields[k]}" for k in ("jobId", "attempt") if k in fields)
-            record.job_suffix = f" [{shown}]"
-        else:
-            record.job_suffix = ""
+        shown = " ".join(f"{k}={fields[k]}" for k in ("jobId", "attempt") if k in fields)
+        if ids is not None:
+            shown = f"{shown} trace_id={ids[0]}".lstrip()
+        record.job_suffix = f" [{shown}]" if shown else ""
         return True
 
 
@@ -140,6 +146,8 @@ def dict_config(settings: Settings, role: str) -> dict[str, Any]:
     """
     global _role
     _role = role
+    # The same name is the process's service.name in its traces (receipt-<role>).
+    tracing.set_role(role)
     level = settings.log_level.strip().upper() or "INFO"
     if log_format(settings) == "json":
         formatter: dict[str, Any] = {

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection, Engine
 
+from app import tracing
 from app.jobs import delay, transitions
 from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import (
@@ -38,6 +39,7 @@ from app.jobs.ids import (
 )
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.reducer import Job, reduce
+from app.jobs.tracecontext import TRACE_CONTEXT_FIELD
 from app.jobs.transitions import AttemptStartStatus, Event
 from app.jobs.validation import EnqueueRequest, command_lane, steer_lane
 from app.jobs.vocab import (
@@ -851,6 +853,9 @@ def _enqueued_body(job_id: str, req: EnqueueRequest, enqueued_by: Enqueuer | Non
     }
     if enqueued_by is not None:
         body[ENQUEUED_BY_FIELD] = enqueued_by.to_json()
+    trace_context = req.trace_context if req.trace_context is not None else tracing.enqueue_context()
+    if trace_context is not None:
+        body[TRACE_CONTEXT_FIELD] = dict(trace_context)
     if req.run_at is not None or req.delay_ms is not None:
         when = delay.available_at(tx.now, req.run_at, req.delay_ms)
         if when is not None:

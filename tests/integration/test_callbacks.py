@@ -30,6 +30,7 @@ from tasks.execute import execute
 from tasks.runtime import Runtime
 from tests.support import queue_ops
 from tests.support.queue_ops import lease
+from tests.support.tracing import Spans
 from tests.support.waiting import free_port
 from workers.handler import JobContext
 from workers.runner import AttemptResult, run_attempt
@@ -495,3 +496,32 @@ def test_a_callback_goes_to_receipt_event_callback_url(targets: Any, pg_engine: 
     assert (first.path, second.path) == ("/resonate", "/events")
     assert first.body == second.body and first.body["jobId"] == other.client_id
     assert first.headers["webhook-id"] == second.headers["webhook-id"]  # one event, two targets
+
+
+def test_with_tracing_on_a_delivery_is_a_span_in_the_jobs_trace_and_sends_its_traceparent(
+    spans: Spans, targets: Any, sqlite_engine: Engine
+) -> None:
+    target = targets()
+    s = settings(RECEIPT_RESONATE_CALLBACK_URL=target.url)
+    q = queue_for(sqlite_engine, callback_targets=s.callback_targets)
+    job = enqueue(q, "factory")
+    assert job.trace_context is not None  # tracing on, no caller context: a root of its own
+    q.cancel(job.id, "stop")
+    assert send_due(sqlite_engine, Sender(s)) == {"delivered": 1, "failed": 0}
+    span = spans.one("receipt.callback")
+    trace_id = job.trace_context["traceparent"][3:35]
+    assert f"{span.context.trace_id:032x}" == trace_id
+    assert dict(span.attributes or {})["receipt.callback.event"] == "canceled"
+    # The request carries the delivery span as its parent (flags: sampled, and W3C's random-id bit).
+    assert target.next().headers["traceparent"][:52] == f"00-{trace_id}-{span.context.span_id:016x}"
+
+
+def test_with_tracing_off_a_delivery_sends_no_traceparent(
+    tracing_off: None, targets: Any, sqlite_engine: Engine
+) -> None:
+    target = targets()
+    s = settings(RECEIPT_RESONATE_CALLBACK_URL=target.url)
+    q = queue_for(sqlite_engine, callback_targets=s.callback_targets)
+    q.cancel(enqueue(q, "factory").id, "stop")
+    assert send_due(sqlite_engine, Sender(s)) == {"delivered": 1, "failed": 0}
+    assert "traceparent" not in target.next().headers

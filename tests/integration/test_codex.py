@@ -29,6 +29,7 @@ from app.jobs.reducer import Job
 from app.jobs.timing import timing_for
 from app.storage.queue import Queue
 from tests.support.queue_ops import lease
+from tests.support.tracing import Spans
 from workers import sandbox
 from workers.handler import HandlerError, JobContext
 from workers.registry import default_registry, dispatch
@@ -330,3 +331,18 @@ def test_a_relative_executable_is_found_in_the_commands_cwd(queue: Queue, shared
     tool.chmod(0o755)
     job = codex_job(queue, command=["./tool"], cwd="repo")
     assert dispatch(leased_context(queue, job, in_workspace(shared_dir)))["outputTail"] == "tool ran\n"
+
+
+def test_with_tracing_on_the_handler_span_carries_the_commands_exit_code_and_output_bytes(
+    spans: Spans, queue: Queue
+) -> None:
+    job = codex_job(queue, command=[PY, "-c", "print('traced'); raise SystemExit(3)"])
+    out = run_attempt(queue, ENABLED, default_registry(), job.id, 1)
+    assert out.status == "failed" and out.job is not None
+    handler = spans.one("receipt.handler")
+    attributes = dict(handler.attributes or {})
+    assert attributes["process.exit.code"] == 3
+    assert attributes["receipt.command.output_bytes"] == len("traced\n")
+    attempt = spans.one("receipt.attempt")
+    assert handler.parent is not None and handler.parent.span_id == attempt.context.span_id
+    assert dict(attempt.attributes or {})["receipt.outcome"] == "failed"

@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from opentelemetry import context as otel_context
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from app import tracing
 from app.composition import queue_for
 from app.factory import service, storage
 from app.factory.plan import validate_objective
@@ -23,6 +25,7 @@ from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, FAIL, HOLD, drain, plan
 from tests.support import queue_ops
 from tests.support.queue_ops import lease
+from tests.support.tracing import Spans
 
 pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
@@ -267,3 +270,35 @@ def test_control_steps_on_one_objective_take_turns(pg_engine: Engine) -> None:
         assert worker.is_alive() and not results  # waiting for the running step to end
     worker.join(30)
     assert results and results[0].enqueued == 1
+
+
+def test_an_objective_records_the_launchs_trace_context_and_its_task_jobs_are_its_children(
+    spans: Spans, sqlite_engine: Engine
+) -> None:
+    queue = queue_for(sqlite_engine, control_fast_path=False)
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    token = otel_context.attach(tracing.extract({"traceparent": parent}) or otel_context.Context())
+    try:
+        oid = launch(queue, {"A": [], "B": []})
+    finally:
+        otel_context.detach(token)
+    obj = service.get(sqlite_engine, oid)
+    assert obj is not None and obj.trace_context == {"traceparent": parent}
+    # The control step runs in its own job, in another trace; the task jobs still join the objective's.
+    assert service.control_step(queue, oid).enqueued == 2
+    for task in ("A", "B"):
+        job = queue.get(task_job_id(oid, 1, task))
+        assert job is not None and job.trace_context == {"traceparent": parent}
+
+
+def test_an_objective_launched_without_a_context_and_tracing_off_records_none(
+    tracing_off: None, sqlite_engine: Engine
+) -> None:
+    queue = queue_for(sqlite_engine, control_fast_path=False)
+    oid = launch(queue, {"A": []})
+    with sqlite_engine.connect() as conn:
+        launched = store.read_stream(conn, objective_stream(oid))[0]
+    assert launched.type == "objective.launched" and "traceContext" not in launched.body
+    service.control_step(queue, oid)
+    job = queue.get(task_job_id(oid, 1, "A"))
+    assert job is not None and job.trace_context is None

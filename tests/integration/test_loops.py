@@ -24,6 +24,7 @@ from tasks import loops as task_loops
 from tasks.dispatch import dispatch_jobs
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, Runtime
 from tests.support.queue_ops import lease, settle_deliveries
+from tests.support.tracing import Spans
 
 from .runtime_support import (
     Recorder,
@@ -302,3 +303,21 @@ def test_expiring_the_last_attempt_fails_the_job_and_posts_the_callback(runtime:
     assert failed.result == {"status": "lease_lost"}
     assert callbacks.events() == ["failed"]
     assert sent.named(DISPATCH_TASK) == []
+
+
+def test_with_tracing_on_the_lease_expiry_pass_is_a_span_linked_to_the_job_it_expired(
+    spans: Spans, runtime: Any
+) -> None:
+    rt, _sent, _callbacks = runtime
+    dead = enqueue(rt.queue, "factory")
+    assert dead.trace_context is not None
+    assert lease(rt.queue, dead.id, "dead-worker", 1).applied
+    wait_lease_past_deadline(rt.engine, rt.queue, dead.id)
+    assert task_loops.expire_leases(rt) == {"expired": [dead.id]}
+    span = spans.one("receipt.loop lease-expiry")
+    assert [f"{link.context.trace_id:032x}" for link in span.links] == [
+        dead.trace_context["traceparent"][3:35]
+    ]
+    # A pass that finds nothing makes no span.
+    assert task_loops.expire_leases(rt) == {"expired": []}
+    assert len(spans.named("receipt.loop lease-expiry")) == 1

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from app import tracing
 from app.jobs import kinds
 from app.jobs.contracts import COMMAND_FIELD
 from app.jobs.liveness import FENCED
@@ -232,6 +233,7 @@ def _run(
     _report(ctx, output)
     exit_code = proc.popen.returncode
     result = {"exitCode": exit_code, "outputTail": output.tail(), "outputBytes": output.total}
+    tracing.note_command(exit_code, output.total)
     if stop_reason == "timeout":
         raise HandlerError(
             f"command timed out after {timeout_ms} ms; every process it started was killed",
