@@ -1,9 +1,10 @@
 """The small chaos soak: ~300 jobs, three faults, the safety targets asserted.
 
-Not in ``make test`` (marked ``soak``: ``pytest -m soak tests/e2e/test_soak.py`` runs it). The full run is ``make soak`` (``bench/soak.py``: 5 000 jobs, every fault, a private Postgres it
-may restart); its figures are in ``docs/faults.md``. This one runs on a cloned database of the
-shared cluster, which is never restarted, so its three faults are a chat worker SIGKILL, FLUSHALL
-and a redis-server kill + empty restart. Speed is printed, not asserted.
+Not in ``make test`` (marked ``soak``: ``pytest -m soak tests/e2e/test_soak.py`` runs it). The full
+run is ``make soak`` (``bench/soak.py``: 5 000 jobs, every fault, a private Postgres it may
+restart); its figures are in ``docs/faults.md``. This one runs on the shared PostgreSQL
+server, which is never restarted, so its three faults are a chat worker SIGKILL, FLUSHALL and a
+redis-server kill + empty restart. Speed is printed, not asserted.
 """
 
 from __future__ import annotations
