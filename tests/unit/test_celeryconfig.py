@@ -201,8 +201,12 @@ def test_plain_redis_urls_use_the_transport_that_reuses_its_client(
     assert build(tmp_path, REDIS_URL=url)["broker_transport"] == expected
 
 
-def test_the_embedded_broker_keeps_its_own_transport(tmp_path: Path) -> None:
-    assert build(tmp_path)["broker_transport"] is None
+def test_the_embedded_broker_uses_the_atomic_folder_transport(tmp_path: Path) -> None:
+    conf = build(tmp_path)
+    assert conf["broker_transport"] == "delivery.folder_transport:Transport"
+    options = conf["broker_transport_options"]
+    assert options["dead_letter_folder"] == str(tmp_path / "broker" / "dead")
+    assert options["claim_folder"] == str(tmp_path / "broker" / "claimed")
 
 
 # -- the module Celery reads by name --------------------------------------------------------------
