@@ -9,7 +9,8 @@ the previous release read and write the same folder:
 - **put:** the message is written under ``<name>.tmp`` in the same folder and ``os.replace``d to
   its name, an atomic rename on POSIX: a consumer sees a whole file or none. A ``.tmp`` name does
   not end in ``.<queue>.msg``, so every consumer, kombu's own included, skips it.
-- **get:** a file is claimed by renaming it into ``claimed/`` beside the data folder (one rename:
+- **get:** the folder is listed once per backlog rather than once per message, and a file is
+  claimed by renaming it into ``claimed/`` beside the data folder (one rename:
   exactly one consumer wins), where kombu moved it to the system temporary folder, which may be
   another file system (a copy and a delete).
 - **a message that cannot be decoded** (empty, torn, not JSON, no envelope kombu can read) is
@@ -22,6 +23,7 @@ Selected by ``broker_transport`` for the embedded broker URL (``celeryconfig.py`
 from __future__ import annotations
 
 import os
+from collections import deque
 import uuid
 from contextlib import suppress
 from pathlib import Path
@@ -56,11 +58,16 @@ class Channel(filesystem.Channel):
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
 
     def _get(self, queue: Any, timeout: Any = None) -> Any:
-        suffix = f".{queue}.msg"
+        backlog = self._backlogs.setdefault(queue, deque())
+        if not backlog:
+            suffix = f"{queue}.msg"
+            backlog.extend(
+                sorted(n for n in os.listdir(self.data_folder_in) if n.partition(".")[2] == suffix)
+            )
         folder = self.data_folder_in
-        names = sorted(n for n in os.listdir(folder) if n.partition(".")[2] == suffix[1:])
         claimed = self._claim_folder
-        for name in names:
+        while backlog:
+            name = backlog.popleft()
             path = claimed / name
             try:
                 os.rename(os.path.join(folder, name), path)
@@ -78,6 +85,14 @@ class Channel(filesystem.Channel):
                 os.unlink(path)
             return payload
         raise Empty()
+
+    @cached_property
+    def _backlogs(self) -> dict[str, deque[str]]:
+        """Per queue, the names one listing found and this channel has not tried yet, oldest first:
+        the folder is listed again only once they are used up, not on every get (kombu lists and
+        sorts it per message, quadratic in a backlog). Newer messages have later names, so the
+        order stays first in, first out."""
+        return {}
 
     @cached_property
     def _claim_folder(self) -> Path:
