@@ -41,7 +41,9 @@ QUEUE = "bench-q"
 
 
 def _connection(kind: str, folder: Path) -> Any:
-    import kombu
+    import kombu as kombu_module
+
+    kombu: Any = kombu_module  # kombu ships no type hints
 
     from delivery import folder_transport
 
@@ -59,7 +61,9 @@ def _connection(kind: str, folder: Path) -> Any:
 
 
 def _produce(kind: str, folder: str, name: str, n: int, ready: Any, start: Any) -> None:
-    import kombu
+    import kombu as kombu_module
+
+    kombu: Any = kombu_module  # kombu ships no type hints
 
     q = kombu.Queue(name, kombu.Exchange(name, type="direct"), routing_key=name)
     with _connection(kind, Path(folder)) as conn:
@@ -73,7 +77,9 @@ def _produce(kind: str, folder: str, name: str, n: int, ready: Any, start: Any) 
 
 def transport_round(kind: str, n: int) -> tuple[float, int]:
     """(messages per second, messages lost or undecodable) for one round of ``kind``."""
-    import kombu
+    import kombu as kombu_module
+
+    kombu: Any = kombu_module  # kombu ships no type hints
 
     folder = Path(tempfile.mkdtemp(prefix=f"receipt-broker-bench-{kind}-"))
     try:
@@ -124,7 +130,8 @@ def run_transport(messages: int, rounds: int) -> None:
     med = {k: statistics.median(v) for k, v in rates.items()}
     print(
         f"median: kombu {med['kombu']:.0f} msg/s, receipt {med['receipt']:.0f} msg/s, "
-        f"ratio receipt/kombu {med['receipt'] / med['kombu']:.2f}; lost: {lost}; load {os.getloadavg()[0]:.1f}"
+        f"ratio receipt/kombu {med['receipt'] / med['kombu']:.2f}; lost: {lost}; "
+        f"load {os.getloadavg()[0]:.1f}"
     )
 
 

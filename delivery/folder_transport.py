@@ -23,8 +23,8 @@ Selected by ``broker_transport`` for the embedded broker URL (``celeryconfig.py`
 from __future__ import annotations
 
 import os
-from collections import deque
 import uuid
+from collections import deque
 from contextlib import suppress
 from pathlib import Path
 from queue import Empty
