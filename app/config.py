@@ -512,6 +512,22 @@ class Settings:
         "How often each worker process renews its own liveness record (apart from per-job heartbeats).",
         _int,
     )
+    redeliver_unfetched_ms: int = setting(
+        "RECEIPT_REDELIVER_UNFETCHED_MS",
+        "5000",
+        "A worker (or driver) message sent this long ago that no process has fetched, while the queue "
+        "it went to holds no message at all, is lost: its delivery ends `unfetched` and the job is "
+        "sent again at once (fenced: a late original is inert). A message waiting in a queue with "
+        "anything in it is never judged lost. 1000 to 60000.",
+        _redeliver_ms,
+    )
+    lost_delivery_scan_interval_ms: int = setting(
+        "RECEIPT_LOST_DELIVERY_SCAN_INTERVAL_MS",
+        "1000",
+        "Interval of the `lost-deliveries` loop, which sends again the jobs whose message is unfetched "
+        "(`RECEIPT_REDELIVER_UNFETCHED_MS`) or died with the process that fetched it.",
+        _at_least_one,
+    )
     worker_liveness_scan_interval_ms: int = setting(
         "RECEIPT_WORKER_LIVENESS_SCAN_INTERVAL_MS",
         "2000",

@@ -157,7 +157,10 @@ def run_bursts(runs: int, bursts: int, jobs: int, timeout: float) -> None:
             prefix = f"burst-{run}-{uuid.uuid4().hex[:6]}-"
             started = time.monotonic()
             for b in range(bursts):
-                items = [{"agentId": "noop", "jobId": f"{prefix}{b}-{i}", "payload": {}} for i in range(jobs)]
+                items = [
+                    {"agentId": "noop", "jobId": f"{prefix}{b}-{i}", "payload": {"kind": "factory.run"}}
+                    for i in range(jobs)
+                ]
                 client.enqueue_many(items)
 
             def terminal(prefix: str = prefix) -> bool:
