@@ -25,6 +25,7 @@ import argparse
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -170,7 +171,7 @@ def run_bursts(runs: int, bursts: int, jobs: int, timeout: float) -> None:
                             "SELECT count(*) FROM jobs WHERE id LIKE :p "
                             "AND status IN ('completed','failed','canceled')"
                         ),
-                        {"p": prefix + "%"},
+                        {"p": "%" + prefix + "%"},
                     ).scalar()
                 return int(done or 0) >= bursts * jobs
 
@@ -199,6 +200,8 @@ def run_bursts(runs: int, bursts: int, jobs: int, timeout: float) -> None:
 
 
 def main() -> None:
+    # A SIGTERM unwinds like Ctrl-C, so the harness stops every process it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     t = sub.add_parser("transport")

@@ -54,10 +54,13 @@ evicted, a failover or a restart from an older snapshot that lost the last write
 message file no consumer could decode. ``unfetched`` tells them apart by the queue itself: the
 record was written at least ``RECEIPT_REDELIVER_UNFETCHED_MS`` ago (its age is the record's time
 to live already spent), **and the queue that message went to holds no message at all**, and the
-record still says the same when read again after the queue was counted. A message waiting its
-turn is never judged lost, however long it waits: a busy group's hand-backs (a process gave back
-attempts it has no slot for, their records back to ``sent``) wait in the queue until a slot
-frees, and a queue with anything in it is not presumed empty of them. The price is that a
+record still says the same when read again after the queue was counted. A delivery that old with
+no record at all is judged the same way against both its queues (the driver's and the worker's):
+a broker restarted from an older snapshot loses the records written since, with the messages.
+A message waiting its turn is never judged lost, however long it waits: a busy group's
+hand-backs (a process gave back attempts it has no slot for, their records back to ``sent``)
+wait in the queue until a slot frees, and a queue with anything in it is not presumed empty
+of them. The price is that a
 message lost *behind* a backlog is noticed once that queue drains. The one race left -- a consumer
 that fetched the message a moment before the queue was counted and has not written its record
 yet -- costs one duplicate message, which the attempt fence makes inert.
@@ -173,15 +176,21 @@ def consumers_named(records: Iterable[Record | None], dispatchers: Iterable[str 
 UNFETCHED = "unfetched"
 
 
-def unfetched_candidate(record: Record | None, age_ms: float | None, bound_ms: int) -> bool:
-    """A message recorded sent (``sent``/``queued``) at least ``bound_ms`` ago and not fetched since
-    (pure); whether it is lost then depends on its queue being empty."""
-    return record is not None and record.stage in (SENT, QUEUED) and age_ms is not None and age_ms >= bound_ms
+def unfetched_candidate(p: Pending, record: Record | None, age_ms: float | None, bound_ms: int) -> bool:
+    """A message recorded sent (``sent``/``queued``) at least ``bound_ms`` ago and not fetched since,
+    or a delivery that old with no record at all (the record was lost with its message: a restart
+    from an older snapshot) (pure); whether it is lost then depends on its queues being empty."""
+    if record is None:
+        return p.age_ms >= bound_ms
+    return record.stage in (SENT, QUEUED) and age_ms is not None and age_ms >= bound_ms
 
 
-def queue_of(record: Record, worker_queue: str) -> str:
-    """The queue the message a record describes went to: the driver's for a driver message."""
-    return DRIVER_QUEUE if record.stage == QUEUED else worker_queue
+def queues_of(record: Record | None, worker_queue: str) -> tuple[str, ...]:
+    """The queues the message a record describes may wait in: the driver's for a driver message,
+    the worker queue for a worker message, both when the record is gone."""
+    if record is None:
+        return (DRIVER_QUEUE, worker_queue)
+    return (DRIVER_QUEUE,) if record.stage == QUEUED else (worker_queue,)
 
 
 def unfetched(
@@ -200,25 +209,21 @@ def unfetched(
     if not pending:
         return []
     first = _records_with_age(client, pending, ttl_ms)
-    candidates = [i for i, (record, age) in enumerate(first) if unfetched_candidate(record, age, bound_ms)]
+    candidates = [
+        i for i, (record, age) in enumerate(first) if unfetched_candidate(pending[i], record, age, bound_ms)
+    ]
     result = [False] * len(pending)
     if not candidates:
         return result
-    wanted = {queue_of(record, queues[i]) for i in candidates if (record := first[i][0]) is not None}
+    wanted = {q for i in candidates for q in queues_of(first[i][0], queues[i])}
     counted = lengths(sorted(wanted))
     if counted is None:
         return result
     again = _records_with_age(client, [pending[i] for i in candidates], ttl_ms)
     for i, (record, age) in zip(candidates, again, strict=True):
-        before = first[i][0]
-        if (
-            record is None
-            or before is None
-            or record != before
-            or not unfetched_candidate(record, age, bound_ms)
-        ):
+        if record != first[i][0] or not unfetched_candidate(pending[i], record, age, bound_ms):
             continue  # fetched, handed back or sent again meanwhile
-        result[i] = counted.get(queue_of(record, queues[i])) == 0
+        result[i] = all(counted.get(q) == 0 for q in queues_of(record, queues[i]))
     return result
 
 

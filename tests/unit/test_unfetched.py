@@ -108,8 +108,21 @@ def test_a_driver_message_is_judged_by_the_driver_queue(tmp_path: Path) -> None:
     assert judge(records, {"receipt-chat": 1}) is True
 
 
-def test_no_record_says_nothing(tmp_path: Path) -> None:
-    assert judge(FolderRecords(tmp_path), {}) is False
+def test_no_record_is_judged_by_the_delivery_age_and_both_queues(tmp_path: Path) -> None:
+    """A broker restored from an older snapshot lost the record with the message."""
+    records = FolderRecords(tmp_path)
+    assert judge(records, {}) is True  # pending() is 10 s old
+    assert judge(records, {"receipt-driver": 1}) is False
+    assert judge(records, {"receipt-chat": 1}) is False
+    [young] = fetches.unfetched(
+        records,
+        [fetches.Pending("j1", "dispatch", "", 0, "j1:driver:0", BOUND - 1.0)],
+        ["receipt-chat"],
+        lengths_of({}),  # type: ignore[arg-type]
+        bound_ms=BOUND,
+        ttl_ms=TTL,
+    )
+    assert young is False
 
 
 def test_folder_records_expire_and_are_swept(tmp_path: Path) -> None:
