@@ -139,8 +139,10 @@ def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> N
         RETRY_TASK,
         registry.SCHEDULES.task,
         registry.WORKER_LIVENESS.task,
+        registry.LOST_DELIVERIES.task,
     }
     by_task = {e["task"]: e for e in schedule.values()}
+    assert by_task[registry.LOST_DELIVERIES.task]["schedule"].total_seconds() == 1.0
     assert by_task[REDRIVE_TASK]["schedule"].total_seconds() == 7.0
     assert by_task[EXPIRE_TASK]["schedule"].total_seconds() == 3.0
     assert by_task[RETRY_TASK]["schedule"].total_seconds() == 0.5
