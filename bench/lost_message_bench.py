@@ -14,6 +14,7 @@ every process is stopped by PID.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import statistics
@@ -96,9 +97,13 @@ def main() -> None:
             app.close()
         finally:
             stack.close()
-    q = statistics.quantiles(samples, n=100) if len(samples) > 1 else samples * 99
+    ranked = sorted(samples)
+
+    def rank(p: float) -> float:  # nearest rank: a value that was measured
+        return ranked[min(len(ranked) - 1, max(0, math.ceil(p * len(ranked)) - 1))]
+
     print(
-        f"lost message -> job ended: p50 {q[49]:.1f} s, p99 {q[98]:.1f} s, max {max(samples):.1f} s "
+        f"lost message -> job ended: p50 {rank(0.50):.1f} s, p99 {rank(0.99):.1f} s, max {ranked[-1]:.1f} s "
         f"over {len(samples)} jobs (target p99 <= 10 s); load {os.getloadavg()[0]:.1f}"
     )
 
