@@ -29,7 +29,7 @@ from tests.support.waiting import wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 
 CHAT = QUEUES["chat"]
-# The bound: the job ends at most this long after its fault clears.
+# The recovery bound: the job ends at most this long after its fault clears.
 RECOVERY_S = 15.0
 # The queued redrive as deployed, so it cannot be what recovers a job within RECOVERY_S.
 PRODUCTION_REDRIVE = {
