@@ -10,6 +10,7 @@ job that ends within 15 s of its fault was recovered by the ``lost-deliveries`` 
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -93,6 +94,47 @@ def test_a_redis_queue_key_deleted_between_send_and_fetch(stack: Stack) -> None:
     _ended_once_at_attempt_1(stack, job_id)
     assert "unfetched" in _outcomes(stack, job_id)
     assert stack.procs["chat"].alive()
+
+
+def test_garbage_on_a_redis_queue_becomes_dead_letters_and_the_worker_goes_on(stack: Stack) -> None:
+    """Bytes that are not JSON and an object with no kombu envelope (the transport's check), and an
+    envelope whose body Celery cannot parse (Celery's ``on_decode_error``): each is logged once and
+    listed by ``receipt dead-letters``; the chat worker never stops and runs the next job."""
+    stack.start("web", "driver", "chat", "beat")
+    broker = redis.Redis.from_url(stack.redis_url)
+    unparsable_body = {
+        "body": base64.b64encode(b"not json").decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {},
+        "properties": {
+            "delivery_tag": "t-1",
+            "body_encoding": "base64",
+            "delivery_info": {"exchange": CHAT, "routing_key": CHAT},
+            "priority": 0,
+        },
+    }
+    for raw in (b"\x00garbage", b'{"body": "x"}', json.dumps(unparsable_body).encode()):
+        broker.lpush(CHAT, raw)
+    wait_for(lambda: broker.llen("receipt:dead-letters") == 3, 30, what="three dead letters")
+    chat = stack.procs["chat"]
+    job_id = stack.post_job(handlers.ECHO)["id"]
+    assert stack.wait_terminal(job_id, timeout=RECOVERY_S).status == "completed"
+    assert chat.alive()
+    assert chat.log_count("Unrecoverable error") == 0
+    assert chat.log_count(f"undecodable message on queue {CHAT}") == 3
+    listed = subprocess.run(
+        [PYTHON, "-m", "app.ops.cli", "dead-letters"],
+        env=stack.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    rows = json.loads(listed.stdout)["rows"]
+    # The transport keeps the raw bytes; Celery's consumer keeps the body it could not parse.
+    assert sorted(r["size"] for r in rows) == [len(b"not json"), len(b"\x00garbage"), len(b'{"body": "x"}')]
+    assert {r["queue"] for r in rows} == {CHAT}
 
 
 def test_redis_restarted_from_an_older_snapshot(stack: Stack, tmp_path: Path) -> None:
