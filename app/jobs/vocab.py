@@ -73,6 +73,7 @@ DeliveryOutcome = Literal[
     "backoff",  # a retry still backing off: the due-retries pass starts it later
     "send_failed",  # the driver or worker message could not be sent
     "fetcher_lost",  # the process that fetched its message died before acting on it (tasks/fetches.py)
+    "unfetched",  # its message was sent, nobody fetched it and its queue is empty (tasks/fetches.py)
 ]
 DELIVERY_OUTCOMES: Final[tuple[str, ...]] = get_args(DeliveryOutcome)
 
