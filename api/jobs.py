@@ -23,8 +23,9 @@ from app.factory import service
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
+from app.storage import search
 from app.storage.db import parse_iso
-from app.storage.queue import Archived, encode_cursor, validate_status_filter
+from app.storage.queue import Archived, encode_cursor
 
 blueprint = Blueprint("jobs", __name__)
 
@@ -168,7 +169,9 @@ def get_job(jobId: str) -> ResponseReturnValue:
     Operation(
         summary="List jobs, newest first.",
         description=(
-            "Filters combine. A system token lists every organisation unless organizationId is given. "
+            "Filters combine (organisation, agent, kind, status, lane, session, tag, error prefix, "
+            "creation time range); a bad one is a 400 naming it. A system token lists every "
+            "organisation unless organizationId is given. "
             "A page stops early at RECEIPT_MAX_PAGE_BYTES; nextCursor then continues after its last job."
         ),
         tag="jobs",
@@ -179,17 +182,9 @@ def get_job(jobId: str) -> ResponseReturnValue:
 )
 def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
     scope = auth.listing_scope(query.get("organizationId"))
-    validate_status_filter(query.get("status"))
+    where = search.parse_filter({k: v for k, v in query.items() if k in search.FILTER_FIELDS})
     cursor = inputs.checked_cursor(query.get("cursor"))
-    page = state().queue.list_jobs(
-        **scope,
-        status=query.get("status"),
-        agent_id=query.get("agentId"),
-        lane=query.get("lane"),
-        session_key=query.get("sessionKey"),
-        limit=query["limit"],
-        cursor=cursor,
-    )
+    page = state().queue.list_jobs(**scope, where=where, limit=query["limit"], cursor=cursor)
     items = [job_json(j) for j in page.jobs]
     fits = limits.fit(items, state().settings.max_page_bytes)
     next_cursor = page.next_cursor

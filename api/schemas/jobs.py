@@ -23,9 +23,21 @@ from api.schemas.base import (
 from api.schemas.payload import PAYLOAD
 from app.jobs.delay import MAX_DELAY_MS, RUN_AT_MAX_CHARS
 from app.jobs.ids import JOB_ID_PATTERN
+from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.privilege import TOKEN_SCOPES
+from app.jobs.tags import (
+    TAG_FILTER_PATTERN,
+    TAG_KEY_MAX,
+    TAG_KEY_PATTERN,
+    TAG_KEY_RULE,
+    TAG_VALUE_MAX,
+    TAG_VALUE_PATTERN,
+    TAG_VALUE_RULE,
+    TAGS_MAX_KEYS,
+)
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
 from app.jobs.vocab import COMMAND_LANES, COMMAND_TYPES, LANES, SINGLETON_MODES, STATUSES
+from app.storage.db import ERROR_TEXT_LENGTH
 from app.storage.queue import CURSOR_PATTERN
 
 # -- requests ---------------------------------------------------------------------------------
@@ -54,6 +66,25 @@ DELAY_BOTH: Schema = {
     "required": ["runAt", "delayMs"],
 }
 
+TAGS: Schema = {
+    "type": ["object", "null"],
+    "description": f"Tags to find the job by (GET /jobs?tag=key:value): at most {TAGS_MAX_KEYS}, kept in "
+    "job.enqueued. Never read by any rule.",
+    "maxProperties": TAGS_MAX_KEYS,
+    "x-message": f"must be an object of at most {TAGS_MAX_KEYS} tags",
+    "propertyNames": {
+        "pattern": TAG_KEY_PATTERN.pattern,
+        "maxLength": TAG_KEY_MAX,
+        "x-message": f"holds a key that is not a tag key: a key {TAG_KEY_RULE}",
+    },
+    "additionalProperties": {
+        "type": "string",
+        "pattern": TAG_VALUE_PATTERN.pattern,
+        "maxLength": TAG_VALUE_MAX,
+        "x-message": TAG_VALUE_RULE,
+    },
+}
+
 ENQUEUE_REQUEST: Schema = {
     "type": "object",
     "title": "EnqueueRequest",
@@ -69,6 +100,7 @@ ENQUEUE_REQUEST: Schema = {
         "singletonMode": string_enum(SINGLETON_MODES, nullable=True),
         "maxAttempts": {"type": ["integer", "null"], "description": "Clamped to 1..8; default 2."},
         **DELAY_PROPERTIES,
+        "tags": TAGS,
     },
     "required": ["payload"],
     "additionalProperties": False,
@@ -137,13 +169,43 @@ BATCH_ENQUEUE_REQUEST: Schema = {
 JOB_ID_PARAM: Schema = {"type": "string", "minLength": 1, "pattern": NO_NUL}
 
 # Query parameters: one object schema per operation; integers are coerced from text first.
+# The filters of a job search (app.storage.search.FILTER_FIELDS): GET /jobs's query, a bulk
+# action's ``filter``. Each narrows; together they all hold.
+JOB_FILTER_PROPERTIES: dict[str, Schema] = {
+    "status": string_enum(STATUSES),
+    "agentId": text(AGENT_ID_MAX),
+    "lane": string_enum(LANES),
+    "sessionKey": text(SESSION_KEY_MAX),
+    "kind": {**string_enum(PAYLOAD_KINDS), "description": "The payload kind."},
+    "tag": {
+        "type": "string",
+        "pattern": TAG_FILTER_PATTERN.pattern,
+        "maxLength": TAG_KEY_MAX + 1 + TAG_VALUE_MAX,
+        "description": "One tag, `key:value` (the first ':' separates them): jobs enqueued with it.",
+    },
+    "errorPrefix": {
+        **text(ERROR_TEXT_LENGTH),
+        "description": "The start of the job's error text (a string error, or an object error's "
+        "message), case-sensitive.",
+    },
+    "createdAfter": {
+        "type": "string",
+        "format": "date-time",
+        "maxLength": RUN_AT_MAX_CHARS,
+        "description": "Created at or after this time (RFC 3339 with an offset).",
+    },
+    "createdBefore": {
+        "type": "string",
+        "format": "date-time",
+        "maxLength": RUN_AT_MAX_CHARS,
+        "description": "Created before this time (RFC 3339 with an offset); later than createdAfter.",
+    },
+}
+
 LIST_JOBS_QUERY: Schema = {
     "type": "object",
     "properties": {
-        "status": string_enum(STATUSES),
-        "agentId": text(AGENT_ID_MAX),
-        "lane": string_enum(LANES),
-        "sessionKey": text(SESSION_KEY_MAX),
+        **JOB_FILTER_PROPERTIES,
         "limit": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT},
         "cursor": {
             "type": "string",
@@ -242,6 +304,20 @@ JOB: Schema = {
         "stream": {"type": "string", "description": STREAM_DESCRIPTION},
         "seq": {"type": "integer", "description": "The last receipt folded into this state."},
         "route": ref("Route"),
+        "tags": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": "The tags it was enqueued with; present when it has any.",
+        },
+        "replayOf": {
+            "type": "string",
+            "description": "A replay: the id of the job it re-runs (same organisation); present on a replay.",
+        },
+        "replayedAs": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "The ids of the jobs replaying this one, oldest first; present once replayed.",
+        },
         "enqueuedBy": {
             "type": ["object", "null"],
             "description": "Who posted the job, as the server authenticated it (never taken from the "

@@ -27,6 +27,8 @@ EventType = Literal[
     "job.lease_expired",
     # Beyond the spec's ten (docs/deviations.md): the lease holder hands its attempt back uncharged.
     "job.released",
+    # Beyond the spec (docs/deviations.md): a terminal job records the job that replays it.
+    "job.replayed",
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
 

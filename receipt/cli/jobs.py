@@ -68,6 +68,17 @@ def payload_option_value(text: str, kind: str) -> dict[str, Any]:
     return {**data, "kind": kind}
 
 
+def tag_option_value(tags: tuple[str, ...]) -> dict[str, str]:
+    """``--tag key:value`` options as the enqueue's ``tags`` (the server checks keys and values)."""
+    out: dict[str, str] = {}
+    for tag in tags:
+        key, sep, value = tag.partition(":")
+        if not sep:
+            raise click.BadParameter(f"{tag!r} is not key:value", param_hint="--tag")
+        out[key] = value
+    return out
+
+
 @jobs.command("enqueue")
 @click.argument("agent_id", required=False)
 @click.option("--kind", help="The payload kind, e.g. factory.run (required without --from).")
@@ -77,6 +88,7 @@ def payload_option_value(text: str, kind: str) -> dict[str, Any]:
 @click.option("--session-key", help="Session the job belongs to.")
 @click.option("--singleton-mode", help="allow, cancel or steer (with --session-key).")
 @click.option("--max-attempts", type=int, help="1..8 (default 2).")
+@click.option("--tag", "tags", multiple=True, help="A tag to find the job by, key:value (repeatable).")
 @click.option(
     "--at",
     "run_at",
@@ -114,6 +126,7 @@ def enqueue(
     session_key: str | None,
     singleton_mode: str | None,
     max_attempts: int | None,
+    tags: tuple[str, ...],
     run_at: str | None,
     delay: str | None,
     follow: bool,
@@ -143,6 +156,7 @@ def enqueue(
         "sessionKey": session_key,
         "singletonMode": singleton_mode,
         "maxAttempts": max_attempts,
+        "tags": tag_option_value(tags) or None,
     }
     if run_at is not None and delay is not None:
         raise click.UsageError("--at and --in say the same thing: give one")
@@ -200,13 +214,42 @@ def _enqueue_lines(lines: TextIO, *, user: str | None, quiet: bool) -> int:
 @click.option("--status", help="queued, leased, running, completed, failed or canceled.")
 @click.option("--agent", "agent_id", help="Only this agent id.")
 @click.option("--lane", help="Only this lane.")
+@click.option("--kind", help="Only this payload kind.")
+@click.option("--tag", help="Only jobs tagged key:value.")
+@click.option("--error-prefix", help="Only jobs whose error text starts with this.")
+@click.option("--since", help="Created at or after this RFC 3339 time.")
+@click.option("--until", help="Created before this RFC 3339 time.")
+@click.option("--cursor", help="Continue after a page (its nextCursor).")
 @click.option("--limit", type=int, default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="The page as JSON instead of a table.")
 @no_retry_option
-def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit: int, as_json: bool) -> int:
-    """List jobs, newest first."""
+def list_jobs(
+    status: str | None,
+    agent_id: str | None,
+    lane: str | None,
+    kind: str | None,
+    tag: str | None,
+    error_prefix: str | None,
+    since: str | None,
+    until: str | None,
+    cursor: str | None,
+    limit: int,
+    as_json: bool,
+) -> int:
+    """List jobs, newest first; the filters combine (the server refuses a bad one, naming it)."""
+    filters = {
+        "status": status,
+        "agentId": agent_id,
+        "lane": lane,
+        "kind": kind,
+        "tag": tag,
+        "errorPrefix": error_prefix,
+        "createdAfter": since,
+        "createdBefore": until,
+        "cursor": cursor,
+    }
     try:
-        page = client_from_env().list(status=status, agentId=agent_id, lane=lane, limit=limit)
+        page = client_from_env().list(limit=limit, **{k: v for k, v in filters.items() if v is not None})
     except ReceiptError as exc:
         raise fail(exc) from exc
     if as_json:
@@ -227,7 +270,7 @@ def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit:
     console = Console()
     console.print(table)
     if page.get("nextCursor"):
-        console.print("(more: narrow with --status/--agent/--lane, or raise --limit)")
+        console.print(f"(more: --cursor {page['nextCursor']}, or narrow the filters)")
     return 0
 
 
