@@ -20,6 +20,7 @@ from api.errors import ApiError, archived, forbidden, job_not_found
 from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
 from app.factory import service
+from app.jobs import replay as replays
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
@@ -37,6 +38,7 @@ _FOLLOW_THE_JOB = {
     "GetJob": ("jobs.get_job", _CREATED_JOB_ID),
     "SendCommand": ("jobs.send_command", _CREATED_JOB_ID),
     "CancelJob": ("jobs.cancel", _CREATED_JOB_ID),
+    "ReplayJob": ("jobs.replay", _CREATED_JOB_ID),
     "FollowJobEvents": ("streams.job_events", _CREATED_JOB_ID),
     "ReadJobReceipts": ("streams.receipts", {"stream": "$response.body#/job/stream"}),
     "FollowJobReceipts": ("streams.stream_events", {"stream": "$response.body#/job/stream"}),
@@ -237,3 +239,41 @@ def cancel(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
     job = visible_job(jobId)
     outcome = state().queue.cancel(job.id, body.get("reason"))
     return {"job": job_json(outcome.job)}, 202
+
+
+@blueprint.post("/jobs/<jobId>/replay")
+@operation(
+    Operation(
+        summary="Replay a terminal job: a new job with the same or an edited payload.",
+        description="The new job's job.enqueued carries replayOf (the replayed job's id) and the replayed "
+        "job's stream gets job.replayed (replayedAs), in one transaction. It stays in the job's "
+        "organisation, on its agent, lane, session key and maxAttempts, with its tags unless the body "
+        "gives others. Its id is the body's jobId, or derived from the job's id and replayKey "
+        "(default '1'): a retried request answers the same replay (created false) and writes nothing. "
+        "A job that has not ended, or one of an objective (payload.objectiveId: replan the objective "
+        "instead), answers 409; an edited payload is checked and authorised as an enqueue.",
+        tag="jobs",
+        path=_JOB_PATH,
+        scoped=True,
+        body=schemas.REPLAY_REQUEST,
+        body_required=False,
+        responses={202: schemas.REPLAY_RESPONSE},
+        errors=(403, 409, 410, 429),
+        links=_FOLLOW_THE_JOB,
+    )
+)
+def replay(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
+    source = visible_job(jobId)
+    replays.refuse_unless_replayable(source)
+    req = replays.replay_request(
+        source,
+        job_id=body.get("jobId"),
+        replay_key=body.get("replayKey"),
+        payload=body.get("payload"),
+        tags=body.get("tags"),
+    )
+    identity = auth.current()
+    auth.require_enqueue_allowed(identity, req.agent_id, req)
+    result = state().queue.replay(source.id, req, enqueued_by=identity.enqueuer())
+    out = {"job": job_json(result.job), "created": result.created, "replayOf": source.client_id}
+    return out, 202, {"Location": job_path(result.job)}

@@ -56,6 +56,8 @@ from api.schemas.jobs import (
     JOB_RESPONSE,
     LEASE,
     LIST_JOBS_QUERY,
+    REPLAY_REQUEST,
+    REPLAY_RESPONSE,
     ROUTE,
 )
 from api.schemas.objectives import (
@@ -108,6 +110,8 @@ COMPONENTS: dict[str, Schema] = {
     "JobPage": JOB_PAGE,
     "CommandRequest": COMMAND_REQUEST,
     "CancelRequest": CANCEL_REQUEST,
+    "ReplayRequest": REPLAY_REQUEST,
+    "ReplayResponse": REPLAY_RESPONSE,
     "Receipt": RECEIPT,
     "ReceiptPage": RECEIPT_PAGE,
     "Error": ERROR,
@@ -201,6 +205,8 @@ __all__ = [
     "RECEIPT_EVENT",
     "RECEIPT_PAGE",
     "REPLAN_REQUEST",
+    "REPLAY_REQUEST",
+    "REPLAY_RESPONSE",
     "ROUTE",
     "SCOPE_ORGANIZATION_PARAM",
     "SEQ_MAX",

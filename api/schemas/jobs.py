@@ -25,6 +25,7 @@ from app.jobs.delay import MAX_DELAY_MS, RUN_AT_MAX_CHARS
 from app.jobs.ids import JOB_ID_PATTERN
 from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.privilege import TOKEN_SCOPES
+from app.jobs.replay import REPLAY_KEY_DEFAULT, REPLAY_KEY_PATTERN
 from app.jobs.tags import (
     TAG_FILTER_PATTERN,
     TAG_KEY_MAX,
@@ -139,6 +140,42 @@ CANCEL_REQUEST: Schema = {
     "title": "CancelRequest",
     "properties": {"reason": text(REASON_MAX, nullable=True, non_blank=False)},
     "additionalProperties": False,
+}
+
+REPLAY_REQUEST: Schema = {
+    "type": "object",
+    "title": "ReplayRequest",
+    "properties": {
+        "jobId": {
+            "type": ["string", "null"],
+            "pattern": JOB_ID_PATTERN.pattern,
+            "description": "The new job's id (chosen); re-posting it returns that replay unchanged.",
+        },
+        "replayKey": {
+            "type": ["string", "null"],
+            "pattern": REPLAY_KEY_PATTERN.pattern,
+            "description": f"Derive the new job's id from the replayed job's and this key (default "
+            f"{REPLAY_KEY_DEFAULT!r}): a retried request names the same replay. A second replay of the same "
+            "job takes another key. Not with jobId.",
+        },
+        "payload": {**PAYLOAD, "description": "An edited payload (default: the replayed job's)."},
+        "tags": {**TAGS, "description": "The new job's tags (default: the replayed job's)."},
+    },
+    "additionalProperties": False,
+    "not": {
+        "properties": {"jobId": {"type": "string"}, "replayKey": {"type": "string"}},
+        "required": ["jobId", "replayKey"],
+    },
+}
+
+REPLAY_RESPONSE: Schema = {
+    "type": "object",
+    "properties": {
+        "job": ref("Job"),
+        "created": {"type": "boolean", "description": "False: the replay existed (a retried request)."},
+        "replayOf": {"type": "string", "description": "The id of the job it replays."},
+    },
+    "required": ["job", "created", "replayOf"],
 }
 
 AGENT_ID_PARAM: Schema = {"type": "string", "minLength": 1, "maxLength": AGENT_ID_MAX, "pattern": NON_BLANK}

@@ -274,6 +274,36 @@ def list_jobs(
     return 0
 
 
+@jobs.command("replay")
+@click.argument("job_id")
+@click.option(
+    "--replay-key", help="Derive the new job's id from this key (default 1): re-running is idempotent."
+)
+@click.option("--job-id", "new_id", help="Choose the new job's id instead.")
+@click.option(
+    "--payload", "payload_text", help="An edited payload (JSON object, or @file); default: the job's."
+)
+@click.option("--tag", "tags", multiple=True, help="The new job's tags, key:value (default: the job's).")
+@no_retry_option
+def replay(
+    job_id: str, replay_key: str | None, new_id: str | None, payload_text: str | None, tags: tuple[str, ...]
+) -> int:
+    """Replay an ended job as a new one (same or edited payload); prints {job, created, replayOf}."""
+    client = client_from_env()
+    fields: dict[str, Any] = {"replayKey": replay_key, "jobId": new_id}
+    if tags:
+        fields["tags"] = tag_option_value(tags)
+    try:
+        if payload_text is not None:
+            kind = str(client.get(job_id)["payload"].get("kind", ""))
+            fields["payload"] = client.with_auth_context(payload_option_value(payload_text, kind))
+        answer = client.replay(job_id, **{k: v for k, v in fields.items() if v is not None})
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    print_json(answer)
+    return 0
+
+
 @jobs.command("cancel")
 @click.argument("job_id")
 @click.option("--reason", help="Recorded on the cancel (or abort) receipt.")
