@@ -24,7 +24,7 @@ from app.jobs import replay as replays
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
-from app.storage import search
+from app.storage import operations, search
 from app.storage.db import parse_iso
 from app.storage.queue import Archived, encode_cursor
 
@@ -277,3 +277,52 @@ def replay(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
     result = state().queue.replay(source.id, req, enqueued_by=identity.enqueuer())
     out = {"job": job_json(result.job), "created": result.created, "replayOf": source.client_id}
     return out, 202, {"Location": job_path(result.job)}
+
+
+@blueprint.post("/jobs:bulk")
+@operation(
+    Operation(
+        summary="Cancel or replay every job a filter selects: a dry run, then pages of at most 1000.",
+        description="Acts in one organisation (a system token names it with organizationId). dryRun "
+        "answers the count and a sample and writes nothing. A run takes an idempotencyKey, acts on at "
+        "most limit jobs newest first, each through the single-job path (its own receipt: a cancel, or "
+        "a replay's job.enqueued and job.replayed, the replay's id derived from the key), and answers "
+        "the operation's progress with nextCursor to resume (null: done). The operation is audited on "
+        "the stream operations/<organizationId>/<idempotencyKey>: operation.started (who, the filter, "
+        "the count) and one operation.page per page. The same key and cursor again answers that page "
+        "without writing; the same key with another action or filter is 409.",
+        tag="jobs",
+        body=schemas.BULK_REQUEST,
+        responses={200: schemas.BULK_RESPONSE},
+        errors=(403, 409, 429),
+        scoped=True,
+    )
+)
+def bulk(body: dict[str, Any]) -> ResponseReturnValue:
+    org = auth.scoped_organization()
+    where = search.parse_filter(body["filter"], prefix="filter.")
+    cursor = inputs.checked_cursor(body.get("cursor"))
+    if body.get("dryRun", False):
+        found = operations.dry_run(state().engine, search.Scope(org), where)
+        return {"dryRun": True, "count": found.count, "sample": [job_json(j) for j in found.sample]}, 200
+    identity = auth.current()
+
+    def authorize(req: EnqueueRequest) -> None:
+        try:
+            auth.require_enqueue_allowed(identity, req.agent_id, req)
+        except ApiError as exc:
+            raise PermissionError(exc.message) from None
+
+    progress = operations.run_page(
+        state().queue,
+        organization_id=org,
+        key=body["idempotencyKey"],
+        action=body["action"],
+        f=where,
+        by=identity.enqueuer().to_json(),
+        cursor=cursor,
+        limit=body.get("limit", operations.BULK_PAGE_MAX),
+        reason=body.get("reason"),
+        authorize=authorize,
+    )
+    return {"dryRun": False, **progress.to_json()}, 200

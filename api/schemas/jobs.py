@@ -37,8 +37,9 @@ from app.jobs.tags import (
     TAGS_MAX_KEYS,
 )
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
-from app.jobs.vocab import COMMAND_LANES, COMMAND_TYPES, LANES, SINGLETON_MODES, STATUSES
+from app.jobs.vocab import BULK_ACTIONS, COMMAND_LANES, COMMAND_TYPES, LANES, SINGLETON_MODES, STATUSES
 from app.storage.db import ERROR_TEXT_LENGTH
+from app.storage.operations import BULK_PAGE_MAX
 from app.storage.queue import CURSOR_PATTERN
 
 # -- requests ---------------------------------------------------------------------------------
@@ -256,6 +257,71 @@ LIST_JOBS_QUERY: Schema = {
             "description": "System tokens only: list one organisation (default: all).",
         },
     },
+}
+
+# A bulk action (app.storage.operations): the filter a list takes, and how to run it.
+BULK_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,59}$"
+BULK_REQUEST: Schema = {
+    "type": "object",
+    "title": "BulkRequest",
+    "properties": {
+        "action": string_enum(BULK_ACTIONS),
+        "filter": {
+            "type": "object",
+            "properties": JOB_FILTER_PROPERTIES,
+            "additionalProperties": False,
+            "description": "The jobs to act on, as GET /jobs filters them, in the organisation the "
+            "request acts in ({} : every job of it).",
+        },
+        "dryRun": {
+            "type": "boolean",
+            "default": False,
+            "description": "Only count and sample what the filter selects; nothing is written.",
+        },
+        "idempotencyKey": {
+            "type": "string",
+            "pattern": BULK_KEY_PATTERN,
+            "description": "Names the operation (required unless dryRun): its audit stream is "
+            "operations/<organizationId>/<idempotencyKey>; a retried page answers what it did.",
+        },
+        "cursor": {
+            "type": "string",
+            "pattern": CURSOR_PATTERN,
+            "description": "nextCursor of the previous page of this operation.",
+        },
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": BULK_PAGE_MAX,
+            "default": BULK_PAGE_MAX,
+            "description": f"Jobs this call acts on at most (1..{BULK_PAGE_MAX}).",
+        },
+        "reason": text(REASON_MAX, nullable=True, non_blank=False),
+    },
+    "required": ["action", "filter"],
+    "additionalProperties": False,
+    "if": {"properties": {"dryRun": {"const": False}}},
+    "then": {"required": ["idempotencyKey"]},
+}
+
+BULK_RESPONSE: Schema = {
+    "type": "object",
+    "description": "A dry run: count and sample. A run: the operation's progress after this page.",
+    "properties": {
+        "dryRun": {"type": "boolean"},
+        "count": {"type": "integer"},
+        "sample": {"type": "array", "items": ref("Job")},
+        "operationId": {"type": "string"},
+        "action": {"type": "string", "enum": list(BULK_ACTIONS)},
+        "matched": {"type": "integer", "description": "Jobs the filter selected when the operation started."},
+        "processed": {"type": "integer"},
+        "affected": {"type": "integer"},
+        "skipped": {"type": "integer", "description": "Selected jobs the action did not apply to."},
+        "nextCursor": {"type": ["string", "null"]},
+        "done": {"type": "boolean"},
+        "repeated": {"type": "boolean", "description": "This page was done before: its answer again."},
+    },
+    "required": ["dryRun"],
 }
 
 # -- responses --------------------------------------------------------------------------------

@@ -32,6 +32,14 @@ EventType = Literal[
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
 
+# A bulk action on the jobs a filter selects (``app.storage.operations``), audited as receipts of an
+# ``operations/<organizationId>/<idempotencyKey>`` stream: who, the filter, the count, each page.
+BulkAction = Literal["cancel", "replay"]
+BULK_ACTIONS: Final[tuple[str, ...]] = get_args(BulkAction)
+OperationEventType = Literal["operation.started", "operation.page"]
+OPERATION_EVENT_TYPES: Final[tuple[str, ...]] = get_args(OperationEventType)
+OPERATION_STREAM_PREFIX: Final = "operations/"
+
 CommandType = Literal["steer", "follow_up", "abort"]
 COMMAND_TYPES: Final[tuple[str, ...]] = get_args(CommandType)
 CommandLane = Literal["steer", "follow_up"]

@@ -391,6 +391,34 @@ def _api_rows() -> list[Row]:
             for t in COMMAND_TYPES
         ),
         _by_id("POST", "/jobs/{jobId}/cancel", 202, json={}),
+        # A bulk action acts in the caller's organisation (a system token names another): B's filter
+        # on A's session key selects nothing of A's.
+        Row(
+            "POST",
+            "/jobs:bulk",
+            (200, 200, 200, 200, 401),
+            case="dry run",
+            json={"action": "replay", "filter": {}, "dryRun": True},
+        ),
+        Row(
+            "POST",
+            "/jobs:bulk",
+            (200, 200, 200, 200, 401),
+            case="cancel A's session",
+            json={
+                "action": "cancel",
+                "filter": {"sessionKey": "{sessionKey}"},
+                "idempotencyKey": "{sessionKey}",
+            },
+        ),
+        Row(
+            "POST",
+            "/jobs:bulk",
+            (200, 403, 200, 200, 401),
+            case="organizationId=A",
+            query={ORG_PARAM: "{org}"},
+            json={"action": "replay", "filter": {}, "dryRun": True},
+        ),
         # Only an ended job is replayed: A's queued one is a 409, its failed one replays.
         _by_id("POST", "/jobs/{jobId}/replay", 409, case="a queued job", json={}),
         _by_id(
