@@ -15,7 +15,7 @@ from flask import Blueprint
 from flask.typing import ResponseReturnValue
 
 from api import auth, inputs, limits, schemas
-from api.context import state
+from api.context import read_connection, state
 from api.errors import ApiError, archived, forbidden, job_not_found
 from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
@@ -326,3 +326,24 @@ def bulk(body: dict[str, Any]) -> ResponseReturnValue:
         authorize=authorize,
     )
     return {"dryRun": False, **progress.to_json()}, 200
+
+
+@blueprint.get("/dead-letters")
+@operation(
+    Operation(
+        summary="Dead letters: jobs that failed for good, per agent and kind, with counts by error.",
+        description="A job is a dead letter when it is failed: its failure was not retryable, or its "
+        "attempts were spent. Filters as GET /jobs (agentId, kind, lane, tag, errorPrefix, time range); "
+        "the jobs themselves are GET /jobs?status=failed with the same filters, and they are replayed "
+        "one by one (POST /jobs/{jobId}/replay) or by filter (POST /jobs:bulk, action replay).",
+        tag="jobs",
+        query=schemas.DEAD_LETTERS_QUERY,
+        responses={200: schemas.DEAD_LETTERS},
+        scoped=True,
+    )
+)
+def dead_letters(query: dict[str, Any]) -> ResponseReturnValue:
+    where = search.parse_filter({k: v for k, v in query.items() if k in search.FILTER_FIELDS})
+    with read_connection(state().engine) as conn:
+        groups = search.dead_letters(conn, search.Scope(auth.scoped_organization()), where)
+    return {"groups": [g.to_json() for g in groups], "total": sum(g.count for g in groups)}

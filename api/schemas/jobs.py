@@ -324,6 +324,48 @@ BULK_RESPONSE: Schema = {
     "required": ["dryRun"],
 }
 
+DEAD_LETTERS_QUERY: Schema = {
+    "type": "object",
+    "properties": {
+        k: JOB_FILTER_PROPERTIES[k]
+        for k in ("agentId", "kind", "lane", "tag", "errorPrefix", "createdAfter", "createdBefore")
+    },
+}
+
+DEAD_LETTERS: Schema = {
+    "type": "object",
+    "properties": {
+        "groups": {
+            "type": "array",
+            "description": "Per agent and kind, most dead letters first (at most 200 groups).",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "agentId": {"type": "string"},
+                    "kind": {"type": "string"},
+                    "count": {"type": "integer"},
+                    "errors": {
+                        "type": "array",
+                        "description": "Counts by error text (its first 256 characters; null: none), most "
+                        "first, at most 20.",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "error": {"type": ["string", "null"]},
+                                "count": {"type": "integer"},
+                            },
+                            "required": ["error", "count"],
+                        },
+                    },
+                },
+                "required": ["agentId", "kind", "count", "errors"],
+            },
+        },
+        "total": {"type": "integer"},
+    },
+    "required": ["groups", "total"],
+}
+
 # -- responses --------------------------------------------------------------------------------
 
 LEASE: Schema = {

@@ -8,11 +8,11 @@ A filter always carries its scope: one organisation, or every organisation for a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, false, not_, or_, select, true
+from sqlalchemy import ColumnElement, Select, and_, false, func, not_, or_, select, true
 from sqlalchemy.engine import Connection
 
 from app.jobs.delay import parse_run_at
@@ -227,3 +227,55 @@ def parse_filter(raw: Mapping[str, Any], *, prefix: str = "") -> JobFilter:
         created_after=created_after,
         created_before=created_before,
     )
+
+
+# The dead-letter view: jobs that failed for good. The fold leaves a job ``failed`` only when its
+# failure was not retryable or its attempts were spent (a retryable one with attempts left is
+# queued again), so the status is the whole rule.
+DEAD_LETTER_STATUS = "failed"
+DEAD_LETTER_GROUPS_MAX = 200
+DEAD_LETTER_ERRORS_MAX = 20
+
+
+@dataclass(frozen=True)
+class DeadLetterGroup:
+    """One agent and kind's dead letters: how many, and how many per error text (most first)."""
+
+    agent_id: str
+    kind: str
+    count: int
+    errors: list[tuple[str | None, int]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "agentId": self.agent_id,
+            "kind": self.kind,
+            "count": self.count,
+            "errors": [{"error": e, "count": n} for e, n in self.errors],
+        }
+
+
+def dead_letters(conn: Connection, scope: Scope, f: JobFilter) -> list[DeadLetterGroup]:
+    """Dead letters per agent and kind (most first), each with its counts by error text; ``f``
+    narrows (its status is the dead letters' own). At most ``DEAD_LETTER_GROUPS_MAX`` groups and
+    ``DEAD_LETTER_ERRORS_MAX`` errors each (the rest of a group's count is in ``count``)."""
+    where = conditions(conn, scope, replace(f, status=DEAD_LETTER_STATUS))
+    rows = conn.execute(
+        select(jobs.c.agent_id, jobs.c.kind, jobs.c.error_text, func.count().label("n"))
+        .where(*where)
+        .group_by(jobs.c.agent_id, jobs.c.kind, jobs.c.error_text)
+    ).all()
+    groups: dict[tuple[str, str], list[tuple[str | None, int]]] = {}
+    for agent_id, kind, error, n in rows:
+        groups.setdefault((str(agent_id), str(kind)), []).append((error, int(n)))
+    out = [
+        DeadLetterGroup(
+            agent,
+            kind,
+            sum(n for _e, n in errors),
+            sorted(errors, key=lambda e: (-e[1], e[0] or ""))[:DEAD_LETTER_ERRORS_MAX],
+        )
+        for (agent, kind), errors in groups.items()
+    ]
+    out.sort(key=lambda g: (-g.count, g.agent_id, g.kind))
+    return out[:DEAD_LETTER_GROUPS_MAX]

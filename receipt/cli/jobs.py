@@ -304,6 +304,76 @@ def replay(
     return 0
 
 
+@jobs.command("dead-letters")
+@click.option("--agent", "agent_id", help="Only this agent id.")
+@click.option("--kind", help="Only this payload kind.")
+@click.option("--error-prefix", help="Only errors starting with this.")
+@click.option(
+    "--replay",
+    "replay_key",
+    metavar="KEY",
+    help="Replay every dead letter the filters select instead (POST /jobs:bulk, idempotency key KEY: "
+    "running it again replays nothing twice); prints the progress of each page.",
+)
+@click.option("--dry-run", is_flag=True, help="With --replay: only count and sample.")
+@click.option("--json", "as_json", is_flag=True, help="The view as JSON instead of a table.")
+@no_retry_option
+def dead_letters(
+    agent_id: str | None,
+    kind: str | None,
+    error_prefix: str | None,
+    replay_key: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> int:
+    """Jobs that failed for good, per agent and kind with counts by error; --replay KEY re-runs them."""
+    filters = {"agentId": agent_id, "kind": kind, "errorPrefix": error_prefix}
+    chosen = {k: v for k, v in filters.items() if v is not None}
+    client = client_from_env()
+    try:
+        if replay_key is None and not dry_run:
+            view = client.dead_letters(**chosen)
+        else:
+            return _replay_dead_letters(client, chosen, replay_key, dry_run)
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    if as_json:
+        print_json(view)
+        return 0
+    table = Table("agent", "kind", "count", "error", "of these")
+    for group in view["groups"]:
+        for i, error in enumerate(group["errors"]):
+            first = i == 0
+            table.add_row(
+                group["agentId"] if first else "",
+                group["kind"] if first else "",
+                str(group["count"]) if first else "",
+                error["error"] or "(no error text)",
+                str(error["count"]),
+            )
+    Console().print(table)
+    return 0
+
+
+def _replay_dead_letters(client: Any, filters: dict[str, str], key: str | None, dry_run: bool) -> int:
+    flt = {"status": "failed", **filters}
+    if dry_run:
+        print_json(client.bulk(action="replay", filter=flt, dryRun=True))
+        return 0
+    cursor = None
+    while True:
+        body: dict[str, Any] = {"action": "replay", "filter": flt, "idempotencyKey": key}
+        if cursor is not None:
+            body["cursor"] = cursor
+        progress = client.bulk(**body)
+        click.echo(
+            json.dumps({k: progress[k] for k in ("processed", "affected", "skipped", "matched", "done")})
+        )
+        cursor = progress["nextCursor"]
+        if cursor is None:
+            return 0
+
+
 @jobs.command("cancel")
 @click.argument("job_id")
 @click.option("--reason", help="Recorded on the cancel (or abort) receipt.")

@@ -380,3 +380,43 @@ def test_the_cli_tags_lists_by_filter_and_replays(
     assert receipt_main(["jobs", "replay", tagged, "--replay-key", "again"]) == 0
     retried = json.loads(capsys.readouterr().out)
     assert retried["created"] is False and retried["job"]["id"] == first["job"]["id"]
+
+
+def test_the_cli_shows_dead_letters_and_replays_them(
+    serve: Serve,
+    token: tuple[str, str],
+    pg_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = serve("disabled")
+    cli_env(monkeypatch, url, token[1])
+    from app.composition import queue_for
+
+    ids = []
+    for _ in range(2):
+        assert (
+            receipt_main(["jobs", "enqueue", "factory", "--kind", "factory.run", "--tag", "dl:cli", "-q"])
+            == 0
+        )
+        ids.append(capsys.readouterr().out.strip())
+    queue = queue_for(pg_engine)
+    try:
+        for job_id in ids:
+            queue.fail(f"{ORG}/{job_id}", None, None, "command exited with 3", retryable=False)
+    finally:
+        queue.close()
+    assert receipt_main(["jobs", "dead-letters", "--error-prefix", "command exited with 3", "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["total"] == 2 and view["groups"][0]["errors"] == [
+        {"error": "command exited with 3", "count": 2}
+    ]
+    assert receipt_main(["jobs", "dead-letters", "--error-prefix", "command exited with 3"]) == 0
+    assert "command exited with 3" in capsys.readouterr().out
+    argv = ["jobs", "dead-letters", "--error-prefix", "command exited with 3", "--replay", "cli-dl"]
+    assert receipt_main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["affected"] == 2
+    assert receipt_main(argv) == 0  # again: the same pages, nothing replayed twice
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["affected"] == 2
+    assert receipt_main(["jobs", "list", "--tag", "dl:cli", "--status", "queued", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["jobs"]) == 2

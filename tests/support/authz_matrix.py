@@ -391,6 +391,15 @@ def _api_rows() -> list[Row]:
             for t in COMMAND_TYPES
         ),
         _by_id("POST", "/jobs/{jobId}/cancel", 202, json={}),
+        # The dead-letter view counts the organisation the request acts in.
+        Row("GET", "/dead-letters", (200, 200, 200, 200, 401)),
+        Row(
+            "GET",
+            "/dead-letters",
+            (200, 403, 200, 200, 401),
+            case="organizationId=A",
+            query={ORG_PARAM: "{org}"},
+        ),
         # A bulk action acts in the caller's organisation (a system token names another): B's filter
         # on A's session key selects nothing of A's.
         Row(
