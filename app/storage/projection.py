@@ -361,6 +361,29 @@ def insert_new(conn: Connection, created: Sequence[tuple[Job, store.Chained]]) -
         raise AppendConflict(f"{len(created)} new jobs: one was created by another writer first") from exc
 
 
+def advance_many(conn: Connection, moved: Sequence[tuple[Loaded, Job, store.Chained]]) -> list[Loaded]:
+    """Append to many existing jobs at once: each one's receipts (``chained``, after ``previous``)
+    and its projection row at the seq it was read at, as two statements whatever their number
+    (``bulk.insert``, ``bulk.update``). ``AppendConflict`` when any of them moved meanwhile; the
+    caller's transaction then rolls back whole and re-decides."""
+    if not moved:
+        return []
+    receipts = [row for _prev, _job, chained in moved for row in chained.rows]
+    rows = []
+    heads = []
+    for previous, job, chained in moved:
+        changed_at = _status_changed_at(job, previous, chained.at)
+        rows.append(((job.id, previous.job.seq), _columns(job, chained.last_hash, changed_at)))
+        heads.append(Loaded(job, chained.last_hash, changed_at))
+    try:
+        bulk.insert(conn, receipts_table, receipts)
+    except IntegrityError as exc:
+        raise AppendConflict(f"{len(moved)} jobs: another writer appended to one first") from exc
+    if bulk.update(conn, jobs, ("id", "last_seq"), rows) != len(rows):
+        raise AppendConflict(f"{len(moved)} jobs: a projection row moved meanwhile")
+    return heads
+
+
 def _status_changed_at(job: Job, previous: Loaded | None, at: str) -> datetime:
     """When ``job`` (the fold after receipts written at ``at``) last changed status."""
     if previous is not None and previous.job.status == job.status:
