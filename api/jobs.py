@@ -265,6 +265,17 @@ def cancel(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
 def replay(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
     source = visible_job(jobId)
     replays.refuse_unless_replayable(source)
+    edited = body.get("payload")
+    if isinstance(edited, dict):
+        # What the caller may not post: another organisation's job, or a job of an objective.
+        ctx = edited.get("authContext")
+        org = ctx.get("organizationId") if isinstance(ctx, dict) else None
+        if org != source.organization_id:
+            raise forbidden("payload.authContext.organizationId must stay the replayed job's organisation")
+        if "objectiveId" in edited:
+            raise forbidden(
+                "payload.objectiveId: a replay never joins an objective (its control runs its jobs)"
+            )
     req = replays.replay_request(
         source,
         job_id=body.get("jobId"),

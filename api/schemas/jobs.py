@@ -236,7 +236,8 @@ JOB_FILTER_PROPERTIES: dict[str, Schema] = {
         "type": "string",
         "format": "date-time",
         "maxLength": RUN_AT_MAX_CHARS,
-        "description": "Created before this time (RFC 3339 with an offset); later than createdAfter.",
+        "description": "Created before this time (RFC 3339 with an offset); a range that ends before "
+        "it starts selects nothing.",
     },
 }
 

@@ -34,7 +34,7 @@ from app.storage.retry import optimistic
 BULK_PAGE_MAX: Final = 1000
 SAMPLE_SIZE: Final = 10
 # The replay key of a bulk replay's jobs: the operation's key (a retried page names the same jobs).
-REPLAY_KEY_PREFIX: Final = "bulk:"
+REPLAY_KEY_PREFIX: Final = "op:"
 
 
 def operation_stream(organization_id: str, key: str) -> str:

@@ -214,8 +214,6 @@ def parse_filter(raw: Mapping[str, Any], *, prefix: str = "") -> JobFilter:
     before = raw.get("createdBefore")
     created_after = parse_run_at(after, prefix + "createdAfter") if after is not None else None
     created_before = parse_run_at(before, prefix + "createdBefore") if before is not None else None
-    if created_after is not None and created_before is not None and created_after >= created_before:
-        raise ValidationError(prefix + "createdBefore", "must be later than createdAfter")
     return JobFilter(
         status=choice("status", STATUSES),
         agent_id=text_field("agentId", AGENT_ID_MAX),

@@ -131,3 +131,11 @@ def test_bad_bulk_requests_are_a_400_naming_the_field(api: Api) -> None:
         assert response.status_code == 400, (body, response.json)
         assert json_of(response)["error"]["details"]["field"] == field, (body, response.json)
     assert api.receipt_count() == count
+
+
+def test_the_longest_idempotency_key_still_replays(api: Api) -> None:
+    made = _failed(api, 2, "long")
+    longest = "k" * 60  # the pattern's cap: its replay key (op:<key>) is still a valid one
+    body = json_of(_bulk(api, action="replay", filter={"tag": "run:long"}, idempotencyKey=longest))
+    assert (body["affected"], body["skipped"]) == (2, 0)
+    assert len(made) == 2

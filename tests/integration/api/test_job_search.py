@@ -89,6 +89,7 @@ def test_list_by_creation_time_range_pages_with_the_one_cursor(api: Api) -> None
     later = iso_text(last + timedelta(days=1))
     assert later is not None
     assert _ids(api, createdAfter=later) == []
+    assert _ids(api, createdAfter=later, createdBefore=after) == []  # an empty range: nothing
 
 
 def test_a_filter_never_reaches_another_organisation(api: Api) -> None:
@@ -116,7 +117,6 @@ def test_a_filter_never_reaches_another_organisation(api: Api) -> None:
         ("tag", {"tag": "key:"}),
         ("createdAfter", {"createdAfter": "yesterday"}),
         ("createdAfter", {"createdAfter": "2026-05-01T09:00:00"}),  # no offset
-        ("createdBefore", {"createdAfter": "2026-05-01T09:00:00Z", "createdBefore": "2026-05-01T09:00:00Z"}),
         ("errorPrefix", {"errorPrefix": " "}),
         ("errorPrefix", {"errorPrefix": "x" * 257}),
         ("tags", {"tags": "a:b"}),  # the enqueue's field, not a filter

@@ -98,12 +98,8 @@ def test_a_replay_stays_in_its_organisation(api: Api) -> None:
     assert _replay(api, source["id"], "b").status_code == 404
     # An edited payload may not move it to another organisation.
     moved = _replay(api, source["id"], payload=payload(org=ORG_B))
-    assert moved.status_code in (400, 403), moved.json
-    assert (
-        json_of(moved)["error"]["details"]
-        .get("field", "payload.authContext.organizationId")
-        .startswith("payload.authContext")
-    )
+    assert moved.status_code == 403, moved.json
+    assert "payload.authContext.organizationId" in json_of(moved)["error"]["message"]
     # A system token names the organisation it acts in; the replay is that organisation's.
     system = api.client.post(
         f"/jobs/{source['id']}/replay",
@@ -141,8 +137,8 @@ def test_an_objectives_job_is_replayed_through_its_replan_never_around_it(api: A
     # Nor may an edited payload make a replay join an objective.
     source = _failed(api)
     joined = _replay(api, source["id"], payload=payload(objectiveId=objective["id"]))
-    assert joined.status_code == 400
-    assert json_of(joined)["error"]["details"]["field"] == "payload.objectiveId"
+    assert joined.status_code == 403
+    assert "payload.objectiveId" in json_of(joined)["error"]["message"]
 
 
 def test_bad_replay_bodies_are_a_400_naming_the_field(api: Api) -> None:
