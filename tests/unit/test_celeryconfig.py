@@ -6,7 +6,6 @@ Each assertion pins one decision recorded in ``celeryconfig.py`` and docs/design
 from __future__ import annotations
 
 import importlib
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
