@@ -44,15 +44,13 @@ def broker_url_for(settings: Settings) -> str:
 # string, loaded by kombu when a connection opens. Every publisher loads it, the web process too,
 # so it lives in ``delivery/`` and never under ``tasks/`` or ``workers/`` (tests/unit/test_layers.py).
 REDIS_TRANSPORT = "delivery.redis_transport:Transport"
-
-
-# kombu's filesystem transport with messages that appear whole (delivery/folder_transport.py).
+# kombu's folder transport with atomic writes and dead letters (delivery/folder_transport.py).
 FOLDER_TRANSPORT = "delivery.folder_transport:Transport"
 
 
 def broker_transport_for(settings: Settings) -> str | None:
-    """The kombu transport for the broker URL: ours for plain Redis and for the embedded folder
-    broker, else the URL's own."""
+    """The kombu transport for the broker URL: ours for plain Redis and the embedded folder broker,
+    else the URL's own."""
     if not settings.redis_url:
         return FOLDER_TRANSPORT
     scheme = settings.redis_url.split("://", 1)[0]
@@ -73,7 +71,7 @@ def broker_transport_options_for(settings: Settings) -> dict[str, Any]:
     # explicitly (the control folder otherwise defaults to ./control of the current directory).
     private_dir(settings.home_path)
     root = settings.home_path / "broker"
-    folders = {name: root / name for name in ("data", "control", "processed")}
+    folders = {name: root / name for name in ("data", "control", "processed", "claimed", "dead")}
     for path in folders.values():
         path.mkdir(parents=True, exist_ok=True)
     return {
@@ -81,6 +79,8 @@ def broker_transport_options_for(settings: Settings) -> dict[str, Any]:
         "data_folder_out": str(folders["data"]),
         "control_folder": str(folders["control"]),
         "processed_folder": str(folders["processed"]),
+        "claim_folder": str(folders["claimed"]),
+        "dead_letter_folder": str(folders["dead"]),
         "store_processed": False,
         "polling_interval": EMBEDDED_POLL_S,
     }

@@ -15,16 +15,18 @@ from flask import Blueprint
 from flask.typing import ResponseReturnValue
 
 from api import auth, inputs, limits, schemas
-from api.context import state
+from api.context import read_connection, state
 from api.errors import ApiError, archived, forbidden, job_not_found
 from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
 from app.factory import service
+from app.jobs import replay as replays
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
+from app.storage import operations, search
 from app.storage.db import parse_iso
-from app.storage.queue import Archived, encode_cursor, validate_status_filter
+from app.storage.queue import Archived, encode_cursor
 
 blueprint = Blueprint("jobs", __name__)
 
@@ -36,6 +38,7 @@ _FOLLOW_THE_JOB = {
     "GetJob": ("jobs.get_job", _CREATED_JOB_ID),
     "SendCommand": ("jobs.send_command", _CREATED_JOB_ID),
     "CancelJob": ("jobs.cancel", _CREATED_JOB_ID),
+    "ReplayJob": ("jobs.replay", _CREATED_JOB_ID),
     "FollowJobEvents": ("streams.job_events", _CREATED_JOB_ID),
     "ReadJobReceipts": ("streams.receipts", {"stream": "$response.body#/job/stream"}),
     "FollowJobReceipts": ("streams.stream_events", {"stream": "$response.body#/job/stream"}),
@@ -168,7 +171,9 @@ def get_job(jobId: str) -> ResponseReturnValue:
     Operation(
         summary="List jobs, newest first.",
         description=(
-            "Filters combine. A system token lists every organisation unless organizationId is given. "
+            "Filters combine (organisation, agent, kind, status, lane, session, tag, error prefix, "
+            "creation time range); a bad one is a 400 naming it. A system token lists every "
+            "organisation unless organizationId is given. "
             "A page stops early at RECEIPT_MAX_PAGE_BYTES; nextCursor then continues after its last job."
         ),
         tag="jobs",
@@ -179,17 +184,9 @@ def get_job(jobId: str) -> ResponseReturnValue:
 )
 def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
     scope = auth.listing_scope(query.get("organizationId"))
-    validate_status_filter(query.get("status"))
+    where = search.parse_filter({k: v for k, v in query.items() if k in search.FILTER_FIELDS})
     cursor = inputs.checked_cursor(query.get("cursor"))
-    page = state().queue.list_jobs(
-        **scope,
-        status=query.get("status"),
-        agent_id=query.get("agentId"),
-        lane=query.get("lane"),
-        session_key=query.get("sessionKey"),
-        limit=query["limit"],
-        cursor=cursor,
-    )
+    page = state().queue.list_jobs(**scope, where=where, limit=query["limit"], cursor=cursor)
     items = [job_json(j) for j in page.jobs]
     fits = limits.fit(items, state().settings.max_page_bytes)
     next_cursor = page.next_cursor
@@ -242,3 +239,122 @@ def cancel(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
     job = visible_job(jobId)
     outcome = state().queue.cancel(job.id, body.get("reason"))
     return {"job": job_json(outcome.job)}, 202
+
+
+@blueprint.post("/jobs/<jobId>/replay")
+@operation(
+    Operation(
+        summary="Replay a terminal job: a new job with the same or an edited payload.",
+        description="The new job's job.enqueued carries replayOf (the replayed job's id) and the replayed "
+        "job's stream gets job.replayed (replayedAs), in one transaction. It stays in the job's "
+        "organisation, on its agent, lane, session key and maxAttempts, with its tags unless the body "
+        "gives others. Its id is the body's jobId, or derived from the job's id and replayKey "
+        "(default '1'): a retried request answers the same replay (created false) and writes nothing. "
+        "A job that has not ended, or one of an objective (payload.objectiveId: replan the objective "
+        "instead), answers 409; an edited payload is checked and authorised as an enqueue.",
+        tag="jobs",
+        path=_JOB_PATH,
+        scoped=True,
+        body=schemas.REPLAY_REQUEST,
+        body_required=False,
+        responses={202: schemas.REPLAY_RESPONSE},
+        errors=(403, 409, 410, 429),
+        links=_FOLLOW_THE_JOB,
+    )
+)
+def replay(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
+    source = visible_job(jobId)
+    replays.refuse_unless_replayable(source)
+    edited = body.get("payload")
+    if isinstance(edited, dict):
+        # What the caller may not post: another organisation's job, or a job of an objective.
+        ctx = edited.get("authContext")
+        org = ctx.get("organizationId") if isinstance(ctx, dict) else None
+        if org != source.organization_id:
+            raise forbidden("payload.authContext.organizationId must stay the replayed job's organisation")
+        if "objectiveId" in edited:
+            raise forbidden(
+                "payload.objectiveId: a replay never joins an objective (its control runs its jobs)"
+            )
+    req = replays.replay_request(
+        source,
+        job_id=body.get("jobId"),
+        replay_key=body.get("replayKey"),
+        payload=body.get("payload"),
+        tags=body.get("tags"),
+    )
+    identity = auth.current()
+    auth.require_enqueue_allowed(identity, req.agent_id, req)
+    result = state().queue.replay(source.id, req, enqueued_by=identity.enqueuer())
+    out = {"job": job_json(result.job), "created": result.created, "replayOf": source.client_id}
+    return out, 202, {"Location": job_path(result.job)}
+
+
+@blueprint.post("/jobs:bulk")
+@operation(
+    Operation(
+        summary="Cancel or replay every job a filter selects: a dry run, then pages of at most 1000.",
+        description="Acts in one organisation (a system token names it with organizationId). dryRun "
+        "answers the count and a sample and writes nothing. A run takes an idempotencyKey, acts on at "
+        "most limit jobs newest first, each through the single-job path (its own receipt: a cancel, or "
+        "a replay's job.enqueued and job.replayed, the replay's id derived from the key), and answers "
+        "the operation's progress with nextCursor to resume (null: done). The operation is audited on "
+        "the stream operations/<organizationId>/<idempotencyKey>: operation.started (who, the filter, "
+        "the count) and one operation.page per page. The same key and cursor again answers that page "
+        "without writing; the same key with another action or filter is 409.",
+        tag="jobs",
+        body=schemas.BULK_REQUEST,
+        responses={200: schemas.BULK_RESPONSE},
+        errors=(403, 409, 429),
+        scoped=True,
+    )
+)
+def bulk(body: dict[str, Any]) -> ResponseReturnValue:
+    org = auth.scoped_organization()
+    where = search.parse_filter(body["filter"], prefix="filter.")
+    cursor = inputs.checked_cursor(body.get("cursor"))
+    if body.get("dryRun", False):
+        found = operations.dry_run(state().engine, search.Scope(org), where)
+        return {"dryRun": True, "count": found.count, "sample": [job_json(j) for j in found.sample]}, 200
+    identity = auth.current()
+
+    def authorize(req: EnqueueRequest) -> None:
+        try:
+            auth.require_enqueue_allowed(identity, req.agent_id, req)
+        except ApiError as exc:
+            raise PermissionError(exc.message) from None
+
+    progress = operations.run_page(
+        state().queue,
+        organization_id=org,
+        key=body["idempotencyKey"],
+        action=body["action"],
+        f=where,
+        by=identity.enqueuer().to_json(),
+        cursor=cursor,
+        limit=body.get("limit", operations.BULK_PAGE_MAX),
+        reason=body.get("reason"),
+        authorize=authorize,
+    )
+    return {"dryRun": False, **progress.to_json()}, 200
+
+
+@blueprint.get("/dead-letters")
+@operation(
+    Operation(
+        summary="Dead letters: jobs that failed for good, per agent and kind, with counts by error.",
+        description="A job is a dead letter when it is failed: its failure was not retryable, or its "
+        "attempts were spent. Filters as GET /jobs (agentId, kind, lane, tag, errorPrefix, time range); "
+        "the jobs themselves are GET /jobs?status=failed with the same filters, and they are replayed "
+        "one by one (POST /jobs/{jobId}/replay) or by filter (POST /jobs:bulk, action replay).",
+        tag="jobs",
+        query=schemas.DEAD_LETTERS_QUERY,
+        responses={200: schemas.DEAD_LETTERS},
+        scoped=True,
+    )
+)
+def dead_letters(query: dict[str, Any]) -> ResponseReturnValue:
+    where = search.parse_filter({k: v for k, v in query.items() if k in search.FILTER_FIELDS})
+    with read_connection(state().engine) as conn:
+        groups = search.dead_letters(conn, search.Scope(auth.scoped_organization()), where)
+    return {"groups": [g.to_json() for g in groups], "total": sum(g.count for g in groups)}

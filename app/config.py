@@ -116,6 +116,28 @@ DELIVERY_HOLD_MAX_MS = 60_000
 _hold_ms = _ms_up_to(DELIVERY_HOLD_MAX_MS, "hand back at once")
 
 
+# The longest a starting process waits for an unreachable database or broker: past an hour a
+# platform's own restart policy is the better judge.
+STARTUP_WAIT_MAX_S = 3600
+# The longest an unfetched worker message may wait before it is sent again: a minute is already
+# the slow recovery this bound exists to avoid.
+REDELIVER_UNFETCHED_MAX_MS = 60_000
+
+
+def _startup_wait_s(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value <= STARTUP_WAIT_MAX_S:
+        raise ValueError(f"must be 0 (fail at once) to {STARTUP_WAIT_MAX_S} s")
+    return value
+
+
+def _redeliver_ms(text: str) -> int:
+    value = int(text.strip())
+    if not 1000 <= value <= REDELIVER_UNFETCHED_MAX_MS:
+        raise ValueError(f"must be 1000 to {REDELIVER_UNFETCHED_MAX_MS} ms")
+    return value
+
+
 def _percent(text: str) -> int:
     value = int(text.strip())
     if not 1 <= value <= 100:
@@ -500,6 +522,22 @@ class Settings:
         "How often each worker process renews its own liveness record (apart from per-job heartbeats).",
         _int,
     )
+    redeliver_unfetched_ms: int = setting(
+        "RECEIPT_REDELIVER_UNFETCHED_MS",
+        "5000",
+        "A worker (or driver) message sent this long ago that no process has fetched, while the queue "
+        "it went to holds no message at all, is lost: its delivery ends `unfetched` and the job is "
+        "sent again at once (fenced: a late original is inert). A message waiting in a queue with "
+        "anything in it is never judged lost. 1000 to 60000.",
+        _redeliver_ms,
+    )
+    lost_delivery_scan_interval_ms: int = setting(
+        "RECEIPT_LOST_DELIVERY_SCAN_INTERVAL_MS",
+        "1000",
+        "Interval of the `lost-deliveries` loop, which sends again the jobs whose message is unfetched "
+        "(`RECEIPT_REDELIVER_UNFETCHED_MS`) or died with the process that fetched it.",
+        _at_least_one,
+    )
     worker_liveness_scan_interval_ms: int = setting(
         "RECEIPT_WORKER_LIVENESS_SCAN_INTERVAL_MS",
         "2000",
@@ -520,6 +558,15 @@ class Settings:
         "A worker whose liveness lapsed this long is dead: its jobs get `job.lease_expired` at once and are "
         "redelivered. At least `RECEIPT_WORKER_SELF_FENCE_MS` + 2000 (checked at start).",
         _int,
+    )
+    startup_wait_s: int = setting(
+        "RECEIPT_STARTUP_WAIT_S",
+        "60",
+        "How long a starting process (web, workers, beat, Flower) waits for a database or broker that "
+        "refuses or does not answer, trying again with a doubling backoff (1 s up to 10 s) and one "
+        "line per try; then it exits 2 with the problem. A malformed URL, an unknown scheme, a host "
+        "that does not resolve or refused credentials fail at once. `0` fails at once; at most 3600.",
+        _startup_wait_s,
     )
     shutdown_grace_ms: int = setting(
         "RECEIPT_SHUTDOWN_GRACE_MS",

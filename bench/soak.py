@@ -323,6 +323,9 @@ class Report:
     statuses: dict[str, int]
     slowest: list[tuple[str, float, list[str]]] = field(default_factory=list)
     last_post_to_all_terminal_s: float | None = None
+    # Processes that exited on their own (the chaos replaces those it kills, so any one found dead
+    # at the end exited by itself: a crash, or a start-up check that gave up).
+    unexpected_exits: list[str] = field(default_factory=list)
 
     def violations(self) -> list[str]:
         out = []
@@ -340,6 +343,10 @@ class Report:
             out.append("receipt verify failed")
         if self.lost_posts:
             out.append(f"{len(self.lost_posts)} POSTs lost")
+        if self.unexpected_exits:
+            out.append(
+                f"{len(self.unexpected_exits)} unexpected process exits: {', '.join(self.unexpected_exits)}"
+            )
         return out
 
     def text(self) -> str:
@@ -358,6 +365,7 @@ class Report:
             f"enqueue -> terminal         p50 {_fmt(self.p50_s)}  p99 {_fmt(self.p99_s)}",
             f"attempts histogram          {dict(sorted(self.attempts.items()))}",
             f"faults                      {len(self.faults)}",
+            f"unexpected process exits    {len(self.unexpected_exits)} {self.unexpected_exits}",
         ]
         for job_id, seconds, types in self.slowest:
             lines.append(f"slow: {seconds:6.1f} s {job_id} {' '.join(t.removeprefix('job.') for t in types)}")
@@ -458,6 +466,9 @@ def collect(
         last_post_to_all_terminal_s=(all_terminal_at - last_post_at)
         if all_terminal_at and last_post_at
         else None,
+        unexpected_exits=[
+            f"{name} (pid {proc.pid})" for name, proc in chaos.stack.procs.items() if not proc.alive()
+        ],
     )
 
 

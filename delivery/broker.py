@@ -16,13 +16,15 @@ on it). A wrong guess only sends a duplicate, which the attempt fence makes harm
 **Fetch records.** ``client()`` gives tasks/fetches.py the broker's Redis, where consumers record
 which message they fetched and keep a liveness key.
 
-The embedded filesystem broker has neither: ``NullProbe`` answers "unknown", and deliveries wait
-for their deadline as the spec describes.
+The embedded folder broker has no epoch (its folder outlives no restart of anything but itself):
+``FolderProbe`` counts a queue's message files, and keeps the fetch records as files
+(``delivery/folder_records.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -30,6 +32,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from app.config import Settings
+from delivery.folder_records import FolderRecords
 
 log = logging.getLogger("receipt.broker")
 
@@ -41,6 +44,8 @@ class BrokerProbe(Protocol):
     def epoch(self) -> str | None: ...
 
     def queues_empty(self, names: Iterable[str]) -> bool | None: ...
+
+    def queue_lengths(self, names: Iterable[str]) -> dict[str, int] | None: ...
 
     def client(self) -> Any | None: ...
 
@@ -54,8 +59,46 @@ class NullProbe:
     def queues_empty(self, names: Iterable[str]) -> bool | None:
         return None
 
+    def queue_lengths(self, names: Iterable[str]) -> dict[str, int] | None:
+        return None
+
     def client(self) -> Any | None:
         return None
+
+
+class FolderProbe:
+    """The embedded folder broker: queue lengths from its data folder, records in its folder."""
+
+    def __init__(self, settings: Settings) -> None:
+        root = settings.home_path / "broker"
+        self._data = root / "data"
+        self._records = FolderRecords(root / "records")
+
+    def epoch(self) -> str | None:
+        return None
+
+    def queue_lengths(self, names: Iterable[str]) -> dict[str, int] | None:
+        wanted = {f"{name}.msg": name for name in names}
+        counts = dict.fromkeys(wanted.values(), 0)
+        try:
+            listing = os.listdir(self._data)
+        except OSError as exc:
+            log.warning("could not list the broker folder: %s", exc)
+            return None
+        for file in listing:
+            # A message being written (``.msg.tmp``) counts: it is about to be there.
+            rest = file.partition(".")[2].removesuffix(".tmp")
+            name = wanted.get(rest)
+            if name is not None:
+                counts[name] += 1
+        return counts
+
+    def queues_empty(self, names: Iterable[str]) -> bool | None:
+        lengths = self.queue_lengths(names)
+        return None if lengths is None else all(n == 0 for n in lengths.values())
+
+    def client(self) -> Any | None:
+        return self._records
 
 
 class RedisProbe:
@@ -85,15 +128,20 @@ class RedisProbe:
             self._cached = (time.monotonic(), value)
         return value
 
-    def queues_empty(self, names: Iterable[str]) -> bool | None:
+    def queue_lengths(self, names: Iterable[str]) -> dict[str, int] | None:
+        wanted = list(dict.fromkeys(names))
         try:
             pipe = self._client.pipeline()
-            for name in names:
+            for name in wanted:
                 pipe.llen(name)
-            return all(int(n) == 0 for n in pipe.execute())
+            return {name: int(n) for name, n in zip(wanted, pipe.execute(), strict=True)}
         except Exception as exc:
             log.warning("could not read queue lengths: %s", exc)
             return None
+
+    def queues_empty(self, names: Iterable[str]) -> bool | None:
+        lengths = self.queue_lengths(names)
+        return None if lengths is None else all(n == 0 for n in lengths.values())
 
     def client(self) -> Any | None:
         """The broker's Redis, for the fetch records (tasks/fetches.py)."""
@@ -101,4 +149,4 @@ class RedisProbe:
 
 
 def probe_for(settings: Settings) -> BrokerProbe:
-    return RedisProbe(settings.redis_url) if settings.redis_url else NullProbe()
+    return RedisProbe(settings.redis_url) if settings.redis_url else FolderProbe(settings)

@@ -261,9 +261,12 @@ class RedisServer:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
+    def start(self, data_dir: Path | None = None) -> None:
+        """Start it; with ``data_dir`` it loads ``dump.rdb`` from there (a snapshot a ``SAVE`` wrote)."""
         argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
         argv += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
+        if data_dir is not None:
+            argv += ["--dir", str(data_dir), "--dbfilename", "dump.rdb"]
         if self.password:
             argv += ["--requirepass", self.password]
         self.proc = self.harness.start("redis", argv, env=base_env(), service=True)

@@ -472,6 +472,20 @@ class Client:
     def cancel(self, job_id: str, reason: str | None = None) -> JsonObject:
         return self.request("POST", f"/jobs/{job_id}/cancel", json={"reason": reason} if reason else {})
 
+    def replay(self, job_id: str, **fields: Any) -> JsonObject:
+        """POST /jobs/<jobId>/replay (``fields``: jobId, replayKey, payload, tags): ``{job, created,
+        replayOf}``. Idempotent (the replay's id is chosen or derived), so a ``503`` is repeated too."""
+        return self.request("POST", f"/jobs/{job_id}/replay", json=fields, idempotent=True)
+
+    def bulk(self, **body: Any) -> JsonObject:
+        """POST /jobs:bulk (action, filter, dryRun, idempotencyKey, cursor, limit, reason): the answer.
+        A run carries its idempotency key, so a ``503`` is repeated too."""
+        return self.request("POST", "/jobs:bulk", json=body, idempotent=True)
+
+    def dead_letters(self, **filters: Any) -> JsonObject:
+        """GET /dead-letters with filters (agentId, kind, ...): ``{groups, total}``."""
+        return self.request("GET", "/dead-letters", params=filters)
+
     def commands(self, job_id: str, body: Mapping[str, Any]) -> JsonObject:
         """POST /jobs/<jobId>/commands (steer, follow_up, abort)."""
         return self.request("POST", f"/jobs/{job_id}/commands", json=dict(body))

@@ -15,6 +15,8 @@ from typing import Any
 from celery.worker.consumer import Consumer
 from celery.worker.state import maybe_shutdown
 
+from app.ops import dead_letters
+
 log = logging.getLogger("receipt.consumer")
 
 RECONNECT_START_S = 1.0
@@ -73,6 +75,35 @@ class BackoffConsumer(Consumer):  # type: ignore[misc]
         qos.can_consume = can_consume
         qos.receipt_gated = True
         setattr(self.app, FETCH_GATED, True)
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        """A body Celery cannot parse: kept as a dead letter, then Celery's own handling (log, ack)."""
+        self._keep_dead_letter(message, f"body not decodable ({type(exc).__name__}: {exc})")
+        super().on_decode_error(message, exc)
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        self._keep_dead_letter(message, "not a Celery task message")
+        super().on_unknown_message(body, message)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        self._keep_dead_letter(message, f"invalid task message ({exc})")
+        super().on_invalid_task(body, message, exc)
+
+    def _keep_dead_letter(self, message: Any, reason: str) -> None:
+        settings = getattr(self.app, "receipt_settings", None)
+        try:
+            info = getattr(message, "delivery_info", None) or {}
+            queue = str(info.get("routing_key") or info.get("exchange") or "?")
+            raw = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+            if settings is None:
+                return
+            store = dead_letters.store_for(settings)
+            if isinstance(store, dead_letters.RedisDeadLetters):
+                store.keep(queue, raw, reason)
+            else:
+                store.keep_copy(queue, raw, reason)
+        except Exception:  # the evidence is lost; the consumer must go on regardless
+            log.warning("could not keep an undecodable message as a dead letter", exc_info=True)
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         """Drop the lost connection; never let its cleanup kill the worker.

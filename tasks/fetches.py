@@ -45,7 +45,25 @@ recorded it yet), and no record at all says nothing: **unknown**, left to the ea
 
 A wrong verdict -- a consumer alive but frozen past its liveness TTL -- costs one duplicate
 message, which the attempt fence makes inert. Every Redis failure here is swallowed: without
-records the redrive falls back to the earlier rules. The embedded folder broker records nothing.
+records the redrive falls back to the earlier rules. The embedded folder broker keeps the same
+records as files (``delivery/folder_records.py``).
+
+**Unfetched.** A message recorded ``sent`` (a worker message) or ``queued`` (a driver message)
+that nobody has fetched may still wait in its queue, or it may be gone: a Redis key deleted or
+evicted, a failover or a restart from an older snapshot that lost the last writes, a purge, a
+message file no consumer could decode. ``unfetched`` tells them apart by the queue itself: the
+record was written at least ``RECEIPT_REDELIVER_UNFETCHED_MS`` ago (its age is the record's time
+to live already spent), **and the queue that message went to holds no message at all**, and the
+record still says the same when read again after the queue was counted. A delivery that old with
+no record at all is judged the same way against both its queues (the driver's and the worker's):
+a broker restarted from an older snapshot loses the records written since, with the messages.
+A message waiting its turn is never judged lost, however long it waits: a busy group's
+hand-backs (a process gave back attempts it has no slot for, their records back to ``sent``)
+wait in the queue until a slot frees, and a queue with anything in it is not presumed empty
+of them. The price is that a
+message lost *behind* a backlog is noticed once that queue drains. The one race left -- a consumer
+that fetched the message a moment before the queue was counted and has not written its record
+yet -- costs one duplicate message, which the attempt fence makes inert.
 """
 
 from __future__ import annotations
@@ -56,17 +74,18 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from app.config import Settings
-from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
+from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
 from app.jobs.timing import DRIVER_TIMEOUT_FLOOR_MS, DRIVER_TIMEOUT_PAD_MS
 from app.ops import outages
 from app.ops.preflight import BROKER
 from app.storage.delivery import driver_task_id
+from delivery.folder_records import FolderRecords
 
 log = logging.getLogger("receipt.fetches")
 
@@ -154,6 +173,76 @@ def consumers_named(records: Iterable[Record | None], dispatchers: Iterable[str 
     return named
 
 
+UNFETCHED = "unfetched"
+
+
+def unfetched_candidate(p: Pending, record: Record | None, age_ms: float | None, bound_ms: int) -> bool:
+    """A message recorded sent (``sent``/``queued``) at least ``bound_ms`` ago and not fetched since,
+    or a delivery that old with no record at all (the record was lost with its message: a restart
+    from an older snapshot) (pure); whether it is lost then depends on its queues being empty."""
+    if record is None:
+        return p.age_ms >= bound_ms
+    return record.stage in (SENT, QUEUED) and age_ms is not None and age_ms >= bound_ms
+
+
+def queues_of(record: Record | None, worker_queue: str) -> tuple[str, ...]:
+    """The queues the message a record describes may wait in: the driver's for a driver message,
+    the worker queue for a worker message, both when the record is gone."""
+    if record is None:
+        return (DRIVER_QUEUE, worker_queue)
+    return (DRIVER_QUEUE,) if record.stage == QUEUED else (worker_queue,)
+
+
+def unfetched(
+    client: Any,
+    pending: Sequence[Pending],
+    queues: Sequence[str],
+    lengths: Callable[[Iterable[str]], dict[str, int] | None],
+    *,
+    bound_ms: int,
+    ttl_ms: int,
+) -> list[bool]:
+    """For each pending delivery (``queues``: its worker queue), whether its message was sent at
+    least ``bound_ms`` ago, nobody fetched it, and its queue holds nothing (module docstring,
+    "Unfetched"). Three reads: the records with their ages, the queue lengths, the records again.
+    Raises on a broker error."""
+    if not pending:
+        return []
+    first = _records_with_age(client, pending, ttl_ms)
+    candidates = [
+        i for i, (record, age) in enumerate(first) if unfetched_candidate(pending[i], record, age, bound_ms)
+    ]
+    result = [False] * len(pending)
+    if not candidates:
+        return result
+    wanted = {q for i in candidates for q in queues_of(first[i][0], queues[i])}
+    counted = lengths(sorted(wanted))
+    if counted is None:
+        return result
+    again = _records_with_age(client, [pending[i] for i in candidates], ttl_ms)
+    for i, (record, age) in zip(candidates, again, strict=True):
+        if record != first[i][0] or not unfetched_candidate(pending[i], record, age, bound_ms):
+            continue  # fetched, handed back or sent again meanwhile
+        result[i] = all(counted.get(q) == 0 for q in queues_of(record, queues[i]))
+    return result
+
+
+def _records_with_age(
+    client: Any, pending: Sequence[Pending], ttl_ms: int
+) -> list[tuple[Record | None, float | None]]:
+    pipe = client.pipeline(transaction=False)
+    for p in pending:
+        pipe.get(FETCH_PREFIX + p.task_id)
+        pipe.pttl(FETCH_PREFIX + p.task_id)
+    raw = pipe.execute()
+    out: list[tuple[Record | None, float | None]] = []
+    for value, left in zip(raw[0::2], raw[1::2], strict=True):
+        record = Record.parse(value)
+        remaining = int(left) if left is not None else -2
+        out.append((record, float(ttl_ms - remaining) if record is not None and remaining >= 0 else None))
+    return out
+
+
 def verdicts(client: Any, pending: Sequence[Pending]) -> list[str]:
     """Read the records of these deliveries and the liveness of the consumers they name (two
     pipelined round trips); one verdict per delivery. Raises on a Redis error."""
@@ -183,12 +272,9 @@ class Recorder:
     """This process's consumer id, its liveness thread, and the one write per message."""
 
     def __init__(self, settings: Settings) -> None:
-        import redis
-
-        assert settings.redis_url
-        self.url = settings.redis_url
+        self.url = where(settings)
         self.consumer = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.client = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
+        self.client = records_client(settings)
         self.record_ttl_ms = record_ttl_ms(settings)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="receipt-liveness", daemon=True)
@@ -240,6 +326,20 @@ class Recorder:
             self._warned = True
         else:
             log.debug(msg, exc)
+
+
+def where(settings: Settings) -> str:
+    """Where this deployment's records live: the broker's Redis, or the embedded broker's folder."""
+    return settings.redis_url or f"folder:{settings.home_path / 'broker' / 'records'}"
+
+
+def records_client(settings: Settings) -> Any:
+    """A client for the records: redis-py on the broker's Redis, else ``FolderRecords``."""
+    if settings.redis_url:
+        import redis
+
+        return redis.Redis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    return FolderRecords(settings.home_path / "broker" / "records")
 
 
 def fetched_entries(name: str, args: Any, consumer: str) -> list[tuple[str, str]]:
@@ -358,16 +458,17 @@ _recorder: Recorder | None = None
 
 
 def recorder_for(app: Any) -> Recorder | None:
-    """This process's recorder, started on first use by a consumer of a Redis broker."""
+    """This process's recorder, started on first use by a consumer."""
     global _recorder
     settings: Settings | None = getattr(app, "receipt_settings", None)
-    if settings is None or not settings.redis_url:
+    if settings is None:
         return None
+    at = where(settings)
     current = _recorder
-    if current is not None and current.url == settings.redis_url:
+    if current is not None and current.url == at:
         return current
     with _lock:
-        if _recorder is None or _recorder.url != settings.redis_url:
+        if _recorder is None or _recorder.url != at:
             if _recorder is not None:
                 _recorder.stop()
             fresh = Recorder(settings)

@@ -27,7 +27,7 @@ from typing import Any
 from app import tracing
 from app.factory import loops as objectives
 from app.jobs.reducer import Job
-from app.jobs.routing import DRIVER_QUEUE, QUEUES
+from app.jobs.routing import DRIVER_QUEUE, QUEUES, route
 from app.ops import logs, metrics
 from app.ops import loops as registry
 from app.ops.loops import Loop
@@ -235,6 +235,84 @@ def settle_lost_fetches(rt: Runtime, epoch: str | None) -> tuple[list[str], set[
     if ids:
         log.warning("%d deliveries lost with their fetcher: %s", len(ids), ", ".join(ids[:20]))
     return ids, held
+
+
+@binds(registry.LOST_DELIVERIES)
+def redeliver_lost(rt: Runtime, p: Pass) -> dict[str, Any]:
+    """End every pending delivery of a queued job whose message is lost -- died with its fetcher
+    (``fetcher_lost``) or sent long enough ago, fetched by nobody, its queue empty (``unfetched``,
+    tasks/fetches.py) -- and send each of those jobs again in this pass. The queued redrive would
+    too, but only for jobs past its minimum age (30 s by default) and once per cooldown."""
+    epoch = rt.broker.epoch()
+    lost, _held = settle_lost_fetches(rt, epoch)
+    gone = settle_unfetched(rt, epoch)
+    sweep = getattr(rt.broker.client(), "sweep", None)
+    if callable(sweep):
+        sweep()
+    started = []
+    for job_id in dict.fromkeys([*lost, *gone]):
+        p.keep()
+        job = rt.queue.get(job_id)
+        if job is None or job.status != "queued":
+            continue
+        try:
+            with logs.bind_job(jobId=job.id, org=job.organization_id):
+                decision = start_driver(rt, job.id, delivery.redrive_key(job.id, job.seq, job.status))
+        except Exception:
+            log.exception("sending %s again failed; next pass retries", job.id)
+            continue
+        if decision is not None and decision.created:
+            started.append(job.id)
+    if started:
+        log.info("sent %d jobs again whose message was lost", len(started))
+        metrics.registry_metrics().redrives.inc(len(started))
+    return {"redelivered": started, "fetcherLost": lost, "unfetched": gone}
+
+
+def settle_unfetched(rt: Runtime, epoch: str | None) -> list[str]:
+    """Settle ``unfetched`` every pending delivery of a queued job whose message was sent at least
+    ``RECEIPT_REDELIVER_UNFETCHED_MS`` ago, was fetched by nobody, and whose queue is empty
+    (tasks/fetches.py, "Unfetched"); returns those job ids. Best effort, like the fetch records."""
+    client = rt.broker.client()
+    if client is None:
+        return []
+    with rt.engine.connect() as conn:
+        now = db_now(conn)
+        rows = delivery.pending_of_queued(conn, now, epoch, SCAN_LIMIT)
+    if not rows:
+        return []
+    pending = [
+        fetches.Pending(r.job_id, r.purpose, r.observed, r.generation, r.task_id, _age_ms(now, r.created_at))
+        for r in rows
+    ]
+    queues = [route(r.agent_id, r.kind).queue for r in rows]
+    try:
+        found = fetches.unfetched(
+            client,
+            pending,
+            queues,
+            rt.broker.queue_lengths,
+            bound_ms=rt.settings.redeliver_unfetched_ms,
+            ttl_ms=fetches.record_ttl_ms(rt.settings),
+        )
+    except Exception as exc:
+        log.warning("could not read the fetch records: %s", exc)
+        return []
+    gone = [r for r, lost in zip(rows, found, strict=True) if lost]
+    if not gone:
+        return []
+    with transaction(rt.engine) as conn:
+        now = db_now(conn)
+        for row in gone:
+            delivery.settle_unfetched(conn, row, now)
+    ids = [r.job_id for r in gone]
+    log.warning(
+        "%d deliveries unfetched for %d ms with their queue empty (message lost): %s",
+        len(ids),
+        rt.settings.redeliver_unfetched_ms,
+        ", ".join(ids[:20]),
+    )
+    return ids
 
 
 def _age_ms(now: datetime, then: datetime) -> float:

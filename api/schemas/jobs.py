@@ -23,9 +23,23 @@ from api.schemas.base import (
 from api.schemas.payload import PAYLOAD
 from app.jobs.delay import MAX_DELAY_MS, RUN_AT_MAX_CHARS
 from app.jobs.ids import JOB_ID_PATTERN
+from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.privilege import TOKEN_SCOPES
+from app.jobs.replay import REPLAY_KEY_DEFAULT, REPLAY_KEY_PATTERN
+from app.jobs.tags import (
+    TAG_FILTER_PATTERN,
+    TAG_KEY_MAX,
+    TAG_KEY_PATTERN,
+    TAG_KEY_RULE,
+    TAG_VALUE_MAX,
+    TAG_VALUE_PATTERN,
+    TAG_VALUE_RULE,
+    TAGS_MAX_KEYS,
+)
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
-from app.jobs.vocab import COMMAND_LANES, COMMAND_TYPES, LANES, SINGLETON_MODES, STATUSES
+from app.jobs.vocab import BULK_ACTIONS, COMMAND_LANES, COMMAND_TYPES, LANES, SINGLETON_MODES, STATUSES
+from app.storage.db import ERROR_TEXT_LENGTH
+from app.storage.operations import BULK_PAGE_MAX
 from app.storage.queue import CURSOR_PATTERN
 
 # -- requests ---------------------------------------------------------------------------------
@@ -54,6 +68,25 @@ DELAY_BOTH: Schema = {
     "required": ["runAt", "delayMs"],
 }
 
+TAGS: Schema = {
+    "type": ["object", "null"],
+    "description": f"Tags to find the job by (GET /jobs?tag=key:value): at most {TAGS_MAX_KEYS}, kept in "
+    "job.enqueued. Never read by any rule.",
+    "maxProperties": TAGS_MAX_KEYS,
+    "x-message": f"must be an object of at most {TAGS_MAX_KEYS} tags",
+    "propertyNames": {
+        "pattern": TAG_KEY_PATTERN.pattern,
+        "maxLength": TAG_KEY_MAX,
+        "x-message": f"holds a key that is not a tag key: a key {TAG_KEY_RULE}",
+    },
+    "additionalProperties": {
+        "type": "string",
+        "pattern": TAG_VALUE_PATTERN.pattern,
+        "maxLength": TAG_VALUE_MAX,
+        "x-message": TAG_VALUE_RULE,
+    },
+}
+
 ENQUEUE_REQUEST: Schema = {
     "type": "object",
     "title": "EnqueueRequest",
@@ -69,6 +102,7 @@ ENQUEUE_REQUEST: Schema = {
         "singletonMode": string_enum(SINGLETON_MODES, nullable=True),
         "maxAttempts": {"type": ["integer", "null"], "description": "Clamped to 1..8; default 2."},
         **DELAY_PROPERTIES,
+        "tags": TAGS,
     },
     "required": ["payload"],
     "additionalProperties": False,
@@ -109,6 +143,42 @@ CANCEL_REQUEST: Schema = {
     "additionalProperties": False,
 }
 
+REPLAY_REQUEST: Schema = {
+    "type": "object",
+    "title": "ReplayRequest",
+    "properties": {
+        "jobId": {
+            "type": ["string", "null"],
+            "pattern": JOB_ID_PATTERN.pattern,
+            "description": "The new job's id (chosen); re-posting it returns that replay unchanged.",
+        },
+        "replayKey": {
+            "type": ["string", "null"],
+            "pattern": REPLAY_KEY_PATTERN.pattern,
+            "description": f"Derive the new job's id from the replayed job's and this key (default "
+            f"{REPLAY_KEY_DEFAULT!r}): a retried request names the same replay. A second replay of the same "
+            "job takes another key. Not with jobId.",
+        },
+        "payload": {**PAYLOAD, "description": "An edited payload (default: the replayed job's)."},
+        "tags": {**TAGS, "description": "The new job's tags (default: the replayed job's)."},
+    },
+    "additionalProperties": False,
+    "not": {
+        "properties": {"jobId": {"type": "string"}, "replayKey": {"type": "string"}},
+        "required": ["jobId", "replayKey"],
+    },
+}
+
+REPLAY_RESPONSE: Schema = {
+    "type": "object",
+    "properties": {
+        "job": ref("Job"),
+        "created": {"type": "boolean", "description": "False: the replay existed (a retried request)."},
+        "replayOf": {"type": "string", "description": "The id of the job it replays."},
+    },
+    "required": ["job", "created", "replayOf"],
+}
+
 AGENT_ID_PARAM: Schema = {"type": "string", "minLength": 1, "maxLength": AGENT_ID_MAX, "pattern": NON_BLANK}
 
 # One job of a batch: the body of a single enqueue plus the agent it is posted to.
@@ -137,13 +207,44 @@ BATCH_ENQUEUE_REQUEST: Schema = {
 JOB_ID_PARAM: Schema = {"type": "string", "minLength": 1, "pattern": NO_NUL}
 
 # Query parameters: one object schema per operation; integers are coerced from text first.
+# The filters of a job search (app.storage.search.FILTER_FIELDS): GET /jobs's query, a bulk
+# action's ``filter``. Each narrows; together they all hold.
+JOB_FILTER_PROPERTIES: dict[str, Schema] = {
+    "status": string_enum(STATUSES),
+    "agentId": text(AGENT_ID_MAX),
+    "lane": string_enum(LANES),
+    "sessionKey": text(SESSION_KEY_MAX),
+    "kind": {**string_enum(PAYLOAD_KINDS), "description": "The payload kind."},
+    "tag": {
+        "type": "string",
+        "pattern": TAG_FILTER_PATTERN.pattern,
+        "maxLength": TAG_KEY_MAX + 1 + TAG_VALUE_MAX,
+        "description": "One tag, `key:value` (the first ':' separates them): jobs enqueued with it.",
+    },
+    "errorPrefix": {
+        **text(ERROR_TEXT_LENGTH),
+        "description": "The start of the job's error text (a string error, or an object error's "
+        "message), case-sensitive.",
+    },
+    "createdAfter": {
+        "type": "string",
+        "format": "date-time",
+        "maxLength": RUN_AT_MAX_CHARS,
+        "description": "Created at or after this time (RFC 3339 with an offset).",
+    },
+    "createdBefore": {
+        "type": "string",
+        "format": "date-time",
+        "maxLength": RUN_AT_MAX_CHARS,
+        "description": "Created before this time (RFC 3339 with an offset); a range that ends before "
+        "it starts selects nothing.",
+    },
+}
+
 LIST_JOBS_QUERY: Schema = {
     "type": "object",
     "properties": {
-        "status": string_enum(STATUSES),
-        "agentId": text(AGENT_ID_MAX),
-        "lane": string_enum(LANES),
-        "sessionKey": text(SESSION_KEY_MAX),
+        **JOB_FILTER_PROPERTIES,
         "limit": {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX, "default": LIST_LIMIT_DEFAULT},
         "cursor": {
             "type": "string",
@@ -157,6 +258,113 @@ LIST_JOBS_QUERY: Schema = {
             "description": "System tokens only: list one organisation (default: all).",
         },
     },
+}
+
+# A bulk action (app.storage.operations): the filter a list takes, and how to run it.
+BULK_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,59}$"
+BULK_REQUEST: Schema = {
+    "type": "object",
+    "title": "BulkRequest",
+    "properties": {
+        "action": string_enum(BULK_ACTIONS),
+        "filter": {
+            "type": "object",
+            "properties": JOB_FILTER_PROPERTIES,
+            "additionalProperties": False,
+            "description": "The jobs to act on, as GET /jobs filters them, in the organisation the "
+            "request acts in ({} : every job of it).",
+        },
+        "dryRun": {
+            "type": "boolean",
+            "default": False,
+            "description": "Only count and sample what the filter selects; nothing is written.",
+        },
+        "idempotencyKey": {
+            "type": "string",
+            "pattern": BULK_KEY_PATTERN,
+            "description": "Names the operation (required unless dryRun): its audit stream is "
+            "operations/<organizationId>/<idempotencyKey>; a retried page answers what it did.",
+        },
+        "cursor": {
+            "type": "string",
+            "pattern": CURSOR_PATTERN,
+            "description": "nextCursor of the previous page of this operation.",
+        },
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": BULK_PAGE_MAX,
+            "default": BULK_PAGE_MAX,
+            "description": f"Jobs this call acts on at most (1..{BULK_PAGE_MAX}).",
+        },
+        "reason": text(REASON_MAX, nullable=True, non_blank=False),
+    },
+    "required": ["action", "filter"],
+    "additionalProperties": False,
+    "if": {"properties": {"dryRun": {"const": False}}},
+    "then": {"required": ["idempotencyKey"]},
+}
+
+BULK_RESPONSE: Schema = {
+    "type": "object",
+    "description": "A dry run: count and sample. A run: the operation's progress after this page.",
+    "properties": {
+        "dryRun": {"type": "boolean"},
+        "count": {"type": "integer"},
+        "sample": {"type": "array", "items": ref("Job")},
+        "operationId": {"type": "string"},
+        "action": {"type": "string", "enum": list(BULK_ACTIONS)},
+        "matched": {"type": "integer", "description": "Jobs the filter selected when the operation started."},
+        "processed": {"type": "integer"},
+        "affected": {"type": "integer"},
+        "skipped": {"type": "integer", "description": "Selected jobs the action did not apply to."},
+        "nextCursor": {"type": ["string", "null"]},
+        "done": {"type": "boolean"},
+        "repeated": {"type": "boolean", "description": "This page was done before: its answer again."},
+    },
+    "required": ["dryRun"],
+}
+
+DEAD_LETTERS_QUERY: Schema = {
+    "type": "object",
+    "properties": {
+        k: JOB_FILTER_PROPERTIES[k]
+        for k in ("agentId", "kind", "lane", "tag", "errorPrefix", "createdAfter", "createdBefore")
+    },
+}
+
+DEAD_LETTERS: Schema = {
+    "type": "object",
+    "properties": {
+        "groups": {
+            "type": "array",
+            "description": "Per agent and kind, most dead letters first (at most 200 groups).",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "agentId": {"type": "string"},
+                    "kind": {"type": "string"},
+                    "count": {"type": "integer"},
+                    "errors": {
+                        "type": "array",
+                        "description": "Counts by error text (its first 256 characters; null: none), most "
+                        "first, at most 20.",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "error": {"type": ["string", "null"]},
+                                "count": {"type": "integer"},
+                            },
+                            "required": ["error", "count"],
+                        },
+                    },
+                },
+                "required": ["agentId", "kind", "count", "errors"],
+            },
+        },
+        "total": {"type": "integer"},
+    },
+    "required": ["groups", "total"],
 }
 
 # -- responses --------------------------------------------------------------------------------
@@ -242,6 +450,20 @@ JOB: Schema = {
         "stream": {"type": "string", "description": STREAM_DESCRIPTION},
         "seq": {"type": "integer", "description": "The last receipt folded into this state."},
         "route": ref("Route"),
+        "tags": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": "The tags it was enqueued with; present when it has any.",
+        },
+        "replayOf": {
+            "type": "string",
+            "description": "A replay: the id of the job it re-runs (same organisation); present on a replay.",
+        },
+        "replayedAs": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "The ids of the jobs replaying this one, oldest first; present once replayed.",
+        },
         "enqueuedBy": {
             "type": ["object", "null"],
             "description": "Who posted the job, as the server authenticated it (never taken from the "

@@ -25,12 +25,16 @@ from api.jobs import visible_job
 from api.present import job_json
 from api.ui import BLUEPRINT, blueprint, current_session, redact, session, timeline
 from app.config import TRACE_ID_PLACEHOLDER
+from app.jobs.delay import RUN_AT_MAX_CHARS, parse_run_at
 from app.jobs.errors import ValidationError
+from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.reducer import Job
 from app.jobs.routing import route
+from app.jobs.tags import parse_tag_filter
 from app.jobs.tracecontext import trace_id_of
 from app.jobs.vocab import COMMAND_LANES, LANES, STATUSES, WORKER_GROUPS, job_stream
 from app.storage import overview, store
+from app.storage.db import ERROR_TEXT_LENGTH, iso
 from app.storage.queue import decode_cursor
 
 PAGE_SIZE = 50
@@ -77,6 +81,8 @@ def read_filters() -> overview.JobFilter:
         raise ApiError(403, FORBIDDEN, "org is not the organisation of this token")
     if not identity.system:
         org = None  # the scope already is this organisation
+    tag = _text_arg("tag")
+    created_from, created_to = _text_arg("from", RUN_AT_MAX_CHARS), _text_arg("to", RUN_AT_MAX_CHARS)
     return overview.JobFilter(
         status=_choice_arg("status", STATUSES),
         agent_id=_text_arg("agent"),
@@ -84,6 +90,11 @@ def read_filters() -> overview.JobFilter:
         worker_group=_choice_arg("group", WORKER_GROUPS),
         text=_text_arg("q"),
         organization_id=org,
+        kind=_choice_arg("kind", PAYLOAD_KINDS),
+        tag=parse_tag_filter(tag) if tag is not None else None,
+        error_prefix=_text_arg("error", ERROR_TEXT_LENGTH),
+        created_after=parse_run_at(created_from, "from") if created_from is not None else None,
+        created_before=parse_run_at(created_to, "to") if created_to is not None else None,
     )
 
 
@@ -107,6 +118,11 @@ def _filter_args(f: overview.JobFilter) -> dict[str, Any]:
         "group": f.worker_group,
         "q": f.text,
         "org": f.organization_id,
+        "kind": f.kind,
+        "tag": f"{f.tag[0]}:{f.tag[1]}" if f.tag else None,
+        "error": f.error_prefix,
+        "from": iso(f.created_after) if f.created_after else None,
+        "to": iso(f.created_before) if f.created_before else None,
     }
     return {k: v for k, v in values.items() if v}
 
@@ -158,6 +174,7 @@ def jobs() -> ResponseReturnValue:
         filters=args,
         statuses=STATUSES,
         lanes=LANES,
+        kinds=PAYLOAD_KINDS,
         groups=WORKER_GROUPS,
         next_url=url_for(f"{BLUEPRINT}.jobs", cursor=page.next_cursor, **args) if page.next_cursor else None,
         first_url=url_for(f"{BLUEPRINT}.jobs", **args) if cursor else None,

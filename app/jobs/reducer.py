@@ -26,6 +26,7 @@ from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import InvariantError, no_job_message
 from app.jobs.ids import client_id_of, organization_of_key
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
+from app.jobs.tags import TAGS_FIELD, tags_of
 from app.jobs.tracecontext import TRACE_CONTEXT_FIELD, trace_context_of
 from app.jobs.vocab import (
     COMMAND_LANES,
@@ -130,6 +131,12 @@ class Job:
     enqueued_by: Enqueuer | None = None
     # The W3C trace context the enqueue ran in (app.jobs.tracecontext); None: none was recorded.
     trace_context: Mapping[str, str] | None = None
+    # Tags to find the job by (``app.jobs.tags``), from job.enqueued.
+    tags: Mapping[str, str] = field(default_factory=dict)
+    # A replay: the job it re-runs (its storage key), from job.enqueued's ``replayOf``; and on a
+    # replayed job, the jobs that re-run it (``job.replayed`` receipts), oldest first.
+    replay_of: str | None = None
+    replayed_as: tuple[str, ...] = ()
 
     @property
     def stream(self) -> str:
@@ -203,6 +210,10 @@ class Job:
             **({"released": self.released} if self.released else {}),
             # Only when recorded, for the same reason.
             **({TRACE_CONTEXT_FIELD: dict(self.trace_context)} if self.trace_context else {}),
+            # Only when set: a projection folded before these existed stays byte-equal to a rebuild.
+            **({TAGS_FIELD: dict(self.tags)} if self.tags else {}),
+            **({REPLAY_OF_FIELD: self.replay_of} if self.replay_of else {}),
+            **({REPLAYED_AS_FIELD: list(self.replayed_as)} if self.replayed_as else {}),
         }
 
     @classmethod
@@ -245,8 +256,15 @@ class Job:
             released=data.get("released", 0),
             enqueued_by=Enqueuer.from_json(data.get(ENQUEUED_BY_FIELD)),
             trace_context=trace_context_of(data.get(TRACE_CONTEXT_FIELD)),
+            tags=data.get(TAGS_FIELD) or {},
+            replay_of=data.get(REPLAY_OF_FIELD),
+            replayed_as=tuple(data.get(REPLAYED_AS_FIELD) or ()),
         )
 
+
+# job.enqueued's link to the job a replay re-runs, and the job's list of its replays.
+REPLAY_OF_FIELD = "replayOf"
+REPLAYED_AS_FIELD = "replayedAs"
 
 _COMMAND_KEYS = frozenset({"id", "type", "lane", "payload", "reason", "at", "consumed"})
 _COMMAND_EXTRA_KEYS = ("fromSessionKey", "fromEnqueue", "fromJobId")
@@ -344,6 +362,8 @@ def _enqueued(r: Receipt) -> Job:
         seq=r.seq,
         enqueued_by=Enqueuer.from_json(b.get(ENQUEUED_BY_FIELD)),
         trace_context=trace_context_of(b.get(TRACE_CONTEXT_FIELD)),
+        tags=tags_of(b),
+        replay_of=replay_of if isinstance(replay_of := b.get(REPLAY_OF_FIELD), str) else None,
     )
 
 
@@ -479,6 +499,14 @@ def _released(s: Job, b: Mapping[str, Any]) -> Job | None:
     return _evolve(s, status="queued", lease=None, available_at=None, released=s.released + 1)
 
 
+def _replayed(s: Job, b: Mapping[str, Any]) -> Job | None:
+    # A record on a terminal job (its status unchanged): the job that re-runs it, once each.
+    new = b.get(REPLAYED_AS_FIELD)
+    if not s.terminal or not isinstance(new, str) or new in s.replayed_as:
+        return None
+    return _evolve(s, replayed_as=(*s.replayed_as, new))
+
+
 _HANDLERS = {
     "job.enqueued": _duplicate_enqueue,
     "job.leased": _leased,
@@ -491,4 +519,5 @@ _HANDLERS = {
     "queue.command.consumed": _command_consumed,
     "job.lease_expired": _lease_expired,
     "job.released": _released,
+    "job.replayed": _replayed,
 }

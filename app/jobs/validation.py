@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
@@ -22,6 +22,7 @@ from app.jobs.ids import (
     reserved_shape,
 )
 from app.jobs.kinds import KINDS_WITHOUT_AUTH_CONTEXT, PAYLOAD_KINDS
+from app.jobs.tags import TAGS_FIELD, validate_tags
 from app.jobs.vocab import (
     AUTH_CONTEXT_OPTIONAL,
     AUTH_CONTEXT_REQUIRED,
@@ -46,6 +47,7 @@ ENQUEUE_FIELDS = (
     "maxAttempts",
     RUN_AT_FIELD,
     DELAY_MS_FIELD,
+    TAGS_FIELD,
 )
 AGENT_ID_MAX = 256
 SESSION_KEY_MAX = 512
@@ -74,6 +76,9 @@ class EnqueueRequest:
     # jobs are children of the objective's); None: the context the enqueue runs in
     # (app.tracing.carrier), if any.
     trace_context: Mapping[str, str] | None = None
+    # Tags to find the job by (``app.jobs.tags``), kept in job.enqueued; a replay names its source.
+    tags: Mapping[str, str] = field(default_factory=dict)
+    replay_of: str | None = None
 
     @property
     def organization_id(self) -> str | None:
@@ -201,6 +206,7 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
         )
 
     run_at, delay_ms = _delay(body)
+    tags = validate_tags(body.get(TAGS_FIELD))
 
     return EnqueueRequest(
         agent_id=agent_id,
@@ -212,6 +218,7 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
         max_attempts=clamp_max_attempts(attempts),
         run_at=run_at,
         delay_ms=delay_ms,
+        tags=tags,
     )
 
 

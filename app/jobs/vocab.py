@@ -27,8 +27,18 @@ EventType = Literal[
     "job.lease_expired",
     # Beyond the spec's ten (docs/deviations.md): the lease holder hands its attempt back uncharged.
     "job.released",
+    # Beyond the spec (docs/deviations.md): a terminal job records the job that replays it.
+    "job.replayed",
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
+
+# A bulk action on the jobs a filter selects (``app.storage.operations``), audited as receipts of an
+# ``operations/<organizationId>/<idempotencyKey>`` stream: who, the filter, the count, each page.
+BulkAction = Literal["cancel", "replay"]
+BULK_ACTIONS: Final[tuple[str, ...]] = get_args(BulkAction)
+OperationEventType = Literal["operation.started", "operation.page"]
+OPERATION_EVENT_TYPES: Final[tuple[str, ...]] = get_args(OperationEventType)
+OPERATION_STREAM_PREFIX: Final = "operations/"
 
 CommandType = Literal["steer", "follow_up", "abort"]
 COMMAND_TYPES: Final[tuple[str, ...]] = get_args(CommandType)
@@ -73,6 +83,7 @@ DeliveryOutcome = Literal[
     "backoff",  # a retry still backing off: the due-retries pass starts it later
     "send_failed",  # the driver or worker message could not be sent
     "fetcher_lost",  # the process that fetched its message died before acting on it (tasks/fetches.py)
+    "unfetched",  # its message was sent, nobody fetched it and its queue is empty (tasks/fetches.py)
 ]
 DELIVERY_OUTCOMES: Final[tuple[str, ...]] = get_args(DeliveryOutcome)
 

@@ -1,9 +1,9 @@
 """``receipt``: the one command line, operator verbs and developer groups.
 
 Verbs: migrate, verify, replay, rebuild-projections, rebuild-ledger, token create|list|revoke, config,
-callbacks, up, logs. Every verb reads configuration from the environment through ``Settings`` and
-nothing else. The developer groups (``jobs``, ``objective``) talk HTTP to ``RECEIPT_URL`` and live
-in ``receipt.cli``; they are listed here so ``receipt --help`` shows every command.
+callbacks, dead-letters, up, logs. Every verb reads configuration from the environment through
+``Settings`` and nothing else. The developer groups (``jobs``, ``objective``) talk HTTP to
+``RECEIPT_URL`` and live in ``receipt.cli``; they are listed here so ``receipt --help`` shows every command.
 """
 
 from __future__ import annotations
@@ -293,6 +293,15 @@ def cmd_callbacks(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_dead_letters(args: argparse.Namespace, settings: Settings) -> int:
+    """Broker messages no worker could decode, newest first (app/ops/dead_letters.py)."""
+    from app.ops import dead_letters
+
+    found = dead_letters.store_for(settings).listed(args.limit)
+    print(json.dumps({"count": len(found), "rows": [d.as_json() for d in found]}, indent=2))
+    return 0
+
+
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
     from app.ops.supervisor import run_up
 
@@ -321,6 +330,7 @@ PREFLIGHT: dict[str, tuple[Schema | None, bool]] = {
     "rebuild-ledger": (Schema.HEAD, False),
     "token": (Schema.HEAD, False),
     "callbacks": (Schema.HEAD, False),
+    "dead-letters": (None, True),
 }
 # The process names `receipt up` supervises (app.ops.supervisor.process_specs), one log file each.
 SUPERVISED_ROLES = ("web", "driver", "chat", "codex", "control", "beat")
@@ -388,6 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
     cb.add_argument("--state", choices=("pending", "delivered", "dead"), help="only rows in this state")
     cb.add_argument("--limit", type=int, default=100)
     cb.set_defaults(fn=cmd_callbacks)
+    dl = sub.add_parser(
+        "dead-letters", help="list broker messages no worker could decode (kept aside, newest first)"
+    )
+    dl.add_argument("--limit", type=int, default=100)
+    dl.set_defaults(fn=cmd_dead_letters)
     u = sub.add_parser("up", help="run the whole system on this machine")
     u.add_argument("--port", type=int, default=8080)
     u.add_argument("--host", default="127.0.0.1")

@@ -274,6 +274,18 @@ WORKER_LIVENESS: Final = Loop(
 )
 
 
+LOST_DELIVERIES: Final = Loop(
+    name="lost-deliveries",
+    task="receipt.redeliver_lost",
+    queue=MAINTENANCE_QUEUE,
+    schedule=Every("lost_delivery_scan_interval_ms"),
+    doc="Ends every pending delivery of a queued job whose message is lost -- sent at least "
+    "`RECEIPT_REDELIVER_UNFETCHED_MS` ago, fetched by nobody, its queue empty (`unfetched`), or "
+    "died with the process that fetched it (`fetcher_lost`) -- and sends the job again at once "
+    "(dispatch key `<jobId>:redrive:<seq>:<status>`; the attempt fence makes a late original inert).",
+)
+
+
 def _retention_configured(settings: Settings) -> bool:
     return settings.retention_enabled
 
@@ -300,6 +312,7 @@ LOOPS: Final[tuple[Loop, ...]] = (
     OBJECTIVE_WATCHDOG,
     SCHEDULES,
     WORKER_LIVENESS,
+    LOST_DELIVERIES,
     ARCHIVE,
 )
 

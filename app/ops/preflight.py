@@ -23,7 +23,8 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import SplitResult, urlsplit
@@ -70,6 +71,10 @@ class Problem:
     tried: str
     what: str
     fix: str
+    # The server may answer in a moment (refused, no answer, restarting): a starting process waits
+    # for it (``require``). Anything else -- the URL, the name, the login, the schema -- will not
+    # change by waiting.
+    transient: bool = False
 
     def line(self) -> str:
         return f"{self.tried}: {self.what}; {self.fix}"
@@ -119,7 +124,7 @@ def database_problem(
                 return _schema_problem(conn, problem)
     except Exception as exc:  # every failure becomes its one line; none is a bug of the caller's
         what, fix = describe_database_error(exc, url.host, url.port, url.database, timeout_s)
-        return problem(what, fix)
+        return Problem(DATABASE, tried, what, fix, transient=database_error_is_transient(exc))
     finally:
         engine.dispose()
     return None
@@ -163,6 +168,29 @@ def _schema_problem(conn: Connection, problem: Callable[[str, str], Problem]) ->
 
 _SERVER_SAYS = re.compile(r"FATAL:\s+(.*)", re.DOTALL)
 _LOGIN_REFUSED = ("password authentication failed", "no password supplied", "pg_hba.conf", "authentication")
+
+
+_DATABASE_TRANSIENT = (
+    "connection refused",
+    "server closed the connection",
+    "terminating connection",
+    "timeout expired",
+    "timed out",
+    "starting up",
+    "shutting down",
+    "in recovery mode",
+    "too many connections",
+)
+
+
+def database_error_is_transient(exc: BaseException) -> bool:
+    """A database that refuses, does not answer or is restarting may answer soon; a name that does
+    not resolve, a refused login or a missing database will not."""
+    lowered = str(getattr(exc, "orig", None) or exc).lower()
+    if "could not translate host name" in lowered or "name or service not known" in lowered:
+        return False
+    unix_socket_missing = "no such file or directory" in lowered and "socket" in lowered
+    return unix_socket_missing or any(s in lowered for s in _DATABASE_TRANSIENT)
 
 
 def describe_database_error(
@@ -251,7 +279,7 @@ def broker_problem(settings: Settings, timeout_s: float = CONNECT_TIMEOUT_S) -> 
     except Exception as exc:
         parts = urlsplit(target)
         what, fix = describe_broker_error(exc, parts.hostname, _port(parts), timeout_s)
-        return Problem(BROKER, tried, what, fix)
+        return Problem(BROKER, tried, what, fix, transient=broker_error_is_transient(exc))
     finally:
         client.close()
     return None
@@ -280,6 +308,21 @@ def _folder_problem(settings: Settings, tried: str) -> Problem | None:
         f"cannot create or write the folder ({existing} is {reason})",
         "make RECEIPT_HOME a writable folder, or set REDIS_URL",
     )
+
+
+def broker_error_is_transient(exc: BaseException) -> bool:
+    """Redis refusing, not answering, dropping the connection or loading its data set may answer
+    soon; a name that does not resolve, a refused login or a missing database number will not."""
+    if isinstance(exc, rex.AuthenticationError):
+        return False
+    if isinstance(exc, rex.TimeoutError | rex.BusyLoadingError):
+        return True
+    lowered = str(exc).lower()
+    if "name or service not known" in lowered or "name resolution" in lowered or "nodename" in lowered:
+        return False
+    if "noauth" in lowered or "wrongpass" in lowered or "out of range" in lowered:
+        return False
+    return isinstance(exc, rex.ConnectionError | ConnectionError) or "connection refused" in lowered
 
 
 def describe_broker_error(
@@ -363,11 +406,59 @@ def report(found: Sequence[Problem], *, log: logging.Logger | None = None) -> No
             print(p.line(), file=sys.stderr, flush=True)
 
 
+# The waits between start-up tries: the first try again after 1 s, doubling, at most 10 s apart.
+STARTUP_RETRY_FIRST_S = 1.0
+STARTUP_RETRY_CAP_S = 10.0
+
+
+def startup_delays() -> Iterator[float]:
+    """1, 2, 4, 8, 10, 10, ... seconds."""
+    delay = STARTUP_RETRY_FIRST_S
+    while True:
+        yield delay
+        delay = min(STARTUP_RETRY_CAP_S, delay * 2)
+
+
 def require(
-    settings: Settings, *, database: Schema | None, broker: bool, log: logging.Logger | None = None
+    settings: Settings,
+    *,
+    database: Schema | None,
+    broker: bool,
+    log: logging.Logger | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    """An entry point's check: report every problem and exit with ``EXIT_CODE``, or return."""
-    found = problems(settings, database=database, broker=broker)
-    if found:
-        report(found, log=log)
-        raise SystemExit(EXIT_CODE)
+    """An entry point's check: return once every check passes; exit with ``EXIT_CODE`` at once on a
+    problem waiting cannot fix, or after ``RECEIPT_STARTUP_WAIT_S`` of transient ones (a server
+    that refuses or does not answer yet), trying again with a doubling backoff and one line a try.
+    A platform counts an exit as a crash and delays the next start; Celery itself waits for its
+    broker at start, so the check in front of it waits too."""
+    deadline = clock() + settings.startup_wait_s
+    delays = startup_delays()
+    tries = 0
+    while True:
+        found = problems(settings, database=database, broker=broker)
+        if not found:
+            if tries:
+                _say(log, f"start-up checks pass after {tries} {'try' if tries == 1 else 'tries'}; starting")
+            return
+        left = deadline - clock()
+        if not all(p.transient for p in found) or left <= 0:
+            report(found, log=log)
+            raise SystemExit(EXIT_CODE)
+        tries += 1
+        delay = min(next(delays), left)
+        for p in found:
+            _say(
+                log,
+                f"waiting for {p.setting} (try {tries}, next in {delay:.0f} s, giving up "
+                f"{settings.startup_wait_s} s after start): {p.line()}",
+            )
+        sleep(delay)
+
+
+def _say(log: logging.Logger | None, line: str) -> None:
+    if log is not None:
+        log.warning("%s", line)
+    else:
+        print(line, file=sys.stderr, flush=True)

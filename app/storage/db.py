@@ -34,10 +34,12 @@ from sqlalchemy import (
     func,
     select,
     text,
+    type_coerce,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.sql.elements import ColumnElement
 
 from app.config import Settings
 from app.jobs.times import as_utc as as_utc
@@ -56,6 +58,8 @@ _Time = DateTime(timezone=True)
 # A job's or objective's storage key: ``<organizationId>/<id>`` (app.jobs.ids), or a bare id
 # written before keys were qualified.
 KEY_LENGTH = 384
+# How much of a job's error text the projection keeps for a search by its start.
+ERROR_TEXT_LENGTH = 256
 
 receipts = Table(
     "receipts",
@@ -97,6 +101,10 @@ jobs = Table(
     Column("last_seq", Integer, nullable=False),
     Column("last_hash", String(64), nullable=False),
     Column("state", _Json, nullable=False),
+    # Migration 0012: what a search filters on beyond the columns above -- the job's tags (NULL:
+    # none) and the start of its error's text (``projection.error_text``).
+    Column("tags", _Json, nullable=True),
+    Column("error_text", String(ERROR_TEXT_LENGTH), nullable=True),
     Index("ix_jobs_status_changed", "status", "status_changed_at"),
     Index("ix_jobs_session_status", "session_key", "status"),
     Index("ix_jobs_agent", "agent_id"),
@@ -105,6 +113,14 @@ jobs = Table(
     Index("ix_jobs_available", "status", "available_at"),
     # Migration 0006: the status-filtered list, and the queued redrive's ordered batch.
     Index("ix_jobs_org_status_created", "organization_id", "status", "created_at", "id"),
+    # Migration 0012: a search by kind or by agent, newest first, walks only that kind's (agent's) jobs.
+    Index("ix_jobs_org_kind_created", "organization_id", "kind", "created_at", "id"),
+    Index("ix_jobs_org_agent_created", "organization_id", "agent_id", "created_at", "id"),
+)
+# A tag filter (``tags @> {"key": "value"}``): a GIN index over the tags. PostgreSQL only (migration
+# 0012), as ix_jobs_queued_since; SQLite filters the rows its other indexes give.
+Index("ix_jobs_tags", jobs.c.tags, postgresql_using="gin", postgresql_ops={"tags": "jsonb_path_ops"}).ddl_if(
+    dialect="postgresql"
 )
 # The queued redrive reads queued jobs in the order they became deliverable: a partial
 # expression index over the backlog only, so its size follows the backlog, not the history.
@@ -115,7 +131,7 @@ Index(
     func.coalesce(jobs.c.available_at, jobs.c.status_changed_at),
     postgresql_where=jobs.c.status == "queued",
 ).ddl_if(dialect="postgresql")
-POSTGRES_ONLY_INDEXES = frozenset({"ix_jobs_queued_since"})
+POSTGRES_ONLY_INDEXES = frozenset({"ix_jobs_queued_since", "ix_jobs_tags"})
 
 # Projection of `tokens/<id>` streams: API tokens, stored as SHA-256 hashes only.
 api_tokens = Table(
@@ -445,6 +461,14 @@ def _ping_when_idle(engine: Engine) -> None:
 
 def is_sqlite(conn: Connection | Engine) -> bool:
     return conn.dialect.name == "sqlite"
+
+
+def has_tag(conn: Connection | Engine, key: str, value: str) -> ColumnElement[bool]:
+    """SQL for "the job is tagged ``key: value``". PostgreSQL: JSONB containment, which the GIN
+    index ``ix_jobs_tags`` answers; SQLite: the key's value (quoted: a key may hold '.' or '-')."""
+    if is_sqlite(conn):
+        return func.json_extract(jobs.c.tags, f'$."{key}"') == value
+    return type_coerce(jobs.c.tags, JSONB).contains({key: value})
 
 
 @contextmanager

@@ -395,6 +395,9 @@ def without_in_flight(
 # -- deliveries whose fetcher died (tasks/fetches.py) --------------------------------------------------
 
 FETCHER_LOST: DeliveryOutcome = "fetcher_lost"
+UNFETCHED: DeliveryOutcome = "unfetched"
+# Outcomes whose message is known gone: no reason for the redrive cooldown to wait.
+KNOWN_LOST: tuple[DeliveryOutcome, ...] = (FETCHER_LOST, UNFETCHED)
 
 
 @dataclass(frozen=True)
@@ -407,6 +410,8 @@ class PendingRow:
     generation: int
     task_id: str
     created_at: datetime
+    agent_id: str = ""
+    kind: str = ""
 
 
 def pending_of_queued(conn: Connection, now: datetime, epoch: str | None, limit: int) -> list[PendingRow]:
@@ -417,14 +422,25 @@ def pending_of_queued(conn: Connection, now: datetime, epoch: str | None, limit:
     if epoch is not None:
         live.append(or_(c.broker_epoch.is_(None), c.broker_epoch == epoch))
     rows = conn.execute(
-        select(c.job_id, c.purpose, c.observed, c.generation, c.task_id, c.created_at)
+        select(
+            c.job_id,
+            c.purpose,
+            c.observed,
+            c.generation,
+            c.task_id,
+            c.created_at,
+            jobs.c.agent_id,
+            jobs.c.kind,
+        )
         .join(jobs, jobs.c.id == c.job_id)
         .where(*live)
         .order_by(c.created_at)
         .limit(limit)
     ).all()
     return [
-        PendingRow(r.job_id, r.purpose, r.observed, r.generation, r.task_id, as_utc(r.created_at))
+        PendingRow(
+            r.job_id, r.purpose, r.observed, r.generation, r.task_id, as_utc(r.created_at), r.agent_id, r.kind
+        )
         for r in rows
     ]
 
@@ -434,12 +450,18 @@ def settle_fetcher_lost(conn: Connection, row: PendingRow, now: datetime) -> Non
     _settle_row(conn, DeliveryKey(row.job_id, row.purpose, row.observed), row.generation, FETCHER_LOST, now)
 
 
+def settle_unfetched(conn: Connection, row: PendingRow, now: datetime) -> None:
+    """End a delivery whose message nobody fetched and no queue holds (idempotent)."""
+    _settle_row(conn, DeliveryKey(row.job_id, row.purpose, row.observed), row.generation, UNFETCHED, now)
+
+
 def last_live_start(conn: Connection, job_id: str, epoch: str | None = None) -> datetime | None:
-    """``last_started_at``, leaving out deliveries known lost with their fetcher: like a delivery
-    sent to an earlier broker epoch, such a delivery is no reason for the redrive cooldown to wait."""
+    """``last_started_at``, leaving out deliveries known lost (with their fetcher, or unfetched):
+    like a delivery sent to an earlier broker epoch, such a delivery is no reason for the redrive
+    cooldown to wait."""
     c = deliveries.c
     q = select(func.max(c.created_at)).where(
-        c.job_id == job_id, or_(c.outcome.is_(None), c.outcome != FETCHER_LOST)
+        c.job_id == job_id, or_(c.outcome.is_(None), c.outcome.not_in(KNOWN_LOST))
     )
     if epoch is not None:
         q = q.where(or_(c.broker_epoch.is_(None), c.broker_epoch == epoch))

@@ -11,121 +11,36 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, case, false, func, not_, or_, select, true
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.engine import Connection
 
-from app.jobs.kinds import KINDS
-from app.jobs.reducer import Job
-from app.jobs.routing import INTEGRATION_KIND_PREFIX
-from app.jobs.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, STATUSES, WORKER_GROUPS
+from app.jobs.vocab import STATUSES
+from app.storage import search
 from app.storage.db import as_utc, db_now, deliveries, jobs, loop_runs, receipts
-from app.storage.queue import decode_cursor, encode_cursor
 
 # How many of the newest receipts ``recent_events`` reads at most (a backward primary-key scan).
 RECENT_SCAN_LIMIT = 200_000
 
 
-@dataclass(frozen=True)
-class Scope:
-    """Whose jobs a reader sees: one organisation, or all of them (system identities)."""
-
-    organization_id: str | None
-    all_organizations: bool = False
-
-
-@dataclass(frozen=True)
-class JobFilter:
-    """The dashboard's list filters; ``None`` means "any". ``text`` matches inside the jobId."""
-
-    status: str | None = None
-    agent_id: str | None = None
-    lane: str | None = None
-    worker_group: str | None = None
-    text: str | None = None
-    organization_id: str | None = None
-
-
-@dataclass(frozen=True)
-class JobPage:
-    jobs: list[Job]
-    next_cursor: str | None
-
-
-def worker_group_condition(group: str) -> ColumnElement[bool]:
-    """SQL for "this job routes to ``group``": the order of ``app.jobs.routing.worker_group_for``.
-
-    Routing is agent id first, kind second (a declared kind's ``route``; the spec's prefix for one
-    no one declared); the condition for each group excludes the earlier rules, so every job matches
-    exactly one group (a test compares it with the function).
-    """
-    agent = jobs.c.agent_id
-    is_codex = or_(agent == AGENT_CODEX, _kind_routes_to("codex"))
-    by_kind = or_(*(_kind_routes_to(g) for g in WORKER_GROUPS))
-    if group == "codex":
-        return is_codex
-    if group == "control":
-        return and_(
-            not_(is_codex), or_(_kind_routes_to(group), and_(not_(by_kind), agent == AGENT_FACTORY_CONTROL))
-        )
-    if group == "chat":
-        return and_(
-            not_(is_codex), or_(_kind_routes_to(group), and_(not_(by_kind), agent != AGENT_FACTORY_CONTROL))
-        )
-    return false()
-
-
-def _kind_routes_to(group: str) -> ColumnElement[bool]:
-    """SQL for ``app.jobs.routing.kind_route(kind) == group``."""
-    kind = jobs.c.kind
-    declared = [name for name, k in KINDS.items() if k.route == group]
-    condition: ColumnElement[bool] = kind.in_(declared) if declared else false()
-    if group == "codex":
-        undeclared = and_(kind.not_in(list(KINDS)), kind.startswith(INTEGRATION_KIND_PREFIX, autoescape=True))
-        condition = or_(condition, undeclared)
-    return condition
-
-
-def _conditions(scope: Scope, f: JobFilter, *, with_status: bool) -> list[ColumnElement[bool]]:
-    where: list[ColumnElement[bool]] = []
-    if not scope.all_organizations:
-        where.append(jobs.c.organization_id == scope.organization_id)
-    elif f.organization_id is not None:
-        where.append(jobs.c.organization_id == f.organization_id)
-    if with_status and f.status is not None:
-        where.append(jobs.c.status == f.status)
-    if f.agent_id is not None:
-        where.append(jobs.c.agent_id == f.agent_id)
-    if f.lane is not None:
-        where.append(jobs.c.lane == f.lane)
-    if f.worker_group is not None:
-        where.append(worker_group_condition(f.worker_group))
-    if f.text:
-        where.append(jobs.c.id.contains(f.text, autoescape=True))
-    return where or [true()]
+# The filter and the pager are the search's (one for every list): re-exported for the dashboard.
+Scope = search.Scope
+JobFilter = search.JobFilter
+JobPage = search.JobPage
+worker_group_condition = search.worker_group_condition
 
 
 def list_jobs(
     conn: Connection, scope: Scope, f: JobFilter, *, limit: int = 50, cursor: str | None = None
 ) -> JobPage:
     """A page of jobs, newest first (the API's order and cursor)."""
-    q = select(jobs.c.state, jobs.c.created_at, jobs.c.id).where(*_conditions(scope, f, with_status=True))
-    if cursor:
-        created, last_id = decode_cursor(cursor)
-        q = q.where(or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < last_id)))
-    rows = conn.execute(q.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit + 1)).all()
-    page = [Job.from_json(r.state) for r in rows[:limit]]
-    next_cursor = None
-    if len(rows) > limit:
-        last = rows[limit - 1]
-        next_cursor = encode_cursor(as_utc(last.created_at), last.id)
-    return JobPage(page, next_cursor)
+    return search.list_jobs(conn, scope, f, limit=limit, cursor=cursor)
 
 
 def status_counts(conn: Connection, scope: Scope, f: JobFilter) -> dict[str, int]:
     """Jobs per status under every filter but the status itself (each of the six, zeros included)."""
     q = (
         select(jobs.c.status, func.count())
-        .where(*_conditions(scope, f, with_status=False))
+        .where(*search.conditions(conn, scope, f, with_status=False))
         .group_by(jobs.c.status)
     )
     counts = dict.fromkeys(STATUSES, 0)

@@ -23,7 +23,7 @@ from app.jobs.ids import SYSTEM_ORGANIZATION
 from app.jobs.reducer import Job, fold
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
 from app.storage import bulk, store
-from app.storage.db import archived_streams, as_utc, db_now, is_sqlite, jobs, parse_iso
+from app.storage.db import ERROR_TEXT_LENGTH, archived_streams, as_utc, db_now, is_sqlite, jobs, parse_iso
 from app.storage.db import receipts as receipts_table
 from app.storage.direct import Direct, multi_row_params
 from app.storage.store import StoredReceipt, fold_stream, streams
@@ -208,6 +208,16 @@ _INSERT = Direct(jobs.insert())
 _UPDATE = Direct(update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.last_seq == bindparam("b_seq")))
 
 
+def error_text(error: Any) -> str | None:
+    """The text a search by error prefix matches: a string error itself, or an object error's
+    ``message``; its first ``ERROR_TEXT_LENGTH`` characters. None for no error or another shape."""
+    if isinstance(error, Mapping):
+        error = error.get("message")
+    if not isinstance(error, str) or not error:
+        return None
+    return error[:ERROR_TEXT_LENGTH]
+
+
 def _columns(job: Job, last_hash: str, status_changed_at: datetime) -> dict[str, Any]:
     lease = job.lease
     created = parse_iso(job.created_at)
@@ -232,6 +242,8 @@ def _columns(job: Job, last_hash: str, status_changed_at: datetime) -> dict[str,
         "last_seq": job.seq,
         "last_hash": last_hash,
         "state": job.to_json(),
+        "tags": dict(job.tags) if job.tags else None,
+        "error_text": error_text(job.error),
     }
 
 
@@ -256,6 +268,8 @@ PROJECTED_COLUMNS = (
     "last_seq",
     "last_hash",
     "state",
+    "tags",
+    "error_text",
 )
 
 
@@ -345,6 +359,29 @@ def insert_new(conn: Connection, created: Sequence[tuple[Job, store.Chained]]) -
         bulk.insert(conn, jobs, rows)
     except IntegrityError as exc:
         raise AppendConflict(f"{len(created)} new jobs: one was created by another writer first") from exc
+
+
+def advance_many(conn: Connection, moved: Sequence[tuple[Loaded, Job, store.Chained]]) -> list[Loaded]:
+    """Append to many existing jobs at once: each one's receipts (``chained``, after ``previous``)
+    and its projection row at the seq it was read at, as two statements whatever their number
+    (``bulk.insert``, ``bulk.update``). ``AppendConflict`` when any of them moved meanwhile; the
+    caller's transaction then rolls back whole and re-decides."""
+    if not moved:
+        return []
+    receipts = [row for _prev, _job, chained in moved for row in chained.rows]
+    rows = []
+    heads = []
+    for previous, job, chained in moved:
+        changed_at = _status_changed_at(job, previous, chained.at)
+        rows.append(((job.id, previous.job.seq), _columns(job, chained.last_hash, changed_at)))
+        heads.append(Loaded(job, chained.last_hash, changed_at))
+    try:
+        bulk.insert(conn, receipts_table, receipts)
+    except IntegrityError as exc:
+        raise AppendConflict(f"{len(moved)} jobs: another writer appended to one first") from exc
+    if bulk.update(conn, jobs, ("id", "last_seq"), rows) != len(rows):
+        raise AppendConflict(f"{len(moved)} jobs: a projection row moved meanwhile")
+    return heads
 
 
 def _status_changed_at(job: Job, previous: Loaded | None, at: str) -> datetime:

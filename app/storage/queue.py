@@ -11,13 +11,12 @@ the ``on_dispatchable`` hook, called after commit, so this module never imports 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
 from app import tracing
@@ -25,20 +24,21 @@ from app.jobs import delay, transitions
 from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import (
     AppendConflict,
+    ConflictError,
     JobArchived,
     JobNotFound,
     ValidationError,
 )
 from app.jobs.ids import (
-    JOB_ID_PATTERN,
     KEY_SEPARATOR,
-    ORGANIZATION_ID_PATTERN,
     SYSTEM_ORGANIZATION,
     new_id,
     qualify,
 )
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
-from app.jobs.reducer import Job, reduce
+from app.jobs.reducer import REPLAY_OF_FIELD, REPLAYED_AS_FIELD, Job, reduce
+from app.jobs.replay import refuse_unless_replayable
+from app.jobs.tags import TAGS_FIELD
 from app.jobs.tracecontext import TRACE_CONTEXT_FIELD
 from app.jobs.transitions import AttemptStartStatus, Event
 from app.jobs.validation import EnqueueRequest, command_lane, steer_lane
@@ -50,11 +50,15 @@ from app.jobs.vocab import (
     ReleaseReason,
     job_stream,
 )
-from app.storage import delivery, projection, store, tombstones
+from app.storage import delivery, projection, search, store, tombstones
+from app.storage.cursor import CURSOR_PATTERN as CURSOR_PATTERN
+from app.storage.cursor import decode_cursor as decode_cursor
+from app.storage.cursor import encode_cursor as encode_cursor
 from app.storage.db import (
     as_utc,
     autocommit_connection,
     db_now,
+    is_sqlite,
     iso,
     jobs,
     lock_key,
@@ -369,33 +373,154 @@ class Queue:
         session_key: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        where: search.JobFilter | None = None,
     ) -> Page:
-        """A page of jobs, newest first. ``cursor`` is the opaque value of a previous page."""
-        q = select(jobs.c.state, jobs.c.created_at, jobs.c.id)
-        if not all_organizations:
-            q = q.where(jobs.c.organization_id == organization_id)
-        if status is not None:
-            q = q.where(jobs.c.status == status)
-        if agent_id is not None:
-            q = q.where(jobs.c.agent_id == agent_id)
-        if lane is not None:
-            q = q.where(jobs.c.lane == lane)
-        if session_key is not None:
-            q = q.where(jobs.c.session_key == session_key)
-        if cursor:
-            created, last_id = decode_cursor(cursor)
-            q = q.where(
-                or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < last_id))
-            )
-        q = q.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit + 1)
+        """A page of jobs, newest first (``search.list_jobs``). ``cursor`` is the opaque value of a
+        previous page; ``where`` a whole filter instead of the named ones."""
+        f = where or search.JobFilter(status=status, agent_id=agent_id, lane=lane, session_key=session_key)
+        scope = search.Scope(organization_id, all_organizations=all_organizations)
         with self.engine.connect() as conn:
-            rows = conn.execute(q).all()
-        page = [Job.from_json(r.state) for r in rows[:limit]]
-        next_cursor = None
-        if len(rows) > limit:
-            last = rows[limit - 1]
-            next_cursor = encode_cursor(as_utc(last.created_at), last.id)
-        return Page(page, next_cursor)
+            page = search.list_jobs(conn, scope, f, limit=limit, cursor=cursor)
+        return Page(page.jobs, page.next_cursor)
+
+    # -- replay -------------------------------------------------------------------------------
+    def replay(
+        self, source_key: str, req: EnqueueRequest, *, enqueued_by: Enqueuer | None = None
+    ) -> EnqueueResult:
+        """Replay the terminal job ``source_key`` as ``req`` (``app.jobs.replay.replay_request``):
+        the new job's ``job.enqueued`` (``replayOf``) and the source's ``job.replayed`` in one
+        transaction. Idempotent: when ``req``'s id already names this source's replay, that job is
+        returned (``created`` False) and nothing is written; an id naming any other job is a
+        ``ConflictError``. ``JobNotFound`` without the source, ``NotReplayable`` for a source that
+        may not be replayed."""
+        results = self.replay_many([(source_key, req)], enqueued_by=enqueued_by)
+        result = results[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def replay_many(
+        self, items: Sequence[tuple[str, EnqueueRequest]], *, enqueued_by: Enqueuer | None = None
+    ) -> list[EnqueueResult | Exception]:
+        """``replay`` for many sources in one transaction: each item's answer is its result, or the
+        exception its own refusal raised (nothing written for it; the others are unaffected)."""
+
+        def work(tx: _Tx) -> list[EnqueueResult | Exception]:
+            keys = [qualify(_organization(req), req.job_id or "") for _src, req in items]
+            sources = [s for s, _r in items]
+            heads, tx._now = projection.load_many_at_clock(tx.conn, sources + keys)
+            gone = tombstones.find_many(tx.conn, (job_stream(k) for k in keys if k not in heads))
+            if len(set(sources + keys)) == 2 * len(items) and not is_sqlite(tx.conn):
+                # Every job named once: the page's writes in four statements, not two per job.
+                return self._replay_page(tx, heads, gone, items, keys, enqueued_by)
+            out: list[EnqueueResult | Exception] = []
+            for (source_key, req), key in zip(items, keys, strict=True):
+                try:
+                    out.append(self._replay_in(tx, heads, gone, source_key, req, key, enqueued_by))
+                except (ConflictError, JobNotFound, JobArchived) as exc:
+                    out.append(exc)
+            return out
+
+        result: list[EnqueueResult | Exception] = self._run(work)
+        return result
+
+    def _replay_page(
+        self,
+        tx: _Tx,
+        heads: dict[str, projection.Loaded],
+        gone: Mapping[str, tombstones.Tombstone],
+        items: Sequence[tuple[str, EnqueueRequest]],
+        keys: Sequence[str],
+        enqueued_by: Enqueuer | None,
+    ) -> list[EnqueueResult | Exception]:
+        """``replay_many`` when no job is named twice: each item decided as ``_replay_in`` decides,
+        the new jobs written at once (``projection.insert_new``) and the sources' ``job.replayed``
+        at once (``projection.advance_many``); the hooks see every change, as for single writes."""
+        out: list[EnqueueResult | Exception] = []
+        created: list[tuple[Job, store.Chained]] = []
+        moved: list[tuple[projection.Loaded, Job, store.Chained]] = []
+        changes: list[Change] = []
+        for (source_key, req), key in zip(items, keys, strict=True):
+            source = heads.get(source_key)
+            existing = heads.get(key)
+            try:
+                if source is None:
+                    raise JobNotFound(source_key)
+                if existing is not None:
+                    if existing.job.replay_of == source_key:
+                        out.append(EnqueueResult(existing.job, created=False))
+                        continue
+                    raise ConflictError(
+                        f"jobId {existing.job.client_id} names another job, not a replay of this one"
+                    )
+                if job_stream(key) in gone:
+                    raise gone[job_stream(key)].refusal()
+                refuse_unless_replayable(source.job)
+            except (ConflictError, JobNotFound, JobArchived) as exc:
+                out.append(exc)
+                continue
+            body = _enqueued_body(key, replace(req, replay_of=source_key), enqueued_by, tx)
+            new_chain = store.chain(job_stream(key), 0, [("job.enqueued", body)], prev_hash=None, at=tx.now)
+            new_job = reduce(None, new_chain.receipts()[0])
+            assert new_job is not None
+            src_chain = store.chain(
+                job_stream(source_key),
+                source.job.seq,
+                [("job.replayed", {REPLAYED_AS_FIELD: key})],
+                prev_hash=source.last_hash,
+                at=tx.now,
+            )
+            src_job = reduce(source.job, src_chain.receipts()[0])
+            assert src_job is not None
+            created.append((new_job, new_chain))
+            moved.append((source, src_job, src_chain))
+            changes += [
+                Change(None, new_job, ("job.enqueued",), tx.now),
+                Change(source.job, src_job, ("job.replayed",), tx.now),
+            ]
+            out.append(EnqueueResult(new_job, created=True))
+        writes: list[tuple[int, Write]] = []
+        for change in changes:
+            for index, hook in enumerate(self.hooks):
+                effect = hook.during(change)
+                if isinstance(effect, Companion):
+                    writes.append((index, _as_write(effect)))
+                elif effect is not None:
+                    writes.append((index, effect))
+        projection.insert_new(tx.conn, created)
+        projection.advance_many(tx.conn, moved)
+        for index, write in writes:
+            tx.results.setdefault(index, []).append(write.run(tx.conn))
+        tx.changes.extend(changes)
+        return out
+
+    def _replay_in(
+        self,
+        tx: _Tx,
+        heads: dict[str, projection.Loaded],
+        gone: Mapping[str, tombstones.Tombstone],
+        source_key: str,
+        req: EnqueueRequest,
+        key: str,
+        enqueued_by: Enqueuer | None,
+    ) -> EnqueueResult:
+        source = heads.get(source_key)
+        if source is None:
+            raise JobNotFound(source_key)
+        existing = heads.get(key)
+        if existing is not None:
+            if existing.job.replay_of == source_key:
+                return EnqueueResult(existing.job, created=False)  # a retried request
+            raise ConflictError(f"jobId {existing.job.client_id} names another job, not a replay of this one")
+        if job_stream(key) in gone:
+            raise gone[job_stream(key)].refusal()
+        refuse_unless_replayable(source.job)
+        body = _enqueued_body(key, replace(req, replay_of=source_key), enqueued_by, tx)
+        heads[key] = self._apply_head(tx, None, key, [("job.enqueued", body)])
+        heads[source_key] = self._apply_head(
+            tx, source, source_key, [("job.replayed", {REPLAYED_AS_FIELD: key})]
+        )
+        return EnqueueResult(heads[key].job, created=True)
 
     # -- enqueue ------------------------------------------------------------------------------
     def enqueue(self, req: EnqueueRequest, *, enqueued_by: Enqueuer | None = None) -> EnqueueResult:
@@ -856,6 +981,10 @@ def _enqueued_body(job_id: str, req: EnqueueRequest, enqueued_by: Enqueuer | Non
     trace_context = req.trace_context if req.trace_context is not None else tracing.enqueue_context()
     if trace_context is not None:
         body[TRACE_CONTEXT_FIELD] = dict(trace_context)
+    if req.tags:
+        body[TAGS_FIELD] = dict(req.tags)
+    if req.replay_of is not None:
+        body[REPLAY_OF_FIELD] = req.replay_of
     if req.run_at is not None or req.delay_ms is not None:
         when = delay.available_at(tx.now, req.run_at, req.delay_ms)
         if when is not None:
@@ -896,31 +1025,6 @@ class Batch:
         """Cancel a job in this transaction (a queued one outright, a running one gets an abort);
         None when it does not exist or has ended."""
         return self._queue._cancel_in(self._tx, job_id, reason)
-
-
-# A list cursor is the keyset position after a page: ``<createdAt in µs since the epoch>.<job key>``.
-# Every string of this shape is a position the server can resume from, and nothing else is, so
-# the OpenAPI document can state the rule exactly (api.schemas uses this pattern). 17 digits reach
-# past the year 5000; job ids follow their own pattern (app.jobs.ids).
-# The job part is its storage key: an organisation (or the system's own) and '/', or a bare key.
-_KEY_ORGANIZATION = "(?:" + re.escape(SYSTEM_ORGANIZATION) + "|" + ORGANIZATION_ID_PATTERN.pattern[1:-1] + ")"
-CURSOR_PATTERN = (
-    r"^([0-9]{1,17})\.((?:" + _KEY_ORGANIZATION + KEY_SEPARATOR + ")?" + JOB_ID_PATTERN.pattern[1:-1] + r")$"
-)
-_CURSOR = re.compile(CURSOR_PATTERN)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def encode_cursor(created: datetime, job_id: str) -> str:
-    return f"{(as_utc(created) - _EPOCH) // _MICROSECOND}.{job_id}"
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    match = _CURSOR.fullmatch(cursor)
-    if match is None:
-        raise ValidationError("cursor", "is not a cursor this server issued")
-    return _EPOCH + int(match.group(1)) * _MICROSECOND, match.group(2)
 
 
 def validate_status_filter(status: str | None) -> None:

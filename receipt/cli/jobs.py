@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 from receipt.cli import GROUPS, dev, timing
 from receipt.cli.output import Column, client_from_env, fail, fitted_table, no_retry_option, print_json
@@ -73,6 +74,17 @@ def payload_option_value(text: str, kind: str) -> dict[str, Any]:
 DEFAULT_KIND = "factory.run"
 
 
+def tag_option_value(tags: tuple[str, ...]) -> dict[str, str]:
+    """``--tag key:value`` options as the enqueue's ``tags`` (the server checks keys and values)."""
+    out: dict[str, str] = {}
+    for tag in tags:
+        key, sep, value = tag.partition(":")
+        if not sep:
+            raise click.BadParameter(f"{tag!r} is not key:value", param_hint="--tag")
+        out[key] = value
+    return out
+
+
 @jobs.command("enqueue")
 @click.argument("agent_id", required=False)
 @click.option(
@@ -86,6 +98,7 @@ DEFAULT_KIND = "factory.run"
 @click.option("--session-key", help="Session the job belongs to.")
 @click.option("--singleton-mode", help="allow, cancel or steer (with --session-key).")
 @click.option("--max-attempts", type=int, help="1..8 (default 2).")
+@click.option("--tag", "tags", multiple=True, help="A tag to find the job by, key:value (repeatable).")
 @click.option(
     "--at",
     "run_at",
@@ -123,6 +136,7 @@ def enqueue(
     session_key: str | None,
     singleton_mode: str | None,
     max_attempts: int | None,
+    tags: tuple[str, ...],
     run_at: str | None,
     delay: str | None,
     follow: bool,
@@ -152,6 +166,7 @@ def enqueue(
         "sessionKey": session_key,
         "singletonMode": singleton_mode,
         "maxAttempts": max_attempts,
+        "tags": tag_option_value(tags) or None,
     }
     if run_at is not None and delay is not None:
         raise click.UsageError("--at and --in say the same thing: give one")
@@ -209,13 +224,42 @@ def _enqueue_lines(lines: TextIO, *, user: str | None, quiet: bool) -> int:
 @click.option("--status", help="queued, leased, running, completed, failed or canceled.")
 @click.option("--agent", "agent_id", help="Only this agent id.")
 @click.option("--lane", help="Only this lane.")
+@click.option("--kind", help="Only this payload kind.")
+@click.option("--tag", help="Only jobs tagged key:value.")
+@click.option("--error-prefix", help="Only jobs whose error text starts with this.")
+@click.option("--since", help="Created at or after this RFC 3339 time.")
+@click.option("--until", help="Created before this RFC 3339 time.")
+@click.option("--cursor", help="Continue after a page (its nextCursor).")
 @click.option("--limit", type=int, default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="The page as JSON instead of a table.")
 @no_retry_option
-def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit: int, as_json: bool) -> int:
-    """List jobs, newest first."""
+def list_jobs(
+    status: str | None,
+    agent_id: str | None,
+    lane: str | None,
+    kind: str | None,
+    tag: str | None,
+    error_prefix: str | None,
+    since: str | None,
+    until: str | None,
+    cursor: str | None,
+    limit: int,
+    as_json: bool,
+) -> int:
+    """List jobs, newest first; the filters combine (the server refuses a bad one, naming it)."""
+    filters = {
+        "status": status,
+        "agentId": agent_id,
+        "lane": lane,
+        "kind": kind,
+        "tag": tag,
+        "errorPrefix": error_prefix,
+        "createdAfter": since,
+        "createdBefore": until,
+        "cursor": cursor,
+    }
     try:
-        page = client_from_env().list(status=status, agentId=agent_id, lane=lane, limit=limit)
+        page = client_from_env().list(limit=limit, **{k: v for k, v in filters.items() if v is not None})
     except ReceiptError as exc:
         raise fail(exc) from exc
     if as_json:
@@ -239,7 +283,7 @@ def list_jobs(status: str | None, agent_id: str | None, lane: str | None, limit:
     # Narrow terminals lose the right-hand columns first; an id is never cut short.
     console.print(fitted_table(LIST_COLUMNS, rows, console.width))
     if page.get("nextCursor"):
-        console.print("(more: narrow with --status/--agent/--lane, or raise --limit)")
+        console.print(f"(more: --cursor {page['nextCursor']}, or narrow the filters)")
     return 0
 
 
@@ -252,6 +296,106 @@ LIST_COLUMNS = (
     Column("updated"),
     Column("not before"),
 )
+
+
+@jobs.command("replay")
+@click.argument("job_id")
+@click.option(
+    "--replay-key", help="Derive the new job's id from this key (default 1): re-running is idempotent."
+)
+@click.option("--job-id", "new_id", help="Choose the new job's id instead.")
+@click.option(
+    "--payload", "payload_text", help="An edited payload (JSON object, or @file); default: the job's."
+)
+@click.option("--tag", "tags", multiple=True, help="The new job's tags, key:value (default: the job's).")
+@no_retry_option
+def replay(
+    job_id: str, replay_key: str | None, new_id: str | None, payload_text: str | None, tags: tuple[str, ...]
+) -> int:
+    """Replay an ended job as a new one (same or edited payload); prints {job, created, replayOf}."""
+    client = client_from_env()
+    fields: dict[str, Any] = {"replayKey": replay_key, "jobId": new_id}
+    if tags:
+        fields["tags"] = tag_option_value(tags)
+    try:
+        if payload_text is not None:
+            kind = str(client.get(job_id)["payload"].get("kind", ""))
+            fields["payload"] = client.with_auth_context(payload_option_value(payload_text, kind))
+        answer = client.replay(job_id, **{k: v for k, v in fields.items() if v is not None})
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    print_json(answer)
+    return 0
+
+
+@jobs.command("dead-letters")
+@click.option("--agent", "agent_id", help="Only this agent id.")
+@click.option("--kind", help="Only this payload kind.")
+@click.option("--error-prefix", help="Only errors starting with this.")
+@click.option(
+    "--replay",
+    "replay_key",
+    metavar="KEY",
+    help="Replay every dead letter the filters select instead (POST /jobs:bulk, idempotency key KEY: "
+    "running it again replays nothing twice); prints the progress of each page.",
+)
+@click.option("--dry-run", is_flag=True, help="With --replay: only count and sample.")
+@click.option("--json", "as_json", is_flag=True, help="The view as JSON instead of a table.")
+@no_retry_option
+def dead_letters(
+    agent_id: str | None,
+    kind: str | None,
+    error_prefix: str | None,
+    replay_key: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> int:
+    """Jobs that failed for good, per agent and kind with counts by error; --replay KEY re-runs them."""
+    filters = {"agentId": agent_id, "kind": kind, "errorPrefix": error_prefix}
+    chosen = {k: v for k, v in filters.items() if v is not None}
+    client = client_from_env()
+    try:
+        if replay_key is None and not dry_run:
+            view = client.dead_letters(**chosen)
+        else:
+            return _replay_dead_letters(client, chosen, replay_key, dry_run)
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    if as_json:
+        print_json(view)
+        return 0
+    table = Table("agent", "kind", "count", "error", "of these")
+    for group in view["groups"]:
+        for i, error in enumerate(group["errors"]):
+            first = i == 0
+            table.add_row(
+                group["agentId"] if first else "",
+                group["kind"] if first else "",
+                str(group["count"]) if first else "",
+                error["error"] or "(no error text)",
+                str(error["count"]),
+            )
+    Console().print(table)
+    return 0
+
+
+def _replay_dead_letters(client: Any, filters: dict[str, str], key: str | None, dry_run: bool) -> int:
+    flt = {"status": "failed", **filters}
+    if dry_run:
+        print_json(client.bulk(action="replay", filter=flt, dryRun=True))
+        return 0
+    cursor = None
+    while True:
+        body: dict[str, Any] = {"action": "replay", "filter": flt, "idempotencyKey": key}
+        if cursor is not None:
+            body["cursor"] = cursor
+        progress = client.bulk(**body)
+        click.echo(
+            json.dumps({k: progress[k] for k in ("processed", "affected", "skipped", "matched", "done")})
+        )
+        cursor = progress["nextCursor"]
+        if cursor is None:
+            return 0
 
 
 @jobs.command("cancel")

@@ -374,3 +374,88 @@ def test_schedules_from_the_client_and_the_cli(
     # Bad input is named before anything is sent.
     assert receipt_main(["schedules", "create", "x", "--agent", "factory", "--kind", "factory.run"]) == 2
     assert "--cron or --every" in capsys.readouterr().err
+
+
+# -- tags, search and replay ---------------------------------------------------------------------
+
+
+def test_the_cli_tags_lists_by_filter_and_replays(
+    serve: Serve,
+    token: tuple[str, str],
+    pg_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = serve("disabled")
+    cli_env(monkeypatch, url, token[1])
+    base = ["jobs", "enqueue", "factory", "--kind", "factory.run", "-q"]
+    assert receipt_main([*base, "--tag", "customer:acme", "--tag", "run:7"]) == 0
+    tagged = capsys.readouterr().out.strip()
+    assert receipt_main(base) == 0
+    capsys.readouterr()
+    assert receipt_main(["jobs", "list", "--tag", "customer:acme", "--json"]) == 0
+    page = json.loads(capsys.readouterr().out)
+    assert [j["id"] for j in page["jobs"]] == [tagged]
+    assert page["jobs"][0]["tags"] == {"customer": "acme", "run": "7"}
+    # A bad filter: the server's 400 naming it, exit 1.
+    assert receipt_main(["jobs", "list", "--kind", "nope"]) == 1
+    assert "kind" in capsys.readouterr().err
+    from app.composition import queue_for
+
+    queue = queue_for(pg_engine)
+    try:
+        queue.fail(f"{ORG}/{tagged}", None, None, "command exited with 1", retryable=False)
+    finally:
+        queue.close()
+    assert (
+        receipt_main(["jobs", "list", "--error-prefix", "command exited", "--status", "failed", "--json"])
+        == 0
+    )
+    assert [j["id"] for j in json.loads(capsys.readouterr().out)["jobs"]] == [tagged]
+    assert receipt_main(["jobs", "replay", tagged, "--replay-key", "again"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["created"] is True and first["replayOf"] == tagged
+    assert first["job"]["tags"] == {"customer": "acme", "run": "7"}
+    assert receipt_main(["jobs", "replay", tagged, "--replay-key", "again"]) == 0
+    retried = json.loads(capsys.readouterr().out)
+    assert retried["created"] is False and retried["job"]["id"] == first["job"]["id"]
+
+
+def test_the_cli_shows_dead_letters_and_replays_them(
+    serve: Serve,
+    token: tuple[str, str],
+    pg_engine: Engine,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = serve("disabled")
+    cli_env(monkeypatch, url, token[1])
+    from app.composition import queue_for
+
+    ids = []
+    for _ in range(2):
+        assert (
+            receipt_main(["jobs", "enqueue", "factory", "--kind", "factory.run", "--tag", "dl:cli", "-q"])
+            == 0
+        )
+        ids.append(capsys.readouterr().out.strip())
+    queue = queue_for(pg_engine)
+    try:
+        for job_id in ids:
+            queue.fail(f"{ORG}/{job_id}", None, None, "command exited with 3", retryable=False)
+    finally:
+        queue.close()
+    assert receipt_main(["jobs", "dead-letters", "--error-prefix", "command exited with 3", "--json"]) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["total"] == 2 and view["groups"][0]["errors"] == [
+        {"error": "command exited with 3", "count": 2}
+    ]
+    assert receipt_main(["jobs", "dead-letters", "--error-prefix", "command exited with 3"]) == 0
+    assert "command exited with 3" in capsys.readouterr().out
+    argv = ["jobs", "dead-letters", "--error-prefix", "command exited with 3", "--replay", "cli-dl"]
+    assert receipt_main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["affected"] == 2
+    assert receipt_main(argv) == 0  # again: the same pages, nothing replayed twice
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["affected"] == 2
+    assert receipt_main(["jobs", "list", "--tag", "dl:cli", "--status", "queued", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["jobs"]) == 2

@@ -136,6 +136,7 @@ def test_the_local_ticker_runs_an_overdue_loop_once_and_leaves_a_fresh_one_alone
             RECEIPT_RETRY_SCAN_INTERVAL_MS="1000",
             RECEIPT_LEASE_EXPIRY_INTERVAL_MS="1000",
             RECEIPT_SCHEDULE_SCAN_INTERVAL_MS="600000",  # another test's subject
+            RECEIPT_LOST_DELIVERY_SCAN_INTERVAL_MS="600000",  # and this one
         ),
     )
     job = enqueue(rt.queue, "factory")

@@ -189,6 +189,8 @@ def test_migrate_fixes_what_it_said(
 
 
 def run(argv: list[str], env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    # The line itself is the subject here: no start-up wait (the waits have their tests below).
+    env = {"RECEIPT_STARTUP_WAIT_S": "0", **env}
     full = base_env(RECEIPT_HOME=str(tmp_path / "home"), FLOWER_BASIC_AUTH="ops:pw", **env)
     return subprocess.run(argv, env=full, capture_output=True, text=True, timeout=120, check=False)
 
@@ -246,3 +248,34 @@ def test_flower_checks_the_broker_only(tmp_path: Path) -> None:
         f"REDIS_URL=redis://127.0.0.1:{port}/0: no Redis answers at 127.0.0.1:{port} "
         "(connection refused); start redis-server there, or set REDIS_URL to a server that runs"
     )
+
+
+# -- waiting at start for a server that is not up yet -------------------------------------------------
+
+
+WAITING = re.compile(r"^\S+ \S+ WARNING\s+(\S+) (\S+): waiting for (\S+) \(try (\d+), next in (\d+) s")
+
+
+def test_a_process_waits_for_an_unreachable_broker_then_exits_2_with_todays_line(tmp_path: Path) -> None:
+    """RECEIPT_STARTUP_WAIT_S=3: tries after 1 s and 2 s (doubling), one line a try, then the line
+    it printed at once before, and status 2. (Flower: it checks the broker alone; a worker that
+    waits and then starts is tests/e2e/test_faults.py.)"""
+    port = free_port()
+    env = {"REDIS_URL": f"redis://127.0.0.1:{port}/0", "RECEIPT_STARTUP_WAIT_S": "3"}
+    done = run([PYTHON, "-m", "tasks.flower"], env, tmp_path)
+    assert done.returncode == 2
+    output = done.stdout + done.stderr
+    waits = [m.groups() for m in map(WAITING.match, output.splitlines()) if m]
+    assert [(w[2], w[3], w[4]) for w in waits] == [("REDIS_URL", "1", "1"), ("REDIS_URL", "2", "2")], output
+    assert the_one_error(done)[2].endswith(
+        f"no Redis answers at 127.0.0.1:{port} (connection refused); "
+        "start redis-server there, or set REDIS_URL to a server that runs"
+    )
+
+
+def test_a_process_does_not_wait_for_a_host_that_does_not_resolve(tmp_path: Path) -> None:
+    env = {"REDIS_URL": "redis://no-such-host.invalid:6379/0", "RECEIPT_STARTUP_WAIT_S": "60"}
+    done = run([PYTHON, "-m", "tasks.flower"], env, tmp_path)
+    assert done.returncode == 2
+    assert not [m for m in map(WAITING.match, (done.stdout + done.stderr).splitlines()) if m]
+    assert "does not resolve" in the_one_error(done)[2]

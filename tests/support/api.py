@@ -139,6 +139,19 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
+def idle_loops() -> dict[str, Any]:
+    """Settings under which no recovery loop falls due while a test runs.
+
+    An in-process API has no worker beside it, so no loop ever runs: /readyz (rightly) calls each
+    one overdue three of its periods after the API was built, and a test slowed by a loaded
+    machine would read 503. Intervals of ten minutes and the watchdog's cron off keep it ready."""
+    from app.ops import loops as loop_registry
+
+    idle: dict[str, Any] = {declared.attr: 600_000 for declared in loop_registry.interval_settings()}
+    idle["objective_watchdog_enabled"] = False
+    return idle
+
+
 # -- Server-Sent Events -------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ A row is one request shape. Its templates name world values in braces, filled pe
 - ``{authOrg}``: the ``authContext.organizationId`` the caller posts: its own organisation (A for
   the system token, which acts for A).
 - ``{taskId}``, ``{watchdogTick}``, ``{missingObjectiveId}``: new values, never held by anyone.
+- ``{failedJobId}``: a job of A's that failed for good (what a replay takes).
 - ``{archivedJobId}``: a job A held, which the archiving pass has since moved out (a tombstone
   keeps its id: A gets 410 with its summary, B the unknown id's 404).
 
@@ -62,6 +63,7 @@ A_VALUES: Final[frozenset[str]] = frozenset(
         "scheduleId",
         "claimScheduleId",
         "archivedJobId",
+        "failedJobId",
     }
 )
 PLACEHOLDER = re.compile(r"\{([A-Za-z]+)\}")
@@ -390,6 +392,56 @@ def _api_rows() -> list[Row]:
             for t in COMMAND_TYPES
         ),
         _by_id("POST", "/jobs/{jobId}/cancel", 202, json={}),
+        # The dead-letter view counts the organisation the request acts in.
+        Row("GET", "/dead-letters", (200, 200, 200, 200, 401)),
+        Row(
+            "GET",
+            "/dead-letters",
+            (200, 403, 200, 200, 401),
+            case="organizationId=A",
+            query={ORG_PARAM: "{org}"},
+        ),
+        # A bulk action acts in the caller's organisation (a system token names another): B's filter
+        # on A's session key selects nothing of A's.
+        Row(
+            "POST",
+            "/jobs:bulk",
+            (200, 200, 200, 200, 401),
+            case="dry run",
+            json={"action": "replay", "filter": {}, "dryRun": True},
+        ),
+        Row(
+            "POST",
+            "/jobs:bulk",
+            (200, 200, 200, 200, 401),
+            case="cancel A's session",
+            json={
+                "action": "cancel",
+                "filter": {"sessionKey": "{sessionKey}"},
+                "idempotencyKey": "{sessionKey}",
+            },
+        ),
+        Row(
+            "POST",
+            "/jobs:bulk",
+            (200, 403, 200, 200, 401),
+            case="organizationId=A",
+            query={ORG_PARAM: "{org}"},
+            json={"action": "replay", "filter": {}, "dryRun": True},
+        ),
+        # Only an ended job is replayed: A's queued one is a 409, its failed one replays.
+        _by_id("POST", "/jobs/{jobId}/replay", 409, case="a queued job", json={}),
+        _by_id(
+            "POST", "/jobs/{jobId}/replay", 202, case="a failed job", args={"jobId": "{failedJobId}"}, json={}
+        ),
+        _by_id(
+            "POST",
+            "/jobs/{jobId}/replay",
+            410,
+            case="archived job",
+            args={"jobId": "{archivedJobId}"},
+            json={},
+        ),
         # An archived job: its id stays A's (410 with the tombstone's summary), and B cannot tell
         # it from an id no one holds.
         _by_id("GET", "/jobs/{jobId}", 410, case="archived job", args={"jobId": "{archivedJobId}"}),

@@ -3,10 +3,13 @@ the real redis-server in tests/integration/test_broker_probe.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from app.config import Settings
-from delivery.broker import EPOCH_KEY, NullProbe, RedisProbe, probe_for
+from delivery.broker import EPOCH_KEY, FolderProbe, NullProbe, RedisProbe, probe_for
+from delivery.folder_records import FolderRecords
 from tests.support.fake_redis import URL, FakeRedis
 
 
@@ -41,7 +44,18 @@ def test_a_broker_that_is_down_tells_nothing_and_supersedes_nothing(
     assert probe.epoch() is not None
 
 
-def test_the_embedded_folder_broker_gets_the_probe_that_knows_nothing() -> None:
-    probe = probe_for(Settings())
-    assert isinstance(probe, NullProbe)
-    assert (probe.epoch(), probe.queues_empty(["q"]), probe.client()) == (None, None, None)
+def test_the_embedded_folder_broker_gets_a_probe_that_counts_its_files(tmp_path: Path) -> None:
+    probe = probe_for(Settings(home=str(tmp_path)))
+    assert isinstance(probe, FolderProbe)
+    assert probe.epoch() is None
+    assert probe.queue_lengths(["q"]) is None  # no folder yet: nothing is known
+    data = tmp_path / "broker" / "data"
+    data.mkdir(parents=True)
+    (data / "1_a.q.msg").write_bytes(b"{}")
+    (data / "2_b.q.msg.tmp").write_bytes(b"")  # being written: about to be there
+    (data / "3_c.other.msg").write_bytes(b"{}")
+    assert probe.queue_lengths(["q", "other", "empty"]) == {"q": 2, "other": 1, "empty": 0}
+    assert probe.queues_empty(["empty"]) is True and probe.queues_empty(["q", "empty"]) is False
+    assert isinstance(probe.client(), FolderRecords)
+    assert not (tmp_path / "broker" / "records").exists()  # made on the first write, not by a probe
+    assert NullProbe().queue_lengths(["q"]) is None

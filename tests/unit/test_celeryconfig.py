@@ -6,7 +6,6 @@ Each assertion pins one decision recorded in ``celeryconfig.py`` and docs/design
 from __future__ import annotations
 
 import importlib
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,8 +139,10 @@ def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> N
         RETRY_TASK,
         registry.SCHEDULES.task,
         registry.WORKER_LIVENESS.task,
+        registry.LOST_DELIVERIES.task,
     }
     by_task = {e["task"]: e for e in schedule.values()}
+    assert by_task[registry.LOST_DELIVERIES.task]["schedule"].total_seconds() == 1.0
     assert by_task[REDRIVE_TASK]["schedule"].total_seconds() == 7.0
     assert by_task[EXPIRE_TASK]["schedule"].total_seconds() == 3.0
     assert by_task[RETRY_TASK]["schedule"].total_seconds() == 0.5
@@ -202,39 +203,12 @@ def test_plain_redis_urls_use_the_transport_that_reuses_its_client(
     assert build(tmp_path, REDIS_URL=url)["broker_transport"] == expected
 
 
-def test_the_embedded_broker_uses_the_folder_transport_whose_messages_appear_whole(tmp_path: Path) -> None:
-    assert build(tmp_path)["broker_transport"] == "delivery.folder_transport:Transport"
-
-
-def test_a_folder_message_is_never_seen_half_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A consumer lists the queue folder while a message is being written: it finds only complete
-    messages (kombu's own transport shows it the file before its bytes: celery/kombu#1551)."""
-    from kombu.connection import Connection
-
-    from delivery import folder_transport
-
-    folder = tmp_path / "broker"
-    folder.mkdir()
-    options = {"data_folder_in": str(folder), "data_folder_out": str(folder)}
-    seen: list[list[str]] = []
-    real_open = open
-
-    def watching_open(path: Any, *args: Any, **kwargs: Any) -> Any:
-        f = real_open(path, *args, **kwargs)
-        if str(path).endswith(folder_transport.PARTIAL_SUFFIX):
-            seen.append([n for n in os.listdir(folder) if n.endswith(".q.msg")])  # what a consumer finds
-        return f
-
-    monkeypatch.setattr(folder_transport, "open", watching_open, raising=False)
-    connection = Connection(  # type: ignore[no-untyped-call]
-        "filesystem://localhost/", transport=folder_transport.Transport, transport_options=options
-    )
-    with connection as conn:
-        channel = conn.default_channel
-        channel._put("q", {"body": "whole"})
-        assert seen == [[]]
-        assert channel._get("q") == {"body": "whole"}
-        assert [n for n in os.listdir(folder)] == []
+def test_the_embedded_broker_uses_the_atomic_folder_transport(tmp_path: Path) -> None:
+    conf = build(tmp_path)
+    assert conf["broker_transport"] == "delivery.folder_transport:Transport"
+    options = conf["broker_transport_options"]
+    assert options["dead_letter_folder"] == str(tmp_path / "broker" / "dead")
+    assert options["claim_folder"] == str(tmp_path / "broker" / "claimed")
 
 
 # -- the module Celery reads by name --------------------------------------------------------------

@@ -70,6 +70,7 @@ def test_which_loops_a_deployment_runs() -> None:
         "objective-watchdog",
         "schedules",
         "worker-liveness",
+        "lost-deliveries",
         "archive",
     }
     assert names(registry.active(Settings())) == every - {"callbacks", "archive"}

@@ -273,3 +273,109 @@ def test_require_reports_every_problem_and_exits_2(
     assert exited.value.code == preflight.EXIT_CODE == 2
     lines = capsys.readouterr().err.splitlines()
     assert [line.split("=", 1)[0] for line in lines] == ["DATABASE_URL", "REDIS_URL"]
+
+
+# -- waiting at start ----------------------------------------------------------------------------------
+
+
+def _refused(setting: str = "REDIS_URL") -> preflight.Problem:
+    return preflight.Problem(
+        setting, f"{setting}=x", "no Redis answers (connection refused)", "start it", True
+    )
+
+
+def test_require_waits_out_transient_problems_with_a_doubling_backoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answers = [[_refused()], [_refused()], [_refused()], []]
+    monkeypatch.setattr(preflight, "problems", lambda *a, **k: answers.pop(0))
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    preflight.require(settings(tmp_path), database=None, broker=True, sleep=sleep, clock=lambda: now[0])
+    assert slept == [1.0, 2.0, 4.0]
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":", 1)[0] for line in lines[:3]] == [
+        "waiting for REDIS_URL (try 1, next in 1 s, giving up 60 s after start)",
+        "waiting for REDIS_URL (try 2, next in 2 s, giving up 60 s after start)",
+        "waiting for REDIS_URL (try 3, next in 4 s, giving up 60 s after start)",
+    ]
+    assert lines[3] == "start-up checks pass after 3 tries; starting"
+
+
+def test_require_gives_up_at_the_setting_with_todays_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(preflight, "problems", lambda *a, **k: [_refused()])
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    s = settings(tmp_path, RECEIPT_STARTUP_WAIT_S="20")
+    with pytest.raises(SystemExit) as exited:
+        preflight.require(s, database=None, broker=True, sleep=sleep, clock=lambda: now[0])
+    assert exited.value.code == 2
+    assert slept == [1.0, 2.0, 4.0, 8.0, 5.0]  # doubling, the last one cut at the deadline
+    assert sum(slept) == 20
+    assert capsys.readouterr().err.splitlines()[-1] == _refused().line()
+
+
+def test_require_fails_at_once_when_waiting_cannot_help(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    permanent = preflight.Problem("DATABASE_URL", "x", "the host name 'db' does not resolve", "fix it")
+    monkeypatch.setattr(preflight, "problems", lambda *a, **k: [_refused(), permanent])
+    slept: list[float] = []
+    with pytest.raises(SystemExit):
+        preflight.require(settings(tmp_path), database=None, broker=True, sleep=slept.append)
+    assert slept == []
+    monkeypatch.setattr(preflight, "problems", lambda *a, **k: [_refused()])
+    with pytest.raises(SystemExit):
+        preflight.require(
+            settings(tmp_path, RECEIPT_STARTUP_WAIT_S="0"), database=None, broker=True, sleep=slept.append
+        )
+    assert slept == []
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (rex.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused."), True),
+        (rex.TimeoutError("Timeout connecting to server"), True),
+        (rex.BusyLoadingError("Redis is loading the dataset in memory"), True),
+        (rex.ConnectionError("Error -2 connecting to nohost:6379. Name or service not known."), False),
+        (rex.AuthenticationError("invalid password"), False),
+        (rex.ResponseError("DB index is out of range"), False),
+    ],
+)
+def test_which_broker_errors_are_waited_for(error: Exception, transient: bool) -> None:
+    assert preflight.broker_error_is_transient(error) is transient
+
+
+@pytest.mark.parametrize(
+    ("message", "transient"),
+    [
+        ('connection to server at "127.0.0.1", port 1 failed: Connection refused', True),
+        ("timeout expired", True),
+        ("FATAL:  the database system is starting up", True),
+        ('could not translate host name "db" to address: Name or service not known', False),
+        ('FATAL:  password authentication failed for user "x"', False),
+        ('FATAL:  database "x" does not exist', False),
+    ],
+)
+def test_which_database_errors_are_waited_for(message: str, transient: bool) -> None:
+    assert preflight.database_error_is_transient(Exception(message)) is transient
+
+
+def test_the_startup_wait_setting_is_bounded() -> None:
+    assert Settings.from_env({}).startup_wait_s == 60
+    for bad in ("-1", "3601", "soon"):
+        with pytest.raises(ValueError, match="RECEIPT_STARTUP_WAIT_S"):
+            Settings.from_env({"RECEIPT_STARTUP_WAIT_S": bad})

@@ -135,6 +135,7 @@ BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "queue.command.consumed": st.fixed_dictionaries({"commandId": st.sampled_from([*COMMAND_IDS, "c9"])}),
     "job.lease_expired": merged(fence, maybe("error", st.just("lease expired"))),
     "job.released": merged(fence, maybe("reason", st.just("shutdown"))),
+    "job.replayed": st.fixed_dictionaries({"replayedAs": st.sampled_from(["o/r1", "o/r2"])}),
 }
 assert set(BODIES) == set(EVENT_TYPES)
 
@@ -153,6 +154,7 @@ _WEIGHTS = {
     "queue.command.consumed": 2,
     "job.lease_expired": 3,
     "job.released": 2,
+    "job.replayed": 1,
 }
 WEIGHTED_TYPES = [t for t in EVENT_TYPES for _ in range(_WEIGHTS[t])]
 FENCED = (
@@ -332,8 +334,11 @@ def test_the_three_invariants_hold_step_by_step(events: list[Receipt]) -> None:
             assert getattr(after, name) == getattr(before, name)
         if r.type == "job.enqueued":
             assert after == inert
-        # Terminal states are absorbing.
-        if before.status in TERMINAL_STATUSES:
+        # Terminal states are absorbing; job.replayed only records the job that replays it.
+        if before.status in TERMINAL_STATUSES and r.type == "job.replayed":
+            assert replace(after, replayed_as=before.replayed_as, updated_at=before.updated_at) == inert
+            assert set(after.replayed_as) - set(before.replayed_as) <= {body.get("replayedAs")}
+        elif before.status in TERMINAL_STATUSES:
             assert after == inert
         # Invariant 1: job.leased only from queued, and leased is only reached by job.leased.
         if r.type == "job.leased" and before.status != "queued":

@@ -262,3 +262,16 @@ def test_a_command_folds_the_queue_command_lane_it_was_sent_on() -> None:
     assert [c.to_json().get("lane") for c in job.commands] == ["follow_up", None, None]
     assert ["lane" in c.to_json() for c in job.commands] == [True, False, False]
     assert Job.from_json(job.to_json()) == job
+
+
+def test_tags_fold_from_job_enqueued_and_an_old_receipt_folds_unchanged() -> None:
+    old = folded(enq())
+    assert old.tags == {}
+    assert "tags" not in old.to_json()  # a projection folded before tags existed equals its rebuild
+    base = enq()
+    tagged = folded(Receipt(S, 1, "job.enqueued", {**base.body, "tags": {"customer": "acme"}}, at=base.at))
+    assert tagged.tags == {"customer": "acme"}
+    assert Job.from_json(tagged.to_json()) == tagged
+    # A hand-edited body of another shape folds to no tags (only the documented error may escape).
+    odd = folded(Receipt(S, 1, "job.enqueued", {**base.body, "tags": ["x"]}, at=base.at))
+    assert odd.tags == {}

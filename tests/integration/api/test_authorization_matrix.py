@@ -158,6 +158,8 @@ def a_world(env: Env, row: Row) -> dict[str, str]:
         world.update(objectiveId=objective_id, objectiveStream=json_of(response)["async"]["stream"])
     if "archivedJobId" in names:
         world["archivedJobId"] = archived_job(env, client, headers)
+    if "failedJobId" in names:
+        world["failedJobId"] = failed_job(env, client, headers)
     if names & {"scheduleId", "claimScheduleId"}:
         schedule_id = fresh("schedule")
         body = {
@@ -169,6 +171,19 @@ def a_world(env: Env, row: Row) -> dict[str, str]:
         assert response.status_code == 201, response.get_data(as_text=True)
         world["scheduleId"] = schedule_id
     return world
+
+
+def failed_job(env: Env, client: Any, headers: Mapping[str, str]) -> str:
+    """A job of A's that failed for good (not retryable)."""
+    job_id = fresh("failed")
+    body = {
+        "jobId": job_id,
+        "payload": {"kind": "factory.run", "authContext": {"userId": "u", "organizationId": ORG_A}},
+    }
+    response = client.post("/agents/factory/jobs", json=body, headers=headers)
+    assert response.status_code == 202, response.get_data(as_text=True)
+    assert env.api.queue.fail(f"{ORG_A}/{job_id}", None, None, "boom", retryable=False).job.status == "failed"
+    return job_id
 
 
 def archived_job(env: Env, client: Any, headers: Mapping[str, str]) -> str:
@@ -228,6 +243,7 @@ def never_used(values: Mapping[str, str]) -> dict[str, str]:
         ("sessionKey", "session"),
         ("scheduleId", "schedule"),
         ("archivedJobId", "archived"),
+        ("failedJobId", "failed"),
     ):
         if name in values:
             replacements[values[name]] = out[name] = fresh(prefix)

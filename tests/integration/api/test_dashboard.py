@@ -603,3 +603,22 @@ def test_a_released_attempt_shows_on_the_job_page_and_its_timeline(sqlite_api: A
     assert "handed back (shutdown), not charged" in page
     listed = sqlite_api.client.get(f"/jobs/{job['id']}", headers=sqlite_api.headers("a")).get_json()["job"]
     assert (listed["status"], listed["attempt"], listed["released"]) == ("queued", 1, 1)
+
+
+def test_the_search_filters_kind_tag_error_and_time(api: Api) -> None:
+    tagged = api.job(jobId="tagged-1", tags={"customer": "acme"})
+    api.job(jobId="other-2", tags={"customer": "globex"})
+    task = api.job(agent="test-echo", jobId="task-3", payload=payload("factory.task.run"))
+    api.queue.fail(key(task), None, None, "command exited with 1", retryable=False)
+    sign_in(api)
+    get = api.client.get
+    assert _rows(get("/ui/jobs?tag=customer:acme")) == [tagged["id"]]
+    assert _rows(get("/ui/jobs?kind=factory.task.run")) == ["task-3"]
+    assert _rows(get("/ui/jobs?error=command+exited")) == ["task-3"]
+    assert _rows(get("/ui/jobs?from=2999-01-01T00:00:00Z")) == []
+    page = text(get("/ui/jobs?tag=customer:acme"))
+    assert 'value="customer:acme"' in page  # the form keeps the filter
+    for query, field in (("tag=nocolon", "tag"), ("kind=nope", "kind"), ("from=yesterday", "from")):
+        response = get(f"/ui/jobs?{query}")
+        assert response.status_code == 400
+        assert f"{field}:" in text(response)

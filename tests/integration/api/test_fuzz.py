@@ -25,9 +25,8 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from sqlalchemy.engine import Engine
 
-from app.ops import loops as loop_registry
 from app.storage import tokens
-from tests.support.api import ORG_A, Api, build_api, make_settings
+from tests.support.api import ORG_A, Api, build_api, idle_loops, make_settings
 
 # Generated requests over the whole HTTP contract take tens of seconds: make test runs them,
 # make test-fast does not.
@@ -51,12 +50,8 @@ def fuzz_api(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Api]:
     callspec = getattr(request.node, "callspec", None)
     tight = TIGHT if callspec is not None and "tight" in callspec.id else {}
     # Event streams end at once (max 0 s): the fuzzer checks their headers and errors, not waits.
-    # No worker runs here, so no recovery loop does: long loop intervals keep /readyz from
-    # (rightly) calling the deployment not ready while the fuzzer runs.
-    loops_idle: dict[str, Any] = {declared.attr: 600_000 for declared in loop_registry.interval_settings()}
-    # The watchdog runs on a cron (every minute), not an interval: on for a run longer than three
-    # of its periods (a loaded machine) it was overdue and /readyz answered 503 mid-fuzz.
-    loops_idle["objective_watchdog_enabled"] = False
+    # No worker runs here: idle loops keep /readyz ready however long the fuzzer runs.
+    loops_idle = idle_loops()
     api = build_api(
         engine,
         make_settings(tmp_path, sse_max_seconds=0, max_body_bytes=64 * 1024, **tight, **loops_idle),

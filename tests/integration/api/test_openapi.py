@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,9 +13,17 @@ from referencing import Registry, Resource
 
 from api import schemas
 from api.openapi import _as_documented
+from app.config import Settings
 from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.vocab import COMMAND_TYPES, LANES, SINGLETON_MODES, STATUSES
-from tests.support.api import WORKER, Api, json_of, key
+from tests.support.api import WORKER, Api, idle_loops, json_of, key, make_settings
+
+
+@pytest.fixture
+def api_settings(tmp_path: Path) -> Settings:
+    # No worker runs beside this API: with its loops idle, /readyz answers 200 however long a
+    # loaded machine makes the test.
+    return make_settings(tmp_path, **idle_loops())
 
 
 @pytest.fixture

@@ -78,7 +78,7 @@ def _web_process_modules(tmp_path: Path, redis_url: str = "") -> dict[str, str]:
 def test_the_web_process_loads_no_worker_code_on_the_embedded_broker(tmp_path: Path) -> None:
     seen = _web_process_modules(tmp_path)
     assert seen["loaded"] == "", f"the web process imported worker code: {seen['loaded']}"
-    assert seen["transport"] == "kombu.transport.filesystem"
+    assert seen["transport"] == "delivery.folder_transport"
 
 
 @pytest.mark.redis
@@ -207,6 +207,8 @@ def test_readyz_fails_naming_wake_when_the_publisher_breaks(
 
     # The transport module goes missing under a running app (a broken install, a bad upgrade).
     monkeypatch.setattr(publisher.delivery.celery.conf, "broker_url", broken_transport)
+    # The URL names the transport again (the embedded configuration names ours).
+    monkeypatch.setitem(publisher.delivery.celery.conf, "broker_transport", None)
     response = client.get("/readyz", headers=headers)
     assert response.status_code == 503
     error = json_of(response)["error"]
