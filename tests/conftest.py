@@ -18,6 +18,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -145,6 +146,26 @@ def pg_engine(pg_database_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def sqlite_engine(sqlite_database_url: str) -> Iterator[Engine]:
     yield from _opened(sqlite_database_url)
+
+
+E2E_PREFIX = "tests/e2e/"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with every end-to-end test in one group, so one worker runs the
+    deployments one after another while the other runs the unit and integration tiers.
+
+    The tier is grouped by its path here, on the controller: the ``xdist_group`` marks the modules
+    carry reach the scheduler only as a suffix the workers add to each node id, and with this
+    pytest and pytest-xdist they arrive without it (every end-to-end module ran on both workers,
+    two deployments at once)."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    class EndToEndOnOneWorker(LoadGroupScheduling):  # type: ignore[misc]  # xdist ships no types
+        def _split_scope(self, nodeid: str) -> str:
+            return "e2e" if nodeid.startswith(E2E_PREFIX) else super()._split_scope(nodeid)
+
+    return EndToEndOnOneWorker(config, log)
 
 
 BACKENDS = ("sqlite", "postgres")

@@ -28,7 +28,12 @@ from .runtime_support import ORG, enqueue, registry_of
 def json_lines() -> Iterator[io.StringIO]:
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
-    logs.configure(Settings.from_env({"RECEIPT_LOG_FORMAT": "json"}), "worker-chat")
+    held = {name: logging.getLogger(name).level for name in (*logs.TICK_LOGGERS, logs.TICK_PASSES)}
+    # Celery's per-task outcome lines are held back unless RECEIPT_LOG_TICKS=enabled: this test
+    # reads one of them.
+    logs.configure(
+        Settings.from_env({"RECEIPT_LOG_FORMAT": "json", "RECEIPT_LOG_TICKS": "enabled"}), "worker-chat"
+    )
     buf = io.StringIO()
     handler = root.handlers[0]
     assert isinstance(handler, logging.StreamHandler)
@@ -37,6 +42,8 @@ def json_lines() -> Iterator[io.StringIO]:
     logs.clear_job()
     root.handlers[:] = saved[0]
     root.setLevel(saved[1])
+    for name, level in held.items():
+        logging.getLogger(name).setLevel(level)
 
 
 def noisy(ctx: JobContext) -> Any:

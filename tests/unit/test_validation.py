@@ -204,6 +204,7 @@ def test_unknown_body_fields_are_rejected_naming_the_known_ones() -> None:
         "maxAttempts",
         "runAt",
         "delayMs",
+        "tags",
     }
 
 

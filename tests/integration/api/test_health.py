@@ -168,6 +168,7 @@ def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_thr
         "objective-watchdog",
         "schedules",
         "worker-liveness",
+        "lost-deliveries",
     }
     assert runs["queued-redrive"]["intervalMs"] == 1000 and runs["queued-redrive"]["overdue"] is False
     assert runs["queued-redrive"]["lastRun"] is not None
