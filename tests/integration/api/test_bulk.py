@@ -3,11 +3,10 @@ a cap per call resumed by a cursor, a receipt per job and an audit stream per op
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
-
-from app.storage.db import receipts
+from app.storage import store
 from app.storage.operations import operation_stream
 from tests.support.api import ORG_A, ORG_B, Api, json_of, key, payload
 
@@ -26,14 +25,9 @@ def _failed(api: Api, n: int, tag: str, who: str = "a") -> list[dict[str, Any]]:
     return made
 
 
-def _stream(api: Api, stream: str) -> list[tuple[str, dict[str, Any]]]:
+def _stream(api: Api, stream: str) -> list[tuple[str, Mapping[str, Any]]]:
     with api.engine.connect() as conn:
-        rows = conn.execute(
-            select(receipts.c.type, receipts.c.body)
-            .where(receipts.c.stream == stream)
-            .order_by(receipts.c.seq)
-        ).all()
-    return [(r.type, r.body) for r in rows]
+        return [(r.type, r.body) for r in store.read_stream(conn, stream)]
 
 
 def test_a_dry_run_counts_and_samples_and_writes_nothing(api: Api) -> None:

@@ -3,12 +3,11 @@ in its organisation, idempotent under a retried request; an objective's job goes
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
-
 from app.jobs.replay import derived_id
-from app.storage.db import receipts
+from app.storage import store
 from tests.support.api import ORG_A, ORG_B, Api, json_of, key, payload
 
 
@@ -24,14 +23,9 @@ def _replay(api: Api, job_id: str, who: str = "a", **body: Any) -> Any:
     return api.client.post(f"/jobs/{job_id}/replay", json=body, headers=api.headers(who))
 
 
-def _stream(api: Api, stream: str) -> list[tuple[str, dict[str, Any]]]:
+def _stream(api: Api, stream: str) -> list[tuple[str, Mapping[str, Any]]]:
     with api.engine.connect() as conn:
-        rows = conn.execute(
-            select(receipts.c.type, receipts.c.body)
-            .where(receipts.c.stream == stream)
-            .order_by(receipts.c.seq)
-        ).all()
-    return [(r.type, r.body) for r in rows]
+        return [(r.type, r.body) for r in store.read_stream(conn, stream)]
 
 
 def test_a_failed_job_is_replayed_as_a_new_job_linked_both_ways(api: Api) -> None:
