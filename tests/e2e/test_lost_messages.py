@@ -15,6 +15,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -80,6 +81,20 @@ def _consumers(stack: Stack, action: str) -> None:
 # -- Redis -------------------------------------------------------------------------------------------
 
 
+def _dead_letters(stack: Stack) -> list[dict[str, Any]]:
+    """The rows ``receipt dead-letters`` lists on this deployment."""
+    listed = subprocess.run(
+        [PYTHON, "-m", "app.ops.cli", "dead-letters"],
+        env=stack.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    rows: list[dict[str, Any]] = json.loads(listed.stdout)["rows"]
+    return rows
+
+
 def test_a_redis_queue_key_deleted_between_send_and_fetch(stack: Stack) -> None:
     _production_redrive(stack)
     stack.start("web", "driver", "chat", "beat")
@@ -123,15 +138,7 @@ def test_garbage_on_a_redis_queue_becomes_dead_letters_and_the_worker_goes_on(st
     assert chat.alive()
     assert chat.log_count("Unrecoverable error") == 0
     assert chat.log_count(f"undecodable message on queue {CHAT}") == 3
-    listed = subprocess.run(
-        [PYTHON, "-m", "app.ops.cli", "dead-letters"],
-        env=stack.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    rows = json.loads(listed.stdout)["rows"]
+    rows = _dead_letters(stack)
     # The transport keeps the raw bytes; Celery's consumer keeps the body it could not parse.
     assert sorted(r["size"] for r in rows) == [len(b"not json"), len(b"\x00garbage"), len(b'{"body": "x"}')]
     assert {r["queue"] for r in rows} == {CHAT}
@@ -225,15 +232,7 @@ def test_a_message_file_emptied_or_corrupted_in_the_embedded_broker(
     assert chat.alive()
     assert chat.log_count("Unrecoverable error") == 0
     assert chat.log_count(f"undecodable message on queue {CHAT}") == 1
-    listed = subprocess.run(
-        [PYTHON, "-m", "app.ops.cli", "dead-letters"],
-        env=stack.env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    rows = json.loads(listed.stdout)["rows"]
+    rows = _dead_letters(stack)
     assert [(r["queue"], r["size"]) for r in rows] == [(CHAT, len(content))]
     # The worker goes on consuming: a second job runs on it.
     second = stack.post_job(handlers.ECHO)["id"]
