@@ -36,14 +36,15 @@ class WorkerDatabase:
             names = conn.execute(
                 text("SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename")
             ).scalars()
-            self._tables = [n for n in names if n not in KEPT_TABLES]
+            self._truncate = "TRUNCATE {} RESTART IDENTITY CASCADE".format(
+                ", ".join(f'"{n}"' for n in names if n not in KEPT_TABLES)
+            )
 
     def reset(self) -> None:
         """Empty every table, after ending any session a previous test or process left open.
 
         Session replication role ``replica`` keeps the append-only TRUNCATE trigger from firing in
         this one session; the triggers themselves stay, and are checked to be enabled."""
-        listed = ", ".join(f'"{name}"' for name in self._tables)
         with self._engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(
                 text(
@@ -67,7 +68,7 @@ class WorkerDatabase:
                 )
             conn.execute(text("SET session_replication_role = replica"))
             conn.execute(text("SET lock_timeout = '10s'"))
-            conn.execute(text(f"TRUNCATE {listed} RESTART IDENTITY CASCADE"))
+            conn.execute(text(self._truncate))
             conn.execute(text("RESET session_replication_role"))
 
     def close(self) -> None:
