@@ -22,6 +22,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    ForeignKey,
     Index,
     Integer,
     MetaData,
@@ -116,6 +117,10 @@ jobs = Table(
     # Migration 0012: a search by kind or by agent, newest first, walks only that kind's (agent's) jobs.
     Index("ix_jobs_org_kind_created", "organization_id", "kind", "created_at", "id"),
     Index("ix_jobs_org_agent_created", "organization_id", "agent_id", "created_at", "id"),
+    # Migration 0013: a search by lane, and a system identity's list of every organisation, newest
+    # first (without them, a lane few jobs use, or the whole list, sorted the history for a page).
+    Index("ix_jobs_org_lane_created", "organization_id", "lane", "created_at", "id"),
+    Index("ix_jobs_created", "created_at", "id"),
 )
 # A tag filter (``tags @> {"key": "value"}``): a GIN index over the tags. PostgreSQL only (migration
 # 0012), as ix_jobs_queued_since; SQLite filters the rows its other indexes give.
@@ -131,7 +136,42 @@ Index(
     func.coalesce(jobs.c.available_at, jobs.c.status_changed_at),
     postgresql_where=jobs.c.status == "queued",
 ).ddl_if(dialect="postgresql")
-POSTGRES_ONLY_INDEXES = frozenset({"ix_jobs_queued_since", "ix_jobs_tags"})
+# A search by the start of the error's text (migration 0013): the errored jobs of an organisation
+# by error text, in byte order (``text_pattern_ops``, so ``LIKE 'prefix%'`` is a range of it
+# whatever the database's collation). A rare prefix reads its few rows and sorts them for the
+# page; a common one is faster walked newest first (``ix_jobs_org_created``): the planner weighs
+# the two by the prefix's estimated share. PostgreSQL only: the operator class is.
+Index(
+    "ix_jobs_org_error",
+    jobs.c.organization_id,
+    jobs.c.error_text,
+    jobs.c.created_at,
+    jobs.c.id,
+    postgresql_ops={"error_text": "text_pattern_ops"},
+    postgresql_where=jobs.c.error_text.is_not(None),
+).ddl_if(dialect="postgresql")
+POSTGRES_ONLY_INDEXES = frozenset({"ix_jobs_queued_since", "ix_jobs_tags", "ix_jobs_org_error"})
+
+# Projection of each job's tags, one row per tag (migration 0013): what a tag filter walks. Its
+# index holds an organisation's jobs of one tag newest first, so the first page of
+# ``GET /jobs?tag=key:value`` is a keyset walk of that tag's rows alone (the GIN index above finds
+# the tagged jobs, then sorts all of them for the page). The database keeps it equal to
+# ``jobs.tags``: a trigger on ``jobs`` (insert, and an update that changes the tags, organisation
+# or creation time) writes it in the statement that writes the job's row, so every writer -- the
+# one-statement transition, the bulk paths, ``receipt rebuild-projections``, the previous release
+# during a deploy -- keeps it in the receipt's transaction; deleting the job (archiving, a rebuild)
+# cascades. Key and value are unbounded text here: the enqueue bounds them, and a rebuild of an
+# edited receipt must not fail on a length.
+job_tags = Table(
+    "job_tags",
+    metadata,
+    Column("job_id", String(KEY_LENGTH), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("organization_id", String(256), nullable=True),
+    Column("created_at", _Time, nullable=False),
+    Index("ix_job_tags_org_tag_created", "organization_id", "key", "value", "created_at", "job_id"),
+)
 
 # Projection of `tokens/<id>` streams: API tokens, stored as SHA-256 hashes only.
 api_tokens = Table(

@@ -23,7 +23,16 @@ from app.jobs.ids import SYSTEM_ORGANIZATION
 from app.jobs.reducer import Job, fold
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
 from app.storage import bulk, store
-from app.storage.db import ERROR_TEXT_LENGTH, archived_streams, as_utc, db_now, is_sqlite, jobs, parse_iso
+from app.storage.db import (
+    ERROR_TEXT_LENGTH,
+    archived_streams,
+    as_utc,
+    db_now,
+    is_sqlite,
+    job_tags,
+    jobs,
+    parse_iso,
+)
 from app.storage.db import receipts as receipts_table
 from app.storage.direct import Direct, multi_row_params
 from app.storage.store import StoredReceipt, fold_stream, streams
@@ -408,7 +417,11 @@ def save(conn: Connection, job: Job, *, previous: Loaded | None, last: StoredRec
 
 
 def rebuild(conn: Connection) -> int:
-    """Drop every projection row and re-fold every ``jobs/`` stream. Returns the job count."""
+    """Drop every projection row and re-fold every ``jobs/`` stream. Returns the job count.
+
+    ``job_tags`` is rebuilt with it: emptied here, and refilled from each row's tags by the
+    database as the row is written (its trigger, migration 0013)."""
+    conn.execute(delete(job_tags))
     conn.execute(delete(jobs))
     count = 0
     for stream in streams(conn, JOB_STREAM_PREFIX):

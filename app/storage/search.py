@@ -24,7 +24,7 @@ from app.jobs.tags import TAG_KEY_MAX, TAG_VALUE_MAX, parse_tag_filter
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
 from app.jobs.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, LANES, STATUSES, WORKER_GROUPS
 from app.storage.cursor import decode_cursor, encode_cursor
-from app.storage.db import ERROR_TEXT_LENGTH, as_utc, has_tag, iso, jobs
+from app.storage.db import ERROR_TEXT_LENGTH, as_utc, has_tag, iso, job_tags, jobs
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def conditions(
     if f.kind is not None:
         where.append(jobs.c.kind == f.kind)
     if f.tag is not None:
-        where.append(has_tag(conn, *f.tag))
+        where.append(_tagged(conn, scope, f))
     if f.error_prefix:
         where.append(jobs.c.error_text.startswith(f.error_prefix, autoescape=True))
     if f.created_after is not None:
@@ -147,23 +147,70 @@ def conditions(
     return where or [true()]
 
 
-def after_cursor(q: Select[Any], cursor: str | None) -> Select[Any]:
-    """``q`` from the keyset position after ``cursor`` (newest first: created_at, then id)."""
+def one_organization(scope: Scope, f: JobFilter) -> tuple[bool, str | None]:
+    """Whether ``f`` within ``scope`` selects one organisation's jobs, and which."""
+    if not scope.all_organizations:
+        return True, scope.organization_id
+    return f.organization_id is not None, f.organization_id
+
+
+def _tag_rows(organization_id: str | None, tag: tuple[str, str]) -> list[ColumnElement[bool]]:
+    """The ``job_tags`` rows of one organisation's jobs tagged ``key: value``: one range of
+    ``ix_job_tags_org_tag_created``."""
+    key, value = tag
+    return [job_tags.c.organization_id == organization_id, job_tags.c.key == key, job_tags.c.value == value]
+
+
+def _tagged(conn: Connection, scope: Scope, f: JobFilter) -> ColumnElement[bool]:
+    """SQL for "the job carries ``f.tag``": the jobs of its ``job_tags`` range when the filter is
+    within one organisation; across organisations (a system identity naming none), the ``jobs.tags``
+    test (``db.has_tag``)."""
+    assert f.tag is not None
+    one, org = one_organization(scope, f)
+    if not one:
+        return has_tag(conn, *f.tag)
+    return jobs.c.id.in_(select(job_tags.c.job_id).where(*_tag_rows(org, f.tag)))
+
+
+def after_cursor(q: Select[Any], cursor: str | None, created: Any = None, key: Any = None) -> Select[Any]:
+    """``q`` from the keyset position after ``cursor`` (newest first: created_at, then id), on
+    ``jobs``' columns or the given ones (``job_tags``' copies of them)."""
     if not cursor:
         return q
-    created, last_id = decode_cursor(cursor)
-    return q.where(or_(jobs.c.created_at < created, and_(jobs.c.created_at == created, jobs.c.id < last_id)))
+    created_col = jobs.c.created_at if created is None else created
+    key_col = jobs.c.id if key is None else key
+    at, last_id = decode_cursor(cursor)
+    return q.where(or_(created_col < at, and_(created_col == at, key_col < last_id)))
 
 
 NEWEST_FIRST = (jobs.c.created_at.desc(), jobs.c.id.desc())
+
+
+def page_query(conn: Connection, scope: Scope, f: JobFilter, cursor: str | None, limit: int) -> Select[Any]:
+    """The query of a page: each job's state, created_at and id, newest first, ``limit`` rows.
+
+    A tag filter within one organisation walks that tag's ``job_tags`` rows newest first (their
+    index holds them in page order) and joins each to its job for the other filters, so the first
+    page reads about as many rows as the tag's newest jobs it needs, not every job of the tag."""
+    one, org = one_organization(scope, f)
+    if f.tag is None or not one:
+        plain = select(jobs.c.state, jobs.c.created_at, jobs.c.id).where(*conditions(conn, scope, f))
+        return after_cursor(plain, cursor).order_by(*NEWEST_FIRST).limit(limit)
+    t = job_tags.c
+    tagged = (
+        select(jobs.c.state, t.created_at, t.job_id.label("id"))
+        .select_from(job_tags.join(jobs, jobs.c.id == t.job_id))
+        .where(*_tag_rows(org, f.tag), *conditions(conn, scope, replace(f, tag=None)))
+    )
+    walk = after_cursor(tagged, cursor, t.created_at, t.job_id)
+    return walk.order_by(t.created_at.desc(), t.job_id.desc()).limit(limit)
 
 
 def list_jobs(
     conn: Connection, scope: Scope, f: JobFilter, *, limit: int = 50, cursor: str | None = None
 ) -> JobPage:
     """A page of jobs, newest first; ``next_cursor`` continues after its last job (None: the end)."""
-    q = select(jobs.c.state, jobs.c.created_at, jobs.c.id).where(*conditions(conn, scope, f))
-    rows = conn.execute(after_cursor(q, cursor).order_by(*NEWEST_FIRST).limit(limit + 1)).all()
+    rows = conn.execute(page_query(conn, scope, f, cursor, limit + 1)).all()
     page = [Job.from_json(r.state) for r in rows[:limit]]
     next_cursor = None
     if len(rows) > limit:

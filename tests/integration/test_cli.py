@@ -24,7 +24,7 @@ from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
 from app.ops.cli import main
 from app.storage import store, tokens
-from app.storage.db import api_tokens, jobs, make_engine, receipts
+from app.storage.db import api_tokens, job_tags, jobs, make_engine, receipts
 from app.storage.queue import Queue
 from tests.support.queue_ops import complete, lease
 
@@ -47,8 +47,8 @@ def enqueue(queue: Queue, **body: Any) -> str:
 def some_jobs(engine: Engine) -> list[str]:
     """Jobs in several states, with commands, failures and an expired lease among them."""
     q = queue_for(engine)
-    queued = enqueue(q, sessionKey="s1")
-    running = enqueue(q)
+    queued = enqueue(q, sessionKey="s1", tags={"team": "a", "run": "r1"})
+    running = enqueue(q, tags={"team": "b"})
     lease(q, running, "w1", 60_000)
     q.heartbeat(running, "w1", 1, 60_000)
     q.command(running, "steer", payload={"p": 1})
@@ -212,11 +212,13 @@ def test_replay_of_a_missing_file_exits_2(tmp_path: Path, capsys: Capture) -> No
     assert "absent.jsonl" in capsys.readouterr().err
 
 
-def _rows(engine: Engine) -> tuple[list[Any], list[Any]]:
+def _rows(engine: Engine) -> tuple[list[Any], list[Any], list[Any]]:
     with engine.connect() as conn:
         job_rows = [tuple(r) for r in conn.execute(select(jobs).order_by(jobs.c.id))]
         token_rows = [tuple(r) for r in conn.execute(select(api_tokens).order_by(api_tokens.c.id))]
-    return job_rows, token_rows
+        tags = select(job_tags).order_by(job_tags.c.job_id, job_tags.c.key)
+        tag_rows = [tuple(r) for r in conn.execute(tags)]
+    return job_rows, token_rows, tag_rows
 
 
 def test_rebuild_projections_reproduces_identical_rows(cli_env: str, engine: Engine, capsys: Capture) -> None:
@@ -225,12 +227,14 @@ def test_rebuild_projections_reproduces_identical_rows(cli_env: str, engine: Eng
     revoked, _ = tokens.create(engine, "o", system=True)
     assert tokens.revoke(engine, revoked.id)
     before = _rows(engine)
-    assert len(before[0]) == 4 and len(before[1]) == 2
+    assert len(before[0]) == 4 and len(before[1]) == 2 and len(before[2]) == 3
 
     # Damage the projections (they are not append-only), then rebuild them from receipts.
     with engine.begin() as conn:
         conn.execute(update(jobs).values(status="completed", attempt=99))
         conn.execute(api_tokens.delete().where(api_tokens.c.id == revoked.id))
+        conn.execute(job_tags.delete().where(job_tags.c.key == "team"))
+        conn.execute(update(job_tags).values(value="forged"))
     assert _rows(engine) != before
 
     assert main(["rebuild-projections"]) == 0

@@ -7,12 +7,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from app.jobs.tags import TAG_KEY_MAX, TAG_VALUE_MAX, TAGS_MAX_KEYS
 from app.storage import projection
 from app.storage.db import iso as iso_text
-from app.storage.db import jobs, parse_iso, receipts, transaction
+from app.storage.db import job_tags, jobs, parse_iso, receipts, transaction
 from tests.support.api import ORG_B, Api, json_of, key, payload
 
 
@@ -172,3 +172,80 @@ def test_the_search_columns_are_rebuilt_from_receipts(api: Api) -> None:
     with transaction(api.engine) as conn:
         projection.rebuild(conn)
     assert columns() == live
+
+
+def _tag_rows(api: Api) -> list[tuple[Any, ...]]:
+    with api.engine.connect() as conn:
+        rows = conn.execute(select(job_tags).order_by(job_tags.c.job_id, job_tags.c.key)).all()
+    return [(r.job_id, r.key, r.value, r.organization_id, parse_iso(iso_text(r.created_at))) for r in rows]
+
+
+def _expected_tag_rows(api: Api) -> list[tuple[Any, ...]]:
+    """``job_tags`` as the ``jobs`` rows say it should be: one row per tag of each job."""
+    with api.engine.connect() as conn:
+        rows = conn.execute(select(jobs.c.id, jobs.c.tags, jobs.c.organization_id, jobs.c.created_at)).all()
+    out = [
+        (r.id, k, v, r.organization_id, parse_iso(iso_text(r.created_at)))
+        for r in rows
+        for k, v in (r.tags or {}).items()
+    ]
+    return sorted(out, key=lambda t: (t[0], t[1]))
+
+
+def test_the_tag_projection_follows_every_writer_and_is_rebuilt_from_receipts(api: Api) -> None:
+    single = api.job(tags={"customer": "acme", "batch": "b1"})
+    api.job()  # untagged: no row
+    batch = api.client.post(
+        "/jobs:batch",
+        json={"items": [{"agentId": "factory", "payload": payload(), "tags": {"customer": "globex"}}]},
+        headers=api.headers(),
+    )
+    assert batch.status_code == 202, batch.json
+    failed = api.job(tags={"customer": "initech"})
+    api.queue.fail(key(failed), None, None, "command exited with 1", retryable=False)
+    replayed = api.client.post(f"/jobs/{failed['id']}/replay", json={}, headers=api.headers())
+    assert replayed.status_code == 202, replayed.json
+    api.job("b", payload=payload(org=ORG_B), tags={"customer": "acme"})
+    live = _tag_rows(api)
+    assert live == _expected_tag_rows(api)
+    assert len(live) == 6  # 2 + 1 + 1 + the replay's copy of its source's tag + B's 1
+    assert (key(single), "customer", "acme", single["organizationId"], parse_iso(single["createdAt"])) in live
+
+    # Damage the projection (it is not append-only), then rebuild it from receipts.
+    with transaction(api.engine) as conn:
+        conn.execute(job_tags.delete().where(job_tags.c.key == "batch"))
+        conn.execute(update(job_tags).values(value="forged"))
+    assert _tag_rows(api) != live
+    with transaction(api.engine) as conn:
+        projection.rebuild(conn)
+    assert _tag_rows(api) == live
+    assert _ids(api, tag="customer:acme") == [single["id"]]
+
+
+def test_a_tag_filter_pages_like_every_other_filter(api: Api) -> None:
+    """The tag walk (``job_tags``) and the plain walk (``jobs``) give the same pages and cursors."""
+    made = []
+    for i in range(7):
+        job = api.job(tags={"run": "p"}, payload=payload("factory.task.run" if i % 2 else "factory.run"))
+        if i % 3 == 0:
+            api.queue.fail(key(job), None, None, f"exit {i}", retryable=False)
+        made.append(job)
+    api.job("b", payload=payload(org=ORG_B), tags={"run": "p"})  # never on A's pages
+
+    def pages(**query: str) -> list[list[str]]:
+        out, cursor = [], None
+        while True:
+            q = {**query, "limit": "2"} | ({"cursor": cursor} if cursor else {})
+            body = json_of(api.client.get("/jobs", query_string=q, headers=api.headers()))
+            out.append([j["id"] for j in body["jobs"]])
+            cursor = body["nextCursor"]
+            if cursor is None:
+                return out
+
+    newest_first = [j["id"] for j in reversed(made)]
+    assert [i for p in pages(tag="run:p") for i in p] == newest_first
+    assert pages(tag="run:p") == pages()  # every job of A's is tagged: the same pages as its whole list
+    failed = [j["id"] for i, j in reversed(list(enumerate(made))) if i % 3 == 0]
+    assert [i for p in pages(tag="run:p", status="failed") for i in p] == failed
+    tasks = [j["id"] for i, j in reversed(list(enumerate(made))) if i % 2]
+    assert [i for p in pages(tag="run:p", kind="factory.task.run") for i in p] == tasks
