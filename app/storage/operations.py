@@ -26,7 +26,7 @@ from app.jobs.errors import ConflictError, ReceiptError
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import OPERATION_STREAM_PREFIX
-from app.storage import search, store
+from app.storage import projection, search, store
 from app.storage.db import jobs, transaction
 from app.storage.queue import Queue
 from app.storage.retry import optimistic
@@ -125,7 +125,7 @@ def run_page(
         matched = dry_run(engine, scope, f, sample=0).count
     with engine.connect() as conn:
         page = search.list_jobs(conn, scope, f, limit=limit, cursor=cursor)
-    affected, skipped = _apply(queue, action, key, page.jobs, reason, authorize)
+    affected, skipped = _apply(queue, action, key, page, reason, authorize)
     next_cursor = page.next_cursor
     events: list[tuple[str, dict[str, Any]]] = []
     if not receipts:
@@ -165,11 +165,12 @@ def _apply(
     queue: Queue,
     action: str,
     key: str,
-    selected: Sequence[Job],
+    page: search.JobPage,
     reason: str | None,
     authorize: Authorize | None,
 ) -> tuple[int, int]:
     """Each job's own receipt through the single-job path; (affected, skipped)."""
+    selected = page.jobs
     affected = skipped = 0
     if action == "cancel":
         for job in selected:
@@ -192,7 +193,8 @@ def _apply(
             skipped += 1
             continue
         items.append((job.id, req))
-    for result in queue.replay_many(items):
+    known = {job.id: projection.Loaded(job, *page.heads[job.id]) for job in selected if job.id in page.heads}
+    for result in queue.replay_many(items, known=known):
         if isinstance(result, Exception):
             skipped += 1
         else:

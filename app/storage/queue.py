@@ -400,15 +400,30 @@ class Queue:
         return result
 
     def replay_many(
-        self, items: Sequence[tuple[str, EnqueueRequest]], *, enqueued_by: Enqueuer | None = None
+        self,
+        items: Sequence[tuple[str, EnqueueRequest]],
+        *,
+        enqueued_by: Enqueuer | None = None,
+        known: Mapping[str, projection.Loaded] | None = None,
     ) -> list[EnqueueResult | Exception]:
         """``replay`` for many sources in one transaction: each item's answer is its result, or the
-        exception its own refusal raised (nothing written for it; the others are unaffected)."""
+        exception its own refusal raised (nothing written for it; the others are unaffected).
+
+        ``known``: sources as the caller has just read them (a bulk action's page). The first
+        attempt appends after those heads without reading them again; every append names the seq it
+        follows (the stream's unique seq, the row's ``last_seq``), so a source that moved since
+        makes the attempt conflict, and the re-run reads everything anew."""
+        hints = dict(known or {})
 
         def work(tx: _Tx) -> list[EnqueueResult | Exception]:
             keys = [qualify(_organization(req), req.job_id or "") for _src, req in items]
             sources = [s for s, _r in items]
-            heads, tx._now = projection.load_many_at_clock(tx.conn, sources + keys)
+            trusted = {s: hints[s] for s in sources if s in hints}
+            hints.clear()  # a re-run (a conflict) trusts nothing it did not read itself
+            heads, tx._now = projection.load_many_at_clock(
+                tx.conn, [k for k in sources + keys if k not in trusted]
+            )
+            heads.update(trusted)
             gone = tombstones.find_many(tx.conn, (job_stream(k) for k in keys if k not in heads))
             if len(set(sources + keys)) == 2 * len(items) and not is_sqlite(tx.conn):
                 # Every job named once: the page's writes in four statements, not two per job.

@@ -8,7 +8,7 @@ A filter always carries its scope: one organisation, or every organisation for a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -77,6 +77,9 @@ class JobFilter:
 class JobPage:
     jobs: list[Job]
     next_cursor: str | None
+    # Each job's stream head as the page read it (its last receipt's hash, when its status last
+    # changed): what a bulk action appends after without reading the jobs again.
+    heads: dict[str, tuple[str, datetime]] = field(default_factory=dict)
 
 
 def worker_group_condition(group: str) -> ColumnElement[bool]:
@@ -193,12 +196,13 @@ def page_query(conn: Connection, scope: Scope, f: JobFilter, cursor: str | None,
     index holds them in page order) and joins each to its job for the other filters, so the first
     page reads about as many rows as the tag's newest jobs it needs, not every job of the tag."""
     one, org = one_organization(scope, f)
+    head = (jobs.c.last_hash, jobs.c.status_changed_at)
     if f.tag is None or not one:
-        plain = select(jobs.c.state, jobs.c.created_at, jobs.c.id).where(*conditions(conn, scope, f))
+        plain = select(jobs.c.state, jobs.c.created_at, jobs.c.id, *head).where(*conditions(conn, scope, f))
         return after_cursor(plain, cursor).order_by(*NEWEST_FIRST).limit(limit)
     t = job_tags.c
     tagged = (
-        select(jobs.c.state, t.created_at, t.job_id.label("id"))
+        select(jobs.c.state, t.created_at, t.job_id.label("id"), *head)
         .select_from(job_tags.join(jobs, jobs.c.id == t.job_id))
         .where(*_tag_rows(org, f.tag), *conditions(conn, scope, replace(f, tag=None)))
     )
@@ -212,11 +216,12 @@ def list_jobs(
     """A page of jobs, newest first; ``next_cursor`` continues after its last job (None: the end)."""
     rows = conn.execute(page_query(conn, scope, f, cursor, limit + 1)).all()
     page = [Job.from_json(r.state) for r in rows[:limit]]
+    heads = {r.id: (r.last_hash, as_utc(r.status_changed_at)) for r in rows[:limit]}
     next_cursor = None
     if len(rows) > limit:
         last = rows[limit - 1]
         next_cursor = encode_cursor(as_utc(last.created_at), last.id)
-    return JobPage(page, next_cursor)
+    return JobPage(page, next_cursor, heads)
 
 
 # The filter fields a request may name (the API's query of GET /jobs, a bulk action's ``filter``).

@@ -150,3 +150,23 @@ def test_bad_replay_bodies_are_a_400_naming_the_field(api: Api) -> None:
         assert response.status_code == 400, (body, response.json)
         assert json_of(response)["error"]["details"]["field"] == field, (body, response.json)
     assert api.receipt_count() == count
+
+
+def test_a_replay_after_heads_read_earlier_re_reads_a_source_that_moved(api: Api) -> None:
+    """A bulk replay appends after the heads its page read; a source another request replayed in
+    between makes that attempt conflict, and the re-run appends after the new head."""
+    from app.jobs.replay import replay_request
+    from app.storage import projection
+
+    source = _failed(api)
+    with api.engine.connect() as conn:
+        stale = projection.load(conn, key(source))
+    assert stale is not None
+    assert _replay(api, source["id"], replayKey="meanwhile").status_code == 202  # the source moves on
+    req = replay_request(stale.job, replay_key="bulk")
+    [result] = api.queue.replay_many([(key(source), req)], known={key(source): stale})
+    assert not isinstance(result, Exception) and result.created
+    types = [t for t, _ in _stream(api, source["stream"])]
+    assert types == ["job.enqueued", "job.failed", "job.replayed", "job.replayed"]
+    shown = json_of(api.client.get(f"/jobs/{source['id']}", headers=api.headers()))["job"]
+    assert len(shown["replayedAs"]) == 2
