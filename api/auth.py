@@ -161,6 +161,19 @@ def scoped_organization() -> str:
     return org
 
 
+# Why a route over many jobs refuses a system token that names no organisation (``Operation.named``).
+SYSTEM_MUST_NAME = "is required for a system token: name the organisation this acts in"
+
+
+def named_organization() -> str:
+    """The organisation a dashboard view over many jobs acts in (a bulk action, its progress, the
+    dead letters): ``scoped_organization``, except that an identity of every organisation must name
+    it (``?organizationId=``, 400 otherwise), as an API route declared ``named`` requires."""
+    if current().all_organizations and request.args.get(ORGANIZATION_PARAM) is None:
+        raise ValidationError(ORGANIZATION_PARAM, SYSTEM_MUST_NAME)
+    return scoped_organization()
+
+
 def require_enqueue_allowed(identity: Identity, agent_id: str, req: EnqueueRequest) -> None:
     """403 unless the caller may post this kind (its ``posted_by`` rule), to this agent, for this
     organisation. Whether a named objective is the organisation's own is ``api.jobs``' read."""

@@ -1,4 +1,5 @@
-"""Job endpoints: enqueue, read, list, send commands, cancel.
+"""Job endpoints: enqueue, read, list, send commands, cancel, replay, bulk actions and their progress,
+the dead letters.
 
 Every operation acts in one organisation (``api.auth``): a client's ``jobId`` is unique within its
 organisation only, so another organisation's job of the same id is simply not there — reading it
@@ -16,7 +17,7 @@ from flask.typing import ResponseReturnValue
 
 from api import auth, inputs, limits, schemas
 from api.context import read_connection, state
-from api.errors import ApiError, archived, forbidden, job_not_found
+from api.errors import NOT_FOUND, ApiError, archived, forbidden, job_not_found
 from api.openapi import Operation, operation
 from api.present import async_block, job_json, job_path
 from app.factory import service
@@ -24,8 +25,9 @@ from app.jobs import replay as replays
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
+from app.retention.sink import DirectorySink
 from app.storage import operations, search
-from app.storage.db import parse_iso
+from app.storage.db import iso, parse_iso
 from app.storage.queue import Archived, encode_cursor
 
 blueprint = Blueprint("jobs", __name__)
@@ -293,20 +295,26 @@ def replay(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
 @blueprint.post("/jobs:bulk")
 @operation(
     Operation(
-        summary="Cancel or replay every job a filter selects: a dry run, then pages of at most 1000.",
-        description="Acts in one organisation (a system token names it with organizationId). dryRun "
+        summary="Cancel, replay or archive every job a filter selects: a dry run, then pages of 1000.",
+        description="Acts in one organisation (a system token must name it with organizationId). dryRun "
         "answers the count and a sample and writes nothing. A run takes an idempotencyKey, acts on at "
-        "most limit jobs newest first, each through the single-job path (its own receipt: a cancel, or "
-        "a replay's job.enqueued and job.replayed, the replay's id derived from the key), and answers "
-        "the operation's progress with nextCursor to resume (null: done). The operation is audited on "
-        "the stream operations/<organizationId>/<idempotencyKey>: operation.started (who, the filter, "
-        "the count) and one operation.page per page. The same key and cursor again answers that page "
-        "without writing; the same key with another action or filter is 409.",
+        "most limit jobs newest first, each through the single-job path (its own receipt: a cancel; a "
+        "replay's job.enqueued and job.replayed, the replay's id derived from the key; an archive's "
+        "job.archived, after which the job's stream moves to the archive as the archiving pass moves it, "
+        "its tombstone answering 410), and answers the operation's progress with nextCursor to resume "
+        "(null: done). A job the action does not apply to (a cancel of an ended job, a replay of an "
+        "objective's job, an archive of a job that has not ended or that a live objective owns) is "
+        "skipped and counted. The operation is audited on the stream "
+        "operations/<organizationId>/<idempotencyKey>: operation.started (who, the filter, the count) "
+        "and one operation.page per page; GET /operations/{operationId} reads its progress. The same "
+        "key and cursor again answers that page without writing; the same key with another action or "
+        "filter is 409.",
         tag="jobs",
         body=schemas.BULK_REQUEST,
         responses={200: schemas.BULK_RESPONSE},
         errors=(403, 409, 429),
         scoped=True,
+        named=True,
     )
 )
 def bulk(body: dict[str, Any]) -> ResponseReturnValue:
@@ -335,8 +343,47 @@ def bulk(body: dict[str, Any]) -> ResponseReturnValue:
         limit=body.get("limit", operations.BULK_PAGE_MAX),
         reason=body.get("reason"),
         authorize=authorize,
+        sink=DirectorySink(state().settings.archive_path),
     )
     return {"dryRun": False, **progress.to_json()}, 200
+
+
+@blueprint.get("/operations/<operationId>")
+@operation(
+    Operation(
+        summary="Read a bulk operation's progress, from its audit stream.",
+        description="What POST /jobs:bulk recorded under this idempotencyKey in the organisation the "
+        "request acts in (a system token must name it): the action, the filter, who started it, the "
+        "count it matched, and its totals over the pages done so far; nextCursor is where the next "
+        "page starts (null: done). Another organisation's operation of the same key is the unknown "
+        "key's 404.",
+        tag="jobs",
+        path={"operationId": schemas.OPERATION_ID_PARAM},
+        responses={200: schemas.OPERATION_RESPONSE},
+        scoped=True,
+        named=True,
+    )
+)
+def get_operation(operationId: str) -> ResponseReturnValue:
+    org = auth.scoped_organization()
+    found = operations.status(state().engine, org, operationId)
+    if found is None:
+        raise ApiError(404, NOT_FOUND, "no bulk operation of this organisation has this id")
+    return {"operation": operation_json(org, found)}
+
+
+def operation_json(organization_id: str, progress: operations.Progress) -> dict[str, Any]:
+    """An operation as ``GET /operations/{operationId}`` shows it (the dashboard shows the same)."""
+    return {
+        **progress.to_json(),
+        "organizationId": organization_id,
+        "filter": dict(progress.filter),
+        "by": dict(progress.by),
+        "pages": progress.pages,
+        "startedAt": iso(progress.started_at),
+        "updatedAt": iso(progress.updated_at),
+        "stream": operations.operation_stream(organization_id, progress.operation_id),
+    }
 
 
 @blueprint.get("/dead-letters")
@@ -344,13 +391,15 @@ def bulk(body: dict[str, Any]) -> ResponseReturnValue:
     Operation(
         summary="Dead letters: jobs that failed for good, per agent and kind, with counts by error.",
         description="A job is a dead letter when it is failed: its failure was not retryable, or its "
-        "attempts were spent. Filters as GET /jobs (agentId, kind, lane, tag, errorPrefix, time range); "
+        "attempts were spent. A system token must name the organisation. Filters as GET /jobs (agentId, "
+        "kind, lane, tag, errorPrefix, time range); "
         "the jobs themselves are GET /jobs?status=failed with the same filters, and they are replayed "
         "one by one (POST /jobs/{jobId}/replay) or by filter (POST /jobs:bulk, action replay).",
         tag="jobs",
         query=schemas.DEAD_LETTERS_QUERY,
         responses={200: schemas.DEAD_LETTERS},
         scoped=True,
+        named=True,
     )
 )
 def dead_letters(query: dict[str, Any]) -> ResponseReturnValue:

@@ -19,6 +19,7 @@ from flask.typing import ResponseReturnValue
 
 from api import auth, inputs, schemas
 from api.schemas import Schema
+from app.jobs.errors import ValidationError
 
 API_TITLE = "Receipt"
 API_VERSION = "0.1.0"
@@ -75,6 +76,9 @@ class Operation:
     # caller's organisation, or in the one ``?organizationId=`` names (a system token's way to act
     # in another; any other token may name only its own).
     scoped: bool = False
+    # A scoped route over many jobs (a bulk action, its progress, the dead letters): an identity of
+    # every organisation must name the one it acts in (``api.auth.named_organization``).
+    named: bool = False
 
     def effective_query(self) -> Schema | None:
         """The query schema the route validates and documents (a scoped route adds organizationId)."""
@@ -84,7 +88,7 @@ class Operation:
     def _effective_query(self) -> Schema | None:
         # Built once per route: the validators are compiled and kept per schema object, so a new
         # dict per request would compile (and keep) a validator per request.
-        return schemas.scoped_query(self.query) if self.scoped else self.query
+        return schemas.scoped_query(self.query, named=self.named) if self.scoped else self.query
 
     def error_statuses(self) -> list[int]:
         # 400 everywhere: any operation refuses undocumented query parameters.
@@ -111,7 +115,10 @@ def operation(
                     inputs.path_param(value, name, op.path.get(name))
             query = inputs.read_query(op.effective_query() or NO_QUERY)
             if op.scoped:
-                g.scope_organization = auth.scope_organization(query.pop(ORGANIZATION_PARAM, None))
+                requested = query.pop(ORGANIZATION_PARAM, None)
+                if op.named and requested is None and auth.current().all_organizations:
+                    raise ValidationError(ORGANIZATION_PARAM, auth.SYSTEM_MUST_NAME)
+                g.scope_organization = auth.scope_organization(requested)
             if op.query is not None:
                 kwargs["query"] = query
             if op.body is not None:

@@ -477,14 +477,22 @@ class Client:
         replayOf}``. Idempotent (the replay's id is chosen or derived), so a ``503`` is repeated too."""
         return self.request("POST", f"/jobs/{job_id}/replay", json=fields, idempotent=True)
 
-    def bulk(self, **body: Any) -> JsonObject:
+    def bulk(self, *, organization_id: str | None = None, **body: Any) -> JsonObject:
         """POST /jobs:bulk (action, filter, dryRun, idempotencyKey, cursor, limit, reason): the answer.
-        A run carries its idempotency key, so a ``503`` is repeated too."""
-        return self.request("POST", "/jobs:bulk", json=body, idempotent=True)
+        A run carries its idempotency key, so a ``503`` is repeated too. ``organization_id``: the
+        organisation it acts in (a system token must name one)."""
+        params = {"organizationId": organization_id}
+        return self.request("POST", "/jobs:bulk", json=body, params=params, idempotent=True)
 
-    def dead_letters(self, **filters: Any) -> JsonObject:
-        """GET /dead-letters with filters (agentId, kind, ...): ``{groups, total}``."""
-        return self.request("GET", "/dead-letters", params=filters)
+    def operation(self, operation_id: str, *, organization_id: str | None = None) -> JsonObject:
+        """GET /operations/<operationId>: a bulk operation's progress, ``{operation}``."""
+        params = {"organizationId": organization_id}
+        return self.request("GET", f"/operations/{operation_id}", params=params)
+
+    def dead_letters(self, *, organization_id: str | None = None, **filters: Any) -> JsonObject:
+        """GET /dead-letters with filters (agentId, kind, ...): ``{groups, total}`` (a system token
+        names the organisation with ``organization_id``)."""
+        return self.request("GET", "/dead-letters", params={**filters, "organizationId": organization_id})
 
     def commands(self, job_id: str, body: Mapping[str, Any]) -> JsonObject:
         """POST /jobs/<jobId>/commands (steer, follow_up, abort)."""

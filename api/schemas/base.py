@@ -27,13 +27,21 @@ SCOPE_ORGANIZATION_PARAM: Schema = {
 ORGANIZATION_PARAM = "organizationId"
 
 
-def scoped_query(query: Schema | None) -> Schema:
-    """``query`` (or none) plus ``organizationId``: the query of a route naming one job or objective."""
+# The same parameter on a route over many jobs (a bulk action, its progress, the dead letters).
+NAMED_ORGANIZATION_PARAM: Schema = {
+    **SCOPE_ORGANIZATION_PARAM,
+    "description": "Act in this organisation. Required for a system token (400 without it: an action "
+    "on a filter never falls on the token's own organisation by omission); any other token may name "
+    "only its own, and defaults to it.",
+}
+
+
+def scoped_query(query: Schema | None, *, named: bool = False) -> Schema:
+    """``query`` (or none) plus ``organizationId``: the query of a route naming one job or objective
+    (``named``: of a route over many jobs, where a system token must give it)."""
     base = query or {"type": "object", "properties": {}}
-    return {
-        **base,
-        "properties": {**base.get("properties", {}), ORGANIZATION_PARAM: SCOPE_ORGANIZATION_PARAM},
-    }
+    param = NAMED_ORGANIZATION_PARAM if named else SCOPE_ORGANIZATION_PARAM
+    return {**base, "properties": {**base.get("properties", {}), ORGANIZATION_PARAM: param}}
 
 
 TEXT_MAX = 256

@@ -325,6 +325,59 @@ BULK_RESPONSE: Schema = {
     "required": ["dryRun"],
 }
 
+OPERATION_ID_PARAM: Schema = {
+    "type": "string",
+    "pattern": BULK_KEY_PATTERN,
+    "description": "The idempotencyKey the operation was started with.",
+}
+
+OPERATION_RESPONSE: Schema = {
+    "type": "object",
+    "properties": {
+        "operation": {
+            "type": "object",
+            "title": "Operation",
+            "description": "A bulk operation as its audit stream records it: totals over its pages so far.",
+            "properties": {
+                "operationId": {"type": "string"},
+                "organizationId": {"type": "string"},
+                "action": {"type": "string", "enum": list(BULK_ACTIONS)},
+                "filter": {"type": "object", "description": "The filter, as the request gave it."},
+                "by": {"type": "object", "description": "Who started it, as the server authenticated them."},
+                "matched": {"type": "integer", "description": "Jobs the filter selected when it started."},
+                "processed": {"type": "integer"},
+                "affected": {"type": "integer"},
+                "skipped": {"type": "integer"},
+                "pages": {"type": "integer"},
+                "nextCursor": {"type": ["string", "null"], "description": "Where the next page starts."},
+                "done": {"type": "boolean"},
+                "repeated": {"type": "boolean"},
+                "startedAt": TIME,
+                "updatedAt": TIME,
+                "stream": {
+                    "type": "string",
+                    "description": "Its audit stream: operations/<organizationId>/<operationId>.",
+                },
+            },
+            "required": [
+                "operationId",
+                "organizationId",
+                "action",
+                "filter",
+                "matched",
+                "processed",
+                "affected",
+                "skipped",
+                "pages",
+                "nextCursor",
+                "done",
+                "stream",
+            ],
+        }
+    },
+    "required": ["operation"],
+}
+
 DEAD_LETTERS_QUERY: Schema = {
     "type": "object",
     "properties": {
@@ -463,6 +516,11 @@ JOB: Schema = {
             "type": "array",
             "items": {"type": "string"},
             "description": "The ids of the jobs replaying this one, oldest first; present once replayed.",
+        },
+        "archivedBy": {
+            "type": "string",
+            "description": "The bulk archive (its idempotencyKey) moving this ended job out of the "
+            "database: present once its job.archived receipt is written; the job then reads 410.",
         },
         "enqueuedBy": {
             "type": ["object", "null"],

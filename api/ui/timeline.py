@@ -102,6 +102,8 @@ def _details(type_: str, body: Mapping[str, Any]) -> dict[str, Any]:
         "job.canceled": ("reason",),
         "job.lease_expired": ("error", "expiresAt"),
         "job.released": ("reason",),
+        "job.replayed": ("replayedAs",),
+        "job.archived": ("operationId",),
     }.get(type_, ())
     return {k: body[k] for k in keys if k in body and body[k] is not None}
 

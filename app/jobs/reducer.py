@@ -137,6 +137,9 @@ class Job:
     # replayed job, the jobs that re-run it (``job.replayed`` receipts), oldest first.
     replay_of: str | None = None
     replayed_as: tuple[str, ...] = ()
+    # The bulk archive (its operation id) that is moving this ended job's stream out of the
+    # database (``job.archived``); the job is gone from the projection once it commits.
+    archived_by: str | None = None
 
     @property
     def stream(self) -> str:
@@ -214,6 +217,7 @@ class Job:
             **({TAGS_FIELD: dict(self.tags)} if self.tags else {}),
             **({REPLAY_OF_FIELD: self.replay_of} if self.replay_of else {}),
             **({REPLAYED_AS_FIELD: list(self.replayed_as)} if self.replayed_as else {}),
+            **({ARCHIVED_BY_FIELD: self.archived_by} if self.archived_by else {}),
         }
 
     @classmethod
@@ -259,12 +263,16 @@ class Job:
             tags=data.get(TAGS_FIELD) or {},
             replay_of=data.get(REPLAY_OF_FIELD),
             replayed_as=tuple(data.get(REPLAYED_AS_FIELD) or ()),
+            archived_by=data.get(ARCHIVED_BY_FIELD),
         )
 
 
 # job.enqueued's link to the job a replay re-runs, and the job's list of its replays.
 REPLAY_OF_FIELD = "replayOf"
 REPLAYED_AS_FIELD = "replayedAs"
+# job.archived's operation (a bulk archive's id), kept on the job as ``archivedBy``.
+ARCHIVED_BY_FIELD = "archivedBy"
+OPERATION_ID_FIELD = "operationId"
 
 _COMMAND_KEYS = frozenset({"id", "type", "lane", "payload", "reason", "at", "consumed"})
 _COMMAND_EXTRA_KEYS = ("fromSessionKey", "fromEnqueue", "fromJobId")
@@ -507,6 +515,14 @@ def _replayed(s: Job, b: Mapping[str, Any]) -> Job | None:
     return _evolve(s, replayed_as=(*s.replayed_as, new))
 
 
+def _archived(s: Job, b: Mapping[str, Any]) -> Job | None:
+    # A record on an ended job (its status unchanged): the bulk archive about to move its stream.
+    operation = b.get(OPERATION_ID_FIELD)
+    if not s.terminal or not isinstance(operation, str) or operation == s.archived_by:
+        return None
+    return _evolve(s, archived_by=operation)
+
+
 _HANDLERS = {
     "job.enqueued": _duplicate_enqueue,
     "job.leased": _leased,
@@ -520,4 +536,5 @@ _HANDLERS = {
     "job.lease_expired": _lease_expired,
     "job.released": _released,
     "job.replayed": _replayed,
+    "job.archived": _archived,
 }

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, TooManyCommands
-from app.jobs.reducer import Job
+from app.jobs.reducer import OPERATION_ID_FIELD, Job
 from app.jobs.times import iso, parse_iso
 from app.jobs.vocab import LEASED_STATUSES, CommandLane, EventType, FailureStatus, ReleaseReason
 
@@ -247,6 +247,15 @@ def cancel(job: Job, now: datetime, command_id: str, reason: str | None, *, cap:
     if job.abort_requested and at_command_cap(job, cap):
         return []
     return [("queue.command", command_body(command_id, "abort", None, reason, now))]
+
+
+def archive_record(job: Job, operation_id: str) -> list[Event]:
+    """``job.archived`` for an ended job a bulk archive is about to move out (written before its
+    stream is read for the segment, so the archived chain ends with it); nothing for a job that has
+    not ended, or already records this operation (a page done again after a crash)."""
+    if not job.terminal or job.archived_by == operation_id:
+        return []
+    return [("job.archived", {OPERATION_ID_FIELD: operation_id})]
 
 
 def cancel_queued(job: Job, reason: str | None) -> list[Event]:

@@ -29,12 +29,15 @@ EventType = Literal[
     "job.released",
     # Beyond the spec (docs/deviations.md): a terminal job records the job that replays it.
     "job.replayed",
+    # Beyond the spec (docs/deviations.md): a terminal job records the bulk archive that moves its
+    # stream out (the last receipt its archived chain holds).
+    "job.archived",
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
 
 # A bulk action on the jobs a filter selects (``app.storage.operations``), audited as receipts of an
 # ``operations/<organizationId>/<idempotencyKey>`` stream: who, the filter, the count, each page.
-BulkAction = Literal["cancel", "replay"]
+BulkAction = Literal["cancel", "replay", "archive"]
 BULK_ACTIONS: Final[tuple[str, ...]] = get_args(BulkAction)
 OperationEventType = Literal["operation.started", "operation.page"]
 OPERATION_EVENT_TYPES: Final[tuple[str, ...]] = get_args(OperationEventType)

@@ -59,6 +59,7 @@ from app.storage.db import (
     is_sqlite,
     iso,
     jobs,
+    lock_key,
     objective_tasks,
     objectives,
     receipts,
@@ -367,12 +368,17 @@ def select_page(
 # -- the segment ---------------------------------------------------------------------------------
 
 
-def segment_name(page: Sequence[Member]) -> str:
-    """Named by what it holds: the same page always gives the same name."""
+PASS_SEGMENT_PREFIX = "seg-"
+
+
+def segment_name(page: Sequence[Member], prefix: str = PASS_SEGMENT_PREFIX) -> str:
+    """Named by what it holds: the same page always gives the same name. ``prefix`` keeps the
+    segments of two writers apart (the pass's, a bulk archive's), so neither ever drops the
+    other's when a page of its own moved."""
     digest = hashlib.sha256()
     for m in sorted(page, key=lambda m: m.stream):
         digest.update(f"{m.stream}\0{m.last_seq}\0{m.last_hash}\n".encode())
-    return "seg-" + digest.hexdigest()[:32]
+    return prefix + digest.hexdigest()[:32]
 
 
 def read_page(conn: Connection, page: Sequence[Member]) -> tuple[list[dict[str, Any]], list[Member]]:
@@ -524,15 +530,24 @@ def remove(
 # -- the pass ----------------------------------------------------------------------------------------
 
 
+# Held by the sweep, and by a bulk archive from before it writes its segment until its tombstones
+# commit: a segment written but not yet committed is one the sweep would take for a crashed pass's.
+# (The pass itself needs no more than the loop's claim: it sweeps before it writes.)
+SEGMENTS_LOCK = "archive:segments"
+
+
 def sweep(engine: Engine, sink: ArchiveSink) -> int:
     """Remove segments whose commit never happened (no ``archive_segments`` row, written with their
-    tombstones): what a pass that crashed before its commit wrote. Runs
-    at the start of a pass, which holds the loop's claim (no other pass is writing one)."""
-    with engine.connect() as conn:
+    tombstones): what a pass that crashed before its commit wrote. Runs at the start of a pass,
+    which holds the loop's claim (no other pass is writing one), under ``SEGMENTS_LOCK`` (no bulk
+    archive is between its segment and its commit)."""
+    with transaction(engine) as conn:
+        lock_key(conn, SEGMENTS_LOCK)
         named = tombstones.committed_segments(conn)
-    orphans = [n for n in sink.names() if n not in named]
-    for name in orphans:
-        sink.remove(name)
+        orphans = [n for n in sink.names() if n not in named]
+        for name in orphans:
+            sink.remove(name)
+        sink.clear_unfinished()
     if orphans:
         log.info("retention: removed %d segment(s) a stopped pass left: %s", len(orphans), ", ".join(orphans))
     return len(orphans)
@@ -618,6 +633,86 @@ def run_pass(
         totals.bytes += written.bytes
         totals.segments.append(name)
     return totals
+
+
+# -- a chosen set of jobs (a bulk archive's page) --------------------------------------------------
+
+
+def lone_ended(conn: Connection, job_keys: Sequence[str]) -> tuple[list[Any], list[str]]:
+    """The rows among ``job_keys`` that may leave on their own -- ended, and owned by no objective
+    still in the database (retention's rule, without its window: an objective's jobs leave with it,
+    never before) -- and the keys that may not (not ended, an objective's, or no longer there)."""
+    wanted = list(dict.fromkeys(job_keys))
+    rows = conn.execute(select(*_JOB_COLUMNS).where(jobs.c.id.in_(wanted))).all() if wanted else []
+    ended = [r for r in rows if r.status in TERMINAL_STATUSES]
+    owners: dict[str, list[str]] = {}
+    for r in ended:
+        candidates = list(owning_objectives(r.id))
+        named = _payload_objective(_job_member(r), r.state)
+        if named is not None:
+            candidates.append(named)
+        owners[r.id] = candidates
+    live = _live_objectives(conn, (k for ks in owners.values() for k in ks))
+    lone = [r for r in ended if not any(k in live for k in owners[r.id])]
+    taken = {r.id for r in lone}
+    return lone, [k for k in wanted if k not in taken]
+
+
+@dataclass(frozen=True)
+class Moved:
+    """What archiving a chosen set of jobs did: the keys now archived (their tombstones committed),
+    the keys left in the database (``lone_ended`` refused them, or their chain did not hold), the
+    segment written and the receipts it took."""
+
+    archived: list[str]
+    left: list[str]
+    segment: str | None
+    receipts: int
+
+
+def archive_jobs(
+    engine: Engine,
+    sink: ArchiveSink,
+    job_keys: Sequence[str],
+    *,
+    pass_id: str,
+    segment_prefix: str,
+    checkpoint: Callable[[str], None] = _nothing,
+) -> Moved:
+    """Archive these jobs now, whatever the retention window, as one segment: the pass's steps 2-4
+    for a page someone chose (a bulk archive on a filter). Only jobs ``lone_ended`` allows leave;
+    a page that moved meanwhile is read again (``MAX_PAGE_RETRIES``)."""
+    for _attempt in range(MAX_PAGE_RETRIES + 1):
+        with engine.connect() as conn:
+            rows, left = lone_ended(conn, job_keys)
+            lines, kept = read_page(conn, [_job_member(r) for r in rows])
+        taken = {m.key for m in kept}
+        left += [r.id for r in rows if r.id not in taken]
+        if not kept:
+            return Moved([], left, None, 0)
+        name = segment_name(kept, segment_prefix)
+        try:
+            with transaction(engine) as conn:
+                # From the segment's write to the commit of the tombstones naming it: see SEGMENTS_LOCK.
+                lock_key(conn, SEGMENTS_LOCK)
+                written = sink.write(name, lines)
+                checkpoint("segment_written")
+                removed = remove(
+                    conn,
+                    kept,
+                    pass_id=pass_id,
+                    segment=name,
+                    segment_bytes=written.bytes,
+                    now=db_now(conn),
+                    checkpoint=checkpoint,
+                )
+        except PageMoved as exc:
+            sink.remove(name)  # its own, never committed: no tombstone names it
+            log.info("bulk archive: a stream moved while its page was archived (%s); reading it again", exc)
+            continue
+        checkpoint("committed")
+        return Moved([m.key for m in kept], left, name, removed)
+    raise PageMoved(f"the page of {len(job_keys)} jobs kept moving")
 
 
 def rest_after(worked_s: float, duty_percent: int) -> float:

@@ -2,8 +2,8 @@
 
 A segment is written whole or not at all: the directory sink writes a temporary name, fsyncs it,
 renames it into place and fsyncs the folder, so a crash leaves either the whole segment or none
-(a temporary left by a crash is never read, and the next write of any segment clears it). An object
-store implements the same five methods (a PUT of the whole object is atomic there already).
+(a temporary left by a crash is never read; the pass's sweep clears it). An object store implements
+the same six methods (a PUT of the whole object is atomic there already).
 
 A segment is gzip-compressed JSON lines, one receipt a line, in stream order then seq order: each
 line is the receipt as ``GET /streams/<stream>`` shows it (``stream``, ``seq``, ``type``, ``body``,
@@ -52,7 +52,12 @@ class ArchiveSink(Protocol):
         ...
 
     def remove(self, name: str) -> None:
-        """Forget a segment no tombstone names (what a crashed pass left)."""
+        """Forget a segment no tombstone names (what a crashed pass left), and its unfinished write."""
+        ...
+
+    def clear_unfinished(self) -> None:
+        """Forget every write that never finished (a crash mid-write): called by the sweep only,
+        while no segment is being written."""
         ...
 
     def free_bytes(self) -> int | None:
@@ -111,11 +116,20 @@ class DirectorySink:
         return sorted(p.name[: -len(SUFFIX)] for p in self.root.iterdir() if p.name.endswith(SUFFIX))
 
     def remove(self, name: str) -> None:
-        self._path(name).unlink(missing_ok=True)
-        for partial in self.root.glob(f"*{SUFFIX}{_PARTIAL}"):
-            partial.unlink(missing_ok=True)
+        # Its own temporary only: another segment may be being written beside it (a bulk archive's
+        # page while the pass drops a page that moved).
+        final = self._path(name)
+        final.unlink(missing_ok=True)
+        final.with_name(final.name + _PARTIAL).unlink(missing_ok=True)
         if self.root.is_dir():
             self._sync_dir()
+
+    def clear_unfinished(self) -> None:
+        if not self.root.is_dir():
+            return
+        for partial in self.root.glob(f"*{SUFFIX}{_PARTIAL}"):
+            partial.unlink(missing_ok=True)
+        self._sync_dir()
 
     def free_bytes(self) -> int | None:
         probe = self.root if self.root.exists() else self.root.parent

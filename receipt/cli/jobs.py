@@ -340,6 +340,7 @@ def replay(
     "running it again replays nothing twice); prints the progress of each page.",
 )
 @click.option("--dry-run", is_flag=True, help="With --replay: only count and sample.")
+@click.option("--org", "organization_id", help="The organisation (required with a system token).")
 @click.option("--json", "as_json", is_flag=True, help="The view as JSON instead of a table.")
 @no_retry_option
 def dead_letters(
@@ -348,6 +349,7 @@ def dead_letters(
     error_prefix: str | None,
     replay_key: str | None,
     dry_run: bool,
+    organization_id: str | None,
     as_json: bool,
 ) -> int:
     """Jobs that failed for good, per agent and kind with counts by error; --replay KEY re-runs them."""
@@ -356,9 +358,9 @@ def dead_letters(
     client = client_from_env()
     try:
         if replay_key is None and not dry_run:
-            view = client.dead_letters(**chosen)
+            view = client.dead_letters(organization_id=organization_id, **chosen)
         else:
-            return _replay_dead_letters(client, chosen, replay_key, dry_run)
+            return _replay_dead_letters(client, chosen, replay_key, dry_run, organization_id)
     except ReceiptError as exc:
         raise fail(exc) from exc
     if as_json:
@@ -379,17 +381,19 @@ def dead_letters(
     return 0
 
 
-def _replay_dead_letters(client: Any, filters: dict[str, str], key: str | None, dry_run: bool) -> int:
+def _replay_dead_letters(
+    client: Any, filters: dict[str, str], key: str | None, dry_run: bool, organization_id: str | None
+) -> int:
     flt = {"status": "failed", **filters}
     if dry_run:
-        print_json(client.bulk(action="replay", filter=flt, dryRun=True))
+        print_json(client.bulk(organization_id=organization_id, action="replay", filter=flt, dryRun=True))
         return 0
     cursor = None
     while True:
         body: dict[str, Any] = {"action": "replay", "filter": flt, "idempotencyKey": key}
         if cursor is not None:
             body["cursor"] = cursor
-        progress = client.bulk(**body)
+        progress = client.bulk(organization_id=organization_id, **body)
         click.echo(
             json.dumps({k: progress[k] for k in ("processed", "affected", "skipped", "matched", "done")})
         )

@@ -20,6 +20,7 @@ A row is one request shape. Its templates name world values in braces, filled pe
 - ``{failedJobId}``: a job of A's that failed for good (what a replay takes).
 - ``{archivedJobId}``: a job A held, which the archiving pass has since moved out (a tombstone
   keeps its id: A gets 410 with its summary, B the unknown id's 404).
+- ``{operationId}``: the idempotency key of a bulk operation A ran (a cancel of one of its sessions).
 
 B's answer for A's ids is compared with its answer for ids no one holds (status and body, the
 ids themselves and timestamps masked): B must not be able to tell them apart.
@@ -64,6 +65,7 @@ A_VALUES: Final[frozenset[str]] = frozenset(
         "claimScheduleId",
         "archivedJobId",
         "failedJobId",
+        "operationId",
     }
 )
 PLACEHOLDER = re.compile(r"\{([A-Za-z]+)\}")
@@ -392,8 +394,9 @@ def _api_rows() -> list[Row]:
             for t in COMMAND_TYPES
         ),
         _by_id("POST", "/jobs/{jobId}/cancel", 202, json={}),
-        # The dead-letter view counts the organisation the request acts in.
-        Row("GET", "/dead-letters", (200, 200, 200, 200, 401)),
+        # The dead-letter view counts the organisation the request acts in, which a system token
+        # must name (400 without it).
+        Row("GET", "/dead-letters", (200, 200, 200, 400, 401)),
         Row(
             "GET",
             "/dead-letters",
@@ -401,19 +404,19 @@ def _api_rows() -> list[Row]:
             case="organizationId=A",
             query={ORG_PARAM: "{org}"},
         ),
-        # A bulk action acts in the caller's organisation (a system token names another): B's filter
-        # on A's session key selects nothing of A's.
+        # A bulk action acts in the caller's organisation, which a system token must name (400
+        # without it): B's filter on A's session key selects nothing of A's.
         Row(
             "POST",
             "/jobs:bulk",
-            (200, 200, 200, 200, 401),
+            (200, 200, 200, 400, 401),
             case="dry run",
             json={"action": "replay", "filter": {}, "dryRun": True},
         ),
         Row(
             "POST",
             "/jobs:bulk",
-            (200, 200, 200, 200, 401),
+            (200, 200, 200, 400, 401),
             case="cancel A's session",
             json={
                 "action": "cancel",
@@ -428,6 +431,26 @@ def _api_rows() -> list[Row]:
             case="organizationId=A",
             query={ORG_PARAM: "{org}"},
             json={"action": "replay", "filter": {}, "dryRun": True},
+        ),
+        Row(
+            "POST",
+            "/jobs:bulk",
+            (200, 403, 200, 200, 401),
+            case="archive A's session, organizationId=A",
+            query={ORG_PARAM: "{org}"},
+            json={
+                "action": "archive",
+                "filter": {"sessionKey": "{sessionKey}"},
+                "idempotencyKey": "{sessionKey}",
+            },
+        ),
+        # An operation's progress: its organisation's (a system token names it; without it, 400).
+        _by_id("GET", "/operations/{operationId}", 200),
+        Row(
+            "GET",
+            "/operations/{operationId}",
+            (200, 404, 200, 400, 401),
+            case="system token without organizationId",
         ),
         # Only an ended job is replayed: A's queued one is a 409, its failed one replays.
         _by_id("POST", "/jobs/{jobId}/replay", 409, case="a queued job", json={}),

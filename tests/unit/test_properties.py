@@ -136,6 +136,7 @@ BODIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "job.lease_expired": merged(fence, maybe("error", st.just("lease expired"))),
     "job.released": merged(fence, maybe("reason", st.just("shutdown"))),
     "job.replayed": st.fixed_dictionaries({"replayedAs": st.sampled_from(["o/r1", "o/r2"])}),
+    "job.archived": st.fixed_dictionaries({"operationId": st.sampled_from(["op-1", "op-2"])}),
 }
 assert set(BODIES) == set(EVENT_TYPES)
 
@@ -155,6 +156,7 @@ _WEIGHTS = {
     "job.lease_expired": 3,
     "job.released": 2,
     "job.replayed": 1,
+    "job.archived": 1,
 }
 WEIGHTED_TYPES = [t for t in EVENT_TYPES for _ in range(_WEIGHTS[t])]
 FENCED = (
@@ -338,6 +340,10 @@ def test_the_three_invariants_hold_step_by_step(events: list[Receipt]) -> None:
         if before.status in TERMINAL_STATUSES and r.type == "job.replayed":
             assert replace(after, replayed_as=before.replayed_as, updated_at=before.updated_at) == inert
             assert set(after.replayed_as) - set(before.replayed_as) <= {body.get("replayedAs")}
+        elif before.status in TERMINAL_STATUSES and r.type == "job.archived":
+            # It only records the bulk archive moving the job out.
+            assert replace(after, archived_by=before.archived_by, updated_at=before.updated_at) == inert
+            assert after.archived_by in (before.archived_by, body.get("operationId"))
         elif before.status in TERMINAL_STATUSES:
             assert after == inert
         # Invariant 1: job.leased only from queued, and leased is only reached by job.leased.

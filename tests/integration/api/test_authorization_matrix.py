@@ -160,6 +160,8 @@ def a_world(env: Env, row: Row) -> dict[str, str]:
         world["archivedJobId"] = archived_job(env, client, headers)
     if "failedJobId" in names:
         world["failedJobId"] = failed_job(env, client, headers)
+    if "operationId" in names:
+        world["operationId"] = operation_of_a(client, headers)
     if names & {"scheduleId", "claimScheduleId"}:
         schedule_id = fresh("schedule")
         body = {
@@ -184,6 +186,15 @@ def failed_job(env: Env, client: Any, headers: Mapping[str, str]) -> str:
     assert response.status_code == 202, response.get_data(as_text=True)
     assert env.api.queue.fail(f"{ORG_A}/{job_id}", None, None, "boom", retryable=False).job.status == "failed"
     return job_id
+
+
+def operation_of_a(client: Any, headers: Mapping[str, str]) -> str:
+    """A bulk operation A ran (a cancel of a session no job is on): its idempotency key."""
+    key = fresh("op")
+    body = {"action": "cancel", "filter": {"sessionKey": fresh("session")}, "idempotencyKey": key}
+    response = client.post("/jobs:bulk", json=body, headers=headers)
+    assert response.status_code == 200, response.get_data(as_text=True)
+    return key
 
 
 def archived_job(env: Env, client: Any, headers: Mapping[str, str]) -> str:
@@ -244,6 +255,7 @@ def never_used(values: Mapping[str, str]) -> dict[str, str]:
         ("scheduleId", "schedule"),
         ("archivedJobId", "archived"),
         ("failedJobId", "failed"),
+        ("operationId", "op"),
     ):
         if name in values:
             replacements[values[name]] = out[name] = fresh(prefix)

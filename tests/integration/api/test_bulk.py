@@ -112,8 +112,17 @@ def test_a_system_token_names_the_organisation_it_acts_in(api: Api) -> None:
 
 def test_bad_bulk_requests_are_a_400_naming_the_field(api: Api) -> None:
     count = api.receipt_count()
+    allowed = json_of(_bulk(api, action="delete", filter={}, dryRun=True))["error"]["details"]["allowed"]
+    assert allowed == ["cancel", "replay", "archive"]  # a closed set: the 400 lists it
+    kinds = _bulk(api, action="replay", filter={"kind": "nope"}, dryRun=True)
+    assert "factory.task.run" in json_of(kinds)["error"]["details"]["allowed"]
     for body, field in (
-        ({"action": "archive", "filter": {}, "dryRun": True}, "action"),
+        ({"action": "delete", "filter": {}, "dryRun": True}, "action"),
+        ({"action": "replay", "filter": {"status": "done"}, "dryRun": True}, "filter.status"),
+        ({"action": "replay", "filter": {"createdAfter": "monday"}, "dryRun": True}, "filter.createdAfter"),
+        ({"action": "replay", "filter": {"errorPrefix": ""}, "dryRun": True}, "filter.errorPrefix"),
+        ({"action": "archive", "filter": [], "dryRun": True}, "filter"),
+        ({"action": "archive", "filter": {}, "dryRun": "yes"}, "dryRun"),
         ({"action": "replay", "filter": {"kind": "nope"}, "dryRun": True}, "filter.kind"),
         ({"action": "replay", "filter": {"tag": "x"}, "dryRun": True}, "filter.tag"),
         ({"action": "replay", "filter": {"colour": "red"}, "dryRun": True}, "filter.colour"),

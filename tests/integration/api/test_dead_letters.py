@@ -80,4 +80,7 @@ def test_a_bad_filter_is_a_400_and_a_system_token_names_the_organisation(api: Ap
         "/dead-letters", query_string={"organizationId": ORG_A}, headers=api.headers("system")
     )
     assert json_of(system)["total"] == 1
-    assert _view(api, "system")["total"] == 0  # without organizationId: its own organisation
+    # Without organizationId a system token is refused: it names the organisation it acts in.
+    unnamed = api.client.get("/dead-letters", headers=api.headers("system"))
+    assert unnamed.status_code == 400
+    assert json_of(unnamed)["error"]["details"]["field"] == "organizationId"
