@@ -325,13 +325,6 @@ def bulk(body: dict[str, Any]) -> ResponseReturnValue:
         found = operations.dry_run(state().engine, search.Scope(org), where)
         return {"dryRun": True, "count": found.count, "sample": [job_json(j) for j in found.sample]}, 200
     identity = auth.current()
-
-    def authorize(req: EnqueueRequest) -> None:
-        try:
-            auth.require_enqueue_allowed(identity, req.agent_id, req)
-        except ApiError as exc:
-            raise PermissionError(exc.message) from None
-
     progress = operations.run_page(
         state().queue,
         organization_id=org,
@@ -342,10 +335,23 @@ def bulk(body: dict[str, Any]) -> ResponseReturnValue:
         cursor=cursor,
         limit=body.get("limit", operations.BULK_PAGE_MAX),
         reason=body.get("reason"),
-        authorize=authorize,
+        authorize=bulk_authorizer(identity),
         sink=DirectorySink(state().settings.archive_path),
     )
     return {"dryRun": False, **progress.to_json()}, 200
+
+
+def bulk_authorizer(identity: auth.Identity) -> operations.Authorize:
+    """What a bulk replay checks for each new job: that ``identity`` may post it, as an enqueue
+    (a replayed codex job runs a command: the caller must hold that right). A refusal skips that job."""
+
+    def authorize(req: EnqueueRequest) -> None:
+        try:
+            auth.require_enqueue_allowed(identity, req.agent_id, req)
+        except ApiError as exc:
+            raise PermissionError(exc.message) from None
+
+    return authorize
 
 
 @blueprint.get("/operations/<operationId>")

@@ -3,7 +3,8 @@
 A browser signs in with an API token (``api.ui.session``); every page but sign-in needs that
 cookie, every form carries a CSRF token, and each view sets ``g.identity`` from it so the very
 scoping helpers of the JSON API (``api.auth``, ``api.jobs.visible_job``) decide what it may see.
-Pages: jobs (``jobs_views``), objectives (``objective_views``), schedules (``schedule_views``),
+Pages: jobs (``jobs_views``), bulk actions on a filter, their progress and the dead letters
+(``bulk_views``), objectives (``objective_views``), schedules (``schedule_views``),
 system (``system_views``).
 Live updates arrive as Server-Sent Events on cookie-authenticated endpoints under ``/ui``; the
 JSON API keeps taking only Bearer tokens.
@@ -36,7 +37,12 @@ blueprint = Blueprint(
 _PUBLIC = frozenset({f"{BLUEPRINT}.signin", f"{BLUEPRINT}.signin_submit", f"{BLUEPRINT}.static"})
 # Endpoints that answer with Server-Sent Events (an error there is a bare status, not a page).
 _EVENT_STREAMS = frozenset(
-    {f"{BLUEPRINT}.jobs_live", f"{BLUEPRINT}.job_events", f"{BLUEPRINT}.objective_events"}
+    {
+        f"{BLUEPRINT}.jobs_live",
+        f"{BLUEPRINT}.job_events",
+        f"{BLUEPRINT}.objective_events",
+        f"{BLUEPRINT}.operation_events",
+    }
 )
 # Content-Security-Policy: nothing but this server's own files; no inline script, no framing.
 CSP = (
@@ -160,7 +166,7 @@ def _http(exc: HTTPException) -> ResponseReturnValue:
 
 def register(app: Flask) -> None:
     """Mount the dashboard on ``app`` (its views register on import)."""
-    from api.ui import jobs_views, objective_views, schedule_views, signin_views, system_views
+    from api.ui import bulk_views, jobs_views, objective_views, schedule_views, signin_views, system_views
 
-    del jobs_views, objective_views, schedule_views, signin_views, system_views
+    del bulk_views, jobs_views, objective_views, schedule_views, signin_views, system_views
     app.register_blueprint(blueprint)

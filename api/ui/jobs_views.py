@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from flask import redirect, render_template, request, stream_with_context, url_for
@@ -32,6 +32,7 @@ from app.jobs.reducer import Job
 from app.jobs.routing import route
 from app.jobs.tags import parse_tag_filter
 from app.jobs.tracecontext import trace_id_of
+from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
 from app.jobs.vocab import COMMAND_LANES, LANES, STATUSES, WORKER_GROUPS, job_stream
 from app.storage import overview, store
 from app.storage.db import ERROR_TEXT_LENGTH, iso
@@ -53,8 +54,8 @@ NOTICES = {
 }
 
 
-def _text_arg(name: str, limit: int = _TEXT_MAX) -> str | None:
-    value = request.args.get(name, "").strip()
+def _text_arg(name: str, limit: int = _TEXT_MAX, source: Mapping[str, str] | None = None) -> str | None:
+    value = (request.args if source is None else source).get(name, "").strip()
     if not value:
         return None
     jsonbody.check_param(value, name)
@@ -63,8 +64,8 @@ def _text_arg(name: str, limit: int = _TEXT_MAX) -> str | None:
     return value
 
 
-def _choice_arg(name: str, allowed: tuple[str, ...]) -> str | None:
-    value = request.args.get(name, "").strip()
+def _choice_arg(name: str, allowed: tuple[str, ...], source: Mapping[str, str] | None = None) -> str | None:
+    value = (request.args if source is None else source).get(name, "").strip()
     if not value:
         return None
     if value not in allowed:
@@ -72,27 +73,30 @@ def _choice_arg(name: str, allowed: tuple[str, ...]) -> str | None:
     return value
 
 
-def read_filters() -> overview.JobFilter:
-    """The list filters from the query string; a bad value is a 400 naming it and what it allows."""
-    org = _text_arg("org")
+def read_filters(source: Mapping[str, str] | None = None) -> overview.JobFilter:
+    """The list filters from the query string (or ``source``, a form); a bad value is a 400 naming
+    it and what it allows."""
+    org = _text_arg("org", source=source)
     identity = current_session().identity
     if org is not None and not identity.may_act_for(org):
         # The API's rule and message for GET /jobs?organizationId= (a 403, not a silent widening).
         raise ApiError(403, FORBIDDEN, "org is not the organisation of this token")
     if not identity.system:
         org = None  # the scope already is this organisation
-    tag = _text_arg("tag")
-    created_from, created_to = _text_arg("from", RUN_AT_MAX_CHARS), _text_arg("to", RUN_AT_MAX_CHARS)
+    tag = _text_arg("tag", source=source)
+    created_from = _text_arg("from", RUN_AT_MAX_CHARS, source)
+    created_to = _text_arg("to", RUN_AT_MAX_CHARS, source)
     return overview.JobFilter(
-        status=_choice_arg("status", STATUSES),
-        agent_id=_text_arg("agent"),
-        lane=_choice_arg("lane", LANES),
-        worker_group=_choice_arg("group", WORKER_GROUPS),
-        text=_text_arg("q"),
+        status=_choice_arg("status", STATUSES, source),
+        agent_id=_text_arg("agent", AGENT_ID_MAX, source),
+        lane=_choice_arg("lane", LANES, source),
+        worker_group=_choice_arg("group", WORKER_GROUPS, source),
+        text=_text_arg("q", source=source),
         organization_id=org,
-        kind=_choice_arg("kind", PAYLOAD_KINDS),
+        session_key=_text_arg("session", SESSION_KEY_MAX, source),
+        kind=_choice_arg("kind", PAYLOAD_KINDS, source),
         tag=parse_tag_filter(tag) if tag is not None else None,
-        error_prefix=_text_arg("error", ERROR_TEXT_LENGTH),
+        error_prefix=_text_arg("error", ERROR_TEXT_LENGTH, source),
         created_after=parse_run_at(created_from, "from") if created_from is not None else None,
         created_before=parse_run_at(created_to, "to") if created_to is not None else None,
     )
@@ -110,7 +114,8 @@ def _scope() -> overview.Scope:
     return overview.Scope(identity.organization_id, all_organizations=identity.system)
 
 
-def _filter_args(f: overview.JobFilter) -> dict[str, Any]:
+def filter_args(f: overview.JobFilter) -> dict[str, Any]:
+    """The query string of the jobs page that shows ``f`` (unset filters left out)."""
     values = {
         "status": f.status,
         "agent": f.agent_id,
@@ -118,6 +123,7 @@ def _filter_args(f: overview.JobFilter) -> dict[str, Any]:
         "group": f.worker_group,
         "q": f.text,
         "org": f.organization_id,
+        "session": f.session_key,
         "kind": f.kind,
         "tag": f"{f.tag[0]}:{f.tag[1]}" if f.tag else None,
         "error": f.error_prefix,
@@ -125,6 +131,15 @@ def _filter_args(f: overview.JobFilter) -> dict[str, Any]:
         "to": iso(f.created_before) if f.created_before else None,
     }
     return {k: v for k, v in values.items() if v}
+
+
+def bulk_refusal(f: overview.JobFilter) -> str | None:
+    """Why the jobs page offers no bulk action on ``f`` (None: it does; ``api.ui.bulk_views``)."""
+    if f.worker_group is not None or f.text:
+        return "Bulk actions take the API's filters: clear Worker group and Job id contains first."
+    if current_session().identity.system and f.organization_id is None:
+        return "Name an organisation (the Organisation filter) to act on its jobs."
+    return None
 
 
 def row_view(job: Job) -> dict[str, Any]:
@@ -166,11 +181,14 @@ def jobs() -> ResponseReturnValue:
     f = read_filters()
     cursor = _cursor_arg()
     page, counts = _page(f, cursor)
-    args = _filter_args(f)
+    args = filter_args(f)
     return render_template(
         "jobs.html",
         rows=[row_view(j) for j in page.jobs],
         counts=counts,
+        # Everything the filter matches (the counts are per status under the other filters).
+        matching=counts.get(f.status, 0) if f.status else sum(counts.values()),
+        bulk_note=bulk_refusal(f),
         filters=args,
         statuses=STATUSES,
         lanes=LANES,

@@ -692,6 +692,47 @@ def _ui_rows() -> list[Row]:
             csrf="valid",
             by_id=True,
         ),
+        # Bulk actions on a filter: in the session's organisation, which a system session names with
+        # the Organisation filter (org); B's filter on A's session key selects nothing of A's.
+        Row(
+            "GET",
+            "/ui/jobs/bulk",
+            (200, 200, 200, 400, 302),
+            case="cancel A's session: the dry run",
+            query={"action": "cancel", "session": "{sessionKey}"},
+        ),
+        Row(
+            "GET",
+            "/ui/jobs/bulk",
+            (200, 403, 200, 200, 302),
+            case="org=A",
+            query={"action": "cancel", "session": "{sessionKey}", "org": "{org}"},
+        ),
+        *_ui_forms(
+            "/ui/jobs/bulk",
+            (303, 303, 303, 400, 401),
+            {"action": "cancel", "session": "{sessionKey}", "key": "{sessionKey}"},
+            case="cancel A's session",
+        ),
+        *_ui_forms(
+            "/ui/jobs/bulk",
+            (303, 403, 303, 303, 401),
+            {"action": "cancel", "session": "{sessionKey}", "key": "{sessionKey}", "org": "{org}"},
+            case="cancel A's session, org=A",
+        ),
+        Row("GET", "/ui/operations/{operationId}", page, by_id=True),
+        Row(
+            "GET",
+            "/ui/operations/{operationId}",
+            (200, 404, 200, 400, 302),
+            case="system token without organizationId",
+        ),
+        Row("GET", "/ui/operations/{operationId}/fragment", page, by_id=True),
+        Row("GET", "/ui/operations/{operationId}/events", stream, by_id=True, streams=True),
+        *_ui_forms("/ui/operations/{operationId}/next", (303, 404, 303, 303, 401), {}, by_id=True),
+        # A system session sees a prompt to name the organisation until it does.
+        Row("GET", "/ui/dead-letters", (200, 200, 200, 200, 302)),
+        Row("GET", "/ui/dead-letters", (200, 403, 200, 200, 302), case="org=A", query={"org": "{org}"}),
         Row("GET", "/ui/objectives", (200, 200, 200, 200, 302)),
         Row("GET", "/ui/objectives/{objectiveId}", page, by_id=True),
         Row(

@@ -76,6 +76,40 @@
     eventNames.forEach(function (name) { source.addEventListener(name, refresh); });
   }
 
+  // A bulk operation's page, opened by the confirm form: run its pages one request after another
+  // (each answers {done}); the totals follow from the operation's audit stream (liveBody) and
+  // after each page. An error stops the run and says so; Continue resumes it where it stopped.
+  function drive(form, container) {
+    var stopped = document.querySelector("[data-operation-stopped]");
+
+    function refresh() {
+      fetch(container.dataset.fragmentUrl, { credentials: "same-origin", cache: "no-store" })
+        .then(function (response) { return response.ok ? response.text() : null; })
+        .then(function (html) { if (html) { container.innerHTML = html; } })
+        .catch(function () { /* the next page refreshes it */ });
+    }
+
+    function step() {
+      fetch(form.action, {
+        method: "POST",
+        body: new FormData(form),
+        credentials: "same-origin",
+        headers: { "Accept": "application/json" }
+      })
+        .then(function (response) {
+          if (!response.ok) { throw new Error("HTTP " + response.status); }
+          return response.json();
+        })
+        .then(function (progress) {
+          refresh();
+          if (progress.done) { form.hidden = true; } else { step(); }
+        })
+        .catch(function () { if (stopped) { stopped.hidden = false; } });
+    }
+
+    step();
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     // Choosing a filter value applies it (the Filter button stays for text fields).
     document.querySelectorAll("form.filters select").forEach(function (select) {
@@ -93,5 +127,12 @@
     var objective = document.getElementById("objective-body");
     // "receipt": the objective's stream moved; "task": a task's job started (or was retried).
     if (objective) { liveBody(objective, ["receipt", "task"], null); }
+    var operation = document.getElementById("operation-body");
+    if (operation) {
+      var next = document.getElementById("operation-next");
+      // "receipt": the operation recorded a page (whoever ran it).
+      liveBody(operation, ["receipt"], function () { if (next) { next.hidden = true; } });
+      if (next && next.dataset.drive === "true") { drive(next, operation); }
+    }
   });
 })();
