@@ -1,18 +1,18 @@
 """A bulk replay of many failed jobs: exactly one linked new job each, none more when retried.
 
-    .venv/bin/python -m bench.bulk_replay_bench [--jobs 100000] [--page 1000]
+    .venv/bin/python -m bench.bulk_replay_bench [--jobs 100000] [--page 1000] [--template NAME]
 
-One fresh PostgreSQL database, migrated to head, dropped at the end. ``--jobs`` failed jobs of one
-organisation (``job.enqueued`` + a non-retryable ``job.failed``, hash-chained) are written through
-the project's bulk path (``projection.insert_new``) and analysed. Then the bulk replay runs as
-``POST /jobs:bulk`` runs it (``operations.run_page`` on the API process's queue, ``--page`` jobs a
-call, resumed with each answer's cursor) and
-prints the bookkeeping rate (jobs replayed per second: each one's ``job.enqueued`` with
-``replayOf``, the source's ``job.replayed``, the projection rows, the audit receipts). Checks that
-fail the run: exactly ``--jobs`` new jobs, each ``replayOf`` a distinct source whose ``replayedAs``
-names it; the whole request sequence retried with the same key writes nothing; a page redone below
-the audit (as if the process died before recording it) creates no job. Target (issue 35):
->= 1 000 jobs/s.
+One fresh PostgreSQL database, migrated to head, dropped at the end (``--template NAME``: a copy of
+the database NAME, seeded the first time and kept, so the seeding is not redone for every run).
+``--jobs`` failed jobs of one organisation (``job.enqueued`` + a non-retryable ``job.failed``,
+hash-chained) are written through the project's bulk path (``projection.insert_new``) and analysed.
+Then the bulk replay runs as ``POST /jobs:bulk`` runs it (``operations.run_page`` on the API
+process's queue, ``--page`` jobs a call, resumed with each answer's cursor) and prints the
+bookkeeping rate (jobs replayed per second: each one's ``job.enqueued`` with ``replayOf``, the
+source's ``job.replayed``, the projection rows, the audit receipts). Checks that fail the run:
+exactly ``--jobs`` new jobs, each ``replayOf`` a distinct source whose ``replayedAs`` names it; the
+whole request sequence retried with the same key writes nothing; a page redone below the audit (as
+if the process died before recording it) creates no job. Target (issue 35): >= 1 000 jobs/s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import argparse
 import time
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import Engine
 
 from app.composition import build_queue
@@ -33,8 +33,9 @@ from app.storage import operations, projection, search, store
 from app.storage.db import jobs, make_engine, receipts, transaction
 from app.storage.migrate import upgrade
 from app.storage.queue import Queue
-from bench.runtime_bench import fresh_database, log
+from bench.runtime_bench import PG_ADMIN_URL, fresh_database, log
 from bench.search_bench import START
+from devharness.databases import autocommit, pg_url_for
 
 ORG = "org-bulk"
 FILTER = search.JobFilter(status="failed", tag=("run", "bench"))
@@ -92,6 +93,40 @@ def run(queue: Queue, key: str, page: int) -> tuple[operations.Progress, int]:
         cursor = progress.next_cursor
 
 
+def prepare(engine: Engine, total: int) -> None:
+    """Migrate, seed ``total`` failed jobs and analyse, as a deployment's autovacuum would."""
+    upgrade(engine)
+    seed(engine, total)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        # What autovacuum does to a table this size within a minute: without statistics the
+        # planner joins the tag rows to the failed jobs by scanning one for each of the other.
+        conn.exec_driver_sql("VACUUM ANALYZE jobs")
+        conn.exec_driver_sql("VACUUM ANALYZE job_tags")
+
+
+def seeded_template(name: str, total: int) -> None:
+    """The database ``name`` holding ``total`` seeded failed jobs: made and seeded the first time,
+    then kept (a run copies it: ``CREATE DATABASE ... TEMPLATE``)."""
+    admin = make_engine(PG_ADMIN_URL)
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first()
+        if exists is None:
+            autocommit(admin, f"CREATE DATABASE {name}")
+        engine = make_engine(pg_url_for(name, admin.url.render_as_string(hide_password=False)))
+        try:
+            upgrade(engine)
+            have = count(engine, select(func.count()).select_from(jobs))
+            if have == 0:
+                prepare(engine, total)
+            elif have != total:
+                raise SystemExit(f"{name} holds {have} jobs, not {total}: drop it or name another")
+        finally:
+            engine.dispose()
+    finally:
+        admin.dispose()
+
+
 def count(engine: Engine, q: Any) -> int:
     with engine.connect() as conn:
         return int(conn.execute(q).scalar_one())
@@ -101,20 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--page", type=int, default=operations.BULK_PAGE_MAX)
+    parser.add_argument(
+        "--template",
+        default=None,
+        help="a database to seed once and keep; each run replays in a fresh copy of it",
+    )
     args = parser.parse_args(argv)
-    with fresh_database("bulk_bench") as url:
+    if args.template is not None:
+        seeded_template(args.template, args.jobs)
+    with fresh_database("bulk_bench", template=args.template) as url:
         engine = make_engine(url)
         # The queue of the API process that answers POST /jobs:bulk: every hook, ledger rows written
         # by its background thread, metrics observed.
         queue = build_queue(Settings.from_env(), engine=engine)
         try:
-            upgrade(engine)
-            seed(engine, args.jobs)
-            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-                # What autovacuum does to a table this size within a minute: without statistics the
-                # planner joins the tag rows to the failed jobs by scanning one for each of the other.
-                conn.exec_driver_sql("VACUUM ANALYZE jobs")
-                conn.exec_driver_sql("VACUUM ANALYZE job_tags")
+            if args.template is None:
+                prepare(engine, args.jobs)
             started = time.perf_counter()
             progress, calls = run(queue, "bench-op", args.page)
             seconds = time.perf_counter() - started

@@ -97,13 +97,13 @@ baseline_app = make_baseline_app(
 
 
 @contextmanager
-def fresh_database(prefix: str) -> Iterator[str]:
-    """A new, empty database on the benchmark's server, dropped afterwards."""
+def fresh_database(prefix: str, template: str | None = None) -> Iterator[str]:
+    """A new database on the benchmark's server (empty, or a copy of ``template``), dropped afterwards."""
     from app.storage.db import make_engine
 
     admin = make_engine(PG_ADMIN_URL)
     try:
-        with new_database(admin, prefix) as url:
+        with new_database(admin, prefix, template) as url:
             yield url
     finally:
         admin.dispose()
