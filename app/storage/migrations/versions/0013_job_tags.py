@@ -6,11 +6,11 @@ and indexes for the lane, error-prefix and every-organisation lists.
   its tags with it).
 * ``ix_job_tags_org_tag_created (organization_id, key, value, created_at, job_id)``: an
   organisation's jobs of one tag, newest first -- the keyset walk of a tag filter's page, where the
-  GIN index of 0012 finds every tagged job and sorts them all for the first page (250-450 ms p95 at
-  a million jobs, ``bench/README.md``).
+  GIN index of 0012 finds every tagged job and sorts them all, or the planner walks every job of
+  the organisation testing its tags (``bench/README.md``, "Filtered list at a million jobs").
 * Two triggers on ``jobs`` write it: after an insert of a tagged row, and after an update that
-  changes a row's tags, organisation or creation time (which no transition does; a row written
-  before 0012 had no tags column and gets its tags on its next transition). So every writer of a
+  changes a row's tags, organisation or creation time (which no transition does, but a row written
+  before 0012 had no tags and gets them on its next transition). So every writer of a
   ``jobs`` row keeps ``job_tags`` equal to ``jobs.tags`` in the same statement: this release's
   one-statement transitions and bulk inserts, ``receipt rebuild-projections``, and the previous
   release's processes during a deploy, which know nothing of this table.
@@ -23,8 +23,9 @@ and indexes for the lane, error-prefix and every-organisation lists.
 Expand-only: a new table, four indexes and two triggers that only ever add what the ``jobs`` rows
 already say; a previous release reads and writes exactly what it did. All of it is projection:
 ``receipt rebuild-projections`` refills it with ``jobs``. A deployment whose ``jobs`` table is
-large runs this in a quiet hour: the copy and the index build hold the migration's transaction
-(about a minute per million tagged jobs on the bench machine).
+large runs this in a quiet hour, or builds the three ``jobs`` indexes first (``docs/runbook.md``): the
+copy and the index builds hold the migration's transaction (43 s for a million jobs of two tags each
+on the bench machine).
 
 Revision ID: 0013
 Revises: 0012
