@@ -25,8 +25,9 @@ from app.jobs import replay as replays
 from app.jobs.errors import ValidationError
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
+from app.ops import bulk_actions
 from app.retention.sink import DirectorySink
-from app.storage import operations, search
+from app.storage import search
 from app.storage.db import iso, parse_iso
 from app.storage.queue import Archived, encode_cursor
 
@@ -322,10 +323,10 @@ def bulk(body: dict[str, Any]) -> ResponseReturnValue:
     where = search.parse_filter(body["filter"], prefix="filter.")
     cursor = inputs.checked_cursor(body.get("cursor"))
     if body.get("dryRun", False):
-        found = operations.dry_run(state().engine, search.Scope(org), where)
+        found = bulk_actions.dry_run(state().engine, search.Scope(org), where)
         return {"dryRun": True, "count": found.count, "sample": [job_json(j) for j in found.sample]}, 200
     identity = auth.current()
-    progress = operations.run_page(
+    progress = bulk_actions.run_page(
         state().queue,
         organization_id=org,
         key=body["idempotencyKey"],
@@ -333,7 +334,7 @@ def bulk(body: dict[str, Any]) -> ResponseReturnValue:
         f=where,
         by=identity.enqueuer().to_json(),
         cursor=cursor,
-        limit=body.get("limit", operations.BULK_PAGE_MAX),
+        limit=body.get("limit", bulk_actions.BULK_PAGE_MAX),
         reason=body.get("reason"),
         authorize=bulk_authorizer(identity),
         sink=DirectorySink(state().settings.archive_path),
@@ -341,7 +342,7 @@ def bulk(body: dict[str, Any]) -> ResponseReturnValue:
     return {"dryRun": False, **progress.to_json()}, 200
 
 
-def bulk_authorizer(identity: auth.Identity) -> operations.Authorize:
+def bulk_authorizer(identity: auth.Identity) -> bulk_actions.Authorize:
     """What a bulk replay checks for each new job: that ``identity`` may post it, as an enqueue
     (a replayed codex job runs a command: the caller must hold that right). A refusal skips that job."""
 
@@ -372,13 +373,13 @@ def bulk_authorizer(identity: auth.Identity) -> operations.Authorize:
 )
 def get_operation(operationId: str) -> ResponseReturnValue:
     org = auth.scoped_organization()
-    found = operations.status(state().engine, org, operationId)
+    found = bulk_actions.status(state().engine, org, operationId)
     if found is None:
         raise ApiError(404, NOT_FOUND, "no bulk operation of this organisation has this id")
     return {"operation": operation_json(org, found)}
 
 
-def operation_json(organization_id: str, progress: operations.Progress) -> dict[str, Any]:
+def operation_json(organization_id: str, progress: bulk_actions.Progress) -> dict[str, Any]:
     """An operation as ``GET /operations/{operationId}`` shows it (the dashboard shows the same)."""
     return {
         **progress.to_json(),
@@ -388,7 +389,7 @@ def operation_json(organization_id: str, progress: operations.Progress) -> dict[
         "pages": progress.pages,
         "startedAt": iso(progress.started_at),
         "updatedAt": iso(progress.updated_at),
-        "stream": operations.operation_stream(organization_id, progress.operation_id),
+        "stream": bulk_actions.operation_stream(organization_id, progress.operation_id),
     }
 
 

@@ -6,7 +6,7 @@ One fresh PostgreSQL database, migrated to head, dropped at the end (``--templat
 the database NAME, seeded the first time and kept, so the seeding is not redone for every run).
 ``--jobs`` failed jobs of one organisation (``job.enqueued`` + a non-retryable ``job.failed``,
 hash-chained) are written through the project's bulk path (``projection.insert_new``) and analysed.
-Then the bulk replay runs as ``POST /jobs:bulk`` runs it (``operations.run_page`` on the API
+Then the bulk replay runs as ``POST /jobs:bulk`` runs it (``bulk_actions.run_page`` on the API
 process's queue, ``--page`` jobs a call, resumed with each answer's cursor) and prints the
 bookkeeping rate (jobs replayed per second: each one's ``job.enqueued`` with ``replayOf``, the
 source's ``job.replayed``, the projection rows, the audit receipts). Checks that fail the run:
@@ -29,7 +29,8 @@ from app.config import Settings
 from app.factory.hooks import Ledger
 from app.jobs.ids import qualify
 from app.jobs.vocab import job_stream
-from app.storage import operations, projection, search, store
+from app.ops import bulk_actions
+from app.storage import projection, search, store
 from app.storage.db import jobs, make_engine, receipts, transaction
 from app.storage.migrate import upgrade
 from app.storage.queue import Queue
@@ -73,11 +74,11 @@ def seed(engine: Engine, total: int, chunk: int = 5000) -> None:
     log(f"seeded {total} failed jobs")
 
 
-def run(queue: Queue, key: str, page: int) -> tuple[operations.Progress, int]:
+def run(queue: Queue, key: str, page: int) -> tuple[bulk_actions.Progress, int]:
     cursor = None
     calls = 0
     while True:
-        progress = operations.run_page(
+        progress = bulk_actions.run_page(
             queue,
             organization_id=ORG,
             key=key,
@@ -135,7 +136,7 @@ def count(engine: Engine, q: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--page", type=int, default=operations.BULK_PAGE_MAX)
+    parser.add_argument("--page", type=int, default=bulk_actions.BULK_PAGE_MAX)
     parser.add_argument(
         "--template",
         default=None,
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             # A page redone below the audit (the process died before recording it): no new job.
             with engine.connect() as conn:
                 first_page = search.list_jobs(conn, search.Scope(ORG), FILTER, limit=args.page)
-            operations._apply(queue, "replay", "bench-op", first_page, None, None)
+            bulk_actions._apply(queue, "replay", "bench-op", first_page, None, None)
             redone = count(engine, select(func.count()).select_from(jobs).where(jobs.c.status == "queued"))
             print(f"a page redone without its audit: new jobs {redone - replays}")
             ok = ok and redone == replays

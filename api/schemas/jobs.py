@@ -38,8 +38,8 @@ from app.jobs.tags import (
 )
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
 from app.jobs.vocab import BULK_ACTIONS, COMMAND_LANES, COMMAND_TYPES, LANES, SINGLETON_MODES, STATUSES
+from app.ops.bulk_actions import BULK_PAGE_MAX
 from app.storage.db import ERROR_TEXT_LENGTH
-from app.storage.operations import BULK_PAGE_MAX
 from app.storage.queue import CURSOR_PATTERN
 
 # -- requests ---------------------------------------------------------------------------------
@@ -260,7 +260,7 @@ LIST_JOBS_QUERY: Schema = {
     },
 }
 
-# A bulk action (app.storage.operations): the filter a list takes, and how to run it.
+# A bulk action (app.ops.bulk_actions): the filter a list takes, and how to run it.
 BULK_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,59}$"
 BULK_REQUEST: Schema = {
     "type": "object",

@@ -5,7 +5,7 @@ The flow: the jobs page selects every job its filter matches and picks an action
 shows the dry run (the count and a sample); confirming runs the first page and opens the
 operation's page, which runs the next pages one request at a time (its script, or a Continue
 button without one) and shows the progress live from the operation's audit stream (SSE, as a job's
-page follows a job). Every write goes through ``app.storage.operations`` with the API's checks (its
+page follows a job). Every write goes through ``app.ops.bulk_actions`` with the API's checks (its
 filter fields, the right to post each replay, the organisation), so the dashboard can do nothing
 the caller's token could not do over HTTP. A system session acts in the organisation its filter
 names, and must name one.
@@ -29,8 +29,9 @@ from api.ui.jobs_views import filter_args, read_filters, row_view
 from app.jobs.errors import ValidationError
 from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.vocab import BULK_ACTIONS, LANES
+from app.ops import bulk_actions
 from app.retention.sink import DirectorySink
-from app.storage import operations, search
+from app.storage import search
 from app.storage.db import ERROR_TEXT_LENGTH
 
 # Jobs one request of the dashboard acts on: small enough that each page returns within about a
@@ -80,7 +81,7 @@ def bulk_confirm() -> ResponseReturnValue:
     """The dry run of an action on everything the filter matches, and the form that confirms it."""
     action = _action(request.args)
     org, f = _acting(read_filters())
-    found = operations.dry_run(state().engine, search.Scope(org), f, sample=SAMPLE)
+    found = bulk_actions.dry_run(state().engine, search.Scope(org), f, sample=SAMPLE)
     args = filter_args(replace(f, organization_id=org if current_session().identity.system else None))
     return render_template(
         "bulk.html",
@@ -116,9 +117,9 @@ def bulk_run() -> ResponseReturnValue:
 
 def _run_page(
     org: str, key: str, action: str, f: search.JobFilter, *, cursor: str | None, reason: str | None
-) -> operations.Progress:
+) -> bulk_actions.Progress:
     identity = current_session().identity
-    return operations.run_page(
+    return bulk_actions.run_page(
         state().queue,
         organization_id=org,
         key=key,
@@ -140,19 +141,19 @@ def _operation_url(org: str, key: str, *, drive: bool = False) -> str:
     return url_for(f"{BLUEPRINT}.operation", operationId=key, organizationId=org)
 
 
-def _found(key: str) -> tuple[str, operations.Progress]:
+def _found(key: str) -> tuple[str, bulk_actions.Progress]:
     """The operation ``key`` of the organisation this page acts in (a system session names it);
     another organisation's is the same 404 as a key no one used."""
     jsonbody.check_param(key, "operationId")
     inputs.check(key, schemas.OPERATION_ID_PARAM, root="operationId")
     org = auth.named_organization()
-    progress = operations.status(state().engine, org, key)
+    progress = bulk_actions.status(state().engine, org, key)
     if progress is None:
         raise UiError(404, "Not found", "No bulk operation of this organisation has this id.")
     return org, progress
 
 
-def _operation_context(org: str, progress: operations.Progress) -> dict[str, Any]:
+def _operation_context(org: str, progress: bulk_actions.Progress) -> dict[str, Any]:
     shown = operation_json(org, progress)
     matched = max(progress.matched, progress.processed, 1)
     return {
@@ -216,7 +217,7 @@ def operation_events(operationId: str) -> ResponseReturnValue:
         heartbeat_seconds=st.sse_heartbeat_seconds,
     )
     token_id = current_session().identity.token_id
-    stream = operations.operation_stream(org, operationId)
+    stream = bulk_actions.operation_stream(org, operationId)
     return sse.event_stream_response(sse.follow(st.engine, st.poller, stream, 0, "receipt", timing, token_id))
 
 

@@ -35,7 +35,7 @@ EventType = Literal[
 ]
 EVENT_TYPES: Final[tuple[str, ...]] = get_args(EventType)
 
-# A bulk action on the jobs a filter selects (``app.storage.operations``), audited as receipts of an
+# A bulk action on the jobs a filter selects (``app.ops.bulk_actions``), audited as receipts of an
 # ``operations/<organizationId>/<idempotencyKey>`` stream: who, the filter, the count, each page.
 BulkAction = Literal["cancel", "replay", "archive"]
 BULK_ACTIONS: Final[tuple[str, ...]] = get_args(BulkAction)

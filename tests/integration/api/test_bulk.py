@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from app.ops.bulk_actions import operation_stream
 from app.storage import store
-from app.storage.operations import operation_stream
 from tests.support.api import ORG_A, ORG_B, Api, json_of, key, payload
 
 

@@ -13,11 +13,12 @@ import pytest
 from sqlalchemy import func, select
 
 from app.jobs.vocab import job_stream
+from app.ops import bulk_actions
+from app.ops.bulk_actions import operation_stream
 from app.retention import verify
 from app.retention.sink import DirectorySink
-from app.storage import operations, search, store, tombstones
+from app.storage import search, store, tombstones
 from app.storage.db import job_tags, jobs
-from app.storage.operations import operation_stream
 from tests.support.api import ORG_A, ORG_B, Api, json_of, key, payload
 
 
@@ -89,7 +90,7 @@ def test_a_bulk_archive_moves_the_ended_jobs_and_skips_the_rest(api: Api) -> Non
         found = [tombstones.find(conn, job_stream(key(j))) for j in ended]
         archive_report = verify.verify_archive(_sink(api), conn)
         live_report = verify.verify_tombstones(conn)
-    assert all(t is not None and t.segment.startswith(operations.ARCHIVE_SEGMENT_PREFIX) for t in found)
+    assert all(t is not None and t.segment.startswith(bulk_actions.ARCHIVE_SEGMENT_PREFIX) for t in found)
     assert archive_report.ok and live_report.ok, archive_report.problems + live_report.problems
     assert archive_report.streams == 4
 
@@ -134,8 +135,8 @@ def test_a_page_redone_after_a_crash_archives_once(api: Api, monkeypatch: pytest
 
     monkeypatch.setattr(sink, "write", dying)
 
-    def page() -> operations.Progress:
-        return operations.run_page(
+    def page() -> bulk_actions.Progress:
+        return bulk_actions.run_page(
             api.queue,
             organization_id=ORG_A,
             key="crash-1",
@@ -191,6 +192,6 @@ def test_the_archive_goes_where_the_deployment_keeps_it(api: Api, tmp_path: Path
     job = _failed(api, "where")
     json_of(_bulk(api, action="archive", filter={"tag": "run:where"}, idempotencyKey="where-1"))
     names = _sink(api).names()
-    assert len(names) == 1 and names[0].startswith(operations.ARCHIVE_SEGMENT_PREFIX)
+    assert len(names) == 1 and names[0].startswith(bulk_actions.ARCHIVE_SEGMENT_PREFIX)
     assert str(api.state.settings.archive_path).startswith(str(tmp_path))
     assert _archived_chain(api, job)[0]["type"] == "job.enqueued"

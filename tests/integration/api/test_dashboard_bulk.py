@@ -14,8 +14,8 @@ import pytest
 
 from api.ui import bulk_views
 from app.config import Settings
+from app.ops.bulk_actions import operation_stream
 from app.storage import store
-from app.storage.operations import operation_stream
 from tests.integration.api.test_dashboard import csrf_of, sign_in, text
 from tests.support.api import ORG_A, ORG_B, Api, EventReader, json_of, key, make_settings, payload
 
