@@ -26,7 +26,15 @@ from sqlalchemy.engine import Engine
 
 from api import inputs
 from api.context import read_connection, state
-from api.errors import COMMANDS_DISABLED, INVALID_TOKEN, MISSING_SCOPE, UNAUTHORIZED, ApiError, forbidden
+from api.errors import (
+    COMMANDS_DISABLED,
+    FORBIDDEN,
+    INVALID_TOKEN,
+    MISSING_SCOPE,
+    UNAUTHORIZED,
+    ApiError,
+    forbidden,
+)
 from api.schemas import ORGANIZATION_PARAM, SCOPE_ORGANIZATION_PARAM
 from app.factory.vocab import DEFAULT_TASK_AGENT, DEFAULT_TASK_KIND
 from app.jobs.errors import ValidationError
@@ -165,12 +173,19 @@ def scoped_organization() -> str:
 SYSTEM_MUST_NAME = "is required for a system token: name the organisation this acts in"
 
 
+def unnamed_organization() -> ApiError:
+    """The refusal of an identity of every organisation that names none on a route over many jobs:
+    a 403 (the request is well formed; this caller may not act without naming where), naming the
+    parameter, so an action on a filter never falls on the system token's own organisation."""
+    return ApiError(403, FORBIDDEN, f"{ORGANIZATION_PARAM} {SYSTEM_MUST_NAME}", {"field": ORGANIZATION_PARAM})
+
+
 def named_organization() -> str:
     """The organisation a dashboard view over many jobs acts in (a bulk action, its progress, the
     dead letters): ``scoped_organization``, except that an identity of every organisation must name
-    it (``?organizationId=``, 400 otherwise), as an API route declared ``named`` requires."""
+    it (``?organizationId=``), as an API route declared ``named`` requires."""
     if current().all_organizations and request.args.get(ORGANIZATION_PARAM) is None:
-        raise ValidationError(ORGANIZATION_PARAM, SYSTEM_MUST_NAME)
+        raise unnamed_organization()
     return scoped_organization()
 
 

@@ -19,7 +19,6 @@ from flask.typing import ResponseReturnValue
 
 from api import auth, inputs, schemas
 from api.schemas import Schema
-from app.jobs.errors import ValidationError
 
 API_TITLE = "Receipt"
 API_VERSION = "0.1.0"
@@ -117,7 +116,7 @@ def operation(
             if op.scoped:
                 requested = query.pop(ORGANIZATION_PARAM, None)
                 if op.named and requested is None and auth.current().all_organizations:
-                    raise ValidationError(ORGANIZATION_PARAM, auth.SYSTEM_MUST_NAME)
+                    raise auth.unnamed_organization()
                 g.scope_organization = auth.scope_organization(requested)
             if op.query is not None:
                 kwargs["query"] = query

@@ -30,7 +30,7 @@ ORGANIZATION_PARAM = "organizationId"
 # The same parameter on a route over many jobs (a bulk action, its progress, the dead letters).
 NAMED_ORGANIZATION_PARAM: Schema = {
     **SCOPE_ORGANIZATION_PARAM,
-    "description": "Act in this organisation. Required for a system token (400 without it: an action "
+    "description": "Act in this organisation. Required for a system token (403 without it: an action "
     "on a filter never falls on the token's own organisation by omission); any other token may name "
     "only its own, and defaults to it.",
 }

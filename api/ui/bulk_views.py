@@ -23,6 +23,7 @@ from flask.typing import ResponseReturnValue
 
 from api import auth, inputs, jsonbody, schemas, sse
 from api.context import read_connection, state
+from api.errors import FORBIDDEN, ApiError
 from api.jobs import bulk_authorizer, operation_json
 from api.ui import BLUEPRINT, UiError, blueprint, current_session
 from api.ui.jobs_views import filter_args, read_filters, row_view
@@ -65,7 +66,8 @@ def _acting(f: search.JobFilter) -> tuple[str, search.JobFilter]:
     identity = current_session().identity
     org = f.organization_id if identity.all_organizations else identity.organization_id
     if org is None:
-        raise ValidationError("org", auth.SYSTEM_MUST_NAME)
+        # The API's rule (a 403 naming the field), for the dashboard's name of it: the filter ``org``.
+        raise ApiError(403, FORBIDDEN, f"org {auth.SYSTEM_MUST_NAME}", {"field": "org"})
     return org, replace(f, organization_id=None)
 
 

@@ -395,8 +395,8 @@ def _api_rows() -> list[Row]:
         ),
         _by_id("POST", "/jobs/{jobId}/cancel", 202, json={}),
         # The dead-letter view counts the organisation the request acts in, which a system token
-        # must name (400 without it).
-        Row("GET", "/dead-letters", (200, 200, 200, 400, 401)),
+        # must name (403 without it).
+        Row("GET", "/dead-letters", (200, 200, 200, 403, 401)),
         Row(
             "GET",
             "/dead-letters",
@@ -404,19 +404,19 @@ def _api_rows() -> list[Row]:
             case="organizationId=A",
             query={ORG_PARAM: "{org}"},
         ),
-        # A bulk action acts in the caller's organisation, which a system token must name (400
+        # A bulk action acts in the caller's organisation, which a system token must name (403
         # without it): B's filter on A's session key selects nothing of A's.
         Row(
             "POST",
             "/jobs:bulk",
-            (200, 200, 200, 400, 401),
+            (200, 200, 200, 403, 401),
             case="dry run",
             json={"action": "replay", "filter": {}, "dryRun": True},
         ),
         Row(
             "POST",
             "/jobs:bulk",
-            (200, 200, 200, 400, 401),
+            (200, 200, 200, 403, 401),
             case="cancel A's session",
             json={
                 "action": "cancel",
@@ -444,12 +444,12 @@ def _api_rows() -> list[Row]:
                 "idempotencyKey": "{sessionKey}",
             },
         ),
-        # An operation's progress: its organisation's (a system token names it; without it, 400).
+        # An operation's progress: its organisation's (a system token names it; without it, 403).
         _by_id("GET", "/operations/{operationId}", 200),
         Row(
             "GET",
             "/operations/{operationId}",
-            (200, 404, 200, 400, 401),
+            (200, 404, 200, 403, 401),
             case="system token without organizationId",
         ),
         # Only an ended job is replayed: A's queued one is a 409, its failed one replays.
@@ -697,7 +697,7 @@ def _ui_rows() -> list[Row]:
         Row(
             "GET",
             "/ui/jobs/bulk",
-            (200, 200, 200, 400, 302),
+            (200, 200, 200, 403, 302),
             case="cancel A's session: the dry run",
             query={"action": "cancel", "session": "{sessionKey}"},
         ),
@@ -710,7 +710,7 @@ def _ui_rows() -> list[Row]:
         ),
         *_ui_forms(
             "/ui/jobs/bulk",
-            (303, 303, 303, 400, 401),
+            (303, 303, 303, 403, 401),
             {"action": "cancel", "session": "{sessionKey}", "key": "{sessionKey}"},
             case="cancel A's session",
         ),
@@ -724,7 +724,7 @@ def _ui_rows() -> list[Row]:
         Row(
             "GET",
             "/ui/operations/{operationId}",
-            (200, 404, 200, 400, 302),
+            (200, 404, 200, 403, 302),
             case="system token without organizationId",
         ),
         Row("GET", "/ui/operations/{operationId}/fragment", page, by_id=True),

@@ -177,13 +177,13 @@ def test_operation_progress_is_per_organisation_and_a_system_token_names_it(api:
     assert json_of(theirs) == json_of(nobody)
     # A system token must name the organisation, for the progress as for the action.
     unnamed = api.client.get("/operations/prog-1", headers=api.headers("system"))
-    assert unnamed.status_code == 400 and json_of(unnamed)["error"]["details"]["field"] == "organizationId"
+    assert unnamed.status_code == 403 and json_of(unnamed)["error"]["details"]["field"] == "organizationId"
     named = api.client.get(
         "/operations/prog-1", query_string={"organizationId": ORG_A}, headers=api.headers("system")
     )
     assert json_of(named)["operation"]["operationId"] == "prog-1"
     action = _bulk(api, "system", action="archive", filter={}, dryRun=True)
-    assert action.status_code == 400 and json_of(action)["error"]["details"]["field"] == "organizationId"
+    assert action.status_code == 403 and json_of(action)["error"]["details"]["field"] == "organizationId"
     bad = api.client.get("/operations/bad key", headers=api.headers())
     assert bad.status_code == 400 and json_of(bad)["error"]["details"]["field"] == "operationId"
 

@@ -82,5 +82,5 @@ def test_a_bad_filter_is_a_400_and_a_system_token_names_the_organisation(api: Ap
     assert json_of(system)["total"] == 1
     # Without organizationId a system token is refused: it names the organisation it acts in.
     unnamed = api.client.get("/dead-letters", headers=api.headers("system"))
-    assert unnamed.status_code == 400
+    assert unnamed.status_code == 403
     assert json_of(unnamed)["error"]["details"]["field"] == "organizationId"
