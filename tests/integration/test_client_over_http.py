@@ -457,5 +457,7 @@ def test_the_cli_shows_dead_letters_and_replays_them(
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["affected"] == 2
     assert receipt_main(argv) == 0  # again: the same pages, nothing replayed twice
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["affected"] == 2
+    operation = Client().operation("cli-dl")["operation"]  # the progress, from its audit stream
+    assert (operation["action"], operation["affected"], operation["done"]) == ("replay", 2, True)
     assert receipt_main(["jobs", "list", "--tag", "dl:cli", "--status", "queued", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["jobs"]) == 2

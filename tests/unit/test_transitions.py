@@ -148,6 +148,21 @@ def test_cancel_a_queued_job_outright_and_consume_commands_once() -> None:
     assert t.cancel_queued(job, "x") == [] and t.cancel_queued(queued(), "x")[0][0] == "job.canceled"
 
 
+def test_archive_record_marks_an_ended_job_once_per_operation() -> None:
+    """A bulk archive's receipt: only on a job that ended, once per operation (a page redone after a
+    crash adds none), and the fold changes nothing but ``archivedBy``."""
+    assert t.archive_record(queued(), "op-1") == [] and t.archive_record(running(), "op-1") == []
+    ended = apply(queued(), t.cancel(queued(), NOW, "cmd_1", "no", cap=10))
+    events = t.archive_record(ended, "op-1")
+    assert events == [("job.archived", {"operationId": "op-1"})]
+    archived = apply(ended, events)
+    assert archived.archived_by == "op-1" and archived.status == "canceled"
+    assert archived.to_json()["archivedBy"] == "op-1" and "archivedBy" not in ended.to_json()
+    assert Job.from_json(archived.to_json()) == archived
+    assert t.archive_record(archived, "op-1") == []
+    assert t.archive_record(archived, "op-2") == [("job.archived", {"operationId": "op-2"})]
+
+
 def test_singleton_cancel_cancels_queued_and_aborts_running() -> None:
     """Spec: a queued job is canceled with `singleton cancel`; a leased or running one gets an abort."""
     assert t.singleton_cancel(queued(), NOW, "cmd_1", cap=10) == [
