@@ -534,3 +534,52 @@ def test_the_pass_rests_between_pages_for_its_duty_cycle(
         archive.run_pass(engine, sink, POLICY, page_size=2, clock=later(31), rest=rests.append).streams == 0
     )
     assert len(rests) == 3  # 100 %: no rest
+
+
+def _sweep_could_start(engine: Engine) -> bool:
+    """Whether a pass's sweep could take ``SEGMENTS_LOCK`` right now (PostgreSQL: the advisory lock,
+    tried; SQLite: the database's write lock, tried without waiting)."""
+    if is_sqlite(engine):
+        import sqlite3
+
+        raw = sqlite3.connect(str(engine.url.database), timeout=0, isolation_level=None)
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            raw.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            raw.close()
+    from app.storage.db import _advisory_key
+
+    with engine.connect() as conn:
+        got = conn.execute(
+            text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": _advisory_key(archive.SEGMENTS_LOCK)}
+        ).scalar_one()
+        conn.rollback()
+    return bool(got)
+
+
+def test_the_sweep_never_takes_a_chosen_pages_segment_before_its_commit(
+    engine: Engine, queue: Queue, sink: DirectorySink
+) -> None:
+    """A bulk archive's segment is written before its tombstones commit: in between, a pass's sweep
+    cannot start (``SEGMENTS_LOCK``); after, it finds the segment committed and keeps it."""
+    keys = [finished(queue, f"chosen-{i}") for i in range(3)]
+    could: list[bool] = []
+
+    def try_sweeping(step: str) -> None:
+        if step in ("segment_written", "tombstones_written"):
+            could.append(_sweep_could_start(engine))
+
+    assert _sweep_could_start(engine)
+    moved = archive.archive_jobs(
+        engine, sink, keys, pass_id="op-chosen", segment_prefix="op-", checkpoint=try_sweeping
+    )
+    assert could == [False, False]
+    assert set(moved.archived) == set(keys) and moved.segment is not None
+    assert archive.sweep(engine, sink) == 0 and sink.names() == [moved.segment]
+    with engine.connect() as conn:
+        report = verify.verify_archive(sink, conn)
+    assert report.ok and report.streams == 3, report.problems
