@@ -26,6 +26,7 @@ from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import InvariantError, no_job_message
 from app.jobs.ids import client_id_of, organization_of_key
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
+from app.jobs.flow import PLAIN, Flow, flow_of
 from app.jobs.tags import TAGS_FIELD, tags_of
 from app.jobs.tracecontext import TRACE_CONTEXT_FIELD, trace_context_of
 from app.jobs.vocab import (
@@ -137,6 +138,8 @@ class Job:
     # replayed job, the jobs that re-run it (``job.replayed`` receipts), oldest first.
     replay_of: str | None = None
     replayed_as: tuple[str, ...] = ()
+    # What the dispatch pass weighs beside the organisation (``app.jobs.flow``), from job.enqueued.
+    flow: Flow = PLAIN
 
     @property
     def stream(self) -> str:
@@ -214,6 +217,7 @@ class Job:
             **({TAGS_FIELD: dict(self.tags)} if self.tags else {}),
             **({REPLAY_OF_FIELD: self.replay_of} if self.replay_of else {}),
             **({REPLAYED_AS_FIELD: list(self.replayed_as)} if self.replayed_as else {}),
+            **self.flow.to_body(),
         }
 
     @classmethod
@@ -259,6 +263,7 @@ class Job:
             tags=data.get(TAGS_FIELD) or {},
             replay_of=data.get(REPLAY_OF_FIELD),
             replayed_as=tuple(data.get(REPLAYED_AS_FIELD) or ()),
+            flow=flow_of(data),
         )
 
 
@@ -364,6 +369,7 @@ def _enqueued(r: Receipt) -> Job:
         trace_context=trace_context_of(b.get(TRACE_CONTEXT_FIELD)),
         tags=tags_of(b),
         replay_of=replay_of if isinstance(replay_of := b.get(REPLAY_OF_FIELD), str) else None,
+        flow=flow_of(b),
     )
 
 

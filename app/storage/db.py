@@ -24,6 +24,7 @@ from sqlalchemy import (
     DateTime,
     Index,
     Integer,
+    SmallInteger,
     MetaData,
     String,
     Table,
@@ -105,6 +106,13 @@ jobs = Table(
     # none) and the start of its error's text (``projection.error_text``).
     Column("tags", _Json, nullable=True),
     Column("error_text", String(ERROR_TEXT_LENGTH), nullable=True),
+    # Migration 0013: what the dispatch pass reads (docs/dispatch.md) -- the worker queue the job is
+    # routed to (NULL on rows written before it; the migration fills the unfinished ones), its
+    # priority, its concurrency key and its debounce key (app.jobs.flow).
+    Column("worker_queue", String(64), nullable=True),
+    Column("priority", SmallInteger, nullable=False, server_default="0"),
+    Column("concurrency_key", String(128), nullable=True),
+    Column("debounce_key", String(128), nullable=True),
     Index("ix_jobs_status_changed", "status", "status_changed_at"),
     Index("ix_jobs_session_status", "session_key", "status"),
     Index("ix_jobs_agent", "agent_id"),
@@ -116,6 +124,34 @@ jobs = Table(
     # Migration 0012: a search by kind or by agent, newest first, walks only that kind's (agent's) jobs.
     Index("ix_jobs_org_kind_created", "organization_id", "kind", "created_at", "id"),
     Index("ix_jobs_org_agent_created", "organization_id", "agent_id", "created_at", "id"),
+    # Migration 0013: each organisation's waiting line in a worker queue, in the order the pass takes
+    # it (priority first, then age); over the queued jobs only, so it follows the backlog.
+    Index(
+        "ix_jobs_line",
+        "worker_queue",
+        "organization_id",
+        "priority",
+        "status_changed_at",
+        "id",
+        postgresql_where=text("status = 'queued'"),
+        sqlite_where=text("status = 'queued'"),
+    ),
+    # The attempts that hold (or wait for) a concurrency key, and the pending job a debounce replaces.
+    Index(
+        "ix_jobs_concurrency_key",
+        "organization_id",
+        "concurrency_key",
+        "status",
+        postgresql_where=text("concurrency_key IS NOT NULL"),
+        sqlite_where=text("concurrency_key IS NOT NULL"),
+    ),
+    Index(
+        "ix_jobs_debounce",
+        "organization_id",
+        "debounce_key",
+        postgresql_where=text("status = 'queued' AND debounce_key IS NOT NULL"),
+        sqlite_where=text("status = 'queued' AND debounce_key IS NOT NULL"),
+    ),
 )
 # A tag filter (``tags @> {"key": "value"}``): a GIN index over the tags. PostgreSQL only (migration
 # 0012), as ix_jobs_queued_since; SQLite filters the rows its other indexes give.
@@ -198,7 +234,21 @@ worker_liveness = Table(
     Column("started_at", _Time, nullable=False),
     Column("renewed_at", _Time, nullable=False),
     Column("dead_at", _Time, nullable=True),
+    # Migration 0013: the credits a process offers the dispatch pass -- the worker queues it consumes
+    # (space-separated) and how many attempts it runs at once. NULL: a process of an older release.
+    Column("queues", String(512), nullable=True),
+    Column("slots", Integer, nullable=True),
     Index("ix_worker_liveness_renewed", "dead_at", "renewed_at"),
+)
+
+# The rate limiter's state (app/dispatch/rates.py): one row per limited organisation or key, its
+# theoretical arrival time (GCRA), advanced by the dispatch pass. Explicitly best-effort: a lost row
+# forgets at most one emission interval, so a limit may admit one extra dispatch (migration 0013).
+rate_limits = Table(
+    "rate_limits",
+    metadata,
+    Column("key", String(512), primary_key=True),
+    Column("tat", _Time, nullable=False),
 )
 
 # The callback outbox: one row per (callback event, target), written in the same transaction as

@@ -985,6 +985,7 @@ def _enqueued_body(job_id: str, req: EnqueueRequest, enqueued_by: Enqueuer | Non
         body[TAGS_FIELD] = dict(req.tags)
     if req.replay_of is not None:
         body[REPLAY_OF_FIELD] = req.replay_of
+    body.update(req.flow.to_body())
     if req.run_at is not None or req.delay_ms is not None:
         when = delay.available_at(tx.now, req.run_at, req.delay_ms)
         if when is not None:
