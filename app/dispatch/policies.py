@@ -26,5 +26,5 @@ DEFAULT: Final = OrgPolicy()
 
 
 def org_policies(conn: Connection, settings: Settings) -> Mapping[str, OrgPolicy]:
-    """The organisations whose policy is not ``DEFAULT``."""
-    raise NotImplementedError("organisation dispatch policies are not built yet")
+    """The organisations whose policy is not ``DEFAULT`` (none yet: every organisation weighs 1)."""
+    return {}
