@@ -34,6 +34,9 @@ from typing import Any
 log = logging.getLogger("receipt.wakes")
 
 IDS_KEY = "receipt:wake:ids"
+# A wake-up that names a worker queue rather than a job: a place freed there (a job ended), so its
+# line may move. No job id starts with '@' (app/jobs/ids.py).
+QUEUE_TOKEN = "@"
 ARMED_KEY = "receipt:wake:armed"
 ARMED_TTL_MS = 2_000
 LISTENING_KEY = "receipt:wake:listening"

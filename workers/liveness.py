@@ -77,9 +77,12 @@ class ProcessLiveness:
         *,
         clock: Callable[[], float] = time.monotonic,
         base: str | None = None,
+        offer: records.Offer | None = None,
     ) -> None:
         self.engine = engine
         self.role = role
+        # What the dispatch pass may send this process (its queues and slots); None: nothing.
+        self.offer = offer
         self.interval_s = settings.worker_liveness_interval_ms / 1000
         self.self_fence_ms = settings.worker_self_fence_ms
         self.clock = clock
@@ -141,7 +144,7 @@ class ProcessLiveness:
     def start(self) -> None:
         started = self.clock()
         try:
-            records.register(self.engine, self.process, self.role)
+            records.register(self.engine, self.process, self.role, self.offer)
             with self._lock:
                 self._last_ok = started
         except Exception as exc:  # the renew thread inserts it once the database answers
@@ -174,7 +177,7 @@ class ProcessLiveness:
         with self._lock:
             identity = self.process
         try:
-            outcome = records.renew(self.engine, identity, self.role)
+            outcome = records.renew(self.engine, identity, self.role, self.offer)
         except Exception as exc:
             if not self._outage_logged:
                 log.warning("worker liveness %s: renewal failed: %s", identity, exc)

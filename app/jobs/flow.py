@@ -137,7 +137,11 @@ def _debounce(raw: Any, field: str) -> Debounce | None:
         raise ValidationError(f"{field}.{unknown[0]}", "is not a known field", allowed=DEBOUNCE_FIELDS)
     key = _key(raw.get("key"), f"{field}.key")
     window = _int(
-        raw.get("windowMs"), f"{field}.windowMs", DEBOUNCE_WINDOW_MIN_MS, DEBOUNCE_WINDOW_MAX_MS, DEBOUNCE_WINDOW_RULE
+        raw.get("windowMs"),
+        f"{field}.windowMs",
+        DEBOUNCE_WINDOW_MIN_MS,
+        DEBOUNCE_WINDOW_MAX_MS,
+        DEBOUNCE_WINDOW_RULE,
     )
     return Debounce(key, window)
 

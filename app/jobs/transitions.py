@@ -24,7 +24,9 @@ from app.jobs.vocab import LEASED_STATUSES, CommandLane, EventType, FailureStatu
 
 Event = tuple[EventType, dict[str, Any]]
 
-AttemptStartStatus = Literal["started", "terminal_state", "stale_attempt", "lease_lost"]
+AttemptStartStatus = Literal[
+    "started", "terminal_state", "stale_attempt", "lease_lost", "concurrency_limited"
+]
 
 
 def deadline(now: datetime, ms: int) -> str:

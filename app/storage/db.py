@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,8 +24,8 @@ from sqlalchemy import (
     DateTime,
     Index,
     Integer,
-    SmallInteger,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -108,10 +108,11 @@ jobs = Table(
     Column("error_text", String(ERROR_TEXT_LENGTH), nullable=True),
     # Migration 0013: what the dispatch pass reads (docs/dispatch.md) -- the worker queue the job is
     # routed to (NULL on rows written before it; the migration fills the unfinished ones), its
-    # priority, its concurrency key and its debounce key (app.jobs.flow).
+    # priority, its concurrency key and limit, and its debounce key (app.jobs.flow).
     Column("worker_queue", String(64), nullable=True),
     Column("priority", SmallInteger, nullable=False, server_default="0"),
     Column("concurrency_key", String(128), nullable=True),
+    Column("concurrency_limit", SmallInteger, nullable=True),
     Column("debounce_key", String(128), nullable=True),
     Index("ix_jobs_status_changed", "status", "status_changed_at"),
     Index("ix_jobs_session_status", "session_key", "status"),
@@ -241,14 +242,15 @@ worker_liveness = Table(
     Index("ix_worker_liveness_renewed", "dead_at", "renewed_at"),
 )
 
-# The rate limiter's state (app/dispatch/rates.py): one row per limited organisation or key, its
-# theoretical arrival time (GCRA), advanced by the dispatch pass. Explicitly best-effort: a lost row
-# forgets at most one emission interval, so a limit may admit one extra dispatch (migration 0013).
-rate_limits = Table(
-    "rate_limits",
+# The dispatch pass's own marks (migration 0013), one time per key: a rate limiter's theoretical
+# arrival time (``rate:<limiter>``, app/dispatch/rates.py) and when an organisation last got a place
+# in a worker queue (``turn:<queue>:<org>``, the fair share's tie-break). Explicitly best-effort: a
+# lost row forgets one emission interval (a limit may admit one extra dispatch) or one turn.
+dispatch_marks = Table(
+    "dispatch_marks",
     metadata,
     Column("key", String(512), primary_key=True),
-    Column("tat", _Time, nullable=False),
+    Column("at", _Time, nullable=False),
 )
 
 # The callback outbox: one row per (callback event, target), written in the same transaction as
@@ -743,3 +745,15 @@ def read_connection(engine: Engine) -> AbstractContextManager[Connection]:
     ``autocommit_connection``.
     """
     return autocommit_connection(engine)
+
+
+def put_marks(conn: Connection, marks: Mapping[str, datetime]) -> None:
+    """Set each ``dispatch_marks`` key to its time, inserting the missing ones, in one statement."""
+    if not marks:
+        return
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    rows = [{"key": k, "at": v} for k, v in sorted(marks.items())]
+    statement = dialect.insert(dispatch_marks).values(rows)
+    conn.execute(statement.on_conflict_do_update(index_elements=["key"], set_={"at": statement.excluded.at}))

@@ -249,6 +249,7 @@ def _columns(job: Job, last_hash: str, status_changed_at: datetime) -> dict[str,
         "worker_queue": None if job.terminal else queue_for(job.agent_id, job.kind),
         "priority": job.flow.priority,
         "concurrency_key": job.flow.concurrency_key,
+        "concurrency_limit": job.flow.concurrency_limit,
         "debounce_key": job.flow.debounce.key if job.flow.debounce is not None else None,
     }
 
@@ -279,6 +280,7 @@ PROJECTED_COLUMNS = (
     "worker_queue",
     "priority",
     "concurrency_key",
+    "concurrency_limit",
     "debounce_key",
 )
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from app import tracing
+from app.dispatch import keys
 from app.jobs import delay, transitions
 from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import (
@@ -38,6 +39,7 @@ from app.jobs.ids import (
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.reducer import REPLAY_OF_FIELD, REPLAYED_AS_FIELD, Job, reduce
 from app.jobs.replay import refuse_unless_replayable
+from app.jobs.routing import queue_for
 from app.jobs.tags import TAGS_FIELD
 from app.jobs.tracecontext import TRACE_CONTEXT_FIELD
 from app.jobs.transitions import AttemptStartStatus, Event
@@ -169,6 +171,10 @@ class _NeedsTransaction(Exception):
     """A one-statement transition found it must write more (``Queue._run``); nothing was written."""
 
 
+class _Keyed(Exception):
+    """A start decided in one statement met a concurrency key: it needs the keyed transaction."""
+
+
 class Queue:
     """Every job mutation Receipt performs. Construct with an engine; pass it around."""
 
@@ -280,16 +286,24 @@ class Queue:
             return self._group.mutate(job_id, decide)
         return self.mutate_alone(job_id, decide)
 
-    def mutate_many(self, items: Sequence[tuple[str, Decide]]) -> list[Outcome | Exception]:
+    def mutate_many(
+        self,
+        items: Sequence[tuple[str, Decide]],
+        *,
+        before: Callable[[Connection, Sequence[Job], datetime], None] | None = None,
+    ) -> list[Outcome | Exception]:
         """Several ``mutate`` calls in one transaction and one commit, decided in order on one read of
         their jobs and one clock; a job named twice is decided the second time on what the first
         appended. Each item's answer is its ``Outcome``, or the exception its own decision raised
         (``JobNotFound``, or ``decide`` raising), which writes nothing for it and spoils nothing
         else. A write that fails rolls the whole transaction back and raises: no item took effect.
-        Losing an append race re-reads and re-decides every item."""
+        Losing an append race re-reads and re-decides every item. ``before`` sees the jobs as read
+        and the clock, in the transaction, before any decision (to take locks and read beside them)."""
 
         def work(tx: _Tx) -> list[Outcome | Exception]:
             heads, tx._now = projection.load_many_at_clock(tx.conn, [job_id for job_id, _ in items])
+            if before is not None:
+                before(tx.conn, [heads[job_id].job for job_id, _ in items if job_id in heads], tx.now)
             answers: list[Outcome | Exception] = []
             for job_id, decide in items:
                 loaded = heads.get(job_id)
@@ -740,15 +754,23 @@ class Queue:
 
     # -- the worker's operations (fenced by worker id + attempt) --------------------------------
     def start_attempt(
-        self, job_id: str, worker_id: str, attempt: int, lease_ms: Callable[[Job], int]
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        lease_ms: Callable[[Job], int],
+        key_limit: Callable[[Job], int] | None = None,
     ) -> AttemptStart:
         """The worker's first write for a delivered attempt, decided on the job as read, in one commit
         (``transitions.start_attempt``). ``lease_ms`` gives the lease for the job read (its timing
-        depends on kind and payload)."""
+        depends on kind and payload); ``key_limit`` its concurrency key's limit. A job with a key
+        starts through ``start_attempts``, whose transaction holds the key's lock to its commit."""
         verdict: list[AttemptStartStatus] = []
 
         def decide(job: Job, now: datetime) -> Sequence[Event]:
             verdict.clear()
+            if job.flow.concurrency_key is not None and job.status == "queued":
+                raise _Keyed
             start = transitions.start_attempt(job, now, worker_id, attempt, lease_ms(job))
             verdict.append(start.status)
             return start.events
@@ -757,20 +779,38 @@ class Queue:
             out = self.mutate(job_id, decide)
         except JobNotFound:
             return AttemptStart("stale_attempt", None)
+        except _Keyed:
+            (only,) = self.start_attempts([(job_id, worker_id, attempt)], lease_ms, key_limit)
+            if isinstance(only, Exception):
+                raise only from None
+            return only
         return AttemptStart(verdict[0], out.job)
 
     def start_attempts(
-        self, items: Sequence[tuple[str, str, int]], lease_ms: Callable[[Job], int]
+        self,
+        items: Sequence[tuple[str, str, int]],
+        lease_ms: Callable[[Job], int],
+        key_limit: Callable[[Job], int] | None = None,
     ) -> list[AttemptStart | Exception]:
         """``start_attempt`` for several delivered attempts (job id, worker id, attempt) in one
         transaction and one commit (``mutate_many``), each decided on its own job under its own
-        fence. An item whose own decision raised answers with that exception. Raises when the
-        transaction fails: then none of them was written."""
+        fence. A queued job whose concurrency key already holds ``key_limit`` leases answers
+        ``concurrency_limited`` and stays queued (``app.dispatch.keys``). An item whose own decision
+        raised answers with that exception. Raises when the transaction fails: then none of them
+        was written."""
         verdicts: list[list[AttemptStartStatus]] = [[] for _ in items]
+        full: set[str] = set()
+
+        def gate(conn: Connection, read: Sequence[Job], now: datetime) -> None:
+            full.clear()
+            full.update(keys.refused(conn, read, key_limit or keys.own_limit))
 
         def decide_for(verdict: list[AttemptStartStatus], worker_id: str, attempt: int) -> Decide:
             def decide(job: Job, now: datetime) -> Sequence[Event]:
                 verdict.clear()
+                if job.id in full:
+                    verdict.append(keys.KEY_FULL)
+                    return ()
                 start = transitions.start_attempt(job, now, worker_id, attempt, lease_ms(job))
                 verdict.append(start.status)
                 return start.events
@@ -781,7 +821,8 @@ class Queue:
             [
                 (job_id, decide_for(verdict, worker_id, attempt))
                 for (job_id, worker_id, attempt), verdict in zip(items, verdicts, strict=True)
-            ]
+            ],
+            before=gate,
         )
         out: list[AttemptStart | Exception] = []
         for answer, verdict in zip(answers, verdicts, strict=True):
@@ -942,6 +983,38 @@ class Queue:
                 q = delivery.without_in_flight(conn, q, jobs.c.id, now, epoch)
             rows = conn.execute(q.order_by(jobs.c.available_at).limit(limit)).all()
         return [Job.from_json(r.state) for r in rows]
+
+    def lines_waiting_since(self, min_age_ms: int, limit: int = 500) -> list[str]:
+        """The worker queues whose line holds a job ready (queued, past any backoff) for at least
+        ``min_age_ms``: lines a lost wake-up may have left still. Queued rows an older release wrote
+        without their ``worker_queue`` (up to ``limit`` a call) get it here first."""
+        since = func.coalesce(jobs.c.available_at, jobs.c.status_changed_at)
+        with transaction(self.engine) as conn:
+            now = db_now(conn)
+            unset = conn.execute(
+                select(jobs.c.id, jobs.c.agent_id, jobs.c.kind)
+                .where(jobs.c.status == "queued", jobs.c.worker_queue.is_(None))
+                .limit(limit)
+            ).all()
+            by_queue: dict[str, list[str]] = {}
+            for row in unset:
+                by_queue.setdefault(queue_for(row.agent_id, row.kind), []).append(row.id)
+            for name, ids in by_queue.items():
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id.in_(ids), jobs.c.worker_queue.is_(None))
+                    .values(worker_queue=name)
+                )
+            rows = conn.execute(
+                select(jobs.c.worker_queue)
+                .where(
+                    jobs.c.status == "queued",
+                    jobs.c.worker_queue.is_not(None),
+                    since <= now - timedelta(milliseconds=min_age_ms),
+                )
+                .distinct()
+            ).all()
+        return sorted(r.worker_queue for r in rows)
 
     def queued_older_than(
         self, min_age_ms: int, limit: int = 500, *, skip_in_flight: bool = False, epoch: str | None = None

@@ -1,13 +1,13 @@
 """Fair dispatch (docs/dispatch.md): the waiting line's columns and index, credits on liveness rows,
 and the rate limiter's rows.
 
-* ``jobs.worker_queue``, ``jobs.priority``, ``jobs.concurrency_key``, ``jobs.debounce_key``:
+* ``jobs.worker_queue``, ``.priority``, ``.concurrency_key``, ``.concurrency_limit``, ``.debounce_key``:
   projection columns. ``worker_queue`` is filled here for every unfinished job (its route, computed
   as ``app.jobs.routing`` does); finished jobs keep NULL, which no pass reads.
 * ``ix_jobs_line``: each organisation's queued jobs of a worker queue, by priority then age.
 * ``ix_jobs_concurrency_key``, ``ix_jobs_debounce``: a key's attempts; a debounce's pending job.
 * ``worker_liveness.queues`` and ``.slots``: what a live process offers the dispatch pass.
-* ``rate_limits``: best-effort limiter rows.
+* ``dispatch_marks``: the pass's best-effort marks (rate limiters, organisations' last turns).
 
 Expand-only: nullable columns, a column with a default, indexes and a new table. A previous release
 writes job rows without ``worker_queue``: the dispatch pass fills it for the jobs it is woken for,
@@ -37,6 +37,7 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("worker_queue", sa.String(64), nullable=True))
     op.add_column("jobs", sa.Column("priority", sa.SmallInteger(), nullable=False, server_default="0"))
     op.add_column("jobs", sa.Column("concurrency_key", sa.String(128), nullable=True))
+    op.add_column("jobs", sa.Column("concurrency_limit", sa.SmallInteger(), nullable=True))
     op.add_column("jobs", sa.Column("debounce_key", sa.String(128), nullable=True))
     bind = op.get_bind()
     jobs = sa.table(
@@ -78,20 +79,21 @@ def upgrade() -> None:
     op.add_column("worker_liveness", sa.Column("queues", sa.String(512), nullable=True))
     op.add_column("worker_liveness", sa.Column("slots", sa.Integer(), nullable=True))
     op.create_table(
-        "rate_limits",
+        "dispatch_marks",
         sa.Column("key", sa.String(512), primary_key=True),
-        sa.Column("tat", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=False),
     )
 
 
 def downgrade() -> None:
-    op.drop_table("rate_limits")
+    op.drop_table("dispatch_marks")
     op.drop_column("worker_liveness", "slots")
     op.drop_column("worker_liveness", "queues")
     op.drop_index("ix_jobs_debounce", table_name="jobs")
     op.drop_index("ix_jobs_concurrency_key", table_name="jobs")
     op.drop_index("ix_jobs_line", table_name="jobs")
     op.drop_column("jobs", "debounce_key")
+    op.drop_column("jobs", "concurrency_limit")
     op.drop_column("jobs", "concurrency_key")
     op.drop_column("jobs", "priority")
     op.drop_column("jobs", "worker_queue")

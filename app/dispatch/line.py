@@ -1,0 +1,412 @@
+"""One dispatch pass over one worker queue's waiting line, in one transaction (docs/dispatch.md).
+
+1. Passes of one queue are serialised (an advisory lock on PostgreSQL; SQLite has one writer).
+2. Capacity: the slots of the queue's live worker processes (``worker_liveness``), plus the lead.
+3. In flight: the queue's leased jobs, and its queued jobs with a live pending delivery (sent, not
+   yet leased), per organisation and per concurrency key. Counted from rows, never kept.
+4. Places = capacity - in flight. None free: the pass ends here.
+5. The head of each organisation's line (priority, then age; ready, not in flight, its key not
+   known full), at most ``places`` per organisation.
+6. The choice (``app.dispatch.choice``), then the chosen jobs' deliveries are recorded
+   (``delivery.begin_many``) and the limiters and turns advanced, all before the commit. The caller
+   sends the worker messages after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy import and_, func, or_, select, text, union_all
+from sqlalchemy.engine import Connection
+
+from app.config import Settings
+from app.dispatch import limits, policies, rates
+from app.dispatch.choice import Candidate, Choice, Line, Waiting, choose
+from app.jobs.errors import DeliveryGenerationsExceeded
+from app.jobs.reducer import Job
+from app.jobs.timing import timing_for
+from app.jobs.vocab import LEASED_STATUSES
+from app.storage import delivery, projection
+from app.storage.db import (
+    as_utc,
+    deliveries,
+    dispatch_marks,
+    is_sqlite,
+    jobs,
+    lock_keys,
+    put_marks,
+    worker_liveness,
+)
+
+TURN_PREFIX: Final = "turn:"
+# Heads read per organisation beyond the free places: room to step past heads whose key is full.
+HEAD_SLACK: Final = 8
+
+
+@dataclass(frozen=True)
+class Capacity:
+    slots: int
+    processes: int
+
+
+@dataclass(frozen=True)
+class PassResult:
+    queue: str
+    now: datetime
+    capacity: Capacity
+    in_flight: int
+    places: int
+    claimed: list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]] = field(
+        default_factory=list
+    )
+    # Heads read and left in the line, by reason; and when a rate limiter next admits one of them.
+    waiting: Mapping[str, Waiting] = field(default_factory=dict)
+    retry_at: datetime | None = None
+    # No place was free, and jobs wait in the line (the line itself was not read).
+    blocked: bool = False
+
+    def again_in_s(self, tick_s: float) -> float | None:
+        """When this queue's line may move without a wake-up, in seconds from the pass: a rate
+        limiter's next admission; ``tick_s`` while no place was free (the line was not read: a
+        process may come, a lost wake-up may leave it) or heads were left; else never (None)."""
+        if self.retry_at is not None:
+            return max(0.0, (self.retry_at - self.now).total_seconds())
+        if self.blocked or self.waiting:
+            return tick_s
+        return None
+
+
+def queues_field(queues: Sequence[str]) -> str:
+    """How a liveness row lists its queues: space-separated and space-framed, so a ``LIKE`` on
+    ``% name %`` matches whole names only."""
+    return " " + " ".join(sorted(set(queues))) + " "
+
+
+def capacity(conn: Connection, queue: str, settings: Settings, now: datetime) -> Capacity:
+    """The slots of the live processes that consume ``queue`` (renewed within the self-fence)."""
+    fresh = now - timedelta(milliseconds=settings.worker_self_fence_ms)
+    w = worker_liveness.c
+    row = conn.execute(
+        select(func.coalesce(func.sum(w.slots), 0), func.count()).where(
+            w.dead_at.is_(None), w.renewed_at > fresh, w.slots.is_not(None), w.queues.like(f"% {queue} %")
+        )
+    ).one()
+    return Capacity(int(row[0]), int(row[1]))
+
+
+def _live_pending(now: datetime, epoch: str | None) -> Any:
+    d = deliveries.c
+    live = [d.state == "pending", d.deadline_at > now]
+    if epoch is not None:
+        live.append(or_(d.broker_epoch.is_(None), d.broker_epoch == epoch))
+    return and_(*live)
+
+
+def in_flight(
+    conn: Connection, queue: str, now: datetime, epoch: str | None
+) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    """Attempts in flight in ``queue`` per organisation and per (organisation, key)."""
+    j = jobs.c
+    leased = (
+        select(j.organization_id, j.concurrency_key, func.count().label("n"))
+        .where(j.status.in_(sorted(LEASED_STATUSES)), j.worker_queue == queue)
+        .group_by(j.organization_id, j.concurrency_key)
+    )
+    sent = (
+        select(j.organization_id, j.concurrency_key, func.count(func.distinct(j.id)).label("n"))
+        .select_from(deliveries.join(jobs, j.id == deliveries.c.job_id))
+        .where(_live_pending(now, epoch), j.status == "queued", j.worker_queue == queue)
+        .group_by(j.organization_id, j.concurrency_key)
+    )
+    by_org: dict[str, int] = {}
+    by_key: dict[tuple[str, str], int] = {}
+    for org, key, n in conn.execute(union_all(leased, sent)):
+        org = org or ""
+        by_org[org] = by_org.get(org, 0) + n
+        if key is not None:
+            by_key[(org, key)] = by_key.get((org, key), 0) + n
+    return by_org, by_key
+
+
+@dataclass(frozen=True)
+class _Head:
+    id: str
+    org: str
+    priority: int
+    key: str | None
+    limit: int | None
+    since: datetime
+
+
+# Each organisation's heads in one statement: a skip scan over the line index finds the
+# organisations with queued jobs in the queue (one index probe each, however long their lines),
+# then each one's first ``n`` in line order. Jobs without an organisation (none is written today)
+# get a line of their own.
+_HEADS_PG = text(
+    """
+WITH RECURSIVE orgs(org) AS (
+    SELECT min(organization_id) FROM jobs WHERE status = 'queued' AND worker_queue = :queue
+    UNION ALL
+    SELECT (SELECT min(organization_id) FROM jobs
+            WHERE status = 'queued' AND worker_queue = :queue AND organization_id > orgs.org)
+    FROM orgs WHERE orgs.org IS NOT NULL
+)
+SELECT h.* FROM orgs CROSS JOIN LATERAL (
+    SELECT id, organization_id, priority, concurrency_key, concurrency_limit, status_changed_at
+    FROM jobs j
+    WHERE j.status = 'queued' AND j.worker_queue = :queue AND j.organization_id = orgs.org
+      AND (j.available_at IS NULL OR j.available_at <= :now)
+      AND (j.concurrency_key IS NULL OR NOT (j.organization_id || chr(31) || j.concurrency_key = ANY(:full)))
+      AND NOT EXISTS (
+          SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.state = 'pending' AND d.deadline_at > :now
+            AND (CAST(:epoch AS text) IS NULL OR d.broker_epoch IS NULL OR d.broker_epoch = :epoch))
+    ORDER BY priority DESC, status_changed_at, id
+    LIMIT :n
+) h
+WHERE orgs.org IS NOT NULL
+UNION ALL
+(SELECT id, organization_id, priority, concurrency_key, concurrency_limit, status_changed_at
+ FROM jobs j
+ WHERE j.status = 'queued' AND j.worker_queue = :queue AND j.organization_id IS NULL
+   AND (j.available_at IS NULL OR j.available_at <= :now)
+   AND NOT EXISTS (
+       SELECT 1 FROM deliveries d WHERE d.job_id = j.id AND d.state = 'pending' AND d.deadline_at > :now
+         AND (CAST(:epoch AS text) IS NULL OR d.broker_epoch IS NULL OR d.broker_epoch = :epoch))
+ ORDER BY priority DESC, status_changed_at, id
+ LIMIT :n)
+"""
+)
+
+
+def heads(
+    conn: Connection, queue: str, now: datetime, epoch: str | None, n: int, full: Sequence[tuple[str, str]]
+) -> list[_Head]:
+    """The first ``n`` ready jobs of each organisation's line in ``queue``, in line order."""
+    if not is_sqlite(conn):
+        rows = conn.execute(
+            _HEADS_PG,
+            {
+                "queue": queue,
+                "now": now,
+                "epoch": epoch,
+                "n": n,
+                "full": [f"{org}\x1f{key}" for org, key in full],
+            },
+        ).all()
+    else:
+        j = jobs.c
+        sent = select(deliveries.c.job_id).where(deliveries.c.job_id == j.id, _live_pending(now, epoch))
+        rank = (
+            func.row_number()
+            .over(partition_by=j.organization_id, order_by=(j.priority.desc(), j.status_changed_at, j.id))
+            .label("rank")
+        )
+        ready = (
+            select(
+                j.id,
+                j.organization_id,
+                j.priority,
+                j.concurrency_key,
+                j.concurrency_limit,
+                j.status_changed_at,
+                rank,
+            )
+            .where(
+                j.status == "queued",
+                j.worker_queue == queue,
+                or_(j.available_at.is_(None), j.available_at <= now),
+                ~sent.exists(),
+            )
+            .subquery()
+        )
+        rows = conn.execute(
+            select(ready).where(ready.c.rank <= n).order_by(ready.c.organization_id, ready.c.rank)
+        ).all()
+        blocked = set(full)
+        rows = [
+            r
+            for r in rows
+            if r.concurrency_key is None or (r.organization_id or "", r.concurrency_key) not in blocked
+        ]
+    return [
+        _Head(
+            r.id,
+            r.organization_id or "",
+            r.priority,
+            r.concurrency_key,
+            r.concurrency_limit,
+            as_utc(r.status_changed_at),
+        )
+        for r in rows
+    ]
+
+
+def _has_line(conn: Connection, queue: str) -> bool:
+    j = jobs.c
+    return (
+        conn.execute(select(j.id).where(j.status == "queued", j.worker_queue == queue).limit(1)).first()
+        is not None
+    )
+
+
+def _turn_key(queue: str, org: str) -> str:
+    return f"{TURN_PREFIX}{queue}:{org}"
+
+
+def last_turns(conn: Connection, queue: str, orgs: Sequence[str]) -> dict[str, float]:
+    keys = {_turn_key(queue, org): org for org in orgs}
+    if not keys:
+        return {}
+    rows = conn.execute(
+        select(dispatch_marks.c.key, dispatch_marks.c.at).where(dispatch_marks.c.key.in_(sorted(keys)))
+    )
+    return {keys[r.key]: as_utc(r.at).timestamp() for r in rows}
+
+
+def run_pass(
+    conn: Connection,
+    queue: str,
+    settings: Settings,
+    now: datetime,
+    *,
+    epoch: str | None = None,
+) -> PassResult:
+    """Choose and claim what fills ``queue``'s free places; see the module's steps."""
+    lock_keys(conn, [f"dispatch:{queue}"])
+    cap = capacity(conn, queue, settings, now)
+    by_org, by_key = in_flight(conn, queue, now, epoch)
+    total = sum(by_org.values())
+    places = cap.slots + settings.dispatch_lead * cap.processes - total
+    if places <= 0:
+        return PassResult(queue, now, cap, total, 0, blocked=_has_line(conn, queue))
+    # A key at or past the operator's limit for it cannot take a place: its heads are not read.
+    full = [
+        (org, key)
+        for (org, key), n in by_key.items()
+        if n >= (limits.declared_limit(settings.concurrency_limits, key) or limits.CONCURRENCY_LIMIT_CAP)
+    ]
+    found = heads(conn, queue, now, epoch, places + HEAD_SLACK, full)
+    if not found:
+        return PassResult(queue, now, cap, total, places)
+    org_policy = policies.org_policies(conn, settings)
+    line, rated = _line(settings, queue, places, found, by_org, by_key, org_policy)
+    tats = rates.read(conn, rated)
+    line = _with_turns_and_allowance(conn, queue, line, rated, tats, now)
+    choice = choose(line)
+    claimed = _claim(conn, settings, choice, now, epoch)
+    rates.spend(conn, rated, tats, choice.spent, now)
+    put_marks(
+        conn,
+        {_turn_key(queue, c.org): now + timedelta(microseconds=i) for i, c in enumerate(choice.send)},
+    )
+    return PassResult(
+        queue,
+        now,
+        cap,
+        total,
+        places,
+        claimed,
+        choice.waiting,
+        _retry_at(choice, line, rated, tats, now),
+    )
+
+
+def _line(
+    settings: Settings,
+    queue: str,
+    places: int,
+    found: Sequence[_Head],
+    by_org: Mapping[str, int],
+    by_key: Mapping[tuple[str, str], int],
+    org_policy: Mapping[str, policies.OrgPolicy],
+) -> tuple[Line, dict[str, float]]:
+    rated: dict[str, float] = {}
+    lines: dict[str, list[Candidate]] = {}
+    for h in found:
+        limiter = None
+        if h.key is not None:
+            declared = limits.key_rate(settings.rate_limits, h.org, h.key)
+            if declared is not None:
+                limiter, rated[declared[0]] = declared[0], declared[1]
+        lines.setdefault(h.org, []).append(
+            Candidate(
+                h.id,
+                h.org,
+                h.since.timestamp(),
+                h.key,
+                limits.concurrency_limit(settings.concurrency_limits, h.key, h.limit) if h.key else None,
+                limiter,
+            )
+        )
+    org_limiter: dict[str, str] = {}
+    for org in lines:
+        policy = org_policy.get(org, policies.DEFAULT)
+        if policy.rate_per_s is not None:
+            org_limiter[org] = limits.org_limiter(org)
+            rated[org_limiter[org]] = policy.rate_per_s
+    weights = {org: org_policy[org].weight for org in lines if org in org_policy}
+    return Line(places, lines, by_org, by_key, weights, {}, org_limiter), rated
+
+
+def _with_turns_and_allowance(
+    conn: Connection,
+    queue: str,
+    line: Line,
+    rated: Mapping[str, float],
+    tats: Mapping[str, datetime],
+    now: datetime,
+) -> Line:
+    allowance = {name: rates.allowance(rate, tats.get(name), now) for name, rate in rated.items()}
+    return Line(
+        line.places,
+        line.heads,
+        line.in_flight,
+        line.key_in_flight,
+        line.weights,
+        allowance,
+        line.org_limiter,
+        last_turns(conn, queue, sorted(line.heads)),
+    )
+
+
+def _claim(
+    conn: Connection, settings: Settings, choice: Choice, now: datetime, epoch: str | None
+) -> list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]]:
+    ids = [c.job_id for c in choice.send]
+    if not ids:
+        return []
+    loaded = {job.id: job for job in projection.load_jobs(conn, ids)}
+    ready = [loaded[i] for i in ids if i in loaded and loaded[i].status == "queued"]
+    requests = [delivery.StartRequest(job.id, job.id, _driver_timeout_ms(job, settings)) for job in ready]
+    return list(zip(ready, delivery.begin_many(conn, requests, now, epoch=epoch), strict=True))
+
+
+def _driver_timeout_ms(job: Job, settings: Settings) -> int:
+    return timing_for(job.agent_id, job.kind, job.payload, settings).driver_timeout_ms
+
+
+def _retry_at(
+    choice: Choice, line: Line, rated: Mapping[str, float], tats: Mapping[str, datetime], now: datetime
+) -> datetime | None:
+    """When a limiter that holds a head back next admits one (None: no head waits for a rate)."""
+    limiters: set[str] = set()
+    by_id = {c.job_id: c for heads in line.heads.values() for c in heads}
+    for job_id, why in choice.waiting.items():
+        if why.reason != "rate":
+            continue
+        c = by_id[job_id]
+        for name in (c.key_limiter, line.org_limiter.get(c.org)):
+            if name is not None:
+                limiters.add(name)
+    if not limiters:
+        return None
+    spent_tats = {
+        name: rates.advanced(rated[name], tats.get(name), now, choice.spent.get(name, 0))
+        if choice.spent.get(name)
+        else tats.get(name)
+        for name in limiters
+    }
+    return min(rates.admits_at(rated[name], spent_tats[name], now) for name in limiters)
