@@ -198,24 +198,26 @@ def queues_of(rt: Runtime, woken: Sequence[str]) -> set[str]:
     ids = sorted({w for w in woken if not w.startswith(QUEUE_TOKEN)})
     if not ids:
         return queues
-    with transaction(rt.engine) as conn:
+    with rt.engine.connect() as conn:
         rows = conn.execute(
             select(jobs.c.id, jobs.c.agent_id, jobs.c.kind, jobs.c.status, jobs.c.worker_queue).where(
                 jobs.c.id.in_(ids)
             )
         ).all()
-        unset: dict[str, list[str]] = {}
-        for row in rows:
-            queue = row.worker_queue or queue_for(row.agent_id, row.kind)
-            queues.add(queue)
-            if row.worker_queue is None and row.status == "queued":
-                unset.setdefault(queue, []).append(row.id)
-        for queue, missing in unset.items():
-            conn.execute(
-                update(jobs)
-                .where(jobs.c.id.in_(missing), jobs.c.worker_queue.is_(None))
-                .values(worker_queue=queue)
-            )
+    unset: dict[str, list[str]] = {}
+    for row in rows:
+        queue = row.worker_queue or queue_for(row.agent_id, row.kind)
+        queues.add(queue)
+        if row.worker_queue is None and row.status == "queued":
+            unset.setdefault(queue, []).append(row.id)
+    if unset:
+        with transaction(rt.engine) as conn:
+            for queue, missing in unset.items():
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id.in_(missing), jobs.c.worker_queue.is_(None))
+                    .values(worker_queue=queue)
+                )
     return queues
 
 
