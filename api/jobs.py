@@ -18,7 +18,7 @@ from api import auth, inputs, limits, schemas
 from api.context import read_connection, state
 from api.errors import ApiError, archived, forbidden, job_not_found
 from api.openapi import Operation, operation
-from api.present import async_block, job_json, job_path
+from api.present import async_block, job_json, job_path, with_waiting
 from app.factory import service
 from app.jobs import replay as replays
 from app.jobs.errors import ValidationError
@@ -163,7 +163,8 @@ def enqueue_batch(body: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def get_job(jobId: str) -> ResponseReturnValue:
-    return {"job": job_json(visible_job(jobId))}
+    job = visible_job(jobId)
+    return {"job": with_waiting([job_json(job)], [job])[0]}
 
 
 @blueprint.get("/jobs")
@@ -187,7 +188,7 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
     where = search.parse_filter({k: v for k, v in query.items() if k in search.FILTER_FIELDS})
     cursor = inputs.checked_cursor(query.get("cursor"))
     page = state().queue.list_jobs(**scope, where=where, limit=query["limit"], cursor=cursor)
-    items = [job_json(j) for j in page.jobs]
+    items = with_waiting([job_json(j) for j in page.jobs], page.jobs)
     fits = limits.fit(items, state().settings.max_page_bytes)
     next_cursor = page.next_cursor
     if fits < len(items):

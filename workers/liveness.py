@@ -18,6 +18,7 @@ record lapses. A fenced identity is never renewed again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -170,6 +171,13 @@ class ProcessLiveness:
             records.forget_unless_holding(self.engine, self.process)
         except Exception as exc:
             log.warning("could not delete this worker's liveness record: %s", exc)
+
+    def withdraw_offer(self) -> None:
+        """Offer the dispatch pass no more slots (the process stops taking work), from the next
+        renewal, which starts at once."""
+        if self.offer is not None and self.offer.slots:
+            self.offer = dataclasses.replace(self.offer, slots=0)
+            self._renew_now.set()
 
     # -- renewing
     def renew_once(self) -> None:

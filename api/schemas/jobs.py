@@ -21,6 +21,7 @@ from api.schemas.base import (
     text,
 )
 from api.schemas.payload import PAYLOAD
+from app.dispatch.choice import WAITING_REASONS
 from app.jobs.delay import MAX_DELAY_MS, RUN_AT_MAX_CHARS
 from app.jobs.ids import JOB_ID_PATTERN
 from app.jobs.kinds import PAYLOAD_KINDS
@@ -463,6 +464,18 @@ JOB: Schema = {
             "type": "array",
             "items": {"type": "string"},
             "description": "The ids of the jobs replaying this one, oldest first; present once replayed.",
+        },
+        "waiting": {
+            "type": "object",
+            "description": "Why a queued job waits for a place (docs/dispatch.md); present on a queued job "
+            "that is ready and not yet sent: `concurrency` while its concurrencyKey runs its limit, "
+            "`rate` while a rate limit of its key or organisation has no allowance (key null for the "
+            "organisation's), `share` while the free places go to other organisations' turns.",
+            "properties": {
+                "reason": {"type": "string", "enum": list(WAITING_REASONS)},
+                "key": {"type": ["string", "null"]},
+            },
+            "required": ["reason", "key"],
         },
         "enqueuedBy": {
             "type": ["object", "null"],

@@ -37,6 +37,7 @@ from app.storage.db import (
     is_sqlite,
     jobs,
     lock_keys,
+    parse_iso,
     put_marks,
     worker_liveness,
 )
@@ -410,3 +411,135 @@ def _retry_at(
         for name in limiters
     }
     return min(rates.admits_at(rated[name], spent_tats[name], now) for name in limiters)
+
+
+def waiting_reasons(
+    conn: Connection, queued: Sequence[Job], settings: Settings, now: datetime, epoch: str | None = None
+) -> dict[str, Waiting]:
+    """Why each of these queued jobs waits, from the counts a pass would read now: ``concurrency``
+    while its key holds its limit, ``rate`` while a limiter of its has no allowance, else ``share``
+    (its organisation's turn for a free place). A job not waiting for a place gets none: one
+    whose delivery is in flight, or whose time (``availableAt``) has not come."""
+    ready = [j for j in queued if j.status == "queued" and not _later(j, now)]
+    if not ready:
+        return {}
+    d = deliveries.c
+    sent = {
+        r.job_id
+        for r in conn.execute(
+            select(d.job_id).where(d.job_id.in_([j.id for j in ready]), _live_pending(now, epoch))
+        )
+    }
+    ready = [j for j in ready if j.id not in sent]
+    keyed = {(j.organization_id or "", j.flow.concurrency_key) for j in ready if j.flow.concurrency_key}
+    held: dict[tuple[str, str], int] = {}
+    if keyed:
+        j_ = jobs.c
+        org = func.coalesce(j_.organization_id, "")
+        rows = conn.execute(
+            select(org, j_.concurrency_key, func.count())
+            .where(
+                j_.concurrency_key.in_(sorted({k for _, k in keyed})),
+                or_(j_.status.in_(sorted(LEASED_STATUSES)), j_.id.in_(_pending_ids(now, epoch))),
+            )
+            .group_by(org, j_.concurrency_key)
+        )
+        held = {(r[0], r[1]): int(r[2]) for r in rows}
+    limiters: dict[str, tuple[str, float]] = {}
+    policy = policies.org_policies(conn, settings)
+    for job in ready:
+        org = job.organization_id or ""
+        key = job.flow.concurrency_key
+        rated = limits.key_rate(settings.rate_limits, org, key) if key else None
+        if rated is not None:
+            limiters[rated[0]] = rated
+        rate = policy.get(org, policies.DEFAULT).rate_per_s
+        if rate is not None:
+            limiters[limits.org_limiter(org)] = (limits.org_limiter(org), rate)
+    tats = rates.read(conn, limiters)
+    empty = {name for name, (_, rate) in limiters.items() if rates.allowance(rate, tats.get(name), now) <= 0}
+    out: dict[str, Waiting] = {}
+    for job in ready:
+        org, key = job.organization_id or "", job.flow.concurrency_key
+        if key is not None:
+            limit = limits.concurrency_limit(settings.concurrency_limits, key, job.flow.concurrency_limit)
+            if held.get((org, key), 0) >= limit:
+                out[job.id] = Waiting("concurrency", key)
+                continue
+            rated = limits.key_rate(settings.rate_limits, org, key)
+            if rated is not None and rated[0] in empty:
+                out[job.id] = Waiting("rate", key)
+                continue
+        if limits.org_limiter(org) in empty:
+            out[job.id] = Waiting("rate")
+            continue
+        out[job.id] = Waiting("share")
+    return out
+
+
+def _later(job: Job, now: datetime) -> bool:
+    at = parse_iso(job.available_at)
+    return at is not None and at > now
+
+
+def _pending_ids(now: datetime, epoch: str | None) -> Any:
+    return select(deliveries.c.job_id).where(_live_pending(now, epoch))
+
+
+@dataclass(frozen=True)
+class OrgShare:
+    organization: str
+    in_flight: int
+    queued: int
+    weight: float
+
+
+@dataclass(frozen=True)
+class QueueShare:
+    """One worker queue as the pass sees it: its live slots, what is in flight, and each
+    organisation's part (for the metrics and the dashboard's system page)."""
+
+    queue: str
+    slots: int
+    processes: int
+    places: int  # slots plus the lead, the most that may be in flight
+    in_flight: int
+    organizations: tuple[OrgShare, ...]
+
+
+def shares(
+    conn: Connection, settings: Settings, now: datetime, queues: Sequence[str], epoch: str | None = None
+) -> list[QueueShare]:
+    j = jobs.c
+    waiting: dict[tuple[str, str], int] = {}
+    for queue, org, n in conn.execute(
+        select(j.worker_queue, j.organization_id, func.count())
+        .where(j.status == "queued", j.worker_queue.in_(list(queues)))
+        .group_by(j.worker_queue, j.organization_id)
+    ):
+        waiting[(queue, org or "")] = int(n)
+    policy = policies.org_policies(conn, settings)
+    out = []
+    for queue in queues:
+        cap = capacity(conn, queue, settings, now)
+        by_org, _ = in_flight(conn, queue, now, epoch)
+        orgs = sorted({o for (q, o) in waiting if q == queue} | set(by_org))
+        out.append(
+            QueueShare(
+                queue,
+                cap.slots,
+                cap.processes,
+                cap.slots + settings.dispatch_lead * cap.processes,
+                sum(by_org.values()),
+                tuple(
+                    OrgShare(
+                        o,
+                        by_org.get(o, 0),
+                        waiting.get((queue, o), 0),
+                        policy.get(o, policies.DEFAULT).weight,
+                    )
+                    for o in orgs
+                ),
+            )
+        )
+    return out

@@ -298,6 +298,58 @@ LIST_COLUMNS = (
 )
 
 
+@jobs.command("waiting")
+@click.option("--agent", "agent_id", help="Only this agent id.")
+@click.option("--kind", help="Only this payload kind.")
+@click.option("--tag", help="Only jobs tagged key:value.")
+@click.option("--cursor", help="Continue after a page (its nextCursor).")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="The page as JSON instead of a table.")
+@no_retry_option
+def waiting(
+    agent_id: str | None, kind: str | None, tag: str | None, cursor: str | None, limit: int, as_json: bool
+) -> int:
+    """Queued jobs, newest first, each with why it waits: concurrency (its key runs its limit),
+    rate (a rate limit has no allowance), share (other organisations' turns), or not before a time."""
+    filters = {"status": "queued", "agentId": agent_id, "kind": kind, "tag": tag, "cursor": cursor}
+    try:
+        page = client_from_env().list(limit=limit, **{k: v for k, v in filters.items() if v is not None})
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    if as_json:
+        print_json(page)
+        return 0
+    rows = []
+    for job in page["jobs"]:
+        why = job.get("waiting") or {}
+        reason = why.get("reason") or ("not before" if job.get("availableAt") else "sent")
+        rows.append(
+            [
+                job["id"],
+                job["agentId"],
+                reason,
+                why.get("key") or "",
+                job.get("availableAt") or "",
+                job["updatedAt"] or "",
+            ]
+        )
+    console = Console()
+    console.print(fitted_table(WAITING_COLUMNS, rows, console.width))
+    if page.get("nextCursor"):
+        console.print(f"(more: --cursor {page['nextCursor']}, or narrow the filters)")
+    return 0
+
+
+WAITING_COLUMNS = (
+    Column("id", ident=True),
+    Column("agent"),
+    Column("waiting"),
+    Column("key"),
+    Column("not before"),
+    Column("queued since"),
+)
+
+
 @jobs.command("replay")
 @click.argument("job_id")
 @click.option(
