@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import InvariantError, no_job_message
+from app.jobs.flow import PLAIN, Flow, flow_of
 from app.jobs.ids import client_id_of, organization_of_key
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
-from app.jobs.flow import PLAIN, Flow, flow_of
 from app.jobs.tags import TAGS_FIELD, tags_of
 from app.jobs.tracecontext import TRACE_CONTEXT_FIELD, trace_context_of
 from app.jobs.vocab import (
