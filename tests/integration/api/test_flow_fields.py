@@ -22,12 +22,12 @@ from tests.support.api import Api, json_of, key, payload
 
 pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 
-FLOW = {
+FLOW: dict[str, Any] = {
     "priority": 7,
     "concurrencyKey": "acme:crm/sync",
     "concurrencyLimit": 3,
 }
-DEBOUNCE = {"debounce": {"key": "reindex.acme", "windowMs": 60_000}}
+DEBOUNCE: dict[str, Any] = {"debounce": {"key": "reindex.acme", "windowMs": 60_000}}
 
 
 def _doc_validator(api: Api, name: str) -> Draft202012Validator:
