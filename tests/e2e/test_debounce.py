@@ -25,7 +25,7 @@ def test_a_burst_of_debounced_enqueues_runs_exactly_one_job(stack: Stack) -> Non
     url = stack.url(f"/agents/{handlers.ECHO}/jobs")
 
     def post(n: int) -> dict[str, Any]:
-        body = {
+        body: dict[str, Any] = {
             "jobId": f"burst-{n}",
             "payload": {
                 "kind": "factory.run",
