@@ -339,7 +339,8 @@ def bulk(body: dict[str, Any]) -> ResponseReturnValue:
         f=where,
         by=identity.enqueuer().to_json(),
         cursor=cursor,
-        limit=body.get("limit", operations.BULK_PAGE_MAX),
+        # JSON Schema counts 538.0 as an integer: the page size is the whole number it names.
+        limit=int(body.get("limit", operations.BULK_PAGE_MAX)),
         reason=body.get("reason"),
         authorize=authorize,
     )
