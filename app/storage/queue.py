@@ -702,7 +702,7 @@ class Queue:
                 raise ValueError("a batch enqueue takes no singleton mode")
             if req.flow.debounce is not None:
                 raise ValueError(
-                    "a batch enqueue takes no debounce (it locks a key, as a singleton a session)"
+                    "a batch enqueue takes no debounce: a debounce locks its key, which this path does not"
                 )
             org = req.organization_id or SYSTEM_ORGANIZATION
             keys.append(req.key or qualify(org, req.job_id or new_id()))
@@ -1036,8 +1036,7 @@ def _debounced_ids(conn: Connection, org: str, key: str) -> list[str]:
 def _enqueued_body(job_id: str, req: EnqueueRequest, enqueued_by: Enqueuer | None, tx: _Tx) -> dict[str, Any]:
     """The ``job.enqueued`` body of a new job. ``enqueuedBy`` is who the server authenticated; a
     delayed job's ``availableAt`` is decided on the database clock (``app.jobs.delay``), and so is a
-    debounced one's: its window is a delay that a later enqueue of its key may cut short by
-    replacing it."""
+    debounced one's: its window is a delay, during which a later enqueue of its key replaces it."""
     body: dict[str, Any] = {
         "jobId": job_id,
         "agentId": req.agent_id,
