@@ -4,7 +4,9 @@ the dispatch pass reads (``app.dispatch.policies.org_policies``), cached per pro
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import select
@@ -100,3 +102,22 @@ def test_the_cache_lasts_about_a_second(engine: Engine, monkeypatch: pytest.Monk
     assert read(engine, settings) == {}
     clock[0] += policies.CACHE_SECONDS
     assert read(engine, settings) == {"org-a": OrgPolicy(4.0, None)}
+
+
+@pytest.mark.one_backend
+def test_concurrent_sets_each_write_one_receipt_and_the_row_is_the_last(pg_engine: Engine) -> None:
+    threads = 8
+    barrier = threading.Barrier(threads, timeout=30)
+
+    def put(n: int) -> None:
+        barrier.wait()
+        stored.set_policy(pg_engine, "org-a", float(n + 1), None)
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for future in [pool.submit(put, n) for n in range(threads)]:
+            future.result(timeout=60)
+    receipts = stream_of(pg_engine, "org-a")
+    assert [r.seq for r in receipts] == list(range(1, threads + 1))
+    assert sorted(r.body["weight"] for r in receipts) == [float(n + 1) for n in range(threads)]
+    [row] = rows(pg_engine)
+    assert (row[1], row[3]) == (receipts[-1].body["weight"], threads)
