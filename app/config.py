@@ -221,6 +221,75 @@ def _retention_overrides(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(pairs.items()))
 
 
+# An organisation's dispatch policy (app/dispatch/policies.py): its weight in the fair share of a
+# worker group's free slots, and the most dispatches a second it may get across every process. The
+# API's values (PUT /organizations/{id}/dispatch) are bounded the same way.
+ORG_WEIGHT_MAX: Final = 100.0
+ORG_WEIGHT_RULE: Final = f"must be a number above 0 and at most {ORG_WEIGHT_MAX:g}"
+ORG_RATE_MAX_PER_S: Final = 100_000.0
+ORG_RATE_RULE: Final = f"must be a number of dispatches per second above 0 and at most {ORG_RATE_MAX_PER_S:g}"
+_RATE_UNITS: Final = {
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+}
+
+
+def _org_pairs(text: str, form: str, value: Callable[[str, str], float]) -> tuple[tuple[str, float], ...]:
+    """``org=value`` pairs, comma-separated, each organisation once, sorted by organisation."""
+    pairs: dict[str, float] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        org, sep, rest = item.partition("=")
+        org = org.strip()
+        if not sep or not org or any(c.isspace() for c in org):
+            raise ValueError(f"{item!r}: expected {form}")
+        if org in pairs:
+            raise ValueError(f"{org} is given twice")
+        pairs[org] = value(rest.strip(), item)
+    return tuple(sorted(pairs.items()))
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _weight(text: str, item: str) -> float:
+    value = _number(text)
+    if value is None or not 0 < value <= ORG_WEIGHT_MAX:
+        raise ValueError(f"{item!r}: the weight {ORG_WEIGHT_RULE}")
+    return value
+
+
+def _rate(text: str, item: str) -> float:
+    count, sep, unit = text.partition("/")
+    per = _RATE_UNITS.get(unit.strip().lower()) if sep else None
+    value = _number(count.strip())
+    if per is None or value is None:
+        raise ValueError(f"{item!r}: expected org=N/s, org=N/min or org=N/h (e.g. org-a=20/s)")
+    per_s = value / per
+    if not 0 < per_s <= ORG_RATE_MAX_PER_S:
+        raise ValueError(f"{item!r}: the rate {ORG_RATE_RULE}")
+    return per_s
+
+
+def _org_weights(text: str) -> tuple[tuple[str, float], ...]:
+    return _org_pairs(text, "org=weight (e.g. org-a=3)", _weight)
+
+
+def _org_rates(text: str) -> tuple[tuple[str, float], ...]:
+    return _org_pairs(text, "org=N/s, org=N/min or org=N/h (e.g. org-a=20/s)", _rate)
+
+
 def _log_format(text: str) -> str:
     value = text.strip().lower()
     if value not in ("plain", "json"):
@@ -895,6 +964,22 @@ class Settings:
         "Writes (POST) one organisation may make per route, as a `limits` rate "
         "(`20000/minute;500/second`); `disabled` turns it off. Counted in Redis (REDIS_URL); embedded "
         "mode counts in memory.",
+    )
+    org_weights: tuple[tuple[str, float], ...] = setting(
+        "RECEIPT_ORG_WEIGHTS",
+        "",
+        "Each organisation's weight in the fair share of a worker group's free slots: `org=weight` "
+        "pairs, comma-separated (`org-a=3,org-b=0.5`; above 0, at most 100). An organisation not "
+        "listed weighs 1. `PUT /organizations/{id}/dispatch` overrides it (docs/dispatch.md).",
+        _org_weights,
+    )
+    org_rate_limits: tuple[tuple[str, float], ...] = setting(
+        "RECEIPT_ORG_RATE_LIMITS",
+        "",
+        "The most dispatches an organisation gets, across every process: `org=N/s`, `N/min` or `N/h`, "
+        "comma-separated (`org-a=20/s,org-b=300/min`; at most 100000/s). An organisation not listed "
+        "has no limit. `PUT /organizations/{id}/dispatch` overrides it (docs/dispatch.md).",
+        _org_rates,
     )
     # -- observability (logs, metrics)
     log_format: str = setting(

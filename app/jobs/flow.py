@@ -50,6 +50,14 @@ DEBOUNCE_WINDOW_RULE: Final = (
     f"must be an integer number of milliseconds from {DEBOUNCE_WINDOW_MIN_MS} to {DEBOUNCE_WINDOW_MAX_MS}"
 )
 DEBOUNCE_FIELDS: Final = ("key", "windowMs")
+DEBOUNCE_WITH_DELAY_RULE: Final = (
+    "cannot be combined with runAt or delayMs: the window decides when the job runs"
+)
+LIMIT_NEEDS_KEY_RULE: Final = f"needs a {CONCURRENCY_KEY_FIELD}"
+# The reason on the ``job.canceled`` of a pending job a later debounced enqueue replaced; the receipt
+# also names that job (``replacedBy``), so the burst can be followed from either end.
+DEBOUNCED_REASON: Final = "debounced"
+REPLACED_BY_FIELD: Final = "replacedBy"
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,8 @@ PLAIN: Final = Flow()
 
 
 def _int(raw: Any, field: str, low: int, high: int, rule: str) -> int:
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)  # JSON's 5.0 is the integer 5 (JSON Schema says so too)
     if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
         raise ValidationError(field, rule)
     return raw
@@ -123,7 +133,7 @@ def validate_flow(body: Mapping[str, Any], prefix: str = "") -> Flow:
             CONCURRENCY_LIMIT_RULE,
         )
         if key is None:
-            raise ValidationError(prefix + CONCURRENCY_LIMIT_FIELD, f"needs a {CONCURRENCY_KEY_FIELD}")
+            raise ValidationError(prefix + CONCURRENCY_LIMIT_FIELD, LIMIT_NEEDS_KEY_RULE)
     return Flow(priority, key, limit, _debounce(body.get(DEBOUNCE_FIELD), prefix + DEBOUNCE_FIELD))
 
 

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, TooManyCommands
+from app.jobs.flow import DEBOUNCED_REASON, REPLACED_BY_FIELD
 from app.jobs.reducer import Job
 from app.jobs.times import iso, parse_iso
 from app.jobs.vocab import LEASED_STATUSES, CommandLane, EventType, FailureStatus, ReleaseReason
@@ -254,6 +255,15 @@ def cancel(job: Job, now: datetime, command_id: str, reason: str | None, *, cap:
 def cancel_queued(job: Job, reason: str | None) -> list[Event]:
     """Cancel only a still-queued job (the driver honouring ``abortRequested``)."""
     return [("job.canceled", {"reason": reason})] if job.status == "queued" else []
+
+
+def debounce_replace(job: Job, replaced_by: str) -> list[Event]:
+    """A later enqueue with the job's debounce key replaces it (docs/dispatch.md): a still-queued job
+    is canceled with reason ``debounced``, naming the job that takes its place (its client id: the
+    two share an organisation). Work already leased or running is never stopped by a debounce."""
+    if job.status != "queued":
+        return []
+    return [("job.canceled", {"reason": DEBOUNCED_REASON, REPLACED_BY_FIELD: replaced_by})]
 
 
 # -- singleton enqueue (spec: "Singleton semantics") ---------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from app.jobs.delay import DELAY_MS_FIELD, RUN_AT_FIELD, check_delay_ms, parse_run_at
 from app.jobs.errors import ValidationError
-from app.jobs.flow import DEBOUNCE_FIELD, FLOW_FIELDS, PLAIN, Flow, validate_flow
+from app.jobs.flow import DEBOUNCE_FIELD, DEBOUNCE_WITH_DELAY_RULE, FLOW_FIELDS, PLAIN, Flow, validate_flow
 from app.jobs.ids import (
     JOB_ID_PATTERN,
     ORGANIZATION_ID_PATTERN,
@@ -213,9 +213,7 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
     tags = validate_tags(body.get(TAGS_FIELD))
     flow = validate_flow(body)
     if flow.debounce is not None and (run_at is not None or delay_ms is not None):
-        raise ValidationError(
-            DEBOUNCE_FIELD, "cannot be combined with runAt or delayMs: the window decides when the job runs"
-        )
+        raise ValidationError(DEBOUNCE_FIELD, DEBOUNCE_WITH_DELAY_RULE)
 
     return EnqueueRequest(
         agent_id=agent_id,

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     MetaData,
@@ -251,6 +252,20 @@ dispatch_marks = Table(
     metadata,
     Column("key", String(512), primary_key=True),
     Column("at", _Time, nullable=False),
+)
+
+# Each organisation's dispatch policy set through the API (app/storage/org_policies.py): the fold of
+# its ``dispatch-policies/<organizationId>`` stream, one row while it sets a weight or a rate (NULL:
+# that field follows the settings). A projection: ``receipt rebuild-projections`` refills it
+# (migration 0014).
+org_dispatch_policies = Table(
+    "org_dispatch_policies",
+    metadata,
+    Column("organization_id", String(256), primary_key=True),
+    Column("weight", Float, nullable=True),
+    Column("rate_per_s", Float, nullable=True),
+    Column("last_seq", Integer, nullable=False),
+    Column("updated_at", _Time, nullable=False),
 )
 
 # The callback outbox: one row per (callback event, target), written in the same transaction as

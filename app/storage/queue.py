@@ -33,6 +33,7 @@ from app.jobs.errors import (
 from app.jobs.ids import (
     KEY_SEPARATOR,
     SYSTEM_ORGANIZATION,
+    client_id_of,
     new_id,
     qualify,
 )
@@ -63,7 +64,7 @@ from app.storage.db import (
     is_sqlite,
     iso,
     jobs,
-    lock_key,
+    lock_keys,
     transaction,
 )
 from app.storage.direct import DIRECT_DRIVER, Direct
@@ -160,6 +161,21 @@ def _singleton(req: EnqueueRequest) -> bool:
 def _session_lock(req: EnqueueRequest) -> str:
     """The lock that serialises singleton enqueues per (organisation, session key)."""
     return f"session:{_organization(req)}:{req.session_key}"
+
+
+def _debounce_key(req: EnqueueRequest) -> str | None:
+    return req.flow.debounce.key if req.flow.debounce is not None else None
+
+
+def _locks(req: EnqueueRequest) -> list[str]:
+    """The names an enqueue serialises on: its session (a singleton mode) and its debounce key, so two
+    concurrent enqueues of one key cannot both find no pending job and both stay queued. Taken with
+    ``lock_keys``, in its one global order, so a batch and a single enqueue cannot deadlock."""
+    names = [_session_lock(req)] if _singleton(req) else []
+    key = _debounce_key(req)
+    if key is not None:
+        names.append(f"debounce:{_organization(req)}:{key}")
+    return names
 
 
 def _as_write(companion: Companion) -> Write:
@@ -422,9 +438,18 @@ class Queue:
         def work(tx: _Tx) -> list[EnqueueResult | Exception]:
             keys = [qualify(_organization(req), req.job_id or "") for _src, req in items]
             sources = [s for s, _r in items]
-            heads, tx._now = projection.load_many_at_clock(tx.conn, sources + keys)
+            locks = sorted({name for _src, req in items for name in _locks(req)})
+            lock_keys(tx.conn, locks)
+            # The pending jobs a debounced replay replaces are read with the others, before the clock.
+            pending = [
+                job_id
+                for _src, req in items
+                if (key := _debounce_key(req)) is not None
+                for job_id in _debounced_ids(tx.conn, _organization(req), key)
+            ]
+            heads, tx._now = projection.load_many_at_clock(tx.conn, sources + keys + pending)
             gone = tombstones.find_many(tx.conn, (job_stream(k) for k in keys if k not in heads))
-            if len(set(sources + keys)) == 2 * len(items) and not is_sqlite(tx.conn):
+            if len(set(sources + keys)) == 2 * len(items) and not is_sqlite(tx.conn) and not locks:
                 # Every job named once: the page's writes in four statements, not two per job.
                 return self._replay_page(tx, heads, gone, items, keys, enqueued_by)
             out: list[EnqueueResult | Exception] = []
@@ -530,6 +555,11 @@ class Queue:
             raise gone[job_stream(key)].refusal()
         refuse_unless_replayable(source.job)
         body = _enqueued_body(key, replace(req, replay_of=source_key), enqueued_by, tx)
+        debounce = _debounce_key(req)
+        if debounce is not None:
+            replaced = self._pending_debounced(tx, _organization(req), debounce, heads)
+            for loaded in replaced:
+                heads[loaded.job.id] = self._replace_debounced(tx, loaded, key)
         heads[key] = self._apply_head(tx, None, key, [("job.enqueued", body)])
         heads[source_key] = self._apply_head(
             tx, source, source_key, [("job.replayed", {REPLAYED_AS_FIELD: key})]
@@ -552,13 +582,13 @@ class Queue:
 
         Each is idempotent on its jobId exactly as a single enqueue (a jobId twice in one batch is
         one job; an archived one is answered with its tombstone, ``Archived``), and singleton rules
-        apply per item in order. The session locks of the batch's
-        singleton items are all taken first, in one order, so two batches cannot deadlock.
+        apply per item in order, and so do debounces (an item replaces a pending job an earlier item
+        created). The session and debounce locks of the batch are all taken first, in one order, so
+        two batches cannot deadlock.
         """
 
         def work(tx: _Tx) -> list[EnqueueResult | Archived]:
-            for name in sorted({_session_lock(r) for r in reqs if _singleton(r)}):
-                lock_key(tx.conn, name)
+            lock_keys(tx.conn, sorted({name for r in reqs for name in _locks(r)}))
             out: list[EnqueueResult | Archived] = []
             for req in reqs:
                 try:
@@ -571,8 +601,8 @@ class Queue:
         return results
 
     def _run_enqueue(self, req: EnqueueRequest, work: Callable[[_Tx], EnqueueResult]) -> EnqueueResult:
-        if self._one_statement and not _singleton(req):
-            # Not a singleton (no session lock, no other job touched): the enqueue is one write,
+        if self._one_statement and not _locks(req):
+            # Not a singleton nor a debounce (no lock, no other job touched): the enqueue is one write,
             # autocommitted, as in ``mutate``; a concurrent identical post conflicts and re-reads.
             try:
                 one: EnqueueResult = self._run(work, one_statement=True)
@@ -590,11 +620,12 @@ class Queue:
         legacy = req.job_id if req.key is None else None
         conn = tx.conn
         singleton = _singleton(req)
-        if singleton:
-            lock_key(conn, _session_lock(req))
+        debounce = _debounce_key(req)
+        locks = _locks(req)
+        lock_keys(conn, locks)
         explicit = req.key or (qualify(org, req.job_id) if req.job_id is not None else None)
         if explicit is not None:
-            if singleton:
+            if locks:
                 existing = projection.load_in(conn, explicit, org, legacy)
                 # Read after the projection: the pass removes the row and writes the tombstone in
                 # one commit, so one of the two reads sees the job.
@@ -619,6 +650,8 @@ class Queue:
         job_id = explicit or qualify(org, new_id())
         canceled: list[str] = []
         aborted: list[str] = []
+        # Read before the clock (the singleton handling below reads it), as every read that decides.
+        replaced = self._pending_debounced(tx, org, debounce, None) if debounce is not None else []
         if singleton:
             active = self._active_on_session(tx, org, req.session_key or "")
             cap = self.max_commands_per_job
@@ -643,8 +676,30 @@ class Queue:
                         self._apply(tx, loaded, loaded.job.id, events)
                         (canceled if loaded.job.status == "queued" else aborted).append(loaded.job.id)
         body = _enqueued_body(job_id, req, enqueued_by, tx)
+        for loaded in replaced:
+            if loaded.job.id not in canceled and loaded.job.id not in aborted:  # a singleton cancel took it
+                self._replace_debounced(tx, loaded, job_id)
+                canceled.append(loaded.job.id)
         job = self._apply(tx, None, job_id, [("job.enqueued", body)])
         return EnqueueResult(job, created=True, canceled=tuple(canceled), aborted=tuple(aborted))
+
+    def _pending_debounced(
+        self, tx: _Tx, org: str, key: str, heads: Mapping[str, projection.Loaded] | None
+    ) -> list[projection.Loaded]:
+        """The organisation's jobs still queued with debounce ``key`` (one, but for jobs written before
+        the lock existed), from ``heads`` where read already. Called under the key's lock."""
+        found = []
+        for job_id in _debounced_ids(tx.conn, org, key):
+            loaded = heads.get(job_id) if heads is not None else None
+            loaded = loaded if loaded is not None else projection.load(tx.conn, job_id)
+            if loaded is not None and loaded.job.status == "queued":
+                found.append(loaded)
+        return found
+
+    def _replace_debounced(self, tx: _Tx, pending: projection.Loaded, by: str) -> projection.Loaded:
+        """Cancel ``pending`` (``transitions.debounce_replace``) for the job ``by`` that replaces it."""
+        events = transitions.debounce_replace(pending.job, client_id_of(by))
+        return self._apply_head(tx, pending, pending.job.id, events) if events else pending
 
     def batch(self, work: Callable[[Batch], T]) -> T:
         """Run ``work`` in one transaction (``Batch``), re-running it from scratch when it loses an
@@ -659,6 +714,10 @@ class Queue:
         for req, _by in items:
             if req.singleton_mode != "allow" and req.session_key is not None:
                 raise ValueError("a batch enqueue takes no singleton mode")
+            if req.flow.debounce is not None:
+                raise ValueError(
+                    "a batch enqueue takes no debounce: a debounce locks its key, which this path does not"
+                )
             org = req.organization_id or SYSTEM_ORGANIZATION
             keys.append(req.key or qualify(org, req.job_id or new_id()))
         known = {job.id: job for job in projection.load_jobs(tx.conn, list(dict.fromkeys(keys)))}
@@ -1037,9 +1096,20 @@ class Queue:
         return [(Job.from_json(r.state), as_utc(r.status_changed_at)) for r in rows]
 
 
+def _debounced_ids(conn: Connection, org: str, key: str) -> list[str]:
+    """The ids of an organisation's queued jobs with debounce ``key`` (``ix_jobs_debounce``)."""
+    rows = conn.execute(
+        select(jobs.c.id)
+        .where(jobs.c.organization_id == org, jobs.c.debounce_key == key, jobs.c.status == "queued")
+        .order_by(jobs.c.id)
+    )
+    return list(rows.scalars().all())
+
+
 def _enqueued_body(job_id: str, req: EnqueueRequest, enqueued_by: Enqueuer | None, tx: _Tx) -> dict[str, Any]:
     """The ``job.enqueued`` body of a new job. ``enqueuedBy`` is who the server authenticated; a
-    delayed job's ``availableAt`` is decided on the database clock (``app.jobs.delay``)."""
+    delayed job's ``availableAt`` is decided on the database clock (``app.jobs.delay``), and so is a
+    debounced one's: its window is a delay, during which a later enqueue of its key replaces it."""
     body: dict[str, Any] = {
         "jobId": job_id,
         "agentId": req.agent_id,
@@ -1059,7 +1129,11 @@ def _enqueued_body(job_id: str, req: EnqueueRequest, enqueued_by: Enqueuer | Non
     if req.replay_of is not None:
         body[REPLAY_OF_FIELD] = req.replay_of
     body.update(req.flow.to_body())
-    if req.run_at is not None or req.delay_ms is not None:
+    if req.flow.debounce is not None:
+        when = delay.available_at(tx.now, None, req.flow.debounce.window_ms)
+        if when is not None:
+            body[AVAILABLE_AT_FIELD] = iso(when)
+    elif req.run_at is not None or req.delay_ms is not None:
         when = delay.available_at(tx.now, req.run_at, req.delay_ms)
         if when is not None:
             body[AVAILABLE_AT_FIELD] = iso(when)
