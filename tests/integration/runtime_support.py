@@ -24,7 +24,7 @@ from delivery.client import DeliveryClient
 from tasks import fetches
 from tasks.celery_app import make_celery
 from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
-from tests.support.credits import offer_slots
+from devharness.credits import offer_slots
 from tests.support.waiting import wait_for
 from workers.registry import HandlerRegistry
 

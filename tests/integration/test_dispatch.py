@@ -30,7 +30,7 @@ from tasks import dispatch, execute, loops
 from tasks.callbacks import Callbacks
 from tasks.celery_app import make_celery
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, Runtime
-from tests.support.credits import offer_slots
+from devharness.credits import offer_slots
 from tests.support.queue_ops import lease
 from workers.handler import JobContext
 

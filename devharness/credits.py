@@ -1,4 +1,5 @@
-"""A live worker process's offer to the dispatch pass, for tests that run the worker path in-process.
+"""A live worker process's offer to the dispatch pass, for tests and benchmarks that run the worker
+path in-process.
 
 The pass sends only to free slots of live processes (docs/dispatch.md); a test that stands in for
 a deployment's workers records what their processes would: a live liveness row naming the worker
