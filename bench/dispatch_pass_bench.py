@@ -49,6 +49,8 @@ def seed(url: str, jobs: int, keys: int, orgs: int) -> None:
     if page:
         queue.enqueue_many(page)
     offer_slots(engine, slots=16)
+    with engine.connect() as conn:  # as autovacuum would have, after a backlog this size arrived
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql("ANALYZE jobs")
     engine.dispose()
 
 

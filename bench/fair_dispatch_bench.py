@@ -67,7 +67,9 @@ def main() -> None:
         http = requests.Session()
 
         def body(org: str) -> dict[str, Any]:
-            return {"payload": {"kind": "factory.run", "authContext": {"userId": "bench", "organizationId": org}}}
+            return {
+                "payload": {"kind": "factory.run", "authContext": {"userId": "bench", "organizationId": org}}
+            }
 
         def post_one(org: str, token: str) -> str:
             r = http.post(
@@ -82,7 +84,10 @@ def main() -> None:
         def post_batch(n: int) -> None:
             items = [{"agentId": handlers.ECHO, **body(ORG_A)} for _ in range(n)]
             r = http.post(
-                stack.url("/jobs:batch"), json={"items": items}, headers={"Authorization": f"Bearer {token_a}"}, timeout=120
+                stack.url("/jobs:batch"),
+                json={"items": items},
+                headers={"Authorization": f"Bearer {token_a}"},
+                timeout=120,
             )
             assert r.status_code == 202, r.text
 
@@ -93,7 +98,9 @@ def main() -> None:
             def ended() -> Any:
                 with engine.connect() as conn:
                     rows = conn.execute(
-                        select(receipts.c.type, receipts.c.at).where(receipts.c.stream == stream).order_by(receipts.c.seq)
+                        select(receipts.c.type, receipts.c.at)
+                        .where(receipts.c.stream == stream)
+                        .order_by(receipts.c.seq)
                     ).all()
                 if rows and rows[-1].type in ("job.completed", "job.failed", "job.canceled"):
                     return (rows[-1].at - rows[0].at).total_seconds()
@@ -104,7 +111,9 @@ def main() -> None:
         def drained() -> bool:
             with engine.connect() as conn:
                 left = conn.execute(
-                    select(func.count()).select_from(jobs).where(jobs.c.status.in_(("queued", "leased", "running")))
+                    select(func.count())
+                    .select_from(jobs)
+                    .where(jobs.c.status.in_(("queued", "leased", "running")))
                 ).scalar_one()
             return left == 0
 
@@ -115,7 +124,9 @@ def main() -> None:
             stack.start("web", "driver", "chat", "beat")
             post_one(ORG_B, token_b)  # warm-up
             wait_for(drained, args.timeout, what="the warm-up to end")
-            print(f"# fair dispatch bench: {args.rounds} rounds, burst {args.burst} in batches of {args.batch}")
+            print(
+                f"# fair dispatch bench: {args.rounds} rounds, burst {args.burst} in batches of {args.batch}"
+            )
             for r in range(args.rounds):
                 alone.append(took_s(ORG_B, post_one(ORG_B, token_b)))
                 began = time.monotonic()

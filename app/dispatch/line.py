@@ -149,10 +149,13 @@ class _Head:
 _HEADS_PG = text(
     """
 WITH RECURSIVE orgs(org) AS (
-    SELECT min(organization_id) FROM jobs WHERE status = 'queued' AND worker_queue = :queue
+    (SELECT organization_id FROM jobs
+     WHERE status = 'queued' AND worker_queue = :queue AND organization_id IS NOT NULL
+     ORDER BY organization_id LIMIT 1)
     UNION ALL
-    SELECT (SELECT min(organization_id) FROM jobs
-            WHERE status = 'queued' AND worker_queue = :queue AND organization_id > orgs.org)
+    SELECT (SELECT organization_id FROM jobs
+            WHERE status = 'queued' AND worker_queue = :queue AND organization_id > orgs.org
+            ORDER BY organization_id LIMIT 1)
     FROM orgs WHERE orgs.org IS NOT NULL
 )
 SELECT h.* FROM orgs CROSS JOIN LATERAL (

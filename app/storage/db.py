@@ -126,18 +126,6 @@ jobs = Table(
     # Migration 0012: a search by kind or by agent, newest first, walks only that kind's (agent's) jobs.
     Index("ix_jobs_org_kind_created", "organization_id", "kind", "created_at", "id"),
     Index("ix_jobs_org_agent_created", "organization_id", "agent_id", "created_at", "id"),
-    # Migration 0013: each organisation's waiting line in a worker queue, in the order the pass takes
-    # it (priority first, then age); over the queued jobs only, so it follows the backlog.
-    Index(
-        "ix_jobs_line",
-        "worker_queue",
-        "organization_id",
-        "priority",
-        "status_changed_at",
-        "id",
-        postgresql_where=text("status = 'queued'"),
-        sqlite_where=text("status = 'queued'"),
-    ),
     # The attempts that hold (or wait for) a concurrency key, and the pending job a debounce replaces.
     Index(
         "ix_jobs_concurrency_key",
@@ -154,6 +142,19 @@ jobs = Table(
         postgresql_where=text("status = 'queued' AND debounce_key IS NOT NULL"),
         sqlite_where=text("status = 'queued' AND debounce_key IS NOT NULL"),
     ),
+)
+# Migration 0013: each organisation's waiting line in a worker queue, in the order the pass takes it
+# (priority first, descending, then age), so the index hands each organisation's heads in order; over
+# the queued jobs only, so it follows the backlog, not the history.
+Index(
+    "ix_jobs_line",
+    jobs.c.worker_queue,
+    jobs.c.organization_id,
+    jobs.c.priority.desc(),
+    jobs.c.status_changed_at,
+    jobs.c.id,
+    postgresql_where=jobs.c.status == "queued",
+    sqlite_where=jobs.c.status == "queued",
 )
 # A tag filter (``tags @> {"key": "value"}``): a GIN index over the tags. PostgreSQL only (migration
 # 0012), as ix_jobs_queued_since; SQLite filters the rows its other indexes give.

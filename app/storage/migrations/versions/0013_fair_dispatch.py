@@ -56,7 +56,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_jobs_line",
         "jobs",
-        ["worker_queue", "organization_id", "priority", "status_changed_at", "id"],
+        ["worker_queue", "organization_id", sa.text("priority DESC"), "status_changed_at", "id"],
         postgresql_where=queued,
         sqlite_where=queued,
     )
