@@ -21,10 +21,10 @@ from app.storage import store
 from app.storage.db import db_now, parse_iso
 from app.storage.queue import Queue
 from delivery.client import DeliveryClient
+from devharness.credits import offer_slots
 from tasks import fetches
 from tasks.celery_app import make_celery
 from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
-from devharness.credits import offer_slots
 from tests.support.waiting import wait_for
 from workers.registry import HandlerRegistry
 

@@ -26,11 +26,11 @@ from app.storage.db import db_now, deliveries, parse_iso, transaction
 from app.storage.delivery import redrive_key
 from delivery import wakes
 from delivery.client import DeliveryClient
+from devharness.credits import offer_slots
 from tasks import dispatch, execute, loops
 from tasks.callbacks import Callbacks
 from tasks.celery_app import make_celery
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, Runtime
-from devharness.credits import offer_slots
 from tests.support.queue_ops import lease
 from workers.handler import JobContext
 

@@ -8,7 +8,6 @@ older than three intervals, through the same single-flight claim.
 from __future__ import annotations
 
 import contextlib
-
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -21,7 +20,6 @@ from sqlalchemy.exc import OperationalError
 
 from app.storage import loops
 from app.storage.db import loop_runs, make_engine
-from tasks import dispatch
 from tasks import loops as task_loops
 from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK
 from tests.support.services import TcpProxy
