@@ -190,11 +190,22 @@ def _dispatch_batch(rt: Runtime, woken: list[str]) -> list[str]:
     return started
 
 
+def _freed(rt: Runtime, tokens: set[str]) -> set[str]:
+    """Of the queues where a place freed, those whose line holds jobs waiting: a pass elsewhere
+    would find nothing to send. Without a wake list (the embedded broker) every one of them."""
+    if rt.wakes is None or not tokens:
+        return tokens
+    try:
+        return rt.wakes.lines_waiting(sorted(tokens))
+    except Exception:  # the broker's Redis is failing: pass them all rather than guess
+        return tokens
+
+
 def queues_of(rt: Runtime, woken: Sequence[str]) -> set[str]:
     """The worker queues of the woken jobs (from their rows' agent and kind), and the queues named
-    by freed-place tokens. A queued row an older release wrote without its ``worker_queue`` gets it
-    here, so the pass can find it in its line."""
-    queues = {w[len(QUEUE_TOKEN) :] for w in woken if w.startswith(QUEUE_TOKEN)}
+    by freed-place tokens whose line holds jobs waiting. A queued row an older release wrote
+    without its ``worker_queue`` gets it here, so the pass can find it in its line."""
+    queues = _freed(rt, {w[len(QUEUE_TOKEN) :] for w in woken if w.startswith(QUEUE_TOKEN)})
     ids = sorted({w for w in woken if not w.startswith(QUEUE_TOKEN)})
     if not ids:
         return queues
@@ -234,6 +245,11 @@ def dispatch_queue(rt: Runtime, queue: str) -> list[str]:
 
     result = retry_transient(one_pass)
     rt.passes[queue] = (time.monotonic(), result)
+    if rt.wakes is not None:
+        try:
+            rt.wakes.mark_line(queue, result.line_waiting)
+        except Exception:  # best-effort: an unmarked line is still moved by the listener's look
+            log.warning("could not mark the %s line", queue, exc_info=True)
     if result.claimed:
         fetches.record_scan([job.id for job, _ in result.claimed])
     return _send_claimed(rt, result.claimed, began_ns)

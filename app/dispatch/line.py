@@ -69,6 +69,11 @@ class PassResult:
     # No place was free, and jobs wait in the line (the line itself was not read).
     blocked: bool = False
 
+    @property
+    def line_waiting(self) -> bool:
+        """Jobs wait in the line that this pass could not send."""
+        return self.blocked or bool(self.waiting)
+
     def again_in_s(self, tick_s: float) -> float | None:
         """When this queue's line may move without a wake-up, in seconds from the pass: a rate
         limiter's next admission; ``tick_s`` while no place was free (the line was not read: a
