@@ -50,6 +50,7 @@ def test_after_the_broker_loses_queued_deliveries_every_job_is_delivered_again_a
     stack.start_worker("worker-chat", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="20")
     control = make_celery(Settings.from_env(stack.env()))
     assert control.control.cancel_consumer(CHAT, reply=True, timeout=5, limit=1)
+    control.close()
     ids = [stack.post_job(handlers.ECHO, message=f"job {n}")["id"] for n in range(20)]
     broker = redis.Redis.from_url(stack.redis_url)
     try:
@@ -85,7 +86,14 @@ def test_after_the_broker_loses_queued_deliveries_every_job_is_delivered_again_a
         outcomes = {d.outcome for d in stack.deliveries(job_id) if d.state == "settled"}
         assert outcomes & {"broker_lost", "presumed_lost"}, outcomes
 
-    assert control.control.add_consumer(CHAT, reply=True, timeout=5, limit=1)
+    # A new connection: the broker it knew may be gone. The worker answers once it reconnected.
+    control = make_celery(Settings.from_env(stack.env()))
+    wait_for(
+        lambda: control.control.add_consumer(CHAT, reply=True, timeout=2, limit=1),
+        60,
+        ignore=(redis.exceptions.ConnectionError,),
+        what="the worker to consume again",
+    )
     control.close()
     for job_id in ids:
         done = stack.wait_terminal(job_id, timeout=60)
