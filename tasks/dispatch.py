@@ -232,16 +232,24 @@ def queues_of(rt: Runtime, woken: Sequence[str]) -> set[str]:
     return queues
 
 
-def dispatch_queue(rt: Runtime, queue: str) -> list[str]:
+def dispatch_queue(rt: Runtime, queue: str, *, redrive: bool = False) -> list[str]:
     """One pass over ``queue``'s line, then the chosen attempts' worker messages; returns the ids
-    of the jobs whose delivery it started."""
+    of the jobs whose delivery it started. ``redrive``: the queued redrive's pass, whose deliveries
+    carry the spec's redrive key ``<jobId>:redrive:<seq>:<status>`` (one per observed queue state)."""
     began_ns = time.time_ns() if tracing.on() else 0
     # Read before the messages are sent: a flush after this read is then always detected later.
     epoch = rt.broker.epoch()
 
     def one_pass() -> line.PassResult:
         with transaction(rt.engine) as conn:
-            return line.run_pass(conn, queue, rt.settings, db_now(conn), epoch=epoch)
+            return line.run_pass(
+                conn,
+                queue,
+                rt.settings,
+                db_now(conn),
+                epoch=epoch,
+                dispatch_key=_redrive_key if redrive else None,
+            )
 
     result = retry_transient(one_pass)
     rt.passes[queue] = (time.monotonic(), result)
@@ -253,6 +261,10 @@ def dispatch_queue(rt: Runtime, queue: str) -> list[str]:
     if result.claimed:
         fetches.record_scan([job.id for job, _ in result.claimed])
     return _send_claimed(rt, result.claimed, began_ns)
+
+
+def _redrive_key(job: Job) -> str:
+    return delivery.redrive_key(job.id, job.seq, job.status)
 
 
 def _send_claimed(
@@ -272,7 +284,7 @@ def _send_claimed(
                 _generations_exhausted(rt, job.id, decision)
     buffered: list[_Buffered] = []
     with fetches.sent_in_advance(
-        [(job.id, job.id, d.generation) for job, d in to_send if not job.abort_requested]
+        [(job.id, d.dispatch_key, d.generation) for job, d in to_send if not job.abort_requested]
     ):
         try:
             # The pass's worker messages leave in one pipeline, when the loop is done.
@@ -284,7 +296,13 @@ def _send_claimed(
                         with logs.bind_job(jobId=job.id):
                             _count_delivery(decision, "dispatch")
                             started.append(job.id)
-                            deliver(rt, job, job.id, decision.generation, batch=(producer, buffered))
+                            deliver(
+                                rt,
+                                job,
+                                decision.dispatch_key,
+                                decision.generation,
+                                batch=(producer, buffered),
+                            )
         except Exception:
             # The pipeline did not go (kombu discards what a failed batch buffered): end each of
             # these deliveries, as a failed send does, so the next pass may start another. A message
@@ -346,11 +364,13 @@ def _deliver_grouped(
             _count_delivery(decision, "dispatch")
             started.append(job.id)
             if job.abort_requested:
-                _cancel_aborted(rt, job, job.id, decision.generation)
+                _cancel_aborted(rt, job, decision.dispatch_key, decision.generation)
                 continue
             fence, queue_name, evt = _dispatched(rt, job)
-            buffered.append(_Buffered(job.id, job.id, decision.generation, evt))
-            by_queue.setdefault(queue_name, []).append([job.id, fence, job.id, decision.generation])
+            buffered.append(_Buffered(job.id, decision.dispatch_key, decision.generation, evt))
+            by_queue.setdefault(queue_name, []).append(
+                [job.id, fence, decision.dispatch_key, decision.generation]
+            )
     size = rt.settings.delivery_batch_max
     for queue_name, items in by_queue.items():
         for at in range(0, len(items), size):

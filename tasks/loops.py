@@ -174,7 +174,7 @@ def redrive_queued(rt: Runtime, p: Pass) -> dict[str, Any]:
     for queue in rt.queue.lines_waiting_since(s.queued_redrive_min_age_ms):
         p.keep()
         try:
-            started += dispatch_queue(rt, queue)
+            started += dispatch_queue(rt, queue, redrive=True)
         except Exception:
             log.exception("redrive of the %s line failed; next pass retries", queue)
     if started:

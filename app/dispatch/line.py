@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -282,8 +282,10 @@ def run_pass(
     now: datetime,
     *,
     epoch: str | None = None,
+    dispatch_key: Callable[[Job], str] | None = None,
 ) -> PassResult:
-    """Choose and claim what fills ``queue``'s free places; see the module's steps."""
+    """Choose and claim what fills ``queue``'s free places; see the module's steps. Each delivery
+    is keyed ``dispatch_key(job)`` (default: the job id, the enqueue's own key)."""
     lock_keys(conn, [f"dispatch:{queue}"])
     cap = capacity(conn, queue, settings, now)
     by_org, by_key = in_flight(conn, queue, now, epoch)
@@ -305,7 +307,7 @@ def run_pass(
     tats = rates.read(conn, rated)
     line = _with_turns_and_allowance(conn, queue, line, rated, tats, now)
     choice = choose(line)
-    claimed = _claim(conn, settings, choice, now, epoch)
+    claimed = _claim(conn, settings, choice, now, epoch, dispatch_key)
     rates.spend(conn, rated, tats, choice.spent, now)
     put_marks(
         conn,
@@ -382,14 +384,24 @@ def _with_turns_and_allowance(
 
 
 def _claim(
-    conn: Connection, settings: Settings, choice: Choice, now: datetime, epoch: str | None
+    conn: Connection,
+    settings: Settings,
+    choice: Choice,
+    now: datetime,
+    epoch: str | None,
+    dispatch_key: Callable[[Job], str] | None,
 ) -> list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]]:
     ids = [c.job_id for c in choice.send]
     if not ids:
         return []
     loaded = {job.id: job for job in projection.load_jobs(conn, ids)}
     ready = [loaded[i] for i in ids if i in loaded and loaded[i].status == "queued"]
-    requests = [delivery.StartRequest(job.id, job.id, _driver_timeout_ms(job, settings)) for job in ready]
+    requests = [
+        delivery.StartRequest(
+            job.id, dispatch_key(job) if dispatch_key else job.id, _driver_timeout_ms(job, settings)
+        )
+        for job in ready
+    ]
     return list(zip(ready, delivery.begin_many(conn, requests, now, epoch=epoch), strict=True))
 
 

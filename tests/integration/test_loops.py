@@ -173,7 +173,8 @@ def test_redrive_moves_the_line_of_a_job_whose_wake_up_was_lost(runtime: Any) ->
     sent.clear()  # the enqueue's wake-up, lost
     assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
     [message] = sent.named(EXECUTE_TASK)
-    assert message.args == [job.id, f"{job.id}:attempt:1", job.id, 0]
+    # Under the spec's redrive key: one delivery per observed queue state.
+    assert message.args == [job.id, f"{job.id}:attempt:1", f"{job.id}:redrive:{job.seq}:queued", 0]
     assert message.queue == route(job.agent_id, job.kind).queue
     assert len(sent.sent) == 1
 
@@ -188,7 +189,7 @@ def test_a_second_pass_sends_nothing_beside_a_delivery_in_flight(runtime: Any) -
     assert len(worker_items(sent)) == 1
 
 
-def test_a_delivery_that_ended_is_sent_again_under_its_next_generation(runtime: Any) -> None:
+def test_a_delivery_that_ended_is_sent_again_under_the_redrive_key_of_the_state_it_saw(runtime: Any) -> None:
     rt, sent, _ = runtime
     job = enqueue(rt.queue, "factory")
     dispatch_jobs(rt, [job.id])  # the enqueue wake-up's delivery, just now
@@ -198,7 +199,13 @@ def test_a_delivery_that_ended_is_sent_again_under_its_next_generation(runtime: 
     with transaction(rt.engine) as conn:  # ... until it ends (here: as if its message were lost)
         settle_deliveries(conn, job.id, "lost", db_now(conn))
     assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
-    assert [item[3] for item in worker_items(sent)] == [1]
+    assert [item[2:] for item in worker_items(sent)] == [[f"{job.id}:redrive:{job.seq}:queued", 0]]
+    # The same state seen again: the same key, so once that delivery ends too, its next generation.
+    with transaction(rt.engine) as conn:
+        settle_deliveries(conn, job.id, "lost", db_now(conn))
+    sent.clear()
+    assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
+    assert [item[2:] for item in worker_items(sent)] == [[f"{job.id}:redrive:{job.seq}:queued", 1]]
 
 
 def test_redrive_skips_jobs_that_are_not_queued(runtime: Any) -> None:
