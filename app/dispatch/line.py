@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import and_, func, or_, select, text, union_all
+from sqlalchemy import and_, func, literal, null, or_, select, text, union_all
 from sqlalchemy.engine import Connection
 
 from app.config import Settings
@@ -91,15 +91,19 @@ def queues_field(queues: Sequence[str]) -> str:
     return " " + " ".join(sorted(set(queues))) + " "
 
 
-def capacity(conn: Connection, queue: str, settings: Settings, now: datetime) -> Capacity:
-    """The slots of the live processes that consume ``queue`` (renewed within the self-fence)."""
+def _offers(queue: str, settings: Settings, now: datetime) -> Any:
+    """SQL: the slots and the number of the live processes that consume ``queue`` (renewed within
+    the self-fence, offering slots)."""
     fresh = now - timedelta(milliseconds=settings.worker_self_fence_ms)
     w = worker_liveness.c
-    row = conn.execute(
-        select(func.coalesce(func.sum(w.slots), 0), func.count()).where(
-            w.dead_at.is_(None), w.renewed_at > fresh, w.slots.is_not(None), w.queues.like(f"% {queue} %")
-        )
-    ).one()
+    return select(func.coalesce(func.sum(w.slots), 0), func.count()).where(
+        w.dead_at.is_(None), w.renewed_at > fresh, w.slots.is_not(None), w.queues.like(f"% {queue} %")
+    )
+
+
+def capacity(conn: Connection, queue: str, settings: Settings, now: datetime) -> Capacity:
+    """The slots of the live processes that consume ``queue``."""
+    row = conn.execute(_offers(queue, settings, now)).one()
     return Capacity(int(row[0]), int(row[1]))
 
 
@@ -115,26 +119,46 @@ def in_flight(
     conn: Connection, queue: str, now: datetime, epoch: str | None
 ) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
     """Attempts in flight in ``queue`` per organisation and per (organisation, key)."""
+    _cap, by_org, by_key = _counts(conn, queue, None, now, epoch)
+    return by_org, by_key
+
+
+def _counts(
+    conn: Connection, queue: str, settings: Settings | None, now: datetime, epoch: str | None
+) -> tuple[Capacity, dict[str, int], dict[tuple[str, str], int]]:
+    """In one statement: the queue's capacity (with ``settings``; else none) and its attempts in
+    flight per organisation and per (organisation, key). Rows of the three parts are told apart by
+    their first column."""
     j = jobs.c
-    leased = (
-        select(j.organization_id, j.concurrency_key, func.count().label("n"))
-        .where(j.status.in_(sorted(LEASED_STATUSES)), j.worker_queue == queue)
-        .group_by(j.organization_id, j.concurrency_key)
-    )
+    leased = select(
+        literal("leased").label("part"),
+        j.organization_id,
+        j.concurrency_key,
+        func.count().label("n"),
+        literal(0),
+    ).where(j.status.in_(sorted(LEASED_STATUSES)), j.worker_queue == queue)
     sent = (
-        select(j.organization_id, j.concurrency_key, func.count(func.distinct(j.id)).label("n"))
+        select(literal("sent"), j.organization_id, j.concurrency_key, func.count(func.distinct(j.id)), null())
         .select_from(deliveries.join(jobs, j.id == deliveries.c.job_id))
         .where(_live_pending(now, epoch), j.status == "queued", j.worker_queue == queue)
         .group_by(j.organization_id, j.concurrency_key)
     )
+    parts = [leased.group_by(j.organization_id, j.concurrency_key), sent]
+    if settings is not None:
+        offers = _offers(queue, settings, now).subquery()
+        parts.append(select(literal("offers"), null(), null(), *offers.c))
     by_org: dict[str, int] = {}
     by_key: dict[tuple[str, str], int] = {}
-    for org, key, n in conn.execute(union_all(leased, sent)):
+    cap = Capacity(0, 0)
+    for part, org, key, n, processes in conn.execute(union_all(*parts)):
+        if part == "offers":
+            cap = Capacity(int(n), int(processes))
+            continue
         org = org or ""
         by_org[org] = by_org.get(org, 0) + n
         if key is not None:
             by_key[(org, key)] = by_key.get((org, key), 0) + n
-    return by_org, by_key
+    return cap, by_org, by_key
 
 
 @dataclass(frozen=True)
@@ -287,8 +311,7 @@ def run_pass(
     """Choose and claim what fills ``queue``'s free places; see the module's steps. Each delivery
     is keyed ``dispatch_key(job)`` (default: the job id, the enqueue's own key)."""
     lock_keys(conn, [f"dispatch:{queue}"])
-    cap = capacity(conn, queue, settings, now)
-    by_org, by_key = in_flight(conn, queue, now, epoch)
+    cap, by_org, by_key = _counts(conn, queue, settings, now, epoch)
     total = sum(by_org.values())
     places = cap.slots + settings.dispatch_lead * cap.processes - total
     if places <= 0:
@@ -309,10 +332,12 @@ def run_pass(
     choice = choose(line)
     claimed = _claim(conn, settings, choice, now, epoch, dispatch_key)
     rates.spend(conn, rated, tats, choice.spent, now)
-    put_marks(
-        conn,
-        {_turn_key(queue, c.org): now + timedelta(microseconds=i) for i, c in enumerate(choice.send)},
-    )
+    if len(line.heads) > 1:
+        # Turns break ties between organisations: a line of one has none to break.
+        put_marks(
+            conn,
+            {_turn_key(queue, c.org): now + timedelta(microseconds=i) for i, c in enumerate(choice.send)},
+        )
     return PassResult(
         queue,
         now,
@@ -379,7 +404,7 @@ def _with_turns_and_allowance(
         line.weights,
         allowance,
         line.org_limiter,
-        last_turns(conn, queue, sorted(line.heads)),
+        last_turns(conn, queue, sorted(line.heads)) if len(line.heads) > 1 else {},
     )
 
 
@@ -541,8 +566,7 @@ def shares(
     policy = policies.org_policies(conn, settings)
     out = []
     for queue in queues:
-        cap = capacity(conn, queue, settings, now)
-        by_org, _ = in_flight(conn, queue, now, epoch)
+        cap, by_org, _ = _counts(conn, queue, settings, now, epoch)
         orgs = sorted({o for (q, o) in waiting if q == queue} | set(by_org))
         out.append(
             QueueShare(
