@@ -14,7 +14,20 @@ from flask.typing import ResponseReturnValue
 from opentelemetry import context as otel_context
 from sqlalchemy.engine import Engine
 
-from api import auth, errors, health, jobs, limits, objectives, openapi, schedules, streams, ui, whoami
+from api import (
+    auth,
+    errors,
+    health,
+    jobs,
+    limits,
+    objectives,
+    openapi,
+    organizations,
+    schedules,
+    streams,
+    ui,
+    whoami,
+)
 from api import metrics as metrics_view
 from api.context import EXTENSION, ApiState
 from api.ui.signin_views import browser_landing
@@ -97,6 +110,7 @@ def create_app(
         openapi.blueprint,
         metrics_view.blueprint,
         whoami.blueprint,
+        organizations.blueprint,
     ):
         app.register_blueprint(blueprint)
     errors.register_error_handlers(app, api_state.count_internal_error)

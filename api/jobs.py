@@ -19,10 +19,11 @@ from api import auth, inputs, limits, schemas
 from api.context import read_connection, state
 from api.errors import NOT_FOUND, ApiError, archived, forbidden, job_not_found
 from api.openapi import Operation, operation
-from api.present import async_block, job_json, job_path
+from api.present import async_block, job_json, job_path, with_waiting
 from app.factory import service
 from app.jobs import replay as replays
 from app.jobs.errors import ValidationError
+from app.jobs.flow import FLOW_FIELDS
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, command_lane, validate_enqueue
 from app.ops import bulk_actions
@@ -82,7 +83,10 @@ def require_own_objective(req: EnqueueRequest) -> None:
         "is unique within the organisation: re-posting one returns that job unchanged (an archived one: 410 "
         "with its summary, nothing written); the same id in "
         "another organisation is another job. singletonMode steer returns the steered job. Unknown "
-        "agent ids are accepted.",
+        "agent ids are accepted. priority, concurrencyKey (with concurrencyLimit) and debounce shape "
+        "when it is dispatched (docs/dispatch.md): a debounced enqueue waits windowMs and, in the same "
+        "transaction, cancels the organisation's job still queued with the same debounce key "
+        "(job.canceled, reason 'debounced').",
         tag="jobs",
         body=schemas.ENQUEUE_REQUEST,
         path={"agentId": schemas.AGENT_ID_PARAM},
@@ -166,7 +170,8 @@ def enqueue_batch(body: dict[str, Any]) -> ResponseReturnValue:
     )
 )
 def get_job(jobId: str) -> ResponseReturnValue:
-    return {"job": job_json(visible_job(jobId))}
+    job = visible_job(jobId)
+    return {"job": with_waiting([job_json(job)], [job])[0]}
 
 
 @blueprint.get("/jobs")
@@ -190,7 +195,7 @@ def list_jobs(query: dict[str, Any]) -> ResponseReturnValue:
     where = search.parse_filter({k: v for k, v in query.items() if k in search.FILTER_FIELDS})
     cursor = inputs.checked_cursor(query.get("cursor"))
     page = state().queue.list_jobs(**scope, where=where, limit=query["limit"], cursor=cursor)
-    items = [job_json(j) for j in page.jobs]
+    items = with_waiting([job_json(j) for j in page.jobs], page.jobs)
     fits = limits.fit(items, state().settings.max_page_bytes)
     next_cursor = page.next_cursor
     if fits < len(items):
@@ -250,9 +255,11 @@ def cancel(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
         summary="Replay a terminal job: a new job with the same or an edited payload.",
         description="The new job's job.enqueued carries replayOf (the replayed job's id) and the replayed "
         "job's stream gets job.replayed (replayedAs), in one transaction. It stays in the job's "
-        "organisation, on its agent, lane, session key and maxAttempts, with its tags unless the body "
-        "gives others. Its id is the body's jobId, or derived from the job's id and replayKey "
-        "(default '1'): a retried request answers the same replay (created false) and writes nothing. "
+        "organisation, on its agent, lane, session key and maxAttempts, with its tags and flow fields "
+        "(priority, concurrencyKey, concurrencyLimit, debounce) unless the body gives others (null "
+        "clears one; a new concurrencyKey does not keep the old key's limit). Its id is the body's "
+        "jobId, or derived from the job's id and replayKey (default '1'): a retried request answers "
+        "the same replay (created false) and writes nothing. "
         "A job that has not ended, or one of an objective (payload.objectiveId: replan the objective "
         "instead), answers 409; an edited payload is checked and authorised as an enqueue.",
         tag="jobs",
@@ -285,6 +292,7 @@ def replay(jobId: str, body: dict[str, Any]) -> ResponseReturnValue:
         replay_key=body.get("replayKey"),
         payload=body.get("payload"),
         tags=body.get("tags"),
+        flow={name: body[name] for name in FLOW_FIELDS if name in body},
     )
     identity = auth.current()
     auth.require_enqueue_allowed(identity, req.agent_id, req)
@@ -334,7 +342,8 @@ def bulk(body: dict[str, Any]) -> ResponseReturnValue:
         f=where,
         by=identity.enqueuer().to_json(),
         cursor=cursor,
-        limit=body.get("limit", bulk_actions.BULK_PAGE_MAX),
+        # JSON Schema counts 538.0 as an integer: the page size is the whole number it names.
+        limit=int(body.get("limit", bulk_actions.BULK_PAGE_MAX)),
         reason=body.get("reason"),
         authorize=bulk_authorizer(identity),
         sink=DirectorySink(state().settings.archive_path),

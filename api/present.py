@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
 
 from flask import request
 
 from api.auth import current
+from api.context import state
 from api.schemas import ORGANIZATION_PARAM
+from app.dispatch import line
 from app.jobs.reducer import Job
 from app.jobs.routing import route
+from app.storage.db import db_now
 
 
 def job_json(job: Job) -> dict[str, Any]:
@@ -21,6 +25,22 @@ def job_json(job: Job) -> dict[str, Any]:
     out["organizationId"] = job.organization_id
     out["route"] = route(job.agent_id, job.kind).to_json()
     return out
+
+
+def with_waiting(items: list[dict[str, Any]], jobs: Sequence[Job]) -> list[dict[str, Any]]:
+    """``items`` (``job_json`` of ``jobs``, in order), each queued one that waits for a place
+    saying why: ``waiting: {reason: concurrency | rate | share, key}`` (docs/dispatch.md)."""
+    queued = [j for j in jobs if j.status == "queued"]
+    if not queued:
+        return items
+    st = state()
+    with st.engine.connect() as conn:
+        why = line.waiting_reasons(conn, queued, st.settings, db_now(conn))
+    for item, job in zip(items, jobs, strict=True):
+        waiting = why.get(job.id)
+        if waiting is not None:
+            item["waiting"] = {"reason": waiting.reason, "key": waiting.key}
+    return items
 
 
 def job_path(job: Job, suffix: str = "") -> str:

@@ -124,6 +124,70 @@ STARTUP_WAIT_MAX_S = 3600
 REDELIVER_UNFETCHED_MAX_MS = 60_000
 
 
+# Fair dispatch (docs/dispatch.md): the broker may hold at most this many attempts per live worker
+# process beyond the group's free slots; past that an attempt waits in PostgreSQL, where the pass
+# can still choose fairly.
+DISPATCH_LEAD_MAX = 64
+# A key prefix in RECEIPT_CONCURRENCY_LIMITS / RECEIPT_RATE_LIMITS: a concurrency key's alphabet.
+_KEY_PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-")
+_RATE_UNITS: Final = {"s": 1.0, "min": 60.0, "h": 3600.0}
+
+
+def _dispatch_lead(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value <= DISPATCH_LEAD_MAX:
+        raise ValueError(f"must be 0 to {DISPATCH_LEAD_MAX} attempts per worker process")
+    return value
+
+
+def _prefix_pairs(
+    text: str, value_rule: str, parse_value: Callable[[str], Any]
+) -> tuple[tuple[str, Any], ...]:
+    """``prefix=value,prefix=value`` as pairs, longest prefix first (the first match wins)."""
+    pairs: dict[str, Any] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        prefix, sep, raw = entry.partition("=")
+        prefix = prefix.strip()
+        if not sep or not prefix or not set(prefix) <= _KEY_PREFIX_CHARS or len(prefix) > 128:
+            raise ValueError(
+                f"{entry!r} is not prefix={value_rule}: a key prefix of 1-128 letters, digits, "
+                "'.', '_', ':', '/' or '-'"
+            )
+        try:
+            pairs[prefix] = parse_value(raw.strip())
+        except ValueError:
+            raise ValueError(f"{entry!r}: the value {value_rule}") from None
+    return tuple(sorted(pairs.items(), key=lambda kv: (-len(kv[0]), kv[0])))
+
+
+def _limit(raw: str) -> int:
+    value = int(raw)
+    if not 1 <= value <= 1000:
+        raise ValueError
+    return value
+
+
+def rate_per_s(raw: str) -> float:
+    """``20/s``, ``300/min`` or ``5000/h`` as dispatches per second (more than 0, at most 10 000/s)."""
+    count, sep, unit = raw.partition("/")
+    if not sep or unit.strip() not in _RATE_UNITS:
+        raise ValueError("must be N/s, N/min or N/h")
+    value = float(count) / _RATE_UNITS[unit.strip()]
+    if not 0 < value <= 10_000:
+        raise ValueError("must be more than 0 and at most 10000/s")
+    return value
+
+
+def _concurrency_limits(text: str) -> tuple[tuple[str, int], ...]:
+    return _prefix_pairs(text, "must be a limit from 1 to 1000", _limit)
+
+
+def _rate_limits(text: str) -> tuple[tuple[str, float], ...]:
+    return _prefix_pairs(text, "must be a rate N/s, N/min or N/h (at most 10000/s)", rate_per_s)
+
+
 def _startup_wait_s(text: str) -> int:
     value = int(text.strip())
     if not 0 <= value <= STARTUP_WAIT_MAX_S:
@@ -155,6 +219,75 @@ def _retention_overrides(text: str) -> tuple[tuple[str, int], ...]:
             raise ValueError(f"{item.strip()!r}: expected org=days (days a whole number, 0 keeps everything)")
         pairs[org.strip()] = int(days)
     return tuple(sorted(pairs.items()))
+
+
+# An organisation's dispatch policy (app/dispatch/policies.py): its weight in the fair share of a
+# worker group's free slots, and the most dispatches a second it may get across every process. The
+# API's values (PUT /organizations/{id}/dispatch) are bounded the same way.
+ORG_WEIGHT_MAX: Final = 100.0
+ORG_WEIGHT_RULE: Final = f"must be a number above 0 and at most {ORG_WEIGHT_MAX:g}"
+ORG_RATE_MAX_PER_S: Final = 100_000.0
+ORG_RATE_RULE: Final = f"must be a number of dispatches per second above 0 and at most {ORG_RATE_MAX_PER_S:g}"
+_RATE_UNITS: Final = {
+    "s": 1.0,
+    "sec": 1.0,
+    "second": 1.0,
+    "min": 60.0,
+    "minute": 60.0,
+    "h": 3600.0,
+    "hour": 3600.0,
+}
+
+
+def _org_pairs(text: str, form: str, value: Callable[[str, str], float]) -> tuple[tuple[str, float], ...]:
+    """``org=value`` pairs, comma-separated, each organisation once, sorted by organisation."""
+    pairs: dict[str, float] = {}
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        org, sep, rest = item.partition("=")
+        org = org.strip()
+        if not sep or not org or any(c.isspace() for c in org):
+            raise ValueError(f"{item!r}: expected {form}")
+        if org in pairs:
+            raise ValueError(f"{org} is given twice")
+        pairs[org] = value(rest.strip(), item)
+    return tuple(sorted(pairs.items()))
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _weight(text: str, item: str) -> float:
+    value = _number(text)
+    if value is None or not 0 < value <= ORG_WEIGHT_MAX:
+        raise ValueError(f"{item!r}: the weight {ORG_WEIGHT_RULE}")
+    return value
+
+
+def _rate(text: str, item: str) -> float:
+    count, sep, unit = text.partition("/")
+    per = _RATE_UNITS.get(unit.strip().lower()) if sep else None
+    value = _number(count.strip())
+    if per is None or value is None:
+        raise ValueError(f"{item!r}: expected org=N/s, org=N/min or org=N/h (e.g. org-a=20/s)")
+    per_s = value / per
+    if not 0 < per_s <= ORG_RATE_MAX_PER_S:
+        raise ValueError(f"{item!r}: the rate {ORG_RATE_RULE}")
+    return per_s
+
+
+def _org_weights(text: str) -> tuple[tuple[str, float], ...]:
+    return _org_pairs(text, "org=weight (e.g. org-a=3)", _weight)
+
+
+def _org_rates(text: str) -> tuple[tuple[str, float], ...]:
+    return _org_pairs(text, "org=N/s, org=N/min or org=N/h (e.g. org-a=20/s)", _rate)
 
 
 def _log_format(text: str) -> str:
@@ -522,6 +655,33 @@ class Settings:
         "How often each worker process renews its own liveness record (apart from per-job heartbeats).",
         _int,
     )
+    dispatch_lead: int = setting(
+        "RECEIPT_DISPATCH_LEAD",
+        "2",
+        "Fair dispatch (docs/dispatch.md): a worker group's broker queue holds at most its live "
+        "processes' free slots plus this many attempts per live process; every other queued job waits "
+        "in PostgreSQL, where each free place goes to the organisation with the fewest attempts in "
+        "flight. A larger lead keeps busy workers fed across the pass's round trip; a smaller one "
+        "lets a new organisation's job start sooner. 0 to 64.",
+        _dispatch_lead,
+    )
+    concurrency_limits: tuple[tuple[str, int], ...] = setting(
+        "RECEIPT_CONCURRENCY_LIMITS",
+        "",
+        "Concurrency limits the operator declares per key prefix, e.g. `stripe=2,openai:=8`: at most "
+        "that many attempts of one organisation whose `concurrencyKey` starts with the prefix run at "
+        "once (each key on its own; the longest matching prefix wins, and overrides the job's own "
+        "`concurrencyLimit`). A key with neither runs one at a time.",
+        _concurrency_limits,
+    )
+    rate_limits: tuple[tuple[str, float], ...] = setting(
+        "RECEIPT_RATE_LIMITS",
+        "",
+        "Rate limits per key prefix, e.g. `openai=20/s,mail:=300/min`: the attempts of one "
+        "organisation's key that starts with the prefix are dispatched at most at that rate, across "
+        "every process (a GCRA limiter in PostgreSQL, a burst of a tenth of a second).",
+        _rate_limits,
+    )
     redeliver_unfetched_ms: int = setting(
         "RECEIPT_REDELIVER_UNFETCHED_MS",
         "5000",
@@ -804,6 +964,22 @@ class Settings:
         "Writes (POST) one organisation may make per route, as a `limits` rate "
         "(`20000/minute;500/second`); `disabled` turns it off. Counted in Redis (REDIS_URL); embedded "
         "mode counts in memory.",
+    )
+    org_weights: tuple[tuple[str, float], ...] = setting(
+        "RECEIPT_ORG_WEIGHTS",
+        "",
+        "Each organisation's weight in the fair share of a worker group's free slots: `org=weight` "
+        "pairs, comma-separated (`org-a=3,org-b=0.5`; above 0, at most 100). An organisation not "
+        "listed weighs 1. `PUT /organizations/{id}/dispatch` overrides it (docs/dispatch.md).",
+        _org_weights,
+    )
+    org_rate_limits: tuple[tuple[str, float], ...] = setting(
+        "RECEIPT_ORG_RATE_LIMITS",
+        "",
+        "The most dispatches an organisation gets, across every process: `org=N/s`, `N/min` or `N/h`, "
+        "comma-separated (`org-a=20/s,org-b=300/min`; at most 100000/s). An organisation not listed "
+        "has no limit. `PUT /organizations/{id}/dispatch` overrides it (docs/dispatch.md).",
+        _org_rates,
     )
     # -- observability (logs, metrics)
     log_format: str = setting(

@@ -15,7 +15,8 @@ it empty; restart Postgres. Postgres is restarted only when the soak runs its **
 shared cluster is never touched.
 
 Then it waits for every job to be terminal and prints: posted vs existing jobs, % terminal, jobs
-with 0 or more than one terminal receipt, receipts written by a superseded attempt, ``receipt
+with 0 or more than one terminal receipt, receipts written by a superseded attempt, attempts of
+the limit-1 concurrency key that ran at once (the ``keyed`` part of the mix), ``receipt
 verify``, client POST errors, time from the last fault to all-terminal, p50/p99 enqueue→terminal,
 and the attempts histogram. ``Report.violations()`` lists every broken safety target.
 
@@ -106,6 +107,18 @@ def success_item(job_id: str) -> dict[str, Any]:
     return {"agentId": handlers.ECHO, **_body(job_id, {"message": job_id})}
 
 
+# Every keyed job shares one concurrency key with limit 1: through every fault, no two of its
+# attempts may ever run at once (``key_overlaps``, read from the receipts).
+SOAK_KEY = "soak-serial"
+
+
+def keyed_item(job_id: str) -> dict[str, Any]:
+    return {
+        "agentId": handlers.SLEEP,
+        **_body(job_id, {"seconds": 0.2}, concurrencyKey=SOAK_KEY, concurrencyLimit=1),
+    }
+
+
 def retryable_failure_item(job_id: str) -> dict[str, Any]:
     # Fails retryably on every attempt: ends `failed` after maxAttempts (3).
     return {"agentId": handlers.FAIL, **_body(job_id, {}, maxAttempts=3)}
@@ -156,6 +169,7 @@ def post_cancel(c: Client, job_id: str) -> None:
 MIX: dict[str, tuple[int, Callable[[Client, str], None], Callable[[str], dict[str, Any]] | None]] = {
     "success": (70, _post_item(success_item), success_item),
     "retryable_failure": (10, _post_item(retryable_failure_item), retryable_failure_item),
+    "keyed": (5, _post_item(keyed_item), keyed_item),
     "steer": (10, post_steer, None),
     "cancel": (10, post_cancel, None),
 }
@@ -326,9 +340,15 @@ class Report:
     # Processes that exited on their own (the chaos replaces those it kills, so any one found dead
     # at the end exited by itself: a crash, or a start-up check that gave up).
     unexpected_exits: list[str] = field(default_factory=list)
+    # Pairs of attempts of the limit-1 key that ran at once (each ``stream#seq``), and how many of
+    # its attempts ran.
+    key_overlaps: list[tuple[str, str]] = field(default_factory=list)
+    keyed_attempts: int = 0
 
     def violations(self) -> list[str]:
         out = []
+        if self.key_overlaps:
+            out.append(f"{len(self.key_overlaps)} overlapping attempts of the limit-1 concurrency key")
         if self.existing != self.posted:
             out.append(f"posted {self.posted} but {self.existing} exist")
         if self.terminal != self.existing:
@@ -357,6 +377,7 @@ class Report:
             f"0 terminal receipts         {len(self.zero_terminal)}",
             f">1 terminal receipts        {len(self.multi_terminal)}",
             f"superseded-attempt writes   {len(self.superseded_writes)}",
+            f"limit-1 key overlaps        {len(self.key_overlaps)} over {self.keyed_attempts} attempts",
             f"receipt verify              {'ok' if self.verify_ok else 'FAILED'}",
             f"client POST errors          {sum(self.post_errors.values())} {dict(self.post_errors)}",
             f"lost POSTs                  {len(self.lost_posts)}",
@@ -408,6 +429,37 @@ def superseded_writes(stream_receipts: list[Any]) -> list[str]:
     return bad
 
 
+# What ends an attempt that held a lease.
+_ATTEMPT_ENDS = ("job.lease_expired", "job.released", *TERMINAL_TYPES)
+
+
+def key_overlaps(streams: dict[str, list[Any]]) -> tuple[list[tuple[str, str]], int]:
+    """The attempts of the limit-1 key's jobs as intervals, from each ``job.leased`` to the receipt
+    that ended it (database clock), and every pair of them that overlapped."""
+    intervals: list[tuple[float, float, str]] = []
+    for stream in streams.values():
+        if not stream or stream[0].type != "job.enqueued" or stream[0].body.get("concurrencyKey") != SOAK_KEY:
+            continue
+        began: Any = None
+        for r in stream:
+            if r.type == "job.leased":
+                began = r
+            elif r.type in _ATTEMPT_ENDS and began is not None:
+                intervals.append((_at(began.at), _at(r.at), f"{began.stream}#{began.seq}"))
+                began = None
+        if began is not None:  # still held: it runs to now
+            intervals.append((_at(began.at), float("inf"), f"{began.stream}#{began.seq}"))
+    intervals.sort()
+    overlaps = []
+    latest: tuple[float, float, str] | None = None
+    for interval in intervals:
+        if latest is not None and interval[0] < latest[1]:
+            overlaps.append((latest[2], interval[2]))
+        if latest is None or interval[1] > latest[1]:
+            latest = interval
+    return overlaps, len(intervals)
+
+
 def collect(
     engine: Engine,
     key_prefix: str,
@@ -436,6 +488,7 @@ def collect(
             latencies.append(_at(terminals[0].at) - _at(stream[0].at))
             per_job.append((row.id, latencies[-1], [r.type for r in stream]))
     latencies.sort()
+    overlaps, keyed = key_overlaps(streams)
     verify = subprocess.run(
         [PYTHON, "-m", "app.ops.cli", "verify"],
         env=base_env(DATABASE_URL=str(engine.url.render_as_string(hide_password=False))),
@@ -466,6 +519,8 @@ def collect(
         last_post_to_all_terminal_s=(all_terminal_at - last_post_at)
         if all_terminal_at and last_post_at
         else None,
+        key_overlaps=overlaps,
+        keyed_attempts=keyed,
         unexpected_exits=[
             f"{name} (pid {proc.pid})" for name, proc in chaos.stack.procs.items() if not proc.alive()
         ],

@@ -21,8 +21,8 @@ from typing import Any
 
 from app.config import Settings
 from app.jobs.reducer import Job
-from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE
-from delivery.wakes import WakeList, wake, wake_list_for
+from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE, queue_for
+from delivery.wakes import QUEUE_TOKEN, WakeList, wake, wake_list_for
 
 OK = "ok"
 
@@ -118,10 +118,12 @@ class DeliveryClient:
             yield producer
 
     def wake(self, jobs: Sequence[Job]) -> None:
-        """Wake the dispatch scanner for jobs that became dispatchable (``delivery/wakes.py``): their
-        ids go onto the wake list and ``receipt.dispatch`` is sent when no scan is armed; without a
-        wake list the message carries the ids."""
-        wake(self._send_wake, self.wakes, [j.id for j in jobs])
+        """Wake the dispatch scanner for jobs that became dispatchable, or that ended and so freed a
+        place in their worker queue (``delivery/wakes.py``): a queued job's id, or its queue's token
+        for an ended one, go onto the wake list and ``receipt.dispatch`` is sent when no scan is
+        armed; without a wake list the message carries them."""
+        names = [j.id if not j.terminal else QUEUE_TOKEN + queue_for(j.agent_id, j.kind) for j in jobs]
+        wake(self._send_wake, self.wakes, list(dict.fromkeys(names)))
 
     def wake_ids(self, ids: Sequence[str]) -> None:
         """``wake`` for job ids already known dispatchable (wake-ups a stopping driver hands back)."""

@@ -34,9 +34,18 @@ from typing import Any
 log = logging.getLogger("receipt.wakes")
 
 IDS_KEY = "receipt:wake:ids"
+# A wake-up that names a worker queue rather than a job: a place freed there (a job ended), so its
+# line may move. No job id starts with '@' (app/jobs/ids.py).
+QUEUE_TOKEN = "@"
 ARMED_KEY = "receipt:wake:armed"
 ARMED_TTL_MS = 2_000
 LISTENING_KEY = "receipt:wake:listening"
+# Set while a worker queue's line holds jobs its last dispatch pass could not send (no free place,
+# or heads left): a freed place there is worth a pass; elsewhere its token is dropped unread. Kept
+# by every pass that leaves a line (a listener looks again every second while one waits), so the
+# TTL only ends a mark whose driver died; the queued redrive still moves that line.
+LINE_KEY = "receipt:wake:line:"
+LINE_TTL_MS = 30_000
 LISTENING_TTL_MS = 3_000
 # How long one blocking wait (BLMPOP, or BLPOP before Redis 7) lasts: the listener renews its key
 # and checks for shutdown this often.
@@ -55,6 +64,7 @@ class WakeList:
         self.ids_key = prefix + IDS_KEY
         self.armed_key = prefix + ARMED_KEY
         self.listening_key = prefix + LISTENING_KEY
+        self.line_prefix = prefix + LINE_KEY
         self._multi_pop = True  # until the server says it has no BLMPOP
 
     def push(self, ids: Sequence[str]) -> bool:
@@ -115,6 +125,20 @@ class WakeList:
     def take(self, count: int) -> list[str]:
         """Up to ``count`` ids, oldest first (an empty list when drained)."""
         return _decoded(self._client.lpop(self.ids_key, count))
+
+    def mark_line(self, queue: str, waiting: bool) -> None:
+        """Record whether ``queue``'s line holds jobs its pass left waiting."""
+        if waiting:
+            self._client.set(self.line_prefix + queue, b"1", px=LINE_TTL_MS)
+        else:
+            self._client.delete(self.line_prefix + queue)
+
+    def lines_waiting(self, queues: Sequence[str]) -> set[str]:
+        """The queues among ``queues`` whose line holds jobs left waiting (one round trip)."""
+        if not queues:
+            return set()
+        found = self._client.mget([self.line_prefix + q for q in queues])
+        return {q for q, v in zip(queues, found, strict=True) if v is not None}
 
 
 def _decoded(raw: Any) -> list[str]:

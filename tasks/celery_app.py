@@ -18,10 +18,13 @@ from celery import Celery, signals
 
 import celeryconfig
 from app.config import Settings
+from app.dispatch.line import queues_field
 from app.factory import loops as objectives
+from app.jobs.routing import QUEUES
 from app.ops import logs
 from app.ops import loops as registry
 from app.schedules import declared
+from app.storage.liveness import Offer
 from tasks import dispatch, execute, fetches, loops, redaction, shutdown
 from tasks.beat import ReceiptBeat
 from tasks.cron import CronSchedule
@@ -256,9 +259,27 @@ def _start_liveness(sender: Any = None, **_: Any) -> None:
     if worker_app is None or role is None:
         return
     settings = get_runtime(worker_app).settings
-    live = worker_liveness.ProcessLiveness(worker_liveness.liveness_engine(settings), settings, role)
+    live = worker_liveness.ProcessLiveness(
+        worker_liveness.liveness_engine(settings), settings, role, offer=_offer(sender, worker_app)
+    )
     worker_liveness.install(live)
     live.start()
+
+
+def _offer(worker: Any, worker_app: Any) -> Offer | None:
+    """What this process offers the dispatch pass: the worker queues its consumer reads (``-Q`` or
+    its role's) and its slots (its pool's threads, as ``_size_slots`` sizes them)."""
+    consumed = getattr(getattr(worker_app.amqp, "queues", None), "consume_from", None) or {}
+    queues = [q for q in consumed if q in QUEUES.values()]
+    size = getattr(worker, "concurrency", None)
+    if not queues:
+        return None
+    slots = (
+        size
+        if isinstance(size, int) and size > 0
+        else slots_of(worker_app, worker_app.receipt_settings).capacity
+    )
+    return Offer(queues_field(queues), slots)
 
 
 def _size_slots(sender: Any = None, **_: Any) -> None:

@@ -12,23 +12,26 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NotRequired, TypedDict
 
 from opentelemetry.trace import SpanKind
+from sqlalchemy import select, update
 
 from app import tracing
+from app.dispatch import line
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
 from app.jobs.reducer import Job
-from app.jobs.routing import DRIVER_QUEUE, route
+from app.jobs.routing import DRIVER_QUEUE, queue_for, route
 from app.jobs.timing import timing_for
 from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
 from app.ops import logs, metrics
-from app.storage import delivery, projection
-from app.storage.db import db_now, parse_iso, transaction
+from app.storage import delivery
+from app.storage.db import db_now, jobs, parse_iso, transaction
 from app.storage.retry import retry_transient
-from delivery.wakes import LISTEN_BLOCK_S
+from delivery.wakes import LISTEN_BLOCK_S, QUEUE_TOKEN
 from tasks import fetches
 from tasks.runtime import DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
 from workers.shutdown import PROCESS
@@ -49,6 +52,10 @@ class DriveResult(TypedDict):
 # The most jobs one scan transaction claims (its lock statement, read and insert cover them all).
 CLAIM_BATCH = 100
 LISTENER_BACKOFF_S = 0.5
+# How often a listener looks again at a line that no wake-up may move (no free place when its last
+# pass ran, or heads were left); and its shortest wait (a rate limiter's next admission).
+LINE_TICK_S = 1.0
+MIN_BLOCK_S = 0.01
 LISTENER_BACKOFF_MAX_S = 30.0
 
 
@@ -137,26 +144,135 @@ class WakeListener:
         backoff = LISTENER_BACKOFF_S
         while not self._stop.is_set():
             try:
-                batch = self.wakes.listen(CLAIM_BATCH)
+                batch = self.wakes.listen(CLAIM_BATCH, self._block_s())
                 if batch and (self._stop.is_set() or PROCESS.requested):
                     hand_back_wakes(self.rt, batch)
                     break
                 if batch:
                     _drain(self.rt, batch)
                     self.scans += 1
+                for queue in self._due():
+                    dispatch_queue(self.rt, queue)
                 backoff = LISTENER_BACKOFF_S
             except Exception as exc:
                 log.warning("wake listener: %s; listening again in %.1f s", exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, LISTENER_BACKOFF_MAX_S)
 
+    def _again_at(self) -> dict[str, float]:
+        """Each queue whose line may move without a wake-up, and when (monotonic)."""
+        out = {}
+        for queue, (ran_at, result) in list(self.rt.passes.items()):
+            again = result.again_in_s(LINE_TICK_S)
+            if again is not None:
+                out[queue] = ran_at + again
+        return out
 
-def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
+    def _block_s(self) -> float:
+        due = self._again_at()
+        if not due:
+            return LISTEN_BLOCK_S
+        return min(LISTEN_BLOCK_S, max(MIN_BLOCK_S, min(due.values()) - time.monotonic()))
+
+    def _due(self) -> list[str]:
+        now = time.monotonic()
+        return sorted(queue for queue, at in self._again_at().items() if at <= now)
+
+
+def _dispatch_batch(rt: Runtime, woken: list[str]) -> list[str]:
+    """A dispatch pass (``app/dispatch/line.py``) for each worker queue the woken ids name: a
+    job's own queue, or a queue a freed place names (``@<queue>``). The jobs a pass chooses may be
+    others than those woken: the line decides, in PostgreSQL."""
+    queues = retry_transient(lambda: queues_of(rt, woken))
+    started: list[str] = []
+    for queue in sorted(queues):
+        started += dispatch_queue(rt, queue)
+    return started
+
+
+def _freed(rt: Runtime, tokens: set[str]) -> set[str]:
+    """Of the queues where a place freed, those whose line holds jobs waiting: a pass elsewhere
+    would find nothing to send. Without a wake list (the embedded broker) every one of them."""
+    if rt.wakes is None or not tokens:
+        return tokens
+    try:
+        return rt.wakes.lines_waiting(sorted(tokens))
+    except Exception:  # the broker's Redis is failing: pass them all rather than guess
+        return tokens
+
+
+def queues_of(rt: Runtime, woken: Sequence[str]) -> set[str]:
+    """The worker queues of the woken jobs (from their rows' agent and kind), and the queues named
+    by freed-place tokens whose line holds jobs waiting. A queued row an older release wrote
+    without its ``worker_queue`` gets it here, so the pass can find it in its line."""
+    queues = _freed(rt, {w[len(QUEUE_TOKEN) :] for w in woken if w.startswith(QUEUE_TOKEN)})
+    ids = sorted({w for w in woken if not w.startswith(QUEUE_TOKEN)})
+    if not ids:
+        return queues
+    with rt.engine.connect() as conn:
+        rows = conn.execute(
+            select(jobs.c.id, jobs.c.agent_id, jobs.c.kind, jobs.c.status, jobs.c.worker_queue).where(
+                jobs.c.id.in_(ids)
+            )
+        ).all()
+    unset: dict[str, list[str]] = {}
+    for row in rows:
+        queue = row.worker_queue or queue_for(row.agent_id, row.kind)
+        queues.add(queue)
+        if row.worker_queue is None and row.status == "queued":
+            unset.setdefault(queue, []).append(row.id)
+    if unset:
+        with transaction(rt.engine) as conn:
+            for queue, missing in unset.items():
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id.in_(missing), jobs.c.worker_queue.is_(None))
+                    .values(worker_queue=queue)
+                )
+    return queues
+
+
+def dispatch_queue(rt: Runtime, queue: str, *, redrive: bool = False) -> list[str]:
+    """One pass over ``queue``'s line, then the chosen attempts' worker messages; returns the ids
+    of the jobs whose delivery it started. ``redrive``: the queued redrive's pass, whose deliveries
+    carry the spec's redrive key ``<jobId>:redrive:<seq>:<status>`` (one per observed queue state)."""
     began_ns = time.time_ns() if tracing.on() else 0
     # Read before the messages are sent: a flush after this read is then always detected later.
     epoch = rt.broker.epoch()
-    claimed = retry_transient(lambda: _claim(rt, sorted(set(job_ids)), epoch))
-    started = []
+
+    def one_pass() -> line.PassResult:
+        with transaction(rt.engine) as conn:
+            return line.run_pass(
+                conn,
+                queue,
+                rt.settings,
+                db_now(conn),
+                epoch=epoch,
+                dispatch_key=_redrive_key if redrive else None,
+            )
+
+    result = retry_transient(one_pass)
+    rt.passes[queue] = (time.monotonic(), result)
+    if rt.wakes is not None:
+        try:
+            rt.wakes.mark_line(queue, result.line_waiting)
+        except Exception:  # best-effort: an unmarked line is still moved by the listener's look
+            log.warning("could not mark the %s line", queue, exc_info=True)
+    if result.claimed:
+        fetches.record_scan([job.id for job, _ in result.claimed])
+    return _send_claimed(rt, result.claimed, began_ns)
+
+
+def _redrive_key(job: Job) -> str:
+    return delivery.redrive_key(job.id, job.seq, job.status)
+
+
+def _send_claimed(
+    rt: Runtime,
+    claimed: list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]],
+    began_ns: int,
+) -> list[str]:
+    started: list[str] = []
     to_send = [
         (job, decision)
         for job, decision in claimed
@@ -168,10 +284,10 @@ def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
                 _generations_exhausted(rt, job.id, decision)
     buffered: list[_Buffered] = []
     with fetches.sent_in_advance(
-        [(job.id, job.id, d.generation) for job, d in to_send if not job.abort_requested]
+        [(job.id, d.dispatch_key, d.generation) for job, d in to_send if not job.abort_requested]
     ):
         try:
-            # The batch's worker messages leave in one pipeline, when the loop is done.
+            # The pass's worker messages leave in one pipeline, when the loop is done.
             with rt.delivery.batch() as producer:
                 if rt.settings.delivery_batch_max > 1:
                     started += _deliver_grouped(rt, to_send, producer, buffered)
@@ -180,7 +296,13 @@ def _dispatch_batch(rt: Runtime, job_ids: list[str]) -> list[str]:
                         with logs.bind_job(jobId=job.id):
                             _count_delivery(decision, "dispatch")
                             started.append(job.id)
-                            deliver(rt, job, job.id, decision.generation, batch=(producer, buffered))
+                            deliver(
+                                rt,
+                                job,
+                                decision.dispatch_key,
+                                decision.generation,
+                                batch=(producer, buffered),
+                            )
         except Exception:
             # The pipeline did not go (kombu discards what a failed batch buffered): end each of
             # these deliveries, as a failed send does, so the next pass may start another. A message
@@ -242,11 +364,13 @@ def _deliver_grouped(
             _count_delivery(decision, "dispatch")
             started.append(job.id)
             if job.abort_requested:
-                _cancel_aborted(rt, job, job.id, decision.generation)
+                _cancel_aborted(rt, job, decision.dispatch_key, decision.generation)
                 continue
             fence, queue_name, evt = _dispatched(rt, job)
-            buffered.append(_Buffered(job.id, job.id, decision.generation, evt))
-            by_queue.setdefault(queue_name, []).append([job.id, fence, job.id, decision.generation])
+            buffered.append(_Buffered(job.id, decision.dispatch_key, decision.generation, evt))
+            by_queue.setdefault(queue_name, []).append(
+                [job.id, fence, decision.dispatch_key, decision.generation]
+            )
     size = rt.settings.delivery_batch_max
     for queue_name, items in by_queue.items():
         for at in range(0, len(items), size):
@@ -278,23 +402,6 @@ class _Buffered:
     dispatch_key: str
     generation: int
     callback_event: str | None
-
-
-def _claim(
-    rt: Runtime, job_ids: list[str], epoch: str | None
-) -> list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]]:
-    """The driver starter for a batch of woken jobs, in one transaction: read them, and record a
-    delivery for each that is queued and not backing off (or learn one is active)."""
-    with transaction(rt.engine) as conn:
-        loaded, now = projection.load_jobs_at_clock(conn, job_ids)
-        ready = [job for job in loaded if job.status == "queued" and not_before(job) <= now]
-        requests = [
-            delivery.StartRequest(
-                job.id, job.id, timing_for(job.agent_id, job.kind, job.payload, rt.settings).driver_timeout_ms
-            )
-            for job in ready
-        ]
-        return list(zip(ready, delivery.begin_many(conn, requests, now, epoch=epoch), strict=True))
 
 
 def _generations_exhausted(rt: Runtime, job_id: str, exc: DeliveryGenerationsExceeded) -> None:

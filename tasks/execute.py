@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from app.dispatch.keys import KEY_FULL
 from app.jobs.routing import EXECUTE_BATCH_TASK, route
 from app.ops import logs, metrics
 from app.storage.delivery import parse_fence
@@ -78,6 +79,11 @@ def finish(
     # Celery's own "succeeded" line does not show the return value (tasks/redaction.py): the
     # outcome, a vocabulary word, is logged here instead, never the job's payload or result.
     log.info("delivery %s: %s", fence, result.status)
+    if result.status == KEY_FULL:
+        # Its key was full at the lease: nothing was written, the job waits in its line again, and
+        # the attempt holding the key wakes the line when it ends.
+        settle_delivery(rt, job_id, dispatch_key, generation, result.status)
+        return {"status": result.status, "jobStatus": job.status if job else None, "error": None}
     if result.status not in NOT_OWNED:
         # A receipt that takes the job to a terminal state or back to queued settles every pending
         # delivery of the job in its own transaction (Queue.mutate): only an attempt that ended

@@ -20,7 +20,7 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from app.storage import loops as claims
 from app.storage.db import db_now, transaction
 from app.storage.queue import Queue
 from tasks import fetches
-from tasks.dispatch import deliver_stale, start_driver
+from tasks.dispatch import deliver_stale, dispatch_queue, start_driver
 from tasks.runtime import Runtime
 from workers.roles import ROLES
 
@@ -150,57 +150,53 @@ def presume_after_ms(cooldown_ms: int) -> int:
 
 @binds(registry.QUEUED_REDRIVE)
 def redrive_queued(rt: Runtime, p: Pass) -> dict[str, Any]:
-    """Re-deliver queued jobs older than the minimum age, at most once per cooldown per job.
+    """Move every waiting line a lost wake-up may have left still, and end the delivery records that
+    can no longer matter.
 
-    The dispatch key ``<jobId>:redrive:<seq>:<status>`` makes a pass idempotent for one observed
-    queue state. A job with a delivery in flight gets no second message, unless that delivery is
-    known lost (sent to an earlier broker epoch) or presumed lost (the broker holds no message in
-    the queues it would be on). The pass also ends delivery records that can no longer matter.
+    Queued jobs wait in PostgreSQL's line (docs/dispatch.md), so no job is stuck on its own: a line
+    is, when the wake-ups that would have moved it were lost. Each worker queue with a job ready for
+    at least the minimum age gets a dispatch pass here, which sends whatever is next in line. A
+    pending delivery of a queued job is ended first when it can no longer be in flight: its message
+    died with its fetcher, went to an earlier broker epoch or, with every queue empty and no live
+    consumer holding it, is presumed lost once older than the cooldown (at least five seconds).
     """
     s = rt.settings
     with transaction(rt.engine) as conn:
         swept = delivery.sweep(conn, db_now(conn))
     epoch = rt.broker.epoch()
-    # Deliveries whose message died with the process that fetched it end first, so the scan
-    # below starts their next generation in this very pass (tasks/fetches.py).
+    # Deliveries whose message died with the process that fetched it end first, so the passes
+    # below may send those jobs again at once (tasks/fetches.py).
     lost, held = settle_lost_fetches(rt, epoch)
-    # With every queue empty, no pending delivery can still have a message waiting: each is
-    # presumed lost. Otherwise jobs whose delivery is in flight are left out of the scan.
-    drained = rt.broker.queues_empty([DRIVER_QUEUE, *QUEUES.values()]) is True
-    started = []
-    candidates = rt.queue.queued_older_than(
-        s.queued_redrive_min_age_ms, limit=SCAN_LIMIT, skip_in_flight=not drained, epoch=epoch
-    )
-    for job, _since in candidates:
+    presumed: list[str] = []
+    if rt.broker.queues_empty([DRIVER_QUEUE, *QUEUES.values()]) is True:
+        presumed = settle_presumed_lost(rt, epoch, held, presume_after_ms(s.queued_redrive_cooldown_ms))
+    started: list[str] = []
+    for queue in rt.queue.lines_waiting_since(s.queued_redrive_min_age_ms):
         p.keep()
-        with rt.engine.connect() as conn:
-            now = db_now(conn)
-            last = delivery.last_live_start(conn, job.id, epoch)
-        if last is not None and (now - last).total_seconds() * 1000 < s.queued_redrive_cooldown_ms:
-            continue
         try:
-            with logs.bind_job(jobId=job.id, org=job.organization_id):
-                decision = start_driver(
-                    rt,
-                    job.id,
-                    delivery.redrive_key(job.id, job.seq, job.status),
-                    # A delivery a live consumer holds is not lost, however empty the queues.
-                    presume_lost_after_ms=(
-                        presume_after_ms(s.queued_redrive_cooldown_ms)
-                        if drained and job.id not in held
-                        else None
-                    ),
-                )
+            started += dispatch_queue(rt, queue, redrive=True)
         except Exception:
-            log.exception("redrive of %s failed; next pass retries", job.id)
-            continue
-        if decision is not None and decision.created:
-            started.append(job.id)
-            p.link([job])
+            log.exception("redrive of the %s line failed; next pass retries", queue)
     if started:
         log.info("redrive started %d deliveries", len(started))
         metrics.registry_metrics().redrives.inc(len(started))
-    return {"redriven": started, "swept": swept, "fetcherLost": lost}
+    return {"redriven": started, "swept": swept, "fetcherLost": lost, "presumedLost": presumed}
+
+
+def settle_presumed_lost(rt: Runtime, epoch: str | None, held: Collection[str], after_ms: int) -> list[str]:
+    """With every queue empty, end ``presumed_lost`` each pending delivery of a queued job older than
+    ``after_ms`` that no live consumer holds: no message anywhere can be it."""
+    with transaction(rt.engine) as conn:
+        now = db_now(conn)
+        cutoff = now - timedelta(milliseconds=after_ms)
+        rows = [
+            r
+            for r in delivery.pending_of_queued(conn, now, epoch, SCAN_LIMIT)
+            if r.job_id not in held and r.created_at < cutoff
+        ]
+        for row in rows:
+            delivery.settle_pending(conn, row, "presumed_lost", now)
+    return [r.job_id for r in rows]
 
 
 def settle_lost_fetches(rt: Runtime, epoch: str | None) -> tuple[list[str], set[str]]:
@@ -331,19 +327,17 @@ def expire_leases(rt: Runtime, p: Pass) -> dict[str, Any]:
 
 @binds(registry.DUE_RETRIES)
 def dispatch_due_retries(rt: Runtime, p: Pass) -> dict[str, Any]:
-    """Start delivery of every retry whose backoff has passed (``availableAt`` ≤ database now)."""
-    started = []
-    for job in rt.queue.due_retries(limit=SCAN_LIMIT, skip_in_flight=True, epoch=rt.broker.epoch()):
+    """A dispatch pass for each worker queue with a retry (or a delayed job) whose time has come
+    (``availableAt`` ≤ database now) and no delivery in flight: the pass sends it when it is next."""
+    due = rt.queue.due_retries(limit=SCAN_LIMIT, skip_in_flight=True, epoch=rt.broker.epoch())
+    started: list[str] = []
+    for queue in sorted({route(job.agent_id, job.kind).queue for job in due}):
         p.keep()
         try:
-            with logs.bind_job(jobId=job.id, org=job.organization_id):
-                decision = start_driver(rt, job.id, job.id)
+            started += dispatch_queue(rt, queue)
         except Exception:
-            log.exception("dispatch of due retry %s failed; next pass retries", job.id)
-            continue
-        if decision is not None and decision.created:
-            started.append(job.id)
-            p.link([job])
+            log.exception("dispatch of the %s line's due retries failed; next pass retries", queue)
+    p.link([job for job in due if job.id in set(started)])
     return {"started": started}
 
 

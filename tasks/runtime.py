@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 
 from app.composition import build_queue
 from app.config import Settings
+from app.dispatch.line import PassResult
 from app.jobs.routing import DISPATCH_TASK as DISPATCH_TASK
 from app.jobs.routing import DRIVER_TASK as DRIVER_TASK
 from app.jobs.routing import EXECUTE_BATCH_TASK as EXECUTE_BATCH_TASK
@@ -45,6 +46,9 @@ class Runtime:
     # Sends through ``app`` (the driver's and worker messages, wake-ups).
     delivery: DeliveryClient
     broker: BrokerProbe = field(default_factory=NullProbe)
+    # Each worker queue's latest dispatch pass in this process, and when it ran (monotonic): the
+    # wake listener runs a queue's pass again when its line may move without a wake-up.
+    passes: dict[str, tuple[float, PassResult]] = field(default_factory=dict)
 
     @property
     def slots(self) -> Slots:

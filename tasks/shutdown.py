@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery, signals
 
 from app.config import Settings
+from workers import liveness as worker_liveness
 from workers.shutdown import PROCESS
 
 log = logging.getLogger("receipt.shutdown")
@@ -56,6 +57,10 @@ def _stop_beside_tasks(apps: list[Celery], sig: Any) -> None:
         plan.finish_ms,
         plan.grace_ms,
     )
+    # The dispatch pass stops counting this process's slots at its next read (docs/dispatch.md).
+    live = worker_liveness.current()
+    if live is not None:
+        live.withdraw_offer()
     for app in apps:
         ticker = getattr(app, "receipt_ticker", None)
         if ticker is not None:

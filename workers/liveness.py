@@ -18,6 +18,7 @@ record lapses. A fenced identity is never renewed again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -77,9 +78,12 @@ class ProcessLiveness:
         *,
         clock: Callable[[], float] = time.monotonic,
         base: str | None = None,
+        offer: records.Offer | None = None,
     ) -> None:
         self.engine = engine
         self.role = role
+        # What the dispatch pass may send this process (its queues and slots); None: nothing.
+        self.offer = offer
         self.interval_s = settings.worker_liveness_interval_ms / 1000
         self.self_fence_ms = settings.worker_self_fence_ms
         self.clock = clock
@@ -141,7 +145,7 @@ class ProcessLiveness:
     def start(self) -> None:
         started = self.clock()
         try:
-            records.register(self.engine, self.process, self.role)
+            records.register(self.engine, self.process, self.role, self.offer)
             with self._lock:
                 self._last_ok = started
         except Exception as exc:  # the renew thread inserts it once the database answers
@@ -168,13 +172,20 @@ class ProcessLiveness:
         except Exception as exc:
             log.warning("could not delete this worker's liveness record: %s", exc)
 
+    def withdraw_offer(self) -> None:
+        """Offer the dispatch pass no more slots (the process stops taking work), from the next
+        renewal, which starts at once."""
+        if self.offer is not None and self.offer.slots:
+            self.offer = dataclasses.replace(self.offer, slots=0)
+            self._renew_now.set()
+
     # -- renewing
     def renew_once(self) -> None:
         started = self.clock()
         with self._lock:
             identity = self.process
         try:
-            outcome = records.renew(self.engine, identity, self.role)
+            outcome = records.renew(self.engine, identity, self.role, self.offer)
         except Exception as exc:
             if not self._outage_logged:
                 log.warning("worker liveness %s: renewal failed: %s", identity, exc)

@@ -25,6 +25,7 @@ from opentelemetry.trace import StatusCode
 
 from app import tracing
 from app.config import Settings
+from app.dispatch import limits
 from app.jobs.errors import no_handler_message
 from app.jobs.liveness import FENCED
 from app.jobs.reducer import Job
@@ -154,6 +155,20 @@ def lease_ms_for(settings: Settings) -> Callable[[Job], int]:
     return lease_ms
 
 
+def key_limit_for(settings: Settings) -> Callable[[Job], int]:
+    """The concurrency limit of the job's key as read: the operator's prefix, else its own, else 1."""
+
+    def key_limit(job: Job) -> int:
+        key = job.flow.concurrency_key
+        return (
+            limits.concurrency_limit(settings.concurrency_limits, key, job.flow.concurrency_limit)
+            if key
+            else 1
+        )
+
+    return key_limit
+
+
 def begun(this: Attempt, start: AttemptStart, began_ns: int = 0) -> Started | AttemptResult:
     """What an attempt's first write means: it runs (``Started``), or it ends here and why."""
     if start.job is None:
@@ -185,7 +200,11 @@ def run_attempt(
     began_ns = time.time_ns()
     # One transaction reads the job and leases it (queued → leased → running in one commit), or
     # takes the start-fence heartbeat of redelivered work; it says why when it did neither.
-    start = retry_transient(lambda: queue.start_attempt(job_id, worker_id, attempt, lease_ms_for(settings)))
+    start = retry_transient(
+        lambda: queue.start_attempt(
+            job_id, worker_id, attempt, lease_ms_for(settings), key_limit_for(settings)
+        )
+    )
     if start.job is not None:
         logs.update_job(org=start.job.organization_id)
     outcome = begun(this, start, began_ns)
@@ -205,7 +224,9 @@ def lease_attempts(
         (job_id, worker_id, number) for (job_id, number), worker_id in zip(attempts, worker_ids, strict=True)
     ]
     began_ns = time.time_ns()
-    starts = retry_transient(lambda: queue.start_attempts(items, lease_ms_for(settings)))
+    starts = retry_transient(
+        lambda: queue.start_attempts(items, lease_ms_for(settings), key_limit_for(settings))
+    )
     out: list[Started | AttemptResult | Exception] = []
     for (job_id, worker_id, number), start in zip(items, starts, strict=True):
         if isinstance(start, Exception):

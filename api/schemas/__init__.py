@@ -9,8 +9,9 @@ The schemas check shape; ``app.jobs.validation`` still applies the deeper rules 
 authority if the two ever disagree — a request must pass both before anything is written).
 
 One module per resource holds its schemas: ``jobs``, ``payload`` (a job's kind and authContext),
-``streams`` (receipts and Server-Sent Events), ``objectives`` and ``service`` (health, readiness,
-whoami), over ``base`` (the Schema type, limits, patterns and the helpers that build the rest).
+``streams`` (receipts and Server-Sent Events), ``objectives``, ``organizations`` (dispatch
+policies) and ``service`` (health, readiness, whoami), over ``base`` (the Schema type, limits,
+patterns and the helpers that build the rest).
 This package is their one public face: callers write ``schemas.JOB_RESPONSE`` and never name a
 submodule. The split serves whoever edits a resource's schemas; a caller reads them as one
 vocabulary, and the components registry below must see every resource anyway, so the package
@@ -83,6 +84,13 @@ from api.schemas.objectives import (
     PLAN_TASK,
     REPLAN_REQUEST,
 )
+from api.schemas.organizations import (
+    DISPATCH_POLICY,
+    DISPATCH_POLICY_LIST,
+    DISPATCH_POLICY_REQUEST,
+    DISPATCH_POLICY_RESPONSE,
+    ORGANIZATION_ID_PARAM,
+)
 from api.schemas.payload import AUTH_CONTEXT, PAYLOAD
 from api.schemas.service import HEALTH, READY, WHOAMI
 from api.schemas.streams import (
@@ -144,6 +152,10 @@ COMPONENTS: dict[str, Schema] = {
     "ObjectiveEvent": OBJECTIVE_EVENT,
     "ObjectiveDelta": OBJECTIVE_DELTA,
     "ObjectiveTasksChanged": OBJECTIVE_TASKS_CHANGED,
+    "DispatchPolicyRequest": DISPATCH_POLICY_REQUEST,
+    "DispatchPolicy": DISPATCH_POLICY,
+    "DispatchPolicyResponse": DISPATCH_POLICY_RESPONSE,
+    "DispatchPolicyList": DISPATCH_POLICY_LIST,
 }
 
 
@@ -172,6 +184,10 @@ __all__ = [
     "COMPONENTS",
     "DEAD_LETTERS",
     "DEAD_LETTERS_QUERY",
+    "DISPATCH_POLICY",
+    "DISPATCH_POLICY_LIST",
+    "DISPATCH_POLICY_REQUEST",
+    "DISPATCH_POLICY_RESPONSE",
     "ENQUEUE_REQUEST",
     "ENQUEUE_RESPONSE",
     "ERROR",
@@ -208,6 +224,7 @@ __all__ = [
     "OPERATION_ID_PARAM",
     "OPERATION_RESPONSE",
     "ORGANIZATION_ID",
+    "ORGANIZATION_ID_PARAM",
     "ORGANIZATION_PARAM",
     "ORG_ID_MAX",
     "PAYLOAD",

@@ -21,7 +21,24 @@ from api.schemas.base import (
     text,
 )
 from api.schemas.payload import PAYLOAD
+from app.dispatch.choice import WAITING_REASONS
 from app.jobs.delay import MAX_DELAY_MS, RUN_AT_MAX_CHARS
+from app.jobs.flow import (
+    CONCURRENCY_LIMIT_MAX,
+    CONCURRENCY_LIMIT_MIN,
+    CONCURRENCY_LIMIT_RULE,
+    DEBOUNCE_WINDOW_MAX_MS,
+    DEBOUNCE_WINDOW_MIN_MS,
+    DEBOUNCE_WINDOW_RULE,
+    DEBOUNCE_WITH_DELAY_RULE,
+    KEY_MAX,
+    KEY_PATTERN,
+    KEY_RULE,
+    LIMIT_NEEDS_KEY_RULE,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    PRIORITY_RULE,
+)
 from app.jobs.ids import JOB_ID_PATTERN
 from app.jobs.kinds import PAYLOAD_KINDS
 from app.jobs.privilege import TOKEN_SCOPES
@@ -87,6 +104,82 @@ TAGS: Schema = {
     },
 }
 
+# What the dispatch pass weighs beside the job's organisation (app.jobs.flow, docs/dispatch.md). The
+# same bounds and messages as the validator, so the document refuses exactly what the server does.
+FLOW_KEY: Schema = {
+    "type": "string",
+    "pattern": KEY_PATTERN.pattern,
+    "maxLength": KEY_MAX,
+    "x-message": KEY_RULE,
+}
+FLOW_PROPERTIES: dict[str, Schema] = {
+    "priority": {
+        "type": ["integer", "null"],
+        "minimum": PRIORITY_MIN,
+        "maximum": PRIORITY_MAX,
+        "x-message": PRIORITY_RULE,
+        "description": f"Order inside the organisation's share of the workers: {PRIORITY_MAX} runs first, "
+        f"{PRIORITY_MIN} last; default 0 (oldest first). Never moves the job ahead of another "
+        "organisation's fair share.",
+    },
+    "concurrencyKey": {
+        **FLOW_KEY,
+        "type": ["string", "null"],
+        "description": "At most concurrencyLimit attempts of this organisation's jobs with this key run at "
+        "once, across every worker process (counted from leases, so a crash or a cancel frees the slot).",
+    },
+    "concurrencyLimit": {
+        "type": ["integer", "null"],
+        "minimum": CONCURRENCY_LIMIT_MIN,
+        "maximum": CONCURRENCY_LIMIT_MAX,
+        "x-message": CONCURRENCY_LIMIT_RULE,
+        "description": "The concurrencyKey's limit (needs a concurrencyKey). Without one, the operator's "
+        "limit for the key, else 1.",
+    },
+    "debounce": {
+        "type": ["object", "null"],
+        "x-message": "must be an object with key and windowMs",
+        "description": "The job waits windowMs (availableAt, database clock); a later enqueue of the "
+        "organisation with the same key while it is still queued cancels it (job.canceled, reason "
+        "'debounced', replacedBy naming the new job) and takes its place. A leased or running job is "
+        "never canceled by it. Not with runAt or delayMs.",
+        "properties": {
+            "key": FLOW_KEY,
+            "windowMs": {
+                "type": "integer",
+                "minimum": DEBOUNCE_WINDOW_MIN_MS,
+                "maximum": DEBOUNCE_WINDOW_MAX_MS,
+                "x-message": DEBOUNCE_WINDOW_RULE,
+            },
+        },
+        "required": ["key", "windowMs"],
+        "additionalProperties": False,
+    },
+}
+
+# The flow fields' rules across fields: a limit needs its key, and a debounced job's window decides
+# when it runs (so no runAt or delayMs beside it). Each names the field the validator names.
+FLOW_RULES: list[Schema] = [
+    {
+        "if": {
+            "anyOf": [
+                {"not": {"required": ["concurrencyKey"]}},
+                {"properties": {"concurrencyKey": {"type": "null"}}},
+            ]
+        },
+        "then": {"properties": {"concurrencyLimit": {"type": "null", "x-message": LIMIT_NEEDS_KEY_RULE}}},
+    },
+    {
+        "if": {
+            "anyOf": [
+                {"properties": {"runAt": {"type": "string"}}, "required": ["runAt"]},
+                {"properties": {"delayMs": {"type": "integer"}}, "required": ["delayMs"]},
+            ]
+        },
+        "then": {"properties": {"debounce": {"type": "null", "x-message": DEBOUNCE_WITH_DELAY_RULE}}},
+    },
+]
+
 ENQUEUE_REQUEST: Schema = {
     "type": "object",
     "title": "EnqueueRequest",
@@ -103,6 +196,7 @@ ENQUEUE_REQUEST: Schema = {
         "maxAttempts": {"type": ["integer", "null"], "description": "Clamped to 1..8; default 2."},
         **DELAY_PROPERTIES,
         "tags": TAGS,
+        **FLOW_PROPERTIES,
     },
     "required": ["payload"],
     "additionalProperties": False,
@@ -110,6 +204,7 @@ ENQUEUE_REQUEST: Schema = {
     "if": {"properties": {"singletonMode": {"enum": ["cancel", "steer"]}}, "required": ["singletonMode"]},
     "then": {"required": ["sessionKey"], "properties": {"sessionKey": {"type": "string"}}},
     "not": DELAY_BOTH,
+    "allOf": FLOW_RULES,
 }
 
 COMMAND_REQUEST: Schema = {
@@ -161,6 +256,15 @@ REPLAY_REQUEST: Schema = {
         },
         "payload": {**PAYLOAD, "description": "An edited payload (default: the replayed job's)."},
         "tags": {**TAGS, "description": "The new job's tags (default: the replayed job's)."},
+        # The replayed job's flow fields carry over; a field given here replaces its value (null
+        # clears it), and a new concurrencyKey does not inherit the old key's limit.
+        **{
+            name: {
+                **schema,
+                "description": f"{schema['description']} Default: the replayed job's; null clears it.",
+            }
+            for name, schema in FLOW_PROPERTIES.items()
+        },
     },
     "additionalProperties": False,
     "not": {
@@ -521,6 +625,34 @@ JOB: Schema = {
             "type": "string",
             "description": "The bulk archive (its idempotencyKey) moving this ended job out of the "
             "database: present once its job.archived receipt is written; the job then reads 410.",
+        },
+        "waiting": {
+            "type": "object",
+            "description": "Why a queued job waits for a place (docs/dispatch.md); present on a queued job "
+            "that is ready and not yet sent: `concurrency` while its concurrencyKey runs its limit, "
+            "`rate` while a rate limit of its key or organisation has no allowance (key null for the "
+            "organisation's), `share` while the free places go to other organisations' turns.",
+            "properties": {
+                "reason": {"type": "string", "enum": list(WAITING_REASONS)},
+                "key": {"type": ["string", "null"]},
+            },
+            "required": ["reason", "key"],
+        },
+        "priority": {
+            "type": "integer",
+            "description": "Its priority inside its organisation's share; present when not 0.",
+        },
+        "concurrencyKey": {"type": "string", "description": "Its concurrency key; present when set."},
+        "concurrencyLimit": {
+            "type": "integer",
+            "description": "The limit it was enqueued with for its key; present when set.",
+        },
+        "debounce": {
+            "type": "object",
+            "description": "The debounce it was enqueued with; present when set. A job a later one "
+            "replaced is canceled with error 'debounced' (its job.canceled names the job in replacedBy).",
+            "properties": {"key": {"type": "string"}, "windowMs": {"type": "integer"}},
+            "required": ["key", "windowMs"],
         },
         "enqueuedBy": {
             "type": ["object", "null"],

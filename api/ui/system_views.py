@@ -20,6 +20,8 @@ from api.ui import UiError, blueprint, current_session
 from api.ui.system import QueueOverview
 from api.wake import WakePublisher
 from app.config import SETTINGS, Settings, redacted
+from app.dispatch import line
+from app.jobs.routing import QUEUES
 from app.ops import loops as registry
 from app.retention import archive
 from app.retention.policy import Policy
@@ -59,6 +61,7 @@ def system() -> ResponseReturnValue:
         loops = overview.loop_runs_all(conn)
         recent = overview.recent_events(conn, window=WINDOW)
         retention = _retention(conn, st.settings)
+        shares = line.shares(conn, st.settings, db_now(conn), list(QUEUES.values()))
     # The loops this deployment runs (app/ops/loops.py), and each one's period (for "is it late?").
     intervals = {}
     now = datetime.now(UTC)
@@ -81,6 +84,7 @@ def system() -> ResponseReturnValue:
         recent=recent,
         configuration=[(s.env, shown[s.attr]) for s in SETTINGS],
         retention=retention,
+        shares=shares,
     )
 
 

@@ -99,7 +99,7 @@ def _details(type_: str, body: Mapping[str, Any]) -> dict[str, Any]:
         "queue.command.consumed": ("commandId",),
         "job.completed": ("result",),
         "job.failed": ("error", "status", "retryable", "retryAt", "result"),
-        "job.canceled": ("reason",),
+        "job.canceled": ("reason", "replacedBy"),
         "job.lease_expired": ("error", "expiresAt"),
         "job.released": ("reason",),
         "job.replayed": ("replayedAs",),

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import InvariantError, no_job_message
+from app.jobs.flow import PLAIN, Flow, flow_of
 from app.jobs.ids import client_id_of, organization_of_key
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.tags import TAGS_FIELD, tags_of
@@ -140,6 +141,8 @@ class Job:
     # The bulk archive (its operation id) that is moving this ended job's stream out of the
     # database (``job.archived``); the job is gone from the projection once it commits.
     archived_by: str | None = None
+    # What the dispatch pass weighs beside the organisation (``app.jobs.flow``), from job.enqueued.
+    flow: Flow = PLAIN
 
     @property
     def stream(self) -> str:
@@ -218,6 +221,7 @@ class Job:
             **({REPLAY_OF_FIELD: self.replay_of} if self.replay_of else {}),
             **({REPLAYED_AS_FIELD: list(self.replayed_as)} if self.replayed_as else {}),
             **({ARCHIVED_BY_FIELD: self.archived_by} if self.archived_by else {}),
+            **self.flow.to_body(),
         }
 
     @classmethod
@@ -264,6 +268,7 @@ class Job:
             replay_of=data.get(REPLAY_OF_FIELD),
             replayed_as=tuple(data.get(REPLAYED_AS_FIELD) or ()),
             archived_by=data.get(ARCHIVED_BY_FIELD),
+            flow=flow_of(data),
         )
 
 
@@ -372,6 +377,7 @@ def _enqueued(r: Receipt) -> Job:
         trace_context=trace_context_of(b.get(TRACE_CONTEXT_FIELD)),
         tags=tags_of(b),
         replay_of=replay_of if isinstance(replay_of := b.get(REPLAY_OF_FIELD), str) else None,
+        flow=flow_of(b),
     )
 
 

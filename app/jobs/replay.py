@@ -3,8 +3,8 @@
 The new job's ``job.enqueued`` names its source (``replayOf``) and the source's stream gets a
 ``job.replayed`` receipt naming the new job (``replayedAs``), in one transaction. The new job is
 in the source's organisation, on the source's agent, lane, session key and attempt budget, with
-the source's tags unless the request gives its own; singleton modes are not replayed (a replay
-never cancels or steers a session's jobs).
+the source's tags and flow fields (priority, concurrency key and limit, debounce) unless the request
+gives its own; singleton modes are not replayed (a replay never cancels or steers a session's jobs).
 
 Its id is the request's ``jobId``, or derived from the source's key and a replay key (default
 ``1``), so a retried request names the same job and gets it back instead of a second one. A second,
@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any, Final
 
 from app.jobs.errors import ConflictError, ValidationError
+from app.jobs.flow import CONCURRENCY_KEY_FIELD, CONCURRENCY_LIMIT_FIELD, FLOW_FIELDS
 from app.jobs.ids import SYSTEM_ORGANIZATION
 from app.jobs.reducer import Job
 from app.jobs.validation import EnqueueRequest, validate_enqueue
@@ -84,9 +85,13 @@ def replay_request(
     replay_key: str | None = None,
     payload: Mapping[str, Any] | None = None,
     tags: Mapping[str, Any] | None = None,
+    flow: Mapping[str, Any] | None = None,
 ) -> EnqueueRequest:
     """The enqueue of ``source``'s replay, checked as any enqueue (400 naming the field); the caller
-    checks the right to post it (an edited payload may run a command) and its organisation."""
+    checks the right to post it (an edited payload may run a command) and its organisation.
+
+    ``flow``: the flow fields the request gives (``app.jobs.flow``), each replacing the source's (a
+    null clears it); the others are the source's."""
     if job_id is None:
         job_id = derived_id(source.id, check_replay_key(replay_key))
     elif replay_key is not None:
@@ -98,6 +103,7 @@ def replay_request(
         "sessionKey": source.session_key,
         "maxAttempts": source.max_attempts,
         "tags": dict(tags) if tags is not None else (dict(source.tags) or None),
+        **replayed_flow(source, flow or {}),
     }
     if payload is not None and "objectiveId" in payload:
         raise ValidationError(
@@ -110,3 +116,15 @@ def replay_request(
             "must stay the replayed job's organisation: a replay never leaves its organisation",
         )
     return replace(req, replay_of=source.id)
+
+
+def replayed_flow(source: Job, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The flow fields of ``source``'s replay: the source's, each one ``given`` replaced. A new key
+    does not inherit the old key's limit: that limit bounded another set of jobs."""
+    unknown = sorted(set(given) - set(FLOW_FIELDS))
+    if unknown:
+        raise ValueError(f"not flow fields: {unknown}")
+    kept = source.flow.to_body()
+    if CONCURRENCY_KEY_FIELD in given and CONCURRENCY_LIMIT_FIELD not in given:
+        kept.pop(CONCURRENCY_LIMIT_FIELD, None)
+    return {**kept, **given}

@@ -103,3 +103,8 @@ def route(agent_id: str, kind: str) -> Route:
         # An unknown kind has nothing to agree with, so it never "agrees".
         agrees=contract_group == group,
     )
+
+
+def queue_for(agent_id: str, kind: str) -> str:
+    """The worker queue a job is delivered to (``route``'s queue, without its contract check)."""
+    return QUEUES[worker_group_for(agent_id, kind)]

@@ -18,13 +18,16 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, TooManyCommands
+from app.jobs.flow import DEBOUNCED_REASON, REPLACED_BY_FIELD
 from app.jobs.reducer import OPERATION_ID_FIELD, Job
 from app.jobs.times import iso, parse_iso
 from app.jobs.vocab import LEASED_STATUSES, CommandLane, EventType, FailureStatus, ReleaseReason
 
 Event = tuple[EventType, dict[str, Any]]
 
-AttemptStartStatus = Literal["started", "terminal_state", "stale_attempt", "lease_lost"]
+AttemptStartStatus = Literal[
+    "started", "terminal_state", "stale_attempt", "lease_lost", "concurrency_limited"
+]
 
 
 def deadline(now: datetime, ms: int) -> str:
@@ -261,6 +264,15 @@ def archive_record(job: Job, operation_id: str) -> list[Event]:
 def cancel_queued(job: Job, reason: str | None) -> list[Event]:
     """Cancel only a still-queued job (the driver honouring ``abortRequested``)."""
     return [("job.canceled", {"reason": reason})] if job.status == "queued" else []
+
+
+def debounce_replace(job: Job, replaced_by: str) -> list[Event]:
+    """A later enqueue with the job's debounce key replaces it (docs/dispatch.md): a still-queued job
+    is canceled with reason ``debounced``, naming the job that takes its place (its client id: the
+    two share an organisation). Work already leased or running is never stopped by a debounce."""
+    if job.status != "queued":
+        return []
+    return [("job.canceled", {"reason": DEBOUNCED_REASON, REPLACED_BY_FIELD: replaced_by})]
 
 
 # -- singleton enqueue (spec: "Singleton semantics") ---------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from app.jobs.delay import DELAY_MS_FIELD, RUN_AT_FIELD, check_delay_ms, parse_run_at
 from app.jobs.errors import ValidationError
+from app.jobs.flow import DEBOUNCE_FIELD, DEBOUNCE_WITH_DELAY_RULE, FLOW_FIELDS, PLAIN, Flow, validate_flow
 from app.jobs.ids import (
     JOB_ID_PATTERN,
     ORGANIZATION_ID_PATTERN,
@@ -48,6 +49,7 @@ ENQUEUE_FIELDS = (
     RUN_AT_FIELD,
     DELAY_MS_FIELD,
     TAGS_FIELD,
+    *FLOW_FIELDS,
 )
 AGENT_ID_MAX = 256
 SESSION_KEY_MAX = 512
@@ -79,6 +81,8 @@ class EnqueueRequest:
     # Tags to find the job by (``app.jobs.tags``), kept in job.enqueued; a replay names its source.
     tags: Mapping[str, str] = field(default_factory=dict)
     replay_of: str | None = None
+    # What the dispatch pass weighs beside the organisation (``app.jobs.flow``).
+    flow: Flow = PLAIN
 
     @property
     def organization_id(self) -> str | None:
@@ -207,6 +211,9 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
 
     run_at, delay_ms = _delay(body)
     tags = validate_tags(body.get(TAGS_FIELD))
+    flow = validate_flow(body)
+    if flow.debounce is not None and (run_at is not None or delay_ms is not None):
+        raise ValidationError(DEBOUNCE_FIELD, DEBOUNCE_WITH_DELAY_RULE)
 
     return EnqueueRequest(
         agent_id=agent_id,
@@ -219,6 +226,7 @@ def validate_enqueue(agent_id: Any, body: Any) -> EnqueueRequest:
         run_at=run_at,
         delay_ms=delay_ms,
         tags=tags,
+        flow=flow,
     )
 
 

@@ -87,6 +87,7 @@ DeliveryOutcome = Literal[
     "send_failed",  # the driver or worker message could not be sent
     "fetcher_lost",  # the process that fetched its message died before acting on it (tasks/fetches.py)
     "unfetched",  # its message was sent, nobody fetched it and its queue is empty (tasks/fetches.py)
+    "concurrency_limited",  # its concurrency key was full at the lease: the job waits in its line again
 ]
 DELIVERY_OUTCOMES: Final[tuple[str, ...]] = get_args(DeliveryOutcome)
 

@@ -176,16 +176,17 @@ def _print_fold(receipts: list[Receipt]) -> int:
 def cmd_rebuild(args: argparse.Namespace, settings: Settings) -> int:
     from app.factory import storage as objective_storage
     from app.schedules import storage as schedule_storage
-    from app.storage import projection, tokens
+    from app.storage import org_policies, projection, tokens
 
     with transaction(engine_for(settings)) as conn:
         n_jobs = projection.rebuild(conn)
         n_tokens = tokens.rebuild(conn)
         n_objectives = objective_storage.rebuild(conn)
         n_schedules = schedule_storage.rebuild(conn)
+        n_policies = org_policies.rebuild(conn)
     print(
-        f"rebuilt {n_jobs} jobs, {n_tokens} tokens, {n_objectives} objectives and {n_schedules} "
-        "schedules from receipts"
+        f"rebuilt {n_jobs} jobs, {n_tokens} tokens, {n_objectives} objectives, {n_schedules} "
+        f"schedules and {n_policies} dispatch policies from receipts"
     )
     return 0
 
@@ -367,7 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--archive", metavar="DIR", help="read the stream from the archive in DIR")
     r.set_defaults(fn=cmd_replay)
     sub.add_parser(
-        "rebuild-projections", help="rebuild the jobs, token and objective tables from receipts"
+        "rebuild-projections",
+        help="rebuild the jobs, token, objective, schedule and dispatch-policy tables from receipts",
     ).set_defaults(fn=cmd_rebuild)
     sub.add_parser(
         "rebuild-ledger", help="rebuild the durable ledger (workflows, activities) from receipts"

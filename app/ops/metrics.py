@@ -32,7 +32,8 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
-from app.jobs.routing import worker_group_for
+from app.dispatch import line
+from app.jobs.routing import QUEUES, worker_group_for
 from app.jobs.vocab import LEASED_STATUSES
 from app.ops import loops
 from app.retention.archive import oldest_live_terminal
@@ -69,6 +70,7 @@ class Metrics:
     generations_exhausted: Counter
     callback_failures: Counter
     queue_wait: Histogram
+    org_queue_wait: Histogram
     run_time: Histogram
     loop_passes: Counter
     schedule_ticks: Counter
@@ -147,6 +149,13 @@ def registry_metrics() -> Metrics:
                     "receipt_job_queue_wait_seconds",
                     "From job.enqueued to the first job.leased (database clock).",
                     ["group"],
+                    buckets=WAIT_BUCKETS,
+                ),
+                org_queue_wait=Histogram(
+                    "receipt_organization_queue_wait_seconds",
+                    "From job.enqueued to the first job.leased, per organisation (database clock): "
+                    "its wait p50/p99 under fair dispatch, histogram_quantile over this.",
+                    ["organization", "group"],
                     buckets=WAIT_BUCKETS,
                 ),
                 run_time=Histogram(
@@ -234,6 +243,7 @@ def observe(applied: Sequence[Change]) -> None:
                 wait = _seconds(job.created_at, job.updated_at)
                 if wait is not None:
                     m.queue_wait.labels(group).observe(wait)
+                    m.org_queue_wait.labels(job.organization_id or "", group).observe(wait)
             with _lock:
                 _open_leases[(job.id, job.attempt)] = parse_iso(job.updated_at) or datetime.now(UTC)
                 while len(_open_leases) > MAX_OPEN_LEASES:
@@ -337,6 +347,18 @@ class StateCollector:
             "Age of the longest-ended job still in the database (since it ended): what retention has "
             "yet to take. Absent when no ended job is left.",
         )
+        slots = GaugeMetricFamily(
+            "receipt_dispatch_slots",
+            "Each worker queue's slots offered by its live processes (docs/dispatch.md), and the most "
+            "attempts the dispatch pass lets be in flight there (slots plus the lead).",
+            labels=["queue", "kind"],
+        )
+        org_jobs = GaugeMetricFamily(
+            "receipt_organization_jobs",
+            "Each organisation's jobs per worker queue: queued (waiting in the line) and in flight "
+            "(sent or running), as the dispatch pass counts them.",
+            labels=["organization", "queue", "state"],
+        )
         free = GaugeMetricFamily(
             "receipt_archive_free_bytes",
             "Free space where the archiving pass writes segments (RECEIPT_ARCHIVE_DIR), where retention "
@@ -358,6 +380,13 @@ class StateCollector:
             runs = conn.execute(
                 select(loop_runs.c.name, loop_runs.c.started_at, loop_runs.c.finished_at)
             ).all()
+            if self.settings is not None:
+                for share in line.shares(conn, self.settings, db_now(conn), list(QUEUES.values())):
+                    slots.add_metric([share.queue, "slots"], share.slots)
+                    slots.add_metric([share.queue, "places"], share.places)
+                    for org in share.organizations:
+                        org_jobs.add_metric([org.organization, share.queue, "queued"], org.queued)
+                        org_jobs.add_metric([org.organization, share.queue, "in_flight"], org.in_flight)
         for key, n in sorted(counts.items()):
             by_status.add_metric(list(key), n)
         for name, started, finished in runs:
@@ -378,7 +407,7 @@ class StateCollector:
             space = DirectorySink(self.settings.archive_path).free_bytes()
             if space is not None:
                 free.add_metric([], space)
-        yield from (by_status, last_start, last_success, duration, period, oldest, free)
+        yield from (by_status, last_start, last_success, duration, period, oldest, free, slots, org_jobs)
 
 
 def exposition(engine: Engine, settings: Settings | None = None) -> tuple[bytes, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,10 +22,12 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -106,6 +108,14 @@ jobs = Table(
     # none) and the start of its error's text (``projection.error_text``).
     Column("tags", _Json, nullable=True),
     Column("error_text", String(ERROR_TEXT_LENGTH), nullable=True),
+    # Migration 0014: what the dispatch pass reads (docs/dispatch.md) -- the worker queue the job is
+    # routed to (NULL on rows written before it; the migration fills the unfinished ones), its
+    # priority, its concurrency key and limit, and its debounce key (app.jobs.flow).
+    Column("worker_queue", String(64), nullable=True),
+    Column("priority", SmallInteger, nullable=False, server_default="0"),
+    Column("concurrency_key", String(128), nullable=True),
+    Column("concurrency_limit", SmallInteger, nullable=True),
+    Column("debounce_key", String(128), nullable=True),
     Index("ix_jobs_status_changed", "status", "status_changed_at"),
     Index("ix_jobs_session_status", "session_key", "status"),
     Index("ix_jobs_agent", "agent_id"),
@@ -121,6 +131,35 @@ jobs = Table(
     # first (without them, a lane few jobs use, or the whole list, sorted the history for a page).
     Index("ix_jobs_org_lane_created", "organization_id", "lane", "created_at", "id"),
     Index("ix_jobs_created", "created_at", "id"),
+    # The attempts that hold (or wait for) a concurrency key, and the pending job a debounce replaces.
+    Index(
+        "ix_jobs_concurrency_key",
+        "organization_id",
+        "concurrency_key",
+        "status",
+        postgresql_where=text("concurrency_key IS NOT NULL"),
+        sqlite_where=text("concurrency_key IS NOT NULL"),
+    ),
+    Index(
+        "ix_jobs_debounce",
+        "organization_id",
+        "debounce_key",
+        postgresql_where=text("status = 'queued' AND debounce_key IS NOT NULL"),
+        sqlite_where=text("status = 'queued' AND debounce_key IS NOT NULL"),
+    ),
+)
+# Migration 0014: each organisation's waiting line in a worker queue, in the order the pass takes it
+# (priority first, descending, then age), so the index hands each organisation's heads in order; over
+# the queued jobs only, so it follows the backlog, not the history.
+Index(
+    "ix_jobs_line",
+    jobs.c.worker_queue,
+    jobs.c.organization_id,
+    jobs.c.priority.desc(),
+    jobs.c.status_changed_at,
+    jobs.c.id,
+    postgresql_where=jobs.c.status == "queued",
+    sqlite_where=jobs.c.status == "queued",
 )
 # A tag filter (``tags @> {"key": "value"}``): a GIN index over the tags. PostgreSQL only (migration
 # 0012), as ix_jobs_queued_since; SQLite filters the rows its other indexes give.
@@ -238,7 +277,36 @@ worker_liveness = Table(
     Column("started_at", _Time, nullable=False),
     Column("renewed_at", _Time, nullable=False),
     Column("dead_at", _Time, nullable=True),
+    # Migration 0014: the credits a process offers the dispatch pass -- the worker queues it consumes
+    # (space-separated) and how many attempts it runs at once. NULL: a process of an older release.
+    Column("queues", String(512), nullable=True),
+    Column("slots", Integer, nullable=True),
     Index("ix_worker_liveness_renewed", "dead_at", "renewed_at"),
+)
+
+# The dispatch pass's own marks (migration 0014), one time per key: a rate limiter's theoretical
+# arrival time (``rate:<limiter>``, app/dispatch/rates.py) and when an organisation last got a place
+# in a worker queue (``turn:<queue>:<org>``, the fair share's tie-break). Explicitly best-effort: a
+# lost row forgets one emission interval (a limit may admit one extra dispatch) or one turn.
+dispatch_marks = Table(
+    "dispatch_marks",
+    metadata,
+    Column("key", String(512), primary_key=True),
+    Column("at", _Time, nullable=False),
+)
+
+# Each organisation's dispatch policy set through the API (app/storage/org_policies.py): the fold of
+# its ``dispatch-policies/<organizationId>`` stream, one row while it sets a weight or a rate (NULL:
+# that field follows the settings). A projection: ``receipt rebuild-projections`` refills it
+# (migration 0015).
+org_dispatch_policies = Table(
+    "org_dispatch_policies",
+    metadata,
+    Column("organization_id", String(256), primary_key=True),
+    Column("weight", Float, nullable=True),
+    Column("rate_per_s", Float, nullable=True),
+    Column("last_seq", Integer, nullable=False),
+    Column("updated_at", _Time, nullable=False),
 )
 
 # The callback outbox: one row per (callback event, target), written in the same transaction as
@@ -733,3 +801,15 @@ def read_connection(engine: Engine) -> AbstractContextManager[Connection]:
     ``autocommit_connection``.
     """
     return autocommit_connection(engine)
+
+
+def put_marks(conn: Connection, marks: Mapping[str, datetime]) -> None:
+    """Set each ``dispatch_marks`` key to its time, inserting the missing ones, in one statement."""
+    if not marks:
+        return
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    rows = [{"key": k, "at": v} for k, v in sorted(marks.items())]
+    statement = dialect.insert(dispatch_marks).values(rows)
+    conn.execute(statement.on_conflict_do_update(index_elements=["key"], set_={"at": statement.excluded.at}))

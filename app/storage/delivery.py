@@ -447,12 +447,17 @@ def pending_of_queued(conn: Connection, now: datetime, epoch: str | None, limit:
 
 def settle_fetcher_lost(conn: Connection, row: PendingRow, now: datetime) -> None:
     """End a delivery whose message died with the process that fetched it (idempotent)."""
-    _settle_row(conn, DeliveryKey(row.job_id, row.purpose, row.observed), row.generation, FETCHER_LOST, now)
+    settle_pending(conn, row, FETCHER_LOST, now)
+
+
+def settle_pending(conn: Connection, row: PendingRow, outcome: str, now: datetime) -> None:
+    """End one pending delivery ``pending_of_queued`` found, with ``outcome``."""
+    _settle_row(conn, DeliveryKey(row.job_id, row.purpose, row.observed), row.generation, outcome, now)
 
 
 def settle_unfetched(conn: Connection, row: PendingRow, now: datetime) -> None:
     """End a delivery whose message nobody fetched and no queue holds (idempotent)."""
-    _settle_row(conn, DeliveryKey(row.job_id, row.purpose, row.observed), row.generation, UNFETCHED, now)
+    settle_pending(conn, row, UNFETCHED, now)
 
 
 def last_live_start(conn: Connection, job_id: str, epoch: str | None = None) -> datetime | None:

@@ -116,8 +116,9 @@ class CallbackOutbox(Hook):
 
 
 class DispatchWake(Hook):
-    """After a commit, wake the dispatch scanner for the jobs it left queued (best effort: the
-    queued redrive re-delivers from receipts what a lost wake-up misses)."""
+    """After a commit, wake the dispatch scanner for the jobs it left queued, and for the worker
+    queues of the jobs it ended, whose places are free for the next in line (best effort: the
+    queued redrive wakes every line a lost wake-up leaves waiting)."""
 
     name = "dispatch-wake"
 
@@ -126,7 +127,8 @@ class DispatchWake(Hook):
 
     def after(self, changes: Sequence[Change], results: Sequence[Any]) -> None:
         last = {c.after.id: c.after for c in changes}  # each job as the transaction left it
-        ready = [j for j in last.values() if j.status == "queued"]
+        ended = {c.after.id for c in changes if c.ended}
+        ready = [j for j in last.values() if j.status == "queued" or j.id in ended]
         if not ready:
             return
         try:

@@ -40,27 +40,40 @@ RECHECK_DEAD_FOR = timedelta(minutes=5)
 Renewal = Literal["renewed", "inserted", "dead"]
 
 
-def register(engine: Engine, process: str, role: str) -> datetime:
+@dataclass(frozen=True)
+class Offer:
+    """What a live process offers the dispatch pass (docs/dispatch.md): the worker queues it
+    consumes and how many attempts it runs at once. ``slots`` falls to 0 once it stops taking work."""
+
+    queues: str  # ``app.dispatch.line.queues_field``
+    slots: int
+
+
+def _offered(offer: Offer | None) -> dict[str, object]:
+    return {} if offer is None else {"queues": offer.queues, "slots": offer.slots}
+
+
+def register(engine: Engine, process: str, role: str, offer: Offer | None = None) -> datetime:
     """Insert ``process``'s row at its start (database clock); returns the time recorded."""
     with transaction(engine) as conn:
         now = db_now(conn)
         conn.execute(
             insert(worker_liveness).values(
-                process_id=process, role=role, started_at=now, renewed_at=now, dead_at=None
+                process_id=process, role=role, started_at=now, renewed_at=now, dead_at=None, **_offered(offer)
             )
         )
     return now
 
 
-def renew(engine: Engine, process: str, role: str) -> Renewal:
-    """Renew ``process``'s row: ``renewed``; ``inserted`` when it was missing (the table was
-    rebuilt); ``dead`` when the loop declared it dead (the process must not go on as it)."""
+def renew(engine: Engine, process: str, role: str, offer: Offer | None = None) -> Renewal:
+    """Renew ``process``'s row (and what it offers): ``renewed``; ``inserted`` when it was missing
+    (the table was rebuilt); ``dead`` when the loop declared it dead (the process must not go on)."""
     with transaction(engine) as conn:
         now = db_now(conn)
         done = conn.execute(
             update(worker_liveness)
             .where(worker_liveness.c.process_id == process, worker_liveness.c.dead_at.is_(None))
-            .values(renewed_at=now)
+            .values(renewed_at=now, **_offered(offer))
         ).rowcount
         if done:
             return "renewed"
@@ -71,7 +84,7 @@ def renew(engine: Engine, process: str, role: str) -> Renewal:
             return "dead"
         conn.execute(
             insert(worker_liveness).values(
-                process_id=process, role=role, started_at=now, renewed_at=now, dead_at=None
+                process_id=process, role=role, started_at=now, renewed_at=now, dead_at=None, **_offered(offer)
             )
         )
         return "inserted"

@@ -21,6 +21,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from app.jobs.errors import AppendConflict
 from app.jobs.ids import SYSTEM_ORGANIZATION
 from app.jobs.reducer import Job, fold
+from app.jobs.routing import queue_for
 from app.jobs.vocab import JOB_STREAM_PREFIX, job_id_of, job_stream
 from app.storage import bulk, store
 from app.storage.db import (
@@ -253,6 +254,12 @@ def _columns(job: Job, last_hash: str, status_changed_at: datetime) -> dict[str,
         "state": job.to_json(),
         "tags": dict(job.tags) if job.tags else None,
         "error_text": error_text(job.error),
+        # What the dispatch pass reads (docs/dispatch.md); the route only while the job may still run.
+        "worker_queue": None if job.terminal else queue_for(job.agent_id, job.kind),
+        "priority": job.flow.priority,
+        "concurrency_key": job.flow.concurrency_key,
+        "concurrency_limit": job.flow.concurrency_limit,
+        "debounce_key": job.flow.debounce.key if job.flow.debounce is not None else None,
     }
 
 
@@ -279,6 +286,11 @@ PROJECTED_COLUMNS = (
     "state",
     "tags",
     "error_text",
+    "worker_queue",
+    "priority",
+    "concurrency_key",
+    "concurrency_limit",
+    "debounce_key",
 )
 
 

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from app import tracing
+from app.dispatch import keys
 from app.jobs import delay, transitions
 from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import (
@@ -32,12 +33,14 @@ from app.jobs.errors import (
 from app.jobs.ids import (
     KEY_SEPARATOR,
     SYSTEM_ORGANIZATION,
+    client_id_of,
     new_id,
     qualify,
 )
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.reducer import REPLAY_OF_FIELD, REPLAYED_AS_FIELD, Job, reduce
 from app.jobs.replay import refuse_unless_replayable
+from app.jobs.routing import queue_for
 from app.jobs.tags import TAGS_FIELD
 from app.jobs.tracecontext import TRACE_CONTEXT_FIELD
 from app.jobs.transitions import AttemptStartStatus, Event
@@ -61,7 +64,7 @@ from app.storage.db import (
     is_sqlite,
     iso,
     jobs,
-    lock_key,
+    lock_keys,
     transaction,
 )
 from app.storage.direct import DIRECT_DRIVER, Direct
@@ -160,6 +163,21 @@ def _session_lock(req: EnqueueRequest) -> str:
     return f"session:{_organization(req)}:{req.session_key}"
 
 
+def _debounce_key(req: EnqueueRequest) -> str | None:
+    return req.flow.debounce.key if req.flow.debounce is not None else None
+
+
+def _locks(req: EnqueueRequest) -> list[str]:
+    """The names an enqueue serialises on: its session (a singleton mode) and its debounce key, so two
+    concurrent enqueues of one key cannot both find no pending job and both stay queued. Taken with
+    ``lock_keys``, in its one global order, so a batch and a single enqueue cannot deadlock."""
+    names = [_session_lock(req)] if _singleton(req) else []
+    key = _debounce_key(req)
+    if key is not None:
+        names.append(f"debounce:{_organization(req)}:{key}")
+    return names
+
+
 def _as_write(companion: Companion) -> Write:
     """A second companion cannot ride in the one statement: it runs beside it in the transaction."""
     return Write(lambda conn: companion.statement.count(conn, companion.params))
@@ -167,6 +185,10 @@ def _as_write(companion: Companion) -> Write:
 
 class _NeedsTransaction(Exception):
     """A one-statement transition found it must write more (``Queue._run``); nothing was written."""
+
+
+class _Keyed(Exception):
+    """A start decided in one statement met a concurrency key: it needs the keyed transaction."""
 
 
 class Queue:
@@ -280,16 +302,24 @@ class Queue:
             return self._group.mutate(job_id, decide)
         return self.mutate_alone(job_id, decide)
 
-    def mutate_many(self, items: Sequence[tuple[str, Decide]]) -> list[Outcome | Exception]:
+    def mutate_many(
+        self,
+        items: Sequence[tuple[str, Decide]],
+        *,
+        before: Callable[[Connection, Sequence[Job], datetime], None] | None = None,
+    ) -> list[Outcome | Exception]:
         """Several ``mutate`` calls in one transaction and one commit, decided in order on one read of
         their jobs and one clock; a job named twice is decided the second time on what the first
         appended. Each item's answer is its ``Outcome``, or the exception its own decision raised
         (``JobNotFound``, or ``decide`` raising), which writes nothing for it and spoils nothing
         else. A write that fails rolls the whole transaction back and raises: no item took effect.
-        Losing an append race re-reads and re-decides every item."""
+        Losing an append race re-reads and re-decides every item. ``before`` sees the jobs as read
+        and the clock, in the transaction, before any decision (to take locks and read beside them)."""
 
         def work(tx: _Tx) -> list[Outcome | Exception]:
             heads, tx._now = projection.load_many_at_clock(tx.conn, [job_id for job_id, _ in items])
+            if before is not None:
+                before(tx.conn, [heads[job_id].job for job_id, _ in items if job_id in heads], tx.now)
             answers: list[Outcome | Exception] = []
             for job_id, decide in items:
                 loaded = heads.get(job_id)
@@ -420,12 +450,21 @@ class Queue:
             sources = [s for s, _r in items]
             trusted = {s: hints[s] for s in sources if s in hints}
             hints.clear()  # a re-run (a conflict) trusts nothing it did not read itself
+            locks = sorted({name for _src, req in items for name in _locks(req)})
+            lock_keys(tx.conn, locks)
+            # The pending jobs a debounced replay replaces are read with the others, before the clock.
+            pending = [
+                job_id
+                for _src, req in items
+                if (key := _debounce_key(req)) is not None
+                for job_id in _debounced_ids(tx.conn, _organization(req), key)
+            ]
             heads, tx._now = projection.load_many_at_clock(
-                tx.conn, [k for k in sources + keys if k not in trusted]
+                tx.conn, [k for k in sources + keys + pending if k not in trusted]
             )
             heads.update(trusted)
             gone = tombstones.find_many(tx.conn, (job_stream(k) for k in keys if k not in heads))
-            if len(set(sources + keys)) == 2 * len(items) and not is_sqlite(tx.conn):
+            if len(set(sources + keys)) == 2 * len(items) and not is_sqlite(tx.conn) and not locks:
                 # Every job named once: the page's writes in four statements, not two per job.
                 return self._replay_page(tx, heads, gone, items, keys, enqueued_by)
             out: list[EnqueueResult | Exception] = []
@@ -531,6 +570,11 @@ class Queue:
             raise gone[job_stream(key)].refusal()
         refuse_unless_replayable(source.job)
         body = _enqueued_body(key, replace(req, replay_of=source_key), enqueued_by, tx)
+        debounce = _debounce_key(req)
+        if debounce is not None:
+            replaced = self._pending_debounced(tx, _organization(req), debounce, heads)
+            for loaded in replaced:
+                heads[loaded.job.id] = self._replace_debounced(tx, loaded, key)
         heads[key] = self._apply_head(tx, None, key, [("job.enqueued", body)])
         heads[source_key] = self._apply_head(
             tx, source, source_key, [("job.replayed", {REPLAYED_AS_FIELD: key})]
@@ -553,13 +597,13 @@ class Queue:
 
         Each is idempotent on its jobId exactly as a single enqueue (a jobId twice in one batch is
         one job; an archived one is answered with its tombstone, ``Archived``), and singleton rules
-        apply per item in order. The session locks of the batch's
-        singleton items are all taken first, in one order, so two batches cannot deadlock.
+        apply per item in order, and so do debounces (an item replaces a pending job an earlier item
+        created). The session and debounce locks of the batch are all taken first, in one order, so
+        two batches cannot deadlock.
         """
 
         def work(tx: _Tx) -> list[EnqueueResult | Archived]:
-            for name in sorted({_session_lock(r) for r in reqs if _singleton(r)}):
-                lock_key(tx.conn, name)
+            lock_keys(tx.conn, sorted({name for r in reqs for name in _locks(r)}))
             out: list[EnqueueResult | Archived] = []
             for req in reqs:
                 try:
@@ -572,8 +616,8 @@ class Queue:
         return results
 
     def _run_enqueue(self, req: EnqueueRequest, work: Callable[[_Tx], EnqueueResult]) -> EnqueueResult:
-        if self._one_statement and not _singleton(req):
-            # Not a singleton (no session lock, no other job touched): the enqueue is one write,
+        if self._one_statement and not _locks(req):
+            # Not a singleton nor a debounce (no lock, no other job touched): the enqueue is one write,
             # autocommitted, as in ``mutate``; a concurrent identical post conflicts and re-reads.
             try:
                 one: EnqueueResult = self._run(work, one_statement=True)
@@ -591,11 +635,12 @@ class Queue:
         legacy = req.job_id if req.key is None else None
         conn = tx.conn
         singleton = _singleton(req)
-        if singleton:
-            lock_key(conn, _session_lock(req))
+        debounce = _debounce_key(req)
+        locks = _locks(req)
+        lock_keys(conn, locks)
         explicit = req.key or (qualify(org, req.job_id) if req.job_id is not None else None)
         if explicit is not None:
-            if singleton:
+            if locks:
                 existing = projection.load_in(conn, explicit, org, legacy)
                 # Read after the projection: the pass removes the row and writes the tombstone in
                 # one commit, so one of the two reads sees the job.
@@ -620,6 +665,8 @@ class Queue:
         job_id = explicit or qualify(org, new_id())
         canceled: list[str] = []
         aborted: list[str] = []
+        # Read before the clock (the singleton handling below reads it), as every read that decides.
+        replaced = self._pending_debounced(tx, org, debounce, None) if debounce is not None else []
         if singleton:
             active = self._active_on_session(tx, org, req.session_key or "")
             cap = self.max_commands_per_job
@@ -644,8 +691,30 @@ class Queue:
                         self._apply(tx, loaded, loaded.job.id, events)
                         (canceled if loaded.job.status == "queued" else aborted).append(loaded.job.id)
         body = _enqueued_body(job_id, req, enqueued_by, tx)
+        for loaded in replaced:
+            if loaded.job.id not in canceled and loaded.job.id not in aborted:  # a singleton cancel took it
+                self._replace_debounced(tx, loaded, job_id)
+                canceled.append(loaded.job.id)
         job = self._apply(tx, None, job_id, [("job.enqueued", body)])
         return EnqueueResult(job, created=True, canceled=tuple(canceled), aborted=tuple(aborted))
+
+    def _pending_debounced(
+        self, tx: _Tx, org: str, key: str, heads: Mapping[str, projection.Loaded] | None
+    ) -> list[projection.Loaded]:
+        """The organisation's jobs still queued with debounce ``key`` (one, but for jobs written before
+        the lock existed), from ``heads`` where read already. Called under the key's lock."""
+        found = []
+        for job_id in _debounced_ids(tx.conn, org, key):
+            loaded = heads.get(job_id) if heads is not None else None
+            loaded = loaded if loaded is not None else projection.load(tx.conn, job_id)
+            if loaded is not None and loaded.job.status == "queued":
+                found.append(loaded)
+        return found
+
+    def _replace_debounced(self, tx: _Tx, pending: projection.Loaded, by: str) -> projection.Loaded:
+        """Cancel ``pending`` (``transitions.debounce_replace``) for the job ``by`` that replaces it."""
+        events = transitions.debounce_replace(pending.job, client_id_of(by))
+        return self._apply_head(tx, pending, pending.job.id, events) if events else pending
 
     def batch(self, work: Callable[[Batch], T]) -> T:
         """Run ``work`` in one transaction (``Batch``), re-running it from scratch when it loses an
@@ -660,6 +729,10 @@ class Queue:
         for req, _by in items:
             if req.singleton_mode != "allow" and req.session_key is not None:
                 raise ValueError("a batch enqueue takes no singleton mode")
+            if req.flow.debounce is not None:
+                raise ValueError(
+                    "a batch enqueue takes no debounce: a debounce locks its key, which this path does not"
+                )
             org = req.organization_id or SYSTEM_ORGANIZATION
             keys.append(req.key or qualify(org, req.job_id or new_id()))
         known = {job.id: job for job in projection.load_jobs(tx.conn, list(dict.fromkeys(keys)))}
@@ -755,15 +828,23 @@ class Queue:
 
     # -- the worker's operations (fenced by worker id + attempt) --------------------------------
     def start_attempt(
-        self, job_id: str, worker_id: str, attempt: int, lease_ms: Callable[[Job], int]
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        lease_ms: Callable[[Job], int],
+        key_limit: Callable[[Job], int] | None = None,
     ) -> AttemptStart:
         """The worker's first write for a delivered attempt, decided on the job as read, in one commit
         (``transitions.start_attempt``). ``lease_ms`` gives the lease for the job read (its timing
-        depends on kind and payload)."""
+        depends on kind and payload); ``key_limit`` its concurrency key's limit. A job with a key
+        starts through ``start_attempts``, whose transaction holds the key's lock to its commit."""
         verdict: list[AttemptStartStatus] = []
 
         def decide(job: Job, now: datetime) -> Sequence[Event]:
             verdict.clear()
+            if job.flow.concurrency_key is not None and job.status == "queued":
+                raise _Keyed
             start = transitions.start_attempt(job, now, worker_id, attempt, lease_ms(job))
             verdict.append(start.status)
             return start.events
@@ -772,20 +853,38 @@ class Queue:
             out = self.mutate(job_id, decide)
         except JobNotFound:
             return AttemptStart("stale_attempt", None)
+        except _Keyed:
+            (only,) = self.start_attempts([(job_id, worker_id, attempt)], lease_ms, key_limit)
+            if isinstance(only, Exception):
+                raise only from None
+            return only
         return AttemptStart(verdict[0], out.job)
 
     def start_attempts(
-        self, items: Sequence[tuple[str, str, int]], lease_ms: Callable[[Job], int]
+        self,
+        items: Sequence[tuple[str, str, int]],
+        lease_ms: Callable[[Job], int],
+        key_limit: Callable[[Job], int] | None = None,
     ) -> list[AttemptStart | Exception]:
         """``start_attempt`` for several delivered attempts (job id, worker id, attempt) in one
         transaction and one commit (``mutate_many``), each decided on its own job under its own
-        fence. An item whose own decision raised answers with that exception. Raises when the
-        transaction fails: then none of them was written."""
+        fence. A queued job whose concurrency key already holds ``key_limit`` leases answers
+        ``concurrency_limited`` and stays queued (``app.dispatch.keys``). An item whose own decision
+        raised answers with that exception. Raises when the transaction fails: then none of them
+        was written."""
         verdicts: list[list[AttemptStartStatus]] = [[] for _ in items]
+        full: set[str] = set()
+
+        def gate(conn: Connection, read: Sequence[Job], now: datetime) -> None:
+            full.clear()
+            full.update(keys.refused(conn, read, key_limit or keys.own_limit))
 
         def decide_for(verdict: list[AttemptStartStatus], worker_id: str, attempt: int) -> Decide:
             def decide(job: Job, now: datetime) -> Sequence[Event]:
                 verdict.clear()
+                if job.id in full:
+                    verdict.append(keys.KEY_FULL)
+                    return ()
                 start = transitions.start_attempt(job, now, worker_id, attempt, lease_ms(job))
                 verdict.append(start.status)
                 return start.events
@@ -796,7 +895,8 @@ class Queue:
             [
                 (job_id, decide_for(verdict, worker_id, attempt))
                 for (job_id, worker_id, attempt), verdict in zip(items, verdicts, strict=True)
-            ]
+            ],
+            before=gate,
         )
         out: list[AttemptStart | Exception] = []
         for answer, verdict in zip(answers, verdicts, strict=True):
@@ -958,6 +1058,38 @@ class Queue:
             rows = conn.execute(q.order_by(jobs.c.available_at).limit(limit)).all()
         return [Job.from_json(r.state) for r in rows]
 
+    def lines_waiting_since(self, min_age_ms: int, limit: int = 500) -> list[str]:
+        """The worker queues whose line holds a job ready (queued, past any backoff) for at least
+        ``min_age_ms``: lines a lost wake-up may have left still. Queued rows an older release wrote
+        without their ``worker_queue`` (up to ``limit`` a call) get it here first."""
+        since = func.coalesce(jobs.c.available_at, jobs.c.status_changed_at)
+        with transaction(self.engine) as conn:
+            now = db_now(conn)
+            unset = conn.execute(
+                select(jobs.c.id, jobs.c.agent_id, jobs.c.kind)
+                .where(jobs.c.status == "queued", jobs.c.worker_queue.is_(None))
+                .limit(limit)
+            ).all()
+            by_queue: dict[str, list[str]] = {}
+            for row in unset:
+                by_queue.setdefault(queue_for(row.agent_id, row.kind), []).append(row.id)
+            for name, ids in by_queue.items():
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id.in_(ids), jobs.c.worker_queue.is_(None))
+                    .values(worker_queue=name)
+                )
+            rows = conn.execute(
+                select(jobs.c.worker_queue)
+                .where(
+                    jobs.c.status == "queued",
+                    jobs.c.worker_queue.is_not(None),
+                    since <= now - timedelta(milliseconds=min_age_ms),
+                )
+                .distinct()
+            ).all()
+        return sorted(r.worker_queue for r in rows)
+
     def queued_older_than(
         self, min_age_ms: int, limit: int = 500, *, skip_in_flight: bool = False, epoch: str | None = None
     ) -> list[tuple[Job, datetime]]:
@@ -979,9 +1111,20 @@ class Queue:
         return [(Job.from_json(r.state), as_utc(r.status_changed_at)) for r in rows]
 
 
+def _debounced_ids(conn: Connection, org: str, key: str) -> list[str]:
+    """The ids of an organisation's queued jobs with debounce ``key`` (``ix_jobs_debounce``)."""
+    rows = conn.execute(
+        select(jobs.c.id)
+        .where(jobs.c.organization_id == org, jobs.c.debounce_key == key, jobs.c.status == "queued")
+        .order_by(jobs.c.id)
+    )
+    return list(rows.scalars().all())
+
+
 def _enqueued_body(job_id: str, req: EnqueueRequest, enqueued_by: Enqueuer | None, tx: _Tx) -> dict[str, Any]:
     """The ``job.enqueued`` body of a new job. ``enqueuedBy`` is who the server authenticated; a
-    delayed job's ``availableAt`` is decided on the database clock (``app.jobs.delay``)."""
+    delayed job's ``availableAt`` is decided on the database clock (``app.jobs.delay``), and so is a
+    debounced one's: its window is a delay, during which a later enqueue of its key replaces it."""
     body: dict[str, Any] = {
         "jobId": job_id,
         "agentId": req.agent_id,
@@ -1000,7 +1143,12 @@ def _enqueued_body(job_id: str, req: EnqueueRequest, enqueued_by: Enqueuer | Non
         body[TAGS_FIELD] = dict(req.tags)
     if req.replay_of is not None:
         body[REPLAY_OF_FIELD] = req.replay_of
-    if req.run_at is not None or req.delay_ms is not None:
+    body.update(req.flow.to_body())
+    if req.flow.debounce is not None:
+        when = delay.available_at(tx.now, None, req.flow.debounce.window_ms)
+        if when is not None:
+            body[AVAILABLE_AT_FIELD] = iso(when)
+    elif req.run_at is not None or req.delay_ms is not None:
         when = delay.available_at(tx.now, req.run_at, req.delay_ms)
         if when is not None:
             body[AVAILABLE_AT_FIELD] = iso(when)

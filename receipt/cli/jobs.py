@@ -85,6 +85,15 @@ def tag_option_value(tags: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def debounce_option_value(key: str | None, window_ms: int | None) -> dict[str, Any] | None:
+    """``--debounce-key`` and ``--debounce-ms`` as the enqueue's ``debounce`` (the server checks them)."""
+    if key is None and window_ms is None:
+        return None
+    if key is None or window_ms is None:
+        raise click.UsageError("--debounce-key and --debounce-ms go together: the key and its window")
+    return {"key": key, "windowMs": window_ms}
+
+
 @jobs.command("enqueue")
 @click.argument("agent_id", required=False)
 @click.option(
@@ -110,6 +119,26 @@ def tag_option_value(tags: tuple[str, ...]) -> dict[str, str]:
     "delay",
     help="Do not start before this long from now: 90s, 10m, 1h30m, 2d, 500ms.",
 )
+@click.option(
+    "--priority",
+    type=int,
+    help="-10 (runs last) .. 10 (runs first) inside the organisation's share; default 0.",
+)
+@click.option(
+    "--concurrency-key",
+    help="At most --concurrency-limit jobs of the organisation with this key run at once.",
+)
+@click.option(
+    "--concurrency-limit",
+    type=int,
+    help="1..1000, with --concurrency-key (default: the operator's limit for the key, else 1).",
+)
+@click.option(
+    "--debounce-key",
+    help="Wait --debounce-ms, and replace the organisation's job still queued with this key (it ends "
+    "canceled, reason debounced). With --debounce-ms; not with --at or --in.",
+)
+@click.option("--debounce-ms", type=int, help="The debounce window in milliseconds (1..86400000).")
 @click.option("--follow", is_flag=True, help="Then follow it like `tail` (and exit like it).")
 @click.option(
     "--user",
@@ -139,6 +168,11 @@ def enqueue(
     tags: tuple[str, ...],
     run_at: str | None,
     delay: str | None,
+    priority: int | None,
+    concurrency_key: str | None,
+    concurrency_limit: int | None,
+    debounce_key: str | None,
+    debounce_ms: int | None,
     follow: bool,
     user: str | None,
     quiet: bool,
@@ -167,6 +201,10 @@ def enqueue(
         "singletonMode": singleton_mode,
         "maxAttempts": max_attempts,
         "tags": tag_option_value(tags) or None,
+        "priority": priority,
+        "concurrencyKey": concurrency_key,
+        "concurrencyLimit": concurrency_limit,
+        "debounce": debounce_option_value(debounce_key, debounce_ms),
     }
     if run_at is not None and delay is not None:
         raise click.UsageError("--at and --in say the same thing: give one")
@@ -295,6 +333,58 @@ LIST_COLUMNS = (
     Column("lane"),
     Column("updated"),
     Column("not before"),
+)
+
+
+@jobs.command("waiting")
+@click.option("--agent", "agent_id", help="Only this agent id.")
+@click.option("--kind", help="Only this payload kind.")
+@click.option("--tag", help="Only jobs tagged key:value.")
+@click.option("--cursor", help="Continue after a page (its nextCursor).")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="The page as JSON instead of a table.")
+@no_retry_option
+def waiting(
+    agent_id: str | None, kind: str | None, tag: str | None, cursor: str | None, limit: int, as_json: bool
+) -> int:
+    """Queued jobs, newest first, each with why it waits: concurrency (its key runs its limit),
+    rate (a rate limit has no allowance), share (other organisations' turns), or not before a time."""
+    filters = {"status": "queued", "agentId": agent_id, "kind": kind, "tag": tag, "cursor": cursor}
+    try:
+        page = client_from_env().list(limit=limit, **{k: v for k, v in filters.items() if v is not None})
+    except ReceiptError as exc:
+        raise fail(exc) from exc
+    if as_json:
+        print_json(page)
+        return 0
+    rows = []
+    for job in page["jobs"]:
+        why = job.get("waiting") or {}
+        reason = why.get("reason") or ("not before" if job.get("availableAt") else "sent")
+        rows.append(
+            [
+                job["id"],
+                job["agentId"],
+                reason,
+                why.get("key") or "",
+                job.get("availableAt") or "",
+                job["updatedAt"] or "",
+            ]
+        )
+    console = Console()
+    console.print(fitted_table(WAITING_COLUMNS, rows, console.width))
+    if page.get("nextCursor"):
+        console.print(f"(more: --cursor {page['nextCursor']}, or narrow the filters)")
+    return 0
+
+
+WAITING_COLUMNS = (
+    Column("id", ident=True),
+    Column("agent"),
+    Column("waiting"),
+    Column("key"),
+    Column("not before"),
+    Column("queued since"),
 )
 
 

@@ -25,11 +25,14 @@ from app.jobs.validation import validate_enqueue
 from app.ops import loops as loop_registry
 from devharness import handlers
 from tasks import fetches
+from tasks.celery_app import make_celery
 from tests.support.services import TcpProxy
 from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, waiting_fences, worker_pid
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
+
+CHAT = "receipt-chat"
 
 
 def _one_terminal(stack: Stack, job_id: str) -> None:
@@ -41,8 +44,13 @@ def _one_terminal(stack: Stack, job_id: str) -> None:
 def test_after_the_broker_loses_queued_deliveries_every_job_is_delivered_again_at_once(
     stack: Stack, loss: str
 ) -> None:
-    # No chat worker: every job is dispatched, and its worker message waits in Redis.
+    # A chat worker that offers its slots but consumes nothing: every job is dispatched to its free
+    # places, and its worker message waits in Redis.
     stack.start("web", "driver", "beat")
+    stack.start_worker("worker-chat", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="20")
+    control = make_celery(Settings.from_env(stack.env()))
+    assert control.control.cancel_consumer(CHAT, reply=True, timeout=5, limit=1)
+    control.close()
     ids = [stack.post_job(handlers.ECHO, message=f"job {n}")["id"] for n in range(20)]
     broker = redis.Redis.from_url(stack.redis_url)
     try:
@@ -78,7 +86,15 @@ def test_after_the_broker_loses_queued_deliveries_every_job_is_delivered_again_a
         outcomes = {d.outcome for d in stack.deliveries(job_id) if d.state == "settled"}
         assert outcomes & {"broker_lost", "presumed_lost"}, outcomes
 
-    stack.start("chat")
+    # A new connection: the broker it knew may be gone. The worker answers once it reconnected.
+    control = make_celery(Settings.from_env(stack.env()))
+    wait_for(
+        lambda: control.control.add_consumer(CHAT, reply=True, timeout=2, limit=1),
+        60,
+        ignore=(redis.exceptions.ConnectionError,),
+        what="the worker to consume again",
+    )
+    control.close()
     for job_id in ids:
         done = stack.wait_terminal(job_id, timeout=60)
         assert (done.status, done.attempt) == ("completed", 1)

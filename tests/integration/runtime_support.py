@@ -21,6 +21,7 @@ from app.storage import store
 from app.storage.db import db_now, parse_iso
 from app.storage.queue import Queue
 from delivery.client import DeliveryClient
+from devharness.credits import offer_slots
 from tasks import fetches
 from tasks.celery_app import make_celery
 from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
@@ -167,9 +168,17 @@ def settings_for(redis_url: str | None = None, **env: str) -> Settings:
 
 
 def recording_runtime(
-    engine: Engine, settings: Settings, registry: HandlerRegistry | None = None, app: Celery | None = None
+    engine: Engine,
+    settings: Settings,
+    registry: HandlerRegistry | None = None,
+    app: Celery | None = None,
+    *,
+    offer: bool = True,
 ) -> tuple[Runtime, Recorder, RecordingCallbacks]:
-    """A Runtime on a real Celery app whose ``send_task`` only records (no worker, no broker I/O)."""
+    """A Runtime on a real Celery app whose ``send_task`` only records (no worker, no broker I/O),
+    its worker queues offered 64 slots (``offer``), as a deployment's live workers would offer theirs."""
+    if offer:
+        offer_slots(engine)
     app = app or make_celery(settings)
     recorder = Recorder()
     app.send_task = recorder

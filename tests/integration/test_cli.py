@@ -23,8 +23,8 @@ from app.jobs.reducer import fold
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
 from app.ops.cli import main
-from app.storage import store, tokens
-from app.storage.db import api_tokens, job_tags, jobs, make_engine, receipts
+from app.storage import org_policies, store, tokens
+from app.storage.db import api_tokens, db_now, job_tags, jobs, make_engine, org_dispatch_policies, receipts
 from app.storage.queue import Queue
 from tests.support.queue_ops import complete, lease
 
@@ -212,13 +212,19 @@ def test_replay_of_a_missing_file_exits_2(tmp_path: Path, capsys: Capture) -> No
     assert "absent.jsonl" in capsys.readouterr().err
 
 
-def _rows(engine: Engine) -> tuple[list[Any], list[Any], list[Any]]:
+def _rows(engine: Engine) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
     with engine.connect() as conn:
         job_rows = [tuple(r) for r in conn.execute(select(jobs).order_by(jobs.c.id))]
         token_rows = [tuple(r) for r in conn.execute(select(api_tokens).order_by(api_tokens.c.id))]
         tags = select(job_tags).order_by(job_tags.c.job_id, job_tags.c.key)
         tag_rows = [tuple(r) for r in conn.execute(tags)]
-    return job_rows, token_rows, tag_rows
+        policy_rows = [
+            tuple(r)
+            for r in conn.execute(
+                select(org_dispatch_policies).order_by(org_dispatch_policies.c.organization_id)
+            )
+        ]
+    return job_rows, token_rows, tag_rows, policy_rows
 
 
 def test_rebuild_projections_reproduces_identical_rows(cli_env: str, engine: Engine, capsys: Capture) -> None:
@@ -226,8 +232,14 @@ def test_rebuild_projections_reproduces_identical_rows(cli_env: str, engine: Eng
     tokens.create(engine, "o", scopes=["commands"], expires_in=timedelta(days=90))
     revoked, _ = tokens.create(engine, "o", system=True)
     assert tokens.revoke(engine, revoked.id)
+    org_policies.set_policy(engine, "heavy", 3.0, None)
+    org_policies.set_policy(engine, "heavy", 2.5, 20.0, by={"tokenId": "t"})
+    org_policies.set_policy(engine, "slow", None, 0.5)
+    org_policies.set_policy(engine, "gone", 4.0, None)
+    org_policies.set_policy(engine, "gone", None, None)  # cleared: no row
     before = _rows(engine)
     assert len(before[0]) == 4 and len(before[1]) == 2 and len(before[2]) == 3
+    assert [(r[0], r[1], r[2], r[3]) for r in before[3]] == [("heavy", 2.5, 20.0, 2), ("slow", None, 0.5, 1)]
 
     # Damage the projections (they are not append-only), then rebuild them from receipts.
     with engine.begin() as conn:
@@ -235,10 +247,17 @@ def test_rebuild_projections_reproduces_identical_rows(cli_env: str, engine: Eng
         conn.execute(api_tokens.delete().where(api_tokens.c.id == revoked.id))
         conn.execute(job_tags.delete().where(job_tags.c.key == "team"))
         conn.execute(update(job_tags).values(value="forged"))
+        conn.execute(update(org_dispatch_policies).values(weight=99.0))
+        conn.execute(
+            org_dispatch_policies.insert().values(organization_id="gone", last_seq=1, updated_at=db_now(conn))
+        )
     assert _rows(engine) != before
 
     assert main(["rebuild-projections"]) == 0
-    assert capsys.readouterr().out == "rebuilt 4 jobs, 2 tokens, 0 objectives and 0 schedules from receipts\n"
+    assert (
+        capsys.readouterr().out
+        == "rebuilt 4 jobs, 2 tokens, 0 objectives, 0 schedules and 2 dispatch policies from receipts\n"
+    )
     assert _rows(engine) == before
     assert main(["rebuild-projections"]) == 0  # and again: still identical
     assert _rows(engine) == before

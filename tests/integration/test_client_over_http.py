@@ -147,6 +147,27 @@ def test_enqueue_without_kind_posts_the_kind_a_deployments_own_handlers_take(
     )
 
 
+def test_enqueue_sends_the_flow_options_and_the_server_names_a_bad_one(
+    serve: Serve, token: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _token_id, secret = token
+    url = serve("disabled")
+    cli_env(monkeypatch, url, secret)
+    base = ["jobs", "enqueue", "my-agent", "--no-retry"]
+    flow = ["--priority", "-4", "--concurrency-key", "crm", "--concurrency-limit", "2"]
+    assert receipt_main([*base, *flow, "--debounce-key", "sync", "--debounce-ms", "1500"]) == 0
+    job = json.loads(capsys.readouterr().out)
+    assert (job["priority"], job["concurrencyKey"], job["concurrencyLimit"]) == (-4, "crm", 2)
+    assert job["debounce"] == {"key": "sync", "windowMs": 1500} and job["availableAt"] is not None
+    # The server names what it refuses; the two debounce options go together.
+    assert receipt_main([*base, "--priority", "11"]) != 0
+    assert "priority" in capsys.readouterr().err
+    assert receipt_main([*base, "--debounce-key", "sync", "--debounce-ms", "0"]) != 0
+    assert "debounce.windowMs" in capsys.readouterr().err
+    assert receipt_main([*base, "--debounce-key", "sync"]) == 2
+    assert "--debounce-ms" in capsys.readouterr().err
+
+
 def test_jobs_list_at_80_columns_shows_every_id_whole(
     serve: Serve, token: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -26,6 +26,7 @@ from app.storage.db import db_now, deliveries, parse_iso, transaction
 from app.storage.delivery import redrive_key
 from delivery import wakes
 from delivery.client import DeliveryClient
+from devharness.credits import offer_slots
 from tasks import dispatch, execute, loops
 from tasks.callbacks import Callbacks
 from tasks.celery_app import make_celery
@@ -470,6 +471,7 @@ def test_a_job_completes_through_a_real_worker(
 
     client = DeliveryClient(app)
     queue = queue_for(pg_engine, on_dispatchable=client.wake)
+    offer_slots(pg_engine, slots=4)
     app.receipt_runtime = Runtime(
         settings,
         app,
@@ -640,10 +642,9 @@ def test_a_retry_backs_off_then_the_due_retries_pass_delivers_it(runtime: Any) -
     wait_until_db_time(rt.engine, parse_iso(failed.body["retryAt"]))
     rt.settings = replace(rt.settings, retry_scan_interval_ms=0)
     assert loops.dispatch_due_retries(rt) == {"started": [job.id]}
-    # Like the redrive, the due pass runs on receipt-maintenance, so it sends the driver task.
-    [driver] = sent.named(DRIVER_TASK)
-    assert driver.args == [job.id, job.id, 1]
-    assert dispatch.drive(rt, *driver.args)["fence"] == f"{job.id}:attempt:2"
+    # The due pass moves the job's line: its worker message leaves under the next attempt's fence.
+    [message] = sent.named(EXECUTE_TASK)
+    assert message.args == [job.id, f"{job.id}:attempt:2", job.id, 1]
 
 
 def test_a_delayed_job_is_not_delivered_before_available_at_then_the_due_pass_starts_it(runtime: Any) -> None:
@@ -663,8 +664,8 @@ def test_a_delayed_job_is_not_delivered_before_available_at_then_the_due_pass_st
     assert loops.dispatch_due_retries(rt) == {"started": []}
     wait_until_db_time(rt.engine, parse_iso(job.available_at))
     assert loops.dispatch_due_retries(rt) == {"started": [job.id]}
-    [driver] = sent.named(DRIVER_TASK)
-    assert dispatch.drive(rt, *driver.args)["fence"] == f"{job.id}:attempt:1"
+    [message] = sent.named(EXECUTE_TASK)
+    assert message.args[1] == f"{job.id}:attempt:1"
 
 
 def read_stream_of(engine: Engine, job_id: str) -> list[Any]:

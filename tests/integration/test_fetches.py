@@ -14,10 +14,11 @@ from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
 from app.storage.db import db_now, deliveries, transaction
+from app.storage.delivery import driver_task_id
 from delivery.broker import RedisProbe
 from tasks import fetches
 from tasks import loops as task_loops
-from tasks.runtime import DRIVER_TASK
+from tasks.runtime import DRIVER_TASK, EXECUTE_TASK
 
 from .runtime_support import enqueue, recording_runtime, settings_for
 
@@ -43,9 +44,10 @@ def _first_delivery(rt: Any, sent: Any) -> tuple[str, str]:
     job = enqueue(rt.queue, "factory")
     sent.clear()
     assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
-    [driver] = sent.named(DRIVER_TASK)
+    [message] = sent.named(EXECUTE_TASK)
     sent.clear()
-    return job.id, str(driver.task_id)
+    # A consumer records a worker message under its delivery's id (tasks/fetches.py).
+    return job.id, driver_task_id(message.args[2], message.args[3])
 
 
 def _states(rt: Any, job_id: str) -> list[tuple[int, str, str | None]]:
@@ -75,8 +77,8 @@ def test_a_delivery_fetched_by_a_dead_consumer_is_settled_and_redriven_in_the_sa
     client.set(fetches.FETCH_PREFIX + task_id, f"{stage} host:1:dead")  # no liveness key: gone
     result = task_loops.redrive_queued(rt)
     assert result["fetcherLost"] == [job_id] and result["redriven"] == [job_id]
-    [driver] = sent.named(DRIVER_TASK)
-    assert driver.args[2] == 1  # the next generation of the same key, within the 32 bound
+    [message] = sent.named(EXECUTE_TASK)
+    assert message.args[3] == 1  # the next generation of the same key, within the 32 bound
     assert _states(rt, job_id) == [(0, "settled", "fetcher_lost"), (1, "pending", None)]
 
 

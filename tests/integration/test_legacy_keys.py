@@ -25,7 +25,7 @@ from app.storage import store, tokens
 from app.storage.db import jobs, make_engine, objectives
 from app.storage.migrate import current, upgrade
 from tests.factory_support import drain
-from tests.support.api import Api, build_api, json_of, make_settings
+from tests.support.api import Api, as_posted, build_api, json_of, make_settings
 from tests.support.databases import assert_projection_equals_fold, new_database
 from tests.support.queue_ops import close_queues
 
@@ -141,14 +141,14 @@ def test_a_legacy_job_is_still_its_organisations_under_its_id(api: Api) -> None:
 
 def test_reposting_a_legacy_id_returns_it_and_another_organisation_gets_its_own(api: Api) -> None:
     before = api.receipt_count()
-    first = json_of(api.client.get("/jobs/legacy-queued", headers=api.headers("a")))["job"]
+    first = as_posted(json_of(api.client.get("/jobs/legacy-queued", headers=api.headers("a")))["job"])
     again = api.job("a", jobId="legacy-queued")
     assert again == first and again["stream"] == "jobs/legacy-queued"
     assert api.receipt_count() == before  # idempotent: nothing written
     theirs = api.job("b", jobId="legacy-queued")
     assert theirs["organizationId"] == "org-b" and theirs["stream"] == "jobs/org-b/legacy-queued"
     assert api.receipt_count() == before + 1
-    assert json_of(api.client.get("/jobs/legacy-queued", headers=api.headers("a")))["job"] == first
+    assert as_posted(json_of(api.client.get("/jobs/legacy-queued", headers=api.headers("a")))["job"]) == first
 
 
 def test_a_steer_reaches_the_legacy_session_job(api: Api) -> None:

@@ -29,7 +29,7 @@ from app.storage import loops as claims
 from app.storage.db import db_now, jobs, loop_runs, transaction
 from app.storage.queue import Queue
 from tasks import loops as task_loops
-from tasks.runtime import DRIVER_TASK, Runtime
+from tasks.runtime import EXECUTE_TASK, Runtime
 from tests.support.clock import ManualClock
 from workers.roles import ROLES
 
@@ -93,10 +93,11 @@ def test_the_tickers_first_queued_redrive_comes_5000_ms_after_start_by_the_injec
     assert ticker.tick() == []
     clock.advance_ms(4_999)
     assert ticker.tick() == []
-    assert sent.named(DRIVER_TASK) == []
+    assert sent.named(EXECUTE_TASK) == []
     clock.advance_ms(1)
     assert ticker.tick() == [registry.QUEUED_REDRIVE.name]
-    assert [d.args[0] for d in sent.named(DRIVER_TASK)] == [job.id]
+    # The redrive moves the job's line: its worker message leaves.
+    assert [d.args[0] for d in sent.named(EXECUTE_TASK)] == [job.id]
     # One first pass; later ones follow the 15 000 ms interval (the database clock), not this clock.
     clock.advance_ms(60_000)
     assert ticker.tick() == []

@@ -17,12 +17,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from app.jobs.routing import DRIVER_QUEUE
+from app.jobs.routing import DRIVER_QUEUE, route
 from app.storage import loops
 from app.storage.db import db_now, deliveries, loop_runs, transaction
 from tasks import loops as task_loops
 from tasks.dispatch import dispatch_jobs
-from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, Runtime
+from tasks.runtime import DISPATCH_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
 from tests.support.queue_ops import lease, settle_deliveries
 from tests.support.tracing import Spans
 
@@ -159,60 +159,53 @@ def test_redrive_ignores_jobs_younger_than_the_minimum_age(runtime: Any) -> None
     assert sent.sent == []
 
 
-def test_redrive_sends_a_driver_under_the_redrive_key(runtime: Any) -> None:
+def worker_items(sent: Any) -> list[list[Any]]:
+    """Every attempt the recorded worker messages carry: [job id, fence, dispatch key, generation]."""
+    items = [t.args for t in sent.named(EXECUTE_TASK)]
+    for t in sent.named(EXECUTE_BATCH_TASK):
+        items += t.args[0]
+    return items
+
+
+def test_redrive_moves_the_line_of_a_job_whose_wake_up_was_lost(runtime: Any) -> None:
     rt, sent, _ = runtime
     job = enqueue(rt.queue, "factory")
-    sent.clear()
+    sent.clear()  # the enqueue's wake-up, lost
     assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
-    key = f"{job.id}:redrive:{job.seq}:queued"
-    [driver] = sent.named(DRIVER_TASK)
-    assert driver.args == [job.id, key, 0]
-    assert driver.task_id == f"{key}:driver:0"
-    assert driver.queue == DRIVER_QUEUE
+    [message] = sent.named(EXECUTE_TASK)
+    # Under the spec's redrive key: one delivery per observed queue state.
+    assert message.args == [job.id, f"{job.id}:attempt:1", f"{job.id}:redrive:{job.seq}:queued", 0]
+    assert message.queue == route(job.agent_id, job.kind).queue
     assert len(sent.sent) == 1
 
 
-def test_a_second_pass_over_the_same_state_sends_nothing(runtime: Any) -> None:
+def test_a_second_pass_sends_nothing_beside_a_delivery_in_flight(runtime: Any) -> None:
     rt, sent, _ = runtime
     enqueue(rt.queue, "factory")
     sent.clear()
     task_loops.redrive_queued(rt)
-    assert len(sent.named(DRIVER_TASK)) == 1
-    # No cooldown at all: only the redrive key (one delivery per observed state) stops a repeat.
+    assert len(worker_items(sent)) == 1
     assert task_loops.redrive_queued(rt)["redriven"] == []
-    assert len(sent.named(DRIVER_TASK)) == 1
+    assert len(worker_items(sent)) == 1
 
 
-def test_a_new_queue_state_gets_a_new_redrive_key(runtime: Any) -> None:
-    rt, sent, _ = runtime
-    job = enqueue(rt.queue, "factory")
-    task_loops.redrive_queued(rt)
-    rt.queue.command(job.id, "steer", payload={"text": "x"})  # the job's stream moves on
-    sent.clear()
-    task_loops.redrive_queued(rt)
-    assert sent.named(DRIVER_TASK) == []  # the first redrive's delivery is still in flight
-    with transaction(rt.engine) as conn:  # ... until it ends (here: as if its message were lost)
-        settle_deliveries(conn, job.id, "lost", db_now(conn))
-    task_loops.redrive_queued(rt)
-    [driver] = sent.named(DRIVER_TASK)
-    current = rt.queue.get(job.id)
-    assert driver.args[1] == f"{job.id}:redrive:{current.seq}:queued" != f"{job.id}:redrive:{job.seq}:queued"
-
-
-def test_redrive_respects_the_cooldown_after_any_delivery(runtime: Any) -> None:
+def test_a_delivery_that_ended_is_sent_again_under_the_redrive_key_of_the_state_it_saw(runtime: Any) -> None:
     rt, sent, _ = runtime
     job = enqueue(rt.queue, "factory")
     dispatch_jobs(rt, [job.id])  # the enqueue wake-up's delivery, just now
     sent.clear()
-    tune(rt, queued_redrive_cooldown_ms=LONG_MS)
-    assert task_loops.redrive_queued(rt)["redriven"] == []
+    assert task_loops.redrive_queued(rt)["redriven"] == []  # in flight: no second message beside it
     assert sent.sent == []
-    tune(rt, queued_redrive_cooldown_ms=0)
-    # Past the cooldown, but that delivery is still in flight: no second message beside it.
-    assert task_loops.redrive_queued(rt)["redriven"] == []
-    with transaction(rt.engine) as conn:
+    with transaction(rt.engine) as conn:  # ... until it ends (here: as if its message were lost)
         settle_deliveries(conn, job.id, "lost", db_now(conn))
     assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
+    assert [item[2:] for item in worker_items(sent)] == [[f"{job.id}:redrive:{job.seq}:queued", 0]]
+    # The same state seen again: the same key, so once that delivery ends too, its next generation.
+    with transaction(rt.engine) as conn:
+        settle_deliveries(conn, job.id, "lost", db_now(conn))
+    sent.clear()
+    assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
+    assert [item[2:] for item in worker_items(sent)] == [[f"{job.id}:redrive:{job.seq}:queued", 1]]
 
 
 def test_redrive_skips_jobs_that_are_not_queued(runtime: Any) -> None:
@@ -238,7 +231,7 @@ def test_two_redrive_passes_at_once_deliver_each_job_once_on_postgres(
     pg_engine: Engine,
     redis_url: str,
 ) -> None:
-    """Two beats by mistake: two passes race over the same state; each job gets one driver."""
+    """Two beats by mistake: two passes race over the same line; each job gets one message."""
     settings = settings_for(
         redis_url,
         RECEIPT_RESONATE_QUEUED_REDRIVE_INTERVAL_MS="60000",
@@ -261,8 +254,7 @@ def test_two_redrive_passes_at_once_deliver_each_job_once_on_postgres(
     for t in ts:
         t.join(30)
     assert len(outcomes) == 2
-    drivers = sent.named(DRIVER_TASK)
-    assert sorted(d.args[0] for d in drivers) == sorted(ids)
+    assert sorted(item[0] for item in worker_items(sent)) == sorted(ids)
     with pg_engine.connect() as conn:
         assert conn.execute(select(deliveries.c.job_id)).scalars().all().__len__() == len(ids)
 
@@ -302,7 +294,8 @@ def test_expiring_the_last_attempt_fails_the_job_and_posts_the_callback(runtime:
     assert failed is not None and failed.status == "failed"
     assert failed.result == {"status": "lease_lost"}
     assert callbacks.events() == ["failed"]
-    assert sent.named(DISPATCH_TASK) == []
+    # Nothing to redeliver; the wake-up names only the queue whose place it freed.
+    assert [t.args for t in sent.named(DISPATCH_TASK)] == [[[f"@{route(job.agent_id, job.kind).queue}"]]]
 
 
 def test_with_tracing_on_the_lease_expiry_pass_is_a_span_linked_to_the_job_it_expired(

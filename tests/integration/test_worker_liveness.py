@@ -28,7 +28,7 @@ DEAD_AFTER_MS = 10_000
 
 @pytest.fixture
 def rt(pg_engine: Engine, redis_url: str) -> Iterator[Any]:
-    runtime, sent, _ = recording_runtime(pg_engine, settings_for(redis_url))
+    runtime, sent, _ = recording_runtime(pg_engine, settings_for(redis_url), offer=False)
     runtime.sent = sent  # type: ignore[attr-defined]
     yield runtime
 

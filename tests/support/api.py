@@ -36,6 +36,12 @@ ONE_TASK = {"id": "A", "agentId": "test-echo", "payload": {"kind": "factory.task
 LEASE_MS = 60_000
 
 
+def as_posted(job: dict[str, Any]) -> dict[str, Any]:
+    """A job as read, without what only a read adds (``waiting``, why a queued job waits, derived
+    when asked): comparable with the job an enqueue answered."""
+    return {k: v for k, v in job.items() if k != "waiting"}
+
+
 def json_of(response: TestResponse) -> Any:
     """The response's JSON body, asserted present (Werkzeug types ``.json`` as optional)."""
     data = response.json

@@ -372,6 +372,24 @@ def _api_rows() -> list[Row]:
         # Who the caller's own token is: every token reads its own, never another's.
         Row("GET", "/whoami", (200, 200, 200, 200, 401)),
         Row("GET", "/metrics", (403, 403, 403, 200, 401)),
+        # Dispatch policies weigh organisations against each other: system tokens only, even for the
+        # caller's own organisation.
+        Row("GET", "/organizations/dispatch", (403, 403, 403, 200, 401)),
+        Row(
+            "GET",
+            "/organizations/{organizationId}/dispatch",
+            (403, 403, 403, 200, 401),
+            case="A's",
+            args={"organizationId": "{org}"},
+        ),
+        Row(
+            "PUT",
+            "/organizations/{organizationId}/dispatch",
+            (403, 403, 403, 200, 401),
+            case="A's",
+            args={"organizationId": "{org}"},
+            json={"weight": 2, "ratePerSecond": None},
+        ),
         # Flask's default static route: the API has no static folder, so it serves nothing.
         Row("GET", "/static/{filename}", (404, 404, 404, 404, 401), args={"filename": "ui.css"}),
         *_kind_rows(),

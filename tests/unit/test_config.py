@@ -351,3 +351,43 @@ def test_a_process_keeps_the_configured_number_of_postgres_connections_between_u
     for bad in ("0", "-1", "ten"):
         with pytest.raises(ValueError, match="RECEIPT_DB_POOL_SIZE"):
             Settings.from_env({"RECEIPT_DB_POOL_SIZE": bad})
+
+
+def test_organisation_weights_and_rate_limits_are_parsed_into_sorted_pairs() -> None:
+    bare = Settings.from_env({})
+    assert (bare.org_weights, bare.org_rate_limits) == ((), ())
+    settings = Settings.from_env(
+        {
+            "RECEIPT_ORG_WEIGHTS": " org-b=0.5, org-a=3 ,",
+            "RECEIPT_ORG_RATE_LIMITS": "org-a=20/s,org-b=300/min,org-c=7200/hour,org-d=1/sec",
+        }
+    )
+    assert settings.org_weights == (("org-a", 3.0), ("org-b", 0.5))
+    assert settings.org_rate_limits == (("org-a", 20.0), ("org-b", 5.0), ("org-c", 2.0), ("org-d", 1.0))
+    assert Settings.from_env({"RECEIPT_ORG_WEIGHTS": "a=100"}).org_weights == (("a", 100.0),)
+
+
+@pytest.mark.parametrize(
+    ("env", "text", "said"),
+    [
+        ("RECEIPT_ORG_WEIGHTS", "org-a=0", "above 0 and at most 100"),
+        ("RECEIPT_ORG_WEIGHTS", "org-a=-2", "above 0 and at most 100"),
+        ("RECEIPT_ORG_WEIGHTS", "org-a=100.5", "above 0 and at most 100"),
+        ("RECEIPT_ORG_WEIGHTS", "org-a=heavy", "above 0 and at most 100"),
+        ("RECEIPT_ORG_WEIGHTS", "org-a=nan", "above 0 and at most 100"),
+        ("RECEIPT_ORG_WEIGHTS", "org-a", "expected org=weight"),
+        ("RECEIPT_ORG_WEIGHTS", "=3", "expected org=weight"),
+        ("RECEIPT_ORG_WEIGHTS", "org-a=1,org-a=2", "org-a is given twice"),
+        ("RECEIPT_ORG_RATE_LIMITS", "org-a=20", "expected org=N/s, org=N/min or org=N/h"),
+        ("RECEIPT_ORG_RATE_LIMITS", "org-a=20/day", "expected org=N/s, org=N/min or org=N/h"),
+        ("RECEIPT_ORG_RATE_LIMITS", "org-a=0/s", "above 0 and at most 100000"),
+        ("RECEIPT_ORG_RATE_LIMITS", "org-a=200001/s", "above 0 and at most 100000"),
+        ("RECEIPT_ORG_RATE_LIMITS", "org-a=fast/s", "expected org=N/s"),
+    ],
+)
+def test_a_bad_organisation_policy_setting_stops_the_process_naming_it(
+    env: str, text: str, said: str
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        Settings.from_env({env: text})
+    assert str(refused.value).startswith(f"{env}: cannot parse") and said in str(refused.value)

@@ -14,6 +14,7 @@ import pytest
 
 from app.jobs import transitions as t
 from app.jobs.errors import SINGLETON_CANCEL_REASON, ConflictError, TooManyCommands, ValidationError
+from app.jobs.flow import DEBOUNCED_REASON, REPLACED_BY_FIELD
 from app.jobs.reducer import Job, Receipt, fold
 from app.jobs.times import iso
 from app.jobs.validation import command_lane, steer_lane
@@ -170,6 +171,18 @@ def test_singleton_cancel_cancels_queued_and_aborts_running() -> None:
     ]
     [(ty, body)] = t.singleton_cancel(running(), NOW, "cmd_1", cap=10)
     assert ty == "queue.command" and (body["type"], body["reason"]) == ("abort", SINGLETON_CANCEL_REASON)
+
+
+def test_a_debounce_replaces_only_a_queued_job_naming_its_replacement() -> None:
+    """A later enqueue of the debounce key cancels a queued job; work in flight is never stopped."""
+    events = t.debounce_replace(queued(), "j2")
+    assert events == [("job.canceled", {"reason": DEBOUNCED_REASON, REPLACED_BY_FIELD: "j2"})]
+    replaced = apply(queued(), events)
+    assert (replaced.status, replaced.error) == ("canceled", DEBOUNCED_REASON)
+    leased = apply(queued(), t.lease_queued(queued(), NOW, W, 1000))
+    assert leased.status == "leased" and t.debounce_replace(leased, "j2") == []
+    assert t.debounce_replace(running(), "j2") == []
+    assert t.debounce_replace(replaced, "j3") == []
 
 
 def test_singleton_steer_carries_its_origin_and_a_repost_finds_the_steered_job() -> None:

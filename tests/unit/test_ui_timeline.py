@@ -120,3 +120,9 @@ def test_two_heartbeats_within_one_clock_tick_are_both_applied_and_collapse() ->
         ("job.heartbeat", 2, True),
         ("job.heartbeat", 1, False),
     ]
+
+
+def test_a_debounced_cancel_shows_the_job_that_replaced_it() -> None:
+    entries, state = timeline.build([ENQUEUED, r(2, "job.canceled", reason="debounced", replacedBy="j2")])
+    assert state is not None and state.status == "canceled"
+    assert entries[1].details == {"reason": "debounced", "replacedBy": "j2"}

@@ -193,8 +193,8 @@ def test_auth_context_unknown_field_names_the_allowed_ones() -> None:
 
 
 def test_unknown_body_fields_are_rejected_naming_the_known_ones() -> None:
-    err = rejected(ok(priority=1))
-    assert err.field == "priority" and err.allowed == list(ENQUEUE_FIELDS)
+    err = rejected(ok(urgency=1))
+    assert err.field == "urgency" and err.allowed == list(ENQUEUE_FIELDS)
     assert set(ENQUEUE_FIELDS) == {
         "jobId",
         "lane",
@@ -205,6 +205,10 @@ def test_unknown_body_fields_are_rejected_naming_the_known_ones() -> None:
         "runAt",
         "delayMs",
         "tags",
+        "priority",
+        "concurrencyKey",
+        "concurrencyLimit",
+        "debounce",
     }
 
 

@@ -53,7 +53,7 @@ CORPUS: list[tuple[str, str, bytes, str]] = [
     ("integer with 5000 digits", ENQUEUE, b'{"maxAttempts": ' + b"9" * 5000 + b"}", "body"),
     ("invalid UTF-8", ENQUEUE, b'{"payload": "\xff\xfe"}', "body"),
     ("nesting 100000 deep", ENQUEUE, b"[" * 100000 + b"]" * 100000, "body"),
-    ("unknown top-level field", ENQUEUE, _json({"payload": OK, "priority": 1}), "priority"),
+    ("unknown top-level field", ENQUEUE, _json({"payload": OK, "urgency": 1}), "urgency"),
     ("missing payload", ENQUEUE, _json({"lane": "chat"}), "payload"),
     ("payload is an array", ENQUEUE, _json({"payload": [OK]}), "payload"),
     ("payload is a string", ENQUEUE, _json({"payload": "factory.run"}), "payload"),

@@ -142,3 +142,11 @@ def test_the_longest_idempotency_key_still_replays(api: Api) -> None:
     body = json_of(_bulk(api, action="replay", filter={"tag": "run:long"}, idempotencyKey=longest))
     assert (body["affected"], body["skipped"]) == (2, 0)
     assert len(made) == 2
+
+
+def test_a_limit_written_as_a_whole_float_is_that_many_jobs(api: Api) -> None:
+    """JSON Schema counts 2.0 as an integer, so the document allows it: the server takes it too."""
+    _failed(api, 3, "float")
+    response = _bulk(api, action="replay", filter={"tag": "run:float"}, idempotencyKey="op-float", limit=2.0)
+    assert response.status_code == 200, response.json
+    assert json_of(response)["processed"] == 2 and json_of(response)["nextCursor"] is not None

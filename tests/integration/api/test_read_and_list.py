@@ -8,7 +8,7 @@ import pytest
 
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import STATUSES
-from tests.support.api import ORG_A, Api, json_of, key, payload
+from tests.support.api import ORG_A, Api, as_posted, json_of, key, payload
 from tests.support.queue_ops import complete
 
 pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
@@ -18,7 +18,8 @@ def test_get_job(api: Api) -> None:
     job = api.job()
     response = api.client.get(f"/jobs/{job['id']}", headers=api.headers())
     assert response.status_code == 200
-    assert response.json == {"job": job}
+    assert {"job": as_posted(json_of(response)["job"])} == {"job": job}
+    assert json_of(response)["job"]["waiting"] == {"reason": "share", "key": None}
 
 
 def test_get_reflects_worker_progress(api: Api) -> None:
