@@ -124,70 +124,6 @@ STARTUP_WAIT_MAX_S = 3600
 REDELIVER_UNFETCHED_MAX_MS = 60_000
 
 
-# Fair dispatch (docs/dispatch.md): the broker may hold at most this many attempts per live worker
-# process beyond the group's free slots; past that an attempt waits in PostgreSQL, where the pass
-# can still choose fairly.
-DISPATCH_LEAD_MAX = 64
-# A key prefix in RECEIPT_CONCURRENCY_LIMITS / RECEIPT_RATE_LIMITS: a concurrency key's alphabet.
-_KEY_PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-")
-_RATE_UNITS: Final = {"s": 1.0, "min": 60.0, "h": 3600.0}
-
-
-def _dispatch_lead(text: str) -> int:
-    value = int(text.strip())
-    if not 0 <= value <= DISPATCH_LEAD_MAX:
-        raise ValueError(f"must be 0 to {DISPATCH_LEAD_MAX} attempts per worker process")
-    return value
-
-
-def _prefix_pairs(
-    text: str, value_rule: str, parse_value: Callable[[str], Any]
-) -> tuple[tuple[str, Any], ...]:
-    """``prefix=value,prefix=value`` as pairs, longest prefix first (the first match wins)."""
-    pairs: dict[str, Any] = {}
-    for entry in (e.strip() for e in text.split(",")):
-        if not entry:
-            continue
-        prefix, sep, raw = entry.partition("=")
-        prefix = prefix.strip()
-        if not sep or not prefix or not set(prefix) <= _KEY_PREFIX_CHARS or len(prefix) > 128:
-            raise ValueError(
-                f"{entry!r} is not prefix={value_rule}: a key prefix of 1-128 letters, digits, "
-                "'.', '_', ':', '/' or '-'"
-            )
-        try:
-            pairs[prefix] = parse_value(raw.strip())
-        except ValueError:
-            raise ValueError(f"{entry!r}: the value {value_rule}") from None
-    return tuple(sorted(pairs.items(), key=lambda kv: (-len(kv[0]), kv[0])))
-
-
-def _limit(raw: str) -> int:
-    value = int(raw)
-    if not 1 <= value <= 1000:
-        raise ValueError
-    return value
-
-
-def rate_per_s(raw: str) -> float:
-    """``20/s``, ``300/min`` or ``5000/h`` as dispatches per second (more than 0, at most 10 000/s)."""
-    count, sep, unit = raw.partition("/")
-    if not sep or unit.strip() not in _RATE_UNITS:
-        raise ValueError("must be N/s, N/min or N/h")
-    value = float(count) / _RATE_UNITS[unit.strip()]
-    if not 0 < value <= 10_000:
-        raise ValueError("must be more than 0 and at most 10000/s")
-    return value
-
-
-def _concurrency_limits(text: str) -> tuple[tuple[str, int], ...]:
-    return _prefix_pairs(text, "must be a limit from 1 to 1000", _limit)
-
-
-def _rate_limits(text: str) -> tuple[tuple[str, float], ...]:
-    return _prefix_pairs(text, "must be a rate N/s, N/min or N/h (at most 10000/s)", rate_per_s)
-
-
 def _startup_wait_s(text: str) -> int:
     value = int(text.strip())
     if not 0 <= value <= STARTUP_WAIT_MAX_S:
@@ -271,15 +207,79 @@ def _weight(text: str, item: str) -> float:
 
 
 def _rate(text: str, item: str) -> float:
-    count, sep, unit = text.partition("/")
+    try:
+        return rate_per_s(text)
+    except ValueError as exc:
+        raise ValueError(f"{item!r}: the rate {exc} (e.g. org-a=20/s)") from None
+
+
+# Fair dispatch (docs/dispatch.md): the broker may hold at most this many attempts per live worker
+# process beyond the group's free slots; past that an attempt waits in PostgreSQL, where the pass
+# can still choose fairly.
+DISPATCH_LEAD_MAX = 64
+# A key prefix in RECEIPT_CONCURRENCY_LIMITS / RECEIPT_RATE_LIMITS: a concurrency key's alphabet.
+_KEY_PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-")
+
+
+def _dispatch_lead(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value <= DISPATCH_LEAD_MAX:
+        raise ValueError(f"must be 0 to {DISPATCH_LEAD_MAX} attempts per worker process")
+    return value
+
+
+def _prefix_pairs(
+    text: str, value_rule: str, parse_value: Callable[[str], Any]
+) -> tuple[tuple[str, Any], ...]:
+    """``prefix=value,prefix=value`` as pairs, longest prefix first (the first match wins)."""
+    pairs: dict[str, Any] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        prefix, sep, raw = entry.partition("=")
+        prefix = prefix.strip()
+        if not sep or not prefix or not set(prefix) <= _KEY_PREFIX_CHARS or len(prefix) > 128:
+            raise ValueError(
+                f"{entry!r} is not prefix={value_rule}: a key prefix of 1-128 letters, digits, "
+                "'.', '_', ':', '/' or '-'"
+            )
+        try:
+            pairs[prefix] = parse_value(raw.strip())
+        except ValueError:
+            raise ValueError(f"{entry!r}: the value {value_rule}") from None
+    return tuple(sorted(pairs.items(), key=lambda kv: (-len(kv[0]), kv[0])))
+
+
+def _limit(raw: str) -> int:
+    value = int(raw)
+    if not 1 <= value <= 1000:
+        raise ValueError
+    return value
+
+
+def rate_per_s(raw: str) -> float:
+    """``20/s``, ``300/min`` or ``5000/h`` (``sec``, ``second``, ``minute``, ``hour`` too) as
+    dispatches per second: more than 0, at most ``ORG_RATE_MAX_PER_S``. The one rate parser of the
+    key and organisation limits."""
+    count, sep, unit = raw.partition("/")
     per = _RATE_UNITS.get(unit.strip().lower()) if sep else None
     value = _number(count.strip())
     if per is None or value is None:
-        raise ValueError(f"{item!r}: expected org=N/s, org=N/min or org=N/h (e.g. org-a=20/s)")
+        raise ValueError("must be N/s, N/min or N/h")
     per_s = value / per
     if not 0 < per_s <= ORG_RATE_MAX_PER_S:
-        raise ValueError(f"{item!r}: the rate {ORG_RATE_RULE}")
+        raise ValueError(ORG_RATE_RULE)
     return per_s
+
+
+def _concurrency_limits(text: str) -> tuple[tuple[str, int], ...]:
+    return _prefix_pairs(text, "must be a limit from 1 to 1000", _limit)
+
+
+def _rate_limits(text: str) -> tuple[tuple[str, float], ...]:
+    return _prefix_pairs(
+        text, f"must be a rate N/s, N/min or N/h (at most {ORG_RATE_MAX_PER_S:g}/s)", rate_per_s
+    )
 
 
 def _org_weights(text: str) -> tuple[tuple[str, float], ...]:

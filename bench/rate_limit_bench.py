@@ -82,11 +82,13 @@ def main() -> None:
 
             def leases() -> list[Any]:
                 with engine.connect() as conn:
-                    return conn.execute(
-                        select(receipts.c.at, receipts.c.body)
-                        .where(receipts.c.type == "job.leased", receipts.c.stream.like(f"jobs/{ORG}/%"))
-                        .order_by(receipts.c.at)
-                    ).all()
+                    return list(
+                        conn.execute(
+                            select(receipts.c.at, receipts.c.body)
+                            .where(receipts.c.type == "job.leased", receipts.c.stream.like(f"jobs/{ORG}/%"))
+                            .order_by(receipts.c.at)
+                        ).all()
+                    )
 
             def window_done() -> bool:
                 rows = leases()

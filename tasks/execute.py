@@ -20,9 +20,9 @@ import threading
 import time
 from typing import Any
 
-from app.dispatch.keys import KEY_FULL
 from app.jobs.routing import EXECUTE_BATCH_TASK, route
 from app.ops import logs, metrics
+from app.storage.concurrency_keys import KEY_FULL
 from app.storage.delivery import parse_fence
 from tasks import fetches
 from tasks.consumer import FETCH_GATED

@@ -33,6 +33,7 @@ from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
 from app.jobs.vocab import AttemptStatus, FailureStatus, ReleaseReason
 from app.ops import logs
 from app.redaction import redactor
+from app.storage.concurrency_keys import KeyFull
 from app.storage.queue import AttemptStart, Queue
 from app.storage.retry import retry_transient
 from workers import liveness
@@ -53,9 +54,10 @@ INTERRUPTED_WAIT_S = 1.0
 
 @dataclass(frozen=True)
 class AttemptResult:
-    """What an attempt ended as: ``completed`` or one of the spec's failure statuses."""
+    """What an attempt ended as: ``completed`` or one of the spec's failure statuses; or, for an
+    attempt its concurrency key kept from starting, ``concurrency_limited`` (nothing was written)."""
 
-    status: AttemptStatus
+    status: AttemptStatus | KeyFull
     job: Job | None
     error: str | None = None
 

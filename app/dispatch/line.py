@@ -480,14 +480,14 @@ def waiting_reasons(
     held: dict[tuple[str, str], int] = {}
     if keyed:
         j_ = jobs.c
-        org = func.coalesce(j_.organization_id, "")
+        org_of = func.coalesce(j_.organization_id, "")
         rows = conn.execute(
-            select(org, j_.concurrency_key, func.count())
+            select(org_of, j_.concurrency_key, func.count())
             .where(
                 j_.concurrency_key.in_(sorted({k for _, k in keyed})),
                 or_(j_.status.in_(sorted(LEASED_STATUSES)), j_.id.in_(_pending_ids(now, epoch))),
             )
-            .group_by(org, j_.concurrency_key)
+            .group_by(org_of, j_.concurrency_key)
         )
         held = {(r[0], r[1]): int(r[2]) for r in rows}
     limiters: dict[str, tuple[str, float]] = {}

@@ -20,7 +20,6 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from app import tracing
-from app.dispatch import keys
 from app.jobs import delay, transitions
 from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import (
@@ -53,6 +52,7 @@ from app.jobs.vocab import (
     ReleaseReason,
     job_stream,
 )
+from app.storage import concurrency_keys as keys
 from app.storage import delivery, projection, search, store, tombstones
 from app.storage.cursor import CURSOR_PATTERN as CURSOR_PATTERN
 from app.storage.cursor import decode_cursor as decode_cursor
@@ -869,7 +869,7 @@ class Queue:
         """``start_attempt`` for several delivered attempts (job id, worker id, attempt) in one
         transaction and one commit (``mutate_many``), each decided on its own job under its own
         fence. A queued job whose concurrency key already holds ``key_limit`` leases answers
-        ``concurrency_limited`` and stays queued (``app.dispatch.keys``). An item whose own decision
+        ``concurrency_limited`` and stays queued (``app.storage.concurrency_keys``). An item whose own decision
         raised answers with that exception. Raises when the transaction fails: then none of them
         was written."""
         verdicts: list[list[AttemptStartStatus]] = [[] for _ in items]

@@ -17,11 +17,12 @@ from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.config import Settings
-from app.dispatch import keys, line
+from app.dispatch import line
 from app.dispatch.choice import Waiting
 from app.jobs.reducer import Job
 from app.jobs.routing import QUEUES
 from app.jobs.validation import validate_enqueue
+from app.storage import concurrency_keys as keys
 from app.storage.db import db_now, transaction, worker_liveness
 from app.storage.queue import Queue
 from devharness.credits import offer_slots, withdraw
@@ -145,8 +146,10 @@ def test_a_key_never_runs_past_its_limit_and_the_line_steps_past_it(engine: Engi
     keyed = [enqueue(queue, "a", concurrencyKey="api", concurrencyLimit=2) for _ in range(4)]
     free = enqueue(queue, "a")
     assert sent(run(engine)) == [keyed[0].id, keyed[1].id, free.id]
+    waiting = queue.get(keyed[2].id)
+    assert waiting is not None
     with engine.connect() as conn:
-        why = line.waiting_reasons(conn, [queue.get(keyed[2].id)], Settings(), db_now(conn))  # type: ignore[list-item]
+        why = line.waiting_reasons(conn, [waiting], Settings(), db_now(conn))
     assert why == {keyed[2].id: Waiting("concurrency", "api")}
 
 
@@ -208,13 +211,9 @@ def test_why_a_job_waits_for_its_share(engine: Engine, queue: Queue) -> None:
     first, second = enqueue(queue, "a"), enqueue(queue, "a")
     later = enqueue(queue, "a", delayMs=60_000)
     run(engine)
+    read = [queue.get(j.id) for j in (first, second, later)]
     with engine.connect() as conn:
-        why = line.waiting_reasons(
-            conn,
-            [queue.get(j.id) for j in (first, second, later)],
-            Settings(),
-            db_now(conn),  # type: ignore[misc]
-        )
+        why = line.waiting_reasons(conn, [j for j in read if j is not None], Settings(), db_now(conn))
     # The first is in flight and the delayed one's time has not come: neither waits for a place.
     assert why == {second.id: Waiting("share")}
 

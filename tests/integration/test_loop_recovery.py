@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 
 from app.storage import loops
 from app.storage.db import loop_runs, make_engine
+from tasks import dispatch
 from tasks import loops as task_loops
 from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK
 from tests.support.services import TcpProxy
@@ -56,7 +57,7 @@ def test_a_redrive_pass_cut_from_postgres_mid_pass_frees_its_loop_within_about_a
     (rt, sent, _), proxy = proxied
     ids = [enqueue(rt.queue, "factory").id for _ in range(3)]
     sent.clear()
-    real_pass = task_loops.dispatch_queue
+    real_pass = dispatch.dispatch_queue
     calls = {"n": 0}
 
     def pass_then_lose_the_database(*args: Any, **kwargs: Any) -> Any:
@@ -65,7 +66,7 @@ def test_a_redrive_pass_cut_from_postgres_mid_pass_frees_its_loop_within_about_a
             proxy.cut()  # Postgres "restarts" under the pass: every connection dies, none can open
         return real_pass(*args, **kwargs)
 
-    monkeypatch.setattr(task_loops, "dispatch_queue", pass_then_lose_the_database)
+    monkeypatch.setattr("tasks.loops.dispatch_queue", pass_then_lose_the_database)
     # The pass loses its database, and so does its release (it may end quietly: each line's pass
     # is its own, and the next interval retries it).
     with contextlib.suppress(OperationalError):
@@ -77,7 +78,7 @@ def test_a_redrive_pass_cut_from_postgres_mid_pass_frees_its_loop_within_about_a
     assert row.expires_at - row.started_at == timedelta(milliseconds=loops.claim_ttl_ms(INTERVAL_MS))
 
     proxy.restore()
-    monkeypatch.setattr(task_loops, "dispatch_queue", real_pass)
+    monkeypatch.setattr("tasks.loops.dispatch_queue", real_pass)
     # Right after recovery the dead pass still holds the loop (its deadline has not passed) ...
     assert task_loops.redrive_queued(rt) == {"skipped": True}
     freed_at = time.monotonic()

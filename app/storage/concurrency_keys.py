@@ -9,7 +9,7 @@ sends (a redrive, a duplicate message, a pass that read before a lease committed
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, Literal
 
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.engine import Connection
@@ -20,7 +20,8 @@ from app.jobs.vocab import LEASED_STATUSES
 from app.storage.db import is_sqlite, jobs, lock_keys
 
 # What a start answers when the job's key is full: nothing was written, the job stays queued.
-KEY_FULL: Final = "concurrency_limited"
+KeyFull = Literal["concurrency_limited"]
+KEY_FULL: Final[KeyFull] = "concurrency_limited"
 
 
 def own_limit(job: Job) -> int:
