@@ -869,9 +869,9 @@ class Queue:
         """``start_attempt`` for several delivered attempts (job id, worker id, attempt) in one
         transaction and one commit (``mutate_many``), each decided on its own job under its own
         fence. A queued job whose concurrency key already holds ``key_limit`` leases answers
-        ``concurrency_limited`` and stays queued (``app.storage.concurrency_keys``). An item whose own decision
-        raised answers with that exception. Raises when the transaction fails: then none of them
-        was written."""
+        ``concurrency_limited`` and stays queued (``app.storage.concurrency_keys``). An item whose
+        own decision raised answers with that exception. Raises when the transaction fails: then
+        none of them was written."""
         verdicts: list[list[AttemptStartStatus]] = [[] for _ in items]
         full: set[str] = set()
 
