@@ -210,7 +210,9 @@ def _rate(text: str, item: str) -> float:
     try:
         return rate_per_s(text)
     except ValueError as exc:
-        raise ValueError(f"{item!r}: the rate {exc} (e.g. org-a=20/s)") from None
+        if str(exc) == ORG_RATE_RULE:
+            raise ValueError(f"{item!r}: the rate {ORG_RATE_RULE}") from None
+        raise ValueError(f"{item!r}: expected org=N/s, org=N/min or org=N/h (e.g. org-a=20/s)") from None
 
 
 # Fair dispatch (docs/dispatch.md): the broker may hold at most this many attempts per live worker

@@ -180,6 +180,7 @@ def redrive_queued(rt: Runtime, p: Pass) -> dict[str, Any]:
     if started:
         log.info("redrive started %d deliveries", len(started))
         metrics.registry_metrics().redrives.inc(len(started))
+        p.link_ids(rt.queue, started)
     return {"redriven": started, "swept": swept, "fetcherLost": lost, "presumedLost": presumed}
 
 

@@ -192,8 +192,13 @@ def test_a_message_whose_fetcher_is_killed_before_it_acts_is_delivered_again_wit
         return raw.decode() if isinstance(raw, bytes) else str(raw or "")
 
     try:
-        # (1) The driver that sent a worker message dies while the message waits (no chat worker).
+        # (1) The driver that sent a worker message dies while the message waits (a chat worker
+        # offers its slots but consumes nothing).
         stack.start("web", "driver", "beat")
+        stack.start_worker("worker-chat", "parked")
+        control = make_celery(Settings.from_env(stack.env()))
+        assert control.control.cancel_consumer(CHAT, reply=True, timeout=5, limit=1)
+        control.close()
         first = stack.post_job(handlers.ECHO, message="waits")["id"]
         wait_for(lambda: broker.llen("receipt-chat") == 1, 30, what="the worker message to wait")
         (sent,) = stack.deliveries(first)
@@ -204,6 +209,7 @@ def test_a_message_whose_fetcher_is_killed_before_it_acts_is_delivered_again_wit
         assert [d.state for d in stack.deliveries(first)] == ["pending"]
         assert broker.llen("receipt-chat") == 1
 
+        stack.stop("parked")  # it never fetched the message, which still waits
         # (2) A chat worker whose database stalls fetches a message and cannot lease: it is alive.
         via_proxy = target.set(port=proxy.port).render_as_string(hide_password=False)
         assert via_proxy != stack.database_url

@@ -23,6 +23,7 @@ import redis
 from app.config import Settings
 from app.jobs.routing import QUEUES
 from devharness import handlers
+from devharness.credits import offer_slots, withdraw
 from tasks.celery_app import make_celery
 from tests.support.processes import PYTHON
 from tests.support.stack import Stack, terminal_receipts
@@ -217,6 +218,9 @@ def test_a_message_file_emptied_or_corrupted_in_the_embedded_broker(
     _production_redrive(stack)
     stack.env_overrides["REDIS_URL"] = ""
     stack.start("web", "driver", "beat")
+    # A slot offered for the chat worker to come (the dispatch pass sends only to offered slots):
+    # its message file is written before any chat process runs.
+    offer = offer_slots(stack.engine, slots=1, queues=[CHAT])
     job_id = stack.post_job(handlers.ECHO)["id"]
     data = stack.home / "broker" / "data"
     found = wait_for(
@@ -225,6 +229,7 @@ def test_a_message_file_emptied_or_corrupted_in_the_embedded_broker(
     [message] = found
     message.write_bytes(content)
     chat = stack.start_worker("worker-chat", "chat")
+    withdraw(stack.engine, offer)  # from here on, the real worker's own offer
     cleared = time.monotonic()
     _ended_within(stack, job_id, cleared, f"message file {fault}")
     _ended_once_at_attempt_1(stack, job_id)

@@ -21,6 +21,7 @@ from app.jobs.ids import qualify
 from app.jobs.vocab import TERMINAL_STATUSES
 from app.storage import store
 from app.storage.db import jobs
+from devharness.credits import offer_slots, withdraw
 from tests.support.processes import Harness
 from tests.support.queue_ops import lease
 from tests.support.stack import ORG, Stack, make_stack, worker_pid
@@ -217,6 +218,9 @@ def test_broker_flushed_while_a_control_request_waits_the_outbox_redrive_finishe
     # The queued-job redrive is pushed out of the way: only the outbox redrive may recover control.
     dstack.env_overrides["RECEIPT_RESONATE_QUEUED_REDRIVE_MIN_AGE_MS"] = "600000"
     dstack.start("web", "driver", "chat", "beat")  # no control worker: the control job's message waits
+    # ... in Redis, sent to a slot offered for the control worker to come (the dispatch pass sends
+    # only to offered slots).
+    offer = offer_slots(dstack.engine, slots=1, queues=["receipt-control"])
     oid = launch(dstack, [task("A"), task("B", ["A"])])
     obj = service.find(dstack.engine, ORG, oid, all_tasks=False)
     # The launch's request waits (resume at startup may add one of its own if the objective was
@@ -243,6 +247,7 @@ def test_broker_flushed_while_a_control_request_waits_the_outbox_redrive_finishe
     client.flushdb()
     client.close()
     dstack.start_worker("worker-control", "control")
+    withdraw(dstack.engine, offer)  # from here on, the real worker's own offer
     obj2 = wait_objective(dstack, oid, "completed", timeout=90)
     assert [t["status"] for t in obj2["tasks"]] == ["completed", "completed"]
     keys = [d.dispatch_key for d in dstack.deliveries(control.id)]
