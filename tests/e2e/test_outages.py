@@ -27,7 +27,9 @@ def test_a_lost_broker_is_one_line_per_process_and_one_more_when_it_answers(stac
     server = stack.redis_server
     assert server is not None
     refused = f"no Redis answers at 127.0.0.1:{server.port} (connection refused)"
-    lost = f"REDIS_URL={stack.redis_url}: lost — {refused}"
+    # The cause is the first failure a process met: a new connection refused, or a read in flight
+    # when the server died (reset by peer). Either way one line says the broker is lost.
+    lost = f"REDIS_URL={stack.redis_url}: lost — "
     back = f"REDIS_URL={stack.redis_url}: answers again after "
     workers = ("driver", "chat", "beat")
 
