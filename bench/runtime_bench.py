@@ -49,6 +49,7 @@ from app.jobs.ids import qualify
 from app.jobs.validation import EnqueueRequest
 from app.jobs.vocab import job_stream
 from app.storage.queue import EnqueueResult, Queue
+from devharness.credits import offer_slots
 from devharness.databases import new_database
 from devharness.processes import Harness, base_env
 from devharness.waiting import free_port, wait_for
@@ -616,6 +617,8 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
         engine = make_engine(url)
         try:
             upgrade(engine)
+            # A live worker's slots, as the Procfile's chat worker offers them: the pass sends to them.
+            offer_slots(engine, slots=8)
             event.listen(engine, "before_cursor_execute", bump("statements"))
             event.listen(engine, "commit", bump("commits"))
             event.listen(engine, "rollback", bump("rollbacks"))
