@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -296,6 +297,30 @@ def list_jobs(
         "createdBefore": until,
         "cursor": cursor,
     }
+    return _list_page(filters, limit, as_json, LIST_COLUMNS, _list_row)
+
+
+def _list_row(job: dict[str, Any]) -> list[str]:
+    style = STATUS_STYLE.get(job["status"], "")
+    return [
+        job["id"],
+        job["agentId"],
+        f"[{style}]{job['status']}[/{style}]" if style else job["status"],
+        f"{job['attempt']}/{job['maxAttempts']}",
+        job["lane"],
+        job["updatedAt"] or "",
+        job.get("availableAt") or "" if job["status"] == "queued" else "",
+    ]
+
+
+def _list_page(
+    filters: dict[str, Any],
+    limit: int,
+    as_json: bool,
+    columns: tuple[Column, ...],
+    row: Callable[[dict[str, Any]], list[str]],
+) -> int:
+    """``GET /jobs`` with the filters given, printed as JSON or as a table of ``row(job)``."""
     try:
         page = client_from_env().list(limit=limit, **{k: v for k, v in filters.items() if v is not None})
     except ReceiptError as exc:
@@ -303,23 +328,9 @@ def list_jobs(
     if as_json:
         print_json(page)
         return 0
-    rows = []
-    for job in page["jobs"]:
-        style = STATUS_STYLE.get(job["status"], "")
-        rows.append(
-            [
-                job["id"],
-                job["agentId"],
-                f"[{style}]{job['status']}[/{style}]" if style else job["status"],
-                f"{job['attempt']}/{job['maxAttempts']}",
-                job["lane"],
-                job["updatedAt"] or "",
-                job.get("availableAt") or "" if job["status"] == "queued" else "",
-            ]
-        )
     console = Console()
     # Narrow terminals lose the right-hand columns first; an id is never cut short.
-    console.print(fitted_table(LIST_COLUMNS, rows, console.width))
+    console.print(fitted_table(columns, [row(job) for job in page["jobs"]], console.width))
     if page.get("nextCursor"):
         console.print(f"(more: --cursor {page['nextCursor']}, or narrow the filters)")
     return 0
@@ -350,32 +361,20 @@ def waiting(
     """Queued jobs, newest first, each with why it waits: concurrency (its key runs its limit),
     rate (a rate limit has no allowance), share (other organisations' turns), or not before a time."""
     filters = {"status": "queued", "agentId": agent_id, "kind": kind, "tag": tag, "cursor": cursor}
-    try:
-        page = client_from_env().list(limit=limit, **{k: v for k, v in filters.items() if v is not None})
-    except ReceiptError as exc:
-        raise fail(exc) from exc
-    if as_json:
-        print_json(page)
-        return 0
-    rows = []
-    for job in page["jobs"]:
-        why = job.get("waiting") or {}
-        reason = why.get("reason") or ("not before" if job.get("availableAt") else "sent")
-        rows.append(
-            [
-                job["id"],
-                job["agentId"],
-                reason,
-                why.get("key") or "",
-                job.get("availableAt") or "",
-                job["updatedAt"] or "",
-            ]
-        )
-    console = Console()
-    console.print(fitted_table(WAITING_COLUMNS, rows, console.width))
-    if page.get("nextCursor"):
-        console.print(f"(more: --cursor {page['nextCursor']}, or narrow the filters)")
-    return 0
+    return _list_page(filters, limit, as_json, WAITING_COLUMNS, _waiting_row)
+
+
+def _waiting_row(job: dict[str, Any]) -> list[str]:
+    why = job.get("waiting") or {}
+    reason = why.get("reason") or ("not before" if job.get("availableAt") else "sent")
+    return [
+        job["id"],
+        job["agentId"],
+        reason,
+        why.get("key") or "",
+        job.get("availableAt") or "",
+        job["updatedAt"] or "",
+    ]
 
 
 WAITING_COLUMNS = (

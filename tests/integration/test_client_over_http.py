@@ -189,6 +189,31 @@ def test_jobs_list_at_80_columns_shows_every_id_whole(
     assert "not before" in capsys.readouterr().out  # every column when there is room
 
 
+def test_jobs_waiting_lists_queued_jobs_with_why_each_waits(
+    serve: Serve, token: tuple[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No worker offers a slot here: each queued job waits for its organisation's turn (``share``);
+    a delayed one waits for its time; ``--json`` is the page itself."""
+    _token_id, secret = token
+    url = serve("disabled")
+    cli_env(monkeypatch, url, secret)
+    client = Client(url, token=secret)
+    now = client.enqueue("factory", {"kind": "factory.run"})["job"]["id"]
+    later = client.enqueue("factory", {"kind": "factory.run"}, delayMs=3_600_000)["job"]["id"]
+    monkeypatch.setenv("COLUMNS", "200")
+    assert receipt_main(["jobs", "waiting"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [mine] = [line for line in lines if now in line]
+    [delayed] = [line for line in lines if later in line]
+    assert " share " in f" {mine} " and "not before" in delayed
+    assert receipt_main(["jobs", "waiting", "--json"]) == 0
+    page = json.loads(capsys.readouterr().out)
+    assert {j["id"]: j.get("waiting") for j in page["jobs"]} == {
+        now: {"reason": "share", "key": None},
+        later: None,
+    }
+
+
 # -- limits waited out ---------------------------------------------------------------------------
 
 
