@@ -101,26 +101,12 @@ def _offers(queue: str, settings: Settings, now: datetime) -> Any:
     )
 
 
-def capacity(conn: Connection, queue: str, settings: Settings, now: datetime) -> Capacity:
-    """The slots of the live processes that consume ``queue``."""
-    row = conn.execute(_offers(queue, settings, now)).one()
-    return Capacity(int(row[0]), int(row[1]))
-
-
 def _live_pending(now: datetime, epoch: str | None) -> Any:
     d = deliveries.c
     live = [d.state == "pending", d.deadline_at > now]
     if epoch is not None:
         live.append(or_(d.broker_epoch.is_(None), d.broker_epoch == epoch))
     return and_(*live)
-
-
-def in_flight(
-    conn: Connection, queue: str, now: datetime, epoch: str | None
-) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
-    """Attempts in flight in ``queue`` per organisation and per (organisation, key)."""
-    _cap, by_org, by_key = _counts(conn, queue, None, now, epoch)
-    return by_org, by_key
 
 
 def _counts(
