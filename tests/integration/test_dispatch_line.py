@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -52,9 +52,9 @@ def finish(queue: Queue, job_id: str) -> None:
     assert complete(queue, job_id, "w", 1).applied
 
 
-def run(engine: Engine, settings: Settings | None = None) -> line.PassResult:
+def run(engine: Engine, settings: Settings | None = None, at: datetime | None = None) -> line.PassResult:
     with transaction(engine) as conn:
-        return line.run_pass(conn, CHAT, settings or Settings(dispatch_lead=0), db_now(conn))
+        return line.run_pass(conn, CHAT, settings or Settings(dispatch_lead=0), at or db_now(conn))
 
 
 def sent(result: line.PassResult) -> list[str]:
@@ -168,7 +168,9 @@ def test_a_rate_limit_admits_its_burst_then_says_when_it_admits_again(engine: En
     assert sent(first) == [keyed[0].id, keyed[1].id]  # a burst of a tenth of a second at 20/s
     assert first.waiting[keyed[2].id] == Waiting("rate", "api-calls")
     assert first.retry_at is not None and 0 < (first.retry_at - first.now).total_seconds() <= 0.1
-    assert sent(run(engine, settings)) == []  # nothing more before then
+    # A pass 10 ms later, before one emission interval (50 ms) has passed, sends nothing more; the
+    # time is given, not read, so a slow machine cannot turn "before then" into "after then".
+    assert sent(run(engine, settings, at=first.now + timedelta(milliseconds=10))) == []
 
 
 def test_the_lease_refuses_a_full_key_and_leaves_the_job_queued(engine: Engine, queue: Queue) -> None:

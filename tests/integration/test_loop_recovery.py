@@ -96,17 +96,20 @@ def test_a_long_pass_renews_its_claim_so_no_second_pass_starts_beside_it(
 ) -> None:
     rt, _, _ = recording_runtime(engine, settings_for(redis_url))
     owner = "long-pass"
-    assert loops.claim(engine, "loop-long", owner, min_interval_ms=0, ttl_ms=300)
-    keep = loops.KeepAlive(rt.engine, "loop-long", owner, 300)
-    deadline = time.monotonic() + 1.5  # five deadlines' worth of work, renewed as it goes
+    # A deadline of one second: the pass renews after a third of it, so a stall of up to two
+    # thirds (a loaded machine, a SQLite writer's lock) does not cost it the claim.
+    ttl_ms = 1000
+    assert loops.claim(engine, "loop-long", owner, min_interval_ms=0, ttl_ms=ttl_ms)
+    keep = loops.KeepAlive(rt.engine, "loop-long", owner, ttl_ms)
+    deadline = time.monotonic() + 1.5 * ttl_ms / 1000  # past its first deadline, renewed as it goes
     while time.monotonic() < deadline:
         keep()
-        assert loops.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=300) is False
+        assert loops.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=ttl_ms) is False
         time.sleep(0.02)
     # Once it stops renewing, the claim lapses and the intruder's pass may run; the old pass
     # learns it lost the loop the next time it tries to renew.
-    time.sleep(0.4)
-    assert loops.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=300) is True
+    time.sleep(1.2 * ttl_ms / 1000)
+    assert loops.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=ttl_ms) is True
     with pytest.raises(loops.LoopClaimLost):
         keep()
 
