@@ -234,8 +234,17 @@ def queues_of(rt: Runtime, woken: Sequence[str]) -> set[str]:
 
 def dispatch_queue(rt: Runtime, queue: str, *, redrive: bool = False) -> list[str]:
     """One pass over ``queue``'s line, then the chosen attempts' worker messages; returns the ids
-    of the jobs whose delivery it started. ``redrive``: the queued redrive's pass, whose deliveries
-    carry the spec's redrive key ``<jobId>:redrive:<seq>:<status>`` (one per observed queue state)."""
+    of the jobs whose delivery it started. A pass asked for while this process runs one over the
+    same queue folds into one more pass after it (``app.dispatch.gate``) and returns nothing here.
+    ``redrive``: the queued redrive's pass, whose deliveries carry the spec's redrive key
+    ``<jobId>:redrive:<seq>:<status>`` (one per observed queue state); it is never folded, so
+    its deliveries keep that key."""
+    if redrive:
+        return _dispatch_once(rt, queue, redrive=True)
+    return rt.gate.run(queue, lambda: _dispatch_once(rt, queue, redrive=False))
+
+
+def _dispatch_once(rt: Runtime, queue: str, *, redrive: bool) -> list[str]:
     began_ns = time.time_ns() if tracing.on() else 0
     # Read before the messages are sent: a flush after this read is then always detected later.
     epoch = rt.broker.epoch()

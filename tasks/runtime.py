@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 
 from app.composition import build_queue
 from app.config import Settings
+from app.dispatch.gate import PassGate
 from app.dispatch.line import PassResult
 from app.jobs.routing import DISPATCH_TASK as DISPATCH_TASK
 from app.jobs.routing import DRIVER_TASK as DRIVER_TASK
@@ -49,6 +50,8 @@ class Runtime:
     # Each worker queue's latest dispatch pass in this process, and when it ran (monotonic): the
     # wake listener runs a queue's pass again when its line may move without a wake-up.
     passes: dict[str, tuple[float, PassResult]] = field(default_factory=dict)
+    # One pass per queue at a time in this process; asks meanwhile fold into one more pass.
+    gate: PassGate = field(default_factory=PassGate)
 
     @property
     def slots(self) -> Slots:

@@ -19,7 +19,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from sqlalchemy import and_, func, literal, null, or_, select, text, union_all
+from sqlalchemy import (
+    ColumnElement,
+    FromClause,
+    and_,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    text,
+    true,
+    union_all,
+)
 from sqlalchemy.engine import Connection
 
 from app.config import Settings
@@ -123,11 +135,31 @@ def _counts(
         func.count().label("n"),
         literal(0),
     ).where(j.status.in_(sorted(LEASED_STATUSES)), j.worker_queue == queue)
+    # Driven by the few live pending deliveries, each job then read by its key: a join the planner
+    # is free to turn around would walk the whole line instead, and just after a burst (statistics
+    # not yet analysed, the line estimated empty) it does.
+    pending = select(deliveries.c.job_id).where(_live_pending(now, epoch)).distinct().subquery("pending")
+    queued_here: FromClause
+    if is_sqlite(conn):  # no LATERAL; SQLite's planner drives a join from its smaller side
+        queued_here = (
+            select(j.id, j.organization_id, j.concurrency_key)
+            .where(j.status == "queued", j.worker_queue == queue)
+            .subquery("queued_here")
+        )
+        on: ColumnElement[bool] = queued_here.c.id == pending.c.job_id
+    else:
+        queued_here = (
+            select(j.organization_id, j.concurrency_key)
+            .where(j.id == pending.c.job_id, j.status == "queued", j.worker_queue == queue)
+            .limit(1)  # one row by its key anyway; the limit keeps PostgreSQL from flattening the join
+            .lateral("queued_here")
+        )
+        on = true()
+    q = queued_here.c
     sent = (
-        select(literal("sent"), j.organization_id, j.concurrency_key, func.count(func.distinct(j.id)), null())
-        .select_from(deliveries.join(jobs, j.id == deliveries.c.job_id))
-        .where(_live_pending(now, epoch), j.status == "queued", j.worker_queue == queue)
-        .group_by(j.organization_id, j.concurrency_key)
+        select(literal("sent"), q.organization_id, q.concurrency_key, func.count(), null())
+        .select_from(pending.join(queued_here, on))
+        .group_by(q.organization_id, q.concurrency_key)
     )
     parts = [leased.group_by(j.organization_id, j.concurrency_key), sent]
     if settings is not None:

@@ -161,6 +161,16 @@ Index(
     postgresql_where=jobs.c.status == "queued",
     sqlite_where=jobs.c.status == "queued",
 )
+# A worker queue's attempts in flight, the dispatch pass's count (migration 0016): only the few
+# leased and running rows, so the count does not walk the history's dead versions.
+Index(
+    "ix_jobs_in_flight",
+    jobs.c.worker_queue,
+    jobs.c.organization_id,
+    jobs.c.concurrency_key,
+    postgresql_where=jobs.c.status.in_(("leased", "running")),
+    sqlite_where=jobs.c.status.in_(("leased", "running")),
+)
 # A tag filter (``tags @> {"key": "value"}``): a GIN index over the tags. PostgreSQL only (migration
 # 0012), as ix_jobs_queued_since; SQLite filters the rows its other indexes give.
 Index("ix_jobs_tags", jobs.c.tags, postgresql_using="gin", postgresql_ops={"tags": "jsonb_path_ops"}).ddl_if(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, literal, select, union_all, update
 from sqlalchemy.engine import Connection, Engine
 
 from app import tracing
@@ -39,7 +39,7 @@ from app.jobs.ids import (
 from app.jobs.privilege import ENQUEUED_BY_FIELD, Enqueuer
 from app.jobs.reducer import REPLAY_OF_FIELD, REPLAYED_AS_FIELD, Job, reduce
 from app.jobs.replay import refuse_unless_replayable
-from app.jobs.routing import queue_for
+from app.jobs.routing import QUEUES, queue_for
 from app.jobs.tags import TAGS_FIELD
 from app.jobs.tracecontext import TRACE_CONTEXT_FIELD
 from app.jobs.transitions import AttemptStartStatus, Event
@@ -1079,15 +1079,19 @@ class Queue:
                     .where(jobs.c.id.in_(ids), jobs.c.worker_queue.is_(None))
                     .values(worker_queue=name)
                 )
-            rows = conn.execute(
-                select(jobs.c.worker_queue)
-                .where(
-                    jobs.c.status == "queued",
-                    jobs.c.worker_queue.is_not(None),
-                    since <= now - timedelta(milliseconds=min_age_ms),
+            # One probe per worker queue, each stopping at its first such job: a DISTINCT over
+            # the queued rows would read a whole backlog on every pass of the loop.
+            cutoff = now - timedelta(milliseconds=min_age_ms)
+            probes = [
+                select(literal(name).label("worker_queue")).where(
+                    select(jobs.c.id)
+                    .where(jobs.c.status == "queued", jobs.c.worker_queue == name, since <= cutoff)
+                    .limit(1)
+                    .exists()
                 )
-                .distinct()
-            ).all()
+                for name in sorted(QUEUES.values())
+            ]
+            rows = conn.execute(union_all(*probes)).all()
         return sorted(r.worker_queue for r in rows)
 
     def queued_older_than(
