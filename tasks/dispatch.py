@@ -255,7 +255,6 @@ def _dispatch_once(rt: Runtime, queue: str, *, redrive: bool) -> list[str]:
                 conn,
                 queue,
                 rt.settings,
-                db_now(conn),
                 epoch=epoch,
                 dispatch_key=_redrive_key if redrive else None,
             )

@@ -20,8 +20,6 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from sqlalchemy import (
-    ColumnElement,
-    FromClause,
     and_,
     func,
     literal,
@@ -29,7 +27,6 @@ from sqlalchemy import (
     or_,
     select,
     text,
-    true,
     union_all,
 )
 from sqlalchemy.engine import Connection
@@ -41,7 +38,7 @@ from app.jobs.errors import DeliveryGenerationsExceeded
 from app.jobs.reducer import Job
 from app.jobs.timing import timing_for
 from app.jobs.vocab import LEASED_STATUSES
-from app.storage import delivery, projection
+from app.storage import delivery
 from app.storage.db import (
     as_utc,
     deliveries,
@@ -49,6 +46,7 @@ from app.storage.db import (
     is_sqlite,
     jobs,
     lock_keys,
+    lock_keys_then_now,
     parse_iso,
     put_marks,
     worker_liveness,
@@ -103,16 +101,6 @@ def queues_field(queues: Sequence[str]) -> str:
     return " " + " ".join(sorted(set(queues))) + " "
 
 
-def _offers(queue: str, settings: Settings, now: datetime) -> Any:
-    """SQL: the slots and the number of the live processes that consume ``queue`` (renewed within
-    the self-fence, offering slots)."""
-    fresh = now - timedelta(milliseconds=settings.worker_self_fence_ms)
-    w = worker_liveness.c
-    return select(func.coalesce(func.sum(w.slots), 0), func.count()).where(
-        w.dead_at.is_(None), w.renewed_at > fresh, w.slots.is_not(None), w.queues.like(f"% {queue} %")
-    )
-
-
 def _live_pending(now: datetime, epoch: str | None) -> Any:
     d = deliveries.c
     live = [d.state == "pending", d.deadline_at > now]
@@ -121,12 +109,33 @@ def _live_pending(now: datetime, epoch: str | None) -> Any:
     return and_(*live)
 
 
-def _counts(
-    conn: Connection, queue: str, settings: Settings | None, now: datetime, epoch: str | None
-) -> tuple[Capacity, dict[str, int], dict[tuple[str, str], int]]:
-    """In one statement: the queue's capacity (with ``settings``; else none) and its attempts in
-    flight per organisation and per (organisation, key). Rows of the three parts are told apart by
-    their first column."""
+_IN_FLIGHT_STATUSES = ", ".join(f"'{status}'" for status in sorted(LEASED_STATUSES))
+# The counts on PostgreSQL, written once (the pass runs on every freed place). The sent part is
+# driven by the few live pending deliveries, each job then read by its key: a join the planner is
+# free to turn around would walk the whole line instead, and just after a burst (statistics not yet
+# analysed, the line estimated empty) it does; the LIMIT keeps the LATERAL from being flattened.
+_COUNTS_PG = text(
+    f"""
+SELECT 'leased' AS part, organization_id, concurrency_key, count(*) AS n, 0 AS processes
+FROM jobs WHERE status IN ({_IN_FLIGHT_STATUSES}) AND worker_queue = :queue
+GROUP BY organization_id, concurrency_key
+UNION ALL
+SELECT 'sent', q.organization_id, q.concurrency_key, count(*), NULL
+FROM (SELECT DISTINCT d.job_id FROM deliveries d
+      WHERE d.state = 'pending' AND d.deadline_at > :now
+        AND (CAST(:epoch AS text) IS NULL OR d.broker_epoch IS NULL OR d.broker_epoch = :epoch)) p
+CROSS JOIN LATERAL (
+    SELECT organization_id, concurrency_key FROM jobs j
+    WHERE j.id = p.job_id AND j.status = 'queued' AND j.worker_queue = :queue LIMIT 1) q
+GROUP BY q.organization_id, q.concurrency_key
+UNION ALL
+SELECT 'offers', NULL, NULL, coalesce(sum(slots), 0), count(*) FROM worker_liveness
+WHERE dead_at IS NULL AND renewed_at > :fresh AND slots IS NOT NULL AND queues LIKE :like
+"""
+)
+
+
+def _counts_sqlite(conn: Connection, queue: str, fresh: datetime, now: datetime, epoch: str | None) -> Any:
     j = jobs.c
     leased = select(
         literal("leased").label("part"),
@@ -135,42 +144,47 @@ def _counts(
         func.count().label("n"),
         literal(0),
     ).where(j.status.in_(sorted(LEASED_STATUSES)), j.worker_queue == queue)
-    # Driven by the few live pending deliveries, each job then read by its key: a join the planner
-    # is free to turn around would walk the whole line instead, and just after a burst (statistics
-    # not yet analysed, the line estimated empty) it does.
     pending = select(deliveries.c.job_id).where(_live_pending(now, epoch)).distinct().subquery("pending")
-    queued_here: FromClause
-    if is_sqlite(conn):  # no LATERAL; SQLite's planner drives a join from its smaller side
-        queued_here = (
-            select(j.id, j.organization_id, j.concurrency_key)
-            .where(j.status == "queued", j.worker_queue == queue)
-            .subquery("queued_here")
-        )
-        on: ColumnElement[bool] = queued_here.c.id == pending.c.job_id
-    else:
-        queued_here = (
-            select(j.organization_id, j.concurrency_key)
-            .where(j.id == pending.c.job_id, j.status == "queued", j.worker_queue == queue)
-            .limit(1)  # one row by its key anyway; the limit keeps PostgreSQL from flattening the join
-            .lateral("queued_here")
-        )
-        on = true()
+    queued_here = (
+        select(j.id, j.organization_id, j.concurrency_key)
+        .where(j.status == "queued", j.worker_queue == queue)
+        .subquery("queued_here")
+    )
     q = queued_here.c
     sent = (
         select(literal("sent"), q.organization_id, q.concurrency_key, func.count(), null())
-        .select_from(pending.join(queued_here, on))
+        .select_from(pending.join(queued_here, q.id == pending.c.job_id))
         .group_by(q.organization_id, q.concurrency_key)
     )
-    parts = [leased.group_by(j.organization_id, j.concurrency_key), sent]
-    if settings is not None:
-        offers = _offers(queue, settings, now).subquery()
-        parts.append(select(literal("offers"), null(), null(), *offers.c))
+    w = worker_liveness.c
+    offers = select(
+        literal("offers"), null(), null(), func.coalesce(func.sum(w.slots), 0), func.count()
+    ).where(w.dead_at.is_(None), w.renewed_at > fresh, w.slots.is_not(None), w.queues.like(f"% {queue} %"))
+    return conn.execute(union_all(leased.group_by(j.organization_id, j.concurrency_key), sent, offers))
+
+
+def _counts(
+    conn: Connection, queue: str, settings: Settings | None, now: datetime, epoch: str | None
+) -> tuple[Capacity, dict[str, int], dict[tuple[str, str], int]]:
+    """In one statement: the queue's capacity (with ``settings``; else none) and its attempts in
+    flight per organisation and per (organisation, key). Rows of the three parts are told apart by
+    their first column. Capacity counts the processes renewed within the self-fence that offer
+    slots for ``queue``."""
+    # Without settings no process is fresh enough: the capacity part answers nothing.
+    fresh = now - timedelta(milliseconds=settings.worker_self_fence_ms) if settings is not None else now
+    if is_sqlite(conn):
+        rows = _counts_sqlite(conn, queue, fresh, now, epoch)
+    else:
+        rows = conn.execute(
+            _COUNTS_PG, {"queue": queue, "now": now, "epoch": epoch, "fresh": fresh, "like": f"% {queue} %"}
+        )
     by_org: dict[str, int] = {}
     by_key: dict[tuple[str, str], int] = {}
     cap = Capacity(0, 0)
-    for part, org, key, n, processes in conn.execute(union_all(*parts)):
+    for part, org, key, n, processes in rows:
         if part == "offers":
-            cap = Capacity(int(n), int(processes))
+            if settings is not None:
+                cap = Capacity(int(n), int(processes))
             continue
         org = org or ""
         by_org[org] = by_org.get(org, 0) + n
@@ -187,6 +201,8 @@ class _Head:
     key: str | None
     limit: int | None
     since: datetime
+    # The row's job, read with the head so the claim need not read it again (parsed only if chosen).
+    state: Any = field(compare=False, repr=False)
 
 
 # Each organisation's heads in one statement: a skip scan over the line index finds the
@@ -206,7 +222,7 @@ WITH RECURSIVE orgs(org) AS (
     FROM orgs WHERE orgs.org IS NOT NULL
 )
 SELECT h.* FROM orgs CROSS JOIN LATERAL (
-    SELECT id, organization_id, priority, concurrency_key, concurrency_limit, status_changed_at
+    SELECT id, organization_id, priority, concurrency_key, concurrency_limit, status_changed_at, state
     FROM jobs j
     WHERE j.status = 'queued' AND j.worker_queue = :queue AND j.organization_id = orgs.org
       AND (j.available_at IS NULL OR j.available_at <= :now)
@@ -219,7 +235,7 @@ SELECT h.* FROM orgs CROSS JOIN LATERAL (
 ) h
 WHERE orgs.org IS NOT NULL
 UNION ALL
-(SELECT id, organization_id, priority, concurrency_key, concurrency_limit, status_changed_at
+(SELECT id, organization_id, priority, concurrency_key, concurrency_limit, status_changed_at, state
  FROM jobs j
  WHERE j.status = 'queued' AND j.worker_queue = :queue AND j.organization_id IS NULL
    AND (j.available_at IS NULL OR j.available_at <= :now)
@@ -263,6 +279,7 @@ def heads(
                 j.concurrency_key,
                 j.concurrency_limit,
                 j.status_changed_at,
+                j.state,
                 rank,
             )
             .where(
@@ -290,6 +307,7 @@ def heads(
             r.concurrency_key,
             r.concurrency_limit,
             as_utc(r.status_changed_at),
+            r.state,
         )
         for r in rows
     ]
@@ -321,14 +339,18 @@ def run_pass(
     conn: Connection,
     queue: str,
     settings: Settings,
-    now: datetime,
+    now: datetime | None = None,
     *,
     epoch: str | None = None,
     dispatch_key: Callable[[Job], str] | None = None,
 ) -> PassResult:
     """Choose and claim what fills ``queue``'s free places; see the module's steps. Each delivery
-    is keyed ``dispatch_key(job)`` (default: the job id, the enqueue's own key)."""
-    lock_keys(conn, [f"dispatch:{queue}"])
+    is keyed ``dispatch_key(job)`` (default: the job id, the enqueue's own key). ``now`` defaults
+    to the database's clock once the queue's lock is held (read with the lock, one round trip)."""
+    if now is None:
+        now = lock_keys_then_now(conn, [f"dispatch:{queue}"])
+    else:
+        lock_keys(conn, [f"dispatch:{queue}"])
     cap, by_org, by_key = _counts(conn, queue, settings, now, epoch)
     total = sum(by_org.values())
     places = cap.slots + settings.dispatch_lead * cap.processes - total
@@ -348,7 +370,7 @@ def run_pass(
     tats = rates.read(conn, rated)
     line = _with_turns_and_allowance(conn, queue, line, rated, tats, now)
     choice = choose(line)
-    claimed = _claim(conn, settings, choice, now, epoch, dispatch_key)
+    claimed = _claim(conn, settings, choice, {h.id: h for h in found}, now, epoch, dispatch_key)
     rates.spend(conn, rated, tats, choice.spent, now)
     if len(line.heads) > 1:
         # Turns break ties between organisations: a line of one has none to break.
@@ -430,15 +452,16 @@ def _claim(
     conn: Connection,
     settings: Settings,
     choice: Choice,
+    found: Mapping[str, _Head],
     now: datetime,
     epoch: str | None,
     dispatch_key: Callable[[Job], str] | None,
 ) -> list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]]:
-    ids = [c.job_id for c in choice.send]
-    if not ids:
+    # The heads' rows as this pass read them: a job canceled or moved since is found out at its
+    # lease, as for any delivery of a job that moved after its claim.
+    ready = [Job.from_json(found[c.job_id].state) for c in choice.send]
+    if not ready:
         return []
-    loaded = {job.id: job for job in projection.load_jobs(conn, ids)}
-    ready = [loaded[i] for i in ids if i in loaded and loaded[i].status == "queued"]
     requests = [
         delivery.StartRequest(
             job.id, dispatch_key(job) if dispatch_key else job.id, _driver_timeout_ms(job, settings)

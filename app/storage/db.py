@@ -647,6 +647,21 @@ def lock_keys(conn: Connection, names: Sequence[str]) -> None:
 _LOCK_MANY = text(
     "SELECT pg_advisory_xact_lock(k) FROM (SELECT unnest(CAST(:keys AS bigint[])) AS k ORDER BY 1) AS ks"
 )
+# The count consumes every lock before the outer row's clock is read: the time is the holder's.
+_LOCK_MANY_THEN_NOW = text(
+    "SELECT clock_timestamp() FROM (SELECT count(*) AS n FROM ("
+    "SELECT pg_advisory_xact_lock(k) FROM (SELECT unnest(CAST(:keys AS bigint[])) AS k ORDER BY 1) AS ks"
+    ") AS locked) AS held"
+)
+
+
+def lock_keys_then_now(conn: Connection, names: Sequence[str]) -> datetime:
+    """``lock_keys``, then the database's clock once they are held, in one round trip."""
+    if is_sqlite(conn) or not names:
+        lock_keys(conn, names)
+        return db_now(conn)
+    keys = sorted({_advisory_key(n) for n in names})
+    return as_utc(conn.execute(_LOCK_MANY_THEN_NOW, {"keys": keys}).scalar_one())
 
 
 def _advisory_key(name: str) -> int:
