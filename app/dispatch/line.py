@@ -1,12 +1,16 @@
 """One dispatch pass over one worker queue's waiting line, in one transaction (docs/dispatch.md).
 
-1. Passes of one queue are serialised (an advisory lock on PostgreSQL; SQLite has one writer).
+A pass runs on every freed place, so its statements are few and written once: on PostgreSQL,
+lock + clock, the counts, the heads, then the claim's (``delivery.begin_many``).
+
+1. Passes of one queue are serialised (an advisory lock on PostgreSQL, taken with the clock's
+   reading in one round trip; SQLite has one writer).
 2. Capacity: the slots of the queue's live worker processes (``worker_liveness``), plus the lead.
 3. In flight: the queue's leased jobs, and its queued jobs with a live pending delivery (sent, not
    yet leased), per organisation and per concurrency key. Counted from rows, never kept.
 4. Places = capacity - in flight. None free: the pass ends here.
 5. The head of each organisation's line (priority, then age; ready, not in flight, its key not
-   known full), at most ``places`` per organisation.
+   known full), at most ``places`` per organisation, with their rows (the claim reads no more).
 6. The choice (``app.dispatch.choice``), then the chosen jobs' deliveries are recorded
    (``delivery.begin_many``) and the limiters and turns advanced, all before the commit. The caller
    sends the worker messages after it.
