@@ -21,14 +21,14 @@ from opentelemetry.trace import SpanKind
 from sqlalchemy import select, update
 
 from app import tracing
-from app.dispatch import line
+from app.dispatch import fast, line, policies
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
 from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE, queue_for, route
 from app.jobs.timing import timing_for
 from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
 from app.ops import logs, metrics
-from app.storage import delivery
+from app.storage import delivery, projection
 from app.storage.db import db_now, jobs, parse_iso, transaction
 from app.storage.retry import retry_transient
 from delivery.wakes import LISTEN_BLOCK_S, QUEUE_TOKEN
@@ -182,9 +182,15 @@ class WakeListener:
 def _dispatch_batch(rt: Runtime, woken: list[str]) -> list[str]:
     """A dispatch pass (``app/dispatch/line.py``) for each worker queue the woken ids name: a
     job's own queue, or a queue a freed place names (``@<queue>``). The jobs a pass chooses may be
-    others than those woken: the line decides, in PostgreSQL."""
+    others than those woken: the line decides, in PostgreSQL. Woken jobs that their queue's last
+    pass left room for are claimed first, without a pass (``app/dispatch/fast.py``)."""
+    started = _claim_directly(rt, [w for w in woken if not w.startswith(QUEUE_TOKEN)])
+    if started:
+        direct = set(started)
+        woken = [w for w in woken if w not in direct]
+        if not woken:
+            return started
     queues = retry_transient(lambda: queues_of(rt, woken))
-    started: list[str] = []
     for queue in sorted(queues):
         started += dispatch_queue(rt, queue)
     return started
@@ -261,6 +267,7 @@ def _dispatch_once(rt: Runtime, queue: str, *, redrive: bool) -> list[str]:
 
     result = retry_transient(one_pass)
     rt.passes[queue] = (time.monotonic(), result)
+    rt.rooms.reset(queue)
     if rt.wakes is not None:
         try:
             rt.wakes.mark_line(queue, result.line_waiting)
@@ -269,6 +276,41 @@ def _dispatch_once(rt: Runtime, queue: str, *, redrive: bool) -> list[str]:
     if result.claimed:
         fetches.record_scan([job.id for job, _ in result.claimed])
     return _send_claimed(rt, result.claimed, began_ns)
+
+
+def _claim_directly(rt: Runtime, ids: list[str]) -> list[str]:
+    """Claim and send the woken jobs whose queue has room and no line (``app.dispatch.fast``);
+    return their ids. The rest are left to the pass."""
+    if not ids or not rt.rooms.any_room(rt.passes, time.monotonic()):
+        return []
+    began_ns = time.time_ns() if tracing.on() else 0
+    epoch = rt.broker.epoch()
+
+    def claim() -> list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]]:
+        with transaction(rt.engine) as conn:
+            now = db_now(conn)
+            org_policy = policies.org_policies(conn, rt.settings)
+            by_queue: dict[str, list[Job]] = {}
+            for job in projection.load_jobs(conn, ids):
+                if fast.qualifies(job, now, org_policy):
+                    by_queue.setdefault(queue_for(job.agent_id, job.kind), []).append(job)
+            chosen: list[Job] = []
+            for queue, candidates in by_queue.items():
+                places = rt.rooms.take(queue, rt.passes.get(queue), time.monotonic(), len(candidates))
+                chosen += fast.pick(candidates, places)
+            if not chosen:
+                return []
+            requests = [
+                delivery.StartRequest(job.id, job.id, line.driver_timeout_ms(job, rt.settings))
+                for job in chosen
+            ]
+            return list(zip(chosen, delivery.begin_many(conn, requests, now, epoch=epoch), strict=True))
+
+    claimed = retry_transient(claim)
+    if not claimed:
+        return []
+    fetches.record_scan([job.id for job, _ in claimed])
+    return _send_claimed(rt, claimed, began_ns)
 
 
 def _redrive_key(job: Job) -> str:

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Engine
 
 from app.composition import build_queue
 from app.config import Settings
+from app.dispatch.fast import Rooms
 from app.dispatch.gate import PassGate
 from app.dispatch.line import PassResult
 from app.jobs.routing import DISPATCH_TASK as DISPATCH_TASK
@@ -52,6 +53,8 @@ class Runtime:
     passes: dict[str, tuple[float, PassResult]] = field(default_factory=dict)
     # One pass per queue at a time in this process; asks meanwhile fold into one more pass.
     gate: PassGate = field(default_factory=PassGate)
+    # What this process claimed directly per queue since its last pass there (``app.dispatch.fast``).
+    rooms: Rooms = field(default_factory=Rooms)
 
     @property
     def slots(self) -> Slots:

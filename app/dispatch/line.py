@@ -468,14 +468,14 @@ def _claim(
         return []
     requests = [
         delivery.StartRequest(
-            job.id, dispatch_key(job) if dispatch_key else job.id, _driver_timeout_ms(job, settings)
+            job.id, dispatch_key(job) if dispatch_key else job.id, driver_timeout_ms(job, settings)
         )
         for job in ready
     ]
     return list(zip(ready, delivery.begin_many(conn, requests, now, epoch=epoch), strict=True))
 
 
-def _driver_timeout_ms(job: Job, settings: Settings) -> int:
+def driver_timeout_ms(job: Job, settings: Settings) -> int:
     return timing_for(job.agent_id, job.kind, job.payload, settings).driver_timeout_ms
 
 
