@@ -49,12 +49,13 @@ def is_isolated(name: str) -> bool:
 
 def base_env(*, handlers: str = "devharness.handlers", **extra: str) -> dict[str, str]:
     """The environment of a process under test: the shell's, minus Receipt's own variables."""
-    env = {k: v for k, v in os.environ.items() if not is_isolated(k)}
+    # Bytecode is written and reused, whatever the shell says: a process compiling the modules
+    # only the processes under test import (tasks/, api/, workers/) would pay it on every start.
+    env = {k: v for k, v in os.environ.items() if not is_isolated(k) and k != "PYTHONDONTWRITEBYTECODE"}
     env.update(
         {
             "PYTHONPATH": str(REPO_ROOT),
             "PYTHONUNBUFFERED": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
             "RECEIPT_HANDLER_MODULES": handlers,
             "RECEIPT_CODEX_COMMANDS": "enabled",
             # The tests read beat's sends, Celery's per-task lines and the loops' passes in the logs.
@@ -246,7 +247,13 @@ def active_notable_lines(limit: int = 40) -> str:
 
 def wait_started(proc: Proc, marker: str, timeout: float) -> None:
     """Wait until ``marker`` appears in the process's log; fail with its log if it exits first."""
-    wait_for(lambda: marker in proc.log() or not proc.alive(), timeout, what=f"{proc.name}: {marker!r}")
+    # Reading a log is cheap: a short interval keeps a start from waiting on the poll.
+    wait_for(
+        lambda: marker in proc.log() or not proc.alive(),
+        timeout,
+        interval=0.05,
+        what=f"{proc.name}: {marker!r}",
+    )
     assert proc.alive(), f"{proc.name} exited during start:\n{proc.tail()}"
 
 

@@ -76,6 +76,10 @@ class Stack:
     redis_server: RedisServer | None = None
     # The e2e tests' short timings; a benchmark sets {} before starting processes: production's.
     timings: dict[str, str] = field(default_factory=lambda: dict(FAST_TIMINGS))
+    # gunicorn's keep-alive in seconds (None: api/gunicorn_conf.py's). A graceful stop waits for
+    # every connection's keep-alive to run out, even one its client closed, so a test's web stops
+    # this long after its last request instead of production's 5 s.
+    web_keep_alive_s: int | None = None
 
     # -- processes
     def env(self, **extra: str) -> dict[str, str]:
@@ -107,6 +111,7 @@ class Stack:
                 "python:api.gunicorn_conf",
                 "--bind",
                 f"127.0.0.1:{self.web_port}",
+                *([] if self.web_keep_alive_s is None else ["--keep-alive", str(self.web_keep_alive_s)]),
                 "api.wsgi:app",
             ],
             # One gevent worker unless told otherwise (bench/compare.py runs the default two).
@@ -118,6 +123,7 @@ class Stack:
         wait_for(
             lambda: self.http.get(self.url("/healthz"), timeout=1).status_code == 200,
             BOOT_TIMEOUT_S,
+            interval=0.05,
             what="web /healthz",
             ignore=(requests.RequestException,),
         )

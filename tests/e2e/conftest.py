@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 
 from tests.support.databases import new_database
 from tests.support.processes import (  # noqa: F401
+    ACTIVE,
     REPO_ROOT,
     Harness,
     active_log_tails,
@@ -28,6 +29,30 @@ from tests.support.processes import (  # noqa: F401
 from tests.support.services import TcpProxy  # noqa: F401
 from tests.support.stack import ORG, Stack, make_stack, terminal_receipts, terminate_backends, worker_pid  # noqa: F401
 from tests.support.waiting import free_port, wait_for  # noqa: F401
+
+E2E_DIR = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """In each end-to-end module, the tests on the module's shared deployment run after the ones
+    that start a deployment of their own: a module-scoped stack stops only when its module ends, so
+    a test with its own deployment after it would run two deployments at once."""
+    start = 0
+    while start < len(items):
+        path = items[start].path
+        end = start
+        while end < len(items) and items[end].path == path:
+            end += 1
+        if path.resolve().parent == E2E_DIR:
+            items[start:end] = sorted(
+                items[start:end], key=lambda item: "module_harness" in getattr(item, "fixturenames", ())
+            )
+        start = end
+
+
+def running_elsewhere() -> list[str]:
+    """The processes other harnesses still run (a deployment a test would run beside)."""
+    return [f"{p.name} (pid {p.pid})" for h in ACTIVE for p in h.procs if not p.stopped and p.alive()]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -53,12 +78,15 @@ def module_database_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def module_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    assert not running_elsewhere(), f"another deployment still runs: {running_elsewhere()}"
     with harness_at(tmp_path_factory.mktemp("e2e-logs")) as h:
         yield h
 
 
 @pytest.fixture
 def harness(tmp_path: Path) -> Iterator[Harness]:
+    # One deployment at a time: two on two cores would slow each other's timings into flakes.
+    assert not running_elsewhere(), f"another deployment still runs: {running_elsewhere()}"
     with harness_at(tmp_path / "logs") as h:
         yield h
 

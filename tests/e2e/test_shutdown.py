@@ -201,7 +201,7 @@ def test_a_follower_across_a_web_restart_misses_and_repeats_nothing(stack: Stack
     web = stack.procs.pop("web")
     os.kill(web.pid, signal.SIGTERM)  # the graceful timeout is 19 s: the stream must not hold it
     took = _exited_within(web, 10)
-    # Well inside the 19 s graceful timeout; what remains is an idle keep-alive connection's 5 s.
+    # Well inside the 19 s graceful timeout; what remains is an idle keep-alive connection's (1 s here).
     assert took < 8, f"the web process took {took:.1f} s to drain"
     assert "event streams told to reconnect" in web.log()
     queue = queue_for(stack.engine)

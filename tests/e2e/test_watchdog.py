@@ -102,6 +102,23 @@ def beat_sends(stack: Stack, name: str, entry: str) -> int:
     return stack.procs[name].log_count(f"Sending due task {entry} ")
 
 
+@pytest.fixture(scope="module")
+def shared_wstack(
+    module_harness: Harness, module_database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """The watchdog's deployment (one beat), shared by this module's tests that neither stop a
+    process nor configure their own."""
+    s = make_stack(
+        module_harness, module_database_url, tmp_path_factory.mktemp("watchdog-home"), **WATCHDOG_ENV
+    )
+    try:
+        s.start(*PROCS)
+        yield s
+    finally:
+        s.close()
+        module_harness.stop_all()
+
+
 @pytest.fixture
 def wstack(harness: Harness, pg_database_url: str, tmp_path: Path) -> Iterator[Stack]:
     s = make_stack(harness, pg_database_url, tmp_path / "home", **WATCHDOG_ENV)
@@ -112,8 +129,8 @@ def wstack(harness: Harness, pg_database_url: str, tmp_path: Path) -> Iterator[S
         harness.stop_all()
 
 
-def test_a_lost_objective_is_reconciled_within_one_tick_and_completes(wstack: Stack) -> None:
-    wstack.start(*PROCS)
+def test_a_lost_objective_is_reconciled_within_one_tick_and_completes(shared_wstack: Stack) -> None:
+    wstack = shared_wstack
     lost_at = lost(wstack, "wd-lost")
     # The watchdog, a system job over every organisation, names objectives by their keys.
     finding = {"objectiveId": key("wd-lost"), "reason": "no_active_objective_work"}
@@ -219,8 +236,10 @@ def test_two_beats_give_one_watchdog_job_per_tick(wstack: Stack) -> None:
     assert set(created) <= {j.id for j in watchdog_jobs(wstack)}
 
 
-def test_a_computer_task_is_followed_by_its_monitor_until_it_ends(wstack: Stack, tmp_path: Path) -> None:
-    wstack.start(*PROCS)
+def test_a_computer_task_is_followed_by_its_monitor_until_it_ends(
+    shared_wstack: Stack, tmp_path: Path
+) -> None:
+    wstack = shared_wstack
     gate = tmp_path / "gate"
     body: dict[str, Any] = {
         "objectiveId": "wd-mon",

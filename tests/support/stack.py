@@ -51,16 +51,21 @@ __all__ = [
 # (10) those four idle stacks alone hold ~85 connections, and the suite ran out of PostgreSQL's
 # default max_connections (100). Under load a process still opens what it needs.
 TEST_POOL_SIZE = "2"
+# gunicorn's keep-alive for a test's web (production's is 5 s): its graceful stop at teardown
+# waits for the last connection's keep-alive to run out, which cost every test about 4 s.
+TEST_KEEP_ALIVE_S = 1
 
 
 def make_stack(harness: Harness, database_url: str, home: Path, **env_overrides: str) -> Stack:
     """``devharness.stack.make_stack``, skipping the test when redis-server is not installed; its
-    processes keep ``TEST_POOL_SIZE`` connections open between uses."""
+    processes keep ``TEST_POOL_SIZE`` connections open between uses, its web ``TEST_KEEP_ALIVE_S``."""
     env_overrides.setdefault("RECEIPT_DB_POOL_SIZE", TEST_POOL_SIZE)
     try:
-        return _stack.make_stack(harness, database_url, home, **env_overrides)
+        stack = _stack.make_stack(harness, database_url, home, **env_overrides)
     except ServiceUnavailable as exc:
         unavailable("redis-server", exc)
+    stack.web_keep_alive_s = TEST_KEEP_ALIVE_S
+    return stack
 
 
 def waiting_fences(broker: Any, queue: str) -> list[str]:
