@@ -298,13 +298,7 @@ def _claim_directly(rt: Runtime, ids: list[str]) -> list[str]:
             for queue, candidates in by_queue.items():
                 places = rt.rooms.take(queue, rt.passes.get(queue), time.monotonic(), len(candidates))
                 chosen += fast.pick(candidates, places)
-            if not chosen:
-                return []
-            requests = [
-                delivery.StartRequest(job.id, job.id, line.driver_timeout_ms(job, rt.settings))
-                for job in chosen
-            ]
-            return list(zip(chosen, delivery.begin_many(conn, requests, now, epoch=epoch), strict=True))
+            return line.claim(conn, rt.settings, chosen, now, epoch)
 
     claimed = retry_transient(claim)
     if not claimed:

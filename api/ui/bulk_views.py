@@ -24,6 +24,7 @@ from flask.typing import ResponseReturnValue
 from api import auth, inputs, jsonbody, schemas, sse
 from api.context import read_connection, state
 from api.errors import FORBIDDEN, ApiError
+from api.following import sse_timing
 from api.jobs import bulk_authorizer, operation_json
 from api.ui import BLUEPRINT, UiError, blueprint, current_session
 from api.ui.jobs_views import filter_args, read_filters, row_view
@@ -213,11 +214,7 @@ def operation_events(operationId: str) -> ResponseReturnValue:
     """The operation's audit stream as Server-Sent Events (one ``receipt`` event per page)."""
     org, _progress = _found(operationId)
     st = state()
-    timing = sse.Timing(
-        poll_ms=st.settings.sse_poll_ms,
-        max_seconds=st.settings.sse_max_seconds,
-        heartbeat_seconds=st.sse_heartbeat_seconds,
-    )
+    timing = sse_timing()
     token_id = current_session().identity.token_id
     stream = bulk_actions.operation_stream(org, operationId)
     return sse.event_stream_response(sse.follow(st.engine, st.poller, stream, 0, "receipt", timing, token_id))

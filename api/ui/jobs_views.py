@@ -20,7 +20,7 @@ from flask.typing import ResponseReturnValue
 from api import inputs, jsonbody, schemas, sse
 from api.context import read_connection, state
 from api.errors import FORBIDDEN, ApiError
-from api.following import resume_point
+from api.following import resume_point, sse_timing
 from api.jobs import visible_job
 from api.present import job_json
 from api.ui import BLUEPRINT, blueprint, current_session, redact, session, timeline
@@ -300,11 +300,7 @@ def job_events(jobId: str) -> ResponseReturnValue:
     query = inputs.read_query(schemas.scoped_query(schemas.EVENTS_QUERY))
     after = resume_point(query)
     st = state()
-    timing = sse.Timing(
-        poll_ms=st.settings.sse_poll_ms,
-        max_seconds=st.settings.sse_max_seconds,
-        heartbeat_seconds=st.sse_heartbeat_seconds,
-    )
+    timing = sse_timing()
     token_id = current_session().identity.token_id
     frames = sse.follow(st.engine, st.poller, job_stream(job.id), after, "job", timing, token_id)
     return sse.event_stream_response(frames)

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from api import inputs, jsonbody, schemas, sse
 from api.auth import scoped_organization
 from api.context import read_connection, state
-from api.following import resume_point
+from api.following import resume_point, sse_timing
 from api.ui import BLUEPRINT, UiError, blueprint, current_session, graph, redact
 from api.ui.objectives import FactoryReader, ObjectiveReader
 from api.watch import StreamPoller
@@ -110,11 +110,7 @@ def objective_events(objectiveId: str) -> ResponseReturnValue:
     objective = _objective(objectiveId)["objective"]  # visibility (the reader scopes) first
     after = resume_point(inputs.read_query(schemas.scoped_query(schemas.EVENTS_QUERY)))
     st = state()
-    timing = sse.Timing(
-        poll_ms=st.settings.sse_poll_ms,
-        max_seconds=st.settings.sse_max_seconds,
-        heartbeat_seconds=st.sse_heartbeat_seconds,
-    )
+    timing = sse_timing()
     scope, reader = _one(), _reader()
     token_id = current_session().identity.token_id
 

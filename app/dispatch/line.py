@@ -374,7 +374,11 @@ def run_pass(
     tats = rates.read(conn, rated)
     line = _with_turns_and_allowance(conn, queue, line, rated, tats, now)
     choice = choose(line)
-    claimed = _claim(conn, settings, choice, {h.id: h for h in found}, now, epoch, dispatch_key)
+    # The heads' rows as this pass read them: a job canceled or moved since is found out at its
+    # lease, as for any delivery of a job that moved after its claim.
+    rows = {h.id: h.state for h in found}
+    chosen = [Job.from_json(rows[c.job_id]) for c in choice.send]
+    claimed = claim(conn, settings, chosen, now, epoch, dispatch_key)
     rates.spend(conn, rated, tats, choice.spent, now)
     if len(line.heads) > 1:
         # Turns break ties between organisations: a line of one has none to break.
@@ -452,30 +456,28 @@ def _with_turns_and_allowance(
     )
 
 
-def _claim(
+def claim(
     conn: Connection,
     settings: Settings,
-    choice: Choice,
-    found: Mapping[str, _Head],
+    ready: Sequence[Job],
     now: datetime,
     epoch: str | None,
-    dispatch_key: Callable[[Job], str] | None,
+    dispatch_key: Callable[[Job], str] | None = None,
 ) -> list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]]:
-    # The heads' rows as this pass read them: a job canceled or moved since is found out at its
-    # lease, as for any delivery of a job that moved after its claim.
-    ready = [Job.from_json(found[c.job_id].state) for c in choice.send]
+    """Record a delivery for each of ``ready`` (keyed ``dispatch_key(job)``, default its id): the
+    end of a pass, and a direct claim's (``app.dispatch.fast``)."""
     if not ready:
         return []
     requests = [
         delivery.StartRequest(
-            job.id, dispatch_key(job) if dispatch_key else job.id, driver_timeout_ms(job, settings)
+            job.id, dispatch_key(job) if dispatch_key else job.id, _driver_timeout_ms(job, settings)
         )
         for job in ready
     ]
     return list(zip(ready, delivery.begin_many(conn, requests, now, epoch=epoch), strict=True))
 
 
-def driver_timeout_ms(job: Job, settings: Settings) -> int:
+def _driver_timeout_ms(job: Job, settings: Settings) -> int:
     return timing_for(job.agent_id, job.kind, job.payload, settings).driver_timeout_ms
 
 
