@@ -14,7 +14,7 @@ own configured from the same mapping, ``celeryconfig.build(settings)``, with no 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +79,9 @@ class DeliveryClient:
         # The coalescing wake list on the broker's Redis; None on other brokers (and in tests that
         # want every wake-up to carry its ids).
         self.wakes = wakes
+        # Where the worker queues of ended jobs go, their places being free: a worker process's own
+        # refill (``tasks.dispatch.Refill``); None: as wake-ups to the driver (``@<queue>``).
+        self.on_freed: Callable[[list[str]], None] | None = None
 
     @classmethod
     def publish_only(cls, settings: Settings) -> DeliveryClient:
@@ -121,9 +124,20 @@ class DeliveryClient:
         """Wake the dispatch scanner for jobs that became dispatchable, or that ended and so freed a
         place in their worker queue (``delivery/wakes.py``): a queued job's id, or its queue's token
         for an ended one, go onto the wake list and ``receipt.dispatch`` is sent when no scan is
-        armed; without a wake list the message carries them."""
+        armed; without a wake list the message carries them. Where ``on_freed`` is set (a worker
+        process refilling its own lines), the ended jobs' queues go to it instead."""
         names = [j.id if not j.terminal else QUEUE_TOKEN + queue_for(j.agent_id, j.kind) for j in jobs]
+        on_freed = self.on_freed
+        if on_freed is not None:
+            freed = [n[len(QUEUE_TOKEN) :] for n in names if n.startswith(QUEUE_TOKEN)]
+            if freed:
+                on_freed(list(dict.fromkeys(freed)))
+                names = [n for n in names if not n.startswith(QUEUE_TOKEN)]
         wake(self._send_wake, self.wakes, list(dict.fromkeys(names)))
+
+    def wake_queues(self, queues: Sequence[str]) -> None:
+        """Wake the dispatch scanner for places freed in ``queues`` (their lines may move)."""
+        wake(self._send_wake, self.wakes, [QUEUE_TOKEN + q for q in queues])
 
     def wake_ids(self, ids: Sequence[str]) -> None:
         """``wake`` for job ids already known dispatchable (wake-ups a stopping driver hands back)."""

@@ -43,8 +43,12 @@ LISTENING_KEY = "receipt:wake:listening"
 # Set while a worker queue's line holds jobs its last dispatch pass could not send (no free place,
 # or heads left): a freed place there is worth a pass; elsewhere its token is dropped unread. Kept
 # by every pass that leaves a line (a listener looks again every second while one waits), so the
-# TTL only ends a mark whose driver died; the queued redrive still moves that line.
+# TTL only ends a mark whose driver died; the queued redrive still moves that line. Its value says
+# whether that pass found no free place at all (``LINE_FULL``): a job joining such a line needs no
+# pass of its own, the next freed place's pass weighs it.
 LINE_KEY = "receipt:wake:line:"
+LINE_FULL = b"full"
+LINE_HELD = b"1"
 LINE_TTL_MS = 30_000
 LISTENING_TTL_MS = 3_000
 # How long one blocking wait (BLMPOP, or BLPOP before Redis 7) lasts: the listener renews its key
@@ -126,19 +130,28 @@ class WakeList:
         """Up to ``count`` ids, oldest first (an empty list when drained)."""
         return _decoded(self._client.lpop(self.ids_key, count))
 
-    def mark_line(self, queue: str, waiting: bool) -> None:
-        """Record whether ``queue``'s line holds jobs its pass left waiting."""
+    def mark_line(self, queue: str, waiting: bool, full: bool = False) -> None:
+        """Record whether ``queue``'s line holds jobs its pass left waiting, and whether that pass
+        found no free place (``full``)."""
         if waiting:
-            self._client.set(self.line_prefix + queue, b"1", px=LINE_TTL_MS)
+            self._client.set(self.line_prefix + queue, LINE_FULL if full else LINE_HELD, px=LINE_TTL_MS)
         else:
             self._client.delete(self.line_prefix + queue)
 
+    def line_marks(self, queues: Sequence[str]) -> dict[str, bytes]:
+        """The marks of the lines among ``queues`` that hold jobs left waiting (one round trip)."""
+        if not queues:
+            return {}
+        found = self._client.mget([self.line_prefix + q for q in queues])
+        return {
+            q: v if isinstance(v, bytes) else str(v).encode()
+            for q, v in zip(queues, found, strict=True)
+            if v is not None
+        }
+
     def lines_waiting(self, queues: Sequence[str]) -> set[str]:
         """The queues among ``queues`` whose line holds jobs left waiting (one round trip)."""
-        if not queues:
-            return set()
-        found = self._client.mget([self.line_prefix + q for q in queues])
-        return {q for q, v in zip(queues, found, strict=True) if v is not None}
+        return set(self.line_marks(queues))
 
 
 def _decoded(raw: Any) -> list[str]:

@@ -244,6 +244,28 @@ def _stop_wake_listener(sender: Any = None, **_: Any) -> None:
         listener.stop()
 
 
+def _start_refill(sender: Any = None, **_: Any) -> None:
+    """A process that runs attempts refills the places they free itself (``dispatch.Refill``),
+    where the broker's Redis keeps the lines' marks; elsewhere its ended jobs wake the driver."""
+    worker_app = getattr(sender, "app", None)
+    if worker_app is None or getattr(worker_app, "receipt_settings", None) is None:
+        return
+    offer = _offer(sender, worker_app)
+    rt = get_runtime(worker_app)
+    if offer is None or rt.wakes is None:
+        return
+    refill = dispatch.Refill(rt, offer.queues.split())
+    worker_app.receipt_refill = refill
+    refill.start()
+
+
+def _stop_refill(sender: Any = None, **_: Any) -> None:
+    worker_app = getattr(sender, "app", None)
+    refill = getattr(worker_app, "receipt_refill", None) if worker_app is not None else None
+    if refill is not None:
+        refill.stop()
+
+
 def _write_pending_ledger_rows(sender: Any = None, **_: Any) -> None:
     """At shutdown: the ledger rows the background writer still holds (up to its 50 ms gather)."""
     worker_app = getattr(sender, "app", None)
@@ -307,6 +329,8 @@ signals.worker_init.connect(_size_slots)
 signals.worker_shutdown.connect(_stop_liveness)
 signals.worker_ready.connect(_start_wake_listener)
 signals.worker_shutdown.connect(_stop_wake_listener)
+signals.worker_ready.connect(_start_refill)
+signals.worker_shutdown.connect(_stop_refill)
 signals.worker_shutdown.connect(_write_pending_ledger_rows)
 # Who fetched which message, and which consumers are alive (tasks/fetches.py): a delivery whose
 # message died with its fetcher is redelivered within seconds instead of the driver timeout.

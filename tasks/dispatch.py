@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NotRequired, TypedDict
@@ -31,7 +31,7 @@ from app.ops import logs, metrics
 from app.storage import delivery, projection
 from app.storage.db import db_now, jobs, parse_iso, transaction
 from app.storage.retry import retry_transient
-from delivery.wakes import LISTEN_BLOCK_S, QUEUE_TOKEN
+from delivery.wakes import LINE_FULL, LISTEN_BLOCK_S, QUEUE_TOKEN
 from tasks import fetches
 from tasks.runtime import DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
 from workers.shutdown import PROCESS
@@ -56,6 +56,10 @@ LISTENER_BACKOFF_S = 0.5
 # pass ran, or heads were left); and its shortest wait (a rate limiter's next admission).
 LINE_TICK_S = 1.0
 MIN_BLOCK_S = 0.01
+# Jobs that join a line whose last pass found no free place take no pass of their own (the next
+# freed place's pass weighs them); the process they woke looks at that line within this anyway, so
+# one that a concurrent pass emptied meanwhile is not left waiting for a tick.
+FULL_LINE_LOOK_S = 0.1
 LISTENER_BACKOFF_MAX_S = 30.0
 
 
@@ -159,62 +163,185 @@ class WakeListener:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, LISTENER_BACKOFF_MAX_S)
 
-    def _again_at(self) -> dict[str, float]:
-        """Each queue whose line may move without a wake-up, and when (monotonic)."""
-        out = {}
-        for queue, (ran_at, result) in list(self.rt.passes.items()):
-            again = result.again_in_s(LINE_TICK_S)
-            if again is not None:
-                out[queue] = ran_at + again
-        return out
-
     def _block_s(self) -> float:
-        due = self._again_at()
-        if not due:
-            return LISTEN_BLOCK_S
-        return min(LISTEN_BLOCK_S, max(MIN_BLOCK_S, min(due.values()) - time.monotonic()))
+        return look_again_in_s(self.rt)
 
     def _due(self) -> list[str]:
+        return lines_due(self.rt)
+
+
+def _again_at(rt: Runtime) -> dict[str, float]:
+    """Each queue whose line may move without a wake-up, and when (monotonic): from this process's
+    latest pass over it, or a look it owes a full line that jobs joined without a pass."""
+    out = dict(rt.looks)
+    for queue, (ran_at, result) in list(rt.passes.items()):
+        again = result.again_in_s(LINE_TICK_S)
+        if again is not None:
+            out[queue] = min(ran_at + again, out.get(queue, float("inf")))
+    return out
+
+
+def look_again_in_s(rt: Runtime) -> float:
+    """How long a process that runs passes may wait before one of its lines is due a look again
+    (at most ``LISTEN_BLOCK_S``, at least ``MIN_BLOCK_S``)."""
+    due = _again_at(rt)
+    if not due:
+        return LISTEN_BLOCK_S
+    return min(LISTEN_BLOCK_S, max(MIN_BLOCK_S, min(due.values()) - time.monotonic()))
+
+
+def lines_due(rt: Runtime) -> list[str]:
+    """The queues whose line is due a look again now."""
+    now = time.monotonic()
+    return sorted(queue for queue, at in _again_at(rt).items() if at <= now)
+
+
+class Refill:
+    """A worker process refills the places its own attempts free, in this thread of its own.
+
+    A place frees when an attempt ends. Where its line holds jobs waiting (the mark every pass
+    keeps, ``delivery/wakes.py``), this process runs that line's pass itself, as soon as the
+    settlement has committed: no wake-up travels to a driver and back, so under load a freed place
+    is taken again within one pass rather than after a broker round trip and whatever the driver's
+    listener is busy with. The asks of the attempts that end during a pass fold into the next
+    one. This process's passes are looked at again as the driver's are (a rate limiter's next
+    admission, a line left with no place free), and a process that starts fills its new places at
+    once. A pass that fails hands its lines to the driver as wake-ups (``@<queue>``), as an ended
+    attempt in a process without this thread does.
+    """
+
+    def __init__(self, rt: Runtime, queues: Sequence[str]) -> None:
+        self.rt = rt
+        self.queues = tuple(queues)
+        self._cond = threading.Condition()
+        self._asked: set[str] = set()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="receipt-refill", daemon=True)
+        self.passes = 0
+        self.served = 0  # asks taken and answered (with a pass or without: no line waited)
+
+    def start(self) -> None:
+        self.rt.delivery.on_freed = self.ask
+        self.ask(self.queues)  # this process's places are new: a line waiting there can move now
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ended attempts' places go to the driver again; an ask not yet served is handed to it."""
+        self.rt.delivery.on_freed = None
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout=LISTEN_BLOCK_S + 5)
+        with self._cond:
+            left, self._asked = self._asked, set()
+        self._hand_to_driver(left)
+
+    def ask(self, queues: Iterable[str]) -> None:
+        """Places freed in ``queues`` (called after the settlement's commit; never blocks on I/O)."""
+        with self._cond:
+            self._asked.update(queues)
+            self._cond.notify()
+
+    def _take(self, wait_s: float) -> set[str] | None:
+        """The queues asked for, once there are any or ``wait_s`` passed; None once stopping."""
+        with self._cond:
+            if not self._asked and not self._stopping:
+                self._cond.wait(wait_s)
+            if self._stopping:
+                return None
+            asked, self._asked = self._asked, set()
+            return asked
+
+    def _run(self) -> None:
+        backoff = LISTENER_BACKOFF_S
+        while True:
+            asked = self._take(look_again_in_s(self.rt))
+            if asked is None:
+                return
+            try:
+                for queue in sorted(self._waiting(asked) | set(lines_due(self.rt))):
+                    dispatch_queue(self.rt, queue)
+                    self.passes += 1
+                backoff = LISTENER_BACKOFF_S
+            except Exception as exc:
+                log.warning("refill: %s; the driver moves these lines; again in %.1f s", exc, backoff)
+                self._hand_to_driver(asked)
+                with self._cond:
+                    if not self._stopping:
+                        self._cond.wait(backoff)
+                backoff = min(backoff * 2, LISTENER_BACKOFF_MAX_S)
+            self.served += bool(asked)
+
+    def _waiting(self, asked: set[str]) -> set[str]:
+        """Of the queues asked for, those whose line holds jobs waiting: known from this process's
+        own pass over it within the last tick, else from the lines' marks."""
         now = time.monotonic()
-        return sorted(queue for queue, at in self._again_at().items() if at <= now)
+        known = set()
+        for queue in asked:
+            latest = self.rt.passes.get(queue)
+            if latest is not None and now - latest[0] < LINE_TICK_S and latest[1].line_waiting:
+                known.add(queue)
+        return known | _freed(self.rt, asked - known)
+
+    def _hand_to_driver(self, queues: set[str]) -> None:
+        if not queues:
+            return
+        try:
+            self.rt.delivery.wake_queues(sorted(queues))
+        except Exception:  # best-effort, like every wake-up: the queued redrive moves these lines
+            log.exception("refill: could not hand %d lines to the driver", len(queues))
 
 
 def _dispatch_batch(rt: Runtime, woken: list[str]) -> list[str]:
     """A dispatch pass (``app/dispatch/line.py``) for each worker queue the woken ids name: a
     job's own queue, or a queue a freed place names (``@<queue>``). The jobs a pass chooses may be
     others than those woken: the line decides, in PostgreSQL. Woken jobs that their queue's last
-    pass left room for are claimed first, without a pass (``app/dispatch/fast.py``)."""
+    pass left room for are claimed first, without a pass (``app/dispatch/fast.py``); jobs that
+    joined a line whose last pass found no free place wait for the next freed place's pass, and
+    this process looks at that line within ``FULL_LINE_LOOK_S`` whatever happens."""
     started = _claim_directly(rt, [w for w in woken if not w.startswith(QUEUE_TOKEN)])
     if started:
         direct = set(started)
         woken = [w for w in woken if w not in direct]
         if not woken:
             return started
-    queues = retry_transient(lambda: queues_of(rt, woken))
-    for queue in sorted(queues):
+    tokens = {w[len(QUEUE_TOKEN) :] for w in woken if w.startswith(QUEUE_TOKEN)}
+    ids = sorted({w for w in woken if not w.startswith(QUEUE_TOKEN)})
+    joined = retry_transient(lambda: queues_of(rt, ids)) if ids else set()
+    marks = _marks(rt, tokens | joined)
+    freed = tokens if marks is None else {q for q in tokens if q in marks}
+    full = set() if marks is None else {q for q in joined - freed if marks.get(q) == LINE_FULL}
+    look_at = time.monotonic() + FULL_LINE_LOOK_S
+    for queue in full:
+        rt.looks.setdefault(queue, look_at)
+    for queue in sorted(freed | (joined - full)):
         started += dispatch_queue(rt, queue)
     return started
 
 
+def _marks(rt: Runtime, queues: set[str]) -> dict[str, bytes] | None:
+    """The marks of the lines among ``queues`` that hold jobs waiting (``delivery/wakes.py``); None
+    without a wake list (the embedded broker) or while its Redis fails: then every line is taken to
+    wait, and none to be full, rather than guessed."""
+    if rt.wakes is None or not queues:
+        return None
+    try:
+        return rt.wakes.line_marks(sorted(queues))
+    except Exception:
+        return None
+
+
 def _freed(rt: Runtime, tokens: set[str]) -> set[str]:
     """Of the queues where a place freed, those whose line holds jobs waiting: a pass elsewhere
-    would find nothing to send. Without a wake list (the embedded broker) every one of them."""
-    if rt.wakes is None or not tokens:
-        return tokens
-    try:
-        return rt.wakes.lines_waiting(sorted(tokens))
-    except Exception:  # the broker's Redis is failing: pass them all rather than guess
-        return tokens
+    would find nothing to send."""
+    marks = _marks(rt, tokens)
+    return tokens if marks is None else {q for q in tokens if q in marks}
 
 
-def queues_of(rt: Runtime, woken: Sequence[str]) -> set[str]:
-    """The worker queues of the woken jobs (from their rows' agent and kind), and the queues named
-    by freed-place tokens whose line holds jobs waiting. A queued row an older release wrote
-    without its ``worker_queue`` gets it here, so the pass can find it in its line."""
-    queues = _freed(rt, {w[len(QUEUE_TOKEN) :] for w in woken if w.startswith(QUEUE_TOKEN)})
-    ids = sorted({w for w in woken if not w.startswith(QUEUE_TOKEN)})
-    if not ids:
-        return queues
+def queues_of(rt: Runtime, ids: Sequence[str]) -> set[str]:
+    """The worker queues of the woken jobs (from their rows' agent and kind). A queued row an older
+    release wrote without its ``worker_queue`` gets it here, so the pass can find it in its line."""
+    queues: set[str] = set()
     with rt.engine.connect() as conn:
         rows = conn.execute(
             select(jobs.c.id, jobs.c.agent_id, jobs.c.kind, jobs.c.status, jobs.c.worker_queue).where(
@@ -267,10 +394,11 @@ def _dispatch_once(rt: Runtime, queue: str, *, redrive: bool) -> list[str]:
 
     result = retry_transient(one_pass)
     rt.passes[queue] = (time.monotonic(), result)
+    rt.looks.pop(queue, None)
     rt.rooms.reset(queue)
     if rt.wakes is not None:
         try:
-            rt.wakes.mark_line(queue, result.line_waiting)
+            rt.wakes.mark_line(queue, result.line_waiting, full=result.blocked)
         except Exception:  # best-effort: an unmarked line is still moved by the listener's look
             log.warning("could not mark the %s line", queue, exc_info=True)
     if result.claimed:

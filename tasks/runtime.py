@@ -55,6 +55,8 @@ class Runtime:
     gate: PassGate = field(default_factory=PassGate)
     # What this process claimed directly per queue since its last pass there (``app.dispatch.fast``).
     rooms: Rooms = field(default_factory=Rooms)
+    # Full lines that jobs joined without a pass, and when this process looks at each (monotonic).
+    looks: dict[str, float] = field(default_factory=dict)
 
     @property
     def slots(self) -> Slots:

@@ -74,7 +74,7 @@ def shutting_down() -> Iterator[None]:
 
 
 def _runtime(batch: list[str]) -> Any:
-    return SimpleNamespace(wakes=Wakes(batch), delivery=Delivery(), passes={})
+    return SimpleNamespace(wakes=Wakes(batch), delivery=Delivery(), passes={}, looks={})
 
 
 @pytest.mark.usefixtures("shutting_down")
