@@ -189,3 +189,40 @@ def test_a_job_that_joins_a_full_line_takes_no_pass_and_the_line_is_looked_at_so
     assert dispatch.dispatch_jobs(rt, []) == {"started": [second.id]}
     assert CHAT not in rt.looks
     assert {third.id, fourth.id}.isdisjoint(attempts_sent(sent))  # still in the line: no place
+
+
+def test_a_worker_process_that_consumes_a_worker_queue_starts_its_refill_and_stops_it(
+    refill_rt: tuple[Runtime, Recorder],
+) -> None:
+    """The worker's signals: ready starts the refill of the queues its consumer reads (and only
+    where the broker's Redis keeps the lines' marks); shutdown stops it, so ended attempts wake the
+    driver again."""
+    from types import SimpleNamespace
+
+    from tasks import celery_app
+
+    rt, _sent = refill_rt
+    rt.app.amqp.queues.select([CHAT])  # what `-Q receipt-chat` makes the consumer read
+    worker = SimpleNamespace(app=rt.app, concurrency=2)
+    celery_app._start_refill(sender=worker)
+    try:
+        refill = rt.app.receipt_refill
+        assert refill.queues == (CHAT,)
+        assert rt.delivery.on_freed == refill.ask
+    finally:
+        celery_app._stop_refill(sender=worker)
+    assert rt.delivery.on_freed is None
+
+
+def test_without_a_wake_list_a_worker_starts_no_refill(pg_engine: Engine, redis_url: str) -> None:
+    """No lines' marks to read (the embedded broker): ended attempts wake the driver, as before."""
+    from types import SimpleNamespace
+
+    from tasks import celery_app
+
+    rt, _sent, _ = recording_runtime(pg_engine, settings_for(redis_url), offer=False)
+    assert rt.wakes is None
+    rt.app.amqp.queues.select([CHAT])
+    celery_app._start_refill(sender=SimpleNamespace(app=rt.app, concurrency=2))
+    assert getattr(rt.app, "receipt_refill", None) is None
+    assert rt.delivery.on_freed is None
