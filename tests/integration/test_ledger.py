@@ -17,11 +17,11 @@ from app.factory import ledger, service
 from app.factory.hooks import Ledger
 from app.factory.plan import validate_objective
 from app.jobs.ids import qualify
-from app.jobs.validation import EnqueueRequest
+from app.jobs.validation import EnqueueRequest, validate_enqueue
 from app.storage.db import durable_activities, durable_workflows
 from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, drain, plan
-from tests.support.queue_ops import lease
+from tests.support.queue_ops import complete, lease
 
 AUTH = {"userId": "u1", "organizationId": "org-a"}
 
@@ -233,3 +233,38 @@ def ledger_hook(queue: Queue) -> ledger.BackgroundWriter:
     hook = queue.hook(Ledger)
     assert hook is not None and hook.writer is not None
     return hook.writer
+
+
+def test_queue_commands_pass_straight_through_and_never_touch_the_ledger(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spec: "Queue commands are a deliberate straight pass-through, so steer and follow-up never
+    depend on workflow signal delivery." With the ledger failing on every write, a steer and a
+    follow-up to a running ledger-tracked job are on its stream, pending for its handler, as soon as
+    they return; the ledger is not called for either (it is for the job's own transitions)."""
+    req = validate_enqueue(
+        "factory", {"jobId": "lg-cmd", "payload": {"kind": "factory.run", "authContext": AUTH}}
+    )
+    job_id = queue.enqueue(req).job.id
+    assert ledger.tracked("factory.run")
+    assert lease(queue, job_id, "w1", 600_000, start=True).applied
+    calls: list[list[str]] = []
+
+    def failing(_engine: Engine, changed: Any, _writer: Any = None) -> None:
+        calls.append([job.id for job in changed])
+        raise RuntimeError("ledger database is down")
+
+    monkeypatch.setattr(ledger, "after_commit", failing)
+    steer = queue.command(job_id, "steer", {"text": "left"})
+    follow = queue.command(job_id, "follow_up", {"text": "then right"})
+    assert steer.applied and follow.applied
+    job = queue.get(job_id)
+    assert job is not None
+    assert [(c.type, c.lane) for c in job.pending_commands] == [
+        ("steer", "steer"),
+        ("follow_up", "follow_up"),
+    ]
+    assert calls == []
+    # The spy is wired: the job's own completion is a ledger event, and reaches it.
+    assert complete(queue, job_id, "w1", 1).applied
+    assert calls == [[job_id]]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from app.jobs.errors import InvariantError, no_job_message
+from app.jobs.ids import qualify
 from app.jobs.reducer import Job, Receipt, applies, fold, reduce
+from app.jobs.vocab import job_stream
 
 S = "jobs/j1"
 
@@ -87,6 +89,17 @@ def test_invariant_3_event_for_missing_job_raises(type_: str) -> None:
     with pytest.raises(InvariantError) as err:
         reduce(None, r(1, type_))
     assert str(err.value) == no_job_message("j1") == "Invariant: no job for j1"
+
+
+def test_invariant_3_names_an_organisations_job_by_its_qualified_id() -> None:
+    """docs/deviations.md row 22: a job's stream is ``jobs/<organizationId>/<jobId>``, and the
+    invariant's message carries that qualified id."""
+    with pytest.raises(InvariantError) as err:
+        reduce(
+            None,
+            Receipt(job_stream(qualify("acme", "job-123")), 1, "job.started", {}, at="2026-01-01T00:00:01Z"),
+        )
+    assert str(err.value) == "Invariant: no job for acme/job-123"
 
 
 @pytest.mark.parametrize("type_", ["job.failed", "job.lease_expired"])
