@@ -93,8 +93,8 @@ class WorkerDatabase:
             # does not matter.
             statements = [f'DELETE FROM "{n}"' for n in self._tables if n not in large]
             truncated = [f'"{n}"' for n in self._tables if n in large]
-            if truncated:
-                statements.append(f"TRUNCATE {', '.join(truncated)}")
+            if truncated:  # CASCADE: a table that references one of these is emptied anyway
+                statements.append(f"TRUNCATE {', '.join(truncated)} CASCADE")
             conn.exec_driver_sql(
                 "SET session_replication_role = replica; SET lock_timeout = '10s'; "
                 f"{'; '.join(statements)}; RESET session_replication_role"
