@@ -38,9 +38,10 @@ test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not soak" $(DURATIONS) $(PYTEST_ARGS)
 
 ## A contributor's loop: unit plus integration (real PostgreSQL + Redis, no end-to-end processes),
-## without the tests marked slow and without lint (README, "Quick start").
+## without the tests marked slow and without lint (README, "Quick start"). It and `make unit` draw a
+## quarter of each property test's examples (tests/support/examples.py); `make test` draws them all.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow and not soak" $(DURATIONS) tests/unit tests/integration $(PYTEST_ARGS)
+	RECEIPT_TEST_EXAMPLES=fast $(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow and not soak" $(DURATIONS) tests/unit tests/integration $(PYTEST_ARGS)
 
 ## Rerun the suite, or the tests given, N times and list every test that failed at least once:
 ## `make flake N=5`, `make flake N=10 TESTS="tests/e2e/test_faults.py"`.
@@ -50,7 +51,7 @@ flake: $(STAMP)
 
 ## The pure tier only: tests/unit (no database server, broker or processes; Redis in memory); seconds.
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 tests/unit $(PYTEST_ARGS)
+	RECEIPT_TEST_EXAMPLES=fast $(BIN)/python -m pytest -q -n 2 tests/unit $(PYTEST_ARGS)
 
 ## Print every benchmark's figures (needs PostgreSQL and Redis on 127.0.0.1; a few minutes).
 ## The comparison with Procrastinate and Celery (issue 12) first; `make bench BENCH_ARGS=--quick` for a short run.

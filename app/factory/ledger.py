@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -296,6 +295,8 @@ class BackgroundWriter:
         self._syncs: set[str] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        # Set by ``close``: ends a gathering at once, so closing never waits out ``LINGER_S``.
+        self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -318,6 +319,7 @@ class BackgroundWriter:
         with self._lock:
             self._closed = True
             thread = self._thread
+        self._closing.set()
         self._wake.set()
         if thread is not None:
             thread.join(LINGER_S * 20)
@@ -336,7 +338,8 @@ class BackgroundWriter:
                 return  # close() writes what is pending
             # Gather: without it each flush carried ~1 row and its own commit, ~7 of a job's 25
             # statements under load (bench/README.md, "Per-job levers").
-            time.sleep(LINGER_S)
+            if self._closing.wait(LINGER_S):
+                return  # close() writes what is pending
             self._wake.clear()
             self.flush()
 

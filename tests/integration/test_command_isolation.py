@@ -256,15 +256,27 @@ def send(fifo: Path, message: str) -> None:
 
 
 def host_sockets() -> list[str]:
-    """Unix sockets in the host's shared places (where daemons keep theirs), found from outside."""
+    """Unix sockets in the host's shared places (where daemons keep theirs), found from outside.
+
+    The directory listing's entry types (``d_type``) say what is a directory, a file or a link
+    without a ``stat`` each; only the rest (sockets, fifos, devices, and entries whose type the
+    file system does not report) are looked at, so a home folder of toolchains is walked in
+    a fraction of a second instead of several."""
     found = []
-    for top in ("/run", "/var/run", "/tmp", "/var/tmp", "/dev/shm", "/home", "/root"):
-        for folder, dirs, files in os.walk(top):
-            for name in dirs + files:
-                path = os.path.join(folder, name)
-                with suppress(OSError):
-                    if stat.S_ISSOCK(os.lstat(path).st_mode):
-                        found.append(path)
+    stack = ["/run", "/var/run", "/tmp", "/var/tmp", "/dev/shm", "/home", "/root"]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            with suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif not (entry.is_file(follow_symlinks=False) or entry.is_symlink()) and stat.S_ISSOCK(
+                    os.lstat(entry.path).st_mode
+                ):
+                    found.append(entry.path)
     return sorted(set(found))
 
 

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.dispatch.choice import Candidate, Line, Waiting, choose
+from tests.support.examples import examples
 
 
 def heads(
@@ -132,7 +133,7 @@ def lines(draw: st.DrawFn) -> Line:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(lines())
 def test_property_no_key_goes_past_its_limit_and_no_place_is_used_twice(line: Line) -> None:
     got = choose(line)
@@ -151,7 +152,7 @@ def test_property_no_key_goes_past_its_limit_and_no_place_is_used_twice(line: Li
     assert not {c.job_id for c in got.send} & set(got.waiting)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(lines())
 def test_property_each_line_runs_in_its_own_order(line: Line) -> None:
     got = choose(line)
@@ -161,7 +162,7 @@ def test_property_each_line_runs_in_its_own_order(line: Line) -> None:
         assert sent == sorted(sent, key=order.index)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(lines())
 def test_property_a_place_left_unused_means_no_head_could_take_it(line: Line) -> None:
     got = choose(line)
@@ -169,7 +170,7 @@ def test_property_a_place_left_unused_means_no_head_could_take_it(line: Line) ->
         assert all(w.reason != "share" for w in got.waiting.values())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(ORGS), st.integers(0, 3), st.sampled_from([None, *ORGS])),

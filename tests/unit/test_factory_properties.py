@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.factory import control
+from tests.support.examples import examples
 from tests.unit.factory_sim import World
 
 
@@ -79,7 +80,7 @@ def run(world: World, choices: Any) -> World:
     return world
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dags(), st.data())
 def test_continue_reaches_the_same_terminal_state_in_any_order(dag: Any, data: Any) -> None:
     deps, outcomes = dag
@@ -92,7 +93,7 @@ def test_continue_reaches_the_same_terminal_state_in_any_order(dag: Any, data: A
     assert world.decide()[1].events == []
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(dags(), st.data())
 def test_fail_fast_reaches_the_same_terminal_state_in_any_order(dag: Any, data: Any) -> None:
     deps, outcomes = dag
@@ -114,7 +115,7 @@ def test_fail_fast_reaches_the_same_terminal_state_in_any_order(dag: Any, data: 
     assert not world.active_jobs()
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(dags())
 def test_dependency_results_reach_their_dependents(dag: Any) -> None:
     deps, _ = dag

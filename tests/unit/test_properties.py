@@ -49,6 +49,7 @@ from app.jobs.vocab import (
 )
 from app.storage.db import db_now, parse_iso
 from tests.support.databases import assert_projection_equals_fold
+from tests.support.examples import examples
 from tests.support.queue_ops import complete, lease, settle_canceled
 
 JOB_ID = "j1"
@@ -58,7 +59,7 @@ ATTEMPTS = [0, 1, 2, 3]
 COMMAND_IDS = ["c1", "c2", "c3"]
 # RECEIPT_TEST_PROP_N / RECEIPT_TEST_STATEFUL_N raise the example counts for a longer local soak.
 SETTINGS = settings(
-    max_examples=int(os.environ.get("RECEIPT_TEST_PROP_N", "100")),
+    max_examples=int(os.environ.get("RECEIPT_TEST_PROP_N") or examples(100)),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -659,7 +660,7 @@ def test_queue_operations_keep_projection_equal_to_fold(sqlite_engine: Engine) -
     run_state_machine_as_test(
         QueueMachine,
         settings=settings(
-            max_examples=int(os.environ.get("RECEIPT_TEST_STATEFUL_N", "40")),
+            max_examples=int(os.environ.get("RECEIPT_TEST_STATEFUL_N") or examples(40)),
             stateful_step_count=30,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from api import inputs, schemas
 from app.jobs.errors import ValidationError
+from tests.support.examples import examples
 
 SCHEMAS = {
     name: value
@@ -57,13 +58,13 @@ def _agree(schema: dict[str, Any], instance: Any) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance=json_values)
 def test_the_fast_pass_accepts_nothing_jsonschema_refuses(name: str, instance: Any) -> None:
     _agree(SCHEMAS[name], instance)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     path=st.lists(
         st.sampled_from(["payload", "authContext", "kind", "goal", "userId"]), min_size=1, max_size=3
