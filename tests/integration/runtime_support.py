@@ -208,3 +208,28 @@ def registry_of(handlers: Mapping[str, Callable[..., Any]]) -> HandlerRegistry:
     for agent, handler in handlers.items():
         registry.register(agent, handler)
     return registry
+
+
+def count_passes(monkeypatch: Any) -> list[str]:
+    """From here on, the queues of the dispatch passes run, in order (``line.run_pass`` wrapped)."""
+    from app.dispatch import line
+
+    ran: list[str] = []
+    real = line.run_pass
+
+    def counted(conn: Any, queue: str, *args: Any, **kwargs: Any) -> line.PassResult:
+        ran.append(queue)
+        return real(conn, queue, *args, **kwargs)
+
+    monkeypatch.setattr(line, "run_pass", counted)
+    return ran
+
+
+def with_wake_list(rt: Runtime, redis_url: str) -> Runtime:
+    """``rt`` sending through the wake list on ``redis_url``, as a process on a Redis broker: its
+    queue's wake-ups go onto the list, not into recorded messages."""
+    from delivery.wakes import WakeList
+
+    rt.delivery = DeliveryClient(rt.app, WakeList(redis_url))
+    rt.queue = queue_for(rt.engine, on_dispatchable=rt.delivery.wake)
+    return rt

@@ -46,6 +46,7 @@ from .runtime_support import (
     types_of,
     wait_lease_past_deadline,
     wait_until,
+    with_wake_list,
 )
 
 LONG_MS = 600_000
@@ -83,9 +84,7 @@ def started(rt: Runtime, sent: Recorder, job_id: str) -> tuple[str, int]:
 
 def listening_runtime(engine: Engine, redis_url: str) -> tuple[Runtime, Recorder]:
     rt, sent, _ = recording_runtime(engine, settings_for(redis_url))
-    rt.delivery = DeliveryClient(rt.app, wakes.WakeList(redis_url))
-    rt.queue = queue_for(engine, on_dispatchable=rt.delivery.wake)
-    return rt, sent
+    return with_wake_list(rt, redis_url), sent
 
 
 # -- the driver starter ------------------------------------------------------------------------------

@@ -3,35 +3,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 from sqlalchemy.engine import Engine
 
-from app.dispatch import line
 from app.jobs.validation import validate_enqueue
 from devharness.credits import offer_slots
 from tasks import dispatch
 from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
 
-from .runtime_support import Recorder, enqueue, recording_runtime, settings_for, task_payload
+from .runtime_support import Recorder, count_passes, enqueue, recording_runtime, settings_for, task_payload
 
 pytestmark = pytest.mark.one_backend
 
 
 @pytest.fixture
-def passes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def passes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The queues of the dispatch passes run, in order."""
-    ran: list[str] = []
-    real = line.run_pass
-
-    def counted(conn: Any, queue: str, *args: Any, **kwargs: Any) -> line.PassResult:
-        ran.append(queue)
-        return real(conn, queue, *args, **kwargs)
-
-    monkeypatch.setattr(line, "run_pass", counted)
-    yield ran
+    return count_passes(monkeypatch)
 
 
 def runtime(engine: Engine, redis_url: str, slots: int) -> tuple[Runtime, Recorder]:

@@ -12,34 +12,32 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import Engine
 
-from app.composition import queue_for
 from app.dispatch import line
 from app.jobs.routing import QUEUES
 from app.storage.queue import Queue
 from delivery import wakes
-from delivery.client import DeliveryClient
 from devharness.credits import offer_slots
 from tasks import dispatch
 from tasks.runtime import DISPATCH_TASK, Runtime
 from tests.support.queue_ops import complete, lease
 
-from .runtime_support import Recorder, enqueue, recording_runtime, settings_for, wait_until
+from .runtime_support import (
+    Recorder,
+    count_passes,
+    enqueue,
+    recording_runtime,
+    settings_for,
+    wait_until,
+    with_wake_list,
+)
 
 pytestmark = pytest.mark.one_backend
 
 
 @pytest.fixture
-def passes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+def passes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The queues of the dispatch passes run, in order."""
-    ran: list[str] = []
-    real = line.run_pass
-
-    def counted(conn: Any, queue: str, *args: Any, **kwargs: Any) -> line.PassResult:
-        ran.append(queue)
-        return real(conn, queue, *args, **kwargs)
-
-    monkeypatch.setattr(line, "run_pass", counted)
-    yield ran
+    return count_passes(monkeypatch)
 
 
 CHAT = QUEUES["chat"]
@@ -51,9 +49,7 @@ def refilling_runtime(engine: Engine, redis_url: str, slots: int) -> tuple[Runti
     process offering ``slots`` and no lead, so a line forms past them."""
     rt, sent, _ = recording_runtime(engine, settings_for(redis_url, RECEIPT_DISPATCH_LEAD="0"), offer=False)
     offer_slots(engine, slots=slots)
-    rt.delivery = DeliveryClient(rt.app, wakes.WakeList(redis_url))
-    rt.queue = queue_for(engine, on_dispatchable=rt.delivery.wake)
-    return rt, sent
+    return with_wake_list(rt, redis_url), sent
 
 
 @pytest.fixture
