@@ -126,14 +126,13 @@ class DeliveryClient:
         for an ended one, go onto the wake list and ``receipt.dispatch`` is sent when no scan is
         armed; without a wake list the message carries them. Where ``on_freed`` is set (a worker
         process refilling its own lines), the ended jobs' queues go to it instead."""
-        names = [j.id if not j.terminal else QUEUE_TOKEN + queue_for(j.agent_id, j.kind) for j in jobs]
+        ids = [j.id for j in jobs if not j.terminal]
+        freed = list(dict.fromkeys(queue_for(j.agent_id, j.kind) for j in jobs if j.terminal))
         on_freed = self.on_freed
-        if on_freed is not None:
-            freed = [n[len(QUEUE_TOKEN) :] for n in names if n.startswith(QUEUE_TOKEN)]
-            if freed:
-                on_freed(list(dict.fromkeys(freed)))
-                names = [n for n in names if not n.startswith(QUEUE_TOKEN)]
-        wake(self._send_wake, self.wakes, list(dict.fromkeys(names)))
+        if on_freed is not None and freed:
+            on_freed(freed)
+            freed = []
+        wake(self._send_wake, self.wakes, list(dict.fromkeys(ids)) + [QUEUE_TOKEN + q for q in freed])
 
     def wake_queues(self, queues: Sequence[str]) -> None:
         """Wake the dispatch scanner for places freed in ``queues`` (their lines may move)."""

@@ -309,7 +309,7 @@ def _dispatch_batch(rt: Runtime, woken: list[str]) -> list[str]:
     ids = sorted({w for w in woken if not w.startswith(QUEUE_TOKEN)})
     joined = retry_transient(lambda: queues_of(rt, ids)) if ids else set()
     marks = _marks(rt, tokens | joined)
-    freed = tokens if marks is None else {q for q in tokens if q in marks}
+    freed = _waiting_in(tokens, marks)
     full = set() if marks is None else {q for q in joined - freed if marks.get(q) == LINE_FULL}
     look_at = time.monotonic() + FULL_LINE_LOOK_S
     for queue in full:
@@ -331,11 +331,15 @@ def _marks(rt: Runtime, queues: set[str]) -> dict[str, bytes] | None:
         return None
 
 
+def _waiting_in(queues: set[str], marks: dict[str, bytes] | None) -> set[str]:
+    """Of ``queues``, those whose line holds jobs waiting by ``marks`` (all of them without marks):
+    a pass elsewhere would find nothing to send."""
+    return set(queues) if marks is None else {q for q in queues if q in marks}
+
+
 def _freed(rt: Runtime, tokens: set[str]) -> set[str]:
-    """Of the queues where a place freed, those whose line holds jobs waiting: a pass elsewhere
-    would find nothing to send."""
-    marks = _marks(rt, tokens)
-    return tokens if marks is None else {q for q in tokens if q in marks}
+    """Of the queues where a place freed, those whose line holds jobs waiting."""
+    return _waiting_in(tokens, _marks(rt, tokens))
 
 
 def queues_of(rt: Runtime, ids: Sequence[str]) -> set[str]:
