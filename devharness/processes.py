@@ -103,10 +103,13 @@ class Proc:
 class Harness:
     """Starts processes and, at teardown, stops exactly the ones it started."""
 
-    def __init__(self, log_dir: Path, *, grace: float = STOP_GRACE_S) -> None:
+    def __init__(self, log_dir: Path, *, grace: float = STOP_GRACE_S, kill_at_end: bool = False) -> None:
         self.log_dir = log_dir
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.grace = grace
+        # A test's teardown asserts nothing about how its processes stop (the graceful stop has
+        # tests of its own), so it may kill them at once instead of paying each one's drain.
+        self.kill_at_end = kill_at_end
         self.procs: list[Proc] = []
         self.adopted: list[int] = []  # descendants found later (e.g. `receipt up`'s children)
         self._counts: dict[str, int] = {}
@@ -173,7 +176,11 @@ class Harness:
             proc._log_file = None
 
     def stop_all(self) -> None:
-        """Stop every process (all at once, bounded), then the services they used."""
+        """Stop every process (all at once, bounded), then the services they used; with
+        ``kill_at_end``, SIGKILL them and every descendant instead."""
+        if self.kill_at_end:
+            self.kill_all()
+            return
         for group in ([p for p in self.procs if not p.service], [p for p in self.procs if p.service]):
             for proc in reversed(group):
                 if proc.alive():
@@ -188,6 +195,24 @@ class Harness:
             if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+    def kill_all(self) -> None:
+        """SIGKILL every process's group and every descendant (a supervisor's children run in
+        sessions of their own), the services last, and reap them."""
+        # A process already stopped and reaped is left alone: its group id may belong to another now.
+        live = [p for p in self.procs if p._log_file is not None or p.alive()]
+        for group in ([p for p in live if not p.service], [p for p in live if p.service]):
+            found = [pid for proc in group if proc.alive() for pid in descendants_of(proc.pid)]
+            for proc in group:
+                proc.stopped = True
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            for pid in found + [pid for pid in self.adopted if pid_alive(pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            for proc in group:
+                proc.popen.wait(timeout=10)
+                self._close(proc)
 
     def check_alive(self) -> None:
         """Raise if a process started here has exited (a wait would otherwise run to its deadline)."""
@@ -212,8 +237,8 @@ ACTIVE: list[Harness] = []
 
 
 @contextlib.contextmanager
-def harness_at(log_dir: Path, *, grace: float = STOP_GRACE_S) -> Iterator[Harness]:
-    h = Harness(log_dir, grace=grace)
+def harness_at(log_dir: Path, *, grace: float = STOP_GRACE_S, kill_at_end: bool = False) -> Iterator[Harness]:
+    h = Harness(log_dir, grace=grace, kill_at_end=kill_at_end)
     ACTIVE.append(h)
     try:
         yield h

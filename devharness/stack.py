@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from app.composition import queue_for
 from app.jobs.ids import KEY_SEPARATOR, qualify
 from app.jobs.reducer import Job
 from app.jobs.vocab import TERMINAL_STATUSES, job_stream
+from app.ops.metrics import MULTIPROC_ENV
 from app.storage import store, tokens
 from app.storage.db import deliveries, make_engine
 from app.storage.store import StoredReceipt
@@ -114,8 +116,17 @@ class Stack:
                 *([] if self.web_keep_alive_s is None else ["--keep-alive", str(self.web_keep_alive_s)]),
                 "api.wsgi:app",
             ],
-            # One gevent worker unless told otherwise (bench/compare.py runs the default two).
-            self.env(**{"RECEIPT_PROCESS_ROLE": "api", "WEB_CONCURRENCY": "1", **extra_env}),
+            # One gevent worker unless told otherwise (bench/compare.py runs the default two). The
+            # metrics folder a web makes for itself is under the stack's home, so a web killed
+            # rather than stopped leaves nothing behind outside it.
+            self.env(
+                **{
+                    "RECEIPT_PROCESS_ROLE": "api",
+                    "WEB_CONCURRENCY": "1",
+                    MULTIPROC_ENV: tempfile.mkdtemp(prefix=f"{name}-metrics-", dir=self.home),
+                    **extra_env,
+                }
+            ),
             (lambda _proc: self.wait_web()) if wait else None,
         )
 

@@ -79,7 +79,7 @@ def module_database_url(pg_admin: Engine, pg_template: str) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def module_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     assert not running_elsewhere(), f"another deployment still runs: {running_elsewhere()}"
-    with harness_at(tmp_path_factory.mktemp("e2e-logs")) as h:
+    with harness_at(tmp_path_factory.mktemp("e2e-logs"), kill_at_end=True) as h:
         yield h
 
 
@@ -87,7 +87,7 @@ def module_harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness
 def harness(tmp_path: Path) -> Iterator[Harness]:
     # One deployment at a time: two on two cores would slow each other's timings into flakes.
     assert not running_elsewhere(), f"another deployment still runs: {running_elsewhere()}"
-    with harness_at(tmp_path / "logs") as h:
+    with harness_at(tmp_path / "logs", kill_at_end=True) as h:
         yield h
 
 
