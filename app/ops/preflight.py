@@ -39,6 +39,7 @@ from sqlalchemy.pool import NullPool
 from app.config import Settings, mask_url
 from app.jobs import liveness
 from app.storage.db import make_engine
+from app.storage.revisions import head, known
 
 # Exit status of an entry point refused by its checks: the configuration cannot work as it is.
 EXIT_CODE = 2
@@ -140,9 +141,6 @@ def _probe_engine(url: str, timeout_s: int) -> Engine:
 
 
 def _schema_problem(conn: Connection, problem: Callable[[str, str], Problem]) -> Problem | None:
-    # Imported here: Alembic takes half a second to import, and `receipt jobs …` never gets this far.
-    from app.storage.migrate import head, known
-
     # Alembic's own version table, read directly: its migration context logs a dozen set-up lines.
     current = None
     if inspect(conn).has_table("alembic_version"):

@@ -36,24 +36,3 @@ def current(engine: Engine) -> str | None:
 
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
-
-
-def head() -> str:
-    """The revision the migrations end at: the schema this code needs."""
-    from alembic.script import ScriptDirectory
-
-    script = ScriptDirectory(str(MIGRATIONS))
-    revision = script.get_current_head()
-    assert revision is not None, "the migrations have one head"
-    return revision
-
-
-def known(revision: str) -> bool:
-    """True when ``revision`` is one of this code's migrations (not one a newer release wrote)."""
-    from alembic.script import ScriptDirectory
-    from alembic.util import CommandError
-
-    try:
-        return ScriptDirectory(str(MIGRATIONS)).get_revision(revision) is not None
-    except CommandError:
-        return False

@@ -22,7 +22,8 @@ import pytest
 from packaging.requirements import Requirement
 from sqlalchemy.engine import Engine
 
-from app.storage.migrate import current, head, upgrade
+from app.storage.migrate import current, upgrade
+from app.storage.revisions import head
 from devharness import handlers
 from tests.support.processes import PYTHON, REPO_ROOT, Harness
 from tests.support.stack import Stack, make_stack

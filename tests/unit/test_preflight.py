@@ -14,7 +14,8 @@ from app.config import Settings
 from app.ops import preflight
 from app.ops.preflight import Problem, Schema
 from app.storage.db import make_engine
-from app.storage.migrate import head, upgrade
+from app.storage.migrate import upgrade
+from app.storage.revisions import head
 
 REFUSED = (
     'connection to server at "10.0.0.5", port 5433 failed: Connection refused\n'
