@@ -181,7 +181,7 @@ class Harness:
         if self.kill_at_end:
             self.kill_all()
             return
-        for group in ([p for p in self.procs if not p.service], [p for p in self.procs if p.service]):
+        for group in in_stop_order(self.procs):
             for proc in reversed(group):
                 if proc.alive():
                     self.signal(proc, signal.SIGCONT)
@@ -201,7 +201,7 @@ class Harness:
         sessions of their own), the services last, and reap them."""
         # A process already stopped and reaped is left alone: its group id may belong to another now.
         live = [p for p in self.procs if p._log_file is not None or p.alive()]
-        for group in ([p for p in live if not p.service], [p for p in live if p.service]):
+        for group in in_stop_order(live):
             found = [pid for proc in group if proc.alive() for pid in descendants_of(proc.pid)]
             for proc in group:
                 proc.stopped = True
@@ -230,6 +230,11 @@ class Harness:
                 f"----- {proc.name} (pid {proc.pid}, {state}) {proc.log_path} -----\n{proc.tail(lines)}"
             )
         return "\n".join(out)
+
+
+def in_stop_order(procs: list[Proc]) -> tuple[list[Proc], list[Proc]]:
+    """The processes, then the services they use (a redis-server): stopped or killed in that order."""
+    return [p for p in procs if not p.service], [p for p in procs if p.service]
 
 
 # Harnesses in use, so a failing test's report can carry the tail of every log.

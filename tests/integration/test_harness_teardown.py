@@ -14,11 +14,12 @@ from devharness.waiting import wait_for
 # whole grace), and starts a child in a session of its own, as `receipt up`'s supervisor does, then
 # prints the child's pid.
 SUPERVISOR = """
-import os, signal, subprocess, sys, time
+import signal, subprocess, sys
 signal.signal(signal.SIGTERM, lambda *_: print("TERM", flush=True))
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True)
 print(child.pid, flush=True)
-time.sleep(600)
+while True:
+    signal.pause()
 """
 
 
@@ -52,6 +53,7 @@ def test_kill_at_end_kills_every_process_and_its_own_session_children_without_wa
 
 def test_without_kill_at_end_the_harness_still_stops_gracefully_first(tmp_path: Path) -> None:
     with harness_at(tmp_path / "logs", grace=30) as h:
-        proc = h.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ))
+        # It waits for a signal, and SIGTERM's default action ends it.
+        proc = h.start("waiter", [sys.executable, "-c", "import signal; signal.pause()"], dict(os.environ))
         h.stop_all()
         assert proc.popen.returncode == -signal.SIGTERM
