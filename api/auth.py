@@ -121,8 +121,12 @@ def identity_for(engine: Engine, secret: str) -> Identity:
     # Tokens are URL-safe base64: anything else cannot match, and must not reach SQL (NULs).
     if not secret or len(secret) > 256 or not secret.isascii() or not secret.isprintable():
         raise _unauthorized(INVALID_TOKEN, "the token is not valid")
-    with read_connection(engine) as conn:
-        info = tokens.lookup(conn, secret)
+
+    def read(secret: str) -> tokens.TokenInfo | None:
+        with read_connection(engine) as conn:
+            return tokens.lookup(conn, secret)
+
+    info = state().token_cache.lookup(secret, read)
     if info is None:
         raise _unauthorized(INVALID_TOKEN, "the token is not valid (unknown or revoked)")
     if info.expired(datetime.now(UTC)):

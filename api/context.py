@@ -10,6 +10,7 @@ from flask import current_app
 from sqlalchemy.engine import Engine
 
 from api.limits import StreamSlots
+from api.token_cache import TokenCache
 from api.watch import StreamPoller
 from app.config import Settings
 from app.jobs.reducer import Job
@@ -38,12 +39,15 @@ class ApiState:
     stream_slots: StreamSlots = field(init=False)
     # The one poller of this process's event streams (``api.watch``).
     poller: StreamPoller = field(init=False)
+    # What token secrets stood for, reused for RECEIPT_TOKEN_CACHE_MS (``api.token_cache``).
+    token_cache: TokenCache = field(init=False)
 
     def __post_init__(self) -> None:
         self.stream_slots = StreamSlots(
             self.settings.sse_max_streams_per_token, self.settings.sse_max_streams_per_process
         )
         self.poller = StreamPoller(self.engine, self.settings.sse_poll_ms)
+        self.token_cache = TokenCache(self.settings.token_cache_ms)
 
     # When this app was built: /readyz gives a loop that never ran three intervals from here.
     started_monotonic: float = field(default_factory=time.monotonic)

@@ -116,6 +116,12 @@ DELIVERY_HOLD_MAX_MS = 60_000
 _hold_ms = _ms_up_to(DELIVERY_HOLD_MAX_MS, "hand back at once")
 
 
+# The longest an API process reuses what a token stood for: a revocation made elsewhere is seen
+# within it, so it stays short.
+TOKEN_CACHE_MAX_MS = 60_000
+_token_cache_ms = _ms_up_to(TOKEN_CACHE_MAX_MS, "ask the database on every request")
+
+
 # The longest a starting process waits for an unreachable database or broker: past an hour a
 # platform's own restart policy is the better judge.
 STARTUP_WAIT_MAX_S = 3600
@@ -392,6 +398,14 @@ class Settings:
         "`enabled` (Bearer tokens on every endpoint but /healthz) or `disabled` (anonymous; warns on "
         "every response).",
         switch,
+    )
+    token_cache_ms: int = setting(
+        "RECEIPT_TOKEN_CACHE_MS",
+        "1000",
+        "How long an API process reuses what a token stands for (organisation, scopes, expiry, which "
+        "is checked on every request) before asking the database again; a token revoked from another "
+        "process stops working within this. 0: ask on every request; at most 60000.",
+        _token_cache_ms,
     )
     max_body_bytes: int = setting(
         "RECEIPT_MAX_BODY_BYTES",

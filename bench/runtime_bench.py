@@ -117,9 +117,16 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, procs: H
     )
 
 
+# Receipt's processes log at their production defaults in a bench: the harness turns the per-task
+# and per-tick lines on for the tests that read them, which no deployment writes by default.
+PRODUCTION_LOGS = {"RECEIPT_LOG_TICKS": "disabled"}
+
+
 def child_env(**extra: str) -> dict[str, str]:
-    """A benchmark process's environment: the harness's, without the benchmark's own variables."""
+    """A benchmark process's environment: the harness's, without the benchmark's own variables,
+    logging as a deployment does (``PRODUCTION_LOGS``)."""
     env = {k: v for k, v in base_env(handlers="devharness.handlers").items() if not k.startswith("BENCH_")}
+    env.update(PRODUCTION_LOGS)
     env.update(extra)
     return env
 

@@ -32,6 +32,7 @@ from bench.runtime_bench import (
     AGENT,
     BASELINE_QUEUE,
     BASELINE_TASK,
+    PRODUCTION_LOGS,
     child_env,
     latencies_ms,
     make_baseline_app,
@@ -221,6 +222,7 @@ class Receipt(System):
             # Tuned for a direct PostgreSQL connection, as a deployment without a transaction-mode
             # pooler would be (docs/scaling.md); --unprepared measures the default.
             RECEIPT_DB_PREPARED_STATEMENTS="enabled" if prepared else "disabled",
+            **PRODUCTION_LOGS,
         )
         # Production timings (5 min leases, a 15 s redrive with a 30 s minimum age, ...), as every peer
         # runs its own defaults: the e2e tests' short ones rescan and redrive during a burst.

@@ -43,6 +43,7 @@ SLOT_POLL_S = 0.5
 # What the task returns for an attempt it did not run: handed back at shutdown, or not leased
 # because its lease statement failed (its delivery is then recorded failed, and redelivered).
 HANDED_BACK, NOT_LEASED = "handed_back", "not_leased"
+COMPLETED = "completed"
 # How each hand-back reason reads in the log.
 _HAND_BACK_LOG = {"busy": "no free slot", "shutdown": "shutting down"}
 # The threads a batch's attempts run on, reused from one batch to the next as handlers' are.
@@ -76,9 +77,14 @@ def finish(
 ) -> dict[str, Any]:
     """After an attempt ended: its delivery record, and the wake-up of a job it requeued."""
     job = result.job
-    # Celery's own "succeeded" line does not show the return value (tasks/redaction.py): the
-    # outcome, a vocabulary word, is logged here instead, never the job's payload or result.
-    log.info("delivery %s: %s", fence, result.status)
+    # Every outcome is counted; a line is written at INFO only for one an operator looks into (a lost
+    # lease, a conflict, a failure...): a completed attempt's line, one per job, is DEBUG. Celery's
+    # own "succeeded" line does not show the return value (tasks/redaction.py): the outcome, a
+    # vocabulary word, is logged here instead, never the job's payload or result.
+    metrics.observe_attempt(result.status)
+    log.log(
+        logging.DEBUG if result.status == COMPLETED else logging.INFO, "delivery %s: %s", fence, result.status
+    )
     if result.status == KEY_FULL:
         # Its key was full at the lease: nothing was written, the job waits in its line again, and
         # the attempt holding the key wakes the line when it ends.

@@ -80,6 +80,7 @@ class Metrics:
     archived_bytes: Counter
     group_commit_writes: Histogram
     handed_back: Counter
+    attempt_outcomes: Counter
 
 
 # A tick fires within a pass interval (1 s) normally; a catch-up after downtime is minutes late.
@@ -197,6 +198,15 @@ def registry_metrics() -> Metrics:
                     "slot freed within RECEIPT_DELIVERY_HOLD_MS) or shutdown.",
                     ["reason"],
                 ),
+                attempt_outcomes=Counter(
+                    "receipt_attempt_outcomes",
+                    "Delivered attempts a worker process ended, by outcome (the worker's return "
+                    "status: completed, a failure status, lease_lost, settlement_conflict, "
+                    "stale_attempt, terminal_state, concurrency_limited, released, ...). Counted "
+                    "instead of a log line per attempt: only outcomes other than completed are logged "
+                    "at INFO.",
+                    ["outcome"],
+                ),
                 group_commit_writes=Histogram(
                     "receipt_group_commit_writes",
                     "Job transitions each commit of this process's group commit carried (1: it "
@@ -268,6 +278,11 @@ def observe(applied: Sequence[Change]) -> None:
 def observe_group_commit(writes: int) -> None:
     """One commit of the group commit, and how many transitions it carried."""
     registry_metrics().group_commit_writes.observe(writes)
+
+
+def observe_attempt(outcome: str) -> None:
+    """One delivered attempt ended with this outcome (the worker's return status)."""
+    registry_metrics().attempt_outcomes.labels(outcome).inc()
 
 
 def observe_hand_back(reason: str, attempts: int) -> None:

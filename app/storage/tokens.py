@@ -130,6 +130,16 @@ def create(
     return TokenInfo(token_id, organization_id, system, scope_set, expires_at, created_at), secret
 
 
+# Revocations this process made: an API process's token cache (api/token_cache.py) empties when
+# the count moves, so a revocation made here is seen at once; one made elsewhere within its TTL.
+_revoked_here = [0]
+
+
+def revocations() -> int:
+    """How many tokens this process has revoked so far."""
+    return _revoked_here[0]
+
+
 def revoke(engine: Engine, token: str) -> bool:
     """Revoke by token id or by the secret itself. False if no such live token."""
     with transaction(engine) as conn:
@@ -152,6 +162,7 @@ def revoke(engine: Engine, token: str) -> bool:
             prev_hash=last.hash if last else None,
         )
         conn.execute(update(api_tokens).where(api_tokens.c.id == row.id).values(revoked_at=parse_iso(r.at)))
+    _revoked_here[0] += 1
     return True
 
 

@@ -202,7 +202,10 @@ MARKER = "m4rker-9f27c1"
 # Names that say "this is a secret": any setting so named must carry the secret mark.
 SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
 # Named like a secret, holding none: each one is a decision, with its reason.
-NOT_SECRETS = {"RECEIPT_SSE_MAX_STREAMS_PER_TOKEN": "a count of event streams, per token"}
+NOT_SECRETS = {
+    "RECEIPT_SSE_MAX_STREAMS_PER_TOKEN": "a count of event streams, per token",
+    "RECEIPT_TOKEN_CACHE_MS": "how long a token's lookup is reused, in milliseconds",
+}
 
 
 def test_every_setting_named_like_a_secret_is_marked_secret_and_every_url_is_marked_url() -> None:

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from api.app import create_app
+from api.token_cache import TokenCache
 from app.storage import tokens
 from tests.support.api import Api, json_of, make_settings, payload
 
@@ -64,6 +65,25 @@ def test_revoked_token_is_401(api: Api) -> None:
     assert api.client.get("/jobs", headers=api.headers("a")).status_code == 200
     assert tokens.revoke(api.engine, api.secrets["a"])
     assert api.client.get("/jobs", headers=api.headers("a")).status_code == 401
+
+
+def test_a_token_revoked_by_another_process_stops_working_once_the_token_cache_ttl_passes(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RECEIPT_TOKEN_CACHE_MS (default 1000): the API process reuses what it read of a token for
+    that long; a revocation this process did not make (the CLI elsewhere) is seen after it."""
+    clock = [500.0]
+    api.state.token_cache = TokenCache(api.state.settings.token_cache_ms, clock=lambda: clock[0])
+    assert api.client.get("/jobs", headers=api.headers("a")).status_code == 200
+    seen = tokens.revocations()
+    monkeypatch.setattr(tokens, "revocations", lambda: seen)  # this process does not see it revoked
+    assert tokens.revoke(api.engine, api.secrets["a"])
+    clock[0] += api.state.settings.token_cache_ms / 1000 - 0.001
+    assert api.client.get("/jobs", headers=api.headers("a")).status_code == 200
+    clock[0] += 0.001
+    response = api.client.get("/jobs", headers=api.headers("a"))
+    assert response.status_code == 401
+    assert json_of(response)["error"]["code"] == "invalid_token"
 
 
 def test_healthz_needs_no_credentials(sqlite_api: Api) -> None:
