@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NotRequired, TypedDict
 
 from opentelemetry.trace import SpanKind
-from sqlalchemy import select, update
+from sqlalchemy import update
 
 from app import tracing
 from app.dispatch import fast, line, policies
@@ -347,17 +347,13 @@ def queues_of(rt: Runtime, ids: Sequence[str]) -> set[str]:
     release wrote without its ``worker_queue`` gets it here, so the pass can find it in its line."""
     queues: set[str] = set()
     with rt.engine.connect() as conn:
-        rows = conn.execute(
-            select(jobs.c.id, jobs.c.agent_id, jobs.c.kind, jobs.c.status, jobs.c.worker_queue).where(
-                jobs.c.id.in_(ids)
-            )
-        ).all()
+        rows = projection.load_routes(conn, ids)
     unset: dict[str, list[str]] = {}
-    for row in rows:
-        queue = row.worker_queue or queue_for(row.agent_id, row.kind)
+    for job_id, agent_id, kind, status, worker_queue in rows:
+        queue = worker_queue or queue_for(agent_id, kind)
         queues.add(queue)
-        if row.worker_queue is None and row.status == "queued":
-            unset.setdefault(queue, []).append(row.id)
+        if worker_queue is None and status == "queued":
+            unset.setdefault(queue, []).append(job_id)
     if unset:
         with transaction(rt.engine) as conn:
             for queue, missing in unset.items():

@@ -122,6 +122,25 @@ _LOAD_JOBS = Direct(
 )
 
 
+# What routes woken jobs to their line (a dispatch scan's batch): the same array parameter as
+# ``_LOAD_JOBS``, so the statement is prepared once whatever the batch's size.
+_LOAD_ROUTES = Direct(
+    select(jobs.c.id, jobs.c.agent_id, jobs.c.kind, jobs.c.status, jobs.c.worker_queue).where(
+        jobs.c.id == any_(bindparam("job_ids", type_=ARRAY(String)))
+    )
+)
+
+
+def load_routes(conn: Connection, job_ids: Sequence[str]) -> list[tuple[str, str, str, str, str | None]]:
+    """(id, agent id, kind, status, worker queue) of the jobs among ``job_ids`` that exist."""
+    if not job_ids:
+        return []
+    if not is_sqlite(conn):
+        return [tuple(row) for row in _LOAD_ROUTES.rows(conn, {"job_ids": list(job_ids)})]
+    cols = (jobs.c.id, jobs.c.agent_id, jobs.c.kind, jobs.c.status, jobs.c.worker_queue)
+    return [tuple(row) for row in conn.execute(select(*cols).where(jobs.c.id.in_(list(job_ids)))).all()]
+
+
 def load_jobs_at_clock(conn: Connection, job_ids: Sequence[str]) -> tuple[list[Job], datetime]:
     """``load_jobs`` and the database clock, read together (Postgres: one statement)."""
     if is_sqlite(conn) or not job_ids:
