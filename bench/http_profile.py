@@ -1,7 +1,7 @@
 """Where the API's CPU goes per ``POST /agents/<id>/jobs`` and ``GET /jobs/<id>``, in-process.
 
     .venv/bin/python -m bench.http_profile [--requests 2000] [--rate-limit disabled] [--profile]
-        [--top 40]
+        [--top 40] [--setting RECEIPT_TOKEN_CACHE_MS=0 ...]
 
 Builds the app with ``api.app.create_app`` over a fresh PostgreSQL database (``postgres@127.0.0.1``,
 trust auth), the real wake-up publisher on ``RECEIPT_BENCH_REDIS_URL`` and a real token, and
@@ -100,6 +100,12 @@ def main() -> int:
     parser.add_argument(
         "--rate-limit", default="disabled", help="RECEIPT_RATE_LIMIT_WRITES (default disabled)"
     )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        help="a setting for the app, as its environment variable (repeatable), e.g. RECEIPT_TOKEN_CACHE_MS=0",
+    )
     parser.add_argument("--profile", action="store_true", help="profile the POSTs with cProfile")
     parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args()
@@ -120,8 +126,14 @@ def main() -> int:
         cleanup.callback(engine.dispose)
         upgrade(engine)
         home = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="receipt-prof-"))
-        settings = Settings(
-            database_url=db_url, redis_url=REDIS_URL, home=home, rate_limit_writes=args.rate_limit
+        settings = Settings.from_env(
+            {
+                "DATABASE_URL": db_url,
+                "REDIS_URL": REDIS_URL,
+                "RECEIPT_HOME": home,
+                "RECEIPT_RATE_LIMIT_WRITES": args.rate_limit,
+                **dict(setting.split("=", 1) for setting in args.setting),
+            }
         )
         app = create_app(settings, engine=engine)
         queue = app.extensions["receipt"].queue
