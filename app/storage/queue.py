@@ -148,6 +148,18 @@ class _Tx:
         return self._now
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One job's transition decided and folded, not yet written (``Queue._step``)."""
+
+    loaded: projection.Loaded | None
+    state: Job
+    chained: store.Chained
+    change: Change
+    companion: Companion | None
+    writes: list[tuple[int, Write]]
+
+
 def _organization(req: EnqueueRequest) -> str:
     """The organisation a job is enqueued in: its authContext's, or the system's own for the jobs
     the system enqueues for itself (no authContext)."""
@@ -256,6 +268,14 @@ class Queue:
     ) -> projection.Loaded:
         """``_apply``, returning the stream's new head (what a later append in the same
         transaction follows)."""
+        step = self._step(tx, loaded, job_id, events)
+        if tx.one_statement and (step.writes or not Direct.available(tx.conn)):
+            raise _NeedsTransaction  # nothing is written yet
+        return self._write(tx, step)
+
+    def _step(self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]) -> _Step:
+        """A transition decided and folded, with what each hook adds in its transaction; nothing
+        is written yet."""
         state = loaded.job if loaded else None
         if not events:
             raise AppendConflict(f"{job_stream(job_id)}: nothing to apply")
@@ -280,18 +300,34 @@ class Queue:
                 writes.append((index, _as_write(effect)))
             elif effect is not None:
                 writes.append((index, effect))
-        if tx.one_statement and (writes or not Direct.available(tx.conn)):
-            raise _NeedsTransaction  # nothing is written yet
-        # The receipts, the projection row after them and the companion (the deliveries'
-        # settlement): one statement on PostgreSQL.
+        return _Step(loaded, state, chained, change, companion, writes)
+
+    def _write(self, tx: _Tx, step: _Step) -> projection.Loaded:
+        """Write one transition: its receipts, the projection row after them and the companion (the
+        deliveries' settlement) in one statement on PostgreSQL, then the hooks' other writes."""
+        companion = step.companion
         pair = (companion.statement, companion.params) if companion is not None else None
         head, _stored = projection.append_and_save(
-            tx.conn, state, previous=loaded, chained=chained, companion=pair
+            tx.conn, step.state, previous=step.loaded, chained=step.chained, companion=pair
         )
-        for index, write in writes:
+        for index, write in step.writes:
             tx.results.setdefault(index, []).append(write.run(tx.conn))
-        tx.changes.append(change)
+        tx.changes.append(step.change)
         return head
+
+    def _write_plain(self, tx: _Tx, steps: Sequence[_Step]) -> list[projection.Loaded]:
+        """Write transitions that carry nothing beside their receipts (no hook adds a write): one
+        alone as ``_write`` does; several at once as two statements, all their receipts and all their
+        rows (``projection.advance_many``: a message's leases are one write, not one per job)."""
+        if len(steps) == 1:
+            return [self._write(tx, steps[0])]
+        moved = []
+        for step in steps:
+            assert step.loaded is not None
+            moved.append((step.loaded, step.state, step.chained))
+        heads = projection.advance_many(tx.conn, moved)
+        tx.changes.extend(step.change for step in steps)
+        return heads
 
     def mutate(self, job_id: str, decide: Decide) -> Outcome:
         """Load a job, let ``decide`` choose receipts from its state, append them.
@@ -321,7 +357,18 @@ class Queue:
             if before is not None:
                 before(tx.conn, [heads[job_id].job for job_id, _ in items if job_id in heads], tx.now)
             answers: list[Outcome | Exception] = []
+            # Transitions with nothing beside their receipts wait to be written together; a job
+            # named again is written first, so its next decision follows what was appended.
+            plain: dict[str, _Step] = {}
+
+            def write_plain() -> None:
+                written = self._write_plain(tx, list(plain.values()))
+                heads.update(zip(plain, written, strict=True))
+                plain.clear()
+
             for job_id, decide in items:
+                if job_id in plain:
+                    write_plain()
                 loaded = heads.get(job_id)
                 if loaded is None:
                     answers.append(JobNotFound(job_id))
@@ -334,8 +381,14 @@ class Queue:
                 if not events:
                     answers.append(Outcome(loaded.job, False))
                     continue
-                heads[job_id] = self._apply_head(tx, loaded, job_id, events)
-                answers.append(Outcome(heads[job_id].job, True))
+                step = self._step(tx, loaded, job_id, events)
+                if step.companion is None and not step.writes:
+                    plain[job_id] = step
+                else:
+                    heads[job_id] = self._write(tx, step)
+                answers.append(Outcome(step.state, True))
+            if plain:
+                write_plain()
             return answers
 
         result: list[Outcome | Exception] = self._run(work)

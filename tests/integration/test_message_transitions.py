@@ -1,0 +1,98 @@
+"""A message's transitions are one write: ``Queue.mutate_many`` writes the transitions that carry
+nothing beside their receipts (a batch's leases) as two statements whatever their number, all
+their receipts and all their rows (``projection.advance_many``); one that a hook writes beside
+(a settlement's deliveries, a callback's outbox row) keeps its own statement, in the same
+transaction. Every job still gets its own hash-chained receipts and its own fence."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from app.composition import queue_for
+from app.jobs import transitions
+from app.storage import store
+from app.storage.queue import Outcome, Queue
+
+from .runtime_support import enqueue
+
+LEASE_MS = 60_000
+
+
+@pytest.fixture
+def statements(pg_engine: Engine) -> Iterator[list[str]]:
+    """Every statement sent to PostgreSQL (a listener turns the driver's-cursor path off). SQLite,
+    one writer in-process, writes a page row by row."""
+    engine = pg_engine
+    seen: list[str] = []
+
+    def listen(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        seen.append(" ".join(statement.split()))
+
+    event.listen(engine, "before_cursor_execute", listen)
+    yield seen
+    event.remove(engine, "before_cursor_execute", listen)
+
+
+def test_a_batchs_leases_are_written_as_one_insert_and_one_update(
+    pg_engine: Engine, statements: list[str]
+) -> None:
+    queue = queue_for(pg_engine)
+    jobs = [enqueue(queue, "factory") for _ in range(4)]
+    statements.clear()
+    starts = queue.start_attempts(
+        [(job.id, f"w-{i}", 1) for i, job in enumerate(jobs)], lambda _job: LEASE_MS
+    )
+    assert [s.status for s in starts] == ["started"] * 4  # type: ignore[union-attr]
+    assert [s.job.lease.worker_id for s in starts] == [f"w-{i}" for i in range(4)]  # type: ignore[union-attr]
+    assert sum(s.startswith("INSERT INTO receipts") for s in statements) == 1
+    assert sum(s.startswith("UPDATE jobs") for s in statements) == 1
+    with queue.engine.connect() as conn:
+        checked, broken = store.verify(conn)
+    assert broken is None and checked > 0
+    for i, job in enumerate(jobs):
+        after = queue.get(job.id)
+        assert (
+            after is not None
+            and after.status in ("leased", "running")
+            and after.lease is not None
+            and after.lease.worker_id == f"w-{i}"
+        )
+
+
+def test_a_job_named_twice_is_decided_the_second_time_on_what_the_first_appended(queue: Queue) -> None:
+    job = enqueue(queue, "factory")
+    other = enqueue(queue, "factory")
+    answers = queue.mutate_many(
+        [
+            (job.id, lambda j, now: transitions.start_attempt(j, now, "w-1", 1, LEASE_MS).events),
+            (other.id, lambda j, now: transitions.start_attempt(j, now, "w-2", 1, LEASE_MS).events),
+            (job.id, lambda j, now: transitions.heartbeat_holder(j, now, "w-1", 1, LEASE_MS)),
+        ]
+    )
+    first, second, beat = answers
+    assert isinstance(first, Outcome) and isinstance(second, Outcome) and isinstance(beat, Outcome)
+    assert beat.applied and beat.job.seq > first.job.seq
+    assert queue.get(job.id) == beat.job
+    with queue.engine.connect() as conn:
+        assert store.verify(conn)[1] is None
+
+
+def test_a_transition_a_hook_writes_beside_keeps_its_own_statement_in_the_same_commit(queue: Queue) -> None:
+    leased = enqueue(queue, "factory")
+    plain = enqueue(queue, "factory")
+    [start] = queue.start_attempts([(leased.id, "w-1", 1)], lambda _job: LEASE_MS)
+    answers = queue.mutate_many(
+        [
+            # A settlement settles the job's deliveries in its own statement (its companion).
+            (leased.id, lambda j, now: transitions.settle_holder(j, now, "w-1", 1, result={"ok": True})),
+            (plain.id, lambda j, now: transitions.start_attempt(j, now, "w-2", 1, LEASE_MS).events),
+        ]
+    )
+    assert [a.job.status for a in answers if isinstance(a, Outcome)] == ["completed", "running"]
+    assert queue.get(leased.id).status == "completed"  # type: ignore[union-attr]
+    assert start is not None
