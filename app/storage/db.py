@@ -48,6 +48,7 @@ from app.config import Settings
 from app.jobs.times import as_utc as as_utc
 from app.jobs.times import iso as iso
 from app.jobs.times import parse_iso as parse_iso
+from app.storage import jsontext
 from app.storage.direct import PREPARED, Direct
 from app.storage.files import create_private_file, private_dir
 
@@ -503,6 +504,8 @@ def make_engine(url: str, *, prepared_statements: bool = False, **kwargs: Any) -
     statements are prepared once per connection (``app/storage/direct.py``).
     """
     kwargs.setdefault("hide_parameters", True)
+    kwargs.setdefault("json_serializer", jsontext.dumps)
+    kwargs.setdefault("json_deserializer", jsontext.loads)
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":

@@ -96,3 +96,15 @@ def test_a_transition_a_hook_writes_beside_keeps_its_own_statement_in_the_same_c
     assert [a.job.status for a in answers if isinstance(a, Outcome)] == ["completed", "running"]
     assert queue.get(leased.id).status == "completed"  # type: ignore[union-attr]
     assert start is not None
+
+
+def test_a_payload_integer_beyond_64_bits_survives_the_json_columns_exactly(queue: Queue) -> None:
+    """The state and the receipts are JSON columns (app/storage/jsontext.py): the fold and the
+    chain need every value exact."""
+    job = enqueue(queue, "factory", huge=2**70)
+    [start] = queue.start_attempts([(job.id, "w-1", 1)], lambda _job: LEASE_MS)
+    read = queue.get(job.id)
+    assert read is not None and read.payload["huge"] == 2**70 and isinstance(read.payload["huge"], int)
+    assert start.job.payload["huge"] == 2**70  # type: ignore[union-attr]
+    with queue.engine.connect() as conn:
+        assert store.verify(conn)[1] is None
