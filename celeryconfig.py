@@ -24,7 +24,7 @@ from typing import Any
 
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
-from app.ops import loops
+from app.ops import loop_registry
 from app.storage.files import private_dir
 
 ALL_QUEUES = (DRIVER_QUEUE, *QUEUES.values(), MAINTENANCE_QUEUE, OBJECTIVES_QUEUE)
@@ -96,9 +96,9 @@ def task_queues_for() -> dict[str, dict[str, str]]:
 
 
 def beat_schedule_for(settings: Settings) -> dict[str, Any]:
-    """Beat's schedule, derived from the loop registry (``app/ops/loops.py``). Plain data: the cron
+    """Beat's schedule, derived from the loop registry (``app/ops/loop_registry.py``). Plain data: the cron
     loops need a Celery schedule object, which ``tasks/celery_app.py`` adds (``CronSchedule``)."""
-    return loops.beat_schedule(settings)
+    return loop_registry.beat_schedule(settings)
 
 
 def build(settings: Settings) -> dict[str, Any]:

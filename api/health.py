@@ -8,7 +8,7 @@ setting and the cause in the words of the start-up checks (``app/ops/preflight.p
 when this process has found it down (``app/ops/outages.py``, which also logs the outage once);
 the wake-up publisher
 can publish (``api.wake``: its transport loads and the driver queue is declared), and every
-recovery loop this deployment runs (``app/ops/loops.py``) ran within three of its periods
+recovery loop this deployment runs (``app/ops/loop_registry.py``) ran within three of its periods
 (``loop_runs``): a deployment whose loops stopped (beat down and no consumer of their queues left)
 recovers nothing, so it is not ready. A loop that never ran is given the same three periods from
 this process's start; a loop whose schedule cannot run (an invalid cron) fails the check.
@@ -36,10 +36,9 @@ from api.errors import NOT_READY, ApiError
 from api.openapi import Operation, operation
 from api.wake import check_waker
 from app.config import Settings
-from app.ops import loops as registry
-from app.ops import outages, preflight
+from app.ops import loop_registry, outages, preflight
 from app.ops.preflight import BROKER, DATABASE, Problem
-from app.storage import loops
+from app.storage import loop_claims
 from app.storage.db import iso
 from app.storage.files import private_dir
 
@@ -89,15 +88,15 @@ def check_broker(settings: Settings) -> str:
 def check_loops(engine: Engine, settings: Settings, started: float) -> tuple[str, dict[str, Any]]:
     """Each active loop's last run, period and age; "ok" unless one is older than 3 periods."""
     try:
-        now, runs = loops.last_runs(engine)
+        now, runs = loop_claims.last_runs(engine)
     except Exception as exc:
         return f"unreadable ({type(exc).__name__})", {}
     since = now - timedelta(seconds=time.monotonic() - started)
     report: dict[str, Any] = {}
     late = []
-    for loop in registry.active(settings):
+    for loop in loop_registry.active(settings):
         run = runs.get(loop.name)
-        st = registry.status(loop, settings, run.started_at if run else None, since, now)
+        st = loop_registry.status(loop, settings, run.started_at if run else None, since, now)
         report[loop.name] = {
             "lastRun": iso(st.last_run),
             "ageMs": st.age_ms,
@@ -109,7 +108,7 @@ def check_loops(engine: Engine, settings: Settings, started: float) -> tuple[str
         if st.overdue:
             late.append(loop.name)
     if late:
-        return f"overdue: {', '.join(late)} (no run within {loops.STALE_FACTOR} periods)", report
+        return f"overdue: {', '.join(late)} (no run within {loop_claims.STALE_FACTOR} periods)", report
     return OK, report
 
 

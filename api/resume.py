@@ -12,7 +12,7 @@ import threading
 from api.wake import default_waker
 from app.composition import build_queue
 from app.config import Settings
-from app.factory.loops import schedule_resume
+from app.factory.recovery import schedule_resume
 
 log = logging.getLogger("receipt.api")
 

@@ -6,7 +6,7 @@ same way:
 
 - Receipt's logging, as every process has it (plain or JSON, with the secret filter); in JSON mode
   Celery's banner is not printed, since it would be the only non-JSON lines in the stream;
-- a refusal to start on an invalid schedule (the loop registry's, ``app/ops/loops.py``), naming
+- a refusal to start on an invalid schedule (the loop registry's, ``app/ops/loop_registry.py``), naming
   the variable (a schedule that never runs is a deployment error);
 - the home directory, private, before beat opens its schedule file there.
 """
@@ -20,8 +20,7 @@ from typing import Any
 from celery.apps.beat import Beat
 
 from app.config import Settings
-from app.ops import logs, outages, preflight
-from app.ops import loops as registry
+from app.ops import logs, loop_registry, outages, preflight
 from app.schedules import declared
 from app.storage.files import private_dir
 
@@ -33,7 +32,7 @@ def prepare(settings: Settings) -> None:
     invalid), the database and the broker (one line and exit 2 when either is unusable), the outage
     watch, the home folder."""
     logs.configure(settings, "beat")
-    errors = registry.schedule_errors(settings)
+    errors = loop_registry.schedule_errors(settings)
     if errors:
         # An invalid schedule is a deployment error: refuse to start rather than never run it.
         for error in errors:

@@ -19,13 +19,12 @@ from celery import Celery, signals
 import celeryconfig
 from app.config import Settings
 from app.dispatch.line import queues_field
-from app.factory import loops as objectives
+from app.factory import recovery
 from app.jobs.routing import QUEUES
-from app.ops import logs
-from app.ops import loops as registry
+from app.ops import logs, loop_registry
 from app.schedules import declared
 from app.storage.liveness import Offer
-from tasks import dispatch, execute, fetches, loops, redaction, shutdown
+from tasks import dispatch, execute, fetches, loop_passes, redaction, shutdown
 from tasks.beat import ReceiptBeat
 from tasks.cron import CronSchedule
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, get_runtime, slots_of
@@ -35,9 +34,11 @@ log = logging.getLogger("receipt.celery")
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
-    missing = loops.unbound()
+    missing = loop_passes.unbound()
     if missing:
-        raise RuntimeError(f"recovery loops declared without a pass (tasks/loops.py): {', '.join(missing)}")
+        raise RuntimeError(
+            f"recovery loops declared without a pass (tasks/loop_passes.py): {', '.join(missing)}"
+        )
     redaction.install()
     app = Celery("receipt", set_as_current=False)
     if settings is None:
@@ -47,7 +48,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
         app.config_from_object(celeryconfig.build(settings))
     # The whole schedule, cron loops included: the plain-data configuration cannot build a cron
     # schedule without importing Celery.
-    app.conf.beat_schedule = registry.beat_schedule(settings, CronSchedule)
+    app.conf.beat_schedule = loop_registry.beat_schedule(settings, CronSchedule)
     # ``celery beat`` on this app runs Receipt's start-up first (tasks/beat.py).
     app.Beat = app.subclass_with_self(ReceiptBeat)
     app.receipt_settings = settings
@@ -89,7 +90,7 @@ def _register(app: Celery) -> None:
     def execute_batch_task(self: Any, items: list[list[Any]]) -> dict[str, Any]:
         return execute.execute_batch(get_runtime(self.app), items, queue=_queue_of(self.request))
 
-    for loop in registry.LOOPS:
+    for loop in loop_registry.LOOPS:
         _register_loop(app, loop)
 
 
@@ -100,16 +101,16 @@ def _queue_of(request: Any) -> str | None:
     return key if isinstance(key, str) and key else None
 
 
-def _register_loop(app: Celery, loop: registry.Loop) -> None:
-    """The task carrying ``loop``'s ticks: one claimed pass (``tasks.loops.run``)."""
+def _register_loop(app: Celery, loop: loop_registry.Loop) -> None:
+    """The task carrying ``loop``'s ticks: one claimed pass (``tasks.loop_passes.run``)."""
 
     @_task(app, loop.task)
     def loop_task(self: Any, published: str | None = None) -> dict[str, Any]:
         at = datetime.fromisoformat(published) if published else None
-        return loops.run(get_runtime(self.app), loop, at)
+        return loop_passes.run(get_runtime(self.app), loop, at)
 
 
-_CRON_TASKS = registry.cron_tasks()
+_CRON_TASKS = loop_registry.cron_tasks()
 
 
 def _stamp_published(sender: Any = None, body: Any = None, **_: Any) -> None:
@@ -154,13 +155,13 @@ def _first_passes_after_startup_delay(sender: Any = None, **_: Any) -> None:
     settings: Settings | None = getattr(beat_app, "receipt_settings", None)
     if beat_app is None or settings is None:
         return
-    errors = registry.schedule_errors(settings)
+    errors = loop_registry.schedule_errors(settings)
     if errors:  # `celery beat` started without tasks.beat's check
         raise SystemExit(f"beat: {'; '.join(errors)}")
-    for loop, delay_ms in registry.first_passes(settings):
+    for loop, delay_ms in loop_registry.first_passes(settings):
         beat_app.send_task(loop.task, queue=loop.queue, countdown=delay_ms / 1000)
     # Spec: objective resume runs once in every process role, after RESONATE_STARTUP_SETTLE_MS.
-    objectives.schedule_resume(get_runtime(beat_app).queue, settings, "beat")
+    recovery.schedule_resume(get_runtime(beat_app).queue, settings, "beat")
     _reconcile_schedules_file(settings, lambda: get_runtime(beat_app))
 
 
@@ -186,7 +187,7 @@ def _reconcile_schedules_file_at_worker_start(sender: Any = None, **_: Any) -> N
     worker_app = getattr(sender, "app", None)
     queues = getattr(worker_app, "receipt_ticker_queues", ()) if worker_app is not None else ()
     settings: Settings | None = getattr(worker_app, "receipt_settings", None) if worker_app else None
-    if worker_app is None or settings is None or registry.SCHEDULES.queue not in queues:
+    if worker_app is None or settings is None or loop_registry.SCHEDULES.queue not in queues:
         return
     _reconcile_schedules_file(settings, lambda: get_runtime(worker_app))
 
@@ -197,7 +198,7 @@ def _resume_objectives_after_settle(sender: Any = None, **_: Any) -> None:
     if worker_app is None or getattr(worker_app, "receipt_settings", None) is None:
         return
     rt = get_runtime(worker_app)
-    objectives.schedule_resume(rt.queue, rt.settings, rt.settings.process_role)
+    recovery.schedule_resume(rt.queue, rt.settings, rt.settings.process_role)
 
 
 signals.beat_init.connect(_first_passes_after_startup_delay)
@@ -214,9 +215,9 @@ def _start_local_ticker(sender: Any = None, **_: Any) -> None:
     if worker_app is None or not queues:
         return
     rt = get_runtime(worker_app)
-    if not any(loop.queue in queues for loop in registry.active(rt.settings)):
+    if not any(loop.queue in queues for loop in loop_registry.active(rt.settings)):
         return
-    ticker = loops.LocalTicker(rt, queues)
+    ticker = loop_passes.LocalTicker(rt, queues)
     worker_app.receipt_ticker = ticker
     ticker.start()
 

@@ -5,7 +5,7 @@ no module-level engine or queue). Every message leaves through the delivery clie
 (``delivery/client.py``); the queue's dispatch hook is its wake-up, so every job that becomes
 queued (enqueue, retry, lease expiry) takes the one delivery path.
 The delivery task names are defined in ``app/jobs/routing.py`` and re-exported here (``X as X``);
-each recovery loop's task is declared with its loop (``app/ops/loops.py``).
+each recovery loop's task is declared with its loop (``app/ops/loop_registry.py``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from api.wake import WakePublisher
 from app.config import SETTINGS, Settings, redacted
 from app.dispatch import line
 from app.jobs.routing import QUEUES
-from app.ops import loops as registry
+from app.ops import loop_registry
 from app.retention import archive
 from app.retention.policy import Policy
 from app.retention.sink import DirectorySink
@@ -62,13 +62,13 @@ def system() -> ResponseReturnValue:
         recent = overview.recent_events(conn, window=WINDOW)
         retention = _retention(conn, st.settings)
         shares = line.shares(conn, st.settings, db_now(conn), list(QUEUES.values()))
-    # The loops this deployment runs (app/ops/loops.py), and each one's period (for "is it late?").
+    # The loops this deployment runs (app/ops/loop_registry.py), and each one's period (for "is it late?").
     intervals = {}
     now = datetime.now(UTC)
-    for loop in registry.active(st.settings):
+    for loop in loop_registry.active(st.settings):
         try:
             intervals[loop.name] = loop.schedule.period_ms(st.settings, now)
-        except registry.ScheduleError:
+        except loop_registry.ScheduleError:
             continue
     known = {run.name for run in loops}
     never = sorted(name for name in intervals if name not in known)

@@ -27,7 +27,7 @@ OBJECTIVES_QUEUE: Final = "receipt-objectives"
 
 # The delivery tasks' names, each spelled once: the worker registers them (tasks/celery_app.py) and
 # the API publishes a wake-up by name (api/wake.py). Each recovery loop's task is declared with its
-# loop (app/ops/loops.py).
+# loop (app/ops/loop_registry.py).
 DISPATCH_TASK: Final = "receipt.dispatch"
 DRIVER_TASK: Final = "receipt.driver"
 EXECUTE_TASK: Final = "receipt.execute"

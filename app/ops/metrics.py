@@ -35,7 +35,7 @@ from app.config import Settings
 from app.dispatch import line
 from app.jobs.routing import QUEUES, worker_group_for
 from app.jobs.vocab import LEASED_STATUSES
-from app.ops import loops
+from app.ops import loop_registry
 from app.retention.archive import oldest_live_terminal
 from app.retention.sink import DirectorySink
 from app.storage.db import as_utc, db_now, jobs, loop_runs, parse_iso
@@ -93,7 +93,7 @@ GROUP_COMMIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # Why a worker process put fetched attempts back on their queue unstarted (``tasks/execute.py``).
 HAND_BACK_REASONS = ("busy", "shutdown")
 
-# How one attempt at a loop pass ended (``app.storage.loops.run_claimed``; ``failed``: it raised).
+# How one attempt at a loop pass ended (``app.storage.loop_claims.run_claimed``; ``failed``: it raised).
 LOOP_OUTCOMES = ("ran", "skipped", "lost", "failed")
 
 _lock = threading.Lock()
@@ -224,7 +224,7 @@ def registry_metrics() -> Metrics:
             for kind in ("job", "objective"):
                 _metrics.archived_streams.labels(kind)
             # Every declared loop's series exist from the first scrape, at zero.
-            for loop in loops.LOOPS:
+            for loop in loop_registry.LOOPS:
                 for outcome in LOOP_OUTCOMES:
                     _metrics.loop_passes.labels(loop.name, outcome)
     return _metrics
@@ -319,7 +319,8 @@ def observe_archive(totals: Totals) -> None:
 
 class StateCollector:
     """Jobs by status/lane/agent/group and each loop's last run, read from the database per scrape;
-    with ``settings``, also each active loop's period (``app/ops/loops.py``), for the overdue alert."""
+    with ``settings``, also each active loop's period (``app/ops/loop_registry.py``), for the
+    overdue alert."""
 
     def __init__(self, engine: Engine, settings: Settings | None = None) -> None:
         self.engine = engine
@@ -413,10 +414,10 @@ class StateCollector:
                 duration.add_metric([name], (as_utc(finished) - as_utc(started)).total_seconds())
         if self.settings is not None:
             now = datetime.now(UTC)
-            for loop in loops.active(self.settings):
+            for loop in loop_registry.active(self.settings):
                 try:
                     period.add_metric([loop.name], loop.schedule.period_ms(self.settings, now) / 1000)
-                except loops.ScheduleError:
+                except loop_registry.ScheduleError:
                     continue  # /readyz names it; a gauge has no value to give
         if self.settings is not None and self.settings.retention_enabled:
             space = DirectorySink(self.settings.archive_path).free_bytes()

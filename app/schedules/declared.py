@@ -37,7 +37,7 @@ from app.jobs.privilege import Enqueuer
 from app.schedules import service, storage
 from app.schedules.reducer import Schedule
 from app.schedules.spec import Declared, validate_create
-from app.storage import loops
+from app.storage import loop_claims
 from app.storage.db import schedules
 from app.storage.queue import Queue
 
@@ -190,8 +190,10 @@ def reconcile_once(queue: Queue, path: str | None) -> dict[str, Any]:
     """Reconcile the file at startup, unless another process's reconcile holds or just ran the claim."""
     if not path:
         return {"skipped": True}
-    policy = loops.Policy(ttl_ms=loops.claim_ttl_ms(30_000), spacing_ms=RECONCILE_SPACING_MS, holds=True)
-    outcome = loops.run_claimed(
+    policy = loop_claims.Policy(
+        ttl_ms=loop_claims.claim_ttl_ms(30_000), spacing_ms=RECONCILE_SPACING_MS, holds=True
+    )
+    outcome = loop_claims.run_claimed(
         queue.engine, RECONCILE_CLAIM, policy, lambda _keep: reconcile_file(queue, path).to_json()
     )
     return outcome.result

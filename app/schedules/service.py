@@ -7,7 +7,7 @@ pass that dies before its commit leaves nothing behind; and because a tick's job
 the tick (``<scheduleId>:<tick>``), whoever decides that tick again — a second beat, a retried pass,
 a repeated backfill — finds the job there and enqueues nothing.
 
-**The pass** (``run_pass``; the ``schedules`` recovery loop, ``app/ops/loops.py``) is paged: it takes
+**The pass** (``run_pass``; the ``schedules`` recovery loop, ``app/ops/loop_registry.py``) is paged: it takes
 the due schedules ``page_size`` at a time, soonest first, each page one transaction of a few
 multi-row statements (the page's fires enqueued together, its receipts written together, its rows
 updated by one statement), so 10 000 schedules cost one pass of twenty transactions, not 10 000.

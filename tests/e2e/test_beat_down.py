@@ -1,7 +1,7 @@
 """Recovery without beat: the processes of a beat-less deployment recover the Factory's losses.
 
 No beat process at all: only the driver and the chat and control workers, on PostgreSQL and Redis.
-Each worker's local ticker runs the loops of the queues it consumes (``app/ops/loops.py``), so the
+Each worker's local ticker runs the loops of the queues it consumes (``app/ops/loop_registry.py``), so the
 control worker runs the objective-control outbox redrive and the watchdog tick itself:
 
 - a lost control message (an objective whose launch request is unconsumed and has no control job)

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine, make_url
 from app.composition import queue_for
 from app.config import Settings
 from app.jobs.validation import validate_enqueue
-from app.ops import loops as loop_registry
+from app.ops import loop_registry
 from devharness import handlers
 from tasks import fetches
 from tasks.celery_app import make_celery

@@ -26,7 +26,7 @@ from app.jobs.routing import DRIVER_QUEUE, QUEUES
 from app.jobs.validation import validate_enqueue
 from devharness import handlers
 from tasks.celery_app import make_celery
-from tasks.loops import REDRIVE_LOOP
+from tasks.loop_passes import REDRIVE_LOOP
 from tasks.runtime import DISPATCH_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
 from tests.support.processes import Proc
 from tests.support.queue_ops import complete, settle_canceled

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ops import loops as loop_registry
+from app.ops import loop_registry
 from tests.support.processes import PYTHON
 from tests.support.stack import Stack
 

@@ -28,8 +28,7 @@ from app.storage.delivery import driver_task_id
 from app.storage.hooks import Change, Hook, Write
 from app.storage.queue import Queue
 from delivery.broker import RedisProbe
-from tasks import dispatch, execute, fetches
-from tasks import loops as task_loops
+from tasks import dispatch, execute, fetches, loop_passes
 from tasks.celery_app import make_celery
 from tasks.consumer import FETCH_GATED
 from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
@@ -543,7 +542,7 @@ def test_a_batch_whose_lease_statement_fails_leases_none_and_each_is_redelivered
     assert rt.slots.in_use == 0
     # The redrive judges each delivery lost and redelivers each, in its next pass.
     sent.clear()
-    result = task_loops.redrive_queued(rt)
+    result = loop_passes.redrive_queued(rt)
     assert sorted(result["fetcherLost"]) == sorted(j.id for j in jobs)
     assert sorted(result["redriven"]) == sorted(j.id for j in jobs)
     for job in jobs:

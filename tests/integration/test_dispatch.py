@@ -27,7 +27,7 @@ from app.storage.delivery import redrive_key
 from delivery import wakes
 from delivery.client import DeliveryClient
 from devharness.credits import offer_slots
-from tasks import dispatch, execute, loops
+from tasks import dispatch, execute, loop_passes
 from tasks.callbacks import Callbacks
 from tasks.celery_app import make_celery
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, Runtime
@@ -635,12 +635,12 @@ def test_a_retry_backs_off_then_the_due_retries_pass_delivers_it(runtime: Any) -
     # Backing off: the requeue's own wake-up, a redrive and the due pass all start nothing yet.
     assert sent.named(EXECUTE_TASK) == []
     assert dispatch.start_driver(rt, job.id, redrive_key(job.id, requeued.seq, "queued")) is None
-    assert loops.dispatch_due_retries(rt) == {"started": []}
+    assert loop_passes.dispatch_due_retries(rt) == {"started": []}
     assert delivery_rows(rt.engine, job.id) == [(job.id, 0, "settled", "failed")]
     # Once the database clock passes retryAt, the due pass starts the next generation.
     wait_until_db_time(rt.engine, parse_iso(failed.body["retryAt"]))
     rt.settings = replace(rt.settings, retry_scan_interval_ms=0)
-    assert loops.dispatch_due_retries(rt) == {"started": [job.id]}
+    assert loop_passes.dispatch_due_retries(rt) == {"started": [job.id]}
     # The due pass moves the job's line: its worker message leaves under the next attempt's fence.
     [message] = sent.named(EXECUTE_TASK)
     assert message.args == [job.id, f"{job.id}:attempt:2", job.id, 1]
@@ -660,9 +660,9 @@ def test_a_delayed_job_is_not_delivered_before_available_at_then_the_due_pass_st
     assert delivery_rows(rt.engine, job.id) == []
     assert dispatch.start_driver(rt, job.id, redrive_key(job.id, job.seq, "queued")) is None
     rt.settings = replace(rt.settings, retry_scan_interval_ms=0)
-    assert loops.dispatch_due_retries(rt) == {"started": []}
+    assert loop_passes.dispatch_due_retries(rt) == {"started": []}
     wait_until_db_time(rt.engine, parse_iso(job.available_at))
-    assert loops.dispatch_due_retries(rt) == {"started": [job.id]}
+    assert loop_passes.dispatch_due_retries(rt) == {"started": [job.id]}
     [message] = sent.named(EXECUTE_TASK)
     assert message.args[1] == f"{job.id}:attempt:1"
 

@@ -1,4 +1,4 @@
-"""The factory handlers (dispatch, run + planner, the not-yet-built ones) and the Factory loops."""
+"""The factory handlers (dispatch, run + planner, the not-yet-built ones) and the Factory loop_claims."""
 
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.config import Settings
-from app.factory import loops as loops_objectives
-from app.factory import service
+from app.factory import recovery, service
 from app.factory.plan import validate_objective
 from app.factory.vocab import objective_stream
 from app.jobs.ids import qualify
 from app.jobs.reducer import Job
 from app.jobs.validation import validate_enqueue
-from app.ops import loops as loop_registry
-from app.storage import loops, store
+from app.ops import loop_registry
+from app.storage import loop_claims, store
 from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, drain, plan, registry
 from workers.runner import run_attempt
@@ -98,17 +97,17 @@ def test_outbox_redrive_is_single_flight_and_its_timeout_only_observes(
     def redrive(settings: Settings) -> dict[str, Any]:
         """One pass as the registry runs it: the declared claim policy, in the one wrapper."""
         policy = loop_registry.policy(outbox, settings, datetime.now(UTC))
-        return loops.run_claimed(
+        return loop_claims.run_claimed(
             sqlite_engine,
             outbox.name,
             policy,
-            lambda keep: loops_objectives.outbox_redrive(queue, settings, None, keep),
+            lambda keep: recovery.outbox_redrive(queue, settings, None, keep),
         ).result
 
     # Another pass holds the claim: this tick coalesces into it.
-    assert loops.claim(sqlite_engine, outbox.name, "other", min_interval_ms=0, ttl_ms=600_000)
+    assert loop_claims.claim(sqlite_engine, outbox.name, "other", min_interval_ms=0, ttl_ms=600_000)
     assert redrive(Settings(objective_control_outbox_redrive_timeout_ms=0)) == {"skipped": True}
-    loops.release(sqlite_engine, outbox.name, "other")
+    loop_claims.release(sqlite_engine, outbox.name, "other")
     with caplog.at_level(logging.WARNING, logger="receipt.loops"):
         out = redrive(
             Settings(
@@ -123,9 +122,9 @@ def test_outbox_redrive_is_single_flight_and_its_timeout_only_observes(
 def test_resume_once_is_single_flight(sqlite_engine: Engine) -> None:
     queue = queue_for(sqlite_engine, control_fast_path=False)
     settings = Settings(startup_settle_ms=10_000)
-    first = loops_objectives.resume_once(queue, settings)
+    first = recovery.resume_once(queue, settings)
     assert first == {"resumed": 0}
-    assert loops_objectives.resume_once(queue, settings) == {"skipped": True}  # spaced: coalesced
+    assert recovery.resume_once(queue, settings) == {"skipped": True}  # spaced: coalesced
 
 
 def test_control_starts_a_monitor_for_a_computer_task_which_ends_with_its_task(sqlite_engine: Engine) -> None:

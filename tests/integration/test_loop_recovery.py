@@ -18,10 +18,9 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
-from app.storage import loops
+from app.storage import loop_claims
 from app.storage.db import loop_runs, make_engine
-from tasks import dispatch
-from tasks import loops as task_loops
+from tasks import dispatch, loop_passes
 from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK
 from tests.support.services import TcpProxy
 
@@ -66,25 +65,25 @@ def test_a_redrive_pass_cut_from_postgres_mid_pass_frees_its_loop_within_about_a
             proxy.cut()  # Postgres "restarts" under the pass: every connection dies, none can open
         return real_pass(*args, **kwargs)
 
-    monkeypatch.setattr("tasks.loops.dispatch_queue", pass_then_lose_the_database)
+    monkeypatch.setattr("tasks.loop_passes.dispatch_queue", pass_then_lose_the_database)
     # The pass loses its database, and so does its release (it may end quietly: each line's pass
     # is its own, and the next interval retries it).
     with contextlib.suppress(OperationalError):
-        task_loops.redrive_queued(rt)
+        loop_passes.redrive_queued(rt)
     assert sent.named(EXECUTE_TASK) == [] and sent.named(EXECUTE_BATCH_TASK) == []
     with pg_engine.connect() as conn:
-        row = conn.execute(select(loop_runs).where(loop_runs.c.name == task_loops.REDRIVE_LOOP)).one()
+        row = conn.execute(select(loop_runs).where(loop_runs.c.name == loop_passes.REDRIVE_LOOP)).one()
     assert row.finished_at is None, "the release reached a dead database, yet the row says released"
-    assert row.expires_at - row.started_at == timedelta(milliseconds=loops.claim_ttl_ms(INTERVAL_MS))
+    assert row.expires_at - row.started_at == timedelta(milliseconds=loop_claims.claim_ttl_ms(INTERVAL_MS))
 
     proxy.restore()
-    monkeypatch.setattr("tasks.loops.dispatch_queue", real_pass)
+    monkeypatch.setattr("tasks.loop_passes.dispatch_queue", real_pass)
     # Right after recovery the dead pass still holds the loop (its deadline has not passed) ...
-    assert task_loops.redrive_queued(rt) == {"skipped": True}
+    assert loop_passes.redrive_queued(rt) == {"skipped": True}
     freed_at = time.monotonic()
     # ... and the next tick after the deadline runs (before: only after ten intervals).
     redriven = wait_until(
-        lambda: task_loops.redrive_queued(rt).get("redriven"), timeout=30, what="a redrive pass to run"
+        lambda: loop_passes.redrive_queued(rt).get("redriven"), timeout=30, what="a redrive pass to run"
     )
     waited = time.monotonic() - freed_at
     assert sorted(redriven) == sorted(ids)
@@ -99,18 +98,18 @@ def test_a_long_pass_renews_its_claim_so_no_second_pass_starts_beside_it(
     # A deadline of one second: the pass renews after a third of it, so a stall of up to two
     # thirds (a loaded machine, a SQLite writer's lock) does not cost it the claim.
     ttl_ms = 1000
-    assert loops.claim(engine, "loop-long", owner, min_interval_ms=0, ttl_ms=ttl_ms)
-    keep = loops.KeepAlive(rt.engine, "loop-long", owner, ttl_ms)
+    assert loop_claims.claim(engine, "loop-long", owner, min_interval_ms=0, ttl_ms=ttl_ms)
+    keep = loop_claims.KeepAlive(rt.engine, "loop-long", owner, ttl_ms)
     deadline = time.monotonic() + 1.5 * ttl_ms / 1000  # past its first deadline, renewed as it goes
     while time.monotonic() < deadline:
         keep()
-        assert loops.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=ttl_ms) is False
+        assert loop_claims.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=ttl_ms) is False
         time.sleep(0.02)
     # Once it stops renewing, the claim lapses and the intruder's pass may run; the old pass
     # learns it lost the loop the next time it tries to renew.
     time.sleep(1.2 * ttl_ms / 1000)
-    assert loops.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=ttl_ms) is True
-    with pytest.raises(loops.LoopClaimLost):
+    assert loop_claims.claim(engine, "loop-long", "intruder", min_interval_ms=0, ttl_ms=ttl_ms) is True
+    with pytest.raises(loop_claims.LoopClaimLost):
         keep()
 
 
@@ -119,13 +118,13 @@ def test_overdue_is_three_intervals_counting_a_loop_that_never_ran_from_the_proc
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     ms = timedelta(milliseconds=1)
-    assert task_loops.STALE_FACTOR == 3 and task_loops.TICKER_FACTOR == 2
-    assert not task_loops.overdue(t0, t0, t0 + 2000 * ms, 1000, task_loops.TICKER_FACTOR)
-    assert task_loops.overdue(t0, t0, t0 + 2001 * ms, 1000, task_loops.TICKER_FACTOR)
-    assert not task_loops.overdue(t0, t0, t0 + 3000 * ms, 1000)
-    assert task_loops.overdue(t0, t0, t0 + 3001 * ms, 1000)
-    assert not task_loops.overdue(None, t0, t0 + 2000 * ms, 1000)  # grace after start
-    assert task_loops.overdue(None, t0, t0 + 3001 * ms, 1000)
+    assert loop_passes.STALE_FACTOR == 3 and loop_passes.TICKER_FACTOR == 2
+    assert not loop_passes.overdue(t0, t0, t0 + 2000 * ms, 1000, loop_passes.TICKER_FACTOR)
+    assert loop_passes.overdue(t0, t0, t0 + 2001 * ms, 1000, loop_passes.TICKER_FACTOR)
+    assert not loop_passes.overdue(t0, t0, t0 + 3000 * ms, 1000)
+    assert loop_passes.overdue(t0, t0, t0 + 3001 * ms, 1000)
+    assert not loop_passes.overdue(None, t0, t0 + 2000 * ms, 1000)  # grace after start
+    assert loop_passes.overdue(None, t0, t0 + 3001 * ms, 1000)
 
 
 def test_the_local_ticker_runs_an_overdue_loop_once_and_leaves_a_fresh_one_alone(
@@ -147,9 +146,9 @@ def test_the_local_ticker_runs_an_overdue_loop_once_and_leaves_a_fresh_one_alone
     )
     job = enqueue(rt.queue, "factory")
     sent.clear()
-    ticker = task_loops.LocalTicker(rt)
+    ticker = loop_passes.LocalTicker(rt)
     assert ticker.tick() == []  # first look: nothing ran yet, but the grace has not passed
     ran = wait_until(ticker.tick, timeout=10, what="the ticker to find the loops overdue")
-    assert set(ran) == {task_loops.REDRIVE_LOOP, task_loops.RETRY_LOOP, task_loops.EXPIRY_LOOP}
+    assert set(ran) == {loop_passes.REDRIVE_LOOP, loop_passes.RETRY_LOOP, loop_passes.EXPIRY_LOOP}
     assert [t.args[0] for t in sent.named(EXECUTE_TASK)] == [job.id]
     assert ticker.tick() == []  # they just ran: not overdue

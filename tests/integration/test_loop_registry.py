@@ -24,11 +24,11 @@ from app.factory import service
 from app.factory.plan import validate_objective
 from app.factory.vocab import control_job_id
 from app.jobs.routing import MAINTENANCE_QUEUE
-from app.ops import loops as registry
-from app.storage import loops as claims
+from app.ops import loop_registry
+from app.storage import loop_claims
 from app.storage.db import db_now, jobs, loop_runs, transaction
 from app.storage.queue import Queue
-from tasks import loops as task_loops
+from tasks import loop_passes
 from tasks.runtime import EXECUTE_TASK, Runtime
 from tests.support.clock import ManualClock
 from workers.roles import ROLES
@@ -89,13 +89,13 @@ def test_the_tickers_first_queued_redrive_comes_5000_ms_after_start_by_the_injec
     job = enqueue(rt.queue, "factory")
     sent.clear()
     clock = ManualClock()
-    ticker = task_loops.LocalTicker(rt, (MAINTENANCE_QUEUE,), clock=clock)
+    ticker = loop_passes.LocalTicker(rt, (MAINTENANCE_QUEUE,), clock=clock)
     assert ticker.tick() == []
     clock.advance_ms(4_999)
     assert ticker.tick() == []
     assert sent.named(EXECUTE_TASK) == []
     clock.advance_ms(1)
-    assert ticker.tick() == [registry.QUEUED_REDRIVE.name]
+    assert ticker.tick() == [loop_registry.QUEUED_REDRIVE.name]
     # The redrive moves the job's line: its worker message leaves.
     assert [d.args[0] for d in sent.named(EXECUTE_TASK)] == [job.id]
     # One first pass; later ones follow the 15 000 ms interval (the database clock), not this clock.
@@ -110,9 +110,9 @@ def test_a_pass_since_start_makes_the_first_one_unneeded(rt_of: Any) -> None:
         RECEIPT_SCHEDULE_SCAN_INTERVAL_MS=QUIET,
     )
     clock = ManualClock()
-    ticker = task_loops.LocalTicker(rt, (MAINTENANCE_QUEUE,), clock=clock)
+    ticker = loop_passes.LocalTicker(rt, (MAINTENANCE_QUEUE,), clock=clock)
     assert ticker.tick() == []
-    assert "redriven" in task_loops.redrive_queued(rt)  # beat's own first pass, say
+    assert "redriven" in loop_passes.redrive_queued(rt)  # beat's own first pass, say
     clock.advance_ms(5_000)
     assert ticker.tick() == []
 
@@ -123,8 +123,8 @@ def test_a_pass_since_start_makes_the_first_one_unneeded(rt_of: Any) -> None:
 def test_the_outbox_redrive_runs_a_tick_5000_ms_after_the_last_and_skips_a_duplicate(rt_of: Any) -> None:
     rt, _ = rt_of()
     assert rt.settings.objective_control_outbox_redrive_interval_ms == 5_000
-    outbox = registry.OUTBOX_REDRIVE
-    assert "controlJobs" in task_loops.run(rt, outbox)
+    outbox = loop_registry.OUTBOX_REDRIVE
+    assert "controlJobs" in loop_passes.run(rt, outbox)
 
     def started_ago(ms: int) -> None:
         with transaction(rt.engine) as conn:
@@ -132,9 +132,9 @@ def test_the_outbox_redrive_runs_a_tick_5000_ms_after_the_last_and_skips_a_dupli
             conn.execute(loop_runs.update().where(loop_runs.c.name == outbox.name).values(started_at=started))
 
     started_ago(2_000)  # a second beat's tick for the same period: coalesced
-    assert task_loops.run(rt, outbox) == {"skipped": True}
+    assert loop_passes.run(rt, outbox) == {"skipped": True}
     started_ago(5_000)  # the next tick of the 5 000 ms schedule
-    assert "controlJobs" in task_loops.run(rt, outbox)
+    assert "controlJobs" in loop_passes.run(rt, outbox)
 
 
 def test_a_slow_outbox_pass_keeps_ownership_and_only_logs_past_15000_ms(
@@ -143,7 +143,7 @@ def test_a_slow_outbox_pass_keeps_ownership_and_only_logs_past_15000_ms(
     rt, _ = rt_of()
     assert rt.settings.objective_control_outbox_redrive_timeout_ms == 15_000
     key = lost_control_message(rt.engine, "slow-1")
-    outbox = registry.OUTBOX_REDRIVE
+    outbox = loop_registry.OUTBOX_REDRIVE
     clock = ManualClock()
     real = service.redrive_outbox
     seen: dict[str, Any] = {}
@@ -154,7 +154,9 @@ def test_a_slow_outbox_pass_keeps_ownership_and_only_logs_past_15000_ms(
         clock.advance_ms(2)  # 15 001 ms into the pass
         seen["during"] = SLOW_EVENT in caplog.text
         # Still running, it keeps the loop: another pass cannot take it ...
-        seen["intruder"] = claims.claim(rt.engine, outbox.name, "intruder", min_interval_ms=0, ttl_ms=60_000)
+        seen["intruder"] = loop_claims.claim(
+            rt.engine, outbox.name, "intruder", min_interval_ms=0, ttl_ms=60_000
+        )
         # ... and its claim is renewed in the background, not only when it reaches an item.
         first = expires_at(rt.engine, outbox.name)
         wait_until(lambda: expires_at(rt.engine, outbox.name) > first, timeout=15, what="a renewal")
@@ -162,7 +164,7 @@ def test_a_slow_outbox_pass_keeps_ownership_and_only_logs_past_15000_ms(
 
     monkeypatch.setattr(service, "redrive_outbox", slow_redrive)
     with caplog.at_level(logging.INFO, logger="receipt.loops"):
-        result = task_loops.run(rt, outbox, clock=clock)
+        result = loop_passes.run(rt, outbox, clock=clock)
     assert seen == {"before": False, "during": True, "intruder": False}
     # It ran to the end and did its work: the lost control message has its control job now.
     assert result["controlJobs"] == [control_job(rt.queue, key).id]
@@ -183,7 +185,7 @@ def test_an_outbox_pass_within_its_timeout_logs_nothing_slow(
 
     monkeypatch.setattr(service, "redrive_outbox", redrive)
     with caplog.at_level(logging.DEBUG, logger="receipt.loops"):
-        result = task_loops.run(rt, registry.OUTBOX_REDRIVE, clock=clock)
+        result = loop_passes.run(rt, loop_registry.OUTBOX_REDRIVE, clock=clock)
     assert result["controlJobs"] == []
     assert "loop objective-outbox-redrive: pass finished" in caplog.text
     assert SLOW_EVENT not in caplog.text
@@ -203,7 +205,7 @@ def test_without_beat_the_control_workers_ticker_runs_the_factorys_loops(rt_of: 
     )
     key = lost_control_message(rt.engine, "lost-1")
     assert control_job(rt.queue, key) is None
-    ticker = task_loops.LocalTicker(rt, ROLES["worker-control"].queues)
+    ticker = loop_passes.LocalTicker(rt, ROLES["worker-control"].queues)
     assert {loop.name for loop in ticker.loops} >= {"objective-outbox-redrive", "objective-watchdog"}
     ran: set[str] = set()
 
@@ -236,7 +238,7 @@ def test_the_archive_pass_runs_claimed_with_its_settings_and_counts_what_it_move
         RECEIPT_ARCHIVE_DIR=str(tmp_path / "segments"),
         RECEIPT_ARCHIVE_PAGE_SIZE="2",
     )
-    assert registry.ARCHIVE in registry.active(rt.settings)
+    assert loop_registry.ARCHIVE in loop_registry.active(rt.settings)
     keys = []
     for _ in range(3):
         key = enqueue(rt.queue, "codex").id
@@ -252,7 +254,7 @@ def test_the_archive_pass_runs_claimed_with_its_settings_and_counts_what_it_move
         )
     m = metrics.registry_metrics()
     before = (m.archived_streams.labels("job")._value.get(), m.archived_bytes._value.get())
-    result = task_loops.run(rt, registry.ARCHIVE)
+    result = loop_passes.run(rt, loop_registry.ARCHIVE)
     assert (result["streams"], result["jobs"], result["pages"]) == (3, 3, 2)
     assert sorted(DirectorySink(tmp_path / "segments").names()) == sorted(result["segments"])
     assert m.archived_streams.labels("job")._value.get() - before[0] == 3
@@ -262,4 +264,4 @@ def test_the_archive_pass_runs_claimed_with_its_settings_and_counts_what_it_move
         ran = conn.execute(select(loop_runs.c.finished_at).where(loop_runs.c.name == "archive")).scalar_one()
     assert ran is not None
     # A tick right after is a duplicate (half a period): skipped.
-    assert task_loops.run(rt, registry.ARCHIVE) == {"skipped": True}
+    assert loop_passes.run(rt, loop_registry.ARCHIVE) == {"skipped": True}

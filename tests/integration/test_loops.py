@@ -18,9 +18,9 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from app.jobs.routing import DRIVER_QUEUE, route
-from app.storage import loops
+from app.storage import loop_claims
 from app.storage.db import db_now, deliveries, loop_runs, transaction
-from tasks import loops as task_loops
+from tasks import loop_passes
 from tasks.dispatch import dispatch_jobs
 from tasks.runtime import DISPATCH_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
 from tests.support.queue_ops import lease, settle_deliveries
@@ -43,44 +43,44 @@ LONG_MS = 600_000
 
 
 def test_claim_is_single_flight(engine: Engine) -> None:
-    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, ttl_ms=LONG_MS) is True
-    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is False
-    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, ttl_ms=LONG_MS) is False
-    loops.release(engine, "loop-a", "owner-1")
-    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is True
+    assert loop_claims.claim(engine, "loop-a", "owner-1", min_interval_ms=0, ttl_ms=LONG_MS) is True
+    assert loop_claims.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is False
+    assert loop_claims.claim(engine, "loop-a", "owner-1", min_interval_ms=0, ttl_ms=LONG_MS) is False
+    loop_claims.release(engine, "loop-a", "owner-1")
+    assert loop_claims.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is True
 
 
 def test_claim_respects_the_interval_after_release(engine: Engine) -> None:
-    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=LONG_MS, ttl_ms=LONG_MS)
-    loops.release(engine, "loop-a", "owner-1")
+    assert loop_claims.claim(engine, "loop-a", "owner-1", min_interval_ms=LONG_MS, ttl_ms=LONG_MS)
+    loop_claims.release(engine, "loop-a", "owner-1")
     # Released, but the previous pass started less than an interval ago: a duplicate tick.
-    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=LONG_MS, ttl_ms=LONG_MS) is False
-    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is True
+    assert loop_claims.claim(engine, "loop-a", "owner-2", min_interval_ms=LONG_MS, ttl_ms=LONG_MS) is False
+    assert loop_claims.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is True
 
 
 def test_release_by_a_non_owner_does_not_free_the_claim(engine: Engine) -> None:
-    assert loops.claim(engine, "loop-a", "owner-1", min_interval_ms=0, ttl_ms=LONG_MS)
-    loops.release(engine, "loop-a", "intruder")
-    assert loops.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is False
+    assert loop_claims.claim(engine, "loop-a", "owner-1", min_interval_ms=0, ttl_ms=LONG_MS)
+    loop_claims.release(engine, "loop-a", "intruder")
+    assert loop_claims.claim(engine, "loop-a", "owner-2", min_interval_ms=0, ttl_ms=LONG_MS) is False
 
 
 def test_a_dead_holder_is_taken_over_once_its_deadline_passes(engine: Engine) -> None:
-    assert loops.claim(engine, "loop-a", "live", min_interval_ms=0, ttl_ms=LONG_MS)
-    assert loops.claim(engine, "loop-a", "other", min_interval_ms=0, ttl_ms=LONG_MS) is False
-    loops.release(engine, "loop-a", "live")
+    assert loop_claims.claim(engine, "loop-a", "live", min_interval_ms=0, ttl_ms=LONG_MS)
+    assert loop_claims.claim(engine, "loop-a", "other", min_interval_ms=0, ttl_ms=LONG_MS) is False
+    loop_claims.release(engine, "loop-a", "live")
     # A pass that dies never releases; its claim carries a deadline (here: already passed).
-    assert loops.claim(engine, "loop-a", "dead", min_interval_ms=0, ttl_ms=0)
-    assert loops.claim(engine, "loop-a", "alive", min_interval_ms=0, ttl_ms=LONG_MS) is True
+    assert loop_claims.claim(engine, "loop-a", "dead", min_interval_ms=0, ttl_ms=0)
+    assert loop_claims.claim(engine, "loop-a", "alive", min_interval_ms=0, ttl_ms=LONG_MS) is True
     with engine.connect() as conn:
         assert conn.execute(select(loop_runs.c.owner).where(loop_runs.c.name == "loop-a")).scalar() == "alive"
     # The dead pass cannot renew what it lost; the live one can.
-    assert loops.renew(engine, "loop-a", "dead", LONG_MS) is False
-    assert loops.renew(engine, "loop-a", "alive", LONG_MS) is True
+    assert loop_claims.renew(engine, "loop-a", "dead", LONG_MS) is False
+    assert loop_claims.renew(engine, "loop-a", "alive", LONG_MS) is True
 
 
 def test_loops_do_not_share_claims(engine: Engine) -> None:
-    assert loops.claim(engine, "loop-a", "o", min_interval_ms=0, ttl_ms=LONG_MS)
-    assert loops.claim(engine, "loop-b", "o", min_interval_ms=0, ttl_ms=LONG_MS)
+    assert loop_claims.claim(engine, "loop-a", "o", min_interval_ms=0, ttl_ms=LONG_MS)
+    assert loop_claims.claim(engine, "loop-b", "o", min_interval_ms=0, ttl_ms=LONG_MS)
 
 
 def _race_claims(engine: Engine, threads: int) -> list[bool]:
@@ -92,7 +92,7 @@ def _race_claims(engine: Engine, threads: int) -> list[bool]:
     def racer(i: int) -> None:
         try:
             barrier.wait(10)
-            ok = loops.claim(engine, "loop-race", f"owner-{i}", min_interval_ms=LONG_MS, ttl_ms=LONG_MS)
+            ok = loop_claims.claim(engine, "loop-race", f"owner-{i}", min_interval_ms=LONG_MS, ttl_ms=LONG_MS)
             with lock:
                 results.append(ok)
         except BaseException as exc:
@@ -113,8 +113,8 @@ def test_concurrent_claims_on_postgres_exactly_one_wins_on_a_new_row(pg_engine: 
 
 
 def test_concurrent_claims_on_postgres_exactly_one_wins_on_an_existing_row(pg_engine: Engine) -> None:
-    assert loops.claim(pg_engine, "loop-race", "seed", min_interval_ms=0, ttl_ms=LONG_MS)
-    loops.release(pg_engine, "loop-race", "seed")
+    assert loop_claims.claim(pg_engine, "loop-race", "seed", min_interval_ms=0, ttl_ms=LONG_MS)
+    loop_claims.release(pg_engine, "loop-race", "seed")
     with pg_engine.begin() as conn:  # make the last pass old enough for the interval guard
         conn.execute(
             loop_runs.update().values(
@@ -155,7 +155,7 @@ def test_redrive_ignores_jobs_younger_than_the_minimum_age(runtime: Any) -> None
     enqueue(rt.queue, "factory")
     sent.clear()
     tune(rt, queued_redrive_min_age_ms=LONG_MS)
-    assert task_loops.redrive_queued(rt)["redriven"] == []
+    assert loop_passes.redrive_queued(rt)["redriven"] == []
     assert sent.sent == []
 
 
@@ -171,7 +171,7 @@ def test_redrive_moves_the_line_of_a_job_whose_wake_up_was_lost(runtime: Any) ->
     rt, sent, _ = runtime
     job = enqueue(rt.queue, "factory")
     sent.clear()  # the enqueue's wake-up, lost
-    assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
+    assert loop_passes.redrive_queued(rt)["redriven"] == [job.id]
     [message] = sent.named(EXECUTE_TASK)
     # Under the spec's redrive key: one delivery per observed queue state.
     assert message.args == [job.id, f"{job.id}:attempt:1", f"{job.id}:redrive:{job.seq}:queued", 0]
@@ -183,9 +183,9 @@ def test_a_second_pass_sends_nothing_beside_a_delivery_in_flight(runtime: Any) -
     rt, sent, _ = runtime
     enqueue(rt.queue, "factory")
     sent.clear()
-    task_loops.redrive_queued(rt)
+    loop_passes.redrive_queued(rt)
     assert len(worker_items(sent)) == 1
-    assert task_loops.redrive_queued(rt)["redriven"] == []
+    assert loop_passes.redrive_queued(rt)["redriven"] == []
     assert len(worker_items(sent)) == 1
 
 
@@ -194,17 +194,17 @@ def test_a_delivery_that_ended_is_sent_again_under_the_redrive_key_of_the_state_
     job = enqueue(rt.queue, "factory")
     dispatch_jobs(rt, [job.id])  # the enqueue wake-up's delivery, just now
     sent.clear()
-    assert task_loops.redrive_queued(rt)["redriven"] == []  # in flight: no second message beside it
+    assert loop_passes.redrive_queued(rt)["redriven"] == []  # in flight: no second message beside it
     assert sent.sent == []
     with transaction(rt.engine) as conn:  # ... until it ends (here: as if its message were lost)
         settle_deliveries(conn, job.id, "lost", db_now(conn))
-    assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
+    assert loop_passes.redrive_queued(rt)["redriven"] == [job.id]
     assert [item[2:] for item in worker_items(sent)] == [[f"{job.id}:redrive:{job.seq}:queued", 0]]
     # The same state seen again: the same key, so once that delivery ends too, its next generation.
     with transaction(rt.engine) as conn:
         settle_deliveries(conn, job.id, "lost", db_now(conn))
     sent.clear()
-    assert task_loops.redrive_queued(rt)["redriven"] == [job.id]
+    assert loop_passes.redrive_queued(rt)["redriven"] == [job.id]
     assert [item[2:] for item in worker_items(sent)] == [[f"{job.id}:redrive:{job.seq}:queued", 1]]
 
 
@@ -213,7 +213,7 @@ def test_redrive_skips_jobs_that_are_not_queued(runtime: Any) -> None:
     job = enqueue(rt.queue, "factory")
     assert lease(rt.queue, job.id, "w", LONG_MS).applied
     sent.clear()
-    assert task_loops.redrive_queued(rt)["redriven"] == []
+    assert loop_passes.redrive_queued(rt)["redriven"] == []
     assert sent.sent == []
 
 
@@ -222,8 +222,10 @@ def test_a_loop_held_elsewhere_is_skipped(runtime: Any) -> None:
     enqueue(rt.queue, "factory")
     sent.clear()
     tune(rt, queued_redrive_interval_ms=LONG_MS)
-    assert loops.claim(rt.engine, task_loops.REDRIVE_LOOP, "other-beat", min_interval_ms=0, ttl_ms=LONG_MS)
-    assert task_loops.redrive_queued(rt) == {"skipped": True}
+    assert loop_claims.claim(
+        rt.engine, loop_passes.REDRIVE_LOOP, "other-beat", min_interval_ms=0, ttl_ms=LONG_MS
+    )
+    assert loop_passes.redrive_queued(rt) == {"skipped": True}
     assert sent.sent == []
 
 
@@ -246,7 +248,7 @@ def test_two_redrive_passes_at_once_deliver_each_job_once_on_postgres(
 
     def beat() -> None:
         barrier.wait(10)
-        outcomes.append(task_loops.redrive_queued(rt))
+        outcomes.append(loop_passes.redrive_queued(rt))
 
     ts = [threading.Thread(target=beat) for _ in range(2)]
     for t in ts:
@@ -267,7 +269,7 @@ def test_expire_leases_appends_lease_expired_and_wakes_dispatch(runtime: Any) ->
     assert lease(rt.queue, alive.id, "live-worker", LONG_MS).applied
     wait_lease_past_deadline(rt.engine, rt.queue, dead.id)
     sent.clear()
-    assert task_loops.expire_leases(rt) == {"expired": [dead.id]}
+    assert loop_passes.expire_leases(rt) == {"expired": [dead.id]}
     assert types_of(rt.engine, dead.id)[-1] == "job.lease_expired"
     assert "job.lease_expired" not in types_of(rt.engine, alive.id)
     requeued = rt.queue.get(dead.id)
@@ -279,7 +281,7 @@ def test_expire_leases_appends_lease_expired_and_wakes_dispatch(runtime: Any) ->
     assert callbacks.events() == []
     # Idempotent: a second pass finds nothing to expire.
     sent.clear()
-    assert task_loops.expire_leases(rt) == {"expired": []}
+    assert loop_passes.expire_leases(rt) == {"expired": []}
     assert sent.sent == []
 
 
@@ -289,7 +291,7 @@ def test_expiring_the_last_attempt_fails_the_job_and_posts_the_callback(runtime:
     assert lease(rt.queue, job.id, "dead-worker", 1).applied
     wait_lease_past_deadline(rt.engine, rt.queue, job.id)
     sent.clear()
-    assert task_loops.expire_leases(rt) == {"expired": [job.id]}
+    assert loop_passes.expire_leases(rt) == {"expired": [job.id]}
     failed = rt.queue.get(job.id)
     assert failed is not None and failed.status == "failed"
     assert failed.result == {"status": "lease_lost"}
@@ -306,11 +308,11 @@ def test_with_tracing_on_the_lease_expiry_pass_is_a_span_linked_to_the_job_it_ex
     assert dead.trace_context is not None
     assert lease(rt.queue, dead.id, "dead-worker", 1).applied
     wait_lease_past_deadline(rt.engine, rt.queue, dead.id)
-    assert task_loops.expire_leases(rt) == {"expired": [dead.id]}
+    assert loop_passes.expire_leases(rt) == {"expired": [dead.id]}
     span = spans.one("receipt.loop lease-expiry")
     assert [f"{link.context.trace_id:032x}" for link in span.links] == [
         dead.trace_context["traceparent"][3:35]
     ]
     # A pass that finds nothing makes no span.
-    assert task_loops.expire_leases(rt) == {"expired": []}
+    assert loop_passes.expire_leases(rt) == {"expired": []}
     assert len(spans.named("receipt.loop lease-expiry")) == 1

@@ -13,10 +13,10 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
 from app.jobs import liveness as rules
-from app.ops import loops as registry
+from app.ops import loop_registry
 from app.storage import liveness as records
 from app.storage.db import db_now, loop_runs, worker_liveness
-from tasks import loops as task_loops
+from tasks import loop_passes
 from tasks.runtime import DISPATCH_TASK
 from tests.support.queue_ops import lease
 
@@ -64,7 +64,7 @@ def test_a_lapsed_process_has_its_jobs_expired_at_once_with_the_reason(rt: Any) 
     age(engine, alive, DEAD_AFTER_MS - 3000)  # late, but not past the threshold
     rt.sent.clear()
 
-    out = task_loops.run(rt, registry.WORKER_LIVENESS)
+    out = loop_passes.run(rt, loop_registry.WORKER_LIVENESS)
 
     assert out["dead"] == [dead]
     assert sorted(out["expired"]) == sorted(mine)

@@ -151,7 +151,7 @@ def idle_loops() -> dict[str, Any]:
     An in-process API has no worker beside it, so no loop ever runs: /readyz (rightly) calls each
     one overdue three of its periods after the API was built, and a test slowed by a loaded
     machine would read 503. Intervals of ten minutes and the watchdog's cron off keep it ready."""
-    from app.ops import loops as loop_registry
+    from app.ops import loop_registry
 
     idle: dict[str, Any] = {declared.attr: 600_000 for declared in loop_registry.interval_settings()}
     idle["objective_watchdog_enabled"] = False

@@ -1,4 +1,4 @@
-"""A clock tests move by hand, for the loops' timing rules (``app.storage.loops.Clock``)."""
+"""A clock tests move by hand, for the loops' timing rules (``app.storage.loop_claims.Clock``)."""
 
 from __future__ import annotations
 

@@ -17,18 +17,17 @@ from celery import Celery
 import celeryconfig
 from app.config import Settings
 from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
-from app.ops import loops as registry
-from app.ops import outages, preflight
+from app.ops import loop_registry, outages, preflight
 from tasks.beat import ReceiptBeat, prepare
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
 from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
 
-REDRIVE_TASK = registry.QUEUED_REDRIVE.task
-EXPIRE_TASK = registry.LEASE_EXPIRY.task
-RETRY_TASK = registry.DUE_RETRIES.task
-OUTBOX_TASK = registry.OUTBOX_REDRIVE.task
-WATCHDOG_TASK = registry.OBJECTIVE_WATCHDOG.task
+REDRIVE_TASK = loop_registry.QUEUED_REDRIVE.task
+EXPIRE_TASK = loop_registry.LEASE_EXPIRY.task
+RETRY_TASK = loop_registry.DUE_RETRIES.task
+OUTBOX_TASK = loop_registry.OUTBOX_REDRIVE.task
+WATCHDOG_TASK = loop_registry.OBJECTIVE_WATCHDOG.task
 
 REDIS = "redis://127.0.0.1:6379/9"
 EVERY_QUEUE = {DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, *QUEUES.values()}
@@ -137,12 +136,12 @@ def test_beat_schedules_every_loop_on_the_maintenance_queue(tmp_path: Path) -> N
         REDRIVE_TASK,
         EXPIRE_TASK,
         RETRY_TASK,
-        registry.SCHEDULES.task,
-        registry.WORKER_LIVENESS.task,
-        registry.LOST_DELIVERIES.task,
+        loop_registry.SCHEDULES.task,
+        loop_registry.WORKER_LIVENESS.task,
+        loop_registry.LOST_DELIVERIES.task,
     }
     by_task = {e["task"]: e for e in schedule.values()}
-    assert by_task[registry.LOST_DELIVERIES.task]["schedule"].total_seconds() == 1.0
+    assert by_task[loop_registry.LOST_DELIVERIES.task]["schedule"].total_seconds() == 1.0
     assert by_task[REDRIVE_TASK]["schedule"].total_seconds() == 7.0
     assert by_task[EXPIRE_TASK]["schedule"].total_seconds() == 3.0
     assert by_task[RETRY_TASK]["schedule"].total_seconds() == 0.5

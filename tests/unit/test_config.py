@@ -26,7 +26,7 @@ from app.config import (
     switch,
 )
 from app.jobs import kinds
-from app.ops import loops as loop_registry
+from app.ops import loop_registry
 from app.redaction import MIN_SECRET_TEXT, Redactor, url_secret_texts
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -114,7 +114,7 @@ def test_every_listed_setting_is_read_by_the_code_it_configures() -> None:
         for attr in re.findall(r"self\.(\w+)", body):
             readers.setdefault(attr, set()).add(name)
     unread = []
-    # The recovery loops name their schedule settings in their declarations (app/ops/loops.py), the
+    # The recovery loops name their schedule settings in their declarations (app/ops/loop_registry.py), the
     # kinds their lease rows' (app/jobs/kinds.py).
     by_declarations = loop_registry.settings_read() | kinds.settings_read()
     for declared_setting in SETTINGS:

@@ -1,4 +1,4 @@
-"""The recovery-loop registry (``app/ops/loops.py``): everything that runs a loop is derived from it.
+"""The recovery-loop registry (``app/ops/loop_registry.py``): everything that runs a loop is derived from it.
 
 Beat's schedule, the Celery tasks, each role's local ticker, ``/readyz``, the loop metrics and the
 docs table are each compared with ``LOOPS`` under several deployments; one test adds a loop by one
@@ -22,14 +22,12 @@ from sqlalchemy.engine import Engine
 
 from api.health import check_loops
 from app.config import Settings
-from app.factory import loops as factory_loops
+from app.factory import recovery
 from app.factory.watchdog import next_tick
 from app.jobs.routing import MAINTENANCE_QUEUE, OBJECTIVES_QUEUE
-from app.ops import loops as registry
-from app.ops import metrics
-from app.ops.loops import Every, Loop
-from tasks import celery_app
-from tasks import loops as task_loops
+from app.ops import loop_registry, metrics
+from app.ops.loop_registry import Every, Loop
+from tasks import celery_app, loop_passes
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
 from tasks.runtime import Runtime
@@ -60,7 +58,7 @@ def names(loops: Any) -> set[str]:
 
 
 def test_which_loops_a_deployment_runs() -> None:
-    every = names(registry.LOOPS)
+    every = names(loop_registry.LOOPS)
     assert every == {
         "queued-redrive",
         "lease-expiry",
@@ -73,16 +71,18 @@ def test_which_loops_a_deployment_runs() -> None:
         "lost-deliveries",
         "archive",
     }
-    assert names(registry.active(Settings())) == every - {"callbacks", "archive"}
-    assert names(registry.active(Settings(callback_url="http://h.invalid/", retention_days=30))) == every
-    assert names(registry.active(Settings(objective_watchdog_enabled=False))) == every - {
+    assert names(loop_registry.active(Settings())) == every - {"callbacks", "archive"}
+    assert names(loop_registry.active(Settings(callback_url="http://h.invalid/", retention_days=30))) == every
+    assert names(loop_registry.active(Settings(objective_watchdog_enabled=False))) == every - {
         "callbacks",
         "objective-watchdog",
         "archive",
     }
     # One organisation's window is enough to run the pass; a 0 override alone is not.
-    assert "archive" in names(registry.active(Settings(retention_days_by_organization=(("acme", 5),))))
-    assert "archive" not in names(registry.active(Settings(retention_days_by_organization=(("acme", 0),))))
+    assert "archive" in names(loop_registry.active(Settings(retention_days_by_organization=(("acme", 5),))))
+    assert "archive" not in names(
+        loop_registry.active(Settings(retention_days_by_organization=(("acme", 0),)))
+    )
 
 
 # -- the spec's defaults, exactly ---------------------------------------------------------------------
@@ -90,14 +90,18 @@ def test_which_loops_a_deployment_runs() -> None:
 
 def test_the_spec_defaults_of_the_four_loops() -> None:
     s = Settings()
-    redrive, outbox, watchdog = registry.QUEUED_REDRIVE, registry.OUTBOX_REDRIVE, registry.OBJECTIVE_WATCHDOG
+    redrive, outbox, watchdog = (
+        loop_registry.QUEUED_REDRIVE,
+        loop_registry.OUTBOX_REDRIVE,
+        loop_registry.OBJECTIVE_WATCHDOG,
+    )
     # Queued-job redrive: 15 000 ms, its first pass after a 5 000 ms startup delay.
     assert redrive.schedule.period_ms(s, T0) == 15_000
     assert redrive.schedule.first_delay_ms(s) == 5_000
-    assert registry.first_passes(s) == [(redrive, 5_000)]
+    assert loop_registry.first_passes(s) == [(redrive, 5_000)]
     # Objective-control outbox redrive: every 5 000 ms, single-flight, held while slow, and its
     # 15 000 ms timeout only observes (logs factory.control_outbox_redrive_slow).
-    policy = registry.policy(outbox, s, T0)
+    policy = loop_registry.policy(outbox, s, T0)
     assert outbox.schedule.period_ms(s, T0) == 5_000
     assert (policy.holds, policy.slow_after_ms, policy.slow_event) == (
         True,
@@ -106,13 +110,13 @@ def test_the_spec_defaults_of_the_four_loops() -> None:
     )
     assert outbox.queue == OBJECTIVES_QUEUE
     # Objective watchdog: cron `* * * * *` (a tick a minute), on the objectives queue.
-    assert isinstance(watchdog.schedule, registry.Cron)
+    assert isinstance(watchdog.schedule, loop_registry.Cron)
     assert watchdog.schedule.checked(s) == "* * * * *"
     assert watchdog.schedule.period_ms(s, T0) == 60_000
     assert watchdog.queue == OBJECTIVES_QUEUE
     # The maintenance loops keep their claim only while they make progress.
-    for loop in (redrive, registry.LEASE_EXPIRY, registry.DUE_RETRIES, registry.CALLBACKS):
-        assert loop.queue == MAINTENANCE_QUEUE and registry.policy(loop, s, T0).holds is False
+    for loop in (redrive, loop_registry.LEASE_EXPIRY, loop_registry.DUE_RETRIES, loop_registry.CALLBACKS):
+        assert loop.queue == MAINTENANCE_QUEUE and loop_registry.policy(loop, s, T0).holds is False
 
 
 def test_beat_fires_the_outbox_redrive_every_5000_ms_by_an_injected_clock(tmp_path: Path) -> None:
@@ -138,10 +142,10 @@ def test_beat_sends_the_first_queued_redrive_5000_ms_after_it_starts(
     sent: list[tuple[str, dict[str, Any]]] = []
     app.send_task = lambda name, **options: sent.append((name, options))
     resumed: list[str] = []
-    monkeypatch.setattr(factory_loops, "schedule_resume", lambda _q, _s, role: resumed.append(role))
+    monkeypatch.setattr(recovery, "schedule_resume", lambda _q, _s, role: resumed.append(role))
     app.receipt_runtime = SimpleNamespace(queue=None)
     celery_app._first_passes_after_startup_delay(sender=SimpleNamespace(app=app))
-    assert sent == [(registry.QUEUED_REDRIVE.task, {"queue": MAINTENANCE_QUEUE, "countdown": 5.0})]
+    assert sent == [(loop_registry.QUEUED_REDRIVE.task, {"queue": MAINTENANCE_QUEUE, "countdown": 5.0})]
     assert resumed == ["beat"]
 
 
@@ -165,20 +169,20 @@ def expected_schedule(loop: Loop, s: Settings) -> Any:
 
 
 def test_the_schedules_pass_ticks_on_the_clocks_seconds_when_its_interval_allows() -> None:
-    on_time = registry.SCHEDULES.schedule.celery(Settings(schedule_scan_interval_ms=2000), CronSchedule)
+    on_time = loop_registry.SCHEDULES.schedule.celery(Settings(schedule_scan_interval_ms=2000), CronSchedule)
     assert on_time == CronSchedule("* * * * * */2")
     assert next_tick("* * * * * */2", T0.replace(second=3, microsecond=1)) == T0.replace(
         second=4, microsecond=0
     )
     # An interval that is not whole seconds dividing a minute keeps beat's fixed rate.
-    assert registry.SCHEDULES.schedule.celery(
+    assert loop_registry.SCHEDULES.schedule.celery(
         Settings(schedule_scan_interval_ms=7000), CronSchedule
     ) == timedelta(seconds=7)
 
 
 def test_beat_schedules_exactly_the_active_loops(deployment: Settings) -> None:
     beat = make_celery(deployment).conf.beat_schedule
-    active = registry.active(deployment)
+    active = loop_registry.active(deployment)
     assert set(beat) == names(active)
     for loop in active:
         entry = beat[loop.name]
@@ -189,19 +193,19 @@ def test_beat_schedules_exactly_the_active_loops(deployment: Settings) -> None:
 
 def test_every_loop_has_its_celery_task_and_its_pass(deployment: Settings) -> None:
     app = make_celery(deployment)
-    for loop in registry.LOOPS:  # registered whether or not this deployment runs it: a stray tick skips
+    for loop in loop_registry.LOOPS:  # registered whether or not this deployment runs it: a stray tick skips
         assert loop.task in app.tasks
-    assert set(task_loops.PASSES) == names(registry.LOOPS)
-    assert task_loops.unbound() == []
+    assert set(loop_passes.PASSES) == names(loop_registry.LOOPS)
+    assert loop_passes.unbound() == []
 
 
 def ticker_loops(s: Settings, queues: tuple[str, ...]) -> set[str]:
     rt = cast(Runtime, SimpleNamespace(settings=s))
-    return names(task_loops.LocalTicker(rt, queues).loops)
+    return names(loop_passes.LocalTicker(rt, queues).loops)
 
 
 def test_each_roles_ticker_runs_the_active_loops_of_the_queues_it_consumes(deployment: Settings) -> None:
-    active = registry.active(deployment)
+    active = loop_registry.active(deployment)
     covered: set[str] = set()
     for role in ROLES.values():
         mine = ticker_loops(deployment, role.queues)
@@ -219,8 +223,8 @@ def test_each_roles_ticker_runs_the_active_loops_of_the_queues_it_consumes(deplo
 def test_readyz_checks_exactly_the_active_loops(deployment: Settings, sqlite_engine: Engine) -> None:
     verdict, report = check_loops(sqlite_engine, deployment, time.monotonic())
     assert verdict == "ok"  # nothing ran yet, but a fresh process gives every loop its grace
-    assert set(report) == names(registry.active(deployment))
-    for loop in registry.active(deployment):
+    assert set(report) == names(loop_registry.active(deployment))
+    for loop in loop_registry.active(deployment):
         assert report[loop.name]["intervalMs"] == loop.schedule.period_ms(deployment, datetime.now(UTC))
 
 
@@ -232,11 +236,11 @@ def test_readyz_fails_on_a_watchdog_cron_that_cannot_run(sqlite_engine: Engine, 
 
 
 def test_the_watchdog_is_overdue_once_its_third_tick_after_the_last_run_has_passed() -> None:
-    loop, s = registry.OBJECTIVE_WATCHDOG, Settings()
+    loop, s = loop_registry.OBJECTIVE_WATCHDOG, Settings()
     # Last run at 12:00:00.5; ticks follow at 12:01, 12:02 and 12:03.
-    assert not registry.status(loop, s, T0, T0, datetime(2026, 1, 1, 12, 2, 59, tzinfo=UTC)).overdue
-    assert not registry.status(loop, s, T0, T0, datetime(2026, 1, 1, 12, 3, 0, tzinfo=UTC)).overdue
-    late = registry.status(loop, s, T0, T0, datetime(2026, 1, 1, 12, 3, 0, 1, tzinfo=UTC))
+    assert not loop_registry.status(loop, s, T0, T0, datetime(2026, 1, 1, 12, 2, 59, tzinfo=UTC)).overdue
+    assert not loop_registry.status(loop, s, T0, T0, datetime(2026, 1, 1, 12, 3, 0, tzinfo=UTC)).overdue
+    late = loop_registry.status(loop, s, T0, T0, datetime(2026, 1, 1, 12, 3, 0, 1, tzinfo=UTC))
     assert late.overdue and late.interval_ms == 60_000 and late.age_ms == 179_500
 
 
@@ -252,19 +256,20 @@ def test_metrics_carry_exactly_the_declared_loops(deployment: Settings, sqlite_e
     periods = metric_labels(body, "receipt_loop_interval_seconds")
     now = datetime.now(UTC)
     assert periods == {
-        loop.name: loop.schedule.period_ms(deployment, now) / 1000 for loop in registry.active(deployment)
+        loop.name: loop.schedule.period_ms(deployment, now) / 1000
+        for loop in loop_registry.active(deployment)
     }
     counted = set()
     for fam in text_string_to_metric_families(body.decode()):
         if fam.name == "receipt_loop_passes":
             counted |= {(s.labels["loop"], s.labels["outcome"]) for s in fam.samples if "outcome" in s.labels}
-    assert counted == {(name, o) for name in names(registry.LOOPS) for o in metrics.LOOP_OUTCOMES}
+    assert counted == {(name, o) for name in names(loop_registry.LOOPS) for o in metrics.LOOP_OUTCOMES}
 
 
 def test_the_docs_table_is_generated_from_the_registry() -> None:
-    assert task_loops.documented_table() == task_loops.docs_table(), "run `make docs`"
-    for loop in registry.LOOPS:
-        assert f"| `{loop.name}` |" in task_loops.docs_table()
+    assert loop_passes.documented_table() == loop_passes.docs_table(), "run `make docs`"
+    for loop in loop_registry.LOOPS:
+        assert f"| `{loop.name}` |" in loop_passes.docs_table()
 
 
 # -- adding a loop is one declaration plus its pass ---------------------------------------------------
@@ -279,9 +284,9 @@ def one_more_loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[Loop]:
         schedule=Every("lease_expiry_interval_ms"),
         doc="Deletes nothing (a test's loop).",
     )
-    monkeypatch.setattr(registry, "LOOPS", (*registry.LOOPS, extra))
-    monkeypatch.setattr(task_loops, "PASSES", dict(task_loops.PASSES))
-    task_loops.binds(extra)(lambda rt, p: {"purged": 0})
+    monkeypatch.setattr(loop_registry, "LOOPS", (*loop_registry.LOOPS, extra))
+    monkeypatch.setattr(loop_passes, "PASSES", dict(loop_passes.PASSES))
+    loop_passes.binds(extra)(lambda rt, p: {"purged": 0})
     yield extra
 
 
@@ -296,14 +301,14 @@ def test_a_new_loop_is_scheduled_registered_ticked_checked_measured_and_document
     assert "demo-purge" in check_loops(sqlite_engine, s, time.monotonic())[1]
     body, _ = metrics.exposition(sqlite_engine, s)
     assert metric_labels(body, "receipt_loop_interval_seconds")["demo-purge"] == 5.0
-    assert "| `demo-purge` |" in task_loops.docs_table()
+    assert "| `demo-purge` |" in loop_passes.docs_table()
 
 
 def test_a_declared_loop_without_a_pass_stops_the_celery_app(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     extra = Loop("orphan", "receipt.orphan", MAINTENANCE_QUEUE, Every("lease_expiry_interval_ms"), "x")
-    monkeypatch.setattr(registry, "LOOPS", (*registry.LOOPS, extra))
+    monkeypatch.setattr(loop_registry, "LOOPS", (*loop_registry.LOOPS, extra))
     with pytest.raises(RuntimeError, match="orphan"):
         make_celery(settings(tmp_path))
 

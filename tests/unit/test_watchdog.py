@@ -12,7 +12,7 @@ from app.config import Settings
 from app.factory import watchdog
 from app.factory.reducer import Objective, Request, Task
 from app.jobs.reducer import Job, Lease
-from app.ops import loops as registry
+from app.ops import loop_registry
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 S = Settings()
@@ -220,8 +220,8 @@ def test_scan_limit_default_200_clamped_1_to_2000(given: int, used: int) -> None
 def test_enabled_0_turns_the_watchdog_off_and_beat_schedules_no_tick(value: str) -> None:
     off = Settings.from_env({"RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_ENABLED": value})
     assert not watchdog.enabled(off)
-    assert registry.OBJECTIVE_WATCHDOG.name not in registry.beat_schedule(off, cron=str)
-    entry = registry.beat_schedule(S, cron=str)[registry.OBJECTIVE_WATCHDOG.name]
+    assert loop_registry.OBJECTIVE_WATCHDOG.name not in loop_registry.beat_schedule(off, cron=str)
+    entry = loop_registry.beat_schedule(S, cron=str)[loop_registry.OBJECTIVE_WATCHDOG.name]
     assert entry["schedule"] == "* * * * *"
 
 

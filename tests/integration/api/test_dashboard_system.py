@@ -20,7 +20,7 @@ from api.ui.system_views import PROBE_EXTENSION
 from app.config import Settings
 from app.jobs.routing import worker_group_for
 from app.jobs.vocab import WORKER_GROUPS
-from app.storage import delivery, loops, overview
+from app.storage import delivery, loop_claims, overview
 from app.storage.db import db_now, transaction
 from delivery.client import consumers_by_queue
 from tests.integration.api.test_dashboard import sign_in, text
@@ -104,9 +104,9 @@ def test_recent_events_say_when_the_scan_limit_cut_the_window(sqlite_api: Api) -
 
 
 def test_loop_runs_report_last_start_and_duration(api: Api) -> None:
-    assert loops.claim(api.engine, "lease-expiry", "host:1", min_interval_ms=0, ttl_ms=60_000)
-    loops.release(api.engine, "lease-expiry", "host:1")
-    assert loops.claim(api.engine, "queued-redrive", "host:2", min_interval_ms=0, ttl_ms=60_000)
+    assert loop_claims.claim(api.engine, "lease-expiry", "host:1", min_interval_ms=0, ttl_ms=60_000)
+    loop_claims.release(api.engine, "lease-expiry", "host:1")
+    assert loop_claims.claim(api.engine, "queued-redrive", "host:2", min_interval_ms=0, ttl_ms=60_000)
     with api.engine.connect() as conn:
         runs = {r.name: r for r in overview.loop_runs_all(conn)}
     assert not runs["lease-expiry"].running and runs["lease-expiry"].duration_ms is not None
@@ -128,8 +128,8 @@ class FakeProbe:
 
 def test_system_page_shows_queues_loops_and_the_last_hour(sqlite_api: Api) -> None:
     _expire_one(sqlite_api)
-    assert loops.claim(sqlite_api.engine, "lease-expiry", "host:1", min_interval_ms=0, ttl_ms=60_000)
-    loops.release(sqlite_api.engine, "lease-expiry", "host:1")
+    assert loop_claims.claim(sqlite_api.engine, "lease-expiry", "host:1", min_interval_ms=0, ttl_ms=60_000)
+    loop_claims.release(sqlite_api.engine, "lease-expiry", "host:1")
     queues = [
         QueueStat("receipt-chat", "worker group chat", 7, ("celery@a", "celery@b")),
         QueueStat("receipt-codex", "worker group codex", None, None, "ChannelError"),

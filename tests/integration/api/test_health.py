@@ -144,7 +144,7 @@ def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_thr
     """/readyz reports each recovery loop's last run and fails past 3x its interval."""
     from datetime import timedelta
 
-    from app.ops import loops
+    from app.ops import loop_registry
     from app.storage.db import db_now, loop_runs, transaction
 
     api = sqlite_api
@@ -152,7 +152,7 @@ def test_readyz_reports_each_loops_last_run_and_fails_when_one_is_older_than_thr
     api.state.settings = settings
     with transaction(api.state.engine) as conn:
         now = db_now(conn)
-        for loop in loops.active(settings):
+        for loop in loop_registry.active(settings):
             conn.execute(
                 loop_runs.insert().values(name=loop.name, started_at=now, finished_at=now, owner="t")
             )

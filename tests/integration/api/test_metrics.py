@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.storage import loops
+from app.storage import loop_claims
 from tests.support.api import LEASE_MS, WORKER, Api, build_api, key, make_settings
 from tests.support.queue_ops import lease
 
@@ -87,8 +87,8 @@ def test_lease_expiry_is_counted(metrics_api: Api) -> None:
 
 def test_loop_runs_are_reported_with_last_success_and_duration(metrics_api: Api) -> None:
     api = metrics_api
-    assert loops.claim(api.engine, "lease-expiry", "me", min_interval_ms=0, ttl_ms=1000)
-    loops.release(api.engine, "lease-expiry", "me")
+    assert loop_claims.claim(api.engine, "lease-expiry", "me", min_interval_ms=0, ttl_ms=1000)
+    loop_claims.release(api.engine, "lease-expiry", "me")
     samples = scrape(api, SCRAPE_SECRET)
     assert value(samples, "receipt_loop_last_success_timestamp_seconds", loop="lease-expiry") > 1.7e9
     assert value(samples, "receipt_loop_last_duration_seconds", loop="lease-expiry") >= 0

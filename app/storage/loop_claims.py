@@ -11,7 +11,7 @@ later, instead of holding it until some much longer staleness bound.
 
 ``run_claimed`` is the one wrapper every pass runs in: claim, renew (at the pass's item boundaries,
 or from a background thread for a loop that keeps ownership while slow), observe an optional
-deadline, release. Which loops exist, and each one's policy, is declared in ``app/ops/loops.py``.
+deadline, release. Which loops exist, and each one's policy, is declared in ``app/ops/loop_registry.py``.
 
 The rows are best-effort bookkeeping; losing them only allows one extra (idempotent) pass.
 They also say when each loop last ran, which ``/readyz``, the metrics and the local ticker read.

@@ -1,9 +1,9 @@
 """The Factory's recovery passes: the control outbox redrive, the watchdog tick, resume at startup.
 
 Celery-free: the outbox redrive and the watchdog tick are recovery loops declared in
-``app/ops/loops.py`` (their schedule, queue, task and claim policy) and bound to these functions in
-``tasks/loops.py``, which runs each pass in the one claim-and-renew wrapper
-(``app.storage.loops.run_claimed``). Resume at startup runs through the same wrapper here; the web
+``app/ops/loop_registry.py`` (their schedule, queue, task and claim policy) and bound to these functions in
+``tasks/loop_passes.py``, which runs each pass in the one claim-and-renew wrapper
+(``app.storage.loop_claims.run_claimed``). Resume at startup runs through the same wrapper here; the web
 process starts it from gunicorn's ``post_worker_init`` through ``api/resume.py``.
 
 All three only ever *write requests or enqueue jobs*; objective control decides.
@@ -31,7 +31,7 @@ from typing import Any
 from app.config import Settings
 from app.factory import service, sweep, watchdog
 from app.jobs.reducer import Job
-from app.storage import loops
+from app.storage import loop_claims
 from app.storage.queue import Queue
 
 log = logging.getLogger("receipt.factory")
@@ -46,7 +46,7 @@ def outbox_redrive(
     deliver: Callable[[Job, int], bool] | None = None,
     between: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """One outbox redrive pass (run it claimed: ``tasks.loops.objective_outbox_redrive``).
+    """One outbox redrive pass (run it claimed: ``tasks.loop_passes.objective_outbox_redrive``).
 
     ``deliver(job, age_ms)`` starts delivery of a control job that has waited queued for a whole
     interval (its wake-up was lost with the broker): the outbox owns its requests end to end.
@@ -86,8 +86,8 @@ def resume_once(queue: Queue, settings: Settings) -> dict[str, Any]:
     """Resume every active objective, unless another process's resume holds or just ran the claim."""
     # Processes starting together coalesce into one pass; a restart after that runs its own.
     spacing = settings.startup_settle_ms + 1000
-    policy = loops.Policy(ttl_ms=loops.claim_ttl_ms(spacing), spacing_ms=spacing, holds=True)
-    outcome = loops.run_claimed(queue.engine, RESUME_LOOP, policy, lambda _keep: _resume(queue))
+    policy = loop_claims.Policy(ttl_ms=loop_claims.claim_ttl_ms(spacing), spacing_ms=spacing, holds=True)
+    outcome = loop_claims.run_claimed(queue.engine, RESUME_LOOP, policy, lambda _keep: _resume(queue))
     return outcome.result
 
 

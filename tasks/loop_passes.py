@@ -1,7 +1,8 @@
-"""The recovery loops' passes, bound to their declarations (``app/ops/loops.py``), and the local ticker.
+"""The recovery loops' passes, bound to their declarations (``app/ops/loop_registry.py``), and the
+local ticker.
 
 Every pass is idempotent (every write is decided from receipts and fenced) and runs in the one
-claim-and-renew wrapper, ``app.storage.loops.run_claimed``, under the claim policy its loop
+claim-and-renew wrapper, ``app.storage.loop_claims.run_claimed``, under the claim policy its loop
 declares: two beats running by mistake do no harm, and a pass that dies frees its loop within
 about one interval.
 
@@ -25,19 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from app import tracing
-from app.factory import loops as objectives
+from app.factory import recovery
 from app.jobs.reducer import Job
 from app.jobs.routing import DRIVER_QUEUE, QUEUES, route
-from app.ops import logs, metrics
-from app.ops import loops as registry
-from app.ops.loops import Loop
+from app.ops import logs, loop_registry, metrics
+from app.ops.loop_registry import Loop
 from app.retention import archive as retention
 from app.retention.policy import Policy
 from app.retention.sink import DirectorySink
 from app.schedules import service as schedules
-from app.storage import delivery
+from app.storage import delivery, loop_claims
 from app.storage import liveness as worker_liveness
-from app.storage import loops as claims
 from app.storage.db import db_now, transaction
 from app.storage.queue import Queue
 from tasks import fetches
@@ -47,16 +46,16 @@ from workers.roles import ROLES
 
 log = logging.getLogger("receipt.loops")
 
-REDRIVE_LOOP = registry.QUEUED_REDRIVE.name
-RETRY_LOOP = registry.DUE_RETRIES.name
-EXPIRY_LOOP = registry.LEASE_EXPIRY.name
-CALLBACK_LOOP = registry.CALLBACKS.name
+REDRIVE_LOOP = loop_registry.QUEUED_REDRIVE.name
+RETRY_LOOP = loop_registry.DUE_RETRIES.name
+EXPIRY_LOOP = loop_registry.LEASE_EXPIRY.name
+CALLBACK_LOOP = loop_registry.CALLBACKS.name
 SCAN_LIMIT = 500
-STALE_FACTOR = claims.STALE_FACTOR
+STALE_FACTOR = loop_claims.STALE_FACTOR
 # The ticker steps in at 2 periods, before /readyz calls a loop overdue at 3: with beat down, a
 # loop's last run then never ages past 3 periods while a consumer of its queue lives.
 TICKER_FACTOR = 2
-overdue = claims.overdue
+overdue = loop_claims.overdue
 
 
 # -- binding a pass to its loop ------------------------------------------------------------------------
@@ -68,7 +67,7 @@ class Pass:
     claim, and raises ``LoopClaimLost`` once the pass lost its loop) and ``published`` (when beat
     published the tick, for a cron loop; None when the local ticker or a test runs the pass)."""
 
-    keep: claims.KeepAlive
+    keep: loop_claims.KeepAlive
     published: datetime | None = None
     # The pass's span when tracing is on (``link`` names its jobs).
     trace: tracing.LoopTrace | None = None
@@ -107,11 +106,15 @@ def binds(loop: Loop) -> Callable[[PassBody], Callable[[Runtime], dict[str, Any]
 
 def unbound() -> list[str]:
     """Declared loops that have no pass (``make_celery`` refuses to build an app with one)."""
-    return [loop.name for loop in registry.LOOPS if loop.name not in PASSES]
+    return [loop.name for loop in loop_registry.LOOPS if loop.name not in PASSES]
 
 
 def run(
-    rt: Runtime, loop: Loop, published: datetime | None = None, *, clock: claims.Clock = claims.SYSTEM_CLOCK
+    rt: Runtime,
+    loop: Loop,
+    published: datetime | None = None,
+    *,
+    clock: loop_claims.Clock = loop_claims.SYSTEM_CLOCK,
 ) -> dict[str, Any]:
     """One pass of ``loop`` in the claim-and-renew wrapper: its result, ``{"skipped": True}`` when
     another pass holds or just ran the loop (or the deployment runs no such loop), or
@@ -119,17 +122,17 @@ def run(
     if not loop.enabled(rt.settings):
         return {"skipped": True}
     body = PASSES[loop.name]
-    policy = registry.policy(loop, rt.settings, datetime.now(UTC))
+    policy = loop_registry.policy(loop, rt.settings, datetime.now(UTC))
     counted = metrics.registry_metrics().loop_passes
 
-    def traced(keep: claims.KeepAlive) -> dict[str, Any]:
+    def traced(keep: loop_claims.KeepAlive) -> dict[str, Any]:
         if not tracing.on():
             return body(rt, Pass(keep, published))
         with tracing.loop_trace(loop.name) as trace:
             return body(rt, Pass(keep, published, trace))
 
     try:
-        outcome = claims.run_claimed(rt.engine, loop.name, policy, traced, clock=clock)
+        outcome = loop_claims.run_claimed(rt.engine, loop.name, policy, traced, clock=clock)
     except Exception:
         counted.labels(loop.name, "failed").inc()
         raise
@@ -148,7 +151,7 @@ def presume_after_ms(cooldown_ms: int) -> int:
     return max(cooldown_ms, PRESUME_LOST_AFTER_MS)
 
 
-@binds(registry.QUEUED_REDRIVE)
+@binds(loop_registry.QUEUED_REDRIVE)
 def redrive_queued(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Move every waiting line a lost wake-up may have left still, and end the delivery records that
     can no longer matter.
@@ -234,7 +237,7 @@ def settle_lost_fetches(rt: Runtime, epoch: str | None) -> tuple[list[str], set[
     return ids, held
 
 
-@binds(registry.LOST_DELIVERIES)
+@binds(loop_registry.LOST_DELIVERIES)
 def redeliver_lost(rt: Runtime, p: Pass) -> dict[str, Any]:
     """End every pending delivery of a queued job whose message is lost -- died with its fetcher
     (``fetcher_lost``) or sent long enough ago, fetched by nobody, its queue empty (``unfetched``,
@@ -316,7 +319,7 @@ def _age_ms(now: datetime, then: datetime) -> float:
     return (now - then).total_seconds() * 1000
 
 
-@binds(registry.LEASE_EXPIRY)
+@binds(loop_registry.LEASE_EXPIRY)
 def expire_leases(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Append ``job.lease_expired`` for every lease past its deadline (database clock)."""
     expired = rt.queue.expire_leases(limit=SCAN_LIMIT, between=p.keep)
@@ -326,7 +329,7 @@ def expire_leases(rt: Runtime, p: Pass) -> dict[str, Any]:
     return {"expired": [j.id for j in expired]}
 
 
-@binds(registry.DUE_RETRIES)
+@binds(loop_registry.DUE_RETRIES)
 def dispatch_due_retries(rt: Runtime, p: Pass) -> dict[str, Any]:
     """A dispatch pass for each worker queue with a retry (or a delayed job) whose time has come
     (``availableAt`` ≤ database now) and no delivery in flight: the pass sends it when it is next."""
@@ -342,7 +345,7 @@ def dispatch_due_retries(rt: Runtime, p: Pass) -> dict[str, Any]:
     return {"started": started}
 
 
-@binds(registry.CALLBACKS)
+@binds(loop_registry.CALLBACKS)
 def send_callbacks(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Deliver the callback outbox (tasks/callbacks.py): at least once, signed, in order per job."""
     from tasks.callbacks import Sender, send_due
@@ -354,25 +357,25 @@ def send_callbacks(rt: Runtime, p: Pass) -> dict[str, Any]:
     return send_due(rt.engine, sender, p.keep)
 
 
-@binds(registry.OUTBOX_REDRIVE)
+@binds(loop_registry.OUTBOX_REDRIVE)
 def objective_outbox_redrive(rt: Runtime, p: Pass) -> dict[str, Any]:
-    """The objective-control outbox redrive (``app/factory/loops.py``), delivering a control job
+    """The objective-control outbox redrive (``app/factory/recovery.py``), delivering a control job
     whose own wake-up was lost through the driver starter."""
-    return objectives.outbox_redrive(
+    return recovery.outbox_redrive(
         rt.queue, rt.settings, lambda job, age_ms: deliver_stale(rt, job, age_ms), p.keep
     )
 
 
-@binds(registry.OBJECTIVE_WATCHDOG)
+@binds(loop_registry.OBJECTIVE_WATCHDOG)
 def objective_watchdog_tick(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Enqueue the watchdog job of the tick beat published (or of the latest tick, database clock)."""
-    result = objectives.watchdog_tick(rt.queue, rt.settings, p.published)
+    result = recovery.watchdog_tick(rt.queue, rt.settings, p.published)
     if "jobId" in result:
         p.link_ids(rt.queue, [result["jobId"]])
     return result
 
 
-@binds(registry.SCHEDULES)
+@binds(loop_registry.SCHEDULES)
 def fire_schedules(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Fire every due schedule tick, page by page (``app/schedules/service.py``)."""
     totals = schedules.run_pass(
@@ -396,7 +399,7 @@ def fire_schedules(rt: Runtime, p: Pass) -> dict[str, Any]:
     return result
 
 
-@binds(registry.WORKER_LIVENESS)
+@binds(loop_registry.WORKER_LIVENESS)
 def expire_dead_workers(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Expire at once the jobs of every worker process whose liveness lapsed (app/storage/liveness.py)."""
     declared = worker_liveness.expire_dead(
@@ -413,7 +416,7 @@ def expire_dead_workers(rt: Runtime, p: Pass) -> dict[str, Any]:
     return {"dead": [d.process_id for d in declared], "expired": [j for d in declared for j in d.expired]}
 
 
-@binds(registry.ARCHIVE)
+@binds(loop_registry.ARCHIVE)
 def archive(rt: Runtime, p: Pass) -> dict[str, Any]:
     """Archive every eligible stream, page by page (``app/retention/archive.py``)."""
     s = rt.settings
@@ -457,17 +460,17 @@ class LocalTicker:
         rt: Runtime,
         queues: Collection[str] | None = None,
         *,
-        clock: claims.Clock = claims.SYSTEM_CLOCK,
+        clock: loop_claims.Clock = loop_claims.SYSTEM_CLOCK,
     ) -> None:
         self.rt = rt
         self.loops = tuple(
-            loop for loop in registry.active(rt.settings) if queues is None or loop.queue in queues
+            loop for loop in loop_registry.active(rt.settings) if queues is None or loop.queue in queues
         )
         self.clock = clock
         self._started = clock.monotonic()
         # Each loop with a first delay gets one pass that long after start, as beat gives it one.
         self._first = {
-            loop.name: delay for loop, delay in registry.first_passes(rt.settings) if loop in self.loops
+            loop.name: delay for loop, delay in loop_registry.first_passes(rt.settings) if loop in self.loops
         }
         self.tick_s = min(5.0, max(0.2, self._shortest_ms() / 2000))
         self._stop = threading.Event()
@@ -481,7 +484,7 @@ class LocalTicker:
         for loop in self.loops:
             try:
                 periods.append(loop.schedule.period_ms(self.rt.settings, now))
-            except registry.ScheduleError as exc:
+            except loop_registry.ScheduleError as exc:
                 log.warning("local ticker leaves %s out: %s", loop.name, exc)
         return min(periods, default=10_000)
 
@@ -500,13 +503,13 @@ class LocalTicker:
             # An early extra pass, unless one ran since this process started (beat's, another's).
             if last is None or last < since:
                 return "its first pass after start"
-        if registry.overdue(loop, self.rt.settings, last, since, now, TICKER_FACTOR):
+        if loop_registry.overdue(loop, self.rt.settings, last, since, now, TICKER_FACTOR):
             return "its last run was overdue (beat down?)"
         return None
 
     def tick(self) -> list[str]:
         """One look at ``loop_runs``; runs each due loop's pass and returns the names of those that ran."""
-        now, runs = claims.last_runs(self.rt.engine)
+        now, runs = loop_claims.last_runs(self.rt.engine)
         if self._since is None:
             self._since = now
         ran = []
@@ -517,7 +520,7 @@ class LocalTicker:
                 if why is None:
                     continue
                 result = run(self.rt, loop)
-            except registry.ScheduleError:
+            except loop_registry.ScheduleError:
                 continue  # logged when the ticker started; beat refuses to start on it
             except Exception:  # one loop's failure must not keep the others from running
                 log.exception("local ticker: a %s pass failed", loop.name)
@@ -549,7 +552,7 @@ def docs_table() -> str:
     for role in ROLES.values():
         for queue in role.queues:
             consumers.setdefault(queue, []).append(role.name)
-    return registry.markdown_table(consumers)
+    return loop_registry.markdown_table(consumers)
 
 
 def documented_table(page: Path = DOCS_PAGE) -> str:

@@ -7,11 +7,11 @@ plugins). Everything about running one derives from its ``Loop`` below:
 - beat's schedule (``beat_schedule``, which ``celeryconfig`` and ``tasks/celery_app.py`` call), and
   the first pass after a startup delay where a loop declares one;
 - the Celery task carrying each tick (``tasks/celery_app.py`` registers one per loop), and the pass
-  it runs (``tasks/loops.py`` binds each loop's pass with ``@binds``, in the one claim-and-renew
-  wrapper ``app.storage.loops.run_claimed``, with the policy ``policy`` derives from the
+  it runs (``tasks/loop_passes.py`` binds each loop's pass with ``@binds``, in the one claim-and-renew
+  wrapper ``app.storage.loop_claims.run_claimed``, with the policy ``policy`` derives from the
   declaration);
 - the local ticker that runs an overdue loop without beat, in every process that consumes that
-  loop's queue (``tasks/loops.py``);
+  loop's queue (``tasks/loop_passes.py``);
 - ``/readyz``'s overdue check (``status``, in ``api/health.py``), the loop gauges and pass counters of
   ``/metrics`` (``app/ops/metrics.py``), the dashboard's intervals, and the loop table in
   docs/reliability.md (``markdown_table``; a test compares the two).
@@ -29,7 +29,7 @@ from typing import Any, Final
 from app.config import SETTINGS, Setting, Settings
 from app.factory import watchdog
 from app.jobs.routing import MAINTENANCE_QUEUE, OBJECTIVES_QUEUE
-from app.storage.loops import STALE_FACTOR, Policy, claim_ttl_ms
+from app.storage.loop_claims import STALE_FACTOR, Policy, claim_ttl_ms
 
 
 class ScheduleError(ValueError):
@@ -379,7 +379,7 @@ def schedule_errors(settings: Settings) -> list[str]:
 
 
 def policy(loop: Loop, settings: Settings, now: datetime) -> Policy:
-    """The claim policy one pass of ``loop`` runs under (``app.storage.loops.run_claimed``)."""
+    """The claim policy one pass of ``loop`` runs under (``app.storage.loop_claims.run_claimed``)."""
     period = loop.schedule.period_ms(settings, now)
     slow = loop.claim.slow_after
     return Policy(
