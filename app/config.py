@@ -939,6 +939,15 @@ class Settings:
         "`receipt.execute` per attempt.",
         _at_least_one,
     )
+    delivery_local: bool = setting(
+        "RECEIPT_DELIVERY_LOCAL",
+        "enabled",
+        "A worker process runs the attempts its own dispatch pass (the refill of the places its "
+        "ended attempts freed) claims for its free slots itself, without a broker message, recorded "
+        "as fetched by it; the rest of the pass leaves as messages. `disabled`: every claimed attempt "
+        "leaves as a message.",
+        switch,
+    )
     delivery_hold_ms: int = setting(
         "RECEIPT_DELIVERY_HOLD_MS",
         "500",

@@ -255,16 +255,24 @@ def _start_refill(sender: Any = None, **_: Any) -> None:
     rt = get_runtime(worker_app)
     if offer is None or rt.wakes is None:
         return
-    refill = dispatch.Refill(rt, offer.queues.split())
+    queues = offer.queues.split()
+    if rt.settings.delivery_local:
+        rt.local = execute.LocalRuns(rt, queues)
+    refill = dispatch.Refill(rt, queues)
     worker_app.receipt_refill = refill
     refill.start()
 
 
 def _stop_refill(sender: Any = None, **_: Any) -> None:
+    """At shutdown, after the consumer's tasks: the refill, then the attempts run without a message,
+    which finish or hand theirs back within the grace."""
     worker_app = getattr(sender, "app", None)
     refill = getattr(worker_app, "receipt_refill", None) if worker_app is not None else None
     if refill is not None:
         refill.stop()
+    rt = getattr(worker_app, "receipt_runtime", None) if worker_app is not None else None
+    if rt is not None and rt.local is not None:
+        rt.local.stop(rt.settings.shutdown_grace_ms / 1000)
 
 
 def _write_pending_ledger_rows(sender: Any = None, **_: Any) -> None:

@@ -455,6 +455,9 @@ def _send_claimed(
             with logs.bind_job(jobId=job.id):
                 _generations_exhausted(rt, job.id, decision)
     buffered: list[_Buffered] = []
+    # Attempts this process keeps for its own free slots (``execute.LocalRuns``), by queue: run once
+    # the pass's messages have left.
+    kept: list[tuple[str, list[Item]]] = []
     with fetches.sent_in_advance(
         [(job.id, d.dispatch_key, d.generation) for job, d in to_send if not job.abort_requested]
     ):
@@ -462,7 +465,7 @@ def _send_claimed(
             # The pass's worker messages leave in one pipeline, when the loop is done.
             with rt.delivery.batch() as producer:
                 if rt.settings.delivery_batch_max > 1:
-                    started += _deliver_grouped(rt, to_send, producer, buffered)
+                    started += _deliver_grouped(rt, to_send, producer, buffered, kept)
                 else:
                     for job, decision in to_send:
                         with logs.bind_job(jobId=job.id):
@@ -480,10 +483,15 @@ def _send_claimed(
             # these deliveries, as a failed send does, so the next pass may start another. A message
             # that did leave is then a duplicate, which its attempt fence makes inert.
             log.exception("could not send the worker tasks of %d jobs", len(buffered))
+            if rt.local is not None:
+                rt.local.release(sum(len(items) for _queue, items in kept))
             for b in buffered:
                 settle_delivery(rt, b.job_id, b.dispatch_key, b.generation, "send_failed")
                 rt.callbacks.forget(rt.engine, b.callback_event)
             raise
+    if rt.local is not None:
+        for queue_name, items in kept:
+            rt.local.run(queue_name, items)
     if began_ns:
         for job, _decision in to_send:
             trace_dispatch(job, began_ns, "canceled" if job.abort_requested else "dispatched")
@@ -523,12 +531,14 @@ def _deliver_grouped(
     to_send: list[tuple[Job, delivery.StartDecision]],
     producer: Any,
     buffered: list[_Buffered],
+    kept: list[tuple[str, list[Item]]],
 ) -> list[str]:
     """The scan's deliveries with ``RECEIPT_DELIVERY_BATCH_MAX`` above 1: each decided as ``deliver``
     decides (an abort cancels; else a fence, and ``dispatched`` recorded before anything leaves),
     then the attempts bound for one worker queue leave as messages of up to that many items
-    (``send_items``). Each item is buffered as soon as it is decided, so a failure anywhere before
-    the pipeline goes ends every delivery decided so far."""
+    (``send_items``), but for those this process keeps for its own free slots (``kept``). Each item
+    is buffered as soon as it is decided, so a failure anywhere before the pipeline goes ends every
+    delivery decided so far."""
     started: list[str] = []
     by_queue: dict[str, list[Item]] = {}
     for job, decision in to_send:
@@ -545,6 +555,10 @@ def _deliver_grouped(
             )
     size = rt.settings.delivery_batch_max
     for queue_name, items in by_queue.items():
+        here = rt.local.reserve(queue_name, len(items)) if rt.local is not None else 0
+        if here:
+            kept.append((queue_name, items[:here]))
+            items = items[here:]
         for at in range(0, len(items), size):
             send_items(rt, queue_name, items[at : at + size], producer=producer)
     return started

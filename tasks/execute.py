@@ -18,6 +18,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from app.jobs.routing import EXECUTE_BATCH_TASK, route
@@ -171,9 +172,15 @@ def hand_back(rt: Runtime, queue: str | None, items: list[Item], *, reason: str 
 
 
 def execute_batch(
-    rt: Runtime, items: list[Item], *, queue: str | None = None, shutdown: Shutdown = PROCESS
+    rt: Runtime,
+    items: list[Item],
+    *,
+    queue: str | None = None,
+    shutdown: Shutdown = PROCESS,
+    held: int = 0,
 ) -> dict[str, Any]:
-    """Run the attempts of one ``receipt.execute_batch`` message within this process's slots."""
+    """Run the attempts of one ``receipt.execute_batch`` message within this process's slots.
+    ``held``: slots already taken for the first attempts (a local run's, ``LocalRuns``)."""
     results: dict[str, dict[str, Any]] = {}
     pending: list[tuple[Item, int]] = []
     for item in items:
@@ -206,7 +213,10 @@ def execute_batch(
             slots.give(1)
 
     while pending:
-        got = take_or_hand_back(rt, queue, [item for item, _ in pending], shutdown)
+        if held:
+            got, held = min(held, len(pending)), 0
+        else:
+            got = take_or_hand_back(rt, queue, [item for item, _ in pending], shutdown)
         if not got:
             for item, _ in pending:
                 results[item[1]] = {"status": HANDED_BACK}
@@ -243,3 +253,65 @@ def execute_batch(
     for started_run in running:
         started_run.join()
     return {"items": [{"fence": item[1], **results[item[1]]} for item in items]}
+
+
+class LocalRuns:
+    """The attempts a worker process's own dispatch pass claimed for its free slots, run here
+    without a broker message (``RECEIPT_DELIVERY_LOCAL``).
+
+    The refill (``tasks.dispatch.Refill``) runs the pass of a line whose places this process's ended
+    attempts freed. Sending what it claims as a message to the same queue costs a publish, and then a
+    fetch, a decode and a hand-off to Celery's pool in whichever process takes it: about a third of a
+    busy worker's CPU (bench/README.md, "Issue 31"). The pass instead ``reserve``s as many of this
+    process's free slots as it claimed attempts for a queue this process consumes, without waiting,
+    and ``run``s those attempts here once the pass's own messages have left; the rest leave as
+    messages, for the other processes' places. Each one is recorded as fetched by this consumer
+    first, exactly as a fetched message's attempts are (``tasks/fetches.py``), so a process that dies
+    holding them leaves them lost for the redrive within seconds. Nothing is reserved once the
+    process is shutting down; ``stop`` waits for the runs, which finish or hand their attempts back
+    within the shutdown's grace.
+    """
+
+    def __init__(self, rt: Runtime, queues: Sequence[str]) -> None:
+        self.rt = rt
+        self.queues = frozenset(queues)
+        self._pool = HandlerPool()
+        self._lock = threading.Lock()
+        self._running: list[HandlerRun] = []
+        self._stopped = False
+        self.runs = 0  # batches run here (tests, benches)
+
+    def reserve(self, queue: str, want: int) -> int:
+        """Take up to ``want`` of this process's free slots for attempts bound for ``queue``, now."""
+        if self._stopped or PROCESS.requested or queue not in self.queues or want < 1:
+            return 0
+        return self.rt.slots.take(want, 0)
+
+    def release(self, n: int) -> None:
+        """Give back slots reserved for attempts that will not run here (their pass failed)."""
+        self.rt.slots.give(n)
+
+    def run(self, queue: str, items: list[Item]) -> None:
+        """Run ``items`` (as many as were reserved) here, recorded as this process's fetch."""
+        fetches.record_held(items)
+        run = self._pool.submit(functools.partial(self._run, queue, items))
+        with self._lock:
+            self._running = [r for r in self._running if r.is_alive()]
+            self._running.append(run)
+            self.runs += 1
+
+    def _run(self, queue: str, items: list[Item]) -> None:
+        try:
+            execute_batch(self.rt, items, queue=queue, held=len(items))
+        except Exception:  # as a batch task raising: each delivery recorded failed, redelivered
+            log.exception("a local run of %d attempts raised", len(items))
+            fetches.record_failed(EXECUTE_BATCH_TASK, [items])
+
+    def stop(self, timeout_s: float) -> None:
+        """Reserve nothing more, and wait up to ``timeout_s`` for the runs in progress."""
+        self._stopped = True
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            running = list(self._running)
+        for run in running:
+            run.join(max(0.0, deadline - time.monotonic()))

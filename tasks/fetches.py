@@ -401,6 +401,14 @@ def record_failed(name: str, args: Any) -> None:
         recorder.write(failed_entries(name, args))
 
 
+def record_held(items: Sequence[Sequence[Any]]) -> None:
+    """Record that this process holds these attempts (a ``receipt.execute_batch`` message's items)
+    as if it had fetched their message: its own pass claimed them and runs them here."""
+    recorder = _recorder
+    if recorder is not None:
+        recorder.write(fetched_entries(EXECUTE_BATCH_TASK, [list(items)], recorder.consumer))
+
+
 def scan_entries(job_ids: Sequence[str], holder: str) -> list[tuple[str, str]]:
     """The records of a scan batch taken from the wake list (its message named no jobs) (pure):
     ``holder`` is the consumer running the scan, or ``failed`` when the scan raised."""

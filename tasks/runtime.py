@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from sqlalchemy.engine import Engine
@@ -36,6 +36,9 @@ from workers.registry import HandlerRegistry, default_registry
 from workers.roles import concurrency, resolve_role
 from workers.slots import Slots
 
+if TYPE_CHECKING:
+    from tasks.execute import LocalRuns
+
 
 @dataclass
 class Runtime:
@@ -57,6 +60,8 @@ class Runtime:
     rooms: Rooms = field(default_factory=Rooms)
     # Full lines that jobs joined without a pass, and when this process looks at each (monotonic).
     looks: dict[str, float] = field(default_factory=dict)
+    # A worker process's runs of what its own passes claimed for its free slots (``RECEIPT_DELIVERY_LOCAL``).
+    local: LocalRuns | None = None
 
     @property
     def slots(self) -> Slots:
