@@ -102,7 +102,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from bench.runtime_bench import CpuMeter, backend_pids, child_env, fresh_database, log, percentile
-from bench.systems import BY_NAME, DEFAULT_SYSTEMS, SYSTEMS, Database, Deployment, System
+from bench.systems import BY_NAME, DEFAULT_SYSTEMS, RECEIPT_SETTINGS, SYSTEMS, Database, Deployment, System
 from devharness.processes import PYTHON, Harness
 from devharness.waiting import wait_for
 
@@ -590,6 +590,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="run Receipt without prepared statements (RECEIPT_DB_PREPARED_STATEMENTS's default)",
     )
     parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="ENV=VALUE",
+        help="a setting for Receipt's processes (repeatable), e.g. RECEIPT_DELIVERY_LOCAL=disabled",
+    )
+    parser.add_argument(
         "--bulk",
         type=int,
         nargs="?",
@@ -620,6 +627,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = [s for s in args.systems.split(",") if s and s not in BY_NAME]
     if unknown:
         parser.error(f"--systems: unknown {', '.join(unknown)}; choose from {', '.join(BY_NAME)}")
+    malformed = [s for s in args.setting if "=" not in s or not s.startswith("RECEIPT_")]
+    if malformed:
+        parser.error(f"--setting: {', '.join(malformed)}: give RECEIPT_<NAME>=<value>")
+    RECEIPT_SETTINGS.update(dict(s.split("=", 1) for s in args.setting))
     return args
 
 
@@ -680,7 +691,7 @@ def report(
         f"{args.clients} producer threads, {os.cpu_count()} CPUs, "
         f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at end "
         f"({datetime.now(UTC):%Y-%m-%d %H:%M} UTC); Receipt's prepared statements "
-        f"{'off' if args.unprepared else 'on'}"
+        f"{'off' if args.unprepared else 'on'}" + (f"; {', '.join(args.setting)}" if args.setting else "")
     )
     head = f"  {'system':<32} {'jobs/s':>8} {'/Procr.':>8} {'/Celery':>8} {'idle p50':>9} {'idle p99':>9}"
     print(head + f" {'loaded p50':>11} {'loaded p99':>11} {'at jobs/s':>10}")

@@ -196,6 +196,10 @@ def _receipts_timings(dep: Deployment, conn: Connection, prefix: str) -> tuple[l
     return lat, float(span)
 
 
+# Settings for Receipt's processes in this run (``compare.py --setting``), over its defaults.
+RECEIPT_SETTINGS: dict[str, str] = {}
+
+
 class Receipt(System):
     """Receipt's real processes: gunicorn, a driver and a ``worker-chat`` running the no-op agent."""
 
@@ -223,6 +227,7 @@ class Receipt(System):
             # pooler would be (docs/scaling.md); --unprepared measures the default.
             RECEIPT_DB_PREPARED_STATEMENTS="enabled" if prepared else "disabled",
             **PRODUCTION_LOGS,
+            **RECEIPT_SETTINGS,
         )
         # Production timings (5 min leases, a 15 s redrive with a 30 s minimum age, ...), as every peer
         # runs its own defaults: the e2e tests' short ones rescan and redrive during a burst.

@@ -1,0 +1,137 @@
+"""A worker process runs what its own refill pass claims for its free slots itself
+(``RECEIPT_DELIVERY_LOCAL``, ``tasks.execute.LocalRuns``): no broker message for those attempts,
+each recorded as fetched by this consumer first, so its death leaves them lost for the redrive; the
+rest of the pass leaves as messages; nothing is kept once the process is shutting down; a pass whose
+messages fail to leave gives the reserved slots back and runs nothing here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from sqlalchemy.engine import Engine
+
+from app.config import Settings
+from app.jobs.routing import QUEUES
+from app.storage.delivery import driver_task_id
+from devharness.credits import offer_slots
+from tasks import dispatch, execute, fetches
+from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
+from workers.shutdown import Shutdown
+
+from .runtime_support import (
+    Recorder,
+    enqueue,
+    recording_runtime,
+    registry_of,
+    settings_for,
+    wait_until,
+    with_wake_list,
+)
+
+pytestmark = pytest.mark.one_backend
+
+CHAT = QUEUES["chat"]
+
+
+def done(ctx: Any) -> dict[str, bool]:
+    return {"ok": True}
+
+
+@pytest.fixture
+def local_rt(pg_engine: Engine, redis_url: str) -> Iterator[tuple[Runtime, Recorder, execute.LocalRuns]]:
+    """A worker runtime on a Redis broker whose pass may keep attempts for its own slots: two places
+    offered to the line, no lead; this process has the role's slots (more than two) free."""
+    settings: Settings = settings_for(
+        redis_url, RECEIPT_DISPATCH_LEAD="0", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="8"
+    )
+    rt, sent, _ = recording_runtime(pg_engine, settings, registry_of({"factory": done}), offer=False)
+    offer_slots(pg_engine, slots=2)
+    rt = with_wake_list(rt, redis_url)
+    assert rt.slots.capacity == 8
+    local = execute.LocalRuns(rt, [CHAT])
+    rt.local = local
+    recorder = fetches.recorder_for(rt.app)
+    assert recorder is not None
+    try:
+        yield rt, sent, local
+    finally:
+        local.stop(10)
+
+
+def fences(sent: Recorder) -> list[str]:
+    return sent.attempt_fences()
+
+
+def test_a_pass_keeps_what_it_claims_for_its_free_slots_and_sends_no_message(
+    local_rt: tuple[Runtime, Recorder, execute.LocalRuns], redis_url: str
+) -> None:
+    rt, sent, local = local_rt
+    jobs = [enqueue(rt.queue, "factory") for _ in range(2)]
+    free = rt.slots.free
+    started = dispatch.dispatch_queue(rt, CHAT)
+    assert sorted(started) == sorted(j.id for j in jobs)
+    assert fences(sent) == [] and sent.named(EXECUTE_TASK) == [] and sent.named(EXECUTE_BATCH_TASK) == []
+    assert local.runs == 1
+    wait_until(lambda: all(rt.queue.get(j.id).status == "completed" for j in jobs), what="both completed")  # type: ignore[union-attr]
+    wait_until(lambda: rt.slots.free == free, what="the slots given back")
+    # Recorded as this consumer's fetch before they ran, as a fetched message's attempts are.
+    client = redis.Redis.from_url(redis_url)
+    try:
+        recorder = fetches.recorder_for(rt.app)
+        assert recorder is not None
+        for job in jobs:
+            value = client.get(fetches.FETCH_PREFIX + driver_task_id(job.id, 0))
+            assert value == f"{fetches.WORKER} {recorder.consumer}".encode()
+    finally:
+        client.close()
+
+
+def test_past_its_free_slots_the_rest_of_the_pass_leaves_as_messages(
+    local_rt: tuple[Runtime, Recorder, execute.LocalRuns],
+) -> None:
+    rt, sent, local = local_rt
+    jobs = [enqueue(rt.queue, "factory") for _ in range(2)]
+    taken = rt.slots.take(rt.slots.free - 1, 0)  # one slot left free in this process
+    try:
+        dispatch.dispatch_queue(rt, CHAT)
+        assert local.runs == 1
+        assert [f.split(":attempt:")[0] for f in fences(sent)] == [jobs[1].id]
+        wait_until(lambda: rt.queue.get(jobs[0].id).status == "completed", what="the kept one completed")  # type: ignore[union-attr]
+    finally:
+        rt.slots.give(taken)
+
+
+def test_nothing_is_kept_once_the_process_is_shutting_down_or_for_a_queue_it_does_not_consume(
+    local_rt: tuple[Runtime, Recorder, execute.LocalRuns], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, _sent, local = local_rt
+    assert local.reserve(QUEUES["codex"], 1) == 0
+    stopping = Shutdown()
+    stopping.begin(5000)
+    monkeypatch.setattr(execute, "PROCESS", stopping)
+    assert local.reserve(CHAT, 1) == 0
+    monkeypatch.undo()
+    assert local.reserve(CHAT, 1) == 1
+    local.release(1)
+
+
+def test_a_pass_whose_messages_fail_gives_the_reserved_slots_back_and_runs_nothing_here(
+    local_rt: tuple[Runtime, Recorder, execute.LocalRuns], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, _sent, local = local_rt
+    jobs = [enqueue(rt.queue, "factory") for _ in range(2)]
+    rt.slots.take(rt.slots.free - 1, 0)  # one kept here, one sent
+    free = rt.slots.free
+
+    def broken(*_args: Any, **_kwargs: Any) -> None:
+        raise ConnectionError("the broker went away")
+
+    monkeypatch.setattr(dispatch, "send_items", broken)
+    with pytest.raises(ConnectionError):
+        dispatch.dispatch_queue(rt, CHAT)
+    assert rt.slots.free == free
+    assert local.runs == 0
+    assert all(rt.queue.get(j.id).status == "queued" for j in jobs)  # type: ignore[union-attr]
