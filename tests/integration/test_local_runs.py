@@ -107,7 +107,7 @@ def test_past_its_free_slots_the_rest_of_the_pass_leaves_as_messages(
 def test_nothing_is_kept_once_the_process_is_shutting_down_or_for_a_queue_it_does_not_consume(
     local_rt: tuple[Runtime, Recorder, execute.LocalRuns], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rt, _sent, local = local_rt
+    _rt, _sent, local = local_rt
     assert local.reserve(QUEUES["codex"], 1) == 0
     stopping = Shutdown()
     stopping.begin(5000)
