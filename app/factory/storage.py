@@ -27,9 +27,8 @@ from app.factory.reducer import Objective, Task, fold, reduce
 from app.factory.vocab import OBJECTIVE_STREAM_PREFIX, objective_stream
 from app.jobs.errors import AppendConflict
 from app.jobs.ids import KEY_SEPARATOR, SYSTEM_ORGANIZATION, qualify
-from app.storage import store
+from app.storage import keyset, store
 from app.storage.db import as_utc, db_now, lock_key, objective_tasks, objectives, parse_iso
-from app.storage.queue import decode_cursor, encode_cursor
 
 Event = tuple[str, Mapping[str, Any]]
 
@@ -199,19 +198,11 @@ def list_page(
         q = q.where(objectives.c.organization_id == organization_id)
     if status is not None:
         q = q.where(objectives.c.status == status)
-    if cursor:
-        created, last_id = decode_cursor(cursor)
-        c = objectives.c
-        q = q.where(or_(c.created_at < created, and_(c.created_at == created, c.id < last_id)))
-    rows = conn.execute(
-        q.order_by(objectives.c.created_at.desc(), objectives.c.id.desc()).limit(limit + 1)
-    ).all()
-    page = [Objective.from_header(r.state, {}) for r in rows[:limit]]
-    next_cursor = None
-    if len(rows) > limit:
-        last = rows[limit - 1]
-        next_cursor = encode_cursor(as_utc(last.created_at), last.id)
-    return Page(page, next_cursor)
+    c = objectives.c
+    rows, next_cursor = keyset.page(
+        conn.execute(keyset.newest_first(q, c.created_at, c.id, cursor, limit)).all(), limit
+    )
+    return Page([Objective.from_header(r.state, {}) for r in rows], next_cursor)
 
 
 # -- writes -------------------------------------------------------------------------------------

@@ -31,9 +31,8 @@ from app.jobs.times import iso
 from app.schedules.reducer import Schedule, fold, reduce
 from app.schedules.ticks import next_tick
 from app.schedules.vocab import SCHEDULE_STREAM_PREFIX, TICK_EVENTS, schedule_stream
-from app.storage import bulk, store
-from app.storage.db import as_utc, is_sqlite, parse_iso, receipts, schedules
-from app.storage.queue import decode_cursor, encode_cursor
+from app.storage import bulk, keyset, store
+from app.storage.db import is_sqlite, parse_iso, receipts, schedules
 
 Event = tuple[str, Mapping[str, Any]]
 
@@ -128,16 +127,10 @@ def list_page(
     if not all_organizations:
         q = q.where(c.organization_id == organization_id)
     q = q.where(c.status == status) if status is not None else q.where(c.status != "deleted")
-    if cursor:
-        created, last_id = decode_cursor(cursor)
-        q = q.where(or_(c.created_at < created, and_(c.created_at == created, c.id < last_id)))
-    rows = conn.execute(q.order_by(c.created_at.desc(), c.id.desc()).limit(limit + 1)).all()
-    page = [Schedule.from_json(r.state) for r in rows[:limit]]
-    next_cursor = None
-    if len(rows) > limit:
-        last = rows[limit - 1]
-        next_cursor = encode_cursor(as_utc(last.created_at), last.id)
-    return Page(page, next_cursor)
+    rows, next_cursor = keyset.page(
+        conn.execute(keyset.newest_first(q, c.created_at, c.id, cursor, limit)).all(), limit
+    )
+    return Page([Schedule.from_json(r.state) for r in rows], next_cursor)
 
 
 def tick_receipts(conn: Connection, key: str, *, before: int | None, limit: int) -> list[store.StoredReceipt]:

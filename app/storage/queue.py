@@ -54,9 +54,6 @@ from app.jobs.vocab import (
 )
 from app.storage import concurrency_keys as keys
 from app.storage import delivery, projection, search, store, tombstones
-from app.storage.cursor import CURSOR_PATTERN as CURSOR_PATTERN
-from app.storage.cursor import decode_cursor as decode_cursor
-from app.storage.cursor import encode_cursor as encode_cursor
 from app.storage.db import (
     as_utc,
     autocommit_connection,
@@ -70,6 +67,9 @@ from app.storage.db import (
 from app.storage.direct import DIRECT_DRIVER, Direct
 from app.storage.group_commit import GroupCommit
 from app.storage.hooks import Change, Companion, Hook, Write, run_after
+from app.storage.keyset import CURSOR_PATTERN as CURSOR_PATTERN
+from app.storage.keyset import decode_cursor as decode_cursor
+from app.storage.keyset import encode_cursor as encode_cursor
 from app.storage.retry import optimistic
 
 H = TypeVar("H", bound=Hook)

@@ -23,7 +23,7 @@ from app.jobs.routing import INTEGRATION_KIND_PREFIX
 from app.jobs.tags import TAG_KEY_MAX, TAG_VALUE_MAX, parse_tag_filter
 from app.jobs.validation import AGENT_ID_MAX, SESSION_KEY_MAX
 from app.jobs.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL, LANES, STATUSES, WORKER_GROUPS
-from app.storage.cursor import decode_cursor, encode_cursor
+from app.storage import keyset
 from app.storage.db import ERROR_TEXT_LENGTH, as_utc, has_tag, iso, job_tags, jobs
 
 
@@ -175,22 +175,9 @@ def _tagged(conn: Connection, scope: Scope, f: JobFilter) -> ColumnElement[bool]
     return jobs.c.id.in_(select(job_tags.c.job_id).where(*_tag_rows(org, f.tag)))
 
 
-def after_cursor(q: Select[Any], cursor: str | None, created: Any = None, key: Any = None) -> Select[Any]:
-    """``q`` from the keyset position after ``cursor`` (newest first: created_at, then id), on
-    ``jobs``' columns or the given ones (``job_tags``' copies of them)."""
-    if not cursor:
-        return q
-    created_col = jobs.c.created_at if created is None else created
-    key_col = jobs.c.id if key is None else key
-    at, last_id = decode_cursor(cursor)
-    return q.where(or_(created_col < at, and_(created_col == at, key_col < last_id)))
-
-
-NEWEST_FIRST = (jobs.c.created_at.desc(), jobs.c.id.desc())
-
-
 def page_query(conn: Connection, scope: Scope, f: JobFilter, cursor: str | None, limit: int) -> Select[Any]:
-    """The query of a page: each job's state, created_at and id, newest first, ``limit`` rows.
+    """The query of a page: each job's state, created_at and id, newest first, ``limit`` rows and
+    one more (``cursor.newest_first``).
 
     A tag filter within one organisation walks that tag's ``job_tags`` rows newest first (their
     index holds them in page order) and joins each to its job for the other filters, so the first
@@ -199,29 +186,23 @@ def page_query(conn: Connection, scope: Scope, f: JobFilter, cursor: str | None,
     head = (jobs.c.last_hash, jobs.c.status_changed_at)
     if f.tag is None or not one:
         plain = select(jobs.c.state, jobs.c.created_at, jobs.c.id, *head).where(*conditions(conn, scope, f))
-        return after_cursor(plain, cursor).order_by(*NEWEST_FIRST).limit(limit)
+        return keyset.newest_first(plain, jobs.c.created_at, jobs.c.id, cursor, limit)
     t = job_tags.c
     tagged = (
         select(jobs.c.state, t.created_at, t.job_id.label("id"), *head)
         .select_from(job_tags.join(jobs, jobs.c.id == t.job_id))
         .where(*_tag_rows(org, f.tag), *conditions(conn, scope, replace(f, tag=None)))
     )
-    walk = after_cursor(tagged, cursor, t.created_at, t.job_id)
-    return walk.order_by(t.created_at.desc(), t.job_id.desc()).limit(limit)
+    return keyset.newest_first(tagged, t.created_at, t.job_id, cursor, limit)
 
 
 def list_jobs(
     conn: Connection, scope: Scope, f: JobFilter, *, limit: int = 50, cursor: str | None = None
 ) -> JobPage:
     """A page of jobs, newest first; ``next_cursor`` continues after its last job (None: the end)."""
-    rows = conn.execute(page_query(conn, scope, f, cursor, limit + 1)).all()
-    page = [Job.from_json(r.state) for r in rows[:limit]]
-    heads = {r.id: (r.last_hash, as_utc(r.status_changed_at)) for r in rows[:limit]}
-    next_cursor = None
-    if len(rows) > limit:
-        last = rows[limit - 1]
-        next_cursor = encode_cursor(as_utc(last.created_at), last.id)
-    return JobPage(page, next_cursor, heads)
+    rows, next_cursor = keyset.page(conn.execute(page_query(conn, scope, f, cursor, limit)).all(), limit)
+    heads = {r.id: (r.last_hash, as_utc(r.status_changed_at)) for r in rows}
+    return JobPage([Job.from_json(r.state) for r in rows], next_cursor, heads)
 
 
 # The filter fields a request may name (the API's query of GET /jobs, a bulk action's ``filter``).

@@ -1,9 +1,15 @@
-"""The keyset cursor every newest-first list pages with (jobs, objectives, schedules)."""
+"""The one keyset pager of every newest-first list (jobs, objectives, schedules): its cursor, the
+query from a cursor's position, and a page's rows with the cursor after them."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy import and_, or_
+from sqlalchemy.sql import Select
 
 from app.jobs.errors import ValidationError
 from app.jobs.ids import JOB_ID_PATTERN, KEY_SEPARATOR, ORGANIZATION_ID_PATTERN, SYSTEM_ORGANIZATION
@@ -32,3 +38,24 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     if match is None:
         raise ValidationError("cursor", "is not a cursor this server issued")
     return _EPOCH + int(match.group(1)) * _MICROSECOND, match.group(2)
+
+
+R = TypeVar("R")
+
+
+def newest_first(q: Select[Any], created: Any, key: Any, cursor: str | None, limit: int) -> Select[Any]:
+    """``q`` from the position after ``cursor`` (None: the start), newest first by ``created`` then
+    ``key``, one row more than ``limit``: that row says whether a next page exists (``page``)."""
+    if cursor:
+        at, last = decode_cursor(cursor)
+        q = q.where(or_(created < at, and_(created == at, key < last)))
+    return q.order_by(created.desc(), key.desc()).limit(limit + 1)
+
+
+def page(rows: Sequence[R], limit: int) -> tuple[Sequence[R], str | None]:
+    """``newest_first``'s rows (each with ``created_at`` and ``id``) as a page of ``limit`` and the
+    cursor after its last row (None: this page is the last)."""
+    if len(rows) <= limit:
+        return rows, None
+    last: Any = rows[limit - 1]
+    return rows[:limit], encode_cursor(as_utc(last.created_at), last.id)
