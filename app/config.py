@@ -941,11 +941,12 @@ class Settings:
     )
     delivery_local: bool = setting(
         "RECEIPT_DELIVERY_LOCAL",
-        "enabled",
-        "A worker process runs the attempts its own dispatch pass (the refill of the places its "
-        "ended attempts freed) claims for its free slots itself, without a broker message, recorded "
-        "as fetched by it; the rest of the pass leaves as messages. `disabled`: every claimed attempt "
-        "leaves as a message.",
+        "disabled",
+        "`enabled`: a worker process runs the attempts its own dispatch pass (the refill of the places "
+        "its ended attempts freed) claims for its free slots itself, without a broker message, "
+        "recorded as fetched by it; the rest leave as messages. Less CPU per job under load, but an "
+        "attempt kept here takes a freed slot before a message already waiting for it (another "
+        "organisation's job behind a burst waits longer), so it is off by default.",
         switch,
     )
     delivery_hold_ms: int = setting(

@@ -222,3 +222,28 @@ def test_without_a_wake_list_a_worker_starts_no_refill(pg_engine: Engine, redis_
     celery_app._start_refill(sender=SimpleNamespace(app=rt.app, concurrency=2))
     assert getattr(rt.app, "receipt_refill", None) is None
     assert rt.delivery.on_freed is None
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_a_worker_runs_its_own_claims_only_with_delivery_local_enabled(
+    pg_engine: Engine, redis_url: str, local: bool
+) -> None:
+    """RECEIPT_DELIVERY_LOCAL (default disabled): enabled, the worker's refill keeps what its own
+    passes claim for its free slots (``execute.LocalRuns``), and stops keeping at shutdown."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from tasks import celery_app, execute
+
+    rt, _sent = refilling_runtime(pg_engine, redis_url, slots=1)
+    assert rt.settings.delivery_local is False  # the default
+    rt.settings = replace(rt.settings, delivery_local=local)
+    rt.app.amqp.queues.select([CHAT])
+    worker = SimpleNamespace(app=rt.app, concurrency=2)
+    celery_app._start_refill(sender=worker)
+    try:
+        assert isinstance(rt.local, execute.LocalRuns) if local else rt.local is None
+    finally:
+        celery_app._stop_refill(sender=worker)
+    if local:
+        assert rt.local is not None and rt.local.reserve(CHAT, 1) == 0  # stopped: keeps nothing
