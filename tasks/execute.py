@@ -255,6 +255,12 @@ def execute_batch(
     return {"items": [{"fence": item[1], **results[item[1]]} for item in items]}
 
 
+# Slots a local run never takes: a message already waiting for this process (another organisation's
+# job a pass claimed earlier) gets a slot at the consumer's next fetch instead of waiting behind
+# the attempts this process's own passes keep.
+LEAVE_FOR_MESSAGES = 1
+
+
 class LocalRuns:
     """The attempts a worker process's own dispatch pass claimed for its free slots, run here
     without a broker message (``RECEIPT_DELIVERY_LOCAL``).
@@ -282,10 +288,11 @@ class LocalRuns:
         self.runs = 0  # batches run here (tests, benches)
 
     def reserve(self, queue: str, want: int) -> int:
-        """Take up to ``want`` of this process's free slots for attempts bound for ``queue``, now."""
+        """Take up to ``want`` of this process's free slots for attempts bound for ``queue``, now,
+        leaving one free (``LEAVE_FOR_MESSAGES``) for a message already waiting for this process."""
         if self._stopped or PROCESS.requested or queue not in self.queues or want < 1:
             return 0
-        return self.rt.slots.take(want, 0)
+        return self.rt.slots.take_leaving(want, LEAVE_FOR_MESSAGES)
 
     def release(self, n: int) -> None:
         """Give back slots reserved for attempts that will not run here (their pass failed)."""

@@ -45,6 +45,15 @@ class Slots:
             self.peak = max(self.peak, self._in_use)
             return got
 
+    def take_leaving(self, want: int, leave: int) -> int:
+        """Take up to ``want`` slots now, without waiting, so that at least ``leave`` stay free.
+        Returns how many were taken (0 when no more than ``leave`` are free)."""
+        with self._cond:
+            got = max(0, min(want, self.capacity - self._in_use - leave))
+            self._in_use += got
+            self.peak = max(self.peak, self._in_use)
+            return got
+
     def give(self, n: int = 1) -> None:
         """Return ``n`` slots (an attempt ended, or a slot taken for an attempt that did not start)."""
         if n < 1:

@@ -1,8 +1,9 @@
 """A worker process runs what its own refill pass claims for its free slots itself
 (``RECEIPT_DELIVERY_LOCAL``, ``tasks.execute.LocalRuns``): no broker message for those attempts,
 each recorded as fetched by this consumer first, so its death leaves them lost for the redrive; the
-rest of the pass leaves as messages; nothing is kept once the process is shutting down; a pass whose
-messages fail to leave gives the reserved slots back and runs nothing here."""
+rest of the pass leaves as messages, and one free slot is always left for them; nothing is kept once
+the process is shutting down; a pass whose messages fail to leave gives the reserved slots back and
+runs nothing here."""
 
 from __future__ import annotations
 
@@ -94,7 +95,7 @@ def test_past_its_free_slots_the_rest_of_the_pass_leaves_as_messages(
 ) -> None:
     rt, sent, local = local_rt
     jobs = [enqueue(rt.queue, "factory") for _ in range(2)]
-    taken = rt.slots.take(rt.slots.free - 1, 0)  # one slot left free in this process
+    taken = rt.slots.take(rt.slots.free - 2, 0)  # two left free: one to keep, one for messages
     try:
         dispatch.dispatch_queue(rt, CHAT)
         assert local.runs == 1
@@ -102,6 +103,24 @@ def test_past_its_free_slots_the_rest_of_the_pass_leaves_as_messages(
         wait_until(lambda: rt.queue.get(jobs[0].id).status == "completed", what="the kept one completed")  # type: ignore[union-attr]
     finally:
         rt.slots.give(taken)
+
+
+def test_the_last_free_slot_is_left_for_a_message_already_waiting(
+    local_rt: tuple[Runtime, Recorder, execute.LocalRuns],
+) -> None:
+    """LEAVE_FOR_MESSAGES = 1: another organisation's job claimed earlier, waiting in the broker,
+    gets a slot at the consumer's next fetch, not after the attempts this process keeps."""
+    rt, _sent, local = local_rt
+    assert execute.LEAVE_FOR_MESSAGES == 1
+    taken = rt.slots.take(rt.slots.free - 1, 0)
+    try:
+        assert rt.slots.free == 1
+        assert local.reserve(CHAT, 1) == 0
+        assert rt.slots.free == 1
+    finally:
+        rt.slots.give(taken)
+    assert local.reserve(CHAT, 100) == rt.slots.capacity - 1
+    local.release(rt.slots.capacity - 1)
 
 
 def test_nothing_is_kept_once_the_process_is_shutting_down_or_for_a_queue_it_does_not_consume(
@@ -123,7 +142,7 @@ def test_a_pass_whose_messages_fail_gives_the_reserved_slots_back_and_runs_nothi
 ) -> None:
     rt, _sent, local = local_rt
     jobs = [enqueue(rt.queue, "factory") for _ in range(2)]
-    rt.slots.take(rt.slots.free - 1, 0)  # one kept here, one sent
+    rt.slots.take(rt.slots.free - 2, 0)  # one kept here, one sent
     free = rt.slots.free
 
     def broken(*_args: Any, **_kwargs: Any) -> None:
