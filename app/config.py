@@ -944,9 +944,9 @@ class Settings:
         "disabled",
         "`enabled`: a worker process runs the attempts its own dispatch pass (the refill of the places "
         "its ended attempts freed) claims for its free slots itself, without a broker message, "
-        "recorded as fetched by it; the rest leave as messages. Less CPU per job under load, but an "
-        "attempt kept here takes a freed slot before a message already waiting for it (another "
-        "organisation's job behind a burst waits longer), so it is off by default.",
+        "recorded as fetched by it, always leaving one slot free for a message already waiting; the "
+        "rest leave as messages. Off by default: another organisation's job behind a burst waits "
+        "longer, and the CPU it saves was within the benches' noise (docs/design.md, \"Local runs\").",
         switch,
     )
     delivery_hold_ms: int = setting(
