@@ -946,7 +946,7 @@ class Settings:
         "its ended attempts freed) claims for its free slots itself, without a broker message, "
         "recorded as fetched by it, always leaving one slot free for a message already waiting; the "
         "rest leave as messages. Off by default: another organisation's job behind a burst waits "
-        "longer, and the CPU it saves was within the benches' noise (docs/design.md, \"Local runs\").",
+        'longer, and the CPU it saves was within the benches\' noise (docs/design.md, "Local runs").',
         switch,
     )
     delivery_hold_ms: int = setting(
