@@ -191,6 +191,9 @@ def execute_batch(
         else:
             pending.append((item, attempt))
     slots = rt.slots
+    if held > len(pending):  # slots held for items that will not run here (a fence for another job)
+        slots.give(held - len(pending))
+        held = len(pending)
     running: list[HandlerRun] = []
     lock = threading.Lock()
 
@@ -214,7 +217,7 @@ def execute_batch(
 
     while pending:
         if held:
-            got, held = min(held, len(pending)), 0
+            got, held = held, 0
         else:
             got = take_or_hand_back(rt, queue, [item for item, _ in pending], shutdown)
         if not got:
@@ -268,7 +271,7 @@ class LocalRuns:
     The refill (``tasks.dispatch.Refill``) runs the pass of a line whose places this process's ended
     attempts freed. Sending what it claims as a message to the same queue costs a publish, and then a
     fetch, a decode and a hand-off to Celery's pool in whichever process takes it: about a third of a
-    busy worker's CPU (bench/README.md, "Issue 31"). The pass instead ``reserve``s as many of this
+    busy worker's CPU (bench/README.md, "Half the CPU per job"). The pass instead ``reserve``s as many of this
     process's free slots as it claimed attempts for a queue this process consumes, without waiting,
     and ``run``s those attempts here once the pass's own messages have left; the rest leave as
     messages, for the other processes' places. Each one is recorded as fetched by this consumer

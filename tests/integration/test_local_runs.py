@@ -154,3 +154,18 @@ def test_a_pass_whose_messages_fail_gives_the_reserved_slots_back_and_runs_nothi
     assert rt.slots.free == free
     assert local.runs == 0
     assert all(rt.queue.get(j.id).status == "queued" for j in jobs)  # type: ignore[union-attr]
+
+
+def test_slots_held_for_items_that_cannot_run_are_given_back(
+    local_rt: tuple[Runtime, Recorder, execute.LocalRuns],
+) -> None:
+    """``execute_batch(held=n)``: a held slot whose item does not run here (its fence names another
+    job) is returned at once, not kept until the process ends."""
+    rt, _sent, _local = local_rt
+    free = rt.slots.free
+    assert rt.slots.take(2, 0) == 2
+    out = execute.execute_batch(
+        rt, [["job-a", "job-b:attempt:1", "job-a", 0], ["job-c", "job-d:attempt:1", "job-c", 0]], held=2
+    )
+    assert [item["status"] for item in out["items"]] == ["stale_attempt", "stale_attempt"]
+    assert rt.slots.free == free
