@@ -83,5 +83,5 @@ deploy-soak: $(STAMP)
 ## from app/ops/loop_registry.py, and docs/security.md's authorization matrix from tests/support/authz_matrix.py.
 docs: $(STAMP)
 	$(BIN)/python -c "from app.config import settings_markdown_table as t; import re, pathlib; p = pathlib.Path('README.md'); s = p.read_text(); a, rest = s.split('<!-- config-table:start -->\n', 1); _, b = rest.split('<!-- config-table:end -->', 1); p.write_text(a + '<!-- config-table:start -->\n' + t() + '\n<!-- config-table:end -->' + b)"
-	$(BIN)/python -c "from tasks.loop_passes import write_docs_table; write_docs_table()"
+	$(BIN)/python -c "from workers.loop_passes import write_docs_table; write_docs_table()"
 	$(BIN)/python -m tests.support.authz_matrix

@@ -64,7 +64,7 @@ def broker_transport_options_for(settings: Settings) -> dict[str, Any]:
         # copy of every delivered message in Redis until the ack (two pipelined transactions per
         # message, ~20 % of a worker's CPU: bench/README.md) to restore it after a visibility
         # timeout — a duplicate hours later, which Receipt never relies on: a message lost with
-        # its fetcher is recovered from PostgreSQL within seconds (tasks/fetches.py, the queued
+        # its fetcher is recovered from PostgreSQL within seconds (delivery/fetches.py, the queued
         # redrive, lease expiry). A warm shutdown still puts back what it fetched and did not start.
         return {"ack_emulation": False}
     # Embedded default: a folder broker shared by the local processes. Every folder is set

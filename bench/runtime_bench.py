@@ -603,16 +603,18 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
     from sqlalchemy import event
 
     from app.config import Settings
+    from app.jobs.routing import EXECUTE_TASK
     from app.jobs.validation import validate_enqueue
     from app.storage.db import make_engine
     from app.storage.migrate import upgrade
+    from delivery import dispatch
+    from delivery.callbacks import Callbacks
     from delivery.client import DeliveryClient
     from devharness import handlers
-    from tasks import dispatch, execute
-    from tasks.callbacks import Callbacks
     from tasks.celery_app import make_celery
-    from tasks.runtime import EXECUTE_TASK, Runtime
+    from workers import attempts
     from workers.registry import HandlerRegistry
+    from workers.runtime import Runtime
 
     sent: list[tuple[str, list[Any]]] = []
     counts = {"statements": 0, "commits": 0, "rollbacks": 0, "checkouts": 0}
@@ -639,7 +641,15 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
             handlers.register(registry)
             client = DeliveryClient(app)
             queue = queue_for(engine, on_dispatchable=client.wake)
-            rt = Runtime(settings, app, engine, queue, registry, Callbacks(settings), client)
+            rt = Runtime(
+                settings=settings,
+                app=app,
+                engine=engine,
+                queue=queue,
+                registry=registry,
+                callbacks=Callbacks(settings),
+                delivery=client,
+            )
             names = (
                 "api: enqueue (+ wake message; + 1 ledger write)",
                 "driver: dispatch scan -> start_driver -> drive -> worker message",
@@ -666,7 +676,7 @@ def profile_one_job() -> list[tuple[str, dict[str, float]]]:
                 step(names[1], functools.partial(dispatch.dispatch_jobs, rt, [job_id]))
                 # The wake-up's scan drives in-process: the worker message is its only send.
                 _, fence, key, generation = next(a for n, a in sent if n == EXECUTE_TASK)
-                step(names[2], functools.partial(execute.execute, rt, job_id, fence, key, generation))
+                step(names[2], functools.partial(attempts.execute, rt, job_id, fence, key, generation))
             return [(n, {**deltas[n], "cpu_ms": statistics.median(cpu[n])}) for n in names]
         finally:
             engine.dispose()

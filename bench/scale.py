@@ -33,7 +33,7 @@ Then each operation runs ``--reps`` times on each database, alternating, and the
 printed with the ratio large / small (target <= 2x):
 
 * enqueue — ``Queue.enqueue`` (one commit: receipt + projection row);
-* dispatch scan — what ``tasks.dispatch.start_driver`` reads for one queued job: ``Queue.get``,
+* dispatch scan — what ``delivery.dispatch.start_driver`` reads for one queued job: ``Queue.get``,
   then in one transaction the clock, the job's delivery lock, its pending deliveries and the
   key's last generation (``delivery.begin``), rolled back instead of inserting;
 * dispatch claim, batch of 50 — the batched claim's shape: in one transaction the projection
@@ -451,7 +451,7 @@ def operations(
         )
 
     def dispatch_scan() -> None:
-        # tasks.dispatch.start_driver for one queued job: the job, then in one transaction its
+        # delivery.dispatch.start_driver for one queued job: the job, then in one transaction its
         # delivery bookkeeping (delivery.begin: the lock, the job's delivery records, the insert);
         # rolled back.
         job_id = rng.choice(queued)
@@ -461,7 +461,7 @@ def operations(
             conn.rollback()
 
     def dispatch_claim() -> None:
-        # The scan's batched claim (tasks.dispatch._claim): 50 queued jobs and the clock read in
+        # The scan's batched claim (delivery.dispatch._claim): 50 queued jobs and the clock read in
         # one statement, then delivery.begin_many (one lock statement, one read of their delivery
         # records, one multi-row insert); rolled back.
         ids = rng.sample(queued, min(CLAIM_BATCH, len(queued)))

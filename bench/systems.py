@@ -305,7 +305,7 @@ class ReceiptPython(Receipt):
         settings = Settings.from_env(
             {"REDIS_URL": os.environ["BENCH_REDIS"], "DATABASE_URL": os.environ["BENCH_DB"]}
         )
-        # Configured as every long-lived Receipt process is (api/, tasks/runtime.py): ledger rows
+        # Configured as every long-lived Receipt process is (api/, workers/runtime.py): ledger rows
         # written off the enqueue's path, batched.
         return queue_for(engine, on_dispatchable=default_waker(settings), ledger_in_background=True)
 

@@ -13,7 +13,7 @@ key alike: there the run id changes but nothing was lost.
 the job's worker queue holds any message (a driver or worker killed after taking it, before acting
 on it). A wrong guess only sends a duplicate, which the attempt fence makes harmless.
 
-**Fetch records.** ``client()`` gives tasks/fetches.py the broker's Redis, where consumers record
+**Fetch records.** ``client()`` gives delivery/fetches.py the broker's Redis, where consumers record
 which message they fetched and keep a liveness key.
 
 The embedded folder broker has no epoch (its folder outlives no restart of anything but itself):
@@ -144,7 +144,7 @@ class RedisProbe:
         return None if lengths is None else all(n == 0 for n in lengths.values())
 
     def client(self) -> Any | None:
-        """The broker's Redis, for the fetch records (tasks/fetches.py)."""
+        """The broker's Redis, for the fetch records (delivery/fetches.py)."""
         return self._client
 
 

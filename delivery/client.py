@@ -2,7 +2,7 @@
 
 Every sender goes through it: the API's wake-up after an enqueue commits (``api/wake.py``), the
 dashboard's system page (queue depths and consumers, ``api/ui/system.py``), and the driver, the
-execute task and the recovery loops in a worker process (``tasks/runtime.py``). A task is sent *by
+execute task and the recovery loops in a worker process (``workers/runtime.py``). A task is sent *by
 name* (the names are in ``app/jobs/routing.py``), so a publisher registers no task and imports no
 task module: the web process never loads worker code to send one message.
 
@@ -80,7 +80,7 @@ class DeliveryClient:
         # want every wake-up to carry its ids).
         self.wakes = wakes
         # Where the worker queues of ended jobs go, their places being free: a worker process's own
-        # refill (``tasks.dispatch.Refill``); None: as wake-ups to the driver (``@<queue>``).
+        # refill (``delivery.listeners.Refill``); None: as wake-ups to the driver (``@<queue>``).
         self.on_freed: Callable[[list[str]], None] | None = None
 
     @classmethod

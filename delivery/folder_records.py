@@ -1,4 +1,4 @@
-"""The fetch records and consumer liveness keys of ``tasks/fetches.py`` for the embedded folder
+"""The fetch records and consumer liveness keys of ``delivery/fetches.py`` for the embedded folder
 broker, which has no Redis: one small file per key under ``<broker>/records``.
 
 It offers the few Redis commands those records use -- ``set`` with a ``px`` time to live, ``get``,

@@ -14,7 +14,7 @@ exactly like a lost wake-up message: the queued redrive re-delivers from receipt
 carries a short TTL, so a wake-up message lost while armed holds later ones back at most that long.
 
 Listeners (one broker hop less per job). A driver process also blocks on the list
-itself (``BLMPOP``, ``tasks/dispatch.py`` ``WakeListener``) and keeps a "listening" key alive while
+itself (``BLMPOP``, ``delivery/dispatch.py`` ``WakeListener``) and keeps a "listening" key alive while
 it does. A push that finds that key sends no message at all: a listener is woken by the push
 itself and drains the list the same way (disarm, then take), without a message being published,
 routed, consumed and handed to a pool thread. A listener that dies leaves its key for at most

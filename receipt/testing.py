@@ -50,6 +50,7 @@ from app.jobs.reducer import Command, Job
 from app.jobs.times import parse_iso
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
+from app.ops.shutdown import Shutdown
 from app.storage import store
 from app.storage.db import CLOCK_OPTION, jobs, make_engine
 from app.storage.migrate import upgrade
@@ -58,7 +59,6 @@ from app.storage.store import StoredReceipt
 from workers.handler import Handler, HandlerError, JobContext
 from workers.registry import HandlerRegistry, default_registry
 from workers.runner import run_attempt
-from workers.shutdown import Shutdown
 
 __all__ = [
     "Clock",

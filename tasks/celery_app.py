@@ -20,15 +20,17 @@ import celeryconfig
 from app.config import Settings
 from app.dispatch.line import queues_field
 from app.factory import recovery
-from app.jobs.routing import QUEUES
+from app.jobs.routing import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, QUEUES
 from app.ops import logs, loop_registry
 from app.schedules import declared
 from app.storage.liveness import Offer
-from tasks import dispatch, execute, fetches, loop_passes, redaction, shutdown
+from delivery import dispatch, fetches, listeners
+from tasks import redaction, shutdown
 from tasks.beat import ReceiptBeat
 from tasks.cron import CronSchedule
-from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, get_runtime, slots_of
+from workers import attempts, loop_passes
 from workers import liveness as worker_liveness
+from workers.runtime import get_runtime, slots_of
 
 log = logging.getLogger("receipt.celery")
 
@@ -37,7 +39,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
     missing = loop_passes.unbound()
     if missing:
         raise RuntimeError(
-            f"recovery loops declared without a pass (tasks/loop_passes.py): {', '.join(missing)}"
+            f"recovery loops declared without a pass (workers/loop_passes.py): {', '.join(missing)}"
         )
     redaction.install()
     app = Celery("receipt", set_as_current=False)
@@ -82,13 +84,13 @@ def _register(app: Celery) -> None:
     def execute_task(
         self: Any, job_id: str, fence: str, dispatch_key: str, generation: int
     ) -> dict[str, Any]:
-        return execute.execute(
+        return attempts.execute(
             get_runtime(self.app), job_id, fence, dispatch_key, generation, queue=_queue_of(self.request)
         )
 
     @_task(app, EXECUTE_BATCH_TASK)
     def execute_batch_task(self: Any, items: list[list[Any]]) -> dict[str, Any]:
-        return execute.execute_batch(get_runtime(self.app), items, queue=_queue_of(self.request))
+        return attempts.execute_batch(get_runtime(self.app), items, queue=_queue_of(self.request))
 
     for loop in loop_registry.LOOPS:
         _register_loop(app, loop)
@@ -102,7 +104,7 @@ def _queue_of(request: Any) -> str | None:
 
 
 def _register_loop(app: Celery, loop: loop_registry.Loop) -> None:
-    """The task carrying ``loop``'s ticks: one claimed pass (``tasks.loop_passes.run``)."""
+    """The task carrying ``loop``'s ticks: one claimed pass (``workers.loop_passes.run``)."""
 
     @_task(app, loop.task)
     def loop_task(self: Any, published: str | None = None) -> dict[str, Any]:
@@ -233,7 +235,7 @@ def _start_wake_listener(sender: Any = None, **_: Any) -> None:
     rt = get_runtime(worker_app)
     if rt.wakes is None:
         return  # not a Redis broker: every wake-up is a message
-    listener = dispatch.WakeListener(rt)
+    listener = listeners.WakeListener(rt)
     worker_app.receipt_listener = listener
     listener.start()
 
@@ -246,7 +248,7 @@ def _stop_wake_listener(sender: Any = None, **_: Any) -> None:
 
 
 def _start_refill(sender: Any = None, **_: Any) -> None:
-    """A process that runs attempts refills the places they free itself (``dispatch.Refill``),
+    """A process that runs attempts refills the places they free itself (``listeners.Refill``),
     where the broker's Redis keeps the lines' marks; elsewhere its ended jobs wake the driver."""
     worker_app = getattr(sender, "app", None)
     if worker_app is None or getattr(worker_app, "receipt_settings", None) is None:
@@ -257,8 +259,8 @@ def _start_refill(sender: Any = None, **_: Any) -> None:
         return
     queues = offer.queues.split()
     if rt.settings.delivery_local:
-        rt.local = execute.LocalRuns(rt, queues)
-    refill = dispatch.Refill(rt, queues)
+        rt.local = attempts.LocalRuns(rt, queues)
+    refill = listeners.Refill(rt, queues)
     worker_app.receipt_refill = refill
     refill.start()
 
@@ -314,7 +316,7 @@ def _offer(worker: Any, worker_app: Any) -> Offer | None:
 
 
 def _size_slots(sender: Any = None, **_: Any) -> None:
-    """The process's slots (``tasks/runtime.py``) are as many as its pool's threads, made before
+    """The process's slots (``workers/runtime.py``) are as many as its pool's threads, made before
     its consumer starts, which stops fetching while they are all taken (``tasks/consumer.py``)."""
     worker_app = getattr(sender, "app", None)
     size = getattr(sender, "concurrency", None)
@@ -341,7 +343,7 @@ signals.worker_shutdown.connect(_stop_wake_listener)
 signals.worker_ready.connect(_start_refill)
 signals.worker_shutdown.connect(_stop_refill)
 signals.worker_shutdown.connect(_write_pending_ledger_rows)
-# Who fetched which message, and which consumers are alive (tasks/fetches.py): a delivery whose
+# Who fetched which message, and which consumers are alive (delivery/fetches.py): a delivery whose
 # message died with its fetcher is redelivered within seconds instead of the driver timeout.
 signals.worker_init.connect(fetches.on_worker_init)
 signals.task_received.connect(fetches.on_task_received)

@@ -16,6 +16,7 @@ from celery.worker.consumer import Consumer
 from celery.worker.state import maybe_shutdown
 
 from app.ops import dead_letters
+from workers.runtime import FETCH_GATED
 
 log = logging.getLogger("receipt.consumer")
 
@@ -29,10 +30,6 @@ RECONNECT_CAP_S = 30.0
 # that resume delay; task events only hid it by waking the loop as a side effect. Cost: an idle
 # worker process used ~1.4 % of a core with it (0.1 % without; 0.6 % at 50 ms).
 RESUME_TICK_S = 0.01
-# Set on the Celery app once its consumer fetches nothing while every slot is taken: only then does
-# a process hand back attempts it has no slot for (``tasks/execute.py``), since another process,
-# not this one, will fetch them.
-FETCH_GATED = "receipt_fetch_gated"
 
 
 def reconnect_delays(start: float = RECONNECT_START_S, cap: float = RECONNECT_CAP_S) -> Iterator[float]:

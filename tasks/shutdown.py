@@ -1,10 +1,10 @@
-"""SIGTERM wiring for every worker role and the driver (``workers/shutdown.py`` holds the decisions).
+"""SIGTERM wiring for every worker role and the driver (``app/ops/shutdown.py`` holds the decisions).
 
 Celery's warm shutdown already stops the consumer at once (no new deliveries) and waits for the
 running tasks. On ``worker_shutting_down`` (sent from the signal handler, in the main process)
 this begins the process's shutdown with ``RECEIPT_SHUTDOWN_GRACE_MS`` and, off the signal handler,
 stops what runs beside the tasks: the local ticker, and the driver's wake listener, whose taken but
-unclaimed wake-ups go back on the wake list for the next driver (``tasks/dispatch.py``). Each running
+unclaimed wake-ups go back on the wake list for the next driver (``delivery/dispatch.py``). Each running
 attempt then finishes, or is cancelled and handed back, inside the grace (``workers/runner.py``).
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 from celery import Celery, signals
 
 from app.config import Settings
+from app.ops.shutdown import PROCESS
 from workers import liveness as worker_liveness
-from workers.shutdown import PROCESS
 
 log = logging.getLogger("receipt.shutdown")
 

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     if QUEUES["codex"] in role.queues:
         log_sandbox_protections(settings)
     app = make_celery(settings)
-    # Every role recovers without beat the loops whose ticks go to a queue it consumes (tasks/loop_passes.py).
+    # Every role recovers without beat the loops whose ticks go to a queue it consumes
+    # (workers/loop_passes.py).
     app.receipt_ticker_queues = role.queues
     # The scanning role also blocks on the Redis wake list: enqueues then send no message.
     app.receipt_wake_listener = DRIVER_QUEUE in role.queues

@@ -17,8 +17,8 @@ from typing import Any
 from app.config import Settings
 from app.jobs.reducer import Command, Job
 from app.jobs.vocab import FailureStatus
+from app.ops.shutdown import PROCESS, Shutdown
 from app.storage.queue import Queue
-from workers.shutdown import PROCESS, Shutdown
 
 
 class HandlerError(Exception):

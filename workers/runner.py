@@ -32,6 +32,7 @@ from app.jobs.reducer import Job
 from app.jobs.timing import JobTiming, retry_delay_ms, timing_for
 from app.jobs.vocab import AttemptStatus, FailureStatus, ReleaseReason
 from app.ops import logs
+from app.ops.shutdown import PROCESS, SHUTDOWN, Shutdown
 from app.redaction import redactor
 from app.storage.concurrency_keys import KeyFull
 from app.storage.queue import AttemptStart, Queue
@@ -40,7 +41,6 @@ from workers import liveness
 from workers.handler import HandlerError, JobContext
 from workers.handler_pool import HandlerPool, HandlerRun
 from workers.registry import HandlerRegistry
-from workers.shutdown import PROCESS, SHUTDOWN, Shutdown
 
 log = logging.getLogger("receipt.worker")
 

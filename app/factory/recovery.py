@@ -2,7 +2,7 @@
 
 Celery-free: the outbox redrive and the watchdog tick are recovery loops declared in
 ``app/ops/loop_registry.py`` (their schedule, queue, task and claim policy) and bound to these functions in
-``tasks/loop_passes.py``, which runs each pass in the one claim-and-renew wrapper
+``workers/loop_passes.py``, which runs each pass in the one claim-and-renew wrapper
 (``app.storage.loop_claims.run_claimed``). Resume at startup runs through the same wrapper here; the web
 process starts it from gunicorn's ``post_worker_init`` through ``api/resume.py``.
 
@@ -46,7 +46,7 @@ def outbox_redrive(
     deliver: Callable[[Job, int], bool] | None = None,
     between: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """One outbox redrive pass (run it claimed: ``tasks.loop_passes.objective_outbox_redrive``).
+    """One outbox redrive pass (run it claimed: ``workers.loop_passes.objective_outbox_redrive``).
 
     ``deliver(job, age_ms)`` starts delivery of a control job that has waited queued for a whole
     interval (its wake-up was lost with the broker): the outbox owns its requests end to end.

@@ -85,8 +85,8 @@ DeliveryOutcome = Literal[
     "canceled",  # an abort was pending: the queued job was canceled
     "backoff",  # a retry still backing off: the due-retries pass starts it later
     "send_failed",  # the driver or worker message could not be sent
-    "fetcher_lost",  # the process that fetched its message died before acting on it (tasks/fetches.py)
-    "unfetched",  # its message was sent, nobody fetched it and its queue is empty (tasks/fetches.py)
+    "fetcher_lost",  # the process that fetched its message died before acting on it (delivery/fetches.py)
+    "unfetched",  # its message was sent, nobody fetched it and its queue is empty (delivery/fetches.py)
     "concurrency_limited",  # its concurrency key was full at the lease: the job waits in its line again
 ]
 DELIVERY_OUTCOMES: Final[tuple[str, ...]] = get_args(DeliveryOutcome)

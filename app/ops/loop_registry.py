@@ -7,11 +7,11 @@ plugins). Everything about running one derives from its ``Loop`` below:
 - beat's schedule (``beat_schedule``, which ``celeryconfig`` and ``tasks/celery_app.py`` call), and
   the first pass after a startup delay where a loop declares one;
 - the Celery task carrying each tick (``tasks/celery_app.py`` registers one per loop), and the pass
-  it runs (``tasks/loop_passes.py`` binds each loop's pass with ``@binds``, in the one claim-and-renew
+  it runs (``workers/loop_passes.py`` binds each loop's pass with ``@binds``, in the one claim-and-renew
   wrapper ``app.storage.loop_claims.run_claimed``, with the policy ``policy`` derives from the
   declaration);
 - the local ticker that runs an overdue loop without beat, in every process that consumes that
-  loop's queue (``tasks/loop_passes.py``);
+  loop's queue (``workers/loop_passes.py``);
 - ``/readyz``'s overdue check (``status``, in ``api/health.py``), the loop gauges and pass counters of
   ``/metrics`` (``app/ops/metrics.py``), the dashboard's intervals, and the loop table in
   docs/reliability.md (``markdown_table``; a test compares the two).

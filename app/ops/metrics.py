@@ -90,7 +90,7 @@ SCHEDULE_OUTCOMES = ("fired", "missed", "skipped", "buffered")
 # A group commit carries 1 (idle) up to RECEIPT_GROUP_COMMIT_MAX (64 by default) transitions.
 GROUP_COMMIT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
-# Why a worker process put fetched attempts back on their queue unstarted (``tasks/execute.py``).
+# Why a worker process put fetched attempts back on their queue unstarted (``workers/attempts.py``).
 HAND_BACK_REASONS = ("busy", "shutdown")
 
 # How one attempt at a loop pass ended (``app.storage.loop_claims.run_claimed``; ``failed``: it raised).

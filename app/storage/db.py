@@ -323,7 +323,7 @@ org_dispatch_policies = Table(
 # The callback outbox: one row per (callback event, target), written in the same transaction as
 # the receipt that caused it (``dispatched``, which has no receipt, just before its message is
 # sent). Bookkeeping, not truth: each row is derived from a receipt; a lost row loses one
-# notification, never a job. The sender (tasks/callbacks.py) marks rows delivered or dead.
+# notification, never a job. The sender (delivery/callbacks.py) marks rows delivered or dead.
 callback_outbox = Table(
     "callback_outbox",
     metadata,

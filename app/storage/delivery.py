@@ -253,7 +253,7 @@ _INSERT_COLUMNS = (
 )
 _INSERT_ROWS = DirectMany(
     lambda n: deliveries.insert().values(multi_row_values((deliveries.c[c] for c in _INSERT_COLUMNS), n)),
-    limit=128,  # one shape per batch size: a scan claims up to 100 jobs (tasks/dispatch.py)
+    limit=128,  # one shape per batch size: a scan claims up to 100 jobs (delivery/dispatch.py)
 )
 
 
@@ -392,7 +392,7 @@ def without_in_flight(
     return q.where(~in_flight(job_id, now, epoch))
 
 
-# -- deliveries whose fetcher died (tasks/fetches.py) --------------------------------------------------
+# -- deliveries whose fetcher died (delivery/fetches.py) --------------------------------------------------
 
 FETCHER_LOST: DeliveryOutcome = "fetcher_lost"
 UNFETCHED: DeliveryOutcome = "unfetched"

@@ -1,7 +1,7 @@
 """Worker liveness records (``worker_liveness``) and the expiry of a dead process's jobs.
 
 The rules are in ``app/jobs/liveness.py``. Why the record lives in PostgreSQL, beside the jobs, and
-not in the broker's Redis (which already keeps a consumer liveness key, ``tasks/fetches.py``):
+not in the broker's Redis (which already keeps a consumer liveness key, ``delivery/fetches.py``):
 declaring a process dead hands its jobs to someone else, so it must be decided by the store and the
 clock that decide leases, and a process must fence itself on reaching that same store. A worker
 cut off from PostgreSQL but not from Redis can no longer heartbeat its jobs: with a Redis record it

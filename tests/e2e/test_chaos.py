@@ -23,8 +23,8 @@ from app.composition import queue_for
 from app.config import Settings
 from app.jobs.validation import validate_enqueue
 from app.ops import loop_registry
+from delivery import fetches
 from devharness import handlers
-from tasks import fetches
 from tasks.celery_app import make_celery
 from tests.support.services import TcpProxy
 from tests.support.stack import ORG, Stack, terminal_receipts, terminate_backends, waiting_fences, worker_pid
@@ -178,7 +178,7 @@ def test_a_message_whose_fetcher_is_killed_before_it_acts_is_delivered_again_wit
     stack: Stack,
 ) -> None:
     """Early acks: a worker that fetched the execute message and is SIGKILLed before its lease
-    receipt took the message with it. Its delivery is known lost (tasks/fetches.py) as soon as
+    receipt took the message with it. Its delivery is known lost (delivery/fetches.py) as soon as
     the worker's liveness key lapses, not after the 120 s driver timeout; while the fetcher lives,
     or while the message may still wait in the broker, nothing is sent beside it."""
     observe_s = fetches.LIVENESS_TTL_MS / 1000 + 2.5  # the liveness TTL plus two redrive intervals

@@ -22,17 +22,16 @@ from sqlalchemy.engine import Engine, make_url
 from app.composition import queue_for
 from app.config import Settings, mask_url
 from app.jobs.errors import no_handler_message
-from app.jobs.routing import DRIVER_QUEUE, QUEUES
+from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE, EXECUTE_BATCH_TASK, EXECUTE_TASK, QUEUES
 from app.jobs.validation import validate_enqueue
 from devharness import handlers
 from tasks.celery_app import make_celery
-from tasks.loop_passes import REDRIVE_LOOP
-from tasks.runtime import DISPATCH_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
 from tests.support.processes import Proc
 from tests.support.queue_ops import complete, settle_canceled
 from tests.support.services import TcpProxy
 from tests.support.stack import ORG, Stack, key_of, terminal_receipts, terminate_backends, worker_pid
 from tests.support.waiting import wait_for
+from workers.loop_passes import REDRIVE_LOOP
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("e2e")]
 

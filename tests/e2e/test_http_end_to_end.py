@@ -15,13 +15,12 @@ import pytest
 from app.config import Settings
 from app.jobs.errors import no_handler_message
 from app.jobs.ids import SYSTEM_ORGANIZATION
-from app.jobs.routing import QUEUES
+from app.jobs.routing import EXECUTE_TASK, QUEUES
 from app.storage.db import parse_iso
 from app.storage.delivery import attempt_fence
 from app.storage.store import StoredReceipt
 from devharness import handlers
 from tasks.celery_app import make_celery
-from tasks.runtime import EXECUTE_TASK
 from tests.support.stack import Stack, terminal_receipts, worker_pid
 from tests.support.waiting import wait_for
 

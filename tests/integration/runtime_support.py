@@ -15,18 +15,19 @@ from app.composition import queue_for
 from app.config import Settings
 from app.jobs.privilege import Enqueuer
 from app.jobs.reducer import Job
+from app.jobs.routing import EXECUTE_BATCH_TASK, EXECUTE_TASK
 from app.jobs.validation import validate_enqueue
 from app.jobs.vocab import job_stream
 from app.storage import store
 from app.storage.db import db_now, parse_iso
 from app.storage.queue import Queue
+from delivery import fetches
 from delivery.client import DeliveryClient
 from devharness.credits import offer_slots
-from tasks import fetches
 from tasks.celery_app import make_celery
-from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
 from tests.support.waiting import wait_for
 from workers.registry import HandlerRegistry
+from workers.runtime import Runtime
 
 ORG = "org-test"
 WAIT_S = 10.0
@@ -127,7 +128,7 @@ RECORDING_TARGET = "http://callbacks.invalid/hook"
 
 @dataclass
 class RecordingCallbacks:
-    """Stands in for ``tasks.callbacks.Callbacks``: records ``dispatched`` (event, job) pairs.
+    """Stands in for ``delivery.callbacks.Callbacks``: records ``dispatched`` (event, job) pairs.
 
     Terminal events are outbox rows the queue writes with their receipt (to ``RECORDING_TARGET``
     in a recording runtime): ``events(engine, job_id)`` lists both, in order.
@@ -185,7 +186,15 @@ def recording_runtime(
     client = DeliveryClient(app)  # no wake list: every wake-up is a message of ids, recorded
     queue = queue_for(engine, on_dispatchable=client.wake, callback_targets=(RECORDING_TARGET,))
     callbacks = RecordingCallbacks(engine=engine)
-    rt = Runtime(settings, app, engine, queue, registry or HandlerRegistry(), callbacks, client)  # type: ignore[arg-type]
+    rt = Runtime(
+        settings=settings,
+        app=app,
+        engine=engine,
+        queue=queue,
+        registry=registry or HandlerRegistry(),
+        callbacks=callbacks,  # type: ignore[arg-type]
+        delivery=client,
+    )
     app.receipt_runtime = rt
     return rt, recorder, callbacks
 

@@ -1,9 +1,9 @@
 """Batched deliveries (``RECEIPT_DELIVERY_BATCH_MAX`` above 1) on the real database and Redis.
 
 The driver's scan sends the attempts bound for one worker queue as ``receipt.execute_batch``
-messages of up to that many items (``tasks/dispatch.py``); the worker leases a batch's items in one
+messages of up to that many items (``delivery/dispatch.py``); the worker leases a batch's items in one
 statement within its process's slots, runs them on threads, and settles each as a single delivery
-(``tasks/execute.py``). Every record stays per delivery: ``dispatched`` callbacks, fetch records,
+(``workers/attempts.py``). Every record stays per delivery: ``dispatched`` callbacks, fetch records,
 delivery rows. The real processes (a worker SIGKILLed holding a batch) are tests/e2e/test_faults.py.
 """
 
@@ -21,20 +21,19 @@ from prometheus_client import REGISTRY
 from sqlalchemy import select, text
 from sqlalchemy.engine import Engine
 
-from app.jobs.routing import QUEUES
+from app.jobs.routing import EXECUTE_BATCH_TASK, EXECUTE_TASK, QUEUES
 from app.ops import metrics
+from app.ops.shutdown import Shutdown
 from app.storage.db import deliveries
 from app.storage.delivery import driver_task_id
 from app.storage.hooks import Change, Hook, Write
 from app.storage.queue import Queue
+from delivery import dispatch, fetches
 from delivery.broker import RedisProbe
-from tasks import dispatch, execute, fetches, loop_passes
 from tasks.celery_app import make_celery
-from tasks.consumer import FETCH_GATED
-from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
-from workers import runner
+from workers import attempts, loop_passes, runner
 from workers.handler import JobContext
-from workers.shutdown import Shutdown
+from workers.runtime import FETCH_GATED, Runtime
 from workers.slots import Slots
 
 from .runtime_support import (
@@ -251,7 +250,7 @@ def test_a_batch_runs_every_attempt_and_settles_each_delivery(engine: Engine, re
     rt, sent, callbacks = batch_runtime(engine, redis_url, gate)
     jobs = [enqueue(rt.queue, AGENT) for _ in range(4)]
     items = dispatched_items(rt, sent, [j.id for j in jobs])
-    out = execute.execute_batch(rt, items)
+    out = attempts.execute_batch(rt, items)
     assert [r["status"] for r in out["items"]] == ["completed"] * 4
     assert [r["fence"] for r in out["items"]] == [item[1] for item in items]
     for job in jobs:
@@ -279,7 +278,7 @@ def test_the_leases_of_a_batch_are_one_transaction(engine: Engine, redis_url: st
 
     queue.mutate_many = many  # type: ignore[method-assign,assignment]
     queue.mutate_alone = alone  # type: ignore[method-assign]
-    execute.execute_batch(rt, items)
+    attempts.execute_batch(rt, items)
     # The five leases first, in one transaction; then each attempt's own settlement.
     assert transactions[0] == ("many", 5)
     assert all(t == ("alone", 1) for t in transactions[1:])
@@ -297,7 +296,7 @@ def test_a_refused_item_ends_as_its_single_delivery_would_and_spoils_nothing_els
     rt.queue.command(aborted.id, "abort", reason="changed my mind")  # after the send, before the lease
     rt.queue.cancel(terminal.id, "gone")  # queued: canceled outright, a terminal job
     before = types_of(engine, terminal.id)
-    out = {r["fence"]: r for r in execute.execute_batch(rt, items)["items"]}
+    out = {r["fence"]: r for r in attempts.execute_batch(rt, items)["items"]}
 
     assert out[f"{aborted.id}:attempt:1"]["status"] == "canceled"
     assert rt.queue.get(aborted.id).error == "changed my mind"  # type: ignore[union-attr]
@@ -328,15 +327,17 @@ def test_a_batch_never_runs_more_attempts_than_the_slots_and_leases_the_rest_as_
         groups.append(len(attempts))
         return real(queue, settings, attempts, worker_ids)
 
-    monkeypatch.setattr(execute, "lease_attempts", recording)
+    monkeypatch.setattr(attempts, "lease_attempts", recording)
     box: dict[str, Any] = {}
-    batch = threading.Thread(target=lambda: box.update(batch=execute.execute_batch(rt, items)))
+    batch = threading.Thread(target=lambda: box.update(batch=attempts.execute_batch(rt, items)))
     batch.start()
     wait_until(lambda: gate.running == 2, what="two attempts to run")
     assert groups == [2]  # as many as there were slots, in one statement
     # A single delivery arriving now shares the same slots: it waits, unleased.
     solo = threading.Thread(
-        target=lambda: box.update(solo=execute.execute(rt, single.id, f"{single.id}:attempt:1", single.id, 0))
+        target=lambda: box.update(
+            solo=attempts.execute(rt, single.id, f"{single.id}:attempt:1", single.id, 0)
+        )
     )
     solo.start()
     assert rt.queue.get(single.id).status == "queued"  # type: ignore[union-attr]
@@ -367,7 +368,7 @@ def test_items_no_slot_frees_for_within_the_hold_go_back_to_their_queue_in_one_m
     keys = [fetches.FETCH_PREFIX + driver_task_id(item[2], item[3]) for item in items]
     assert recorder.client.mget(keys) == [f"worker {recorder.consumer}".encode()] * 3
     box: dict[str, Any] = {}
-    batch = threading.Thread(target=lambda: box.update(out=execute.execute_batch(rt, items, queue=CHAT)))
+    batch = threading.Thread(target=lambda: box.update(out=attempts.execute_batch(rt, items, queue=CHAT)))
     batch.start()
     wait_until(lambda: sent.named(EXECUTE_BATCH_TASK), what="the rest to be handed back")
     [back] = sent.named(EXECUTE_BATCH_TASK)
@@ -395,12 +396,12 @@ def test_a_single_delivery_that_finds_every_slot_busy_goes_back_to_its_queue_too
     first, single = enqueue(rt.queue, AGENT), enqueue(rt.queue, AGENT)
     box: dict[str, Any] = {}
     busy = threading.Thread(
-        target=lambda: box.update(busy=execute.execute(rt, first.id, f"{first.id}:attempt:1", first.id, 0))
+        target=lambda: box.update(busy=attempts.execute(rt, first.id, f"{first.id}:attempt:1", first.id, 0))
     )
     busy.start()
     wait_until(lambda: gate.running == 1, what="the first attempt to hold the one slot")
     fence = f"{single.id}:attempt:1"
-    out = execute.execute(rt, single.id, fence, single.id, 0, queue=CHAT)
+    out = attempts.execute(rt, single.id, fence, single.id, 0, queue=CHAT)
     assert out["status"] == "handed_back"
     [back] = sent.named(EXECUTE_TASK)
     assert back.queue == CHAT and back.args == [single.id, fence, single.id, 0]
@@ -421,7 +422,7 @@ def test_a_process_whose_consumer_is_not_gated_on_its_slots_keeps_what_it_fetche
     jobs = [enqueue(rt.queue, AGENT) for _ in range(2)]
     items = dispatched_items(rt, sent, [j.id for j in jobs])
     box: dict[str, Any] = {}
-    batch = threading.Thread(target=lambda: box.update(out=execute.execute_batch(rt, items, queue=CHAT)))
+    batch = threading.Thread(target=lambda: box.update(out=attempts.execute_batch(rt, items, queue=CHAT)))
     batch.start()
     wait_until(lambda: gate.running == 1, what="the first attempt to run")
     batch.join(0.5)  # well past the hold of 0 ms: a gated process would have handed the second back
@@ -451,7 +452,7 @@ def test_items_whose_hand_back_cannot_be_published_wait_for_a_slot_here(
 
     rt.delivery.send = broken  # type: ignore[method-assign]
     box: dict[str, Any] = {}
-    batch = threading.Thread(target=lambda: box.update(out=execute.execute_batch(rt, items, queue=CHAT)))
+    batch = threading.Thread(target=lambda: box.update(out=attempts.execute_batch(rt, items, queue=CHAT)))
     batch.start()
     assert refused.wait(BOUND_S), "the hand-back was never tried"
     gate.opened.set()
@@ -473,7 +474,7 @@ def test_items_not_yet_leased_at_shutdown_go_back_to_their_queue_unstarted(
     shutdown = Shutdown()
     box: dict[str, Any] = {}
     batch = threading.Thread(
-        target=lambda: box.update(out=execute.execute_batch(rt, items, queue=CHAT, shutdown=shutdown))
+        target=lambda: box.update(out=attempts.execute_batch(rt, items, queue=CHAT, shutdown=shutdown))
     )
     batch.start()
     wait_until(lambda: gate.running == 1, what="the first attempt to run")
@@ -525,7 +526,7 @@ def test_a_batch_whose_lease_statement_fails_leases_none_and_each_is_redelivered
     items = dispatched_items(rt, sent, [j.id for j in jobs])
     rt.queue = Queue(engine, hooks=(*rt.queue.hooks, Poison(jobs[1].id)))
 
-    out = execute.execute_batch(rt, items)
+    out = attempts.execute_batch(rt, items)
 
     # The statement rolled back whole: no item believes it leased, none ran, nothing was written.
     assert [r["status"] for r in out["items"]] == ["not_leased"] * 3
@@ -574,10 +575,10 @@ def test_a_failed_lease_statement_with_the_database_answering_again_runs_the_red
         raise OperationalError("select", {}, Exception("server closed the connection unexpectedly"))
 
     rt.queue.start_attempts = down  # type: ignore[method-assign]
-    out = execute.execute_batch(rt, items)
+    out = attempts.execute_batch(rt, items)
     assert [r["status"] for r in out["items"]] == ["not_leased"] * 2
     assert len(calls) == 5 and len(sleeps) == 4  # retried as a transient failure first
     assert rt.slots.in_use == 0
     rt.queue.start_attempts = real  # type: ignore[method-assign]
-    again = execute.execute_batch(rt, items)
+    again = attempts.execute_batch(rt, items)
     assert [r["status"] for r in again["items"]] == ["completed"] * 2

@@ -24,16 +24,16 @@ from app.composition import queue_for
 from app.config import Settings
 from app.storage import outbox, store
 from app.storage.db import callback_outbox
+from delivery.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks, Sender, send_due
 from delivery.client import DeliveryClient
-from tasks.callbacks import CALLBACK_EVENTS, CALLBACK_TIMEOUT_S, Callbacks, Sender, send_due
-from tasks.execute import execute
-from tasks.runtime import Runtime
 from tests.support import queue_ops
 from tests.support.queue_ops import lease
 from tests.support.tracing import Spans
 from tests.support.waiting import free_port
+from workers.attempts import execute
 from workers.handler import JobContext
 from workers.runner import AttemptResult, run_attempt
+from workers.runtime import Runtime
 
 from .runtime_support import enqueue, registry_of, wait_until
 
@@ -378,7 +378,15 @@ def test_a_settlement_never_waits_for_the_target(targets: Any, sqlite_engine: En
 
     app = make_celery(s)
     registry = registry_of({"factory": noop})
-    rt = Runtime(s, app, sqlite_engine, queue, registry, Callbacks(s), DeliveryClient.through(app, s))
+    rt = Runtime(
+        settings=s,
+        app=app,
+        engine=sqlite_engine,
+        queue=queue,
+        registry=registry,
+        callbacks=Callbacks(s),
+        delivery=DeliveryClient.through(app, s),
+    )
     job = enqueue(queue, "factory")
     out = execute(rt, job.id, f"{job.id}:attempt:1", job.id, 0)
     assert out["status"] == "completed"

@@ -14,8 +14,8 @@ from app.jobs.validation import validate_enqueue
 from app.storage.hooks import CallbackOutbox
 from app.storage.queue import Queue
 from tasks.celery_app import make_celery
-from tasks.runtime import get_runtime
 from tests.support.queue_ops import close_queues
+from workers.runtime import get_runtime
 
 pytestmark = pytest.mark.one_backend  # the rules above the queue: PostgreSQL alone
 

@@ -20,19 +20,27 @@ from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, generations_exceeded_message
-from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, QUEUES, route
+from app.jobs.routing import (
+    DISPATCH_TASK,
+    DRIVER_QUEUE,
+    DRIVER_TASK,
+    EXECUTE_TASK,
+    MAINTENANCE_QUEUE,
+    QUEUES,
+    route,
+)
 from app.jobs.vocab import job_stream
 from app.storage.db import db_now, deliveries, parse_iso, transaction
 from app.storage.delivery import redrive_key
-from delivery import wakes
+from delivery import dispatch, listeners, wakes
+from delivery.callbacks import Callbacks
 from delivery.client import DeliveryClient
 from devharness.credits import offer_slots
-from tasks import dispatch, execute, loop_passes
-from tasks.callbacks import Callbacks
 from tasks.celery_app import make_celery
-from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_TASK, Runtime
 from tests.support.queue_ops import lease
+from workers import attempts, loop_passes
 from workers.handler import JobContext
+from workers.runtime import Runtime
 
 from .runtime_support import (
     Recorder,
@@ -156,7 +164,7 @@ def test_a_listening_driver_is_woken_by_the_push_itself_and_no_wake_up_message_i
     rt, sent = listening_runtime(engine, redis_url)
     assert rt.wakes is not None
     client = redis.Redis.from_url(redis_url)
-    listener = dispatch.WakeListener(rt)
+    listener = listeners.WakeListener(rt)
     listener.start()
     try:
         wait_until(lambda: client.exists(rt.wakes.listening_key) if rt.wakes else False, what="listening")
@@ -472,13 +480,13 @@ def test_a_job_completes_through_a_real_worker(
     queue = queue_for(pg_engine, on_dispatchable=client.wake)
     offer_slots(pg_engine, slots=4)
     app.receipt_runtime = Runtime(
-        settings,
-        app,
-        pg_engine,
-        queue,
-        registry_of({"bench-noop": noop}),
-        Callbacks(settings),
-        client,
+        settings=settings,
+        app=app,
+        engine=pg_engine,
+        queue=queue,
+        registry=registry_of({"bench-noop": noop}),
+        callbacks=Callbacks(settings),
+        delivery=client,
     )
     queues = [DRIVER_QUEUE, MAINTENANCE_QUEUE, *QUEUES.values()]
     with start_worker(
@@ -581,10 +589,10 @@ def test_a_retryable_failure_is_redelivered_at_once_even_if_the_scanner_wins_the
     fast_scanner(rt, sent)
     job = enqueue(rt.queue, "factory", max_attempts=2)
     [execute_msg] = sent.named(EXECUTE_TASK)
-    out = execute.execute(rt, *execute_msg.args)
+    out = attempts.execute(rt, *execute_msg.args)
     assert (out["status"], out["jobStatus"]) == ("failed", "queued")
-    attempts = [(t.task_id, t.args[3]) for t in sent.named(EXECUTE_TASK)]
-    assert attempts == [(f"{job.id}:attempt:1", 0), (f"{job.id}:attempt:2", 1)], (
+    deliveries = [(t.task_id, t.args[3]) for t in sent.named(EXECUTE_TASK)]
+    assert deliveries == [(f"{job.id}:attempt:1", 0), (f"{job.id}:attempt:2", 1)], (
         "the retry needs a second delivery generation now, not after the redrive"
     )
 
@@ -623,7 +631,7 @@ def test_a_retry_backs_off_then_the_due_retries_pass_delivers_it(runtime: Any) -
     job = enqueue(rt.queue, "factory", max_attempts=2)
     [first] = sent.named(EXECUTE_TASK)
     sent.clear()
-    out = execute.execute(rt, *first.args)
+    out = attempts.execute(rt, *first.args)
     assert (out["status"], out["jobStatus"]) == ("failed", "queued")
     requeued = rt.queue.get(job.id)
     assert requeued is not None and requeued.available_at is not None

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.engine import Engine
 
+from app.jobs.routing import EXECUTE_BATCH_TASK, EXECUTE_TASK
 from app.jobs.validation import validate_enqueue
+from delivery import dispatch
 from devharness.credits import offer_slots
-from tasks import dispatch
-from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
+from workers.runtime import Runtime
 
 from .runtime_support import Recorder, count_passes, enqueue, recording_runtime, settings_for, task_payload
 

@@ -1,5 +1,5 @@
 """Where dispatch passes run under load. A worker process refills the places its attempts free
-(``tasks.dispatch.Refill``): the ended job's queue goes to the process's own pass, not to the
+(``delivery.listeners.Refill``): the ended job's queue goes to the process's own pass, not to the
 driver as a wake-up, where its line waits. A job that joins a line whose last pass found no free
 place takes no pass of its own; the driver it woke looks at that line within a tenth of a second."""
 
@@ -13,13 +13,12 @@ import pytest
 from sqlalchemy.engine import Engine
 
 from app.dispatch import line
-from app.jobs.routing import QUEUES
+from app.jobs.routing import DISPATCH_TASK, QUEUES
 from app.storage.queue import Queue
-from delivery import wakes
+from delivery import dispatch, listeners, wakes
 from devharness.credits import offer_slots
-from tasks import dispatch
-from tasks.runtime import DISPATCH_TASK, Runtime
 from tests.support.queue_ops import complete, lease
+from workers.runtime import Runtime
 
 from .runtime_support import (
     Recorder,
@@ -76,7 +75,7 @@ def test_an_ended_attempt_refills_its_place_in_its_own_process_and_wakes_no_driv
     assert rt.wakes.take(10) == [first.id, second.id]  # the driver's part, taken here by hand
     dispatch.dispatch_queue(rt, CHAT)  # one slot: the first is sent, the second waits (line marked)
     assert attempts_sent(sent) == [first.id]
-    refill = dispatch.Refill(rt, [CHAT])
+    refill = listeners.Refill(rt, [CHAT])
     refill.start()
     try:
         wait_until(lambda: refill.passes >= 1, what="the start's pass")  # no place: sends nothing
@@ -96,7 +95,7 @@ def test_a_process_that_starts_fills_its_new_places_at_once(pg_engine: Engine, r
     dispatch.dispatch_queue(rt, CHAT)  # no place anywhere: the line waits, marked
     assert attempts_sent(sent) == []
     offer_slots(pg_engine, slots=1)  # a process comes up
-    refill = dispatch.Refill(rt, [CHAT])
+    refill = listeners.Refill(rt, [CHAT])
     refill.start()
     try:
         wait_until(lambda: attempts_sent(sent) == [job.id], what="the waiting job sent")
@@ -111,7 +110,7 @@ def test_a_freed_place_where_no_line_waits_costs_no_pass(
     job = enqueue(rt.queue, "factory")
     dispatch.dispatch_queue(rt, CHAT)  # sent; nothing left in the line: no mark
     assert attempts_sent(sent) == [job.id]
-    refill = dispatch.Refill(rt, [CHAT])
+    refill = listeners.Refill(rt, [CHAT])
     refill.start()
     try:
         wait_until(lambda: refill.served >= 1, what="the start's ask answered")
@@ -131,7 +130,7 @@ def test_a_refill_whose_pass_fails_hands_the_line_to_the_driver(
     first, second = enqueue(rt.queue, "factory"), enqueue(rt.queue, "factory")
     rt.wakes.take(10)
     dispatch.dispatch_queue(rt, CHAT)
-    refill = dispatch.Refill(rt, [CHAT])
+    refill = listeners.Refill(rt, [CHAT])
     refill.start()
     try:
         wait_until(lambda: refill.passes >= 1, what="the start's pass")
@@ -154,7 +153,7 @@ def test_once_stopped_an_ended_attempt_wakes_the_driver_again(refill_rt: tuple[R
     job = enqueue(rt.queue, "factory")
     rt.wakes.take(10)
     dispatch.dispatch_queue(rt, CHAT)
-    refill = dispatch.Refill(rt, [CHAT])
+    refill = listeners.Refill(rt, [CHAT])
     refill.start()
     wait_until(lambda: refill.served >= 1, what="the start's ask answered")
     refill.stop()
@@ -179,7 +178,7 @@ def test_a_job_that_joins_a_full_line_takes_no_pass_and_the_line_is_looked_at_so
     assert dispatch.dispatch_jobs(rt, []) == {"started": []}
     assert len(passes) == 2, "a job that joined a full line took a pass"
     assert woke_at < rt.looks[CHAT] <= time.monotonic() + dispatch.FULL_LINE_LOOK_S
-    wait_until(lambda: dispatch.lines_due(rt) == [CHAT], what="the look due")
+    wait_until(lambda: listeners.lines_due(rt) == [CHAT], what="the look due")
     # A freed place's wake-up always takes its pass, full line or not; the pass settles the look.
     finish(rt.queue, first.id)
     assert dispatch.dispatch_jobs(rt, []) == {"started": [second.id]}
@@ -229,11 +228,12 @@ def test_a_worker_runs_its_own_claims_only_with_delivery_local_enabled(
     pg_engine: Engine, redis_url: str, local: bool
 ) -> None:
     """RECEIPT_DELIVERY_LOCAL (default disabled): enabled, the worker's refill keeps what its own
-    passes claim for its free slots (``execute.LocalRuns``), and stops keeping at shutdown."""
+    passes claim for its free slots (``attempts.LocalRuns``), and stops keeping at shutdown."""
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from tasks import celery_app, execute
+    from tasks import celery_app
+    from workers import attempts
 
     rt, _sent = refilling_runtime(pg_engine, redis_url, slots=1)
     assert rt.settings.delivery_local is False  # the default
@@ -242,7 +242,7 @@ def test_a_worker_runs_its_own_claims_only_with_delivery_local_enabled(
     worker = SimpleNamespace(app=rt.app, concurrency=2)
     celery_app._start_refill(sender=worker)
     try:
-        assert isinstance(rt.local, execute.LocalRuns) if local else rt.local is None
+        assert isinstance(rt.local, attempts.LocalRuns) if local else rt.local is None
     finally:
         celery_app._stop_refill(sender=worker)
     if local:

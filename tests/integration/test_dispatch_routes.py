@@ -1,4 +1,4 @@
-"""A scan finds the lines of the jobs it was woken for from their rows (``tasks.dispatch.queues_of``,
+"""A scan finds the lines of the jobs it was woken for from their rows (``delivery.dispatch.queues_of``,
 ``projection.load_routes``: one statement, prepared once on PostgreSQL whatever the batch's size).
 A queued row written without its ``worker_queue`` gets it back from its agent and kind."""
 
@@ -13,7 +13,7 @@ from app.jobs.routing import queue_for
 from app.storage import projection
 from app.storage.db import jobs
 from app.storage.queue import Queue
-from tasks.dispatch import queues_of
+from delivery.dispatch import queues_of
 
 from .runtime_support import enqueue
 

@@ -1,6 +1,6 @@
 """What a process does beside its attempts when it shuts down: the web's event streams drain
 (``api.watch.StreamPoller.drain``, ``api.sse``), and the driver hands back wake-ups it took
-(``tasks.dispatch``). On every backend where a database is involved; the wake list is a double."""
+(``delivery.dispatch``). On every backend where a database is involved; the wake list is a double."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from sqlalchemy.engine import Engine
 
 from api import sse
 from api.watch import StreamPoller
+from app.ops.shutdown import PROCESS
 from app.storage.queue import Queue
-from tasks import dispatch
-from workers.shutdown import PROCESS
+from delivery import dispatch, listeners
 
 from .runtime_support import enqueue
 
@@ -80,13 +80,13 @@ def _runtime(batch: list[str]) -> Any:
 @pytest.mark.usefixtures("shutting_down")
 def test_a_stopping_driver_hands_back_the_wake_ups_it_took_instead_of_claiming_them() -> None:
     rt = _runtime([])
-    assert dispatch._drain(rt, ["org/a", "org/b"]) == []  # nothing claimed, nothing sent
+    assert dispatch.drain_wakes(rt, ["org/a", "org/b"]) == []  # nothing claimed, nothing sent
     assert rt.delivery.woken == [["org/a", "org/b"]] and rt.wakes.stopped_listening
 
 
 @pytest.mark.usefixtures("shutting_down")
 def test_the_wake_listener_hands_back_a_batch_that_arrives_as_it_stops() -> None:
     rt = _runtime(["org/c"])
-    listener = dispatch.WakeListener(rt)
+    listener = listeners.WakeListener(rt)
     listener._run()  # returns: the batch went back and the listener stopped
     assert rt.delivery.woken == [["org/c"]]

@@ -1,4 +1,4 @@
-"""Deliveries lost with the process that fetched their message (tasks/fetches.py), on the real
+"""Deliveries lost with the process that fetched their message (delivery/fetches.py), on the real
 database and Redis: the redrive settles them ``fetcher_lost`` and starts the next generation in the
 same pass; a delivery a live consumer holds is never superseded, not even by the presumption."""
 
@@ -13,11 +13,12 @@ import redis
 from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
+from app.jobs.routing import DRIVER_TASK, EXECUTE_TASK
 from app.storage.db import db_now, deliveries, transaction
 from app.storage.delivery import driver_task_id
+from delivery import fetches
 from delivery.broker import RedisProbe
-from tasks import fetches, loop_passes
-from tasks.runtime import DRIVER_TASK, EXECUTE_TASK
+from workers import loop_passes
 
 from .runtime_support import enqueue, recording_runtime, settings_for
 
@@ -45,7 +46,7 @@ def _first_delivery(rt: Any, sent: Any) -> tuple[str, str]:
     assert loop_passes.redrive_queued(rt)["redriven"] == [job.id]
     [message] = sent.named(EXECUTE_TASK)
     sent.clear()
-    # A consumer records a worker message under its delivery's id (tasks/fetches.py).
+    # A consumer records a worker message under its delivery's id (delivery/fetches.py).
     return job.id, driver_task_id(message.args[2], message.args[3])
 
 

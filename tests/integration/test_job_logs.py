@@ -15,9 +15,9 @@ from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.config import Settings
+from app.jobs.routing import EXECUTE_TASK
 from app.ops import logs
 from tasks import celery_app
-from tasks.runtime import EXECUTE_TASK
 from workers.handler import JobContext
 from workers.runner import run_attempt
 

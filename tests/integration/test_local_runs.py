@@ -1,5 +1,5 @@
 """A worker process runs what its own refill pass claims for its free slots itself
-(``RECEIPT_DELIVERY_LOCAL``, ``tasks.execute.LocalRuns``): no broker message for those attempts,
+(``RECEIPT_DELIVERY_LOCAL``, ``workers.attempts.LocalRuns``): no broker message for those attempts,
 each recorded as fetched by this consumer first, so its death leaves them lost for the redrive; the
 rest of the pass leaves as messages, and one free slot is always left for them; nothing is kept once
 the process is shutting down; a pass whose messages fail to leave gives the reserved slots back and
@@ -15,12 +15,13 @@ import redis
 from sqlalchemy.engine import Engine
 
 from app.config import Settings
-from app.jobs.routing import QUEUES
+from app.jobs.routing import EXECUTE_BATCH_TASK, EXECUTE_TASK, QUEUES
+from app.ops.shutdown import Shutdown
 from app.storage.delivery import driver_task_id
+from delivery import dispatch, fetches
 from devharness.credits import offer_slots
-from tasks import dispatch, execute, fetches
-from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
-from workers.shutdown import Shutdown
+from workers import attempts
+from workers.runtime import Runtime
 
 from .runtime_support import (
     Recorder,
@@ -42,7 +43,7 @@ def done(ctx: Any) -> dict[str, bool]:
 
 
 @pytest.fixture
-def local_rt(pg_engine: Engine, redis_url: str) -> Iterator[tuple[Runtime, Recorder, execute.LocalRuns]]:
+def local_rt(pg_engine: Engine, redis_url: str) -> Iterator[tuple[Runtime, Recorder, attempts.LocalRuns]]:
     """A worker runtime on a Redis broker whose pass may keep attempts for its own slots: two places
     offered to the line, no lead; this process has the role's slots (more than two) free."""
     settings: Settings = settings_for(
@@ -52,7 +53,7 @@ def local_rt(pg_engine: Engine, redis_url: str) -> Iterator[tuple[Runtime, Recor
     offer_slots(pg_engine, slots=2)
     rt = with_wake_list(rt, redis_url)
     assert rt.slots.capacity == 8
-    local = execute.LocalRuns(rt, [CHAT])
+    local = attempts.LocalRuns(rt, [CHAT])
     rt.local = local
     recorder = fetches.recorder_for(rt.app)
     assert recorder is not None
@@ -67,7 +68,7 @@ def fences(sent: Recorder) -> list[str]:
 
 
 def test_a_pass_keeps_what_it_claims_for_its_free_slots_and_sends_no_message(
-    local_rt: tuple[Runtime, Recorder, execute.LocalRuns], redis_url: str
+    local_rt: tuple[Runtime, Recorder, attempts.LocalRuns], redis_url: str
 ) -> None:
     rt, sent, local = local_rt
     jobs = [enqueue(rt.queue, "factory") for _ in range(2)]
@@ -91,7 +92,7 @@ def test_a_pass_keeps_what_it_claims_for_its_free_slots_and_sends_no_message(
 
 
 def test_past_its_free_slots_the_rest_of_the_pass_leaves_as_messages(
-    local_rt: tuple[Runtime, Recorder, execute.LocalRuns],
+    local_rt: tuple[Runtime, Recorder, attempts.LocalRuns],
 ) -> None:
     rt, sent, local = local_rt
     jobs = [enqueue(rt.queue, "factory") for _ in range(2)]
@@ -106,12 +107,12 @@ def test_past_its_free_slots_the_rest_of_the_pass_leaves_as_messages(
 
 
 def test_the_last_free_slot_is_left_for_a_message_already_waiting(
-    local_rt: tuple[Runtime, Recorder, execute.LocalRuns],
+    local_rt: tuple[Runtime, Recorder, attempts.LocalRuns],
 ) -> None:
     """LEAVE_FOR_MESSAGES = 1: another organisation's job claimed earlier, waiting in the broker,
     gets a slot at the consumer's next fetch, not after the attempts this process keeps."""
     rt, _sent, local = local_rt
-    assert execute.LEAVE_FOR_MESSAGES == 1
+    assert attempts.LEAVE_FOR_MESSAGES == 1
     taken = rt.slots.take(rt.slots.free - 1, 0)
     try:
         assert rt.slots.free == 1
@@ -124,13 +125,13 @@ def test_the_last_free_slot_is_left_for_a_message_already_waiting(
 
 
 def test_nothing_is_kept_once_the_process_is_shutting_down_or_for_a_queue_it_does_not_consume(
-    local_rt: tuple[Runtime, Recorder, execute.LocalRuns], monkeypatch: pytest.MonkeyPatch
+    local_rt: tuple[Runtime, Recorder, attempts.LocalRuns], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _rt, _sent, local = local_rt
     assert local.reserve(QUEUES["codex"], 1) == 0
     stopping = Shutdown()
     stopping.begin(5000)
-    monkeypatch.setattr(execute, "PROCESS", stopping)
+    monkeypatch.setattr(attempts, "PROCESS", stopping)
     assert local.reserve(CHAT, 1) == 0
     monkeypatch.undo()
     assert local.reserve(CHAT, 1) == 1
@@ -138,7 +139,7 @@ def test_nothing_is_kept_once_the_process_is_shutting_down_or_for_a_queue_it_doe
 
 
 def test_a_pass_whose_messages_fail_gives_the_reserved_slots_back_and_runs_nothing_here(
-    local_rt: tuple[Runtime, Recorder, execute.LocalRuns], monkeypatch: pytest.MonkeyPatch
+    local_rt: tuple[Runtime, Recorder, attempts.LocalRuns], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt, _sent, local = local_rt
     jobs = [enqueue(rt.queue, "factory") for _ in range(2)]
@@ -157,14 +158,14 @@ def test_a_pass_whose_messages_fail_gives_the_reserved_slots_back_and_runs_nothi
 
 
 def test_slots_held_for_items_that_cannot_run_are_given_back(
-    local_rt: tuple[Runtime, Recorder, execute.LocalRuns],
+    local_rt: tuple[Runtime, Recorder, attempts.LocalRuns],
 ) -> None:
     """``execute_batch(held=n)``: a held slot whose item does not run here (its fence names another
     job) is returned at once, not kept until the process ends."""
     rt, _sent, _local = local_rt
     free = rt.slots.free
     assert rt.slots.take(2, 0) == 2
-    out = execute.execute_batch(
+    out = attempts.execute_batch(
         rt, [["job-a", "job-b:attempt:1", "job-a", 0], ["job-c", "job-d:attempt:1", "job-c", 0]], held=2
     )
     assert [item["status"] for item in out["items"]] == ["stale_attempt", "stale_attempt"]

@@ -18,11 +18,12 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
+from app.jobs.routing import EXECUTE_BATCH_TASK, EXECUTE_TASK
 from app.storage import loop_claims
 from app.storage.db import loop_runs, make_engine
-from tasks import dispatch, loop_passes
-from tasks.runtime import EXECUTE_BATCH_TASK, EXECUTE_TASK
+from delivery import dispatch
 from tests.support.services import TcpProxy
+from workers import loop_passes
 
 from .runtime_support import enqueue, recording_runtime, settings_for, wait_until
 
@@ -65,7 +66,7 @@ def test_a_redrive_pass_cut_from_postgres_mid_pass_frees_its_loop_within_about_a
             proxy.cut()  # Postgres "restarts" under the pass: every connection dies, none can open
         return real_pass(*args, **kwargs)
 
-    monkeypatch.setattr("tasks.loop_passes.dispatch_queue", pass_then_lose_the_database)
+    monkeypatch.setattr("workers.loop_passes.dispatch_queue", pass_then_lose_the_database)
     # The pass loses its database, and so does its release (it may end quietly: each line's pass
     # is its own, and the next interval retries it).
     with contextlib.suppress(OperationalError):
@@ -77,7 +78,7 @@ def test_a_redrive_pass_cut_from_postgres_mid_pass_frees_its_loop_within_about_a
     assert row.expires_at - row.started_at == timedelta(milliseconds=loop_claims.claim_ttl_ms(INTERVAL_MS))
 
     proxy.restore()
-    monkeypatch.setattr("tasks.loop_passes.dispatch_queue", real_pass)
+    monkeypatch.setattr("workers.loop_passes.dispatch_queue", real_pass)
     # Right after recovery the dead pass still holds the loop (its deadline has not passed) ...
     assert loop_passes.redrive_queued(rt) == {"skipped": True}
     freed_at = time.monotonic()

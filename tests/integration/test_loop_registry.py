@@ -23,15 +23,15 @@ from app.composition import queue_for
 from app.factory import service
 from app.factory.plan import validate_objective
 from app.factory.vocab import control_job_id
-from app.jobs.routing import MAINTENANCE_QUEUE
+from app.jobs.routing import EXECUTE_TASK, MAINTENANCE_QUEUE
 from app.ops import loop_registry
 from app.storage import loop_claims
 from app.storage.db import db_now, jobs, loop_runs, transaction
 from app.storage.queue import Queue
-from tasks import loop_passes
-from tasks.runtime import EXECUTE_TASK, Runtime
 from tests.support.clock import ManualClock
+from workers import loop_passes
 from workers.roles import ROLES
+from workers.runtime import Runtime
 
 from .runtime_support import Recorder, enqueue, recording_runtime, settings_for, wait_until
 

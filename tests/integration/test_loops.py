@@ -17,14 +17,14 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from app.jobs.routing import DRIVER_QUEUE, route
+from app.jobs.routing import DISPATCH_TASK, DRIVER_QUEUE, EXECUTE_BATCH_TASK, EXECUTE_TASK, route
 from app.storage import loop_claims
 from app.storage.db import db_now, deliveries, loop_runs, transaction
-from tasks import loop_passes
-from tasks.dispatch import dispatch_jobs
-from tasks.runtime import DISPATCH_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
+from delivery.dispatch import dispatch_jobs
 from tests.support.queue_ops import lease, settle_deliveries
 from tests.support.tracing import Spans
+from workers import loop_passes
+from workers.runtime import Runtime
 
 from .runtime_support import (
     Recorder,

@@ -1,4 +1,4 @@
-"""An attempt during its worker's planned shutdown (``workers/runner.py`` with ``workers/shutdown.py``),
+"""An attempt during its worker's planned shutdown (``workers/runner.py`` with ``app/ops/shutdown.py``),
 on every backend: no Celery, real receipts, the real clock, a ``Shutdown`` of the test's own."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from sqlalchemy.engine import Engine
 
 from app.config import Settings
 from app.jobs.times import parse_iso
+from app.ops.shutdown import Shutdown
 from app.storage.queue import Queue
 from workers.handler import HandlerError, JobContext
 from workers.runner import run_attempt
-from workers.shutdown import Shutdown
 
 from .runtime_support import enqueue, receipts_of, registry_of
 

@@ -13,12 +13,12 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 
 from app.jobs import liveness as rules
+from app.jobs.routing import DISPATCH_TASK
 from app.ops import loop_registry
 from app.storage import liveness as records
 from app.storage.db import db_now, loop_runs, worker_liveness
-from tasks import loop_passes
-from tasks.runtime import DISPATCH_TASK
 from tests.support.queue_ops import lease
+from workers import loop_passes
 
 from .runtime_support import enqueue, receipts_of, recording_runtime, settings_for
 

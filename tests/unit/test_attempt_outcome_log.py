@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from tasks.execute import finish
+from workers.attempts import finish
 from workers.runner import AttemptResult
 
 

@@ -16,12 +16,20 @@ from celery import Celery
 
 import celeryconfig
 from app.config import Settings
-from app.jobs.routing import DRIVER_QUEUE, MAINTENANCE_QUEUE, OBJECTIVES_QUEUE, QUEUES
+from app.jobs.routing import (
+    DISPATCH_TASK,
+    DRIVER_QUEUE,
+    DRIVER_TASK,
+    EXECUTE_BATCH_TASK,
+    EXECUTE_TASK,
+    MAINTENANCE_QUEUE,
+    OBJECTIVES_QUEUE,
+    QUEUES,
+)
 from app.ops import loop_registry, outages, preflight
 from tasks.beat import ReceiptBeat, prepare
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
-from tasks.runtime import DISPATCH_TASK, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK
 
 REDRIVE_TASK = loop_registry.QUEUED_REDRIVE.task
 EXPIRE_TASK = loop_registry.LEASE_EXPIRY.task

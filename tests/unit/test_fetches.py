@@ -13,8 +13,8 @@ from app.ops import outages
 from app.ops.outages import Watch
 from app.ops.preflight import BROKER, Problem
 from app.storage.delivery import driver_task_id
-from tasks import fetches
-from tasks.fetches import (
+from delivery import fetches
+from delivery.fetches import (
     DISPATCHING_PREFIX,
     FAILED,
     FETCH_PREFIX,

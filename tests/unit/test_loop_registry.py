@@ -27,11 +27,12 @@ from app.factory.watchdog import next_tick
 from app.jobs.routing import MAINTENANCE_QUEUE, OBJECTIVES_QUEUE
 from app.ops import loop_registry, metrics
 from app.ops.loop_registry import Every, Loop
-from tasks import celery_app, loop_passes
+from tasks import celery_app
 from tasks.celery_app import make_celery
 from tasks.cron import CronSchedule
-from tasks.runtime import Runtime
+from workers import loop_passes
 from workers.roles import ROLES
+from workers.runtime import Runtime
 
 REDIS = "redis://127.0.0.1:6379/9"
 T0 = datetime(2026, 1, 1, 12, 0, 0, 500_000, tzinfo=UTC)

@@ -1,10 +1,10 @@
-"""How a shutdown's grace is spent, and the process flag (``workers/shutdown.py``): pure."""
+"""How a shutdown's grace is spent, and the process flag (``app/ops/shutdown.py``): pure."""
 
 from __future__ import annotations
 
 import pytest
 
-from workers.shutdown import GracePlan, Shutdown
+from app.ops.shutdown import GracePlan, Shutdown
 
 
 @pytest.mark.parametrize(

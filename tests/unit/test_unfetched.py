@@ -1,4 +1,4 @@
-"""The unfetched rule (tasks/fetches.py, "Unfetched"): a message sent at least
+"""The unfetched rule (delivery/fetches.py, "Unfetched"): a message sent at least
 RECEIPT_REDELIVER_UNFETCHED_MS ago, fetched by nobody, whose queue holds nothing, is lost; a
 message that may still wait in its queue -- a busy group's hand-back above all -- never is. Run on
 the embedded broker's file records (delivery/folder_records.py), the same client shape as Redis."""
@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
-from delivery import folder_records
+from delivery import fetches, folder_records
 from delivery.folder_records import FolderRecords
-from tasks import fetches
 
 TTL = 120_000
 BOUND = Settings().redeliver_unfetched_ms

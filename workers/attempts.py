@@ -23,15 +23,14 @@ from typing import Any
 
 from app.jobs.routing import EXECUTE_BATCH_TASK, route
 from app.ops import logs, metrics
+from app.ops.shutdown import PROCESS, Shutdown
 from app.storage.concurrency_keys import KEY_FULL
 from app.storage.delivery import parse_fence
-from tasks import fetches
-from tasks.consumer import FETCH_GATED
-from tasks.dispatch import Item, send_items, settle_delivery
-from tasks.runtime import Runtime
+from delivery import fetches
+from delivery.dispatch import Item, send_items, settle_delivery
 from workers.handler_pool import HandlerPool, HandlerRun
 from workers.runner import AttemptResult, Started, lease_attempts, new_worker_id, run_attempt, run_started
-from workers.shutdown import PROCESS, Shutdown
+from workers.runtime import Runtime
 from workers.slots import Slots
 
 log = logging.getLogger("receipt.execute")
@@ -129,7 +128,7 @@ def take_or_hand_back(rt: Runtime, queue: str | None, items: list[Item], shutdow
     publish fails keeps them here, waiting for this process's slots. So does a process whose
     consumer is not gated on its slots (the embedded folder broker: ``tasks/consumer.py``), which
     would fetch the handed-back message again at once."""
-    hold_s = rt.settings.delivery_hold_ms / 1000 if getattr(rt.app, FETCH_GATED, False) else None
+    hold_s = rt.settings.delivery_hold_ms / 1000 if rt.fetch_gated else None
     got = 0 if shutdown.requested else take_slots(rt.slots, len(items), shutdown, hold_s)
     if got:
         return got
@@ -268,14 +267,14 @@ class LocalRuns:
     """The attempts a worker process's own dispatch pass claimed for its free slots, run here
     without a broker message (``RECEIPT_DELIVERY_LOCAL``).
 
-    The refill (``tasks.dispatch.Refill``) runs the pass of a line whose places this process's ended
+    The refill (``delivery.listeners.Refill``) runs the pass of a line whose places this process's ended
     attempts freed. Sending what it claims as a message to the same queue costs a publish, and then a
     fetch, a decode and a hand-off to Celery's pool in whichever process takes it: about a third of a
     busy worker's CPU (bench/README.md, "Half the CPU per job"). The pass instead ``reserve``s as many of this
     process's free slots as it claimed attempts for a queue this process consumes, without waiting,
     and ``run``s those attempts here once the pass's own messages have left; the rest leave as
     messages, for the other processes' places. Each one is recorded as fetched by this consumer
-    first, exactly as a fetched message's attempts are (``tasks/fetches.py``), so a process that dies
+    first, exactly as a fetched message's attempts are (``delivery/fetches.py``), so a process that dies
     holding them leaves them lost for the redrive within seconds. Nothing is reserved once the
     process is shutting down; ``stop`` waits for the runs, which finish or hand their attempts back
     within the shutdown's grace.

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NotRequired, TypedDict
@@ -24,17 +23,17 @@ from app import tracing
 from app.dispatch import fast, line, policies
 from app.jobs.errors import STALE_ACTIVE_LEASE_ERROR, DeliveryGenerationsExceeded
 from app.jobs.reducer import Job
-from app.jobs.routing import DRIVER_QUEUE, queue_for, route
+from app.jobs.routing import DRIVER_QUEUE, DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, queue_for, route
 from app.jobs.timing import timing_for
 from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
 from app.ops import logs, metrics
+from app.ops.shutdown import PROCESS
 from app.storage import delivery, projection
 from app.storage.db import db_now, jobs, parse_iso, transaction
 from app.storage.retry import retry_transient
-from delivery.wakes import LINE_FULL, LISTEN_BLOCK_S, QUEUE_TOKEN
-from tasks import fetches
-from tasks.runtime import DRIVER_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, Runtime
-from workers.shutdown import PROCESS
+from delivery import fetches
+from delivery.dispatcher import Dispatcher
+from delivery.wakes import LINE_FULL, QUEUE_TOKEN
 
 log = logging.getLogger("receipt.dispatch")
 
@@ -51,19 +50,13 @@ class DriveResult(TypedDict):
 
 # The most jobs one scan transaction claims (its lock statement, read and insert cover them all).
 CLAIM_BATCH = 100
-LISTENER_BACKOFF_S = 0.5
-# How often a listener looks again at a line that no wake-up may move (no free place when its last
-# pass ran, or heads were left); and its shortest wait (a rate limiter's next admission).
-LINE_TICK_S = 1.0
-MIN_BLOCK_S = 0.01
 # Jobs that join a line whose last pass found no free place take no pass of their own (the next
 # freed place's pass weighs them); the process they woke looks at that line within this anyway, so
 # one that a concurrent pass emptied meanwhile is not left waiting for a tick.
 FULL_LINE_LOOK_S = 0.1
-LISTENER_BACKOFF_MAX_S = 30.0
 
 
-def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
+def dispatch_jobs(rt: Dispatcher, job_ids: list[str]) -> dict[str, Any]:
     """One scanner pass: start a driver for each job woken (base dispatch key = job id).
 
     The jobs come from the wake-up message itself and, with a Redis broker, from the coalesced
@@ -78,11 +71,11 @@ def dispatch_jobs(rt: Runtime, job_ids: list[str]) -> dict[str, Any]:
     if rt.wakes is not None:
         # Disarmed first: from here on, a new enqueue arms (and sends) the next wake-up. A batch
         # shorter than asked for drained the list; an id pushed after that armed a new scan.
-        started += _drain(rt, rt.wakes.disarm_and_take(CLAIM_BATCH))
+        started += drain_wakes(rt, rt.wakes.disarm_and_take(CLAIM_BATCH))
     return {"started": started}
 
 
-def _drain(rt: Runtime, batch: list[str]) -> list[str]:
+def drain_wakes(rt: Dispatcher, batch: list[str]) -> list[str]:
     """Claim a batch taken from the wake list, then the rest of the list, batch by batch. Once the
     process is shutting down, a batch taken and not yet claimed goes back for the next driver."""
     assert rt.wakes is not None
@@ -92,7 +85,7 @@ def _drain(rt: Runtime, batch: list[str]) -> list[str]:
             hand_back_wakes(rt, batch)
             break
         # No message named these jobs: record that this process holds them, so a delivery it
-        # claims and then dies with is known lost (tasks/fetches.py).
+        # claims and then dies with is known lost (delivery/fetches.py).
         fetches.record_scan(batch)
         try:
             started += _dispatch_batch(rt, batch)
@@ -103,7 +96,7 @@ def _drain(rt: Runtime, batch: list[str]) -> list[str]:
     return started
 
 
-def hand_back_wakes(rt: Runtime, batch: list[str]) -> None:
+def hand_back_wakes(rt: Dispatcher, batch: list[str]) -> None:
     """Put wake-ups this process took but will not scan back on the wake list (sending the wake-up
     message if no listener is left), so the next driver scans them at once instead of the queued
     redrive finding them after its minimum age."""
@@ -117,182 +110,7 @@ def hand_back_wakes(rt: Runtime, batch: list[str]) -> None:
         log.exception("shutting down: could not hand back %d wake-ups", len(batch))
 
 
-class WakeListener:
-    """A driver process's scanner that blocks on the wake list itself (``delivery/wakes.py``).
-
-    While it listens, enqueues send no wake-up message: the push wakes it, and it runs the same
-    scan a ``receipt.dispatch`` message would have (disarm, take, claim, drive inline), in this
-    thread — one broker publish, fetch and pool hand-off less per idle job. Errors (Redis or
-    Postgres down) back off from 0.5 s, doubling to 30 s; the key it stops renewing then expires,
-    and pushes fall back to messages.
-    """
-
-    def __init__(self, rt: Runtime) -> None:
-        assert rt.wakes is not None
-        self.rt = rt
-        self.wakes = rt.wakes
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="receipt-wake-listener", daemon=True)
-        self.scans = 0
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=LISTEN_BLOCK_S + 5)
-        with contextlib.suppress(Exception):
-            self.wakes.stop_listening()
-
-    def _run(self) -> None:
-        backoff = LISTENER_BACKOFF_S
-        while not self._stop.is_set():
-            try:
-                batch = self.wakes.listen(CLAIM_BATCH, self._block_s())
-                if batch and (self._stop.is_set() or PROCESS.requested):
-                    hand_back_wakes(self.rt, batch)
-                    break
-                if batch:
-                    _drain(self.rt, batch)
-                    self.scans += 1
-                for queue in self._due():
-                    dispatch_queue(self.rt, queue)
-                backoff = LISTENER_BACKOFF_S
-            except Exception as exc:
-                log.warning("wake listener: %s; listening again in %.1f s", exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, LISTENER_BACKOFF_MAX_S)
-
-    def _block_s(self) -> float:
-        return look_again_in_s(self.rt)
-
-    def _due(self) -> list[str]:
-        return lines_due(self.rt)
-
-
-def _again_at(rt: Runtime) -> dict[str, float]:
-    """Each queue whose line may move without a wake-up, and when (monotonic): from this process's
-    latest pass over it, or a look it owes a full line that jobs joined without a pass."""
-    out = dict(rt.looks)
-    for queue, (ran_at, result) in list(rt.passes.items()):
-        again = result.again_in_s(LINE_TICK_S)
-        if again is not None:
-            out[queue] = min(ran_at + again, out.get(queue, float("inf")))
-    return out
-
-
-def look_again_in_s(rt: Runtime) -> float:
-    """How long a process that runs passes may wait before one of its lines is due a look again
-    (at most ``LISTEN_BLOCK_S``, at least ``MIN_BLOCK_S``)."""
-    due = _again_at(rt)
-    if not due:
-        return LISTEN_BLOCK_S
-    return min(LISTEN_BLOCK_S, max(MIN_BLOCK_S, min(due.values()) - time.monotonic()))
-
-
-def lines_due(rt: Runtime) -> list[str]:
-    """The queues whose line is due a look again now."""
-    now = time.monotonic()
-    return sorted(queue for queue, at in _again_at(rt).items() if at <= now)
-
-
-class Refill:
-    """A worker process refills the places its own attempts free, in this thread of its own.
-
-    A place frees when an attempt ends. Where its line holds jobs waiting (the mark every pass
-    keeps, ``delivery/wakes.py``), this process runs that line's pass itself, as soon as the
-    settlement has committed: no wake-up travels to a driver and back, so under load a freed place
-    is taken again within one pass rather than after a broker round trip and whatever the driver's
-    listener is busy with. The asks of the attempts that end during a pass fold into the next
-    one. This process's passes are looked at again as the driver's are (a rate limiter's next
-    admission, a line left with no place free), and a process that starts fills its new places at
-    once. A pass that fails hands its lines to the driver as wake-ups (``@<queue>``), as an ended
-    attempt in a process without this thread does.
-    """
-
-    def __init__(self, rt: Runtime, queues: Sequence[str]) -> None:
-        self.rt = rt
-        self.queues = tuple(queues)
-        self._cond = threading.Condition()
-        self._asked: set[str] = set()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="receipt-refill", daemon=True)
-        self.passes = 0
-        self.served = 0  # asks taken and answered (with a pass or without: no line waited)
-
-    def start(self) -> None:
-        self.rt.delivery.on_freed = self.ask
-        self.ask(self.queues)  # this process's places are new: a line waiting there can move now
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Ended attempts' places go to the driver again; an ask not yet served is handed to it."""
-        self.rt.delivery.on_freed = None
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        self._thread.join(timeout=LISTEN_BLOCK_S + 5)
-        with self._cond:
-            left, self._asked = self._asked, set()
-        self._hand_to_driver(left)
-
-    def ask(self, queues: Iterable[str]) -> None:
-        """Places freed in ``queues`` (called after the settlement's commit; never blocks on I/O)."""
-        with self._cond:
-            self._asked.update(queues)
-            self._cond.notify()
-
-    def _take(self, wait_s: float) -> set[str] | None:
-        """The queues asked for, once there are any or ``wait_s`` passed; None once stopping."""
-        with self._cond:
-            if not self._asked and not self._stopping:
-                self._cond.wait(wait_s)
-            if self._stopping:
-                return None
-            asked, self._asked = self._asked, set()
-            return asked
-
-    def _run(self) -> None:
-        backoff = LISTENER_BACKOFF_S
-        while True:
-            asked = self._take(look_again_in_s(self.rt))
-            if asked is None:
-                return
-            try:
-                for queue in sorted(self._waiting(asked) | set(lines_due(self.rt))):
-                    dispatch_queue(self.rt, queue)
-                    self.passes += 1
-                backoff = LISTENER_BACKOFF_S
-            except Exception as exc:
-                log.warning("refill: %s; the driver moves these lines; again in %.1f s", exc, backoff)
-                self._hand_to_driver(asked)
-                with self._cond:
-                    if not self._stopping:
-                        self._cond.wait(backoff)
-                backoff = min(backoff * 2, LISTENER_BACKOFF_MAX_S)
-            self.served += bool(asked)
-
-    def _waiting(self, asked: set[str]) -> set[str]:
-        """Of the queues asked for, those whose line holds jobs waiting: known from this process's
-        own pass over it within the last tick, else from the lines' marks."""
-        now = time.monotonic()
-        known = set()
-        for queue in asked:
-            latest = self.rt.passes.get(queue)
-            if latest is not None and now - latest[0] < LINE_TICK_S and latest[1].line_waiting:
-                known.add(queue)
-        return known | _freed(self.rt, asked - known)
-
-    def _hand_to_driver(self, queues: set[str]) -> None:
-        if not queues:
-            return
-        try:
-            self.rt.delivery.wake_queues(sorted(queues))
-        except Exception:  # best-effort, like every wake-up: the queued redrive moves these lines
-            log.exception("refill: could not hand %d lines to the driver", len(queues))
-
-
-def _dispatch_batch(rt: Runtime, woken: list[str]) -> list[str]:
+def _dispatch_batch(rt: Dispatcher, woken: list[str]) -> list[str]:
     """A dispatch pass (``app/dispatch/line.py``) for each worker queue the woken ids name: a
     job's own queue, or a queue a freed place names (``@<queue>``). The jobs a pass chooses may be
     others than those woken: the line decides, in PostgreSQL. Woken jobs that their queue's last
@@ -319,7 +137,7 @@ def _dispatch_batch(rt: Runtime, woken: list[str]) -> list[str]:
     return started
 
 
-def _marks(rt: Runtime, queues: set[str]) -> dict[str, bytes] | None:
+def _marks(rt: Dispatcher, queues: set[str]) -> dict[str, bytes] | None:
     """The marks of the lines among ``queues`` that hold jobs waiting (``delivery/wakes.py``); None
     without a wake list (the embedded broker) or while its Redis fails: then every line is taken to
     wait, and none to be full, rather than guessed."""
@@ -337,12 +155,12 @@ def _waiting_in(queues: set[str], marks: dict[str, bytes] | None) -> set[str]:
     return set(queues) if marks is None else {q for q in queues if q in marks}
 
 
-def _freed(rt: Runtime, tokens: set[str]) -> set[str]:
+def freed_waiting(rt: Dispatcher, tokens: set[str]) -> set[str]:
     """Of the queues where a place freed, those whose line holds jobs waiting."""
     return _waiting_in(tokens, _marks(rt, tokens))
 
 
-def queues_of(rt: Runtime, ids: Sequence[str]) -> set[str]:
+def queues_of(rt: Dispatcher, ids: Sequence[str]) -> set[str]:
     """The worker queues of the woken jobs (from their rows' agent and kind). A queued row an older
     release wrote without its ``worker_queue`` gets it here, so the pass can find it in its line."""
     queues: set[str] = set()
@@ -365,7 +183,7 @@ def queues_of(rt: Runtime, ids: Sequence[str]) -> set[str]:
     return queues
 
 
-def dispatch_queue(rt: Runtime, queue: str, *, redrive: bool = False) -> list[str]:
+def dispatch_queue(rt: Dispatcher, queue: str, *, redrive: bool = False) -> list[str]:
     """One pass over ``queue``'s line, then the chosen attempts' worker messages; returns the ids
     of the jobs whose delivery it started. A pass asked for while this process runs one over the
     same queue folds into one more pass after it (``app.dispatch.gate``) and returns nothing here.
@@ -377,7 +195,7 @@ def dispatch_queue(rt: Runtime, queue: str, *, redrive: bool = False) -> list[st
     return rt.gate.run(queue, lambda: _dispatch_once(rt, queue, redrive=False))
 
 
-def _dispatch_once(rt: Runtime, queue: str, *, redrive: bool) -> list[str]:
+def _dispatch_once(rt: Dispatcher, queue: str, *, redrive: bool) -> list[str]:
     began_ns = time.time_ns() if tracing.on() else 0
     # Read before the messages are sent: a flush after this read is then always detected later.
     epoch = rt.broker.epoch()
@@ -406,7 +224,7 @@ def _dispatch_once(rt: Runtime, queue: str, *, redrive: bool) -> list[str]:
     return _send_claimed(rt, result.claimed, began_ns)
 
 
-def _claim_directly(rt: Runtime, ids: list[str]) -> list[str]:
+def _claim_directly(rt: Dispatcher, ids: list[str]) -> list[str]:
     """Claim and send the woken jobs whose queue has room and no line (``app.dispatch.fast``);
     return their ids. The rest are left to the pass."""
     if not ids or not rt.rooms.any_room(rt.passes, time.monotonic()):
@@ -440,7 +258,7 @@ def _redrive_key(job: Job) -> str:
 
 
 def _send_claimed(
-    rt: Runtime,
+    rt: Dispatcher,
     claimed: list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]],
     began_ns: int,
 ) -> list[str]:
@@ -527,7 +345,7 @@ Item = list[Any]
 
 
 def _deliver_grouped(
-    rt: Runtime,
+    rt: Dispatcher,
     to_send: list[tuple[Job, delivery.StartDecision]],
     producer: Any,
     buffered: list[_Buffered],
@@ -564,7 +382,7 @@ def _deliver_grouped(
     return started
 
 
-def send_items(rt: Runtime, queue: str, items: list[Item], *, producer: Any = None) -> None:
+def send_items(rt: Dispatcher, queue: str, items: list[Item], *, producer: Any = None) -> None:
     """Send attempts bound for ``queue`` as one message: ``receipt.execute`` for one (its task id
     the fence), ``receipt.execute_batch`` for several (its task id the first fence and the count)."""
     if len(items) == 1:
@@ -590,14 +408,14 @@ class _Buffered:
     callback_event: str | None
 
 
-def _generations_exhausted(rt: Runtime, job_id: str, exc: DeliveryGenerationsExceeded) -> None:
+def _generations_exhausted(rt: Dispatcher, job_id: str, exc: DeliveryGenerationsExceeded) -> None:
     log.error("%s", exc)
     metrics.registry_metrics().generations_exhausted.inc()
     rt.queue.fail(job_id, None, None, str(exc), retryable=False, status="failed")
 
 
 def start_driver(
-    rt: Runtime,
+    rt: Dispatcher,
     job_id: str,
     dispatch_key: str,
     *,
@@ -654,7 +472,7 @@ def _count_delivery(decision: delivery.StartDecision, path: str) -> None:
     metrics.registry_metrics().deliveries.labels(path, str(decision.generation > 0).lower()).inc()
 
 
-def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> DriveResult:
+def drive(rt: Dispatcher, job_id: str, dispatch_key: str, generation: int) -> DriveResult:
     """The driver: decide what this delivery does, from the job's current receipts."""
     if not tracing.on():
         return _drive(rt, job_id, dispatch_key, generation)
@@ -667,7 +485,7 @@ def drive(rt: Runtime, job_id: str, dispatch_key: str, generation: int) -> Drive
 
 
 def _drive(
-    rt: Runtime, job_id: str, dispatch_key: str, generation: int, read: Job | None = None
+    rt: Dispatcher, job_id: str, dispatch_key: str, generation: int, read: Job | None = None
 ) -> DriveResult:
     job = read if read is not None else retry_transient(lambda: rt.queue.get(job_id))
     if job is None or job.terminal:
@@ -704,7 +522,7 @@ def _drive(
 
 
 def deliver(
-    rt: Runtime,
+    rt: Dispatcher,
     job: Job,
     dispatch_key: str,
     generation: int,
@@ -737,7 +555,7 @@ def deliver(
     return {"outcome": "dispatched", "fence": fence, "queue": queue_name}
 
 
-def _dispatched(rt: Runtime, job: Job) -> tuple[str, str, str | None]:
+def _dispatched(rt: Dispatcher, job: Job) -> tuple[str, str, str | None]:
     """A worker message about to be sent: its attempt fence, its routed queue, and the
     ``dispatched`` callback event, recorded before the message leaves so that it is ordered before
     the job's terminal event (which the worker's settlement records) for every receiver."""
@@ -746,14 +564,14 @@ def _dispatched(rt: Runtime, job: Job) -> tuple[str, str, str | None]:
     return fence, route(job.agent_id, job.kind).queue, rt.callbacks.dispatched(rt.engine, job, fence)
 
 
-def _cancel_aborted(rt: Runtime, job: Job, dispatch_key: str, generation: int) -> DriveResult:
+def _cancel_aborted(rt: Dispatcher, job: Job, dispatch_key: str, generation: int) -> DriveResult:
     """A queued job whose abort is pending is canceled instead of delivered."""
     retry_transient(lambda: rt.queue.cancel_queued(job.id, job.abort_reason))
     settle_delivery(rt, job.id, dispatch_key, generation, "canceled")
     return {"outcome": "canceled"}
 
 
-def deliver_stale(rt: Runtime, job: Job, min_age_ms: int) -> bool:
+def deliver_stale(rt: Dispatcher, job: Job, min_age_ms: int) -> bool:
     """Start a delivery of a job that has stayed queued ``min_age_ms`` (its wake-up was lost).
 
     The key ``<jobId>:outbox:<seq>`` names one observed queue state, like the redrive key, so a
@@ -771,13 +589,13 @@ def not_before(job: Job) -> datetime:
     return parse_iso(job.available_at) or EPOCH
 
 
-def db_now_of(rt: Runtime) -> datetime:
+def db_now_of(rt: Dispatcher) -> datetime:
     with rt.engine.connect() as conn:
         return db_now(conn)
 
 
 def settle_delivery(
-    rt: Runtime, job_id: str, dispatch_key: str, generation: int, outcome: DeliveryOutcome | AttemptStatus
+    rt: Dispatcher, job_id: str, dispatch_key: str, generation: int, outcome: DeliveryOutcome | AttemptStatus
 ) -> None:
     try:
         with transaction(rt.engine) as conn:

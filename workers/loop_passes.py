@@ -39,10 +39,10 @@ from app.storage import delivery, loop_claims
 from app.storage import liveness as worker_liveness
 from app.storage.db import db_now, transaction
 from app.storage.queue import Queue
-from tasks import fetches
-from tasks.dispatch import deliver_stale, dispatch_queue, start_driver
-from tasks.runtime import Runtime
+from delivery import fetches
+from delivery.dispatch import deliver_stale, dispatch_queue, start_driver
 from workers.roles import ROLES
+from workers.runtime import Runtime
 
 log = logging.getLogger("receipt.loops")
 
@@ -168,7 +168,7 @@ def redrive_queued(rt: Runtime, p: Pass) -> dict[str, Any]:
         swept = delivery.sweep(conn, db_now(conn))
     epoch = rt.broker.epoch()
     # Deliveries whose message died with the process that fetched it end first, so the passes
-    # below may send those jobs again at once (tasks/fetches.py).
+    # below may send those jobs again at once (delivery/fetches.py).
     lost, held = settle_lost_fetches(rt, epoch)
     presumed: list[str] = []
     if rt.broker.queues_empty([DRIVER_QUEUE, *QUEUES.values()]) is True:
@@ -205,7 +205,7 @@ def settle_presumed_lost(rt: Runtime, epoch: str | None, held: Collection[str], 
 
 def settle_lost_fetches(rt: Runtime, epoch: str | None) -> tuple[list[str], set[str]]:
     """Settle ``fetcher_lost`` every pending delivery of a queued job whose message was fetched by
-    a process that is no longer alive, or that gave up on it (tasks/fetches.py). Returns those job
+    a process that is no longer alive, or that gave up on it (delivery/fetches.py). Returns those job
     ids, and the jobs whose delivery a live consumer holds right now (never presumed lost). Best
     effort: on a broker error nothing is known and the earlier rules (epoch, presumption, deadline)
     apply."""
@@ -241,7 +241,7 @@ def settle_lost_fetches(rt: Runtime, epoch: str | None) -> tuple[list[str], set[
 def redeliver_lost(rt: Runtime, p: Pass) -> dict[str, Any]:
     """End every pending delivery of a queued job whose message is lost -- died with its fetcher
     (``fetcher_lost``) or sent long enough ago, fetched by nobody, its queue empty (``unfetched``,
-    tasks/fetches.py) -- and send each of those jobs again in this pass. The queued redrive would
+    delivery/fetches.py) -- and send each of those jobs again in this pass. The queued redrive would
     too, but only for jobs past its minimum age (30 s by default) and once per cooldown."""
     epoch = rt.broker.epoch()
     lost, _held = settle_lost_fetches(rt, epoch)
@@ -272,7 +272,7 @@ def redeliver_lost(rt: Runtime, p: Pass) -> dict[str, Any]:
 def settle_unfetched(rt: Runtime, epoch: str | None) -> list[str]:
     """Settle ``unfetched`` every pending delivery of a queued job whose message was sent at least
     ``RECEIPT_REDELIVER_UNFETCHED_MS`` ago, was fetched by nobody, and whose queue is empty
-    (tasks/fetches.py, "Unfetched"); returns those job ids. Best effort, like the fetch records."""
+    (delivery/fetches.py, "Unfetched"); returns those job ids. Best effort, like the fetch records."""
     client = rt.broker.client()
     if client is None:
         return []
@@ -347,8 +347,8 @@ def dispatch_due_retries(rt: Runtime, p: Pass) -> dict[str, Any]:
 
 @binds(loop_registry.CALLBACKS)
 def send_callbacks(rt: Runtime, p: Pass) -> dict[str, Any]:
-    """Deliver the callback outbox (tasks/callbacks.py): at least once, signed, in order per job."""
-    from tasks.callbacks import Sender, send_due
+    """Deliver the callback outbox (delivery/callbacks.py): at least once, signed, in order per job."""
+    from delivery.callbacks import Sender, send_due
 
     sender: Sender | None = getattr(rt, "_sender", None)
     if sender is None:
