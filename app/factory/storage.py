@@ -211,18 +211,17 @@ def list_page(
 def apply(
     conn: Connection, loaded: Loaded | None, objective_id: str, events: Sequence[Event], *, at: datetime
 ) -> Loaded:
-    """Append ``events`` after ``loaded``, fold them, and write the projection rows that changed."""
-    state = loaded.objective if loaded else None
-    seq = state.seq if state else 0
-    prev_hash = loaded.last_hash if loaded else None
-    last: store.StoredReceipt | None = None
-    stream = objective_stream(objective_id)
-    for type_, body in events:
-        last = store.append(conn, stream, seq, type_, body, prev_hash=prev_hash, at=at)
-        state = reduce(state, last.to_receipt())
-        seq, prev_hash = last.seq, last.hash
-    if state is None or last is None:
-        raise AppendConflict(f"{stream}: nothing to apply")
+    """Append ``events`` after ``loaded`` (one statement), fold them, and write the projection rows
+    that changed."""
+    chained, state = store.advance(
+        objective_stream(objective_id),
+        loaded.objective if loaded else None,
+        (loaded.objective.seq, loaded.last_hash) if loaded else (0, None),
+        events,
+        reduce,
+        at=at,
+    )
+    last = chained.stored(store.insert(conn, chained))[-1]
     return _save(conn, state, loaded, last)
 
 

@@ -189,19 +189,14 @@ def apply_many(
     new: list[dict[str, Any]] = []
     changed: list[tuple[int, dict[str, Any]]] = []
     for loaded, key, events in items:
-        if not events:
-            raise AppendConflict(f"{schedule_stream(key)}: nothing to apply")
-        state = loaded.schedule if loaded else None
-        chained = store.chain(
+        chained, state = store.advance(
             schedule_stream(key),
-            state.seq if state else 0,
+            loaded.schedule if loaded else None,
+            (loaded.schedule.seq, loaded.last_hash) if loaded else (0, None),
             events,
-            prev_hash=loaded.last_hash if loaded else None,
+            reduce,
             at=at,
         )
-        for receipt in chained.receipts():
-            state = reduce(state, receipt)
-        assert state is not None
         rows.extend(chained.rows)
         columns = _columns(state, chained.last_hash)
         if loaded is None:

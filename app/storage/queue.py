@@ -23,7 +23,6 @@ from app import tracing
 from app.jobs import delay, transitions
 from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import (
-    AppendConflict,
     ConflictError,
     JobArchived,
     JobNotFound,
@@ -276,19 +275,14 @@ class Queue:
     def _step(self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]) -> _Step:
         """A transition decided and folded, with what each hook adds in its transaction; nothing
         is written yet."""
-        state = loaded.job if loaded else None
-        if not events:
-            raise AppendConflict(f"{job_stream(job_id)}: nothing to apply")
-        chained = store.chain(
+        chained, state = store.advance(
             job_stream(job_id),
-            state.seq if state else 0,
+            loaded.job if loaded else None,
+            (loaded.job.seq, loaded.last_hash) if loaded else (0, None),
             events,
-            prev_hash=loaded.last_hash if loaded else None,
+            reduce,
             at=tx.now,
         )
-        for receipt in chained.receipts():
-            state = reduce(state, receipt)
-        assert state is not None
         change = Change(loaded.job if loaded else None, state, tuple(t for t, _ in events), tx.now)
         companion: Companion | None = None
         writes: list[tuple[int, Write]] = []
@@ -567,18 +561,17 @@ class Queue:
                 out.append(exc)
                 continue
             body = _enqueued_body(key, replace(req, replay_of=source_key), enqueued_by, tx)
-            new_chain = store.chain(job_stream(key), 0, [("job.enqueued", body)], prev_hash=None, at=tx.now)
-            new_job = reduce(None, new_chain.receipts()[0])
-            assert new_job is not None
-            src_chain = store.chain(
+            new_chain, new_job = store.advance(
+                job_stream(key), None, (0, None), [("job.enqueued", body)], reduce, at=tx.now
+            )
+            src_chain, src_job = store.advance(
                 job_stream(source_key),
-                source.job.seq,
+                source.job,
+                (source.job.seq, source.last_hash),
                 [("job.replayed", {REPLAYED_AS_FIELD: key})],
-                prev_hash=source.last_hash,
+                reduce,
                 at=tx.now,
             )
-            src_job = reduce(source.job, src_chain.receipts()[0])
-            assert src_job is not None
             created.append((new_job, new_chain))
             moved.append((source, src_job, src_chain))
             changes += [
@@ -802,9 +795,9 @@ class Queue:
                 # was archived is a fault to surface, never a second job.
                 raise gone[job_stream(key)].refusal()
             body = _enqueued_body(key, req, by, tx)
-            chained = store.chain(job_stream(key), 0, [("job.enqueued", body)], prev_hash=None, at=tx.now)
-            job = reduce(None, chained.receipts()[0])
-            assert job is not None
+            chained, job = store.advance(
+                job_stream(key), None, (0, None), [("job.enqueued", body)], reduce, at=tx.now
+            )
             known[key] = job
             change = Change(None, job, ("job.enqueued",), tx.now)
             for index, hook in enumerate(self.hooks):

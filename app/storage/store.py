@@ -205,6 +205,33 @@ def chain(
     return Chained(stream, at_text, rows)
 
 
+T = TypeVar("T")
+
+
+def advance(
+    stream: str,
+    state: T | None,
+    after: tuple[int, str | None],
+    events: Sequence[tuple[str, Mapping[str, Any]]],
+    reduce: Callable[[T | None, Receipt], T | None],
+    *,
+    at: datetime,
+) -> tuple[Chained, T]:
+    """The step every stream takes before its writes: hash ``events`` into the chain ``after``
+    (the head's seq and hash; ``(0, None)`` for a new stream) and fold them into ``state`` with the
+    stream's reducer. Pure: the caller writes the receipts (``insert``, or a statement of its own)
+    and its projection row together. ``AppendConflict`` when there is nothing to apply or the
+    reducer refuses the receipts."""
+    if not events:
+        raise AppendConflict(f"{stream}: nothing to apply")
+    chained = chain(stream, after[0], events, prev_hash=after[1], at=at)
+    for receipt in chained.receipts():
+        state = reduce(state, receipt)
+    if state is None:
+        raise AppendConflict(f"{stream}: the receipts fold to no state")
+    return chained, state
+
+
 def insert(conn: Connection, chained: Chained) -> list[int]:
     """Write chained receipts in one statement; their ids, in order. ``AppendConflict`` when
     another writer took one of their seqs first."""
