@@ -35,7 +35,7 @@ from app.ops import logs
 from app.ops.shutdown import PROCESS, SHUTDOWN, Shutdown
 from app.redaction import redactor
 from app.storage.concurrency_keys import KeyFull
-from app.storage.queue import AttemptStart, Queue
+from app.storage.queue import AttemptStart, Known, Queue
 from app.storage.retry import retry_transient
 from workers import liveness
 from workers.handler import HandlerError, JobContext
@@ -87,6 +87,8 @@ class Attempt:
     # Which charged attempt this is (``number`` less the attempts handed back uncharged): the
     # retry backoff grows with it, as the budget does.
     charged: int | None = None
+    # The head the lease wrote: the settlement is decided on it, with no read, unless it moved.
+    known: Known | None = None
 
     def settle(
         self,
@@ -115,6 +117,7 @@ class Attempt:
                 retryable=retryable,
                 status=status,
                 retry_delay_ms=delay,
+                known=self.known,
             )
         )
         if not out.applied:
@@ -182,7 +185,7 @@ def begun(this: Attempt, start: AttemptStart, began_ns: int = 0) -> Started | At
         )
     if start.status != "started":
         return AttemptResult(start.status, job)
-    return Started(dataclasses.replace(this, charged=job.charged_attempts), job, began_ns)
+    return Started(dataclasses.replace(this, charged=job.charged_attempts, known=start.known), job, began_ns)
 
 
 def run_attempt(

@@ -11,6 +11,8 @@ the ``on_dispatchable`` hook, called after commit, so this module never imports 
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -23,6 +25,7 @@ from app import tracing
 from app.jobs import delay, transitions
 from app.jobs.delay import AVAILABLE_AT_FIELD
 from app.jobs.errors import (
+    AppendConflict,
     ConflictError,
     JobArchived,
     JobNotFound,
@@ -84,11 +87,32 @@ MAX_COMMANDS_PER_JOB_DEFAULT = 1000
 
 
 @dataclass(frozen=True)
+class Known:
+    """A job's head as this process's own write left it, and the database clock that write read.
+
+    The holder's next transition may be decided and written on it without reading the row again
+    (``Queue.settle_attempt``): the write names the seq it follows, so a receipt appended since
+    (a heartbeat, an abort request, the lease's expiry) makes it conflict, and it is decided again
+    on a fresh read. Its clock is the database's as that write read it, advanced by this process's
+    monotonic clock since the write returned: never ahead of the database's, and never behind the
+    head's own receipts, so the stream's times still never go back."""
+
+    head: projection.Loaded
+    read_at: datetime
+    mono: float
+
+    def now(self) -> datetime:
+        return self.read_at + timedelta(seconds=max(0.0, time.monotonic() - self.mono))
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """What an operation did: the job after it, and whether its receipts took effect."""
+    """What an operation did: the job after it, and whether its receipts took effect; ``known``,
+    where the operation can tell it, the head its write left (``Known``)."""
 
     job: Job
     applied: bool
+    known: Known | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +121,8 @@ class AttemptStart:
 
     status: AttemptStartStatus
     job: Job | None
+    # The head the lease wrote, for the attempt's settlement (``Queue.settle_attempt``).
+    known: Known | None = None
 
 
 @dataclass(frozen=True)
@@ -346,8 +372,14 @@ class Queue:
         Losing an append race re-reads and re-decides every item. ``before`` sees the jobs as read
         and the clock, in the transaction, before any decision (to take locks and read beside them)."""
 
+        written: dict[str, projection.Loaded] = {}
+        clock: list[datetime] = []
+
         def work(tx: _Tx) -> list[Outcome | Exception]:
+            written.clear()
+            clock[:] = []
             heads, tx._now = projection.load_many_at_clock(tx.conn, [job_id for job_id, _ in items])
+            clock.append(tx.now)
             if before is not None:
                 before(tx.conn, [heads[job_id].job for job_id, _ in items if job_id in heads], tx.now)
             answers: list[Outcome | Exception] = []
@@ -356,8 +388,9 @@ class Queue:
             plain: dict[str, _Step] = {}
 
             def write_plain() -> None:
-                written = self._write_plain(tx, list(plain.values()))
-                heads.update(zip(plain, written, strict=True))
+                moved = dict(zip(plain, self._write_plain(tx, list(plain.values())), strict=True))
+                heads.update(moved)
+                written.update(moved)
                 plain.clear()
 
             for job_id, decide in items:
@@ -379,14 +412,21 @@ class Queue:
                 if step.companion is None and not step.writes:
                     plain[job_id] = step
                 else:
-                    heads[job_id] = self._write(tx, step)
+                    heads[job_id] = written[job_id] = self._write(tx, step)
                 answers.append(Outcome(step.state, True))
             if plain:
                 write_plain()
             return answers
 
         result: list[Outcome | Exception] = self._run(work)
-        return result
+        mono = time.monotonic()
+        named = Counter(job_id for job_id, _ in items)
+        return [
+            replace(answer, known=Known(written[job_id], clock[0], mono))
+            if isinstance(answer, Outcome) and answer.applied and named[job_id] == 1 and job_id in written
+            else answer
+            for (job_id, _), answer in zip(items, result, strict=True)
+        ]
 
     def mutate_alone(self, job_id: str, decide: Decide) -> Outcome:
         """``mutate`` in a transition of its own (never grouped)."""
@@ -951,7 +991,7 @@ class Queue:
             elif isinstance(answer, Exception):
                 out.append(answer)
             else:
-                out.append(AttemptStart(verdict[0], answer.job))
+                out.append(AttemptStart(verdict[0], answer.job, answer.known))
         return out
 
     def heartbeat(self, job_id: str, worker_id: str, attempt: int, lease_ms: int) -> Outcome:
@@ -998,11 +1038,15 @@ class Queue:
         retryable: bool = True,
         status: FailureStatus | None = None,
         retry_delay_ms: int = 0,
+        known: Known | None = None,
     ) -> Outcome:
-        """The worker's settlement, re-read under the attempt fence (``transitions.settle_holder``)."""
-        return self.mutate(
-            job_id,
-            lambda job, now: transitions.settle_holder(
+        """The worker's settlement under the attempt fence (``transitions.settle_holder``). With
+        ``known`` (the head its lease wrote), decided and written on that head in one statement, no
+        read; a head that moved since, or a settlement that needs more than one statement, is decided
+        again on a fresh read, as without it."""
+
+        def decide(job: Job, now: datetime) -> Sequence[Event]:
+            return transitions.settle_holder(
                 job,
                 now,
                 worker_id,
@@ -1012,8 +1056,47 @@ class Queue:
                 retryable=retryable,
                 status=status,
                 retry_delay_ms=retry_delay_ms,
-            ),
-        )
+            )
+
+        if known is not None:
+            done = self._mutate_on(known, job_id, decide)
+            if done is not None:
+                return done
+        return self.mutate(job_id, decide)
+
+    def _mutate_on(self, known: Known, job_id: str, decide: Decide) -> Outcome | None:
+        """``decide`` on ``known``'s head and its clock, written after that head: as one autocommitted
+        statement, or in a transaction when a hook writes beside it. None, with nothing written,
+        when it cannot be: not PostgreSQL, nothing to append or a refusal (the caller's fresh read
+        decides those), or a head that moved."""
+        if not self._one_statement or known.head.job.id != job_id:
+            return None
+        now = known.now()
+        try:
+            events = decide(known.head.job, now)
+        except Exception:
+            return None
+        if not events:
+            return None
+
+        def work(tx: _Tx) -> Outcome:
+            tx._now = now
+            return Outcome(self._apply(tx, known.head, job_id, events), True)
+
+        for one_statement in (True, False):
+            try:
+                with (
+                    autocommit_connection(self.engine) if one_statement else transaction(self.engine) as conn
+                ):
+                    tx = _Tx(conn, one_statement=one_statement)
+                    out: Outcome = work(tx)
+            except _NeedsTransaction:
+                continue
+            except AppendConflict:
+                return None
+            run_after(self.hooks, tx.changes, tx.results)
+            return out
+        return None
 
     def release(self, job_id: str, worker_id: str, attempt: int, reason: ReleaseReason) -> Outcome:
         """Hand the attempt back uncharged (``job.released``), re-read under the attempt fence: the
