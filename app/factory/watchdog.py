@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, get_args
 
-from croniter import croniter
-
+from app import cron
 from app.config import Settings
 from app.factory.reducer import Objective, Task
 from app.jobs import timing
@@ -167,25 +166,28 @@ def assess(
 # -- the schedule ------------------------------------------------------------------------------
 
 
-class CronError(ValueError):
+class CronError(cron.CronError):
     """RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON is not a standard 5-field cron expression."""
 
 
 def cron_expression(settings: Settings) -> str:
-    """The watchdog's cron expression, checked: standard 5 fields (minute hour day month weekday).
+    """The watchdog's cron expression, checked: standard 5 fields (minute hour day-of-month month
+    day-of-week), read in UTC by the cron engine (``app/cron.py``).
 
     ``RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TEST_TICK_S`` (tests only) replaces it with a tick every
-    N seconds, aligned to the wall clock (croniter's seconds field), so end-to-end tests need not
-    wait a minute per tick.
+    N seconds, aligned to the wall clock (the engine's leading seconds field), so end-to-end tests
+    need not wait a minute per tick.
     """
     if settings.objective_watchdog_test_tick_s is not None:
         tick = settings.objective_watchdog_test_tick_s
         if not 1 <= tick <= 59:
             raise CronError(f"RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TEST_TICK_S must be 1..59, got {tick}")
-        return f"* * * * * */{tick}"
-    expr = settings.objective_watchdog_cron.strip()
-    fields = expr.split()
-    if len(fields) != CRON_FIELDS or not croniter.is_valid(expr):
+        return f"*/{tick} * * * * *"
+    try:
+        expr = cron.check(settings.objective_watchdog_cron)
+    except cron.CronError:
+        expr = None
+    if expr is None or cron.field_count(expr) != CRON_FIELDS:
         raise CronError(
             f"RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_CRON={settings.objective_watchdog_cron!r} is not a "
             "standard 5-field cron expression (minute hour day-of-month month day-of-week, e.g. '* * * * *')"
@@ -193,22 +195,10 @@ def cron_expression(settings: Settings) -> str:
     return expr
 
 
-def _aware(at: datetime) -> datetime:
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
-
-
-def next_tick(expr: str, after: datetime) -> datetime:
-    """The first cron tick strictly after ``after``."""
-    nxt: datetime = croniter(expr, _aware(after)).get_next(datetime)
-    return _aware(nxt)
-
-
 def tick_at(expr: str, published: datetime) -> datetime:
-    """The cron tick a watchdog run belongs to: the latest tick at or before ``published`` (beat
-    publishes at or just after its tick, so every beat firing for one tick names the same one)."""
-    base = _aware(published) + timedelta(microseconds=1)
-    prev: datetime = croniter(expr, base).get_prev(datetime)
-    return _aware(prev)
+    """The cron tick a watchdog run belongs to: the latest tick at or before ``published`` in UTC
+    (beat publishes at or just after its tick, so every beat firing for one tick names the same one)."""
+    return cron.latest_at_or_before(expr, published)
 
 
 def tick_job_id(tick: datetime) -> str:

@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from app.config import SETTINGS, Setting, Settings
+from app.cron import next_after
 from app.factory import watchdog
 from app.jobs.routing import MAINTENANCE_QUEUE, OBJECTIVES_QUEUE
 from app.storage.loop_claims import STALE_FACTOR, Policy, claim_ttl_ms
@@ -78,8 +79,8 @@ class Every:
         period = self.period_ms(settings, datetime.now(UTC))
         seconds, rest = divmod(period, 1000)
         if self.on_the_second and cron is not None and rest == 0 and seconds and 60 % seconds == 0:
-            # croniter's seconds field is its sixth (tasks/cron.py reads it so).
-            return cron(f"* * * * * */{seconds}")
+            # Six fields, the seconds first (the cron engine's one order, app/cron.py).
+            return cron(f"*/{seconds} * * * * *")
         return timedelta(milliseconds=period)
 
     def describe(self) -> str:
@@ -110,8 +111,8 @@ class Cron:
     def period_ms(self, settings: Settings, now: datetime) -> int:
         """The gap between the next two ticks after ``now``."""
         expr = self.checked(settings)
-        first = watchdog.next_tick(expr, now)
-        return int((watchdog.next_tick(expr, first) - first) / timedelta(milliseconds=1))
+        first = next_after(expr, now)
+        return int((next_after(expr, first) - first) / timedelta(milliseconds=1))
 
     def first_delay_ms(self, settings: Settings) -> int | None:
         return None
@@ -121,7 +122,7 @@ class Cron:
         expr = self.checked(settings)
         at = reference
         for _ in range(periods):
-            at = watchdog.next_tick(expr, at)
+            at = next_after(expr, at)
         return at
 
     def celery(self, settings: Settings, cron: Callable[[str], Any] | None) -> Any:

@@ -19,6 +19,7 @@ import pytest
 
 from app.composition import queue_for
 from app.config import Settings
+from app.cron import next_after
 from app.factory import watchdog
 from app.jobs.ids import SYSTEM_ORGANIZATION, qualify
 from app.jobs.validation import EnqueueRequest
@@ -116,7 +117,7 @@ def test_b_cannot_silence_the_watchdog(hostile: Stack, b_headers: dict[str, str]
     expr = watchdog.cron_expression(Settings(objective_watchdog_test_tick_s=TICK_S))
     with hostile.engine.connect() as conn:
         now = db_now(conn)
-    upcoming = [watchdog.next_tick(expr, now + timedelta(seconds=TICK_S * i)) for i in range(1, 4)]
+    upcoming = [next_after(expr, now + timedelta(seconds=TICK_S * i)) for i in range(1, 4)]
     # At the door: the tick's id is a reserved shape, even in B's own organisation.
     for tick in upcoming:
         r = post(

@@ -1,8 +1,8 @@
 """The objective watchdog end to end: real beat(s), workers and gunicorn on PostgreSQL and Redis.
 
 The watchdog's cron is replaced by the test-only ``RECEIPT_FACTORY_OBJECTIVE_WATCHDOG_TEST_TICK_S``
-(a wall-clock-aligned tick every N seconds, croniter's seconds field), so a tick costs seconds,
-not a minute. Absence is asserted against beat's own log: beat must have sent its other loops'
+(a wall-clock-aligned tick every N seconds, the cron engine's leading seconds field), so a tick
+costs seconds, not a minute. Absence is asserted against beat's own log: beat must have sent its other loops'
 ticks several times while never sending a watchdog tick.
 """
 
@@ -20,7 +20,8 @@ import pytest
 from sqlalchemy import select
 
 from app.composition import queue_for
-from app.factory import service, storage, watchdog
+from app.cron import next_after
+from app.factory import service, storage
 from app.factory.plan import validate_objective
 from app.factory.reducer import Objective
 from app.factory.vocab import objective_stream, task_job_id
@@ -140,7 +141,7 @@ def test_a_lost_objective_is_reconciled_within_one_tick_and_completes(shared_wst
         return next((j for j in done if finding in j.state["result"]["reconciled"]), None)
 
     by = wait_for(reconciler, 60, interval=0.2, what="a watchdog pass to reconcile wd-lost")
-    first_after = watchdog.next_tick(f"* * * * * */{TICK_S}", lost_at)
+    first_after = next_after(f"*/{TICK_S} * * * * *", lost_at)
     # Found by the pass of the first tick after the loss, or earlier (a pass of an earlier tick that
     # ran late, after the loss). Passes run concurrently on the control worker, so the next tick's
     # pass may get there first; then the first one sees control due and skips it: hence one period.

@@ -22,8 +22,8 @@ from sqlalchemy.engine import Engine
 
 from api.health import check_loops
 from app.config import Settings
+from app.cron import next_after
 from app.factory import recovery
-from app.factory.watchdog import next_tick
 from app.jobs.routing import MAINTENANCE_QUEUE, OBJECTIVES_QUEUE
 from app.ops import loop_registry, metrics
 from app.ops.loop_registry import Every, Loop
@@ -164,15 +164,15 @@ def expected_schedule(loop: Loop, s: Settings) -> Any:
     if isinstance(loop.schedule, Every):
         period = loop.schedule.period_ms(s, T0)
         if loop.schedule.on_the_second and period % 1000 == 0 and 60 % (period // 1000) == 0:
-            return CronSchedule(f"* * * * * */{period // 1000}")
+            return CronSchedule(f"*/{period // 1000} * * * * *")
         return timedelta(milliseconds=period)
     return CronSchedule(loop.schedule.checked(s))
 
 
 def test_the_schedules_pass_ticks_on_the_clocks_seconds_when_its_interval_allows() -> None:
     on_time = loop_registry.SCHEDULES.schedule.celery(Settings(schedule_scan_interval_ms=2000), CronSchedule)
-    assert on_time == CronSchedule("* * * * * */2")
-    assert next_tick("* * * * * */2", T0.replace(second=3, microsecond=1)) == T0.replace(
+    assert on_time == CronSchedule("*/2 * * * * *")
+    assert next_after("*/2 * * * * *", T0.replace(second=3, microsecond=1)) == T0.replace(
         second=4, microsecond=0
     )
     # An interval that is not whole seconds dividing a minute keeps beat's fixed rate.

@@ -1,5 +1,6 @@
-"""When ticks fall: cron with seconds, zones and their daylight-saving transitions, intervals,
-start and end, jitter. Pure: no database, no clock."""
+"""When a schedule's ticks fall: cron with seconds, zones and their daylight-saving transitions,
+intervals, start and end, jitter. Pure: no database, no clock. The cron engine's own rules, shared
+with the watchdog, are tests/unit/test_cron_engine.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from app.schedules.ticks import (
     Timing,
     TimingError,
     check_cron,
-    instant_of,
     jitter_ms,
     next_tick,
     period_ms,
@@ -99,13 +99,6 @@ def test_each_wall_time_maps_to_one_instant_across_a_whole_year() -> None:
     assert len(got) == 365 * 24 - 1
     assert got == sorted(set(got))
     assert all(b - a in (timedelta(hours=1), timedelta(hours=2)) for a, b in itertools.pairwise(got))
-
-
-def test_the_gap_end_is_found_to_the_second() -> None:
-    # Lord Howe Island moves by 30 minutes: 02:00 -> 02:30 on 2026-10-04.
-    zone = zone_of("Australia/Lord_Howe")
-    missing = datetime(2026, 10, 4, 2, 10)
-    assert instant_of(missing, zone).astimezone(zone).strftime("%H:%M:%S") == "02:30:00"
 
 
 # -- cron, intervals, bounds -----------------------------------------------------------------------
