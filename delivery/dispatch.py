@@ -29,7 +29,7 @@ from app.jobs.vocab import LEASED_STATUSES, AttemptStatus, DeliveryOutcome
 from app.ops import logs, metrics
 from app.ops.shutdown import PROCESS
 from app.storage import delivery, projection
-from app.storage.db import db_now, jobs, parse_iso, transaction
+from app.storage.db import autocommit_connection, db_now, jobs, parse_iso, transaction
 from app.storage.retry import retry_transient
 from delivery import fetches
 from delivery.dispatcher import Dispatcher
@@ -164,7 +164,8 @@ def queues_of(rt: Dispatcher, ids: Sequence[str]) -> set[str]:
     """The worker queues of the woken jobs (from their rows' agent and kind). A queued row an older
     release wrote without its ``worker_queue`` gets it here, so the pass can find it in its line."""
     queues: set[str] = set()
-    with rt.engine.connect() as conn:
+    # One read alone: autocommitted, so it costs no BEGIN and ROLLBACK round trips of its own.
+    with autocommit_connection(rt.engine) as conn:
         rows = projection.load_routes(conn, ids)
     unset: dict[str, list[str]] = {}
     for job_id, agent_id, kind, status, worker_queue in rows:
