@@ -14,8 +14,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
-from app.storage import projection, store
-from app.storage import queue as queue_module
+from app.storage import db, projection, store
 from app.storage.db import parse_iso
 from app.storage.queue import AttemptStart, Known, Queue
 
@@ -78,7 +77,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
     for loader in ("load", "load_at_clock", "load_many_at_clock"):
         monkeypatch.setattr(projection, loader, counting("reads", getattr(projection, loader)))
-    monkeypatch.setattr(queue_module, "transaction", counting("transactions", queue_module.transaction))
+    monkeypatch.setattr("app.storage.queue.transaction", counting("transactions", db.transaction))
     return seen
 
 
