@@ -318,14 +318,23 @@ def _projected(names: Sequence[str]) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=64)
-def _transition(n: int, new: bool, companion: Direct | None) -> Direct:
+def _transition(n: int, new: bool, companion: Direct | None, unseen: bool = False) -> Direct:
     """One statement for a transition: the projection's INSERT (``new``) or UPDATE in a
     data-modifying CTE, then the ``n`` receipts -- inserted only if the row was written -- and
     ``companion`` (an UPDATE of the same transition, e.g. the deliveries it ends) under the same
     condition. Returns each receipt's id and seq; no rows when the projection had moved on, and
-    then nothing at all was written, which matters when the statement is its own transaction."""
-    if new:
-        write: Any = jobs.insert().values(_projected(("id", *PROJECTED_COLUMNS)))
+    then nothing at all was written, which matters when the statement is its own transaction.
+    ``unseen``: a new job written without reading first (``Unseen``): its row is inserted only
+    while its id is neither archived nor a legacy row of its organisation's."""
+    if new and unseen:
+        names = ("id", *PROJECTED_COLUMNS)
+        binds = _projected(names)
+        taken = exists(
+            select(jobs.c.id).where(legacy_owned(binds["id"], bindparam("u_bare"), bindparam("u_org")))
+        )
+        write: Any = jobs.insert().from_select(list(names), select(*binds.values()).where(~_ARCHIVED, ~taken))
+    elif new:
+        write = jobs.insert().values(_projected(("id", *PROJECTED_COLUMNS)))
     else:
         write = (
             update(jobs)
@@ -341,6 +350,15 @@ def _transition(n: int, new: bool, companion: Direct | None) -> Direct:
     return Direct(statement)
 
 
+@dataclass(frozen=True)
+class Unseen:
+    """A new job about to be written with no read of its id first: the organisation and the bare
+    id (a client id from before keys were qualified; None for none) its write must not shadow."""
+
+    organization_id: str
+    bare: str | None
+
+
 def append_and_save(
     conn: Connection,
     job: Job,
@@ -348,6 +366,7 @@ def append_and_save(
     previous: Loaded | None,
     chained: store.Chained,
     companion: tuple[Direct, Mapping[str, Any]] | None = None,
+    unseen: Unseen | None = None,
 ) -> tuple[Loaded, list[StoredReceipt]]:
     """Write ``chained`` (the receipts ``job`` is the fold after) and the projection row after
     them, and run ``companion`` (a statement and its parameters) beside them. PostgreSQL: one
@@ -363,18 +382,24 @@ def append_and_save(
     changed_at = _status_changed_at(job, previous, chained.at)
     params = {f"j_{k}": v for k, v in _columns(job, chained.last_hash, changed_at).items()}
     params.update(multi_row_params(chained.rows))
+    guarded = previous is None and unseen is not None
     if previous is None:
         params["j_id"] = job.id
     else:
         params.update(b_id=job.id, b_seq=previous.job.seq)
+    if guarded:
+        assert unseen is not None
+        params.update(stream=job_stream(job.id), u_bare=unseen.bare, u_org=unseen.organization_id)
     if companion is not None:
         params.update(companion[1])
-    statement = _transition(len(chained.rows), previous is None, companion[0] if companion else None)
+    statement = _transition(len(chained.rows), previous is None, companion[0] if companion else None, guarded)
     try:
         rows = statement.rows(conn, params)
     except IntegrityError as exc:
         raise AppendConflict(f"{chained.stream}: seq {chained.rows[0]['seq']} already taken") from exc
     if not rows:
+        if guarded:
+            raise AppendConflict(f"{job_stream(job.id)}: archived, or named by an older job")
         assert previous is not None
         raise AppendConflict(f"{job_stream(job.id)}: projection moved past seq {previous.job.seq}")
     id_of = {int(seq): int(new_id) for new_id, seq in rows}

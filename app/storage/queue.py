@@ -86,6 +86,35 @@ log = logging.getLogger("receipt.queue")
 MAX_COMMANDS_PER_JOB_DEFAULT = 1000
 
 
+# How long a reading of the database clock stands in for another read (``DbClock``): the monotonic
+# clock's drift from the database's over it is far below a millisecond.
+CLOCK_REUSE_S = 1.0
+
+
+class DbClock:
+    """The database clock as this process last read it, advanced by its monotonic clock.
+
+    A new job's first receipt needs the database's time and nothing else from a read when its id is
+    new: a reading younger than ``CLOCK_REUSE_S`` stands in for it (``Queue.enqueue``). The
+    estimate lags the database's clock by the reading's round trip (it is stamped when the answer
+    arrives), so it is never ahead of it."""
+
+    def __init__(self) -> None:
+        self._last: tuple[datetime, float] | None = None
+
+    def saw(self, at: datetime) -> None:
+        self._last = (at, time.monotonic())
+
+    def now(self, within_s: float = CLOCK_REUSE_S) -> datetime | None:
+        last = self._last
+        if last is None:
+            return None
+        elapsed = time.monotonic() - last[1]
+        if elapsed > within_s:
+            return None
+        return last[0] + timedelta(seconds=max(0.0, elapsed))
+
+
 @dataclass(frozen=True)
 class Known:
     """A job's head as this process's own write left it, and the database clock that write read.
@@ -160,6 +189,9 @@ class _Tx:
     # An autocommit connection on which the transition must be one statement (``Queue.mutate``).
     one_statement: bool = False
     _now: datetime | None = None
+    # A new job written with no read of its id first (``Queue.enqueue``): its key and what its
+    # write must not shadow.
+    unseen: tuple[str, projection.Unseen] | None = None
 
     @property
     def now(self) -> datetime:
@@ -251,6 +283,8 @@ class Queue:
         # PostgreSQL (the direct path): a single-job transition is one autocommitted statement.
         self._one_statement = engine.dialect.driver == DIRECT_DRIVER
         self.max_commands_per_job = max_commands_per_job
+        # The database clock as this queue last read it, for the enqueues that need nothing else.
+        self._clock = DbClock()
         self.hooks = tuple(hooks)
         for hook in self.hooks:
             hook.bind(self)
@@ -327,8 +361,9 @@ class Queue:
         deliveries' settlement) in one statement on PostgreSQL, then the hooks' other writes."""
         companion = step.companion
         pair = (companion.statement, companion.params) if companion is not None else None
+        unseen = tx.unseen[1] if tx.unseen is not None and tx.unseen[0] == step.state.id else None
         head, _stored = projection.append_and_save(
-            tx.conn, step.state, previous=step.loaded, chained=step.chained, companion=pair
+            tx.conn, step.state, previous=step.loaded, chained=step.chained, companion=pair, unseen=unseen
         )
         for index, write in step.writes:
             tx.results.setdefault(index, []).append(write.run(tx.conn))
@@ -674,7 +709,15 @@ class Queue:
         ``enqueued_by`` is who the server authenticated: written as ``enqueuedBy`` so the
         codex handler can re-check the right to run a command. Never taken from the request.
         """
-        return self._run_enqueue(req, lambda tx: self._enqueue_in(tx, req, enqueued_by))
+        # The first try may write without reading (``_enqueue_in``'s ``unread``); a try after a
+        # conflict reads.
+        tries = [0]
+
+        def work(tx: _Tx) -> EnqueueResult:
+            tries[0] += 1
+            return self._enqueue_in(tx, req, enqueued_by, unread=tries[0] == 1)
+
+        return self._run_enqueue(req, work)
 
     def enqueue_many(
         self, reqs: Sequence[EnqueueRequest], *, enqueued_by: Enqueuer | None = None
@@ -713,9 +756,17 @@ class Queue:
         result: EnqueueResult = self._run(work)
         return result
 
-    def _enqueue_in(self, tx: _Tx, req: EnqueueRequest, enqueued_by: Enqueuer | None) -> EnqueueResult:
+    def _enqueue_in(
+        self, tx: _Tx, req: EnqueueRequest, enqueued_by: Enqueuer | None, *, unread: bool = False
+    ) -> EnqueueResult:
         """One enqueue inside ``tx``: ``job.enqueued`` after the singleton handling, or the job the
-        jobId already names (``enqueued_by``: who the server authenticated, never the request)."""
+        jobId already names (``enqueued_by``: who the server authenticated, never the request).
+
+        ``unread``: an enqueue that takes no lock, written as one autocommitted statement, skips
+        the read of its id and of the clock while this process's reading of the clock is fresh
+        (``DbClock``). Its write then inserts the row only if the id is new, not archived and not an
+        older bare id of the organisation's; otherwise it conflicts, and the next try reads, so a
+        re-post still answers with the job it names and an archived id with its tombstone."""
         org = _organization(req)
         # A client id that existed before keys were qualified is still its organisation's.
         legacy = req.job_id if req.key is None else None
@@ -731,17 +782,28 @@ class Queue:
                 # Read after the projection: the pass removes the row and writes the tombstone in
                 # one commit, so one of the two reads sees the job.
                 archived = existing is None and tombstones.find(conn, job_stream(explicit)) is not None
+            elif unread and tx.one_statement and (guess := self._clock.now()) is not None:
+                tx._now, tx.unseen = guess, (explicit, projection.Unseen(org, legacy))
+                existing, archived = None, False
             else:
                 # Only this job decides: read the clock with it (the singleton path reads the
                 # session's other jobs first, so its clock must come after those reads), and
                 # whether its id was archived, in the same statement.
                 existing, tx._now, archived = projection.load_for_enqueue(conn, explicit, org, legacy)
+                self._clock.saw(tx._now)
             if existing is not None:
                 return EnqueueResult(existing.job, created=False)
             if archived:
                 gone = tombstones.find(conn, job_stream(explicit))
                 assert gone is not None  # tombstones are never removed
                 raise gone.refusal()
+        elif unread and tx.one_statement and not locks:
+            # A new id of its own: the clock is all this enqueue reads, and a fresh reading stands in.
+            guess = self._clock.now()
+            if guess is None:
+                guess = db_now(conn)
+                self._clock.saw(guess)
+            tx._now = guess
         if singleton and req.singleton_mode == "steer" and req.job_id is not None:
             # Spec: re-posting the same enqueue never disturbs the first. A steer creates no
             # job under its jobId, so its command carries that id, and a re-post finds it.
