@@ -220,8 +220,6 @@ def _dispatch_once(rt: Dispatcher, queue: str, *, redrive: bool) -> list[str]:
             rt.wakes.mark_line(queue, result.line_waiting, full=result.blocked)
         except Exception:  # best-effort: an unmarked line is still moved by the listener's look
             log.warning("could not mark the %s line", queue, exc_info=True)
-    if result.claimed:
-        fetches.record_scan([job.id for job, _ in result.claimed])
     return _send_claimed(rt, result.claimed, began_ns)
 
 
@@ -250,7 +248,6 @@ def _claim_directly(rt: Dispatcher, ids: list[str]) -> list[str]:
     claimed = retry_transient(claim)
     if not claimed:
         return []
-    fetches.record_scan([job.id for job, _ in claimed])
     return _send_claimed(rt, claimed, began_ns)
 
 
@@ -277,8 +274,11 @@ def _send_claimed(
     # Attempts this process keeps for its own free slots (``execute.LocalRuns``), by queue: run once
     # the pass's messages have left.
     kept: list[tuple[str, list[Item]]] = []
+    # The claimed jobs' scan records and their messages' sent records, in one write: the claim has
+    # committed, and nothing leaves before it.
     with fetches.sent_in_advance(
-        [(job.id, d.dispatch_key, d.generation) for job, d in to_send if not job.abort_requested]
+        [(job.id, d.dispatch_key, d.generation) for job, d in to_send if not job.abort_requested],
+        scanned=[job.id for job, _ in claimed],
     ):
         try:
             # The pass's worker messages leave in one pipeline, when the loop is done.

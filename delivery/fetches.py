@@ -429,16 +429,22 @@ _written: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
 
 
 @contextmanager
-def sent_in_advance(deliveries: Sequence[tuple[str, str, int]]) -> Iterator[None]:
+def sent_in_advance(
+    deliveries: Sequence[tuple[str, str, int]], *, scanned: Sequence[str] = ()
+) -> Iterator[None]:
     """Around a scan batch's publishes: record every worker message ``sent`` in one write, before
     any of them leaves (so each record still precedes its fetch); the per-publish hook then skips
-    them. ``deliveries``: (job id, dispatch key, generation) of the messages about to be sent."""
+    them. ``deliveries``: (job id, dispatch key, generation) of the messages about to be sent.
+    ``scanned``: the jobs the batch claimed, recorded in the same write as ``record_scan`` would
+    (the claim has committed; nothing of theirs has left yet)."""
     recorder = _recorder
-    if recorder is None or not deliveries:
+    if recorder is None or not (deliveries or scanned):
         yield
         return
     keys = [FETCH_PREFIX + driver_task_id(key, generation) for _job, key, generation in deliveries]
-    recorder.write([(k, f"{SENT} {recorder.consumer}") for k in keys])
+    recorder.write(
+        scan_entries(scanned, recorder.consumer) + [(k, f"{SENT} {recorder.consumer}") for k in keys]
+    )
     token = _written.set(frozenset(keys))
     try:
         yield

@@ -13,10 +13,10 @@ import redis
 from sqlalchemy import update
 from sqlalchemy.engine import Engine
 
-from app.jobs.routing import DRIVER_TASK, EXECUTE_TASK
+from app.jobs.routing import DRIVER_TASK, EXECUTE_TASK, route
 from app.storage.db import db_now, deliveries, transaction
 from app.storage.delivery import driver_task_id
-from delivery import fetches
+from delivery import dispatch, fetches
 from delivery.broker import RedisProbe
 from workers import loop_passes
 
@@ -134,3 +134,36 @@ def test_the_recorder_keeps_its_liveness_and_writes_one_pipeline_per_message(red
         client.close()
     dead = fetches.Recorder(settings_for("redis://127.0.0.1:1/0"))
     dead.write([("k", "v")])  # an unreachable broker: logged, never raised
+
+
+def test_a_pass_records_its_claims_and_their_messages_sent_in_one_write(
+    pg_engine: Engine, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim has committed before either record: the scan records (``dispatching:<job>``) and
+    the messages' ``sent`` records go in one pipeline, before any message leaves."""
+    rt, sent, _ = recording_runtime(pg_engine, settings_for(redis_url))
+    recorder = fetches.Recorder(settings_for(redis_url))
+    writes: list[list[tuple[str, str]]] = []
+    real = recorder.write
+    # An empty write sends nothing (``Recorder.write``): only the ones that reach Redis count.
+    monkeypatch.setattr(
+        recorder, "write", lambda entries: (entries and writes.append(list(entries)), real(entries))
+    )
+    monkeypatch.setattr(fetches, "_recorder", recorder)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        job = enqueue(rt.queue, "factory")
+        writes.clear()
+        assert dispatch.dispatch_queue(rt, route("factory", "factory.task.run").queue) == [job.id]
+        [message] = sent.named(EXECUTE_TASK)
+        fetch_key = fetches.FETCH_PREFIX + driver_task_id(message.args[2], message.args[3])
+        assert writes == [
+            [
+                (fetches.DISPATCHING_PREFIX + job.id, recorder.consumer),
+                (fetch_key, f"sent {recorder.consumer}"),
+            ]
+        ]
+        assert client.get(fetch_key) == f"sent {recorder.consumer}".encode()
+        assert client.get(fetches.DISPATCHING_PREFIX + job.id) == recorder.consumer.encode()
+    finally:
+        client.close()
