@@ -145,10 +145,14 @@ def test_a_pass_records_its_claims_and_their_messages_sent_in_one_write(
     recorder = fetches.Recorder(settings_for(redis_url))
     writes: list[list[tuple[str, str]]] = []
     real = recorder.write
+
     # An empty write sends nothing (``Recorder.write``): only the ones that reach Redis count.
-    monkeypatch.setattr(
-        recorder, "write", lambda entries: (entries and writes.append(list(entries)), real(entries))
-    )
+    def counted(entries: Any) -> None:
+        if entries:
+            writes.append(list(entries))
+        real(entries)
+
+    monkeypatch.setattr(recorder, "write", counted)
     monkeypatch.setattr(fetches, "_recorder", recorder)
     client = redis.Redis.from_url(redis_url)
     try:
