@@ -82,15 +82,21 @@ def _insert_sql(table: Table, columns: tuple[str, ...]) -> Any:
     return text(f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays})")
 
 
-@functools.lru_cache(maxsize=32)
-def _update_sql(table: Table, match: tuple[str, ...], columns: tuple[str, ...]) -> Any:
+def _update_text(table: Table, match: tuple[str, ...], columns: tuple[str, ...]) -> str:
+    """``UPDATE`` of ``columns`` from one array parameter per column, where each row still has its
+    ``match`` values (the matched values' parameters prefixed ``m_``)."""
     arrays = ", ".join(
         [*(_cast(table, _MATCH + c, c) for c in match), *(_cast(table, c, c) for c in columns)]
     )
     aliases = ", ".join([*(_MATCH + c for c in match), *columns])
     assignments = ", ".join(f"{c} = v.{c}" for c in columns)
     where = " AND ".join(f"{table.name}.{c} = v.{_MATCH}{c}" for c in match)
-    return text(f"UPDATE {table.name} SET {assignments} FROM unnest({arrays}) AS v({aliases}) WHERE {where}")
+    return f"UPDATE {table.name} SET {assignments} FROM unnest({arrays}) AS v({aliases}) WHERE {where}"
+
+
+@functools.lru_cache(maxsize=32)
+def _update_sql(table: Table, match: tuple[str, ...], columns: tuple[str, ...]) -> Any:
+    return text(_update_text(table, match, columns))
 
 
 def insert(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -133,3 +139,60 @@ def update(
     for c in columns:
         params[c] = _column_values(table, c, [new[c] for _old, new in rows])
     return int(conn.execute(_update_sql(table, matched_on, columns), params).rowcount)
+
+
+@functools.lru_cache(maxsize=16)
+def _update_with_children_sql(
+    table: Table,
+    match: tuple[str, ...],
+    columns: tuple[str, ...],
+    child: Table,
+    child_columns: tuple[str, ...],
+) -> Any:
+    key = match[0]
+    child_arrays = ", ".join(
+        [*(_cast(child, _CHILD + c, c) for c in child_columns), _cast(table, _CHILD + _OWNER, key)]
+    )
+    child_aliases = ", ".join([*child_columns, _OWNER])
+    picked = ", ".join(f"c.{c}" for c in child_columns)
+    return text(
+        f"WITH moved AS ({_update_text(table, match, columns)} RETURNING {table.name}.{key}), "
+        f"appended AS (INSERT INTO {child.name} ({', '.join(child_columns)}) SELECT {picked} "
+        f"FROM unnest({child_arrays}) AS c({child_aliases}) "
+        f"WHERE c.{_OWNER} IN (SELECT {key} FROM moved) RETURNING 1) "
+        f"SELECT {key} FROM moved"
+    )
+
+
+_CHILD = "c_"
+_OWNER = "owner"
+
+
+def update_with_children(
+    conn: Connection,
+    table: Table,
+    match: Sequence[str],
+    rows: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    child: Table,
+    children: Sequence[tuple[Any, Mapping[str, Any]]],
+) -> set[Any]:
+    """PostgreSQL: ``update``'s rows and, in the same statement, the ``children`` rows (each given
+    with the first match value of the row it belongs to) of only the rows that matched, so a row
+    that moved meanwhile gets neither. One statement, one round trip, whatever the numbers; alone on
+    an autocommit connection, its own transaction. Returns the first match values of the rows
+    written."""
+    if not rows:
+        return set()
+    matched_on = tuple(match)
+    columns = tuple(rows[0][1])
+    child_columns = tuple(children[0][1])
+    params: dict[str, Any] = {}
+    for i, c in enumerate(matched_on):
+        params[_MATCH + c] = [old[i] for old, _new in rows]
+    for c in columns:
+        params[c] = _column_values(table, c, [new[c] for _old, new in rows])
+    for c in child_columns:
+        params[_CHILD + c] = _column_values(child, c, [row[c] for _owner, row in children])
+    params[_CHILD + _OWNER] = [owner for owner, _row in children]
+    statement = _update_with_children_sql(table, matched_on, columns, child, child_columns)
+    return {row[0] for row in conn.execute(statement, params)}

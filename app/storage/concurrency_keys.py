@@ -34,9 +34,19 @@ def key_of(job: Job) -> tuple[str, str] | None:
     return (job.organization_id or "", key) if key is not None else None
 
 
+def _keyed(starting: Sequence[Job]) -> list[tuple[Job, tuple[str, str]]]:
+    return [(job, k) for job in starting if job.status == "queued" and (k := key_of(job)) is not None]
+
+
+def locks_for(starting: Sequence[Job]) -> bool:
+    """Whether ``refused`` takes a lock (and reads) for these jobs: one of them is a queued job with
+    a concurrency key. Without, it answers at once, and a lease needs no transaction for it."""
+    return bool(_keyed(starting))
+
+
 def refused(conn: Connection, starting: Sequence[Job], limit_of: Callable[[Job], int]) -> set[str]:
     """The ids among ``starting`` (queued jobs about to be leased, in order) whose key is full."""
-    keyed = [(job, k) for job in starting if job.status == "queued" and (k := key_of(job)) is not None]
+    keyed = _keyed(starting)
     if not keyed:
         return set()
     pairs = sorted({k for _, k in keyed})

@@ -449,6 +449,30 @@ def advance_many(conn: Connection, moved: Sequence[tuple[Loaded, Job, store.Chai
     return heads
 
 
+def advance_unlocked(
+    conn: Connection, moved: Sequence[tuple[Loaded, Job, store.Chained]]
+) -> dict[str, Loaded]:
+    """``advance_many`` as one statement (PostgreSQL), with no transaction around it: each job's
+    row where it still is at the seq it was read at, and in the same statement the receipts of
+    only those rows (``bulk.update_with_children``). A job that moved meanwhile gets nothing. The
+    heads written, by job id; ``AppendConflict`` (nothing written) when a receipt's seq was taken."""
+    if not moved:
+        return {}
+    rows = []
+    heads = {}
+    children = []
+    for previous, job, chained in moved:
+        changed_at = _status_changed_at(job, previous, chained.at)
+        rows.append(((job.id, previous.job.seq), _columns(job, chained.last_hash, changed_at)))
+        heads[job.id] = Loaded(job, chained.last_hash, changed_at)
+        children += [(job.id, row) for row in chained.rows]
+    try:
+        written = bulk.update_with_children(conn, jobs, ("id", "last_seq"), rows, receipts_table, children)
+    except IntegrityError as exc:
+        raise AppendConflict(f"{len(moved)} jobs: another writer appended to one first") from exc
+    return {job_id: head for job_id, head in heads.items() if job_id in written}
+
+
 def _status_changed_at(job: Job, previous: Loaded | None, at: str) -> datetime:
     """When ``job`` (the fold after receipts written at ``at``) last changed status."""
     if previous is not None and previous.job.status == job.status:

@@ -398,6 +398,7 @@ class Queue:
         items: Sequence[tuple[str, Decide]],
         *,
         before: Callable[[Connection, Sequence[Job], datetime], None] | None = None,
+        before_locks: Callable[[Sequence[Job]], bool] | None = None,
     ) -> list[Outcome | Exception]:
         """Several ``mutate`` calls in one transaction and one commit, decided in order on one read of
         their jobs and one clock; a job named twice is decided the second time on what the first
@@ -405,8 +406,90 @@ class Queue:
         (``JobNotFound``, or ``decide`` raising), which writes nothing for it and spoils nothing
         else. A write that fails rolls the whole transaction back and raises: no item took effect.
         Losing an append race re-reads and re-decides every item. ``before`` sees the jobs as read
-        and the clock, in the transaction, before any decision (to take locks and read beside them)."""
+        and the clock, in the transaction, before any decision (to take locks and read beside them);
+        ``before_locks`` says whether it would take a lock for these jobs as read.
 
+        On PostgreSQL, items naming distinct jobs whose transitions carry nothing beside their
+        receipts, and for which ``before`` takes no lock, need no transaction (``_mutate_unlocked``):
+        an autocommitted read, then one autocommitted statement that writes each job's row where it
+        still is at the seq it was read at and the receipts of only those. A job that moved meanwhile
+        gets nothing, and is decided again, alone with the others that moved, in a transaction."""
+        if (
+            self._one_statement
+            and len({job_id for job_id, _ in items}) == len(items)
+            and (before is None or before_locks is not None)
+        ):
+            done = self._mutate_unlocked(items, before, before_locks)
+            if done is not None:
+                return done
+        return self._mutate_many_in_transaction(items, before)
+
+    def _mutate_unlocked(
+        self,
+        items: Sequence[tuple[str, Decide]],
+        before: Callable[[Connection, Sequence[Job], datetime], None] | None,
+        before_locks: Callable[[Sequence[Job]], bool] | None,
+    ) -> list[Outcome | Exception] | None:
+        """``mutate_many`` without a transaction (see there); None, with nothing written, when these
+        items need one."""
+        answers: list[Outcome | Exception | None] = []
+        steps: dict[str, _Step] = {}
+        try:
+            with autocommit_connection(self.engine) as conn:
+                tx = _Tx(conn, one_statement=True)
+                heads, tx._now = projection.load_many_at_clock(conn, [job_id for job_id, _ in items])
+                read = [heads[job_id].job for job_id, _ in items if job_id in heads]
+                if before is not None:
+                    if before_locks is None or before_locks(read):
+                        return None
+                    before(conn, read, tx.now)
+                for job_id, decide in items:
+                    loaded = heads.get(job_id)
+                    if loaded is None:
+                        answers.append(JobNotFound(job_id))
+                        continue
+                    try:
+                        events = decide(loaded.job, tx.now)
+                    except Exception as exc:  # this item's own refusal: nothing written for it
+                        answers.append(exc)
+                        continue
+                    if not events:
+                        answers.append(Outcome(loaded.job, False))
+                        continue
+                    step = self._step(tx, loaded, job_id, events)
+                    if step.companion is not None or step.writes:
+                        return None  # nothing is written yet
+                    steps[job_id] = step
+                    answers.append(None)
+                moved = projection.advance_unlocked(
+                    conn, [(s.loaded, s.state, s.chained) for s in steps.values() if s.loaded is not None]
+                )
+        except AppendConflict:
+            return None  # the statement wrote nothing: every item is decided again in a transaction
+        tx.changes.extend(step.change for job_id, step in steps.items() if job_id in moved)
+        run_after(self.hooks, tx.changes, tx.results)
+        mono = time.monotonic()
+        again = [
+            item
+            for item, answer in zip(items, answers, strict=True)
+            if answer is None and item[0] not in moved
+        ]
+        redone = iter(self._mutate_many_in_transaction(again, before) if again else [])
+        out: list[Outcome | Exception] = []
+        for (job_id, _), answer in zip(items, answers, strict=True):
+            if answer is not None:
+                out.append(answer)
+            elif job_id in moved:
+                out.append(Outcome(steps[job_id].state, True, Known(moved[job_id], tx.now, mono)))
+            else:
+                out.append(next(redone))
+        return out
+
+    def _mutate_many_in_transaction(
+        self,
+        items: Sequence[tuple[str, Decide]],
+        before: Callable[[Connection, Sequence[Job], datetime], None] | None,
+    ) -> list[Outcome | Exception]:
         written: dict[str, projection.Loaded] = {}
         clock: list[datetime] = []
 
@@ -1045,6 +1128,7 @@ class Queue:
                 for (job_id, worker_id, attempt), verdict in zip(items, verdicts, strict=True)
             ],
             before=gate,
+            before_locks=keys.locks_for,
         )
         out: list[AttemptStart | Exception] = []
         for answer, verdict in zip(answers, verdicts, strict=True):

@@ -1,8 +1,10 @@
 """A message's transitions are one write: ``Queue.mutate_many`` writes the transitions that carry
-nothing beside their receipts (a batch's leases) as two statements whatever their number, all
-their receipts and all their rows (``projection.advance_many``); one that a hook writes beside
-(a settlement's deliveries, a callback's outbox row) keeps its own statement, in the same
-transaction. Every job still gets its own hash-chained receipts and its own fence."""
+nothing beside their receipts (a batch's leases): on PostgreSQL, with no lock to take, one read and
+one statement with no transaction around them (``projection.advance_unlocked``: each row where it was
+read and the receipts of only those), and a job that moved meanwhile is decided again; in a
+transaction, two statements whatever their number (``projection.advance_many``). One that a hook
+writes beside (a settlement's deliveries, a callback's outbox row) keeps its own statement, in the
+same transaction. Every job still gets its own hash-chained receipts and its own fence."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.jobs import transitions
-from app.storage import store
+from app.storage import projection, store
 from app.storage.queue import Outcome, Queue
 
 from .runtime_support import enqueue
@@ -38,7 +40,7 @@ def statements(pg_engine: Engine) -> Iterator[list[str]]:
     event.remove(engine, "before_cursor_execute", listen)
 
 
-def test_a_batchs_leases_are_written_as_one_insert_and_one_update(
+def test_a_batchs_leases_are_one_read_and_one_write_with_no_transaction(
     pg_engine: Engine, statements: list[str]
 ) -> None:
     queue = queue_for(pg_engine)
@@ -49,8 +51,10 @@ def test_a_batchs_leases_are_written_as_one_insert_and_one_update(
     )
     assert [s.status for s in starts] == ["started"] * 4  # type: ignore[union-attr]
     assert [s.job.lease.worker_id for s in starts] == [f"w-{i}" for i in range(4)]  # type: ignore[union-attr]
-    assert sum(s.startswith("INSERT INTO receipts") for s in statements) == 1
-    assert sum(s.startswith("UPDATE jobs") for s in statements) == 1
+    # Every row where it was read and every receipt, in one statement after one read.
+    [write] = [s for s in statements if "UPDATE jobs" in s or "INSERT INTO receipts" in s]
+    assert write.startswith("WITH moved AS (UPDATE jobs") and "INSERT INTO receipts" in write
+    assert sum(s.startswith("SELECT clock_timestamp() AS now, jobs.state") for s in statements) == 1
     with queue.engine.connect() as conn:
         checked, broken = store.verify(conn)
     assert broken is None and checked > 0
@@ -62,6 +66,31 @@ def test_a_batchs_leases_are_written_as_one_insert_and_one_update(
             and after.lease is not None
             and after.lease.worker_id == f"w-{i}"
         )
+
+
+def test_a_job_that_moved_after_the_read_gets_nothing_and_is_decided_again(
+    pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = queue_for(pg_engine)
+    jobs = [enqueue(queue, "factory") for _ in range(3)]
+    real = projection.load_many_at_clock
+    calls = []
+
+    def read_then_cancel(conn: Any, job_ids: Any) -> Any:
+        out = real(conn, job_ids)
+        calls.append(list(job_ids))
+        if len(calls) == 1:  # another writer cancels the second job between the read and the write
+            queue_for(pg_engine).cancel(jobs[1].id, "meanwhile")
+        return out
+
+    monkeypatch.setattr(projection, "load_many_at_clock", read_then_cancel)
+    starts = queue.start_attempts([(job.id, f"w-{i}", 1) for i, job in enumerate(jobs)], lambda _j: LEASE_MS)
+    assert [s.status for s in starts] == ["started", "terminal_state", "started"]  # type: ignore[union-attr]
+    assert calls[1] == [jobs[1].id], "only the job that moved was read again"
+    moved = queue.get(jobs[1].id)
+    assert moved is not None and moved.status == "canceled" and moved.lease is None
+    with queue.engine.connect() as conn:
+        assert store.verify(conn)[1] is None
 
 
 def test_a_job_named_twice_is_decided_the_second_time_on_what_the_first_appended(queue: Queue) -> None:
