@@ -99,6 +99,29 @@ def _update_sql(table: Table, match: tuple[str, ...], columns: tuple[str, ...]) 
     return text(_update_text(table, match, columns))
 
 
+@functools.lru_cache(maxsize=8)
+def _insert_absent_sql(table: Table, columns: tuple[str, ...], absent_on: str) -> Any:
+    arrays = ", ".join(_cast(table, c, c) for c in columns)
+    return text(
+        f"INSERT INTO {table.name} ({', '.join(columns)}) SELECT * FROM unnest({arrays}) "
+        f"AS v({', '.join(columns)}) WHERE NOT EXISTS "
+        f"(SELECT 1 FROM {table.name} t WHERE t.{absent_on} = v.{absent_on}) RETURNING {absent_on}"
+    )
+
+
+def insert_absent(
+    conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]], absent_on: str
+) -> set[Any]:
+    """PostgreSQL: insert, in one statement, each of ``rows`` whose ``absent_on`` value no row of the
+    table holds yet; the ``absent_on`` values of the rows inserted. The caller serialises writers of
+    one value (a lock taken in an earlier statement of its transaction)."""
+    if not rows:
+        return set()
+    columns = tuple(rows[0])
+    params = {c: _column_values(table, c, [row[c] for row in rows]) for c in columns}
+    return {row[0] for row in conn.execute(_insert_absent_sql(table, columns, absent_on), params)}
+
+
 def insert(conn: Connection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert ``rows`` (each with the same columns) in one statement."""
     if not rows:

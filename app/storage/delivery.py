@@ -10,6 +10,7 @@ queued redrive re-delivers from receipts. Celery task ids are derived from key +
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -26,6 +27,7 @@ from app.jobs.errors import (
     generations_exceeded_message,
 )
 from app.jobs.vocab import TERMINAL_STATUSES, AttemptStatus, DeliveryOutcome, Status
+from app.storage import bulk
 from app.storage.db import as_utc, deliveries, jobs, lock_keys
 from app.storage.direct import Direct, DirectMany, multi_row_params, multi_row_values
 
@@ -158,13 +160,63 @@ def begin_many(
     ends every pending delivery of the job created before that time first.
 
     Many jobs in one transaction and a fixed number of round trips (the dispatch scan claims a
-    batch): one lock statement, one read of the jobs' delivery records, one multi-row insert.
-    One decision per request, in order; a job past its generation bound gets the exception.
+    batch): one lock statement, then on PostgreSQL one statement that records the first delivery of
+    every job that has none yet (``_first_deliveries``), and for the rest one read of their delivery
+    records and one multi-row insert. One decision per request, in order; a job past its generation
+    bound gets the exception.
     """
     # One starter at a time per job: the in-flight check below reads several rows, which a
     # concurrent starter could otherwise change between the reads (Postgres; SQLite's write lock
     # already serialises). Held to commit, so no concurrent starter inserts the same generation.
     lock_keys(conn, [f"delivery:{r.job_id}" for r in requests])
+    firsts = _first_deliveries(conn, requests, now, epoch)
+    rest = [r for r in requests if r.job_id not in firsts]
+    decided = iter(_begin_after_read(conn, rest, now, epoch) if rest else [])
+    return [firsts[r.job_id] if r.job_id in firsts else next(decided) for r in requests]
+
+
+def _first_deliveries(
+    conn: Connection, requests: Sequence[StartRequest], now: datetime, epoch: str | None
+) -> dict[str, StartDecision]:
+    """PostgreSQL: generation 0 of each job that has no delivery record at all, recorded in one
+    statement with no read first (the rule for a job with no record, ``decide_generation``: its
+    first delivery). A job named twice in the batch, or one whose pending deliveries a redrive
+    presumes lost, takes the read path."""
+    if not Direct.available(conn):
+        return {}
+    named = Counter(r.job_id for r in requests)
+    candidates = {r.job_id: r for r in requests if named[r.job_id] == 1 and r.presume_lost_before is None}
+    rows = [_row_values(r, 0, driver_task_id(r.dispatch_key, 0), now, epoch) for r in candidates.values()]
+    inserted = bulk.insert_absent(conn, deliveries, rows, "job_id")
+    return {
+        job_id: StartDecision(True, r.dispatch_key, 0, driver_task_id(r.dispatch_key, 0))
+        for job_id, r in candidates.items()
+        if job_id in inserted
+    }
+
+
+def _row_values(
+    req: StartRequest, generation: int, task_id: str, now: datetime, epoch: str | None
+) -> dict[str, Any]:
+    key = DeliveryKey.of(req.job_id, req.dispatch_key)
+    return {
+        "job_id": req.job_id,
+        "purpose": key.purpose,
+        "observed": key.observed,
+        "generation": generation,
+        "dispatch_key": req.dispatch_key[:320],
+        "task_id": task_id,
+        "state": "pending",
+        "broker_epoch": epoch,
+        "created_at": now,
+        "deadline_at": now + timedelta(milliseconds=req.driver_timeout_ms),
+    }
+
+
+def _begin_after_read(
+    conn: Connection, requests: Sequence[StartRequest], now: datetime, epoch: str | None
+) -> list[StartDecision | DeliveryGenerationsExceeded]:
+    """``begin_many``'s decisions from the jobs' delivery records, read under their locks."""
     rows = _records_of(conn, sorted({r.job_id for r in requests}))
     pending: dict[str, list[tuple[DeliveryKey, int, Any]]] = {}
     newest: dict[DeliveryKey, int] = {}
@@ -198,19 +250,8 @@ def begin_many(
             decisions.append(exc)
             continue
         assert decision.task_id is not None
-        deadline = now + timedelta(milliseconds=req.driver_timeout_ms)
-        row_values = {
-            "job_id": req.job_id,
-            "purpose": key.purpose,
-            "observed": key.observed,
-            "generation": decision.generation,
-            "dispatch_key": req.dispatch_key[:320],
-            "task_id": decision.task_id,
-            "state": "pending",
-            "broker_epoch": epoch,
-            "created_at": now,
-            "deadline_at": deadline,
-        }
+        row_values = _row_values(req, decision.generation, decision.task_id, now, epoch)
+        deadline = row_values["deadline_at"]
         inserts.append(row_values)
         # A second request for the same job in this batch finds this one in flight.
         newest[key] = decision.generation

@@ -241,3 +241,41 @@ def test_an_outbox_key_is_its_own_purpose(engine: Engine) -> None:
     assert (first.created, first.generation) == (True, 0)
     assert delivery.DeliveryKey.of("job-1", "job-1:outbox:3") == delivery.DeliveryKey("job-1", "outbox", "3")
     assert delivery.DeliveryKey("job-1", "outbox", "3").text == "job-1:outbox:3"
+
+
+def test_a_batch_records_first_deliveries_without_reading_and_reads_only_the_others(
+    pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: a job with no delivery record gets generation 0 from one statement with no read
+    (the first-delivery rule); only jobs with records are read and decided by the full rule."""
+    begin(pg_engine, "settled", job_id="settled")
+    with transaction(pg_engine) as conn:
+        delivery.settle(conn, "settled", "settled", 0, "completed", db_now(conn))
+    begin(pg_engine, "pending", job_id="pending")
+    read: list[list[str]] = []
+    real = delivery._records_of
+
+    def spy(conn: object, job_ids: list[str]) -> object:
+        read.append(list(job_ids))
+        return real(conn, job_ids)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(delivery, "_records_of", spy)
+    requests = [
+        delivery.StartRequest(job_id, job_id, DRIVER_TIMEOUT_MS)
+        for job_id in ("a", "settled", "b", "pending")
+    ]
+    with transaction(pg_engine) as conn:
+        decisions = delivery.begin_many(conn, requests, db_now(conn))
+    assert read == [["pending", "settled"]]
+    assert [(d.created, d.generation) for d in decisions] == [(True, 0), (True, 1), (True, 0), (False, 0)]  # type: ignore[union-attr]
+    assert decisions[3].reason == ACTIVE_DELIVERY_REASON  # type: ignore[union-attr]
+    with pg_engine.connect() as conn:
+        rows = conn.execute(
+            select(deliveries.c.job_id, deliveries.c.generation, deliveries.c.task_id, deliveries.c.state)
+            .where(deliveries.c.job_id.in_(["a", "b"]))
+            .order_by(deliveries.c.job_id)
+        ).all()
+    assert [tuple(r) for r in rows] == [
+        ("a", 0, delivery.driver_task_id("a", 0), "pending"),
+        ("b", 0, delivery.driver_task_id("b", 0), "pending"),
+    ]
