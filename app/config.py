@@ -229,6 +229,13 @@ DISPATCH_LEAD_MAX = 64
 _KEY_PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-")
 
 
+def _refill_coalesce_ms(text: str) -> int:
+    value = int(text.strip())
+    if not 0 <= value <= 1000:
+        raise ValueError("must be 0 to 1000 ms")
+    return value
+
+
 def _dispatch_lead(text: str) -> int:
     value = int(text.strip())
     if not 0 <= value <= DISPATCH_LEAD_MAX:
@@ -929,6 +936,16 @@ class Settings:
         "while another commits share the next commit, this many at most; one arriving alone commits "
         "at once. `1` commits each alone.",
         _int,
+    )
+    refill_coalesce_ms: int = setting(
+        "RECEIPT_REFILL_COALESCE_MS",
+        "20",
+        "How long a worker process's refill lets the places its ended attempts free gather before it "
+        "runs the pass that fills them: one pass for several places costs the round trips of one (at "
+        "20 ms, 5.5 -> 4.6 statements a job under load), and the lead's messages "
+        "(`RECEIPT_DISPATCH_LEAD`) keep its slots fed meanwhile. A new job's own dispatch never waits "
+        "for it. `0` runs a pass as soon as a place frees. At most 1000.",
+        _refill_coalesce_ms,
     )
     delivery_batch_max: int = setting(
         "RECEIPT_DELIVERY_BATCH_MAX",

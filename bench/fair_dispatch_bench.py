@@ -38,7 +38,18 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=3000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="RECEIPT_NAME=VALUE",
+        help="a setting for Receipt's processes (repeatable)",
+    )
     args = parser.parse_args()
+    malformed = [s for s in args.setting if "=" not in s or not s.startswith("RECEIPT_")]
+    if malformed:
+        parser.error(f"--setting: {', '.join(malformed)}: give RECEIPT_<NAME>=<value>")
+    settings = dict(s.split("=", 1) for s in args.setting)
 
     import requests
     from sqlalchemy import select
@@ -62,7 +73,9 @@ def main() -> None:
         upgrade(engine)
         # A's burst is the subject: the write limit per organisation (20 000 a minute) would refuse
         # most of a 30 000 burst.
-        stack = make_stack(harness, db_url, Path(tmp) / "home", RECEIPT_RATE_LIMIT_WRITES="disabled")
+        stack = make_stack(
+            harness, db_url, Path(tmp) / "home", RECEIPT_RATE_LIMIT_WRITES="disabled", **settings
+        )
         stack.timings = {}  # production defaults throughout
         _a, token_a = tokens.create(engine, ORG_A)
         _b, token_b = tokens.create(engine, ORG_B)

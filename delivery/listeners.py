@@ -130,6 +130,7 @@ class Refill:
         self._thread = threading.Thread(target=self._run, name="receipt-refill", daemon=True)
         self.passes = 0
         self.served = 0  # asks taken and answered (with a pass or without: no line waited)
+        self.coalesce_s = rt.settings.refill_coalesce_ms / 1000
 
     def start(self) -> None:
         self.rt.delivery.on_freed = self.ask
@@ -154,10 +155,17 @@ class Refill:
             self._cond.notify()
 
     def _take(self, wait_s: float) -> set[str] | None:
-        """The queues asked for, once there are any or ``wait_s`` passed; None once stopping."""
+        """The queues asked for, once there are any or ``wait_s`` passed; None once stopping. Once
+        asked, the asks of ``RECEIPT_REFILL_COALESCE_MS`` more fold into the same pass: under load
+        places free one by one, and one pass for several costs the same round trips as for one,
+        while the lead's messages (``RECEIPT_DISPATCH_LEAD``) keep the slots fed meanwhile."""
         with self._cond:
             if not self._asked and not self._stopping:
                 self._cond.wait(wait_s)
+            if self._asked and self.coalesce_s > 0:
+                until = time.monotonic() + self.coalesce_s
+                while not self._stopping and (left := until - time.monotonic()) > 0:
+                    self._cond.wait(left)
             if self._stopping:
                 return None
             asked, self._asked = self._asked, set()
