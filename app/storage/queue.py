@@ -424,6 +424,21 @@ class Queue:
                 return done
         return self._mutate_many_in_transaction(items, before)
 
+    def _decided(
+        self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, decide: Decide
+    ) -> _Step | Outcome | Exception:
+        """One item of ``mutate_many`` decided on its job as read: its step, or its answer when it
+        writes nothing (``JobNotFound``, its decision's own exception, or an ``Outcome`` not applied)."""
+        if loaded is None:
+            return JobNotFound(job_id)
+        try:
+            events = decide(loaded.job, tx.now)
+        except Exception as exc:  # this item's own refusal: nothing written for it
+            return exc
+        if not events:
+            return Outcome(loaded.job, False)
+        return self._step(tx, loaded, job_id, events)
+
     def _mutate_unlocked(
         self,
         items: Sequence[tuple[str, Decide]],
@@ -444,19 +459,10 @@ class Queue:
                         return None
                     before(conn, read, tx.now)
                 for job_id, decide in items:
-                    loaded = heads.get(job_id)
-                    if loaded is None:
-                        answers.append(JobNotFound(job_id))
+                    step = self._decided(tx, heads.get(job_id), job_id, decide)
+                    if not isinstance(step, _Step):
+                        answers.append(step)
                         continue
-                    try:
-                        events = decide(loaded.job, tx.now)
-                    except Exception as exc:  # this item's own refusal: nothing written for it
-                        answers.append(exc)
-                        continue
-                    if not events:
-                        answers.append(Outcome(loaded.job, False))
-                        continue
-                    step = self._step(tx, loaded, job_id, events)
                     if step.companion is not None or step.writes:
                         return None  # nothing is written yet
                     steps[job_id] = step
@@ -514,19 +520,10 @@ class Queue:
             for job_id, decide in items:
                 if job_id in plain:
                     write_plain()
-                loaded = heads.get(job_id)
-                if loaded is None:
-                    answers.append(JobNotFound(job_id))
+                step = self._decided(tx, heads.get(job_id), job_id, decide)
+                if not isinstance(step, _Step):
+                    answers.append(step)
                     continue
-                try:
-                    events = decide(loaded.job, tx.now)
-                except Exception as exc:  # this item's own refusal: nothing written for it
-                    answers.append(exc)
-                    continue
-                if not events:
-                    answers.append(Outcome(loaded.job, False))
-                    continue
-                step = self._step(tx, loaded, job_id, events)
                 if step.companion is None and not step.writes:
                     plain[job_id] = step
                 else:

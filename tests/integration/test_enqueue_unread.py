@@ -25,6 +25,7 @@ from app.storage import db, projection, store
 from app.storage.db import parse_iso
 from app.storage.queue import CLOCK_REUSE_S, DbClock, Queue
 from tests.support.queue_ops import complete, lease
+from tests.support.spies import counting
 
 ORG = "org-unread"
 
@@ -43,15 +44,8 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """How often an enqueue reads its id (with the clock) or the clock alone."""
     seen = {"id": 0, "clock": 0}
 
-    def counting(name: str, real: Any) -> Any:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            seen[name] += 1
-            return real(*args, **kwargs)
-
-        return wrapped
-
-    monkeypatch.setattr(projection, "load_for_enqueue", counting("id", projection.load_for_enqueue))
-    monkeypatch.setattr("app.storage.queue.db_now", counting("clock", db.db_now))
+    monkeypatch.setattr(projection, "load_for_enqueue", counting(seen, "id", projection.load_for_enqueue))
+    monkeypatch.setattr("app.storage.queue.db_now", counting(seen, "clock", db.db_now))
     return seen
 
 

@@ -5,34 +5,20 @@ the process's monotonic clock; a head that moved since is decided again on a fre
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
-from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
 from app.storage import db, projection, store
 from app.storage.db import parse_iso
 from app.storage.queue import AttemptStart, Known, Queue
+from tests.support.spies import counting
 
 from .runtime_support import enqueue
 
 LEASE_MS = 60_000
-
-
-@pytest.fixture
-def statements(pg_engine: Engine) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def listen(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
-        seen.append(" ".join(statement.split()))
-
-    event.listen(pg_engine, "before_cursor_execute", listen)
-    yield seen
-    event.remove(pg_engine, "before_cursor_execute", listen)
 
 
 def leased(queue: Queue, n: int = 2) -> list[AttemptStart]:
@@ -68,16 +54,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     turn the one-statement path off: ``Direct.available``.)"""
     seen = {"reads": 0, "transactions": 0}
 
-    def counting(name: str, real: Any) -> Any:
-        def wrapped(*args: Any, **kwargs: Any) -> Any:
-            seen[name] += 1
-            return real(*args, **kwargs)
-
-        return wrapped
-
     for loader in ("load", "load_at_clock", "load_many_at_clock"):
-        monkeypatch.setattr(projection, loader, counting("reads", getattr(projection, loader)))
-    monkeypatch.setattr("app.storage.queue.transaction", counting("transactions", db.transaction))
+        monkeypatch.setattr(projection, loader, counting(seen, "reads", getattr(projection, loader)))
+    monkeypatch.setattr("app.storage.queue.transaction", counting(seen, "transactions", db.transaction))
     return seen
 
 
