@@ -91,28 +91,40 @@ MAX_COMMANDS_PER_JOB_DEFAULT = 1000
 CLOCK_REUSE_S = 1.0
 
 
+@dataclass(frozen=True)
+class ClockReading:
+    """The database clock as read (``at``), and this process's monotonic clock once the answer had
+    arrived (``mono``). ``now`` advances the one by the other: never ahead of the database's clock
+    (it lags by the reading's round trip), and never behind ``at``."""
+
+    at: datetime
+    mono: float
+
+    def age_s(self, monotonic: Callable[[], float] = time.monotonic) -> float:
+        return max(0.0, monotonic() - self.mono)
+
+    def now(self, monotonic: Callable[[], float] = time.monotonic) -> datetime:
+        return self.at + timedelta(seconds=self.age_s(monotonic))
+
+
 class DbClock:
     """The database clock as this process last read it, advanced by its monotonic clock.
 
     A new job's first receipt needs the database's time and nothing else from a read when its id is
-    new: a reading younger than ``CLOCK_REUSE_S`` stands in for it (``Queue.enqueue``). The
-    estimate lags the database's clock by the reading's round trip (it is stamped when the answer
-    arrives), so it is never ahead of it."""
+    new: a reading younger than ``CLOCK_REUSE_S`` stands in for it (``Queue.enqueue``)."""
 
-    def __init__(self) -> None:
-        self._last: tuple[datetime, float] | None = None
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic
+        self._last: ClockReading | None = None
 
     def saw(self, at: datetime) -> None:
-        self._last = (at, time.monotonic())
+        self._last = ClockReading(at, self._monotonic())
 
     def now(self, within_s: float = CLOCK_REUSE_S) -> datetime | None:
         last = self._last
-        if last is None:
+        if last is None or last.age_s(self._monotonic) > within_s:
             return None
-        elapsed = time.monotonic() - last[1]
-        if elapsed > within_s:
-            return None
-        return last[0] + timedelta(seconds=max(0.0, elapsed))
+        return last.now(self._monotonic)
 
 
 @dataclass(frozen=True)
@@ -122,16 +134,14 @@ class Known:
     The holder's next transition may be decided and written on it without reading the row again
     (``Queue.settle_attempt``): the write names the seq it follows, so a receipt appended since
     (a heartbeat, an abort request, the lease's expiry) makes it conflict, and it is decided again
-    on a fresh read. Its clock is the database's as that write read it, advanced by this process's
-    monotonic clock since the write returned: never ahead of the database's, and never behind the
-    head's own receipts, so the stream's times still never go back."""
+    on a fresh read. Its clock (``ClockReading``) is never behind the head's own receipts, so the
+    stream's times still never go back."""
 
     head: projection.Loaded
-    read_at: datetime
-    mono: float
+    clock: ClockReading
 
     def now(self) -> datetime:
-        return self.read_at + timedelta(seconds=max(0.0, time.monotonic() - self.mono))
+        return self.clock.now()
 
 
 @dataclass(frozen=True)
@@ -308,14 +318,16 @@ class Queue:
         before writing anything when it needs more.
         """
 
-        def attempt() -> Any:
-            with autocommit_connection(self.engine) if one_statement else transaction(self.engine) as conn:
-                tx = _Tx(conn, one_statement=one_statement)
-                result = work(tx)
-            run_after(self.hooks, tx.changes, tx.results)
-            return result
+        return optimistic(lambda: self._once(work, one_statement=one_statement), what="job transition")
 
-        return optimistic(attempt, what="job transition")
+    def _once(self, work: Callable[[_Tx], Any], *, one_statement: bool = False) -> Any:
+        """One try of ``work`` (``_run`` without the re-runs): its connection and commit, then the
+        hooks' after-commit halves."""
+        with autocommit_connection(self.engine) if one_statement else transaction(self.engine) as conn:
+            tx = _Tx(conn, one_statement=one_statement)
+            result = work(tx)
+        run_after(self.hooks, tx.changes, tx.results)
+        return result
 
     def _apply(self, tx: _Tx, loaded: projection.Loaded | None, job_id: str, events: Sequence[Event]) -> Job:
         """Append ``events`` to ``jobs/<job_id>`` after ``loaded``, write the projection, and what the
@@ -449,32 +461,37 @@ class Queue:
         items need one."""
         answers: list[Outcome | Exception | None] = []
         steps: dict[str, _Step] = {}
+
+        def work(tx: _Tx) -> tuple[dict[str, projection.Loaded], datetime] | None:
+            heads, tx._now = projection.load_many_at_clock(tx.conn, [job_id for job_id, _ in items])
+            read = [heads[job_id].job for job_id, _ in items if job_id in heads]
+            if before is not None:
+                if before_locks is None or before_locks(read):
+                    return None
+                before(tx.conn, read, tx.now)
+            for job_id, decide in items:
+                step = self._decided(tx, heads.get(job_id), job_id, decide)
+                if not isinstance(step, _Step):
+                    answers.append(step)
+                    continue
+                if step.companion is not None or step.writes:
+                    return None  # nothing is written yet
+                steps[job_id] = step
+                answers.append(None)
+            moved = projection.advance_unlocked(
+                tx.conn, [(s.loaded, s.state, s.chained) for s in steps.values() if s.loaded is not None]
+            )
+            tx.changes.extend(step.change for job_id, step in steps.items() if job_id in moved)
+            return moved, tx.now
+
         try:
-            with autocommit_connection(self.engine) as conn:
-                tx = _Tx(conn, one_statement=True)
-                heads, tx._now = projection.load_many_at_clock(conn, [job_id for job_id, _ in items])
-                read = [heads[job_id].job for job_id, _ in items if job_id in heads]
-                if before is not None:
-                    if before_locks is None or before_locks(read):
-                        return None
-                    before(conn, read, tx.now)
-                for job_id, decide in items:
-                    step = self._decided(tx, heads.get(job_id), job_id, decide)
-                    if not isinstance(step, _Step):
-                        answers.append(step)
-                        continue
-                    if step.companion is not None or step.writes:
-                        return None  # nothing is written yet
-                    steps[job_id] = step
-                    answers.append(None)
-                moved = projection.advance_unlocked(
-                    conn, [(s.loaded, s.state, s.chained) for s in steps.values() if s.loaded is not None]
-                )
+            done = self._once(work, one_statement=True)
         except AppendConflict:
             return None  # the statement wrote nothing: every item is decided again in a transaction
-        tx.changes.extend(step.change for job_id, step in steps.items() if job_id in moved)
-        run_after(self.hooks, tx.changes, tx.results)
-        mono = time.monotonic()
+        if done is None:
+            return None
+        moved, read_at = done
+        clock = ClockReading(read_at, time.monotonic())
         again = [
             item
             for item, answer in zip(items, answers, strict=True)
@@ -486,7 +503,7 @@ class Queue:
             if answer is not None:
                 out.append(answer)
             elif job_id in moved:
-                out.append(Outcome(steps[job_id].state, True, Known(moved[job_id], tx.now, mono)))
+                out.append(Outcome(steps[job_id].state, True, Known(moved[job_id], clock)))
             else:
                 out.append(next(redone))
         return out
@@ -534,10 +551,10 @@ class Queue:
             return answers
 
         result: list[Outcome | Exception] = self._run(work)
-        mono = time.monotonic()
+        reading = ClockReading(clock[0], time.monotonic())
         named = Counter(job_id for job_id, _ in items)
         return [
-            replace(answer, known=Known(written[job_id], clock[0], mono))
+            replace(answer, known=Known(written[job_id], reading))
             if isinstance(answer, Outcome) and answer.applied and named[job_id] == 1 and job_id in written
             else answer
             for (job_id, _), answer in zip(items, result, strict=True)
@@ -1226,20 +1243,14 @@ class Queue:
             tx._now = now
             return Outcome(self._apply(tx, known.head, job_id, events), True)
 
-        for one_statement in (True, False):
+        try:
             try:
-                with (
-                    autocommit_connection(self.engine) if one_statement else transaction(self.engine) as conn
-                ):
-                    tx = _Tx(conn, one_statement=one_statement)
-                    out: Outcome = work(tx)
+                out: Outcome = self._once(work, one_statement=True)
             except _NeedsTransaction:
-                continue
-            except AppendConflict:
-                return None
-            run_after(self.hooks, tx.changes, tx.results)
-            return out
-        return None
+                out = self._once(work)  # a hook writes beside it
+        except AppendConflict:
+            return None
+        return out
 
     def release(self, job_id: str, worker_id: str, attempt: int, reason: ReleaseReason) -> Outcome:
         """Hand the attempt back uncharged (``job.released``), re-read under the attempt fence: the

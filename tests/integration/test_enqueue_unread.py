@@ -6,7 +6,6 @@ Otherwise it conflicts and the next try reads, so every answer is the one a read
 from __future__ import annotations
 
 import dataclasses
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -112,13 +111,14 @@ def test_an_older_bare_id_of_the_organisation_is_still_its_job(warm: Queue) -> N
 
 
 def test_a_clock_reading_stands_in_only_while_fresh_and_never_runs_ahead() -> None:
-    clock = DbClock()
+    ticks = [100.0]  # the process's monotonic clock, moved by hand
+    clock = DbClock(monotonic=lambda: ticks[0])
     assert clock.now() is None  # nothing read yet: the enqueue reads
     at = datetime(2030, 1, 1, tzinfo=UTC)
     clock.saw(at)
-    got = clock.now()
-    assert got is not None and at <= got < at + timedelta(seconds=1)
-    time.sleep(0.01)  # the monotonic clock moves on: so does the estimate
-    later = clock.now()
-    assert later is not None and later > got
-    assert clock.now(within_s=0.0) is None  # older than the bound: read again
+    assert clock.now() == at
+    ticks[0] += 0.25  # the monotonic clock moves on: so does the estimate
+    assert clock.now() == at + timedelta(seconds=0.25)
+    assert clock.now(within_s=0.1) is None  # older than the bound: read again
+    ticks[0] += CLOCK_REUSE_S  # past the default bound
+    assert clock.now() is None

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 from app.composition import queue_for
 from app.storage import db, projection, store
 from app.storage.db import parse_iso
-from app.storage.queue import AttemptStart, Known, Queue
+from app.storage.queue import AttemptStart, ClockReading, Known, Queue
 from tests.support.spies import counting
 
 from .runtime_support import enqueue
@@ -35,16 +35,16 @@ def test_a_lease_answers_with_the_head_it_wrote_and_the_clock_it_read(pg_engine:
         assert start.known.head.job == start.job == queue.get(start.job.id)
         # The lease's receipt was stamped with that clock: the known clock starts there.
         lease_at = parse_iso(start.job.updated_at)
-        assert lease_at is not None and start.known.read_at == lease_at
-        assert start.known.now() >= start.known.read_at
+        assert lease_at is not None and start.known.clock.at == lease_at
+        assert start.known.now() >= start.known.clock.at
 
 
 def test_a_known_clock_advances_with_the_monotonic_clock_and_never_goes_back() -> None:
     at = datetime(2030, 1, 1, tzinfo=UTC)
     head = projection.Loaded(None, "h", at)  # type: ignore[arg-type]
-    known = Known(head, at, time.monotonic() - 2.0)
+    known = Known(head, ClockReading(at, time.monotonic() - 2.0))
     assert timedelta(seconds=2) <= known.now() - at < timedelta(seconds=3)
-    ahead = Known(head, at, time.monotonic() + 5.0)  # a monotonic reading from the future: clamped
+    ahead = Known(head, ClockReading(at, time.monotonic() + 5.0))  # a reading from the future: clamped
     assert ahead.now() == at
 
 
