@@ -122,6 +122,12 @@ TOKEN_CACHE_MAX_MS = 60_000
 _token_cache_ms = _ms_up_to(TOKEN_CACHE_MAX_MS, "ask the database on every request")
 
 
+# The longest a session may sit idle inside a transaction before PostgreSQL ends it: a dispatch
+# pass holds its queue's lock in one, so past ten minutes one stalled client stops a queue that long.
+IDLE_IN_TRANSACTION_MAX_MS = 600_000
+_idle_in_transaction_ms = _ms_up_to(IDLE_IN_TRANSACTION_MAX_MS, "no limit")
+
+
 # The longest a starting process waits for an unreachable database or broker: past an hour a
 # platform's own restart policy is the better judge.
 STARTUP_WAIT_MAX_S = 3600
@@ -385,6 +391,17 @@ class Settings:
         "(PgBouncer `pool_mode=transaction`), where prepared statements do not follow a client's "
         "connection.",
         switch,
+    )
+    db_idle_in_transaction_ms: int = setting(
+        "RECEIPT_DB_IDLE_IN_TRANSACTION_MS",
+        "10000",
+        "PostgreSQL ends a session of this process's that sits this long idle inside a transaction "
+        "(`idle_in_transaction_session_timeout`, set once per connection), so its locks go with it: a "
+        "process frozen or cut off from the database mid-pass then holds its queue's dispatch lock "
+        "this long at most, not until its TCP connection dies. Receipt's own transactions wait "
+        "between statements for milliseconds (a bulk archive's page, for its segment file's write). "
+        "`0`: no limit. At most 600000.",
+        _idle_in_transaction_ms,
     )
     redis_url: str | None = setting(
         "REDIS_URL",

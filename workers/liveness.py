@@ -60,6 +60,7 @@ def liveness_engine(settings: Settings) -> Engine:
         return make_engine(url)
     return make_engine(
         url,
+        idle_in_transaction_ms=settings.db_idle_in_transaction_ms,
         pool_size=1,
         max_overflow=1,
         pool_timeout=CONNECT_TIMEOUT_S,

@@ -495,13 +495,17 @@ archive_guard = Table(
 # -- engines ------------------------------------------------------------------------------
 
 
-def make_engine(url: str, *, prepared_statements: bool = False, **kwargs: Any) -> Engine:
+def make_engine(
+    url: str, *, prepared_statements: bool = False, idle_in_transaction_ms: int = 0, **kwargs: Any
+) -> Engine:
     """Open an engine; SQLite gets WAL, a busy timeout and explicit BEGIN for write locking.
 
     Every engine hides SQL parameters from its errors and logs: a failed statement
     must not put a payload, a token hash or a tenant's data into a log line.
     ``prepared_statements`` (``RECEIPT_DB_PREPARED_STATEMENTS``, PostgreSQL only): the hot
     statements are prepared once per connection (``app/storage/direct.py``).
+    ``idle_in_transaction_ms`` (``RECEIPT_DB_IDLE_IN_TRANSACTION_MS``, PostgreSQL only; 0: none):
+    the server ends a session idle that long inside a transaction, and its locks with it.
     """
     kwargs.setdefault("hide_parameters", True)
     kwargs.setdefault("json_serializer", jsontext.dumps)
@@ -539,6 +543,8 @@ def make_engine(url: str, *, prepared_statements: bool = False, **kwargs: Any) -
     engine = create_engine(url, **kwargs)
     if not kwargs.get("pool_pre_ping"):
         _ping_when_idle(engine)
+    if idle_in_transaction_ms:
+        _end_idle_transactions_after(engine, idle_in_transaction_ms)
     if prepared_statements:
 
         @event.listens_for(engine.pool, "connect")
@@ -553,7 +559,30 @@ def engine_for(settings: Settings) -> Engine:
     """The engine a process opens on its configured database (``DATABASE_URL`` or the embedded file)."""
     url = settings.sqlalchemy_url
     pool = {} if url.startswith("sqlite") else {"pool_size": settings.db_pool_size}
-    return make_engine(url, prepared_statements=settings.db_prepared_statements, **pool)
+    return make_engine(
+        url,
+        prepared_statements=settings.db_prepared_statements,
+        idle_in_transaction_ms=settings.db_idle_in_transaction_ms,
+        **pool,
+    )
+
+
+def _end_idle_transactions_after(engine: Engine, ms: int) -> None:
+    """Have PostgreSQL end each of this engine's sessions that sits ``ms`` idle inside a transaction.
+
+    A dispatch pass holds its queue's advisory lock for its whole transaction: a process frozen or
+    cut off mid-pass would otherwise keep every other process's pass of that queue waiting until
+    its TCP connection died. A session-level ``SET`` (committed, so the pool's reset keeps it), not
+    the ``options`` startup parameter, which a pooler such as PgBouncer may refuse."""
+
+    @event.listens_for(engine.pool, "connect")
+    def _set_timeout(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"SET idle_in_transaction_session_timeout = {int(ms)}")
+        finally:
+            cur.close()
+        dbapi_conn.commit()
 
 
 # A pooled connection is pinged at checkout only when it sat idle this long. A busy
