@@ -233,10 +233,11 @@ def _claim_directly(rt: Dispatcher, ids: list[str]) -> list[str]:
 
     def claim() -> list[tuple[Job, delivery.StartDecision | DeliveryGenerationsExceeded]]:
         with transaction(rt.engine) as conn:
-            now = db_now(conn)
+            # The woken rows and the clock in one round trip.
+            woken, now = projection.load_jobs_at_clock(conn, ids)
             org_policy = policies.org_policies(conn, rt.settings)
             by_queue: dict[str, list[Job]] = {}
-            for job in projection.load_jobs(conn, ids):
+            for job in woken:
                 if fast.qualifies(job, now, org_policy):
                     by_queue.setdefault(queue_for(job.agent_id, job.kind), []).append(job)
             chosen: list[Job] = []

@@ -568,10 +568,12 @@ class Queue:
             loaded, tx._now = projection.load_at_clock(tx.conn, job_id)
             if loaded is None:
                 raise JobNotFound(job_id)
+            reading = ClockReading(tx.now, time.monotonic())  # taken after the server read its clock
             events = decide(loaded.job, tx.now)
             if not events:
                 return Outcome(loaded.job, False)
-            return Outcome(self._apply(tx, loaded, job_id, events), True)
+            head = self._apply_head(tx, loaded, job_id, events)
+            return Outcome(head.job, True, Known(head, reading))
 
         if self._one_statement:
             # Read, decide, then write the transition as one statement on an autocommit connection:
@@ -1103,7 +1105,7 @@ class Queue:
             if isinstance(only, Exception):
                 raise only from None
             return only
-        return AttemptStart(verdict[0], out.job)
+        return AttemptStart(verdict[0], out.job, out.known)
 
     def start_attempts(
         self,

@@ -39,6 +39,23 @@ def test_a_lease_answers_with_the_head_it_wrote_and_the_clock_it_read(pg_engine:
         assert start.known.now() >= start.known.clock.at
 
 
+def test_a_single_messages_lease_answers_with_its_head_and_its_settlement_reads_nothing(
+    pg_engine: Engine, reads: dict[str, int]
+) -> None:
+    """A ``receipt.execute`` message's attempt (``Queue.start_attempt``, one job) settles as a
+    batch's does: on the head its lease wrote."""
+    queue = queue_for(pg_engine, ledger_in_background=True)
+    job = enqueue(queue, "factory")
+    start = queue.start_attempt(job.id, "w-1", 1, lambda _j: LEASE_MS)
+    assert start.status == "started" and start.job is not None and start.known is not None
+    assert start.known.head.job == start.job == queue.get(job.id)
+    assert start.known.clock.at == parse_iso(start.job.updated_at)
+    reads.update(reads=0, transactions=0)
+    out = queue.settle_attempt(job.id, "w-1", 1, result={"ok": True}, known=start.known)
+    assert out.applied and out.job.status == "completed"
+    assert reads == {"reads": 0, "transactions": 0}
+
+
 def test_a_known_clock_advances_with_the_monotonic_clock_and_never_goes_back() -> None:
     at = datetime(2030, 1, 1, tzinfo=UTC)
     head = projection.Loaded(None, "h", at)  # type: ignore[arg-type]
