@@ -55,6 +55,7 @@ from app.storage.db import (
     put_marks,
     worker_liveness,
 )
+from app.storage.direct import Direct
 
 TURN_PREFIX: Final = "turn:"
 # Heads read per organisation beyond the free places: room to step past heads whose key is full.
@@ -139,6 +140,12 @@ WHERE dead_at IS NULL AND renewed_at > :fresh AND slots IS NOT NULL AND queues L
 )
 
 
+# Prepared once per connection where prepared statements are on (``app/storage/direct.py``): the
+# server spent longer planning these two than running them (0.3 and 0.6 ms of planning against
+# 0.05-0.2 ms of execution, a line of 1 or 3 000 jobs), once per pass.
+_COUNTS = Direct(_COUNTS_PG)
+
+
 def _counts_sqlite(conn: Connection, queue: str, fresh: datetime, now: datetime, epoch: str | None) -> Any:
     j = jobs.c
     leased = select(
@@ -179,8 +186,8 @@ def _counts(
     if is_sqlite(conn):
         rows = _counts_sqlite(conn, queue, fresh, now, epoch)
     else:
-        rows = conn.execute(
-            _COUNTS_PG, {"queue": queue, "now": now, "epoch": epoch, "fresh": fresh, "like": f"% {queue} %"}
+        rows = _COUNTS.rows(
+            conn, {"queue": queue, "now": now, "epoch": epoch, "fresh": fresh, "like": f"% {queue} %"}
         )
     by_org: dict[str, int] = {}
     by_key: dict[tuple[str, str], int] = {}
@@ -252,13 +259,16 @@ UNION ALL
 )
 
 
+_HEADS = Direct(_HEADS_PG)
+
+
 def heads(
     conn: Connection, queue: str, now: datetime, epoch: str | None, n: int, full: Sequence[tuple[str, str]]
 ) -> list[_Head]:
     """The first ``n`` ready jobs of each organisation's line in ``queue``, in line order."""
     if not is_sqlite(conn):
-        rows = conn.execute(
-            _HEADS_PG,
+        rows = _HEADS.rows(
+            conn,
             {
                 "queue": queue,
                 "now": now,
@@ -266,7 +276,7 @@ def heads(
                 "n": n,
                 "full": [f"{org}\x1f{key}" for org, key in full],
             },
-        ).all()
+        )
     else:
         j = jobs.c
         sent = select(deliveries.c.job_id).where(deliveries.c.job_id == j.id, _live_pending(now, epoch))
@@ -303,17 +313,11 @@ def heads(
             for r in rows
             if r.concurrency_key is None or (r.organization_id or "", r.concurrency_key) not in blocked
         ]
+    # By position: the direct path's rows are tuples (id, organisation, priority, key, limit, since,
+    # state), SQLite's have a rank after them.
     return [
-        _Head(
-            r.id,
-            r.organization_id or "",
-            r.priority,
-            r.concurrency_key,
-            r.concurrency_limit,
-            as_utc(r.status_changed_at),
-            r.state,
-        )
-        for r in rows
+        _Head(job_id, org or "", priority, key, limit, as_utc(since), state)
+        for job_id, org, priority, key, limit, since, state, *_rank in rows
     ]
 
 

@@ -23,7 +23,7 @@ from app.jobs.reducer import Job
 from app.jobs.routing import QUEUES
 from app.jobs.validation import validate_enqueue
 from app.storage import concurrency_keys as keys
-from app.storage.db import db_now, transaction, worker_liveness
+from app.storage.db import db_now, make_engine, transaction, worker_liveness
 from app.storage.queue import Queue
 from devharness.credits import offer_slots, withdraw
 from tests.support.queue_ops import complete, lease
@@ -230,3 +230,39 @@ def test_shares_count_each_organisation_s_line_and_flight(engine: Engine, queue:
         [chat] = line.shares(conn, replace(Settings(), dispatch_lead=0), db_now(conn), [CHAT])
     assert (chat.slots, chat.processes, chat.places, chat.in_flight) == (2, 1, 2, 2)
     assert {(o.organization, o.in_flight, o.queued) for o in chat.organizations} == {("a", 1, 3), ("b", 1, 1)}
+
+
+def test_a_prepared_pass_chooses_what_an_unprepared_one_does_past_the_servers_custom_plans(
+    pg_engine: Engine, pg_database_url: str
+) -> None:
+    """With ``RECEIPT_DB_PREPARED_STATEMENTS=enabled`` the pass's counts and heads are prepared once
+    per connection; after five custom plans the server may settle on a generic one, which must
+    choose the same jobs (a full key stepped past, two organisations' turns)."""
+    queue = queue_for(pg_engine)
+    offer_slots(pg_engine, slots=4)
+    keyed = [enqueue(queue, "a", concurrencyKey="api", concurrencyLimit=1) for _ in range(3)]
+    finish(queue, keyed[0].id)
+    assert lease(queue, keyed[1].id, "w", LONG_MS).applied  # the key is full now
+    plain = [enqueue(queue, org) for org in ("a", "b", "a", "b")]
+    prepared = make_engine(pg_database_url, prepared_statements=True)
+    try:
+
+        def chosen(engine: Engine) -> list[str]:
+            with engine.connect() as conn:
+                tx = conn.begin()
+                result = line.run_pass(conn, CHAT, Settings(dispatch_lead=0), db_now(conn))
+                statements = conn.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars()
+                texts = [str(s) for s in statements]
+                tx.rollback()
+            if engine is prepared:
+                assert any("WITH RECURSIVE orgs" in t for t in texts)  # the heads, prepared
+                assert any("'offers'" in t for t in texts)  # the counts, prepared
+            return sorted(job.id for job, _ in result.claimed)
+
+        expected = chosen(pg_engine)
+        assert keyed[2].id not in expected and len(expected) == 3
+        assert set(expected) <= {j.id for j in plain}
+        for _ in range(8):
+            assert chosen(prepared) == expected
+    finally:
+        prepared.dispose()
