@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import text, update
 from sqlalchemy.engine import Engine
 
 from app.composition import queue_for
@@ -266,3 +266,23 @@ def test_a_prepared_pass_chooses_what_an_unprepared_one_does_past_the_servers_cu
             assert chosen(prepared) == expected
     finally:
         prepared.dispose()
+
+
+def test_the_counts_read_each_pending_deliverys_job_by_its_key(pg_engine: Engine) -> None:
+    """The pass's counts find the jobs of live pending deliveries by their primary key, whatever the
+    statistics say: the line's partial index also holds the key (its last column), and a plan that
+    used it walked the whole line once per pending delivery."""
+    queue = queue_for(pg_engine)
+    offer_slots(pg_engine, slots=10)
+    for i in range(60):
+        enqueue(queue, f"org-{i % 3}")
+    assert len(run(pg_engine).claimed) == 10  # ten deliveries pending, their jobs still queued
+    with pg_engine.connect() as conn:
+        now = db_now(conn)
+        params = {"queue": CHAT, "now": now, "epoch": None, "fresh": now, "like": f"% {CHAT} %"}
+        plan = "\n".join(
+            str(r) for r in conn.execute(text("EXPLAIN " + line._COUNTS_PG.text), params).scalars()
+        )
+    sent = plan[plan.index("deliveries") :]  # the sent part onwards: its lookup of each job
+    assert "jobs_pkey on jobs" in sent
+    assert "ix_jobs_line" not in sent
