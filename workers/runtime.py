@@ -10,8 +10,9 @@ queued (enqueue, retry, lease expiry) takes the one delivery path.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from app.composition import build_queue
 from app.config import Settings
@@ -53,30 +54,55 @@ class Runtime(Dispatcher):
 
 
 _lock = threading.Lock()
+T = TypeVar("T")
+
+
+def _kept_on(app: Any, name: str, build: Callable[[], T]) -> T:
+    """``app.<name>``, built once per process on first use (under one lock, checked twice)."""
+    found: T | None = getattr(app, name, None)
+    if found is not None:
+        return found
+    with _lock:
+        found = getattr(app, name, None)
+        if found is None:
+            found = build()
+            setattr(app, name, found)
+    return found
 
 
 def slots_of(app: Any, settings: Settings) -> Slots:
     """The process's one slot counter, kept on its Celery app: as many slots as the worker's pool
     has threads (``app.receipt_concurrency``, set when the worker starts), else the role's
     concurrency (``workers/roles.py``)."""
-    slots: Slots | None = getattr(app, "receipt_slots", None)
-    if slots is not None:
-        return slots
-    with _lock:
-        slots = getattr(app, "receipt_slots", None)
-        if slots is None:
-            size = getattr(app, "receipt_concurrency", None) or concurrency(
-                resolve_role(settings.process_role)[0], settings.execute_concurrency
-            )
-            slots = Slots(int(size))
-            app.receipt_slots = slots
-    return slots
+
+    def build() -> Slots:
+        size = getattr(app, "receipt_concurrency", None) or concurrency(
+            resolve_role(settings.process_role)[0], settings.execute_concurrency
+        )
+        return Slots(int(size))
+
+    return _kept_on(app, "receipt_slots", build)
 
 
 def get_runtime(app: Any) -> Runtime:
-    rt: Runtime | None = getattr(app, "receipt_runtime", None)
-    if rt is not None:
-        return rt
+    def build() -> Runtime:
+        settings: Settings = app.receipt_settings
+        engine = engine_for(settings)
+        client = DeliveryClient.through(app, settings)
+        queue = build_queue(settings, engine=engine, on_dispatchable=client.wake, group_commit=True)
+        registry = default_registry(settings.handler_modules.split(","))
+        return Runtime(
+            settings=settings,
+            app=app,
+            engine=engine,
+            queue=queue,
+            registry=registry,
+            callbacks=Callbacks(settings),
+            delivery=client,
+            broker=probe_for(settings),
+        )
+
+    return _kept_on(app, "receipt_runtime", build)
     with _lock:
         rt = getattr(app, "receipt_runtime", None)
         if rt is None:

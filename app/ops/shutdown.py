@@ -90,12 +90,15 @@ class Shutdown:
         """Block up to ``timeout`` seconds for the shutdown to begin; True once it has."""
         return self._begun.wait(timeout)
 
-    def seconds_to_cancel(self) -> float | None:
-        """Seconds until running attempts are cancelled (0 once due); None when not shutting down."""
+    def _seconds_until(self, after_ms: int) -> float | None:
         at = self._at
         if at is None:
             return None
-        return max(0.0, at + self._plan.finish_ms / 1000 - self._clock())
+        return max(0.0, at + after_ms / 1000 - self._clock())
+
+    def seconds_to_cancel(self) -> float | None:
+        """Seconds until running attempts are cancelled (0 once due); None when not shutting down."""
+        return self._seconds_until(self._plan.finish_ms)
 
     def cancel_due(self) -> bool:
         left = self.seconds_to_cancel()
@@ -103,10 +106,7 @@ class Shutdown:
 
     def seconds_left(self) -> float | None:
         """Seconds until the grace ends (0 once it has); None when not shutting down."""
-        at = self._at
-        if at is None:
-            return None
-        return max(0.0, at + self._plan.grace_ms / 1000 - self._clock())
+        return self._seconds_until(self._plan.grace_ms)
 
     def reset(self) -> None:
         """Back to running (tests reuse one process for many workers)."""
