@@ -1,23 +1,25 @@
 """The durable ledger beside receipts (spec: "The durable ledger is beside receipts, not above them").
 
-Two tables, both derived from receipts only, so ``rebuild`` recreates them exactly:
+Everything in it derives from receipts only, so ``rebuild`` recreates it exactly:
 
-- ``durable_workflows``: one row per workflow a kind contract names in ``durableWorkflow`` — one
-  ``objective-control:<objective key>`` per objective whose control ran (status, start and end from
-  the objective stream; ``steps`` = control steps that consumed requests), and one
-  ``run:<job key>`` per ``factory.run`` job (status from its stream; ``steps`` = attempts);
+- ``durable_workflows`` holds one ``objective-control:<objective key>`` row per objective whose
+  control ran (status, start and end from the objective stream; ``steps`` = control steps that
+  consumed requests);
+- a ``run:<job key>`` workflow per ``factory.run`` job is that job's projection row read as a
+  workflow (``run_workflows``): its status, start, end and attempts are the job's own fold, which
+  the receipt's transaction already writes, so it is never written a second time and never lags;
 - ``durable_activities``: one row per attempt of a kind whose contract sets
   ``hasDurableActivity`` (only ``factory.task.run``): start (its ``job.leased``), end (its
   completion, failure, cancel or lease expiry), status, worker and duration.
 
-Every write happens **after** the receipt's transaction commits (``Queue`` calls ``after_commit``)
-and is best effort: a failure is logged and never fails, retries or rolls back the mutation that
+The written rows happen **after** the receipt's transaction commits (``Queue`` calls ``after_commit``)
+and are best effort: a failure is logged and never fails, retries or rolls back the mutation that
 already committed. Each sync re-derives the job's rows from its whole stream (a job's stream is
 short), and an objective's control workflow from its projection header (the fold keeps the step
 count and the last move's time, so no write re-reads an objective stream that grows with every
 step); a missed write is repaired by the next one, or by ``receipt rebuild-ledger``, which folds
-every stream from the start. Queue commands
-(steer, follow_up, abort) never touch the ledger: they stay a straight pass-through.
+every stream from the start. Queue commands (steer, follow_up, abort) never touch the ledger: they
+stay a straight pass-through.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
@@ -37,13 +39,14 @@ from sqlalchemy.engine import Connection, Engine
 from app.factory.reducer import Objective
 from app.factory.reducer import fold as fold_objective
 from app.factory.vocab import objective_stream
-from app.jobs.ids import is_bare, qualify
+from app.jobs.ids import client_id_of, is_bare, qualify
 from app.jobs.kinds import CONTRACTS, contract_for
 from app.jobs.reducer import Job
 from app.jobs.reducer import fold as fold_job
 from app.jobs.vocab import job_stream
 from app.storage import store
 from app.storage.db import (
+    RUN_OBJECTIVE,
     as_utc,
     durable_activities,
     durable_workflows,
@@ -52,7 +55,6 @@ from app.storage.db import (
     parse_iso,
     transaction,
 )
-from app.storage.direct import Direct, DirectMany, multi_row_params, multi_row_values
 
 log = logging.getLogger("receipt.ledger")
 
@@ -79,10 +81,21 @@ OBJECTIVE_CONTROL: Final = "objective-control"
 RUN: Final = "run"
 
 
+# The workflows kept as rows of their own; a ``run`` workflow is read from its job's projection row.
+STORED_WORKFLOWS: Final[frozenset[str]] = frozenset({OBJECTIVE_CONTROL})
+# The kinds whose jobs are ``run`` workflows (read from the kind contracts, never hard-coded).
+RUN_KINDS: Final[tuple[str, ...]] = tuple(
+    sorted(kind for kind, contract in CONTRACTS.items() if contract.durable_workflow == RUN)
+)
+
+
 def tracked(kind: str) -> bool:
-    """Whether jobs of this kind have ledger rows (read from the kind contract, never hard-coded)."""
+    """Whether transitions of jobs of this kind write ledger rows (read from the kind contract, never
+    hard-coded): activities, or a workflow kept as a row. A ``run`` workflow writes nothing."""
     contract = CONTRACTS.get(kind)
-    return contract is not None and (contract.has_durable_activity or contract.durable_workflow is not None)
+    return contract is not None and (
+        contract.has_durable_activity or contract.durable_workflow in STORED_WORKFLOWS
+    )
 
 
 def _at(text: str | None) -> datetime | None:
@@ -212,17 +225,8 @@ def sync_job(engine: Engine, job_id: str, *, from_stream: bool = False) -> None:
             rows = activities(job_id, job.kind, objective_id, receipts)
             if rows:
                 conn.execute(durable_activities.insert(), rows)
-        if contract.durable_workflow == RUN:
-            # The fold just made is the row's whole input: one upsert, the same as write_run_rows.
-            conn.execute(_upsert_statement(conn), [run_row(job)])
-        elif contract.durable_workflow == OBJECTIVE_CONTROL and objective_id is not None:
+        if contract.durable_workflow == OBJECTIVE_CONTROL and objective_id is not None:
             sync_objective(conn, objective_id, from_stream=from_stream)
-
-
-def _fold_only(job: Job) -> bool:
-    """A job whose ledger rows follow from its fold alone: a ``run`` workflow with no activities."""
-    contract = CONTRACTS.get(job.kind)
-    return contract is not None and contract.durable_workflow == RUN and not contract.has_durable_activity
 
 
 def _upsert_statement(conn: Connection) -> Any:
@@ -238,11 +242,8 @@ def _upsert_statement(conn: Connection) -> Any:
 _UPSERTS: dict[str, Any] = {}
 
 
-def _build_upsert(insert: Any, rows: int | None = None) -> Any:
+def _build_upsert(insert: Any) -> Any:
     stmt = insert(durable_workflows)
-    if rows is not None:
-        # ``rows`` rows in one statement (parameters ``<column>_<i>``), for the direct path.
-        stmt = stmt.values(multi_row_values(durable_workflows.c, rows))
     return stmt.on_conflict_do_update(
         index_elements=[durable_workflows.c.id],
         set_={c.name: stmt.excluded[c.name] for c in durable_workflows.c if c.name != "id"},
@@ -250,25 +251,6 @@ def _build_upsert(insert: Any, rows: int | None = None) -> Any:
         # replaces a later one (a stream's receipt times never go back).
         where=durable_workflows.c.updated_at <= stmt.excluded.updated_at,
     )
-
-
-# PostgreSQL: a batch of rows is one multi-row upsert on the driver's cursor (app/storage/direct.py),
-# up to ``_UPSERT_CHUNK`` rows per statement.
-_UPSERT_CHUNK = 50
-_UPSERT_ROWS = DirectMany(lambda n: _build_upsert(pg_insert, n), limit=_UPSERT_CHUNK)
-
-
-def write_run_rows(engine: Engine, jobs_: Sequence[Job]) -> None:
-    """Upsert the ``run`` workflow rows of these jobs, from their folds, in one transaction."""
-    # One row per workflow: an upsert statement may not touch a row twice (the last fold wins).
-    rows = list({row["id"]: row for row in map(run_row, jobs_)}.values())
-    with transaction(engine) as conn:
-        if not Direct.available(conn):
-            conn.execute(_upsert_statement(conn), rows)
-            return
-        for start in range(0, len(rows), _UPSERT_CHUNK):
-            chunk = rows[start : start + _UPSERT_CHUNK]
-            _UPSERT_ROWS.for_rows(len(chunk)).count(conn, multi_row_params(chunk))
 
 
 # How long the background writer gathers after a wake-up before it writes: the ledger trails its
@@ -279,19 +261,17 @@ LINGER_S = 0.05
 class BackgroundWriter:
     """Writes ledger rows off the caller's path, batched.
 
-    ``submit`` records the newest fold per ``run`` job, and the jobs whose rows must be re-derived
-    from their streams (activities, an objective's control workflow), then wakes one daemon thread,
-    which lingers ``LINGER_S`` to let a burst gather, then drains everything pending: the folds in
-    one upsert (a job that moved twice meanwhile is written once, at its newest fold), each
-    re-derivation in its own transaction. Best effort like every ledger write:
-    rows not yet written when the process dies are repaired by the job's next write or by
-    ``receipt rebuild-ledger``. ``flush`` writes what is pending now; ``close`` writes it and
-    stops the thread (a process shutting down, a test tearing down its database).
+    ``submit`` records the jobs whose rows must be re-derived from their streams (activities, an
+    objective's control workflow), then wakes one daemon thread, which lingers ``LINGER_S`` to let
+    a burst gather, then drains everything pending, each re-derivation in its own transaction (a
+    job that moved twice meanwhile is re-derived once). Best effort like every ledger write: rows
+    not yet written when the process dies are repaired by the job's next write or by ``receipt
+    rebuild-ledger``. ``flush`` writes what is pending now; ``close`` writes it and stops the thread
+    (a process shutting down, a test tearing down its database).
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._folds: dict[str, Job] = {}
         self._syncs: set[str] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -300,10 +280,8 @@ class BackgroundWriter:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def submit(self, folds: Iterable[Job], syncs: Iterable[str] = ()) -> None:
+    def submit(self, syncs: Iterable[str]) -> None:
         with self._lock:
-            for job in folds:
-                self._folds[job.id] = job
             self._syncs.update(syncs)
             closed = self._closed
             if not closed and (self._thread is None or not self._thread.is_alive()):
@@ -327,33 +305,23 @@ class BackgroundWriter:
 
     def flush(self) -> None:
         with self._lock:
-            folds, self._folds = self._folds, {}
             syncs, self._syncs = self._syncs, set()
-        _write(self.engine, [folds[i] for i in sorted(folds)], sorted(syncs))
+        _write(self.engine, sorted(syncs))
 
     def _run(self) -> None:
         while not self._closed:
             self._wake.wait()
             if self._closed:
                 return  # close() writes what is pending
-            # Gather: without it each flush carried ~1 row and its own commit, ~7 of a job's 25
-            # statements under load (bench/README.md, "Per-job levers").
+            # Gather: a job's transitions close together (a lease, then its settlement) re-derive once.
             if self._closing.wait(LINGER_S):
                 return  # close() writes what is pending
             self._wake.clear()
             self.flush()
 
 
-def _write(engine: Engine, folds: Sequence[Job], syncs: Sequence[str]) -> None:
-    """Write run rows from folds and re-derive the others; log each failure, never raise."""
-    if folds:
-        try:
-            write_run_rows(engine, folds)
-        except Exception:
-            log.exception(
-                "durable ledger write for jobs %s failed; receipts are unaffected (rebuild-ledger)",
-                ", ".join(j.id for j in folds),
-            )
+def _write(engine: Engine, syncs: Sequence[str]) -> None:
+    """Re-derive each job's rows; log each failure, never raise."""
     for job_id in syncs:
         try:
             sync_job(engine, job_id)
@@ -364,26 +332,23 @@ def _write(engine: Engine, folds: Sequence[Job], syncs: Sequence[str]) -> None:
 
 
 def after_commit(engine: Engine, changed: Iterable[Job], writer: BackgroundWriter | None = None) -> None:
-    """Best effort, after the receipts committed: a failure is logged, never raised.
-
-    ``run`` workflows are upserted from the folds just committed (one statement); rows that
-    need a stream (activities per attempt, an objective's control workflow) re-derive from it.
-    With a ``writer`` both happen on its thread, off the caller's path.
-    """
-    by_id = {job.id: job for job in changed}
-    folds = [by_id[i] for i in sorted(by_id) if _fold_only(by_id[i])]
-    syncs = [i for i in sorted(by_id) if not _fold_only(by_id[i])]
+    """Best effort, after the receipts committed: a failure is logged, never raised. The rows that
+    need a stream (activities per attempt, an objective's control workflow) re-derive from it; with
+    a ``writer``, on its thread, off the caller's path."""
+    syncs = sorted({job.id for job in changed})
     if writer is not None:
-        writer.submit(folds, syncs)
+        writer.submit(syncs)
     else:
-        _write(engine, folds, syncs)
+        _write(engine, syncs)
 
 
 def rebuild(engine: Engine) -> dict[str, int]:
-    """Recreate both tables from receipts: every tracked job, every objective whose control ran."""
+    """Recreate the written rows from receipts: every tracked job, every objective whose control
+    ran. ``workflows`` counts the ``run`` workflows too, which are read from their jobs' rows."""
     kinds = [k for k in CONTRACTS if tracked(k)]
     with transaction(engine) as conn:
         conn.execute(delete(durable_activities))
+        # Every row, the ``run`` rows an earlier release wrote included: they are read from jobs now.
         conn.execute(delete(durable_workflows))
         job_ids = list(
             conn.execute(select(jobs.c.id).where(jobs.c.kind.in_(kinds)).order_by(jobs.c.id)).scalars()
@@ -391,9 +356,10 @@ def rebuild(engine: Engine) -> dict[str, int]:
     for job_id in job_ids:
         sync_job(engine, job_id, from_stream=True)
     with engine.connect() as conn:
-        workflows = len(conn.execute(select(durable_workflows.c.id)).all())
+        stored = len(conn.execute(select(durable_workflows.c.id)).all())
+        runs = len(conn.execute(select(jobs.c.id).where(jobs.c.kind.in_(RUN_KINDS))).all())
         acts = len(conn.execute(select(durable_activities.c.job_id)).all())
-    return {"jobs": len(job_ids), "workflows": workflows, "activities": acts}
+    return {"jobs": len(job_ids), "workflows": stored + runs, "activities": acts}
 
 
 # -- reads -----------------------------------------------------------------------------------------
@@ -403,13 +369,45 @@ def _iso(at: Any) -> str | None:
     return as_utc(at).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if at is not None else None
 
 
+def stored_workflows(conn: Connection, objective_id: str | None = None) -> list[dict[str, Any]]:
+    """The workflows kept as rows (an objective's, or every one), by id. ``run`` rows an earlier
+    release wrote are left out: a run workflow is its job's row (``run_workflows``)."""
+    q = select(durable_workflows).where(durable_workflows.c.name.in_(STORED_WORKFLOWS))
+    if objective_id is not None:
+        q = q.where(durable_workflows.c.objective_id == objective_id)
+    return [dict(r._mapping) for r in conn.execute(q.order_by(durable_workflows.c.id))]
+
+
+def _objective_named(dialect: str) -> Any:
+    """The objective a job's payload names, spelled as PostgreSQL's index on it (``RUN_OBJECTIVE``)."""
+    if dialect == "postgresql":
+        return RUN_OBJECTIVE
+    return func.json_extract(jobs.c.state, "$.payload.objectiveId")
+
+
+def run_workflows(conn: Connection, objective_id: str | None = None) -> list[dict[str, Any]]:
+    """The ``run`` workflows (of the jobs whose payload names ``objective_id``, or every one), by
+    id: each its job's projection row, as ``run_row`` reads a fold."""
+    q = select(jobs.c.state).where(jobs.c.kind.in_(RUN_KINDS))
+    if objective_id is not None:
+        # The payload names the objective as its organisation knows it; ``objective_key`` (in
+        # ``run_row``) then keeps the jobs whose organisation holds this key.
+        q = q.where(_objective_named(conn.dialect.name) == client_id_of(objective_id))
+    found = [run_row(Job.from_json(state)) for (state,) in conn.execute(q)]
+    if objective_id is not None:
+        found = [row for row in found if row["objective_id"] == objective_id]
+    return sorted(found, key=lambda row: row["id"])
+
+
+def workflows(conn: Connection, objective_id: str | None = None) -> list[dict[str, Any]]:
+    """Every workflow of the ledger (of one objective), stored and read from jobs, by id."""
+    both = stored_workflows(conn, objective_id) + run_workflows(conn, objective_id)
+    return sorted(both, key=lambda row: row["id"])
+
+
 def summary(conn: Connection, objective_id: str) -> dict[str, Any]:
     """The objective's ledger: its workflows and its activities by status, with their total duration."""
-    flows = conn.execute(
-        select(durable_workflows)
-        .where(durable_workflows.c.objective_id == objective_id)
-        .order_by(durable_workflows.c.id)
-    ).all()
+    flows = workflows(conn, objective_id)
     acts = conn.execute(
         select(durable_activities.c.status, durable_activities.c.duration_ms).where(
             durable_activities.c.objective_id == objective_id
@@ -418,12 +416,12 @@ def summary(conn: Connection, objective_id: str) -> dict[str, Any]:
     return {
         "workflows": [
             {
-                "id": f.id,
-                "name": f.name,
-                "status": f.status,
-                "steps": f.steps,
-                "startedAt": _iso(f.started_at),
-                "endedAt": _iso(f.ended_at),
+                "id": f["id"],
+                "name": f["name"],
+                "status": f["status"],
+                "steps": f["steps"],
+                "startedAt": _iso(f["started_at"]),
+                "endedAt": _iso(f["ended_at"]),
             }
             for f in flows
         ],

@@ -35,6 +35,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    literal,
     select,
     text,
     type_coerce,
@@ -200,7 +201,18 @@ Index(
     postgresql_ops={"error_text": "text_pattern_ops"},
     postgresql_where=jobs.c.error_text.is_not(None),
 ).ddl_if(dialect="postgresql")
-POSTGRES_ONLY_INDEXES = frozenset({"ix_jobs_queued_since", "ix_jobs_tags", "ix_jobs_org_error"})
+# The runs that name an objective, by the objective their payload names (migration 0017): what an
+# objective's ledger summary reads its ``run`` workflows through (app/factory/ledger.py). Partial,
+# so no other job's write touches it; PostgreSQL only, as the other expression indexes.
+RUN_OBJECTIVE = jobs.c.state.op("->")(literal("payload", Text)).op("->>")(literal("objectiveId", Text))
+Index(
+    "ix_jobs_run_objective",
+    RUN_OBJECTIVE,
+    postgresql_where=text("kind = 'factory.run' AND ((state -> 'payload') ->> 'objectiveId') IS NOT NULL"),
+).ddl_if(dialect="postgresql")
+POSTGRES_ONLY_INDEXES = frozenset(
+    {"ix_jobs_queued_since", "ix_jobs_tags", "ix_jobs_org_error", "ix_jobs_run_objective"}
+)
 
 # Projection of each job's tags, one row per tag (migration 0013): what a tag filter walks. Its
 # index holds an organisation's jobs of one tag newest first, so the first page of

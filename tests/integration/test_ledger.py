@@ -1,6 +1,7 @@
 """The durable ledger on a real database (SQLite and Postgres): rows derived from receipts, written
 after commit and best effort (an injected failure leaves jobs and objectives unaffected), rebuilt
-exactly by ``receipt rebuild-ledger``, summarised by ``GET /objectives/<id>``."""
+exactly by ``receipt rebuild-ledger``, summarised by ``GET /objectives/<id>``; a ``run`` workflow
+read from its job's row, never written."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from app.factory import ledger, service
 from app.factory.hooks import Ledger
 from app.factory.plan import validate_objective
 from app.jobs.ids import qualify
-from app.jobs.validation import EnqueueRequest, validate_enqueue
-from app.storage.db import durable_activities, durable_workflows
+from app.jobs.validation import EnqueueRequest
+from app.storage.db import durable_activities, durable_workflows, jobs
 from app.storage.queue import Queue
 from tests.factory_support import DIAMOND, drain, plan
 from tests.support.queue_ops import complete, lease
@@ -37,10 +38,9 @@ def launch(queue: Queue, oid: str) -> str:
 
 
 def rows(engine: Engine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ledger's workflows (stored and read from jobs) and activities."""
     with engine.connect() as conn:
-        flows = [
-            dict(r._mapping) for r in conn.execute(select(durable_workflows).order_by(durable_workflows.c.id))
-        ]
+        flows = ledger.workflows(conn)
         acts = [
             dict(r._mapping)
             for r in conn.execute(
@@ -166,26 +166,85 @@ def test_the_cli_verb_rebuilds_the_ledger(
     assert "1 workflows and 4 activities" in capsys.readouterr().out
 
 
-def test_the_background_writer_batches_run_rows_and_an_older_fold_never_replaces_a_newer_one(
-    engine: Engine,
-) -> None:
-    """Long-lived processes write fold-derived ``run`` rows off the mutation's path."""
+def stored(engine: Engine) -> list[str]:
+    """The ids of the workflow rows ``durable_workflows`` holds."""
+    with engine.connect() as conn:
+        return list(conn.execute(select(durable_workflows.c.id).order_by(durable_workflows.c.id)).scalars())
+
+
+def test_a_run_workflow_is_read_from_its_jobs_row_and_never_written(engine: Engine) -> None:
+    """A ``factory.run`` job's workflow is its projection row read as one: current after every
+    transition, with nothing written beside the receipt's own transaction and no writer thread
+    (the ledger is off the plain job's path), and the same after a rebuild."""
     queue = queue_for(engine, ledger_in_background=True)
+    assert not ledger.tracked("factory.run") and ledger.RUN_KINDS == ("factory.run",)
     body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
-    enqueued = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-1")).job
-    leased = lease(queue, enqueued.id, "w", 60_000, start=True).job
-    done = queue.settle_attempt(enqueued.id, "w", 1, result={"ok": True}).job
-    ledger_hook(queue).flush()
-    run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-1")
-    assert (run["status"], run["steps"], run["ended_at"] is not None) == ("completed", 1, True)
-    # Writes from two processes may land out of order: the guard keeps the newest fold.
-    ledger.write_run_rows(engine, [leased])
-    ledger.write_run_rows(engine, [enqueued])
-    run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-1")
-    assert (run["status"], run["steps"]) == (done.status, 1)
+    job = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-1")).job
+
+    def run() -> tuple[Any, ...]:
+        row = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-1")
+        return row["name"], row["job_id"], row["status"], row["steps"], row["ended_at"] is not None
+
+    assert run() == ("run", job.id, "queued", 0, False)
+    lease(queue, job.id, "w", 60_000, start=True)
+    assert run() == ("run", job.id, "running", 1, False)
+    queue.settle_attempt(job.id, "w", 1, result={"ok": True})
+    assert run() == ("run", job.id, "completed", 1, True)
+    assert stored(engine) == [] and ledger_hook(queue)._thread is None
     before = rows(engine)
+    assert ledger.rebuild(engine)["workflows"] == 1
+    assert rows(engine) == before
+
+
+def test_a_run_row_an_earlier_release_wrote_is_left_unread_and_removed_by_a_rebuild(engine: Engine) -> None:
+    queue = queue_for(engine)
+    body = {"kind": "factory.run", "authContext": AUTH, "goal": "g", "objectiveId": "lg-old"}
+    job = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="old-1")).job
+    from app.storage.db import transaction
+
+    with transaction(engine) as conn:
+        conn.execute(durable_workflows.insert(), [{**ledger.run_row(job), "status": "running", "steps": 7}])
+    key = qualify("org-a", "lg-old")
+    with engine.connect() as conn:
+        assert [(w["id"], w["status"], w["steps"]) for w in ledger.summary(conn, key)["workflows"]] == [
+            ("run:org-a/old-1", "queued", 0)  # the job's own row, not the stale one
+        ]
     ledger.rebuild(engine)
-    assert rows(engine) == before  # and rebuilding from receipts gives the same rows
+    assert stored(engine) == []
+
+
+def test_an_objectives_summary_lists_the_runs_that_name_it_and_only_its_organisations(engine: Engine) -> None:
+    queue = queue_for(engine)
+    for org, job_id in (("org-a", "named-a"), ("org-b", "named-b")):
+        auth = {"userId": "u", "organizationId": org}
+        body = {"kind": "factory.run", "authContext": auth, "goal": "g", "objectiveId": "lg-runs"}
+        queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id=job_id))
+    body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
+    queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="unnamed"))
+    with engine.connect() as conn:
+        listed = [w["id"] for w in ledger.summary(conn, qualify("org-a", "lg-runs"))["workflows"]]
+    assert listed == ["run:org-a/named-a"]
+
+
+def test_the_runs_of_an_objective_are_found_through_their_index(pg_engine: Engine) -> None:
+    """PostgreSQL reads an objective's runs through ``ix_jobs_run_objective`` (migration 0017),
+    whatever else the table holds: the read spells the payload's objective as the index does."""
+    from sqlalchemy import text
+
+    queue = queue_for(pg_engine)
+    body = {"kind": "factory.run", "authContext": AUTH, "goal": "g", "objectiveId": "lg-ix"}
+    queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="ix-1"))
+    with pg_engine.connect() as conn:
+        conn.execute(text("SET enable_seqscan = off"))
+        query = (
+            select(jobs.c.state)
+            .where(jobs.c.kind.in_(ledger.RUN_KINDS))
+            .where(ledger._objective_named("postgresql") == "lg-ix")
+        )
+        compiled = query.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True})
+        plan = "\n".join(conn.execute(text(f"EXPLAIN {compiled}")).scalars())
+        assert "ix_jobs_run_objective" in plan, plan
+        assert [w["job_id"] for w in ledger.run_workflows(conn, qualify("org-a", "lg-ix"))] == ["org-a/ix-1"]
 
 
 def test_closing_the_background_writer_writes_what_it_holds_and_stops_its_thread(engine: Engine) -> None:
@@ -193,17 +252,17 @@ def test_closing_the_background_writer_writes_what_it_holds_and_stops_its_thread
     down its database closes the queue: the rows still gathering are written, the thread ends,
     and later transitions write their rows before returning."""
     queue = queue_for(engine, ledger_in_background=True)
-    body = {"kind": "factory.run", "authContext": AUTH, "goal": "g"}
-    job = queue.enqueue(EnqueueRequest(agent_id="factory", payload=body, job_id="bg-close")).job
+    launch(queue, "lg-close")
+    drain(queue)
     writer = ledger_hook(queue)
     thread = writer._thread
     queue.close()
     assert thread is not None and not thread.is_alive()
-    run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-close")
-    assert run["status"] == "queued"
-    lease(queue, job.id, "w", 60_000, start=True)
-    run = next(f for f in rows(engine)[0] if f["id"] == "run:org-a/bg-close")
-    assert run["status"] == "running"  # written before lease() returned
+    flows, acts = rows(engine)
+    assert [f["id"] for f in flows] == ["objective-control:org-a/lg-close"] and len(acts) == 4
+    launch(queue, "lg-after")
+    drain(queue)
+    assert "objective-control:org-a/lg-after" in stored(engine)  # written before drain() returned
     queue.close()  # idempotent
 
 
@@ -242,11 +301,9 @@ def test_queue_commands_pass_straight_through_and_never_touch_the_ledger(
     depend on workflow signal delivery." With the ledger failing on every write, a steer and a
     follow-up to a running ledger-tracked job are on its stream, pending for its handler, as soon as
     they return; the ledger is not called for either (it is for the job's own transitions)."""
-    req = validate_enqueue(
-        "factory", {"jobId": "lg-cmd", "payload": {"kind": "factory.run", "authContext": AUTH}}
-    )
-    job_id = queue.enqueue(req).job.id
-    assert ledger.tracked("factory.run")
+    body = {"kind": "factory.task.run", "authContext": AUTH, "objectiveId": "lg-cmd", "argv": ["true"]}
+    job_id = queue.enqueue(EnqueueRequest(agent_id="codex", payload=body, job_id="lg-cmd")).job.id
+    assert ledger.tracked("factory.task.run")
     assert lease(queue, job_id, "w1", 600_000, start=True).applied
     calls: list[list[str]] = []
 
