@@ -13,12 +13,14 @@ from flask import Flask, g, request
 from sqlalchemy.engine import Engine
 
 from api.auth import Identity
-from api.errors import register_error_handlers
+from api.errors import ApiError, register_error_handlers
 from api.limits import (
     ENVELOPE_BYTES,
     KEY_PREFIX,
+    SLICE_MAX,
     STORAGE_RETRY_S,
     WriteLimit,
+    _slice,
     count_items,
     fit,
     install_rate_limit,
@@ -325,6 +327,52 @@ def test_the_write_limit_goes_back_to_the_shared_storage_once_it_answers_again(
     now[0] += STORAGE_RETRY_S
     post()  # past it: the storage answers its check, and counting goes back to it
     assert shared_hits == ["hit"]
+
+
+def _writes(limit: WriteLimit, n: int, org: str = ORG_A) -> list[int]:
+    """``n`` single writes of ``org`` through ``limit``: 202 for each counted, 429 for each refused."""
+    app = Flask("slices-under-test")
+    app.add_url_rule("/agents/<agentId>/jobs", "jobs.enqueue", lambda agentId: "", methods=["POST"])
+    out = []
+    for _ in range(n):
+        with app.test_request_context("/agents/a/jobs", method="POST"):
+            g.identity = Identity(org, system=False)
+            try:
+                limit.check()
+                out.append(202)
+            except ApiError as exc:
+                out.append(exc.status)
+    return out
+
+
+def test_single_writes_take_a_slice_of_the_window_from_redis_at_a_time(redis_url: str) -> None:
+    """One storage round trip serves a slice of writes (a 64th of the window's allowance, at most
+    64): the shared count moves by whole slices, and never past the limit."""
+    limit = WriteLimit("6400/minute", redis_url)
+    item = limit.items[0]
+    assert _slice(item) == SLICE_MAX == 64
+
+    def used() -> int:
+        return item.amount - limit.shared.get_window_stats(item, *_keys()).remaining
+
+    assert _writes(limit, 1) == [202] and used() == 64
+    assert _writes(limit, 63) == [202] * 63 and used() == 64
+    assert _writes(limit, 1) == [202] and used() == 128
+    # A limit under 128 a window is counted one write at a time, as every limit was.
+    assert _slice(WriteLimit("127/minute", redis_url).items[0]) == 1
+
+
+def test_two_processes_taking_slices_never_pass_the_limit_together(redis_url: str) -> None:
+    """The last writes of a window are counted one at a time (a slice no longer fits), so the two
+    processes' writes stop at the limit; what is refused early is at most the other's unspent slice."""
+    a, b = WriteLimit("256/minute", redis_url), WriteLimit("256/minute", redis_url)
+    assert _slice(a.items[0]) == 4
+    statuses = []
+    for _ in range(140):
+        statuses += _writes(a, 1, org="org-slices") + _writes(b, 1, org="org-slices")
+    accepted = statuses.count(202)
+    assert 256 - _slice(a.items[0]) <= accepted <= 256
+    assert statuses[-2:] == [429, 429]
 
 
 def _keys() -> tuple[str, str, str]:
