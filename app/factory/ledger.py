@@ -357,7 +357,7 @@ def rebuild(engine: Engine) -> dict[str, int]:
         sync_job(engine, job_id, from_stream=True)
     with engine.connect() as conn:
         stored = len(conn.execute(select(durable_workflows.c.id)).all())
-        runs = len(conn.execute(select(jobs.c.id).where(jobs.c.kind.in_(RUN_KINDS))).all())
+        runs = int(conn.execute(select(func.count()).where(jobs.c.kind.in_(RUN_KINDS))).scalar_one())
         acts = len(conn.execute(select(durable_activities.c.job_id)).all())
     return {"jobs": len(job_ids), "workflows": stored + runs, "activities": acts}
 
