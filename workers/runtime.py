@@ -103,23 +103,3 @@ def get_runtime(app: Any) -> Runtime:
         )
 
     return _kept_on(app, "receipt_runtime", build)
-    with _lock:
-        rt = getattr(app, "receipt_runtime", None)
-        if rt is None:
-            settings: Settings = app.receipt_settings
-            engine = engine_for(settings)
-            client = DeliveryClient.through(app, settings)
-            queue = build_queue(settings, engine=engine, on_dispatchable=client.wake, group_commit=True)
-            registry = default_registry(settings.handler_modules.split(","))
-            rt = Runtime(
-                settings=settings,
-                app=app,
-                engine=engine,
-                queue=queue,
-                registry=registry,
-                callbacks=Callbacks(settings),
-                delivery=client,
-                broker=probe_for(settings),
-            )
-            app.receipt_runtime = rt
-    return rt
