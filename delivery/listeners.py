@@ -29,22 +29,28 @@ MIN_BLOCK_S = 0.01
 
 
 class WakeListener:
-    """A driver process's scanner that blocks on the wake list itself (``delivery/wakes.py``).
+    """A process's scanner that blocks on the wake list itself (``delivery/wakes.py``).
 
     While it listens, enqueues send no wake-up message: the push wakes it, and it runs the same
     scan a ``receipt.dispatch`` message would have (disarm, take, claim, drive inline), in this
     thread — one broker publish, fetch and pool hand-off less per idle job. Errors (Redis or
     Postgres down) back off from 0.5 s, doubling to 30 s; the key it stops renewing then expires,
     and pushes fall back to messages.
+
+    ``worker``: the listener of a worker process (``RECEIPT_WORKER_WAKES``), whose ``rt`` runs what
+    its passes claim for this process's free slots here (``rt.local``): no worker message at all.
+    A driver's listener stands back while one listens (``WakeList.listen``).
     """
 
-    def __init__(self, rt: Dispatcher) -> None:
+    def __init__(self, rt: Dispatcher, *, worker: bool = False) -> None:
         assert rt.wakes is not None
         self.rt = rt
         self.wakes = rt.wakes
+        self.worker = worker
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="receipt-wake-listener", daemon=True)
         self.scans = 0
+        self.stood_back = 0  # waits a driver's listener left to a worker's (tests)
 
     def start(self) -> None:
         self._thread.start()
@@ -53,14 +59,21 @@ class WakeListener:
         self._stop.set()
         self._thread.join(timeout=LISTEN_BLOCK_S + 5)
         with contextlib.suppress(Exception):
-            self.wakes.stop_listening()
+            self.wakes.stop_listening(worker=self.worker)
 
     def _run(self) -> None:
         backoff = LISTENER_BACKOFF_S
         while not self._stop.is_set():
             try:
-                batch = self.wakes.listen(CLAIM_BATCH, self._block_s())
+                block_s = self._block_s()
+                batch = self.wakes.listen(CLAIM_BATCH, block_s, worker=self.worker)
+                if batch is None:  # a worker listens: it takes the wake-ups
+                    self.stood_back += 1
+                    self._stop.wait(block_s)
+                    batch = []
                 if batch and (self._stop.is_set() or PROCESS.requested):
+                    with contextlib.suppress(Exception):  # a driver listens again at once
+                        self.wakes.stop_listening(worker=self.worker)
                     hand_back_wakes(self.rt, batch)
                     break
                 if batch:

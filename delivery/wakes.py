@@ -21,6 +21,14 @@ routed, consumed and handed to a pool thread. A listener that dies leaves its ke
 ``LISTENING_TTL_MS``; pushes in that window wait for another listener, the next message-sending
 push, or the queued redrive — the same cover as a lost wake-up message.
 
+Worker processes listen too (``RECEIPT_WORKER_WAKES``, on by default). A worker process's listener
+runs the same scan, and the attempts its passes claim for a queue it consumes run on its own free
+slots with no worker message (``workers.attempts.LocalRuns``): the publish, the consumer's fetch
+and the hand-off to its pool leave an idle job's path. While any worker listens (its "workers" key,
+renewed before each wait like the listening key) a driver's listener stands back and takes no ids,
+so every wake-up goes to a process that can run what it claims; a driver listens again within one
+wait of the last worker listener stopping or dying.
+
 Without Redis (the embedded folder broker) there is no list: each wake-up carries its ids.
 """
 
@@ -40,6 +48,8 @@ QUEUE_TOKEN = "@"
 ARMED_KEY = "receipt:wake:armed"
 ARMED_TTL_MS = 2_000
 LISTENING_KEY = "receipt:wake:listening"
+# Set while a worker process listens: a driver's listener stands back (it lives LISTENING_TTL_MS).
+WORKERS_KEY = "receipt:wake:workers"
 # Set while a worker queue's line holds jobs its last dispatch pass could not send (no free place,
 # or heads left): a freed place there is worth a pass; elsewhere its token is dropped unread. Kept
 # by every pass that leaves a line (a listener looks again every second while one waits), so the
@@ -68,6 +78,7 @@ class WakeList:
         self.ids_key = prefix + IDS_KEY
         self.armed_key = prefix + ARMED_KEY
         self.listening_key = prefix + LISTENING_KEY
+        self.workers_key = prefix + WORKERS_KEY
         self.line_prefix = prefix + LINE_KEY
         self._multi_pop = True  # until the server says it has no BLMPOP
 
@@ -81,7 +92,9 @@ class WakeList:
         _, armed, listening = pipe.execute()
         return bool(armed) and not listening
 
-    def listen(self, count: int, block_s: float = LISTEN_BLOCK_S) -> list[str]:
+    def listen(
+        self, count: int, block_s: float = LISTEN_BLOCK_S, *, worker: bool = False
+    ) -> list[str] | None:
         """A listener's wait: disarm and announce itself, then block up to ``block_s`` until ids
         come and take up to ``count`` of them (an empty list when none came).
 
@@ -89,13 +102,23 @@ class WakeList:
         call and nothing more (``BLMPOP``, Redis ≥ 7; older servers get ``BLPOP`` and a take). Any
         id pushed after the disarm is returned by this wait or the next, as every id pushed after
         a scan's disarm is drained by that scan.
+
+        ``worker``: a worker process's listener, which also announces itself as one. A driver's
+        (``worker=False``) stands back while a worker listens: it returns None at once, taking
+        nothing, and its caller waits ``block_s`` before asking again.
         """
         from redis.exceptions import ResponseError
 
         pipe = self._client.pipeline(transaction=False)
         pipe.delete(self.armed_key)
         pipe.set(self.listening_key, b"1", px=LISTENING_TTL_MS)
-        pipe.execute()
+        if worker:
+            pipe.set(self.workers_key, b"1", px=LISTENING_TTL_MS)
+        else:
+            pipe.exists(self.workers_key)
+        answers = pipe.execute()
+        if not worker and answers[-1]:
+            return None
         if self._multi_pop:
             try:
                 got = self._client.blmpop(block_s, 1, self.ids_key, direction="LEFT", count=count)
@@ -110,10 +133,13 @@ class WakeList:
             return []
         return _decoded([first[1]]) + (self.take(count - 1) if count > 1 else [])
 
-    def stop_listening(self) -> None:
+    def stop_listening(self, *, worker: bool = False) -> None:
         """A listener that stops on purpose withdraws its key, so pushes send messages again at once
-        (with several listeners this may briefly send messages that one of them makes redundant)."""
-        self._client.delete(self.listening_key)
+        (with several listeners this may briefly send messages that one of them makes redundant).
+        A worker's also withdraws the workers key, so a driver listens again at its next wait
+        (another worker still listening sets it again before its own)."""
+        keys = [self.listening_key, self.workers_key] if worker else [self.listening_key]
+        self._client.delete(*keys)
 
     def disarm(self) -> None:
         self._client.delete(self.armed_key)

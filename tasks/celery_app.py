@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -258,23 +259,41 @@ def _start_refill(sender: Any = None, **_: Any) -> None:
     if offer is None or rt.wakes is None:
         return
     queues = offer.queues.split()
-    if rt.settings.delivery_local:
-        rt.local = attempts.LocalRuns(rt, queues)
+    settings = rt.settings
+    # A driver process already listens; its listener does not run attempts.
+    listens = settings.worker_wakes and not getattr(worker_app, "receipt_wake_listener", False)
+    runs = attempts.LocalRuns(rt, queues) if settings.delivery_local or listens else None
+    worker_app.receipt_local_runs = runs
+    if settings.delivery_local:
+        rt.local = runs
     refill = listeners.Refill(rt, queues)
     worker_app.receipt_refill = refill
     refill.start()
+    if listens:
+        # Only the listener's passes keep what they claim here: the refill's follow
+        # RECEIPT_DELIVERY_LOCAL (a place it frees goes first to a message already waiting).
+        listener = listeners.WakeListener(replace(rt, local=runs), worker=True)
+        worker_app.receipt_worker_listener = listener
+        listener.start()
 
 
 def _stop_refill(sender: Any = None, **_: Any) -> None:
-    """At shutdown, after the consumer's tasks: the refill, then the attempts run without a message,
-    which finish or hand theirs back within the grace."""
+    """At shutdown, after the consumer's tasks: the worker's wake listener (which hands back what it
+    took and did not scan), the refill, then the attempts run without a message, which finish or
+    hand theirs back within the grace."""
     worker_app = getattr(sender, "app", None)
-    refill = getattr(worker_app, "receipt_refill", None) if worker_app is not None else None
+    if worker_app is None:
+        return
+    listener = getattr(worker_app, "receipt_worker_listener", None)
+    if listener is not None:
+        listener.stop()
+    refill = getattr(worker_app, "receipt_refill", None)
     if refill is not None:
         refill.stop()
-    rt = getattr(worker_app, "receipt_runtime", None) if worker_app is not None else None
-    if rt is not None and rt.local is not None:
-        rt.local.stop(rt.settings.shutdown_grace_ms / 1000)
+    runs = getattr(worker_app, "receipt_local_runs", None)
+    rt = getattr(worker_app, "receipt_runtime", None)
+    if runs is not None and rt is not None:
+        runs.stop(rt.settings.shutdown_grace_ms / 1000)
 
 
 def _write_pending_ledger_rows(sender: Any = None, **_: Any) -> None:

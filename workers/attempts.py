@@ -291,10 +291,18 @@ class LocalRuns:
 
     def reserve(self, queue: str, want: int) -> int:
         """Take up to ``want`` of this process's free slots for attempts bound for ``queue``, now,
-        leaving one free (``LEAVE_FOR_MESSAGES``) for a message already waiting for this process."""
+        leaving one free (``LEAVE_FOR_MESSAGES``) for a message already waiting for this process.
+        None for a queue its consumer no longer reads (an operator's ``cancel_consumer``): this
+        process takes no work of that queue by any path."""
         if self._stopped or PROCESS.requested or queue not in self.queues or want < 1:
             return 0
+        if not self._consumes(queue):
+            return 0
         return self.rt.slots.take_leaving(want, LEAVE_FOR_MESSAGES)
+
+    def _consumes(self, queue: str) -> bool:
+        consumed = getattr(getattr(self.rt.app.amqp, "queues", None), "consume_from", None)
+        return consumed is None or queue in consumed
 
     def release(self, n: int) -> None:
         """Give back slots reserved for attempts that will not run here (their pass failed)."""

@@ -222,14 +222,16 @@ def test_duplicate_delivery_of_the_same_worker_message_is_inert(module_stack: St
         open(gate, "w").close()
         done = s.wait_terminal(job_id, timeout=15)
         assert done.status == "completed" and done.attempt == 1
-        wait_for(lambda: chat.log_count(done_line) == 2, 15, what="the real attempt's log line")
         after_real = s.receipts(job_id)
 
         # 2. The same message once more after the job settled: nothing at all may change.
         app.send_task(EXECUTE_TASK, args=args, task_id=fence, queue=QUEUES["chat"])
-        wait_for(lambda: chat.log_count(done_line) == 3, 15, what="the late duplicate to be processed")
-        assert chat.log_count(f"delivery {fence}: terminal_state") == 1
-        assert "<redacted>" in chat.lines_with(done_line)[2]  # Celery logs no return value
+        late = f"delivery {fence}: terminal_state"
+        wait_for(lambda: chat.log_count(late) == 1, 15, what="the late duplicate to be processed")
+        wait_for(lambda: chat.log_count(done_line) >= 2, 15, what="the late duplicate's task line")
+        # Celery logs no return value: not the duplicates', nor the real attempt's where it came as
+        # a message (a worker that took the wake-up itself ran it with none).
+        assert all("<redacted>" in line for line in chat.lines_with(done_line))
     finally:
         app.close()
 

@@ -45,14 +45,14 @@ class Wakes:
         self.batch = batch
         self.stopped_listening = False
 
-    def listen(self, count: int, block_s: float = 1.0) -> list[str]:
+    def listen(self, count: int, block_s: float = 1.0, *, worker: bool = False) -> list[str]:
         batch, self.batch = self.batch, []
         return batch
 
     def take(self, count: int) -> list[str]:
         return []
 
-    def stop_listening(self) -> None:
+    def stop_listening(self, *, worker: bool = False) -> None:
         self.stopped_listening = True
 
 

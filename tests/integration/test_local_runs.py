@@ -138,6 +138,20 @@ def test_nothing_is_kept_once_the_process_is_shutting_down_or_for_a_queue_it_doe
     local.release(1)
 
 
+def test_nothing_is_kept_for_a_queue_whose_consumer_an_operator_cancelled(
+    local_rt: tuple[Runtime, Recorder, attempts.LocalRuns],
+) -> None:
+    """``celery control cancel_consumer``: the process stops reading the queue, and takes no work of
+    it by a pass of its own either (its claims leave as messages, for the processes still reading)."""
+    rt, _sent, local = local_rt
+    queues = rt.app.amqp.queues
+    queues.select([CHAT, QUEUES["codex"]])  # this test's own app: nothing to restore
+    assert local.reserve(CHAT, 1) == 1
+    local.release(1)
+    queues.deselect(CHAT)  # what the cancel does to the consumer's queues
+    assert local.reserve(CHAT, 1) == 0
+
+
 def test_a_pass_whose_messages_fail_gives_the_reserved_slots_back_and_runs_nothing_here(
     local_rt: tuple[Runtime, Recorder, attempts.LocalRuns], monkeypatch: pytest.MonkeyPatch
 ) -> None:
