@@ -64,8 +64,17 @@ HEAD_SLACK: Final = 8
 
 @dataclass(frozen=True)
 class Capacity:
+    """A queue's live offers: their slots, how many processes, and the lead they add (per process
+    ``RECEIPT_DISPATCH_LEAD``, at most that process's own slots)."""
+
     slots: int
     processes: int
+    lead: int = 0
+
+    @property
+    def places(self) -> int:
+        """The most attempts that may be in flight: the slots plus the lead."""
+        return self.slots + self.lead
 
 
 @dataclass(frozen=True)
@@ -124,11 +133,11 @@ _IN_FLIGHT_STATUSES = ", ".join(f"'{status}'" for status in sorted(LEASED_STATUS
 # pending delivery (64 deliveries over a 3 000-job line: 1.48 ms, against 0.2 fenced).
 _COUNTS_PG = text(
     f"""
-SELECT 'leased' AS part, organization_id, concurrency_key, count(*) AS n, 0 AS processes
+SELECT 'leased' AS part, organization_id, concurrency_key, count(*) AS n, 0 AS processes, 0 AS lead
 FROM jobs WHERE status IN ({_IN_FLIGHT_STATUSES}) AND worker_queue = :queue
 GROUP BY organization_id, concurrency_key
 UNION ALL
-SELECT 'sent', q.organization_id, q.concurrency_key, count(*), NULL
+SELECT 'sent', q.organization_id, q.concurrency_key, count(*), NULL, NULL
 FROM (SELECT DISTINCT d.job_id FROM deliveries d
       WHERE d.state = 'pending' AND d.deadline_at > :now
         AND (CAST(:epoch AS text) IS NULL OR d.broker_epoch IS NULL OR d.broker_epoch = :epoch)) p
@@ -139,7 +148,8 @@ CROSS JOIN LATERAL (
     WHERE k.status = 'queued' AND k.worker_queue = :queue) q
 GROUP BY q.organization_id, q.concurrency_key
 UNION ALL
-SELECT 'offers', NULL, NULL, coalesce(sum(slots), 0), count(*) FROM worker_liveness
+SELECT 'offers', NULL, NULL, coalesce(sum(slots), 0), count(*),
+       coalesce(sum(LEAST(slots, CAST(:lead AS integer))), 0) FROM worker_liveness
 WHERE dead_at IS NULL AND renewed_at > :fresh AND slots IS NOT NULL AND queues LIKE :like
 """
 )
@@ -151,13 +161,16 @@ WHERE dead_at IS NULL AND renewed_at > :fresh AND slots IS NOT NULL AND queues L
 _COUNTS = Direct(_COUNTS_PG)
 
 
-def _counts_sqlite(conn: Connection, queue: str, fresh: datetime, now: datetime, epoch: str | None) -> Any:
+def _counts_sqlite(
+    conn: Connection, queue: str, fresh: datetime, now: datetime, epoch: str | None, lead: int
+) -> Any:
     j = jobs.c
     leased = select(
         literal("leased").label("part"),
         j.organization_id,
         j.concurrency_key,
         func.count().label("n"),
+        literal(0),
         literal(0),
     ).where(j.status.in_(sorted(LEASED_STATUSES)), j.worker_queue == queue)
     pending = select(deliveries.c.job_id).where(_live_pending(now, epoch)).distinct().subquery("pending")
@@ -168,13 +181,19 @@ def _counts_sqlite(conn: Connection, queue: str, fresh: datetime, now: datetime,
     )
     q = queued_here.c
     sent = (
-        select(literal("sent"), q.organization_id, q.concurrency_key, func.count(), null())
+        select(literal("sent"), q.organization_id, q.concurrency_key, func.count(), null(), null())
         .select_from(pending.join(queued_here, q.id == pending.c.job_id))
         .group_by(q.organization_id, q.concurrency_key)
     )
     w = worker_liveness.c
     offers = select(
-        literal("offers"), null(), null(), func.coalesce(func.sum(w.slots), 0), func.count()
+        literal("offers"),
+        null(),
+        null(),
+        func.coalesce(func.sum(w.slots), 0),
+        func.count(),
+        # SQLite's two-argument min() is PostgreSQL's LEAST.
+        func.coalesce(func.sum(func.min(w.slots, lead)), 0),
     ).where(w.dead_at.is_(None), w.renewed_at > fresh, w.slots.is_not(None), w.queues.like(f"% {queue} %"))
     return conn.execute(union_all(leased.group_by(j.organization_id, j.concurrency_key), sent, offers))
 
@@ -185,22 +204,32 @@ def _counts(
     """In one statement: the queue's capacity (with ``settings``; else none) and its attempts in
     flight per organisation and per (organisation, key). Rows of the three parts are told apart by
     their first column. Capacity counts the processes renewed within the self-fence that offer
-    slots for ``queue``."""
+    slots for ``queue``, and the lead they add: ``RECEIPT_DISPATCH_LEAD`` each, but never more
+    than a process's own slots, so a process of few long attempts is not sent many to hold."""
     # Without settings no process is fresh enough: the capacity part answers nothing.
     fresh = now - timedelta(milliseconds=settings.worker_self_fence_ms) if settings is not None else now
+    lead = settings.dispatch_lead if settings is not None else 0
     if is_sqlite(conn):
-        rows = _counts_sqlite(conn, queue, fresh, now, epoch)
+        rows = _counts_sqlite(conn, queue, fresh, now, epoch, lead)
     else:
         rows = _COUNTS.rows(
-            conn, {"queue": queue, "now": now, "epoch": epoch, "fresh": fresh, "like": f"% {queue} %"}
+            conn,
+            {
+                "queue": queue,
+                "now": now,
+                "epoch": epoch,
+                "fresh": fresh,
+                "like": f"% {queue} %",
+                "lead": lead,
+            },
         )
     by_org: dict[str, int] = {}
     by_key: dict[tuple[str, str], int] = {}
     cap = Capacity(0, 0)
-    for part, org, key, n, processes in rows:
+    for part, org, key, n, processes, offered_lead in rows:
         if part == "offers":
             if settings is not None:
-                cap = Capacity(int(n), int(processes))
+                cap = Capacity(int(n), int(processes), int(offered_lead))
             continue
         org = org or ""
         by_org[org] = by_org.get(org, 0) + n
@@ -366,7 +395,7 @@ def run_pass(
         lock_keys(conn, [f"dispatch:{queue}"])
     cap, by_org, by_key = _counts(conn, queue, settings, now, epoch)
     total = sum(by_org.values())
-    places = cap.slots + settings.dispatch_lead * cap.processes - total
+    places = cap.places - total
     if places <= 0:
         return PassResult(queue, now, cap, total, 0, blocked=_has_line(conn, queue))
     # A key at or past the operator's limit for it cannot take a place: its heads are not read.
@@ -629,7 +658,7 @@ def shares(
                 queue,
                 cap.slots,
                 cap.processes,
-                cap.slots + settings.dispatch_lead * cap.processes,
+                cap.places,
                 sum(by_org.values()),
                 tuple(
                     OrgShare(

@@ -80,12 +80,24 @@ def test_the_pass_sends_at_most_the_free_slots_plus_the_lead_per_process(
     offer_slots(engine, slots=3)
     jobs = [enqueue(queue, "a") for _ in range(8)]
     first = run(engine, Settings(dispatch_lead=2))
-    assert first.capacity == line.Capacity(3, 1)
+    assert first.capacity == line.Capacity(3, 1, 2)
     assert sent(first) == [j.id for j in jobs[:5]]  # 3 slots + a lead of 2, oldest first
     assert sent(run(engine, Settings(dispatch_lead=2))) == []  # all five still in flight
     finish(queue, jobs[0].id)
     again = run(engine, Settings(dispatch_lead=2))
     assert sent(again) == [jobs[5].id]  # one place freed, one sent
+
+
+def test_a_process_adds_a_lead_of_at_most_its_own_slots(engine: Engine, queue: Queue) -> None:
+    """RECEIPT_DISPATCH_LEAD (default 8) per process, capped by the process's slots: a process
+    running two long attempts at a time is never sent eight more to hold."""
+    assert Settings().dispatch_lead == 8
+    offer_slots(engine, slots=2)
+    offer_slots(engine, slots=8)
+    jobs = [enqueue(queue, "a") for _ in range(30)]
+    first = run(engine, Settings())
+    assert first.capacity == line.Capacity(10, 2, 2 + 8)
+    assert sent(first) == [j.id for j in jobs[:20]]
 
 
 def test_a_process_that_stops_taking_work_offers_no_slots(engine: Engine, queue: Queue) -> None:
@@ -279,7 +291,7 @@ def test_the_counts_read_each_pending_deliverys_job_by_its_key(pg_engine: Engine
     assert len(run(pg_engine).claimed) == 10  # ten deliveries pending, their jobs still queued
     with pg_engine.connect() as conn:
         now = db_now(conn)
-        params = {"queue": CHAT, "now": now, "epoch": None, "fresh": now, "like": f"% {CHAT} %"}
+        params = {"queue": CHAT, "now": now, "epoch": None, "fresh": now, "like": f"% {CHAT} %", "lead": 8}
         plan = "\n".join(
             str(r) for r in conn.execute(text("EXPLAIN " + line._COUNTS_PG.text), params).scalars()
         )
