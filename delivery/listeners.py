@@ -64,6 +64,12 @@ class WakeListener:
     def _run(self) -> None:
         backoff = LISTENER_BACKOFF_S
         while not self._stop.is_set():
+            if self.worker and PROCESS.requested:
+                # A worker shutting down runs nothing more here: the driver or another worker
+                # takes the wake-ups from now on.
+                with contextlib.suppress(Exception):
+                    self.wakes.stop_listening(worker=True)
+                return
             try:
                 block_s = self._block_s()
                 batch = self.wakes.listen(CLAIM_BATCH, block_s, worker=self.worker)

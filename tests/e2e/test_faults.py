@@ -91,26 +91,29 @@ def test_sigkill_of_the_worker_mid_job_reruns_it_once_on_a_new_process(stack: St
 def test_sigkill_of_a_worker_holding_a_batch_redelivers_every_job_of_it_which_completes_once(
     stack: Stack, tmp_path: Path
 ) -> None:
-    """Six jobs in one ``receipt.execute_batch``; the worker has two slots, so it leases two and holds
-    four unleased (a hold longer than the test). SIGKILL: the two leased come back through the
-    worker-liveness loop, the four held through their fetch records (each its own delivery, lost
+    """Four jobs in one ``receipt.execute_batch``; the worker has two slots, so it leases two and
+    holds two unleased (a hold longer than the test). SIGKILL: the two leased come back through the
+    worker-liveness loop, the two held through their fetch records (each its own delivery, lost
     with its fetcher)."""
     stack.env_overrides["RECEIPT_DELIVERY_BATCH_MAX"] = "8"
     stack.env_overrides["RECEIPT_DELIVERY_HOLD_MS"] = "60000"
-    # A lead of four beyond the two slots: the dispatch pass may send the worker all six at once.
+    # The batch message's path: the driver scans, and the worker runs nothing without a message.
+    stack.env_overrides["RECEIPT_WORKER_WAKES"] = "disabled"
+    # A lead of two beyond the two slots (a process adds at most its own slots of lead): the
+    # dispatch pass may send the worker all four at once.
     stack.env_overrides["RECEIPT_DISPATCH_LEAD"] = "4"
     stack.start("web")
     gate = tmp_path / "gate"
-    # No driver yet: the six wait together, and the first scan claims them in one batch.
-    ids = [stack.post_job(handlers.GATE, gate=str(gate), max_attempts=3)["id"] for _ in range(6)]
+    # No driver yet: the four wait together, and the first scan claims them in one batch.
+    ids = [stack.post_job(handlers.GATE, gate=str(gate), max_attempts=3)["id"] for _ in range(4)]
     first = stack.start_worker("worker-chat", "chat", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="2")
     stack.start("driver", "beat")
     wait_for(lambda: first.log_count(f"{EXECUTE_BATCH_TASK}[") >= 1, 30, what="the batch to be fetched")
     wait_for(lambda: sum(stack.status(i) == "running" for i in ids) == 2, 30, what="two attempts to run")
     leased = [i for i in ids if stack.status(i) == "running"]
     held = [i for i in ids if i not in leased]
-    # Never more attempts than the role's concurrency: the other four wait unleased.
-    assert [(stack.status(i), stack.job(i).attempt) for i in held] == [("queued", 0)] * 4  # type: ignore[union-attr]
+    # Never more attempts than the role's concurrency: the other two wait unleased.
+    assert [(stack.status(i), stack.job(i).attempt) for i in held] == [("queued", 0)] * 2  # type: ignore[union-attr]
 
     stack.harness.kill(stack.procs.pop("chat"))  # SIGKILL: no hand-back, no record deleted
     gate.touch()
@@ -135,27 +138,30 @@ def test_sigkill_of_a_worker_holding_a_batch_redelivers_every_job_of_it_which_co
 def test_a_batch_s_attempts_behind_long_jobs_are_handed_back_and_run_on_a_process_with_free_slots(
     stack: Stack, tmp_path: Path
 ) -> None:
-    """Six gated jobs in one batch to a worker with two slots: it runs two and, when no slot frees
-    within the hold, hands the four back in one message; a second worker takes and runs them while
-    the first two still hold the first worker's slots."""
+    """Four gated jobs in one batch to a worker with two slots: it runs two and, when no slot frees
+    within the hold, hands the other two back in one message; a second worker takes and runs them
+    while the first two still hold the first worker's slots."""
     stack.env_overrides["RECEIPT_DELIVERY_BATCH_MAX"] = "8"
     # Long jobs: an execution timeout (lease - 1 s) far past the test, so the first worker's slots
     # stay busy until the gate opens.
     stack.env_overrides["JOB_LEASE_MS"] = "120000"
-    # A lead of four beyond the two slots: the dispatch pass may send the worker all six at once.
+    # The batch message's path: the driver scans, and the worker runs nothing without a message.
+    stack.env_overrides["RECEIPT_WORKER_WAKES"] = "disabled"
+    # A lead of two beyond the two slots (at most the process's own slots): the dispatch pass may
+    # send the worker all four at once.
     stack.env_overrides["RECEIPT_DISPATCH_LEAD"] = "4"
     stack.start("web")
     gate = tmp_path / "gate"
-    ids = [stack.post_job(handlers.GATE, gate=str(gate))["id"] for _ in range(6)]
+    ids = [stack.post_job(handlers.GATE, gate=str(gate))["id"] for _ in range(4)]
     busy = stack.start_worker("worker-chat", "chat", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="2")
     stack.start("driver", "beat")
-    wait_for(lambda: busy.log_count("no free slot: 4 fetched attempts handed back"), 30, what="the hand-back")
+    wait_for(lambda: busy.log_count("no free slot: 2 fetched attempts handed back"), 30, what="the hand-back")
     first = [i for i in ids if stack.status(i) == "running"]
     assert len(first) == 2 and all(stack.status(i) == "queued" for i in ids if i not in first)
     free = stack.start_worker("worker-chat", "chat-2", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="4")
     rest = [i for i in ids if i not in first]
-    # The four run on the second worker while the first two still hold the first worker's slots.
-    wait_for(lambda: all(stack.status(i) == "running" for i in rest), 30, what="the four to run")
+    # The two run on the second worker while the first two still hold the first worker's slots.
+    wait_for(lambda: all(stack.status(i) == "running" for i in rest), 30, what="the other two to run")
     assert all(stack.status(i) == "running" for i in first)
     gate.touch()
     for job_id in ids:

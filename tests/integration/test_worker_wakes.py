@@ -185,3 +185,26 @@ def test_a_process_that_listens_as_a_driver_starts_no_worker_listener(
         assert getattr(rt.app, "receipt_worker_listener", None) is None
     finally:
         celery_app._stop_refill(sender=worker)
+
+
+def test_a_worker_listener_stops_taking_wake_ups_as_soon_as_its_process_begins_shutting_down(
+    pg_engine: Engine, redis_url: str, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.ops.shutdown import Shutdown
+
+    rt, _sent = worker_runtime(pg_engine, redis_url)
+    runs = attempts.LocalRuns(rt, [CHAT])
+    listener = listeners.WakeListener(replace(rt, local=runs), worker=True)
+    stopping = Shutdown()
+    monkeypatch.setattr(listeners, "PROCESS", stopping)
+    listener.start()
+    try:
+        wait_until(lambda: client.exists(wakes.WORKERS_KEY) == 1, what="the worker listens")
+        stopping.begin(5_000)  # SIGTERM: the grace has begun, the attempts may still finish
+        wait_until(lambda: not listener._thread.is_alive(), what="the listener to stop")
+        assert client.exists(wakes.WORKERS_KEY, wakes.LISTENING_KEY) == 0  # a driver listens again
+        client.rpush(wakes.IDS_KEY, "j")
+        assert client.lrange(wakes.IDS_KEY, 0, -1) == [b"j"]  # nobody here takes it any more
+    finally:
+        listener.stop()
+        runs.stop(10)
