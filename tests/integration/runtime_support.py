@@ -242,3 +242,25 @@ def with_wake_list(rt: Runtime, redis_url: str) -> Runtime:
     rt.delivery = DeliveryClient(rt.app, WakeList(redis_url))
     rt.queue = queue_for(rt.engine, on_dispatchable=rt.delivery.wake)
     return rt
+
+
+def _done(ctx: Any) -> dict[str, bool]:
+    return {"ok": True}
+
+
+def local_worker_runtime(engine: Engine, redis_url: str, **env: str) -> tuple[Runtime, Recorder]:
+    """A ``worker-chat`` process's runtime on a Redis broker whose passes may run attempts here: the
+    chat queue consumed with 8 slots (its ``factory`` agent returns at once), two places offered
+    to the line and no lead."""
+    from app.jobs.routing import QUEUES
+    from devharness.credits import offer_slots
+
+    settings = settings_for(
+        redis_url, RECEIPT_DISPATCH_LEAD="0", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="8", **env
+    )
+    rt, sent, _ = recording_runtime(engine, settings, registry_of({"factory": _done}), offer=False)
+    offer_slots(engine, slots=2)
+    rt = with_wake_list(rt, redis_url)
+    rt.app.amqp.queues.select([QUEUES["chat"]])  # what `-Q receipt-chat` makes the consumer read
+    assert rt.slots.capacity == 8
+    return rt, sent

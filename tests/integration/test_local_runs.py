@@ -14,45 +14,25 @@ import pytest
 import redis
 from sqlalchemy.engine import Engine
 
-from app.config import Settings
 from app.jobs.routing import EXECUTE_BATCH_TASK, EXECUTE_TASK, QUEUES
 from app.ops.shutdown import Shutdown
 from app.storage.delivery import driver_task_id
 from delivery import dispatch, fetches
-from devharness.credits import offer_slots
 from workers import attempts
 from workers.runtime import Runtime
 
-from .runtime_support import (
-    Recorder,
-    enqueue,
-    recording_runtime,
-    registry_of,
-    settings_for,
-    wait_until,
-    with_wake_list,
-)
+from .runtime_support import Recorder, enqueue, local_worker_runtime, wait_until
 
 pytestmark = pytest.mark.one_backend
 
 CHAT = QUEUES["chat"]
 
 
-def done(ctx: Any) -> dict[str, bool]:
-    return {"ok": True}
-
-
 @pytest.fixture
 def local_rt(pg_engine: Engine, redis_url: str) -> Iterator[tuple[Runtime, Recorder, attempts.LocalRuns]]:
     """A worker runtime on a Redis broker whose pass may keep attempts for its own slots: two places
     offered to the line, no lead; this process has the role's slots (more than two) free."""
-    settings: Settings = settings_for(
-        redis_url, RECEIPT_DISPATCH_LEAD="0", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="8"
-    )
-    rt, sent, _ = recording_runtime(pg_engine, settings, registry_of({"factory": done}), offer=False)
-    offer_slots(pg_engine, slots=2)
-    rt = with_wake_list(rt, redis_url)
-    assert rt.slots.capacity == 8
+    rt, sent = local_worker_runtime(pg_engine, redis_url)
     local = attempts.LocalRuns(rt, [CHAT])
     rt.local = local
     recorder = fetches.recorder_for(rt.app)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import redis
@@ -17,27 +16,13 @@ from sqlalchemy.engine import Engine
 from app.jobs.routing import DISPATCH_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, QUEUES
 from app.storage.delivery import driver_task_id
 from delivery import fetches, listeners, wakes
-from devharness.credits import offer_slots
 from workers import attempts
-from workers.runtime import Runtime
 
-from .runtime_support import (
-    Recorder,
-    enqueue,
-    recording_runtime,
-    registry_of,
-    settings_for,
-    wait_until,
-    with_wake_list,
-)
+from .runtime_support import enqueue, local_worker_runtime, wait_until
 
 pytestmark = pytest.mark.one_backend
 
 CHAT = QUEUES["chat"]
-
-
-def done(ctx: Any) -> dict[str, bool]:
-    return {"ok": True}
 
 
 @pytest.fixture
@@ -47,19 +32,6 @@ def client(redis_url: str) -> Iterator[redis.Redis]:
         yield c
     finally:
         c.close()
-
-
-def worker_runtime(engine: Engine, redis_url: str, **env: str) -> tuple[Runtime, Recorder]:
-    """A worker process's runtime on a Redis broker, consuming the chat queue with 8 slots; two
-    places offered to the line and no lead."""
-    settings = settings_for(
-        redis_url, RECEIPT_DISPATCH_LEAD="0", RECEIPT_RESONATE_EXECUTE_CONCURRENCY="8", **env
-    )
-    rt, sent, _ = recording_runtime(engine, settings, registry_of({"factory": done}), offer=False)
-    offer_slots(engine, slots=2)
-    rt = with_wake_list(rt, redis_url)
-    rt.app.amqp.queues.select([CHAT])  # what `-Q receipt-chat` makes the consumer read
-    return rt, sent
 
 
 def test_a_driver_stands_back_while_a_worker_listens_and_listens_again_once_it_stops(
@@ -82,7 +54,7 @@ def test_a_driver_stands_back_while_a_worker_listens_and_listens_again_once_it_s
 def test_a_driver_listener_thread_leaves_the_ids_to_a_worker_until_its_key_lapses(
     pg_engine: Engine, redis_url: str, client: redis.Redis
 ) -> None:
-    rt, _sent = worker_runtime(pg_engine, redis_url)
+    rt, _sent = local_worker_runtime(pg_engine, redis_url)
     client.set(wakes.WORKERS_KEY, b"1", px=wakes.LISTENING_TTL_MS)
     client.rpush(wakes.IDS_KEY, "@" + CHAT)
     listener = listeners.WakeListener(rt)
@@ -99,7 +71,7 @@ def test_a_driver_listener_thread_leaves_the_ids_to_a_worker_until_its_key_lapse
 def test_a_worker_listener_runs_a_woken_job_here_with_no_message(
     pg_engine: Engine, redis_url: str, client: redis.Redis
 ) -> None:
-    rt, sent = worker_runtime(pg_engine, redis_url)
+    rt, sent = local_worker_runtime(pg_engine, redis_url)
     recorder = fetches.recorder_for(rt.app)  # a worker process's, made when it starts
     assert recorder is not None
     runs = attempts.LocalRuns(rt, [CHAT])
@@ -128,7 +100,7 @@ def test_a_worker_listener_sends_what_its_free_slots_do_not_take(
 ) -> None:
     """One slot is always left for a message already waiting: with two free, one job runs here and
     the other leaves as a worker message for whichever process has a place."""
-    rt, sent = worker_runtime(pg_engine, redis_url)
+    rt, sent = local_worker_runtime(pg_engine, redis_url)
     took = rt.slots.take(6, 0)
     assert took == 6 and rt.slots.free == 2
     runs = attempts.LocalRuns(rt, [CHAT])
@@ -153,7 +125,7 @@ def test_a_worker_process_starts_its_listener_by_the_setting_and_stops_it_at_shu
 ) -> None:
     from tasks import celery_app
 
-    rt, _sent = worker_runtime(pg_engine, redis_url, RECEIPT_WORKER_WAKES=setting)
+    rt, _sent = local_worker_runtime(pg_engine, redis_url, RECEIPT_WORKER_WAKES=setting)
     assert rt.settings.worker_wakes is (setting == "enabled")
     worker = SimpleNamespace(app=rt.app, concurrency=8)
     celery_app._start_refill(sender=worker)
@@ -177,7 +149,7 @@ def test_a_process_that_listens_as_a_driver_starts_no_worker_listener(
 ) -> None:
     from tasks import celery_app
 
-    rt, _sent = worker_runtime(pg_engine, redis_url)
+    rt, _sent = local_worker_runtime(pg_engine, redis_url)
     rt.app.receipt_wake_listener = True  # its driver's listener takes the wake-ups
     worker = SimpleNamespace(app=rt.app, concurrency=8)
     celery_app._start_refill(sender=worker)
@@ -192,7 +164,7 @@ def test_a_worker_listener_stops_taking_wake_ups_as_soon_as_its_process_begins_s
 ) -> None:
     from app.ops.shutdown import Shutdown
 
-    rt, _sent = worker_runtime(pg_engine, redis_url)
+    rt, _sent = local_worker_runtime(pg_engine, redis_url)
     runs = attempts.LocalRuns(rt, [CHAT])
     listener = listeners.WakeListener(replace(rt, local=runs), worker=True)
     stopping = Shutdown()
