@@ -213,7 +213,12 @@ def test_a_message_whose_fetcher_is_killed_before_it_acts_is_delivered_again_wit
         # (2) A chat worker whose database stalls fetches a message and cannot lease: it is alive.
         via_proxy = target.set(port=proxy.port).render_as_string(hide_password=False)
         assert via_proxy != stack.database_url
-        held = stack.start_worker("worker-chat", "chat", DATABASE_URL=via_proxy)
+        # It takes no wake-ups (RECEIPT_WORKER_WAKES): its scan would stall on the held database
+        # with the job's wake-up, and the job would wait for the queued redrive instead of being
+        # claimed by the driver and fetched here as a message, which is the case under test.
+        held = stack.start_worker(
+            "worker-chat", "chat", DATABASE_URL=via_proxy, RECEIPT_WORKER_WAKES="disabled"
+        )
         done = stack.wait_terminal(first)
         assert (done.status, done.attempt) == ("completed", 1)
         assert [d.outcome for d in stack.deliveries(first)] == ["completed"]
