@@ -292,7 +292,7 @@ class LocalRuns:
     def reserve(self, queue: str, want: int) -> int:
         """Take up to ``want`` of this process's free slots for attempts bound for ``queue``, now,
         leaving one free (``LEAVE_FOR_MESSAGES``) for a message already waiting for this process.
-        None for a queue its consumer no longer reads (an operator's ``cancel_consumer``): this
+        None for a queue its consumer has stopped reading (an operator's ``cancel_consumer``): this
         process takes no work of that queue by any path."""
         if self._stopped or PROCESS.requested or queue not in self.queues or want < 1:
             return 0
