@@ -977,7 +977,8 @@ class Settings:
     worker_wakes: bool = setting(
         "RECEIPT_WORKER_WAKES",
         "enabled",
-        "`enabled`: each worker process also listens on the Redis wake list, runs the dispatch scan "
+        "`enabled`: each worker process with more than one slot also listens on the Redis wake list, "
+        "runs the dispatch scan "
         "itself, and runs the attempts it claims for a queue it consumes on its own free slots with no "
         "worker message (always leaving one slot free for a message already waiting); the rest leave "
         "as messages. While a worker listens, a driver's listener stands back. `disabled`: only "

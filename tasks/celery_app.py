@@ -260,8 +260,13 @@ def _start_refill(sender: Any = None, **_: Any) -> None:
         return
     queues = offer.queues.split()
     settings = rt.settings
-    # A driver process already listens; its listener does not run attempts.
-    listens = settings.worker_wakes and not getattr(worker_app, "receipt_wake_listener", False)
+    # A driver process already listens; its listener does not run attempts. Nor can a process whose
+    # only slot is the one always left for a waiting message: its scans would only send messages.
+    listens = (
+        settings.worker_wakes
+        and not getattr(worker_app, "receipt_wake_listener", False)
+        and offer.slots > attempts.LEAVE_FOR_MESSAGES
+    )
     runs = attempts.LocalRuns(rt, queues) if settings.delivery_local or listens else None
     worker_app.receipt_local_runs = runs
     if settings.delivery_local:

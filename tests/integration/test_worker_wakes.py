@@ -180,3 +180,18 @@ def test_a_worker_listener_stops_taking_wake_ups_as_soon_as_its_process_begins_s
     finally:
         listener.stop()
         runs.stop(10)
+
+
+def test_a_process_with_a_single_slot_starts_no_worker_listener(pg_engine: Engine, redis_url: str) -> None:
+    """Its one slot is the one always left for a message already waiting (LEAVE_FOR_MESSAGES): it
+    could run nothing it claimed, so the driver keeps taking the wake-ups."""
+    from tasks import celery_app
+
+    rt, _sent = local_worker_runtime(pg_engine, redis_url)
+    assert attempts.LEAVE_FOR_MESSAGES == 1
+    worker = SimpleNamespace(app=rt.app, concurrency=1)
+    celery_app._start_refill(sender=worker)
+    try:
+        assert getattr(rt.app, "receipt_worker_listener", None) is None
+    finally:
+        celery_app._stop_refill(sender=worker)
