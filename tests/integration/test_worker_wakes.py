@@ -144,21 +144,6 @@ def test_a_worker_process_starts_its_listener_by_the_setting_and_stops_it_at_shu
     assert rt.app.receipt_local_runs.reserve(CHAT, 1) == 0  # stopped: keeps nothing
 
 
-def test_a_process_that_listens_as_a_driver_starts_no_worker_listener(
-    pg_engine: Engine, redis_url: str
-) -> None:
-    from tasks import celery_app
-
-    rt, _sent = local_worker_runtime(pg_engine, redis_url)
-    rt.app.receipt_wake_listener = True  # its driver's listener takes the wake-ups
-    worker = SimpleNamespace(app=rt.app, concurrency=8)
-    celery_app._start_refill(sender=worker)
-    try:
-        assert getattr(rt.app, "receipt_worker_listener", None) is None
-    finally:
-        celery_app._stop_refill(sender=worker)
-
-
 def test_a_worker_listener_stops_taking_wake_ups_as_soon_as_its_process_begins_shutting_down(
     pg_engine: Engine, redis_url: str, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,14 +167,19 @@ def test_a_worker_listener_stops_taking_wake_ups_as_soon_as_its_process_begins_s
         runs.stop(10)
 
 
-def test_a_process_with_a_single_slot_starts_no_worker_listener(pg_engine: Engine, redis_url: str) -> None:
-    """Its one slot is the one always left for a message already waiting (LEAVE_FOR_MESSAGES): it
-    could run nothing it claimed, so the driver keeps taking the wake-ups."""
+@pytest.mark.parametrize("why", ["a driver's listener", "a single slot"])
+def test_a_process_starts_no_worker_listener_beside_a_drivers_or_with_a_single_slot(
+    pg_engine: Engine, redis_url: str, why: str
+) -> None:
+    """A driver process's own listener takes its wake-ups. A single slot is the one always left for
+    a message already waiting (LEAVE_FOR_MESSAGES): such a process could run nothing it claimed."""
     from tasks import celery_app
 
     rt, _sent = local_worker_runtime(pg_engine, redis_url)
     assert attempts.LEAVE_FOR_MESSAGES == 1
-    worker = SimpleNamespace(app=rt.app, concurrency=1)
+    if why == "a driver's listener":
+        rt.app.receipt_wake_listener = True
+    worker = SimpleNamespace(app=rt.app, concurrency=1 if why == "a single slot" else 8)
     celery_app._start_refill(sender=worker)
     try:
         assert getattr(rt.app, "receipt_worker_listener", None) is None
