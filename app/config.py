@@ -978,12 +978,11 @@ class Settings:
         "RECEIPT_WORKER_WAKES",
         "enabled",
         "`enabled`: each worker process with more than one slot also listens on the Redis wake list, "
-        "runs the dispatch scan "
-        "itself, and runs the attempts it claims for a queue it consumes on its own free slots with no "
-        "worker message (always leaving one slot free for a message already waiting); the rest leave "
-        "as messages. While a worker listens, a driver's listener stands back. `disabled`: only "
-        "driver processes take wake-ups, and every attempt travels as a worker message "
-        '(docs/dispatch.md, "Worker processes take the wake-ups").',
+        "runs the dispatch scan itself, and runs the attempts it claims for a queue it consumes on its "
+        "own free slots with no worker message (always leaving one slot free for a message already "
+        "waiting); the rest leave as messages. While a worker listens, a driver's listener stands "
+        "back. `disabled`: only driver processes take wake-ups, and every attempt travels as a worker "
+        'message (docs/dispatch.md, "Worker processes take the wake-ups").',
         switch,
     )
     delivery_local: bool = setting(

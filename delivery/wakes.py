@@ -26,8 +26,8 @@ runs the same scan, and the attempts its passes claim for a queue it consumes ru
 slots with no worker message (``workers.attempts.LocalRuns``): the publish, the consumer's fetch
 and the hand-off to its pool leave an idle job's path. While any worker listens (its "workers" key,
 renewed before each wait like the listening key) a driver's listener stands back and takes no ids,
-so every wake-up goes to a process that can run what it claims; a driver listens again within one
-wait of the last worker listener stopping or dying.
+so every wake-up goes to a process that can run what it claims. A driver listens again at its next
+wait once the last worker listener stops, and within ``LISTENING_TTL_MS`` more once it dies.
 
 Without Redis (the embedded folder broker) there is no list: each wake-up carries its ids.
 """
@@ -111,6 +111,8 @@ class WakeList:
 
         pipe = self._client.pipeline(transaction=False)
         pipe.delete(self.armed_key)
+        # Renewed by a driver that stands back too (one round trip, no condition): a worker listens
+        # then, and a dead worker's key lapses within LISTENING_TTL_MS, when the driver takes over.
         pipe.set(self.listening_key, b"1", px=LISTENING_TTL_MS)
         if worker:
             pipe.set(self.workers_key, b"1", px=LISTENING_TTL_MS)

@@ -292,15 +292,15 @@ class LocalRuns:
     def reserve(self, queue: str, want: int) -> int:
         """Take up to ``want`` of this process's free slots for attempts bound for ``queue``, now,
         leaving one free (``LEAVE_FOR_MESSAGES``) for a message already waiting for this process.
-        None for a queue its consumer has stopped reading (an operator's ``cancel_consumer``): this
-        process takes no work of that queue by any path."""
-        if self._stopped or PROCESS.requested or queue not in self.queues or want < 1:
-            return 0
-        if not self._consumes(queue):
+        Nothing for a queue its consumer has stopped reading (an operator's ``cancel_consumer``):
+        this process takes no work of that queue by any path."""
+        if self._stopped or PROCESS.requested or want < 1 or not self._consumes(queue):
             return 0
         return self.rt.slots.take_leaving(want, LEAVE_FOR_MESSAGES)
 
     def _consumes(self, queue: str) -> bool:
+        if queue not in self.queues:
+            return False
         consumed = getattr(getattr(self.rt.app.amqp, "queues", None), "consume_from", None)
         return consumed is None or queue in consumed
 

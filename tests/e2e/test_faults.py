@@ -99,9 +99,8 @@ def test_sigkill_of_a_worker_holding_a_batch_redelivers_every_job_of_it_which_co
     stack.env_overrides["RECEIPT_DELIVERY_HOLD_MS"] = "60000"
     # The batch message's path: the driver scans, and the worker runs nothing without a message.
     stack.env_overrides["RECEIPT_WORKER_WAKES"] = "disabled"
-    # A lead of two beyond the two slots (a process adds at most its own slots of lead): the
-    # dispatch pass may send the worker all four at once.
-    stack.env_overrides["RECEIPT_DISPATCH_LEAD"] = "4"
+    # The default lead, capped at the process's own two slots: the dispatch pass may send the
+    # worker all four at once.
     stack.start("web")
     gate = tmp_path / "gate"
     # No driver yet: the four wait together, and the first scan claims them in one batch.
@@ -147,9 +146,8 @@ def test_a_batch_s_attempts_behind_long_jobs_are_handed_back_and_run_on_a_proces
     stack.env_overrides["JOB_LEASE_MS"] = "120000"
     # The batch message's path: the driver scans, and the worker runs nothing without a message.
     stack.env_overrides["RECEIPT_WORKER_WAKES"] = "disabled"
-    # A lead of two beyond the two slots (at most the process's own slots): the dispatch pass may
-    # send the worker all four at once.
-    stack.env_overrides["RECEIPT_DISPATCH_LEAD"] = "4"
+    # The default lead, capped at the process's own two slots: the dispatch pass may send the
+    # worker all four at once.
     stack.start("web")
     gate = tmp_path / "gate"
     ids = [stack.post_job(handlers.GATE, gate=str(gate))["id"] for _ in range(4)]
