@@ -37,6 +37,7 @@ from app.composition import build_queue
 from app.config import Settings
 from app.jobs.reducer import Job
 from app.jobs.tracecontext import TRACEPARENT, TRACESTATE
+from app.ops import metrics
 from app.storage.db import engine_for
 
 log = logging.getLogger("receipt.api")
@@ -135,6 +136,12 @@ def create_app(
             return None
         g.identity = auth.authenticate(engine, auth_disabled=auth_disabled)
         return None
+
+    @app.after_request
+    def _count(response: Response) -> Response:
+        rule = request.url_rule
+        metrics.observe_request(request.method, rule.rule if rule is not None else None, response.status_code)
+        return response
 
     # After authentication (before_request hooks run in order): the write limit keys on the caller.
     limits.install_rate_limit(app, settings)

@@ -32,6 +32,7 @@ import tempfile
 import warnings
 from typing import Any
 
+from api import access_log
 from app import tracing
 from app.config import Settings
 from app.ops import logs, metrics, outages, preflight
@@ -56,6 +57,8 @@ errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
 # gunicorn's own lines and the app's share Receipt's one logging configuration (plain or JSON).
 logconfig_dict = logs.dict_config(_SETTINGS, "web")
+# The access line per request only with RECEIPT_ACCESS_LOG=enabled; requests are counted either way.
+logger_class = access_log.logger_class(_SETTINGS)
 
 
 # Prometheus multiprocess mode: each gunicorn worker writes its counters to files in one folder,

@@ -1083,6 +1083,14 @@ class Settings:
         "an idle process stays quiet; `receipt_loop_passes_total` and the loop gauges count them.",
         switch,
     )
+    access_log: bool = setting(
+        "RECEIPT_ACCESS_LOG",
+        "disabled",
+        "`enabled` writes gunicorn's access line for every HTTP request the web process answers. Off, "
+        "each request is counted in `receipt_http_requests_total` (method, route, status) instead, "
+        "and a platform's router still logs every request it forwards.",
+        switch,
+    )
     metrics_token: str | None = setting(
         "RECEIPT_METRICS_TOKEN",
         None,

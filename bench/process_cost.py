@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.process_cost [--system receipt-python] [--jobs 2000] [--clients 8]
                                            [--rounds 3] [--setting RECEIPT_<NAME>=<value> ...]
+                                           [--py-spy GROUP=FILE.svg ...]
 
 Deploys Receipt as ``bench.compare`` does (a fresh database, gunicorn, a driver, a ``worker-chat``
 running the no-op agent, a private redis-server), sends a burst of ``--jobs`` jobs from the
@@ -18,15 +19,21 @@ all are done. Per round and process group it prints:
   setting or tree under test, so the ratio cancels the machine's drift between rounds (every
   process of a run slows together by up to 40 % here within minutes).
 
-The medians over the rounds close the output. To compare two trees, run it from each checkout
-in turn (rounds alternated by hand): only figures of one sitting compare. Bounded: every wait has
-a timeout, the deployment is stopped and its database dropped at exit.
+``--py-spy worker=/tmp/worker.svg`` also samples that group's first process and its children with
+``py-spy record --gil`` (CPU held with the GIL, idle threads left out) through the last round's
+burst and writes the flame graph there (collapsed stacks for a ``.txt`` file). py-spy pauses the
+process to sample it, so that round's figures are the sampled process's, not a clean measure.
+
+The medians over the rounds close the output. To compare two trees, run it from each checkout in
+turn (rounds alternated by hand): only figures of one sitting compare. Bounded: every wait has a
+timeout, the deployment is stopped and its database dropped at exit.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -68,8 +75,23 @@ def _sample(pids: list[int]) -> tuple[float, int]:
     return cpu, switches
 
 
-def one_round(system_name: str, jobs: int, clients: int, tag: str) -> dict[str, tuple[float, float]]:
-    """{group: (CPU ms per job, voluntary switches per job)}, the producer's CPU included."""
+def _py_spy(pid: int, out: str) -> subprocess.Popen[bytes]:
+    """``py-spy record`` on ``pid`` until stopped (SIGINT), bounded at ten minutes."""
+    spy = Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "py-spy"
+    return subprocess.Popen(
+        [str(spy), "record", "--gil", "--subprocesses", "-r", "200", "-d", "600", "-o", out]
+        + ["--pid", str(pid)]
+        + (["--format", "raw"] if out.endswith(".txt") else []),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def one_round(
+    system_name: str, jobs: int, clients: int, tag: str, spies: dict[str, str] | None = None
+) -> dict[str, tuple[float, float]]:
+    """{group: (CPU ms per job, voluntary switches per job)}, the producer's CPU included.
+    ``spies``: {group: flame graph file} to sample with py-spy during the burst."""
     system = BY_NAME[system_name]
     with tempfile.TemporaryDirectory(prefix="receipt-process-cost-") as tmp:
         home = Path(tmp)
@@ -81,8 +103,14 @@ def one_round(system_name: str, jobs: int, clients: int, tag: str) -> dict[str, 
                     pids = pids_of()
                     groups[name] = pids if name == "postgres" else [p for pid in pids for p in _tree(pid)]
                 before = {name: _sample(pids) for name, pids in groups.items()}
-                result = produce(dep, system, "burst", tag, jobs, clients=clients)
-                wait_done(dep, tag, jobs, result, harness)
+                sampling = [_py_spy(groups[name][0], out) for name, out in (spies or {}).items()]
+                try:
+                    result = produce(dep, system, "burst", tag, jobs, clients=clients)
+                    wait_done(dep, tag, jobs, result, harness)
+                finally:
+                    for spy in sampling:
+                        spy.send_signal(signal.SIGINT)
+                        spy.wait(timeout=60)
                 groups["postgres"] = dep.cpu_groups["postgres"]()  # backends opened meanwhile count too
                 after = {name: _sample(pids) for name, pids in groups.items()}
         finally:
@@ -105,14 +133,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--setting", action="append", default=[], help="RECEIPT_<NAME>=<value> (repeatable)")
+    parser.add_argument(
+        "--py-spy", action="append", default=[], help="GROUP=FILE.svg (or .txt): sample a group's process"
+    )
     args = parser.parse_args(argv)
+    spies = dict(s.split("=", 1) for s in args.py_spy if "=" in s)
+    if len(spies) != len(args.py_spy):
+        parser.error("--py-spy: give GROUP=FILE.svg (GROUP: worker, driver, api (gunicorn))")
     malformed = [s for s in args.setting if "=" not in s or not s.startswith("RECEIPT_")]
     if malformed:
         parser.error(f"--setting: {', '.join(malformed)}: give RECEIPT_<NAME>=<value>")
     RECEIPT_SETTINGS.update(dict(s.split("=", 1) for s in args.setting))
     rounds = []
     for r in range(args.rounds):
-        figures = one_round(args.system, args.jobs, args.clients, f"pc{r}-")
+        last = r == args.rounds - 1
+        figures = one_round(args.system, args.jobs, args.clients, f"pc{r}-", spies if last else None)
         producer = figures["producer"][0]
         total = sum(cpu for cpu, _ in figures.values())
         log(f"round {r + 1}/{args.rounds}: {total:.2f} CPU ms a job in all")

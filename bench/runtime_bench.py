@@ -119,7 +119,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, procs: H
 
 # Receipt's processes log at their production defaults in a bench: the harness turns the per-task
 # and per-tick lines on for the tests that read them, which no deployment writes by default.
-PRODUCTION_LOGS = {"RECEIPT_LOG_TICKS": "disabled"}
+PRODUCTION_LOGS = {"RECEIPT_LOG_TICKS": "disabled", "RECEIPT_ACCESS_LOG": "disabled"}
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -2,9 +2,10 @@
 
 Spec step 2: enqueue does not deliver the job it just created; it wakes a scanner pass. With a
 Redis broker the ids of newly dispatchable jobs go onto one Redis list, and a wake-up *message* is
-sent only when no scan is already armed (``SET NX`` on an "armed" key, in the same MULTI as the
-push). The scanner disarms first, then drains the list in batches; so every id pushed is drained
-by a scan that starts after the push:
+sent only when no scan is already armed (``SET NX`` on an "armed" key, in the same script as the
+push: one command and one reply a push, atomic as a MULTI would be). The scanner disarms first,
+then drains the list in batches; so every id pushed is drained by a scan that starts after the
+push:
 
 * the push found the key unset → it armed it and sends the message that starts such a scan;
 * the push found it set → a scan is armed and has not disarmed yet; it disarms, then drains.
@@ -65,6 +66,20 @@ LISTENING_TTL_MS = 3_000
 # and checks for shutdown this often.
 LISTEN_BLOCK_S = 1.0
 
+# The push: the ids onto the list (in slices, under Lua's limit on unpacked arguments), arm the scan
+# unless armed, and answer 1 when this push armed it and no listener is blocked on the list.
+# KEYS: ids, armed, listening. ARGV: the armed key's TTL in ms, then the ids.
+PUSH_SCRIPT = """
+for i = 2, #ARGV, 1000 do
+  redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+local armed = redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1])
+if armed and redis.call('EXISTS', KEYS[3]) == 0 then
+  return 1
+end
+return 0
+"""
+
 
 class WakeList:
     """The coalescing wake list on the broker's Redis."""
@@ -81,16 +96,16 @@ class WakeList:
         self.workers_key = prefix + WORKERS_KEY
         self.line_prefix = prefix + LINE_KEY
         self._multi_pop = True  # until the server says it has no BLMPOP
+        # EVALSHA, loading the script again after a restart or SCRIPT FLUSH emptied the cache.
+        self._push = self._client.register_script(PUSH_SCRIPT)
 
     def push(self, ids: Sequence[str]) -> bool:
         """Add ids; True when the caller must send the wake-up message: this push armed the scan
         and no listener is blocked on the list (a listener is woken by the push itself)."""
-        pipe = self._client.pipeline(transaction=True)
-        pipe.rpush(self.ids_key, *ids)
-        pipe.set(self.armed_key, b"1", nx=True, px=ARMED_TTL_MS)
-        pipe.exists(self.listening_key)
-        _, armed, listening = pipe.execute()
-        return bool(armed) and not listening
+        if not ids:
+            return False
+        keys = [self.ids_key, self.armed_key, self.listening_key]
+        return bool(self._push(keys=keys, args=[ARMED_TTL_MS, *ids]))
 
     def listen(
         self, count: int, block_s: float = LISTEN_BLOCK_S, *, worker: bool = False

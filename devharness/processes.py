@@ -58,8 +58,10 @@ def base_env(*, handlers: str = "devharness.handlers", **extra: str) -> dict[str
             "PYTHONUNBUFFERED": "1",
             "RECEIPT_HANDLER_MODULES": handlers,
             "RECEIPT_CODEX_COMMANDS": "enabled",
-            # The tests read beat's sends, Celery's per-task lines and the loops' passes in the logs.
+            # The tests read beat's sends, Celery's per-task lines and the loops' passes in the logs,
+            # and a failing test's report shows the requests the web answered.
             "RECEIPT_LOG_TICKS": "enabled",
+            "RECEIPT_ACCESS_LOG": "enabled",
         }
     )
     env.update(extra)

@@ -81,6 +81,7 @@ class Metrics:
     group_commit_writes: Histogram
     handed_back: Counter
     attempt_outcomes: Counter
+    http_requests: Counter
 
 
 # A tick fires within a pass interval (1 s) normally; a catch-up after downtime is minutes late.
@@ -207,6 +208,13 @@ def registry_metrics() -> Metrics:
                     "at INFO.",
                     ["outcome"],
                 ),
+                http_requests=Counter(
+                    "receipt_http_requests",
+                    "HTTP requests the web process answered, by method, route (the URL rule, such as "
+                    "`/agents/<agentId>/jobs`; `unmatched` for no route) and status code. Counted "
+                    "instead of an access line per request, which RECEIPT_ACCESS_LOG=enabled writes too.",
+                    ["method", "route", "status"],
+                ),
                 group_commit_writes=Histogram(
                     "receipt_group_commit_writes",
                     "Job transitions each commit of this process's group commit carried (1: it "
@@ -278,6 +286,11 @@ def observe(applied: Sequence[Change]) -> None:
 def observe_group_commit(writes: int) -> None:
     """One commit of the group commit, and how many transitions it carried."""
     registry_metrics().group_commit_writes.observe(writes)
+
+
+def observe_request(method: str, route: str | None, status: int) -> None:
+    """One HTTP request answered (``route``: its URL rule, None when no route matched)."""
+    registry_metrics().http_requests.labels(method, route or "unmatched", str(status)).inc()
 
 
 def observe_attempt(outcome: str) -> None:

@@ -203,6 +203,22 @@ def test_a_dead_listener_stops_holding_messages_back_once_its_key_expires(redis_
     assert wl.listen(10, block_s=0.05) == []
 
 
+def test_the_push_script_on_the_real_server_arms_once_and_slices_a_long_push(redis_url: str) -> None:
+    """The push is one Lua script (RPUSH in slices of 1 000 ids, SET NX PX, EXISTS): on
+    redis-server itself, 2 500 ids land in order, the armed key carries ARMED_TTL_MS, and a script
+    cache emptied by SCRIPT FLUSH (as by a restart) is filled again by the next push."""
+    import redis
+
+    wl = wakes.WakeList(redis_url)
+    client = redis.Redis.from_url(redis_url)
+    ids = [f"job-{n:05d}" for n in range(2_500)]
+    assert wl.push(ids) is True
+    assert 0 < client.pttl(wl.armed_key) <= wakes.ARMED_TTL_MS
+    client.script_flush()
+    assert wl.push(["last"]) is False  # armed already: the scan to come takes this one too
+    assert wl.disarm_and_take(3_000) == [*ids, "last"]
+
+
 def test_a_listener_on_a_redis_without_blmpop_falls_back_to_blpop_and_a_take(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

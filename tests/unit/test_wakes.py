@@ -83,3 +83,22 @@ def test_a_wake_up_that_cannot_be_sent_unarms_so_the_next_enqueue_sends_again(fa
     wake(sent.append, wl, ["b"])
     assert sent == [[]]
     assert wl.disarm_and_take(10) == ["a", "b"]  # the first id waited on the list all along
+
+
+def test_one_push_of_more_ids_than_a_lua_call_unpacks_lands_them_all_in_order(fake_redis: FakeRedis) -> None:
+    """The push script sends the ids to RPUSH 1 000 at a time: a bulk enqueue's 2 500 in one push."""
+    wl = WakeList(URL)
+    ids = [f"job-{n:05d}" for n in range(2_500)]
+    assert wl.push(ids) is True
+    assert wl.disarm_and_take(3_000) == ids
+    assert wl.push([]) is False  # nothing pushed, nothing armed
+    assert not fake_redis.client().exists(wl.armed_key)
+
+
+def test_the_push_script_is_loaded_again_after_the_server_forgot_it(fake_redis: FakeRedis) -> None:
+    """A restarted Redis (or SCRIPT FLUSH) has an empty script cache: the next push loads it again."""
+    wl = WakeList(URL)
+    assert wl.push(["a"]) is True
+    fake_redis.client().script_flush()
+    assert wl.push(["b"]) is False  # still armed by the first push
+    assert wl.disarm_and_take(10) == ["a", "b"]

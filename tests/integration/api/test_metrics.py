@@ -136,3 +136,27 @@ def test_retention_gauges_say_what_is_left_and_the_room_for_segments(sqlite_engi
     # Without a retention window there is no archive to measure.
     plain = build_api(sqlite_engine, make_settings(tmp_path, metrics_token=SCRAPE_SECRET))
     assert ("receipt_archive_free_bytes", ()) not in scrape(plain, SCRAPE_SECRET)
+
+
+def test_each_request_is_counted_by_method_route_and_status(metrics_api: Api) -> None:
+    """RECEIPT_ACCESS_LOG is off by default: ``receipt_http_requests_total`` counts each request
+    instead, by its URL rule (not its path, so ids never become labels) and status; a path no
+    route matches counts as ``unmatched``."""
+    api = metrics_api
+    before = scrape(api, SCRAPE_SECRET)
+    job = api.job(agent="factory")
+    headers = api.headers("a")
+    assert api.client.get(f"/jobs/{job['id']}", headers=headers).status_code == 200
+    assert api.client.get("/jobs/no-such-job", headers=headers).status_code == 404
+    assert api.client.get("/no/such/route", headers=headers).status_code == 404
+    after = scrape(api, SCRAPE_SECRET)
+
+    def moved(**labels: str) -> float:
+        name = "receipt_http_requests_total"
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved(method="POST", route="/agents/<agentId>/jobs", status="202") == 1
+    assert moved(method="GET", route="/jobs/<jobId>", status="200") == 1
+    assert moved(method="GET", route="/jobs/<jobId>", status="404") == 1
+    assert moved(method="GET", route="unmatched", status="404") == 1
+    assert moved(method="GET", route="/metrics", status="200") == 1  # the first scrape
