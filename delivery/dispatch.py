@@ -275,12 +275,12 @@ def _send_claimed(
     # Attempts this process keeps for its own free slots (``execute.LocalRuns``), by queue: run once
     # the pass's messages have left.
     kept: list[tuple[str, list[Item]]] = []
-    # The claimed jobs' scan records and their messages' sent records, in one write: the claim has
-    # committed, and nothing leaves before it.
+    # The claimed jobs' scan records, their messages' sent records and the kept attempts' fetch
+    # records, in one write: the claim has committed, and nothing leaves before it.
     with fetches.sent_in_advance(
         [(job.id, d.dispatch_key, d.generation) for job, d in to_send if not job.abort_requested],
         scanned=[job.id for job, _ in claimed],
-    ):
+    ) as advance:
         try:
             # The pass's worker messages leave in one pipeline, when the loop is done.
             with rt.delivery.batch() as producer:
@@ -298,6 +298,9 @@ def _send_claimed(
                                 decision.generation,
                                 batch=(producer, buffered),
                             )
+                for _queue, items in kept:
+                    advance.hold(items)
+                advance.write()  # before the pipeline goes: each record precedes its fetch
         except Exception:
             # The pipeline did not go (kombu discards what a failed batch buffered): end each of
             # these deliveries, as a failed send does, so the next pass may start another. A message

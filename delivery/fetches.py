@@ -401,14 +401,6 @@ def record_failed(name: str, args: Any) -> None:
         recorder.write(failed_entries(name, args))
 
 
-def record_held(items: Sequence[Sequence[Any]]) -> None:
-    """Record that this process holds these attempts (a ``receipt.execute_batch`` message's items)
-    as if it had fetched their message: its own pass claimed them and runs them here."""
-    recorder = _recorder
-    if recorder is not None:
-        recorder.write(fetched_entries(EXECUTE_BATCH_TASK, [list(items)], recorder.consumer))
-
-
 def scan_entries(job_ids: Sequence[str], holder: str) -> list[tuple[str, str]]:
     """The records of a scan batch taken from the wake list (its message named no jobs) (pure):
     ``holder`` is the consumer running the scan, or ``failed`` when the scan raised."""
@@ -428,26 +420,51 @@ _written: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
 )
 
 
+class Advance:
+    """A scan batch's records, written in one write before any of its messages leaves."""
+
+    def __init__(self, recorder: Recorder | None, keys: Sequence[str], scanned: Sequence[str]) -> None:
+        self._recorder = recorder
+        self._keys = keys
+        self._scanned = scanned
+        self._held: list[Any] = []
+        self._done = False
+
+    def hold(self, items: Sequence[Sequence[Any]]) -> None:
+        """These attempts (a ``receipt.execute_batch`` message's items) run in this process with no
+        message: recorded as its fetch instead of ``sent``, as if it had fetched their message."""
+        self._held.extend(list(item) for item in items)
+
+    def write(self) -> None:
+        """The one write (once): the scan's records, ``sent`` for each message, the held fetches."""
+        recorder = self._recorder
+        if self._done or recorder is None:
+            return
+        self._done = True
+        held = fetched_entries(EXECUTE_BATCH_TASK, [self._held], recorder.consumer) if self._held else []
+        kept = {key for key, _ in held}
+        sent = [(k, f"{SENT} {recorder.consumer}") for k in self._keys if k not in kept]
+        recorder.write(scan_entries(self._scanned, recorder.consumer) + sent + held)
+
+
 @contextmanager
 def sent_in_advance(
     deliveries: Sequence[tuple[str, str, int]], *, scanned: Sequence[str] = ()
-) -> Iterator[None]:
-    """Around a scan batch's publishes: record every worker message ``sent`` in one write, before
-    any of them leaves (so each record still precedes its fetch); the per-publish hook then skips
-    them. ``deliveries``: (job id, dispatch key, generation) of the messages about to be sent.
-    ``scanned``: the jobs the batch claimed, recorded in the same write as ``record_scan`` would
-    (the claim has committed; nothing of theirs has left yet)."""
+) -> Iterator[Advance]:
+    """Around a scan batch's publishes, whose messages leave together at the end of the caller's
+    publish batch: the caller ``hold``s the attempts it runs itself, then calls ``write`` before
+    that batch leaves, so every record still precedes its fetch; the per-publish hook skips these
+    messages. ``deliveries``: (job id, dispatch key, generation) of the attempts about to be sent
+    or held. ``scanned``: the jobs the batch claimed, recorded in the same write as ``record_scan``
+    would (the claim has committed; nothing of theirs has left yet). A block that ends without
+    raising and without ``write`` writes then."""
     recorder = _recorder
-    if recorder is None or not (deliveries or scanned):
-        yield
-        return
     keys = [FETCH_PREFIX + driver_task_id(key, generation) for _job, key, generation in deliveries]
-    recorder.write(
-        scan_entries(scanned, recorder.consumer) + [(k, f"{SENT} {recorder.consumer}") for k in keys]
-    )
+    advance = Advance(recorder if deliveries or scanned else None, keys, scanned)
     token = _written.set(frozenset(keys))
     try:
-        yield
+        yield advance
+        advance.write()
     finally:
         _written.reset(token)
 

@@ -309,8 +309,8 @@ class LocalRuns:
         self.rt.slots.give(n)
 
     def run(self, queue: str, items: list[Item]) -> None:
-        """Run ``items`` (as many as were reserved) here, recorded as this process's fetch."""
-        fetches.record_held(items)
+        """Run ``items`` (as many as were reserved) here. The caller has recorded them as this
+        process's fetch, in its pass's one write (``fetches.sent_in_advance``)."""
         run = self._pool.submit(functools.partial(self._run, queue, items))
         with self._lock:
             self._running = [r for r in self._running if r.is_alive()]

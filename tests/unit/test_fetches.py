@@ -120,7 +120,8 @@ def test_a_scan_batch_records_its_worker_messages_sent_in_one_write(monkeypatch:
     stub = Stub()
     monkeypatch.setattr(fetches, "_recorder", stub)
     batch = [("a", "a", 0), ("b", "b", 1)]
-    with fetches.sent_in_advance(batch):
+    with fetches.sent_in_advance(batch) as advance:
+        advance.write()
         assert stub.writes == [
             [
                 (FETCH_PREFIX + driver_task_id("a", 0), "sent c1"),
@@ -234,3 +235,37 @@ def test_a_batch_message_records_each_of_its_deliveries_under_its_own_key() -> N
         assert verdict(pending, Record.parse(value), None, alive={"c1"}) == LOST
         assert verdict(pending, Record.parse(value), None, alive={"c9"}) == HELD_ALIVE
     assert fetched_entries(EXECUTE_BATCH_TASK, [[["only", "three", "fields"]]], "c1") == []
+
+
+def test_a_scan_batch_records_what_it_runs_itself_as_fetched_in_the_same_one_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Attempts the pass keeps for this process's slots (no message) are recorded as its fetch, in
+    the batch's one write with the scan's records and the sent ones; a block that ends without its
+    ``write`` writes then, once."""
+
+    class Stub:
+        consumer = "c1"
+
+        def __init__(self) -> None:
+            self.writes: list[list[tuple[str, str]]] = []
+
+        def write(self, entries: list[tuple[str, str]]) -> None:
+            self.writes.append(list(entries))
+
+    stub = Stub()
+    monkeypatch.setattr(fetches, "_recorder", stub)
+    batch = [("a", "a", 0), ("b", "b", 1)]
+    with fetches.sent_in_advance(batch, scanned=["a", "b"]) as advance:
+        advance.hold([["b", "b:attempt:1", "b", 1]])
+    assert stub.writes == [
+        [
+            (fetches.DISPATCHING_PREFIX + "a", "c1"),
+            (fetches.DISPATCHING_PREFIX + "b", "c1"),
+            (FETCH_PREFIX + driver_task_id("a", 0), "sent c1"),
+            (FETCH_PREFIX + driver_task_id("b", 1), f"{fetches.WORKER} c1"),
+        ]
+    ]
+    with pytest.raises(RuntimeError), fetches.sent_in_advance(batch):
+        raise RuntimeError("the pipeline failed: nothing left, nothing more to record")
+    assert len(stub.writes) == 1
