@@ -977,12 +977,13 @@ class Settings:
     worker_wakes: bool = setting(
         "RECEIPT_WORKER_WAKES",
         "enabled",
-        "`enabled`: each worker process with more than one slot also listens on the Redis wake list, "
-        "runs the dispatch scan itself, and runs the attempts it claims for a queue it consumes on its "
-        "own free slots with no worker message (always leaving one slot free for a message already "
-        "waiting); the rest leave as messages. While a worker listens, a driver's listener stands "
-        "back. `disabled`: only driver processes take wake-ups, and every attempt travels as a worker "
-        'message (docs/dispatch.md, "Worker processes take the wake-ups").',
+        "`enabled`: each worker process with more than one slot takes the wake-ups of the worker "
+        "queues it consumes (a Redis list per queue), runs the dispatch scan itself, and runs the "
+        "attempts it claims on its own free slots with no worker message (always leaving one slot free "
+        "for a message already waiting); the rest leave as messages. The driver takes the wake-ups of "
+        "every queue no worker listens to. `disabled`: only driver processes take wake-ups, and every "
+        'attempt travels as a worker message (docs/dispatch.md, "Worker processes take the wake-ups of '
+        'their own queues").',
         switch,
     )
     delivery_local: bool = setting(

@@ -126,13 +126,15 @@ class DeliveryClient:
         for an ended one, go onto the wake list and ``receipt.dispatch`` is sent when no scan is
         armed; without a wake list the message carries them. Where ``on_freed`` is set (a worker
         process refilling its own lines), the ended jobs' queues go to it instead."""
-        ids = [j.id for j in jobs if not j.terminal]
+        queued = {j.id: queue_for(j.agent_id, j.kind) for j in jobs if not j.terminal}
         freed = list(dict.fromkeys(queue_for(j.agent_id, j.kind) for j in jobs if j.terminal))
         on_freed = self.on_freed
         if on_freed is not None and freed:
             on_freed(freed)
             freed = []
-        wake(self._send_wake, self.wakes, list(dict.fromkeys(ids)) + [QUEUE_TOKEN + q for q in freed])
+        # A job's id goes to its worker queue's list while a worker listens there; a token to the driver's.
+        ids = [*queued, *(QUEUE_TOKEN + q for q in freed)]
+        wake(self._send_wake, self.wakes, ids, [*queued.values(), *(None for _ in freed)])
 
     def wake_queues(self, queues: Sequence[str]) -> None:
         """Wake the dispatch scanner for places freed in ``queues`` (their lines may move)."""

@@ -75,14 +75,15 @@ def dispatch_jobs(rt: Dispatcher, job_ids: list[str]) -> dict[str, Any]:
     return {"started": started}
 
 
-def drain_wakes(rt: Dispatcher, batch: list[str]) -> list[str]:
+def drain_wakes(rt: Dispatcher, batch: list[str], queues: Sequence[str] = ()) -> list[str]:
     """Claim a batch taken from the wake list, then the rest of the list, batch by batch. Once the
-    process is shutting down, a batch taken and not yet claimed goes back for the next driver."""
+    process is shutting down, a batch taken and not yet claimed goes back for the next driver.
+    ``queues``: a worker listener's, whose lists it took the batch from."""
     assert rt.wakes is not None
     started: list[str] = []
     while batch:
         if PROCESS.requested:
-            hand_back_wakes(rt, batch)
+            hand_back_wakes(rt, batch, queues)
             break
         # No message named these jobs: record that this process holds them, so a delivery it
         # claims and then dies with is known lost (delivery/fetches.py).
@@ -92,17 +93,21 @@ def drain_wakes(rt: Dispatcher, batch: list[str]) -> list[str]:
         except Exception:
             fetches.record_scan(batch, failed=True)
             raise
-        batch = rt.wakes.take(CLAIM_BATCH) if len(batch) == CLAIM_BATCH else []
+        batch = rt.wakes.take(CLAIM_BATCH, queues) if len(batch) == CLAIM_BATCH else []
     return started
 
 
-def hand_back_wakes(rt: Dispatcher, batch: list[str]) -> None:
-    """Put wake-ups this process took but will not scan back on the wake list (sending the wake-up
-    message if no listener is left), so the next driver scans them at once instead of the queued
-    redrive finding them after its minimum age."""
+def hand_back_wakes(rt: Dispatcher, batch: list[str], queues: Sequence[str] = ()) -> None:
+    """Put wake-ups this process took but will not scan back on the driver's wake list (sending the
+    wake-up message if no listener is left), so the next driver scans them at once instead of the
+    queued redrive finding them after its minimum age. ``queues``: a worker listener's, whose
+    lists' ids go with them."""
     assert rt.wakes is not None
     with contextlib.suppress(Exception):
-        rt.wakes.stop_listening()  # this process listens no more: a push must send a message
+        # This process listens no more: a push must send a message, or go to the driver's list.
+        batch = [*batch, *rt.wakes.stop_listening(queues)]
+    if not batch:
+        return
     try:
         rt.delivery.wake_ids(batch)
         log.info("shutting down: %d wake-ups handed back to the next driver", len(batch))

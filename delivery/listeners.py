@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 
+from app.jobs.routing import QUEUES
 from app.ops.shutdown import PROCESS
 from delivery.dispatch import CLAIM_BATCH, dispatch_queue, drain_wakes, freed_waiting, hand_back_wakes
 from delivery.dispatcher import Dispatcher
@@ -37,20 +38,27 @@ class WakeListener:
     Postgres down) back off from 0.5 s, doubling to 30 s; the key it stops renewing then expires,
     and pushes fall back to messages.
 
-    ``worker``: the listener of a worker process (``RECEIPT_WORKER_WAKES``), whose ``rt`` runs what
-    its passes claim for this process's free slots here (``rt.local``): no worker message at all.
-    A driver's listener stands back while one listens (``WakeList.listen``).
+    ``queues``: the listener of a worker process (``RECEIPT_WORKER_WAKES``), on the lists of the
+    worker queues it consumes; its ``rt`` runs what its passes claim for this process's free slots
+    here (``rt.local``): no worker message at all. A driver's listener (no ``queues``) waits on the
+    driver's list, and about once a second takes over the ids of a queue's list whose last worker
+    listener died (``WakeList.adopt``).
     """
 
-    def __init__(self, rt: Dispatcher, *, worker: bool = False) -> None:
+    def __init__(self, rt: Dispatcher, *, queues: Sequence[str] = ()) -> None:
         assert rt.wakes is not None
         self.rt = rt
         self.wakes = rt.wakes
-        self.worker = worker
+        self.queues = tuple(queues)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="receipt-wake-listener", daemon=True)
         self.scans = 0
-        self.stood_back = 0  # waits a driver's listener left to a worker's (tests)
+        self.adopted = 0  # ids a driver's listener took over from worker queues' lists (tests)
+        self._adopt_at = 0.0
+
+    @property
+    def worker(self) -> bool:
+        return bool(self.queues)
 
     def start(self) -> None:
         self._thread.start()
@@ -58,8 +66,16 @@ class WakeListener:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=LISTEN_BLOCK_S + 5)
+        self._withdraw()
+
+    def _withdraw(self) -> None:
+        """Listen no more: a driver's key goes; a worker's queues' keys go and what their lists
+        hold goes to the driver's list (with the wake-up message if no driver listens)."""
         with contextlib.suppress(Exception):
-            self.wakes.stop_listening(worker=self.worker)
+            if self.worker:
+                hand_back_wakes(self.rt, [], self.queues)
+            else:
+                self.wakes.stop_listening()
 
     def _run(self) -> None:
         backoff = LISTENER_BACKOFF_S
@@ -67,23 +83,17 @@ class WakeListener:
             if self.worker and PROCESS.requested:
                 # A worker shutting down runs nothing more here: the driver or another worker
                 # takes the wake-ups from now on.
-                with contextlib.suppress(Exception):
-                    self.wakes.stop_listening(worker=True)
+                self._withdraw()
                 return
             try:
                 block_s = self._block_s()
-                batch = self.wakes.listen(CLAIM_BATCH, block_s, worker=self.worker)
-                if batch is None:  # a worker listens: it takes the wake-ups
-                    self.stood_back += 1
-                    self._stop.wait(block_s)
-                    batch = []
+                self._adopt_orphans()
+                batch = self.wakes.listen(CLAIM_BATCH, block_s, queues=self.queues)
                 if batch and (self._stop.is_set() or PROCESS.requested):
-                    with contextlib.suppress(Exception):  # a driver listens again at once
-                        self.wakes.stop_listening(worker=self.worker)
-                    hand_back_wakes(self.rt, batch)
+                    hand_back_wakes(self.rt, batch, self.queues)
                     break
                 if batch:
-                    drain_wakes(self.rt, batch)
+                    drain_wakes(self.rt, batch, self.queues)
                     self.scans += 1
                 for queue in self._due():
                     dispatch_queue(self.rt, queue)
@@ -95,6 +105,14 @@ class WakeListener:
 
     def _block_s(self) -> float:
         return look_again_in_s(self.rt)
+
+    def _adopt_orphans(self) -> None:
+        """A driver's listener, at most once per ``LISTEN_BLOCK_S``: take over the ids left on a
+        worker queue's list whose last listener died without handing them back."""
+        if self.worker or time.monotonic() < self._adopt_at:
+            return
+        self._adopt_at = time.monotonic() + LISTEN_BLOCK_S
+        self.adopted += self.wakes.adopt(list(QUEUES.values()))
 
     def _due(self) -> list[str]:
         return lines_due(self.rt)

@@ -22,13 +22,17 @@ routed, consumed and handed to a pool thread. A listener that dies leaves its ke
 ``LISTENING_TTL_MS``; pushes in that window wait for another listener, the next message-sending
 push, or the queued redrive — the same cover as a lost wake-up message.
 
-Worker processes listen too (``RECEIPT_WORKER_WAKES``, on by default). A worker process's listener
-runs the same scan, and the attempts its passes claim for a queue it consumes run on its own free
-slots with no worker message (``workers.attempts.LocalRuns``): the publish, the consumer's fetch
-and the hand-off to its pool leave an idle job's path. While any worker listens (its "workers" key,
-renewed before each wait like the listening key) a driver's listener stands back and takes no ids,
-so every wake-up goes to a process that can run what it claims. A driver listens again at its next
-wait once the last worker listener stops, and within ``LISTENING_TTL_MS`` more once it dies.
+Worker processes listen too (``RECEIPT_WORKER_WAKES``, on by default), each on a list of its own
+worker queues: ``receipt:wake:ids:<queue>``. A worker process's listener runs the same scan, and the
+attempts its passes claim for a queue it consumes run on its own free slots with no worker message
+(``workers.attempts.LocalRuns``): the publish, the consumer's fetch and the hand-off to its pool
+leave an idle job's path. A push sends a job's id to its queue's list while a worker listens there
+(that queue's listening key, renewed before each wait), else to the driver's list, so a chat job's
+wake-up reaches a process that consumes chat, never a codex or control worker that could only
+send it on as a message. Freed places' tokens and ids handed back go to the driver's list. A worker
+that stops on purpose withdraws its queues' keys and hands what its lists hold to the driver's; one
+that dies leaves its keys for at most ``LISTENING_TTL_MS``, after which the driver's listener, about
+once a second, moves the ids of any queue list nobody listens to onto its own (``ADOPT_SCRIPT``).
 
 Without Redis (the embedded folder broker) there is no list: each wake-up carries its ids.
 """
@@ -49,8 +53,10 @@ QUEUE_TOKEN = "@"
 ARMED_KEY = "receipt:wake:armed"
 ARMED_TTL_MS = 2_000
 LISTENING_KEY = "receipt:wake:listening"
-# Set while a worker process listens: a driver's listener stands back (it lives LISTENING_TTL_MS).
-WORKERS_KEY = "receipt:wake:workers"
+# A worker queue's own list, and its listening key, set while a worker process that consumes that
+# queue listens (it lives LISTENING_TTL_MS): ``QUEUE_IDS_KEY + queue``, ``QUEUE_LISTENING_KEY + queue``.
+QUEUE_IDS_KEY = "receipt:wake:ids:"
+QUEUE_LISTENING_KEY = "receipt:wake:listening:"
 # Set while a worker queue's line holds jobs its last dispatch pass could not send (no free place,
 # or heads left): a freed place there is worth a pass; elsewhere its token is dropped unread. Kept
 # by every pass that leaves a line (a listener looks again every second while one waits), so the
@@ -66,18 +72,60 @@ LISTENING_TTL_MS = 3_000
 # and checks for shutdown this often.
 LISTEN_BLOCK_S = 1.0
 
-# The push: the ids onto the list (in slices, under Lua's limit on unpacked arguments), arm the scan
-# unless armed, and answer 1 when this push armed it and no listener is blocked on the list.
-# KEYS: ids, armed, listening. ARGV: the armed key's TTL in ms, then the ids.
+# The push. Each worker queue's ids onto that queue's list while a worker listens there, else onto
+# the driver's list with the ids of no queue; when the driver's list got any, arm the scan unless
+# armed, and answer 1 when this push armed it and no driver listener is blocked on the list. Ids
+# go to RPUSH in slices, under Lua's limit on unpacked arguments.
+# KEYS: the driver's ids, armed, listening, then per queue its ids and its listening key.
+# ARGV: the armed key's TTL in ms, the number of ids of each queue in KEYS' order, then the ids:
+# each queue's in that order, then those of no queue.
 PUSH_SCRIPT = """
-for i = 2, #ARGV, 1000 do
-  redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+local queues = (#KEYS - 3) / 2
+local at = 2 + queues
+local driver = {}
+for q = 1, queues do
+  local n = tonumber(ARGV[1 + q])
+  if redis.call('EXISTS', KEYS[3 + 2 * q]) == 1 then
+    for i = at, at + n - 1, 1000 do
+      redis.call('RPUSH', KEYS[2 + 2 * q], unpack(ARGV, i, math.min(i + 999, at + n - 1)))
+    end
+  else
+    for i = at, at + n - 1 do driver[#driver + 1] = ARGV[i] end
+  end
+  at = at + n
+end
+for i = at, #ARGV do driver[#driver + 1] = ARGV[i] end
+if #driver == 0 then
+  return 0
+end
+for i = 1, #driver, 1000 do
+  redis.call('RPUSH', KEYS[1], unpack(driver, i, math.min(i + 999, #driver)))
 end
 local armed = redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1])
 if armed and redis.call('EXISTS', KEYS[3]) == 0 then
   return 1
 end
 return 0
+"""
+
+# The driver's adoption, about once a second: the ids on a worker queue's list whose listening key
+# is gone (its last listener died) move onto the driver's list. Answers how many moved.
+# KEYS: the driver's ids, then per queue its ids and its listening key.
+ADOPT_SCRIPT = """
+local moved = 0
+for q = 1, (#KEYS - 1) / 2 do
+  if redis.call('EXISTS', KEYS[1 + 2 * q]) == 0 then
+    local ids = redis.call('LRANGE', KEYS[2 * q], 0, -1)
+    if #ids > 0 then
+      redis.call('DEL', KEYS[2 * q])
+      for i = 1, #ids, 1000 do
+        redis.call('RPUSH', KEYS[1], unpack(ids, i, math.min(i + 999, #ids)))
+      end
+      moved = moved + #ids
+    end
+  end
+end
+return moved
 """
 
 
@@ -93,70 +141,109 @@ class WakeList:
         self.ids_key = prefix + IDS_KEY
         self.armed_key = prefix + ARMED_KEY
         self.listening_key = prefix + LISTENING_KEY
-        self.workers_key = prefix + WORKERS_KEY
+        self.prefix = prefix
         self.line_prefix = prefix + LINE_KEY
         self._multi_pop = True  # until the server says it has no BLMPOP
         # EVALSHA, loading the script again after a restart or SCRIPT FLUSH emptied the cache.
         self._push = self._client.register_script(PUSH_SCRIPT)
+        self._adopt = self._client.register_script(ADOPT_SCRIPT)
 
-    def push(self, ids: Sequence[str]) -> bool:
-        """Add ids; True when the caller must send the wake-up message: this push armed the scan
-        and no listener is blocked on the list (a listener is woken by the push itself)."""
+    def queue_ids_key(self, queue: str) -> str:
+        return self.prefix + QUEUE_IDS_KEY + queue
+
+    def queue_listening_key(self, queue: str) -> str:
+        return self.prefix + QUEUE_LISTENING_KEY + queue
+
+    def push(self, ids: Sequence[str], queues: Sequence[str | None] | None = None) -> bool:
+        """Add ids, each to its worker queue's list while a worker listens there (``queues``: each
+        id's queue, None for an id of none, such as a freed place's token), else to the driver's.
+        True when the caller must send the wake-up message: this push armed the driver's scan and
+        no driver listener is blocked on its list (a listener is woken by the push itself)."""
         if not ids:
             return False
+        by_queue: dict[str, list[str]] = {}
+        driver: list[str] = []
+        for n, job_id in enumerate(ids):
+            queue = queues[n] if queues is not None else None
+            if queue is None:
+                driver.append(job_id)
+            else:
+                by_queue.setdefault(queue, []).append(job_id)
         keys = [self.ids_key, self.armed_key, self.listening_key]
-        return bool(self._push(keys=keys, args=[ARMED_TTL_MS, *ids]))
+        for queue in by_queue:
+            keys += [self.queue_ids_key(queue), self.queue_listening_key(queue)]
+        args: list[str | int] = [ARMED_TTL_MS, *(len(group) for group in by_queue.values())]
+        args += [i for group in by_queue.values() for i in group] + driver
+        return bool(self._push(keys=keys, args=args))
 
-    def listen(
-        self, count: int, block_s: float = LISTEN_BLOCK_S, *, worker: bool = False
-    ) -> list[str] | None:
-        """A listener's wait: disarm and announce itself, then block up to ``block_s`` until ids
-        come and take up to ``count`` of them (an empty list when none came).
+    def listen(self, count: int, block_s: float = LISTEN_BLOCK_S, *, queues: Sequence[str] = ()) -> list[str]:
+        """A listener's wait: announce itself, then block up to ``block_s`` until ids come and take
+        up to ``count`` of them (an empty list when none came).
 
-        The disarm comes before the wait rather than after the take, so an id costs one blocking
-        call and nothing more (``BLMPOP``, Redis ≥ 7; older servers get ``BLPOP`` and a take). Any
-        id pushed after the disarm is returned by this wait or the next, as every id pushed after
-        a scan's disarm is drained by that scan.
+        The driver's listener (no ``queues``) waits on the driver's list. It disarms first: the
+        disarm comes before the wait rather than after the take, so an id costs one blocking call
+        and nothing more (``BLMPOP``, Redis ≥ 7; older servers get ``BLPOP`` and a take), and any id
+        pushed after the disarm is returned by this wait or the next, as every id pushed after a
+        scan's disarm is drained by that scan.
 
-        ``worker``: a worker process's listener, which also announces itself as one. A driver's
-        (``worker=False``) stands back while a worker listens: it returns None at once, taking
-        nothing, and its caller waits ``block_s`` before asking again.
+        A worker process's listener (``queues``: the worker queues it consumes) waits on those
+        queues' lists, renewing each one's listening key first.
         """
+        pipe = self._client.pipeline(transaction=False)
+        if queues:
+            for queue in queues:
+                pipe.set(self.queue_listening_key(queue), b"1", px=LISTENING_TTL_MS)
+            pipe.execute()
+            return self._wait([self.queue_ids_key(q) for q in queues], count, block_s)
+        pipe.delete(self.armed_key)
+        pipe.set(self.listening_key, b"1", px=LISTENING_TTL_MS)
+        pipe.execute()
+        return self._wait([self.ids_key], count, block_s)
+
+    def adopt(self, queues: Sequence[str]) -> int:
+        """Move onto the driver's list the ids of any of these worker queues' lists that no worker
+        listens to any more (its last listener died); how many moved. The driver's listener runs
+        it about once a wait (``ADOPT_SCRIPT``)."""
+        keys = [self.ids_key]
+        for queue in queues:
+            keys += [self.queue_ids_key(queue), self.queue_listening_key(queue)]
+        return int(self._adopt(keys=keys))
+
+    def _wait(self, lists: list[str], count: int, block_s: float) -> list[str]:
+        """Block on ``lists`` until one holds ids, and take up to ``count`` of that one's."""
         from redis.exceptions import ResponseError
 
-        pipe = self._client.pipeline(transaction=False)
-        pipe.delete(self.armed_key)
-        # Renewed by a driver that stands back too (one round trip, no condition): a worker listens
-        # then, and a dead worker's key lapses within LISTENING_TTL_MS, when the driver takes over.
-        pipe.set(self.listening_key, b"1", px=LISTENING_TTL_MS)
-        if worker:
-            pipe.set(self.workers_key, b"1", px=LISTENING_TTL_MS)
-        else:
-            pipe.exists(self.workers_key)
-        answers = pipe.execute()
-        if not worker and answers[-1]:
-            return None
         if self._multi_pop:
             try:
-                got = self._client.blmpop(block_s, 1, self.ids_key, direction="LEFT", count=count)
+                got = self._client.blmpop(block_s, len(lists), *lists, direction="LEFT", count=count)
             except ResponseError as exc:
                 if "unknown command" not in str(exc).lower():
                     raise
                 self._multi_pop = False  # a Redis before 7.0
             else:
                 return _decoded(got[1]) if got else []
-        first = self._client.blpop([self.ids_key], timeout=block_s)
+        first = self._client.blpop(lists, timeout=block_s)
         if first is None:
             return []
-        return _decoded([first[1]]) + (self.take(count - 1) if count > 1 else [])
+        more = _decoded(self._client.lpop(first[0], count - 1)) if count > 1 else []
+        return _decoded([first[1]]) + more
 
-    def stop_listening(self, *, worker: bool = False) -> None:
+    def stop_listening(self, queues: Sequence[str] = ()) -> list[str]:
         """A listener that stops on purpose withdraws its key, so pushes send messages again at once
         (with several listeners this may briefly send messages that one of them makes redundant).
-        A worker's also withdraws the workers key, so a driver listens again at its next wait
-        (another worker still listening sets it again before its own)."""
-        keys = [self.listening_key, self.workers_key] if worker else [self.listening_key]
-        self._client.delete(*keys)
+        A worker's (``queues``) withdraws its queues' keys, so pushes go to the driver's list again,
+        and answers the ids its queues' lists still hold, which the caller hands to the driver
+        (another worker of one of those queues sets its key again before its next wait)."""
+        if not queues:
+            self._client.delete(self.listening_key)
+            return []
+        pipe = self._client.pipeline(transaction=True)
+        pipe.delete(*[self.queue_listening_key(q) for q in queues])
+        for queue in queues:
+            pipe.lrange(self.queue_ids_key(queue), 0, -1)
+        pipe.delete(*[self.queue_ids_key(q) for q in queues])
+        answers = pipe.execute()
+        return [job_id for raw in answers[1 : 1 + len(queues)] for job_id in _decoded(raw)]
 
     def disarm(self) -> None:
         self._client.delete(self.armed_key)
@@ -169,9 +256,14 @@ class WakeList:
         _, raw = pipe.execute()
         return _decoded(raw)
 
-    def take(self, count: int) -> list[str]:
-        """Up to ``count`` ids, oldest first (an empty list when drained)."""
-        return _decoded(self._client.lpop(self.ids_key, count))
+    def take(self, count: int, queues: Sequence[str] = ()) -> list[str]:
+        """Up to ``count`` ids, oldest first, from the driver's list or (``queues``) from the first of
+        those queues' lists that holds any (an empty list when drained)."""
+        for key in [self.queue_ids_key(q) for q in queues] or [self.ids_key]:
+            got = _decoded(self._client.lpop(key, count))
+            if got:
+                return got
+        return []
 
     def mark_line(self, queue: str, waiting: bool, full: bool = False) -> None:
         """Record whether ``queue``'s line holds jobs its pass left waiting, and whether that pass
@@ -201,8 +293,14 @@ def _decoded(raw: Any) -> list[str]:
     return [r.decode() if isinstance(r, bytes) else str(r) for r in (raw or [])]
 
 
-def wake(send: Callable[[list[str]], None], wakes: WakeList | None, ids: Sequence[str]) -> None:
-    """Wake the scanner for ``ids``: through the wake list when there is one, else in the message.
+def wake(
+    send: Callable[[list[str]], None],
+    wakes: WakeList | None,
+    ids: Sequence[str],
+    queues: Sequence[str | None] | None = None,
+) -> None:
+    """Wake the scanner for ``ids``: through the wake list when there is one (each to its worker
+    queue's list while a worker listens there, ``queues`` naming each id's), else in the message.
 
     ``send(ids)`` publishes the wake-up message. When the list cannot be reached the ids travel
     in the message itself, as without Redis; when the message cannot be sent after arming, the
@@ -212,7 +310,7 @@ def wake(send: Callable[[list[str]], None], wakes: WakeList | None, ids: Sequenc
         return
     if wakes is not None:
         try:
-            armed = wakes.push(ids)
+            armed = wakes.push(ids, queues)
         except Exception as exc:  # the list is an optimisation: fall back to carrying the ids
             log.warning("wake list unavailable (%s); the wake-up carries its ids", exc)
         else:

@@ -277,7 +277,9 @@ def _start_refill(sender: Any = None, **_: Any) -> None:
     if listens:
         # Only the listener's passes keep what they claim here: the refill's follow
         # RECEIPT_DELIVERY_LOCAL (a place it frees goes first to a message already waiting).
-        listener = listeners.WakeListener(replace(rt, local=runs), worker=True)
+        # On the lists of its worker queues (not beat's queues it may also consume).
+        worker_queues = [q for q in queues if q in QUEUES.values()]
+        listener = listeners.WakeListener(replace(rt, local=runs), queues=worker_queues)
         worker_app.receipt_worker_listener = listener
         listener.start()
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -45,15 +45,19 @@ class Wakes:
         self.batch = batch
         self.stopped_listening = False
 
-    def listen(self, count: int, block_s: float = 1.0, *, worker: bool = False) -> list[str]:
+    def listen(self, count: int, block_s: float = 1.0, *, queues: Sequence[str] = ()) -> list[str]:
         batch, self.batch = self.batch, []
         return batch
 
-    def take(self, count: int) -> list[str]:
+    def take(self, count: int, queues: Sequence[str] = ()) -> list[str]:
         return []
 
-    def stop_listening(self, *, worker: bool = False) -> None:
+    def adopt(self, queues: Sequence[str]) -> int:
+        return 0
+
+    def stop_listening(self, queues: Sequence[str] = ()) -> list[str]:
         self.stopped_listening = True
+        return []
 
 
 class Delivery:

@@ -102,3 +102,31 @@ def test_the_push_script_is_loaded_again_after_the_server_forgot_it(fake_redis: 
     fake_redis.client().script_flush()
     assert wl.push(["b"]) is False  # still armed by the first push
     assert wl.disarm_and_take(10) == ["a", "b"]
+
+
+def test_a_push_routes_each_id_to_its_queues_list_only_while_a_worker_listens_there(
+    fake_redis: FakeRedis,
+) -> None:
+    """Per id: its worker queue's list while that queue's listening key lives, else the driver's
+    list (a token, an id of no queue, a queue nobody listens to). Only the driver's list arms the
+    scan and may ask for the wake-up message."""
+    wl = WakeList(URL)
+    assert wl.listen(10, block_s=0.01, queues=["q-chat"]) == []
+    assert wl.push(["a", "b"], ["q-chat", "q-chat"]) is False  # all to the chat list: no message
+    assert not fake_redis.client().exists(wl.armed_key)
+    assert wl.push(["c", "@q-chat", "d"], ["q-codex", None, "q-chat"]) is True  # c and the token
+    assert wl.listen(10, block_s=0.01, queues=["q-chat"]) == ["a", "b", "d"]
+    assert wl.disarm_and_take(10) == ["c", "@q-chat"]
+
+
+def test_the_driver_adopts_only_lists_nobody_listens_to(fake_redis: FakeRedis) -> None:
+    wl = WakeList(URL)
+    client = fake_redis.client()
+    client.rpush(wl.queue_ids_key("q-chat"), "a", "b")
+    client.rpush(wl.queue_ids_key("q-codex"), "c")
+    client.set(wl.queue_listening_key("q-codex"), b"1", px=wakes.LISTENING_TTL_MS)
+    assert wl.adopt(["q-chat", "q-codex", "q-control"]) == 2
+    assert wl.take(10) == ["a", "b"]
+    assert client.lrange(wl.queue_ids_key("q-codex"), 0, -1) == [b"c"]  # its worker still listens
+    assert wl.stop_listening(["q-codex"]) == ["c"]  # a worker stopping hands its list over
+    assert not client.exists(wl.queue_listening_key("q-codex"), wl.queue_ids_key("q-codex"))

@@ -145,7 +145,7 @@ def test_a_wake_list_that_cannot_be_reached_falls_back_to_ids_in_the_message() -
         def __init__(self) -> None:
             pass
 
-        def push(self, ids: Sequence[str]) -> bool:
+        def push(self, ids: Sequence[str], queues: Sequence[str | None] | None = None) -> bool:
             raise ConnectionError("redis is down")
 
     sent: list[list[str]] = []
@@ -158,7 +158,7 @@ def test_a_wake_up_that_cannot_be_sent_disarms_so_the_next_enqueue_sends_again()
         def __init__(self) -> None:
             self.disarmed = 0
 
-        def push(self, ids: Sequence[str]) -> bool:
+        def push(self, ids: Sequence[str], queues: Sequence[str | None] | None = None) -> bool:
             return True
 
         def disarm(self) -> None:
