@@ -277,9 +277,8 @@ def _start_refill(sender: Any = None, **_: Any) -> None:
     if listens:
         # Only the listener's passes keep what they claim here: the refill's follow
         # RECEIPT_DELIVERY_LOCAL (a place it frees goes first to a message already waiting).
-        # On the lists of its worker queues (not beat's queues it may also consume).
-        worker_queues = [q for q in queues if q in QUEUES.values()]
-        listener = listeners.WakeListener(replace(rt, local=runs), queues=worker_queues)
+        # On the wake lists of its worker queues (the offer's: never beat's queues).
+        listener = listeners.WakeListener(replace(rt, local=runs), queues=queues)
         worker_app.receipt_worker_listener = listener
         listener.start()
 

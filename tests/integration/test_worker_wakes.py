@@ -17,7 +17,7 @@ from sqlalchemy.engine import Engine
 from app.jobs.routing import DISPATCH_TASK, EXECUTE_BATCH_TASK, EXECUTE_TASK, QUEUES
 from app.jobs.vocab import AGENT_CODEX, AGENT_FACTORY_CONTROL
 from app.storage.delivery import driver_task_id
-from delivery import dispatch, fetches, listeners, wakes
+from delivery import fetches, listeners, wakes
 from workers import attempts
 
 from .runtime_support import enqueue, local_worker_runtime, wait_until
@@ -184,7 +184,6 @@ def test_a_worker_listener_stops_taking_wake_ups_as_soon_as_its_process_begins_s
     listener = listeners.WakeListener(replace(rt, local=runs), queues=[CHAT])
     stopping = Shutdown()
     monkeypatch.setattr(listeners, "PROCESS", stopping)
-    monkeypatch.setattr(dispatch, "PROCESS", stopping)
     key = wakes.QUEUE_LISTENING_KEY + CHAT
     listener.start()
     try:
