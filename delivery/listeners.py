@@ -72,10 +72,7 @@ class WakeListener:
         """Listen no more: a driver's key goes; a worker's queues' keys go and what their lists
         hold goes to the driver's list (with the wake-up message if no driver listens)."""
         with contextlib.suppress(Exception):
-            if self.worker:
-                hand_back_wakes(self.rt, [], self.queues)
-            else:
-                self.wakes.stop_listening()
+            hand_back_wakes(self.rt, [], self.queues)
 
     def _run(self) -> None:
         backoff = LISTENER_BACKOFF_S
@@ -109,9 +106,10 @@ class WakeListener:
     def _adopt_orphans(self) -> None:
         """A driver's listener, at most once per ``LISTEN_BLOCK_S``: take over the ids left on a
         worker queue's list whose last listener died without handing them back."""
-        if self.worker or time.monotonic() < self._adopt_at:
+        now = time.monotonic()
+        if self.worker or now < self._adopt_at:
             return
-        self._adopt_at = time.monotonic() + LISTEN_BLOCK_S
+        self._adopt_at = now + LISTEN_BLOCK_S
         self.adopted += self.wakes.adopt(list(QUEUES.values()))
 
     def _due(self) -> list[str]:

@@ -163,8 +163,7 @@ class WakeList:
             return False
         by_queue: dict[str, list[str]] = {}
         driver: list[str] = []
-        for n, job_id in enumerate(ids):
-            queue = queues[n] if queues is not None else None
+        for job_id, queue in zip(ids, queues if queues is not None else [None] * len(ids), strict=True):
             if queue is None:
                 driver.append(job_id)
             else:
@@ -203,7 +202,7 @@ class WakeList:
     def adopt(self, queues: Sequence[str]) -> int:
         """Move onto the driver's list the ids of any of these worker queues' lists that no worker
         listens to any more (its last listener died); how many moved. The driver's listener runs
-        it about once a wait (``ADOPT_SCRIPT``)."""
+        it at most once a second (``ADOPT_SCRIPT``)."""
         keys = [self.ids_key]
         for queue in queues:
             keys += [self.queue_ids_key(queue), self.queue_listening_key(queue)]
